@@ -1,0 +1,53 @@
+"""A2ATS engine: a retrieval KV cache for mlx-lm (windowed RoPE + query-aware VQ + top-K).
+
+Pure engine: MLX, mlx-lm and numpy only. Never imports Qt or the `app` package.
+Names are imported lazily so `import a2ats_engine` stays cheap and the BLAS preload in
+`_backend` runs before anything imports `mlx.core`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from . import _backend  # noqa: F401  (must run before mlx.core is imported)
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "A2ATSConfig": "config",
+    "LayerStats": "telemetry",
+    "CacheSnapshot": "telemetry",
+    "GenerationStats": "telemetry",
+    "TokenEvent": "telemetry",
+    "SamplingSettings": "telemetry",
+    "RopeSpec": "rope",
+    "Codebook": "codebook",
+    "A2ATSCache": "cache",
+    "make_cache": "cache",
+    "snapshot": "cache",
+    "save_session": "persist",
+    "load_session": "persist",
+    "install_hooks": "hooks",
+    "uninstall_hooks": "hooks",
+    "KVCacheConfig": "compat",
+    "KVCacheBuilder": "compat",
+    "load_model": "models",
+    "ModelInfo": "models",
+    "ModelLoadError": "errors",
+    "CodebookError": "errors",
+    "A2ATSError": "errors",
+    "ChatSession": "session",
+    "calibrate": "calibrate",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'a2ats_engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

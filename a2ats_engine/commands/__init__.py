@@ -1,0 +1,1 @@
+"""Subcommands of `a2ats`. Each module defines `register(subparsers)` and sets `func` defaults."""

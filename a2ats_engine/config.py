@@ -1,0 +1,104 @@
+"""A2ATSConfig: every knob of the A2ATS cache, validated at construction."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+
+def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (
+        hi is not None and value > hi
+    ):
+        allowed = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
+        raise ValueError(f"A2ATSConfig.{name}={value!r} is out of range: must be {allowed}")
+
+
+@dataclass(frozen=True)
+class A2ATSConfig:
+    """Settings of the A2ATS cache (DESIGN.md section 2).
+
+    window:       trailing tokens (the current one included) scored with exact RoPE.
+    far_offset:   b, the distance every far token is treated as sitting at (paper: 2048).
+    sinks:        leading tokens always attended.
+    budget:       far tokens retrieved per query head: a fraction of the context in (0, 1],
+                  or an int token count >= 1.
+    min_k:        lower bound on the retrieved count when `budget` is a fraction.
+    n_centroids:  codebook size (2..65536; codes are uint16).
+    sub_dim:      None = full head-dim VQ; else product VQ over head_dim / sub_dim subspaces.
+    beta:         0 = fully query-aware VQ, 1 = plain nearest-centroid VQ.
+    far_buckets:  1 = the paper's single distance b; m > 1 = m log-spaced distance buckets.
+    kv_bits:      None = full K/V in the model dtype; 8 or 4 = stored with mx.quantize.
+    kv_group_size: group size for kv_bits quantization (32, 64 or 128).
+    telemetry:    record LayerStats after every decode step (costs a host sync per step).
+    """
+
+    window: int = 64
+    far_offset: int = 2048
+    sinks: int = 8
+    budget: float | int = 0.03
+    min_k: int = 16
+    n_centroids: int = 4096
+    sub_dim: int | None = None
+    beta: float = 0.0
+    far_buckets: int = 4
+    kv_bits: int | None = None
+    kv_group_size: int = 64
+    telemetry: bool = False
+
+    def __post_init__(self) -> None:
+        _check_int("window", self.window, 1)
+        _check_int("far_offset", self.far_offset, 1)
+        _check_int("sinks", self.sinks, 0)
+        _check_int("min_k", self.min_k, 1)
+        _check_int("n_centroids", self.n_centroids, 2, 65536)
+        _check_int("far_buckets", self.far_buckets, 1, 64)
+        b = self.budget
+        if isinstance(b, bool) or not isinstance(b, int | float):
+            raise ValueError(
+                f"A2ATSConfig.budget={b!r} is out of range: must be a fraction in (0, 1] "
+                "or an integer token count >= 1"
+            )
+        if isinstance(b, int) and b < 1:
+            raise ValueError(
+                f"A2ATSConfig.budget={b!r} is out of range: an integer budget must be >= 1"
+            )
+        if isinstance(b, float) and not (0.0 < b <= 1.0 and math.isfinite(b)):
+            raise ValueError(
+                f"A2ATSConfig.budget={b!r} is out of range: a fractional budget must be in (0, 1]"
+            )
+        if self.sub_dim is not None:
+            _check_int("sub_dim", self.sub_dim, 1)
+        if (
+            isinstance(self.beta, bool)
+            or not isinstance(self.beta, int | float)
+            or not 0.0 <= float(self.beta) <= 1.0
+        ):
+            raise ValueError(f"A2ATSConfig.beta={self.beta!r} is out of range: must be in [0, 1]")
+        if self.kv_bits not in (None, 4, 8):
+            raise ValueError(
+                f"A2ATSConfig.kv_bits={self.kv_bits!r} is out of range: must be None, 8 or 4"
+            )
+        if self.kv_group_size not in (32, 64, 128):
+            raise ValueError(
+                f"A2ATSConfig.kv_group_size={self.kv_group_size!r} is out of range: "
+                "must be 32, 64 or 128"
+            )
+        if not isinstance(self.telemetry, bool):
+            raise ValueError(f"A2ATSConfig.telemetry={self.telemetry!r} must be True or False")
+
+    def top_k(self, context: int) -> int:
+        """Far tokens retrieved per query head for a context of `context` tokens."""
+        if isinstance(self.budget, int):
+            return self.budget
+        return max(self.min_k, math.ceil(self.budget * context))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> A2ATSConfig:
+        """Build from a dict, ignoring unknown keys (forward compatibility of saved settings)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})

@@ -1,0 +1,97 @@
+"""Frozen records the engine hands out: per-layer cache stats, snapshots, generation events.
+
+Everything here holds numpy arrays or plain Python values (never mx.array), so a record can be
+passed to another thread (the GUI) safely. Arrays are copies owned by the record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class LayerStats:
+    """One layer's cache state after one decode step (batch element 0).
+
+    step:          decode step index within the cache's life (0 = first decode token).
+    offset:        tokens in the cache after the step (the current token is at offset - 1).
+    window_start:  first position of the exact-RoPE window (positions >= it are exact).
+    sinks:         number of leading sink tokens always attended.
+    selected:      one int32 array per KV head of every attended position (sinks, retrieved
+                   far tokens, window), sorted ascending. Empty-free: exact steps list all.
+    code_counts:   one int64 histogram per KV head of code use over all cached tokens
+                   (length n_centroids; for product VQ, the first subspace).
+    bytes_held:    bytes this layer's cache actually holds (K/V storage + codes).
+    bytes_fp16:    bytes an fp16 full K/V cache of the same length would hold.
+    exact:         True when nothing could be dropped and exact attention was used.
+    layer:         layer index in the model.
+    recall:        optional per-KV-head attention mass recalled vs exact attention (fidelity
+                   shadow pass), else None.
+    """
+
+    step: int
+    offset: int
+    window_start: int
+    sinks: int
+    selected: tuple[np.ndarray, ...]
+    code_counts: tuple[np.ndarray, ...]
+    bytes_held: int
+    bytes_fp16: int
+    exact: bool = False
+    layer: int = 0
+    recall: tuple[float, ...] | None = None
+
+    @property
+    def retrieved(self) -> tuple[np.ndarray, ...]:
+        """Per KV head: the selected positions that are far tokens (not sinks, not window)."""
+        return tuple(
+            s[(s >= self.sinks) & (s < self.window_start)] for s in self.selected
+        )
+
+
+@dataclass(frozen=True)
+class CacheSnapshot:
+    """All layers' stats after one decode step. `token_id` is the token that step consumed."""
+
+    step: int
+    layers: tuple[LayerStats, ...]
+    token_id: int | None = None
+
+    @property
+    def offset(self) -> int:
+        return self.layers[0].offset if self.layers else 0
+
+    @property
+    def bytes_held(self) -> int:
+        return sum(layer.bytes_held for layer in self.layers)
+
+    @property
+    def bytes_fp16(self) -> int:
+        return sum(layer.bytes_fp16 for layer in self.layers)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One streamed piece of a reply. `text` may be empty while a multi-byte char completes."""
+
+    text: str
+    token_id: int
+    index: int
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """Final figures of one reply."""
+
+    prompt_tokens: int
+    generation_tokens: int
+    time_to_first_token: float
+    prompt_tps: float
+    generation_tps: float
+    peak_memory_gb: float
+    stop_reason: str  # "stop" (EOS), "length" (max tokens), "cancelled", "error"
+    cache_bytes: int = 0
+    context_tokens: int = 0
+    extra: dict = field(default_factory=dict)
