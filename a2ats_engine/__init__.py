@@ -20,7 +20,7 @@ _EXPORTS = {
     "CacheSnapshot": "telemetry",
     "GenerationStats": "telemetry",
     "TokenEvent": "telemetry",
-    "SamplingSettings": "telemetry",
+    "SamplingSettings": "session",
     "RopeSpec": "rope",
     "Codebook": "codebook",
     "A2ATSCache": "cache",

@@ -1,0 +1,577 @@
+"""ChatSession: multi-turn streaming chat over an mlx-lm model with prompt-cache reuse.
+
+The session keeps one prompt cache (a list with one cache object per layer, from a pluggable
+factory: mlx-lm's `KVCache` by default, A2ATS caches when an `A2ATSConfig` is given) and the exact
+token ids that cache holds. Each reply renders the whole conversation with the tokenizer's chat
+template, keeps the longest common prefix of the cached ids, trims the cache back to it and
+prefills only the rest. `regenerate()` and `edit_last_user_message()` therefore trim instead of
+recomputing, and a cancelled reply leaves the cache consistent with its token list.
+
+Events streamed by `send()` and friends: `TokenEvent` per generated token, `CacheSnapshot` after
+each decode step when the caches record telemetry, and one `GenerationStats` last.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.generate import stream_generate
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+from .config import A2ATSConfig
+from .telemetry import CacheSnapshot, GenerationStats, TokenEvent
+
+CacheFactory = Callable[[nn.Module], list]
+Event = TokenEvent | CacheSnapshot | GenerationStats
+ROLES = ("system", "user", "assistant")
+
+
+def _check_number(
+    name: str, value: Any, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False
+) -> None:
+    ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+    if ok:
+        ok = (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
+    if not ok:
+        left, right = "(" if lo_open else "[", ")" if hi_open else "]"
+        raise ValueError(
+            f"SamplingSettings.{name}={value!r} is out of range: must be in {left}{lo}, {hi}{right}"
+        )
+
+
+def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < lo
+        or (hi is not None and value > hi)
+    ):
+        allowed = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
+        raise ValueError(f"SamplingSettings.{name}={value!r} is out of range: must be {allowed}")
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How tokens are drawn. Validated at construction (`ValueError` naming field and range).
+
+    temperature:        0 = greedy (argmax); > 0 = sample from softmax(logits / temperature).
+    top_p:              nucleus sampling mass in (0, 1]; 1 = off.
+    min_p:              drop tokens below min_p x p(top token), in [0, 1); 0 = off.
+    top_k:              keep the k most likely tokens; 0 = off.
+    repetition_penalty: > 0; 1 = off, > 1 discourages the last `repetition_context_size` tokens.
+    seed:               None = unseeded; else `mx.random.seed(seed)` before every reply.
+    max_tokens:         reply length limit (stop reason "length").
+    repetition_context_size: how many previous tokens the repetition penalty looks at.
+    """
+
+    temperature: float = 0.7
+    top_p: float = 1.0
+    min_p: float = 0.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    max_tokens: int = 512
+    repetition_context_size: int = 20
+
+    def __post_init__(self) -> None:
+        _check_number("temperature", self.temperature, 0.0, 100.0)
+        _check_number("top_p", self.top_p, 0.0, 1.0, lo_open=True)
+        _check_number("min_p", self.min_p, 0.0, 1.0, hi_open=True)
+        _check_int("top_k", self.top_k, 0)
+        _check_number("repetition_penalty", self.repetition_penalty, 0.0, 100.0, lo_open=True)
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0, 2**63 - 1)
+        _check_int("max_tokens", self.max_tokens, 1)
+        _check_int("repetition_context_size", self.repetition_context_size, 1)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def make_sampler(self) -> Callable[[mx.array], mx.array]:
+        """mlx-lm sampler: log-probs [B, vocab] -> token ids [B]."""
+        return make_sampler(
+            temp=float(self.temperature),
+            top_p=float(self.top_p),
+            min_p=float(self.min_p),
+            top_k=self.top_k,
+        )
+
+    def make_logits_processors(self) -> list[Callable[[mx.array, mx.array], mx.array]]:
+        """mlx-lm logits processors (tokens [T], logits [B, vocab]) -> logits; [] when off."""
+        if self.repetition_penalty == 1.0:
+            return []
+        return make_logits_processors(
+            repetition_penalty=float(self.repetition_penalty),
+            repetition_context_size=self.repetition_context_size,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SamplingSettings:
+        """Build from a dict, ignoring unknown keys (forward compatibility of saved settings)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def resolve_cache_factory(
+    factory: CacheFactory | None = None,
+    *,
+    a2ats: A2ATSConfig | None = None,
+    codebook: Any | None = None,
+) -> CacheFactory:
+    """The cache factory to use: `factory`, A2ATS caches from (a2ats, codebook), or mlx-lm's default.
+
+    A codebook without a config uses the default `A2ATSConfig()`.
+    """
+    if factory is not None and (a2ats is not None or codebook is not None):
+        raise ValueError("pass either a cache factory or an A2ATS config/codebook, not both")
+    if a2ats is None and codebook is None:
+        return factory if factory is not None else make_prompt_cache
+    config = a2ats if a2ats is not None else A2ATSConfig()
+
+    def a2ats_factory(model: nn.Module) -> list:
+        from .cache import make_cache  # lazy: keeps plain sessions free of the A2ATS modules
+
+        return make_cache(model, config, codebook)
+
+    a2ats_factory.a2ats_config = config  # type: ignore[attr-defined]  (for display / tests)
+    return a2ats_factory
+
+
+def _token_list(ids: Any) -> list[int]:
+    """Normalize what a tokenizer returns (list, array, BatchEncoding-like) to a list of ints."""
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    ids = list(ids)
+    if ids and isinstance(ids[0], list | tuple):  # batched output of one conversation
+        ids = list(ids[0])
+    return [int(i) for i in ids]
+
+
+def _plain_transcript(conversation: list[dict]) -> str:
+    """Fallback rendering for tokenizers without a chat template."""
+    lines = [f"{m['role'].capitalize()}: {m['content']}" for m in conversation]
+    return "\n\n".join(lines + ["Assistant:"])
+
+
+def _fold_system(system_prompt: str, messages: list[dict]) -> list[dict]:
+    """Put the system prompt in front of the first user message (templates without a system role)."""
+    folded = [dict(m) for m in messages]
+    for m in folded:
+        if m["role"] == "user":
+            m["content"] = f"{system_prompt}\n\n{m['content']}"
+            return folded
+    return [{"role": "user", "content": system_prompt}, *folded]
+
+
+def render_prompt(tokenizer: Any, messages: list[dict], system_prompt: str | None) -> list[int]:
+    """Token ids of the conversation plus the assistant generation prompt.
+
+    Uses the tokenizer's chat template. A template that rejects the system role (it raises while
+    rendering) gets the system prompt folded into the first user message; a tokenizer without
+    any chat template gets a plain "Role: text" transcript.
+    """
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    if not getattr(tokenizer, "has_chat_template", True):
+        text = _plain_transcript(system + messages)
+        return _token_list(tokenizer.encode(text))
+    try:
+        return _apply_template(tokenizer, system + messages)
+    except Exception as exc:  # jinja2 TemplateError, ValueError, ...: the template refused
+        if not system_prompt:
+            raise ValueError(f"the model's chat template failed to render: {exc}") from exc
+    try:
+        return _apply_template(tokenizer, _fold_system(system_prompt, messages))
+    except Exception as exc:
+        raise ValueError(f"the model's chat template failed to render: {exc}") from exc
+
+
+def _apply_template(tokenizer: Any, conversation: list[dict]) -> list[int]:
+    ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
+    return _token_list(ids)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def _cache_nbytes(caches: list | None) -> int:
+    total = 0
+    for c in caches or []:
+        try:
+            total += int(c.nbytes)
+        except (AttributeError, NotImplementedError):
+            continue
+    return total
+
+
+def _check_messages(messages: list[dict]) -> list[dict]:
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise ValueError(f"message {i} must be a dict with role in {ROLES}, got {m!r}")
+        if not isinstance(m.get("content"), str):
+            raise ValueError(f"message {i} content must be a string, got {m.get('content')!r}")
+        out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+@dataclass
+class _Reply:
+    """Mutable record of one reply while it streams."""
+
+    prompt_ids: list[int]
+    start: int  # prompt tokens already in the cache (reused)
+    trimmed: int = 0
+    rebuilt: bool = False
+    received: list[int] = field(default_factory=list)  # every id the stream fed (EOS included)
+    reply_ids: list[int] = field(default_factory=list)  # ids of the reply text (no EOS)
+    text: list[str] = field(default_factory=list)
+    reason: str = "cancelled"
+    t_start: float = 0.0
+    ttft: float = 0.0
+    prompt_tps: float = 0.0
+    generation_tps: float = 0.0
+
+
+class ChatSession:
+    """A multi-turn conversation with one model, reusing its prompt cache across turns.
+
+    model:          an mlx-lm model (nn.Module). tokenizer: mlx-lm's TokenizerWrapper.
+    system_prompt:  optional system message rendered before the conversation.
+    sampling:       SamplingSettings (default: temperature 0.7, 512 tokens).
+    cache_factory:  model -> fresh prompt-cache list (default: mlx-lm's make_prompt_cache).
+    a2ats/codebook: build A2ATS caches instead (`make_cache(model, a2ats, codebook)`).
+
+    Generation methods return iterators; nothing happens until they are iterated. All MLX work
+    runs in the iterating thread; `stop()` may be called from any thread.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        *,
+        system_prompt: str | None = None,
+        sampling: SamplingSettings | None = None,
+        cache_factory: CacheFactory | None = None,
+        a2ats: A2ATSConfig | None = None,
+        codebook: Any | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self._system_prompt = system_prompt or None
+        self._sampling = sampling if sampling is not None else SamplingSettings()
+        self._factory = resolve_cache_factory(cache_factory, a2ats=a2ats, codebook=codebook)
+        self._messages: list[dict] = []
+        self._cache: list | None = None
+        self._cache_ids: list[int] = []
+        self._cache_stale = False
+        self._stop = threading.Event()
+        self._busy = threading.Lock()
+        self.last_stats: GenerationStats | None = None
+
+    # ----------------------------------------------------------------- state
+    @property
+    def messages(self) -> list[dict]:
+        """A copy of the conversation: [{"role": "user"|"assistant", "content": str}, ...]."""
+        return copy.deepcopy(self._messages)
+
+    @property
+    def system_prompt(self) -> str | None:
+        return self._system_prompt
+
+    @property
+    def sampling(self) -> SamplingSettings:
+        return self._sampling
+
+    @property
+    def caches(self) -> list | None:
+        """The live prompt-cache list (one per layer), or None before the first reply."""
+        return self._cache
+
+    @property
+    def cache_factory(self) -> CacheFactory:
+        return self._factory
+
+    @property
+    def context_tokens(self) -> int:
+        """Tokens currently held by the prompt cache."""
+        return len(self._cache_ids)
+
+    @property
+    def cached_token_ids(self) -> list[int]:
+        """A copy of the token ids the prompt cache holds, in order."""
+        return list(self._cache_ids)
+
+    @property
+    def is_generating(self) -> bool:
+        return self._busy.locked()
+
+    def prompt_token_ids(self, messages: list[dict] | None = None) -> list[int]:
+        """Rendered ids of `messages` (default: the conversation) plus the generation prompt."""
+        msgs = self._messages if messages is None else _check_messages(messages)
+        return render_prompt(self.tokenizer, msgs, self._system_prompt)
+
+    # -------------------------------------------------------------- settings
+    def set_system_prompt(self, text: str | None) -> None:
+        """Takes effect on the next reply (the cache is trimmed to what still matches)."""
+        if text is not None and not isinstance(text, str):
+            raise ValueError(f"system prompt must be a string or None, got {text!r}")
+        self._system_prompt = text or None
+
+    def set_sampling(self, sampling: SamplingSettings) -> None:
+        if not isinstance(sampling, SamplingSettings):
+            raise ValueError(f"sampling must be a SamplingSettings, got {type(sampling).__name__}")
+        self._sampling = sampling
+
+    def set_cache_factory(
+        self,
+        factory: CacheFactory | None = None,
+        *,
+        a2ats: A2ATSConfig | None = None,
+        codebook: Any | None = None,
+    ) -> None:
+        """Switch cache kind; the next reply rebuilds the cache from the whole conversation."""
+        self._factory = resolve_cache_factory(factory, a2ats=a2ats, codebook=codebook)
+        self._cache_stale = True
+
+    def load_messages(self, messages: list[dict]) -> None:
+        """Restore a saved conversation. A leading system message becomes the system prompt."""
+        self._ensure_idle()
+        msgs = _check_messages(messages)
+        if msgs and msgs[0]["role"] == "system":
+            self._system_prompt = msgs.pop(0)["content"] or None
+        if any(m["role"] == "system" for m in msgs):
+            raise ValueError("only the first message may have role 'system'")
+        self._messages = msgs
+
+    def reset(self) -> None:
+        """Forget the conversation and the cache (the system prompt and settings stay)."""
+        self._ensure_idle()
+        self._messages = []
+        self._drop_cache()
+
+    def stop(self) -> None:
+        """Ask the running reply to end (thread-safe). It ends before the next token."""
+        self._stop.set()
+
+    # ------------------------------------------------------------ generation
+    def send(self, text: str) -> Iterator[Event]:
+        """Add a user message and stream the assistant's reply (events; GenerationStats last)."""
+        if not isinstance(text, str):
+            raise ValueError(f"message text must be a string, got {type(text).__name__}")
+        self._stop.clear()
+        return self._reply(lambda msgs: [*msgs, {"role": "user", "content": text}])
+
+    def regenerate(self) -> Iterator[Event]:
+        """Drop the last assistant reply and answer the last user message again."""
+        self._stop.clear()
+        return self._reply(lambda msgs: msgs[: self._last_user_index(msgs) + 1])
+
+    def edit_last_user_message(self, text: str) -> Iterator[Event]:
+        """Replace the last user message (dropping what followed it) and answer it."""
+        if not isinstance(text, str):
+            raise ValueError(f"message text must be a string, got {type(text).__name__}")
+        self._stop.clear()
+
+        def edit(msgs: list[dict]) -> list[dict]:
+            i = self._last_user_index(msgs)
+            return [*msgs[:i], {"role": "user", "content": text}]
+
+        return self._reply(edit)
+
+    @staticmethod
+    def _last_user_index(messages: list[dict]) -> int:
+        for i in range(len(messages) - 1, -1, -1):
+            if messages[i]["role"] == "user":
+                return i
+        raise ValueError("there is no user message to answer yet")
+
+    def _ensure_idle(self) -> None:
+        if self._busy.locked():
+            raise RuntimeError("a reply is being generated; stop it first")
+
+    def _reply(self, edit: Callable[[list[dict]], list[dict]]) -> Iterator[Event]:
+        """Run one reply over `edit(messages)`; on error the conversation is left as it was."""
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError("a reply is already being generated")
+        previous = self._messages
+        try:
+            messages = edit(list(previous))
+            self._messages = messages
+            try:
+                prompt_ids = render_prompt(self.tokenizer, messages, self._system_prompt)
+                reply = self._prepare_cache(prompt_ids)
+                yield from self._stream(reply)
+            except GeneratorExit:  # the consumer walked away: keep the partial reply
+                self._finish(reply, "cancelled")
+                raise
+            except BaseException:
+                self._messages = previous
+                self._drop_cache()  # state after a failed model call is unknown
+                raise
+            yield self._finish(reply, reply.reason)
+        finally:
+            self._busy.release()
+
+    def _prepare_cache(self, prompt_ids: list[int]) -> _Reply:
+        """Trim the cache to the longest prefix it shares with `prompt_ids` (>= 1 token left)."""
+        if not prompt_ids:
+            raise ValueError("the rendered prompt is empty")
+        rebuilt = False
+        if self._cache is None or self._cache_stale or not self._cache_consistent():
+            self._new_cache()
+            rebuilt = True
+        common = min(_common_prefix(self._cache_ids, prompt_ids), len(prompt_ids) - 1)
+        excess = len(self._cache_ids) - common
+        trimmed = 0
+        if excess > 0:
+            if common > 0 and can_trim_prompt_cache(self._cache):
+                trimmed = trim_prompt_cache(self._cache, excess)
+            if trimmed != excess:
+                self._new_cache()
+                rebuilt, common, trimmed = True, 0, 0
+            else:
+                del self._cache_ids[common:]
+        return _Reply(prompt_ids=prompt_ids, start=common, trimmed=trimmed, rebuilt=rebuilt)
+
+    def _cache_consistent(self) -> bool:
+        """The first layer's offset matches the ids we believe the cache holds."""
+        offset = getattr(self._cache[0], "offset", None) if self._cache else None
+        return offset is None or offset == len(self._cache_ids)
+
+    def _new_cache(self) -> None:
+        self._cache = self._factory(self.model)
+        self._cache_ids = []
+        self._cache_stale = False
+
+    def _drop_cache(self) -> None:
+        self._cache = None
+        self._cache_ids = []
+
+    def _logits_processors(self, prefix_ids: list[int]) -> list[Callable]:
+        """Repetition penalty over the full context: the cached ids come before the new ones."""
+        processors = self._sampling.make_logits_processors()
+        context = prefix_ids[-self._sampling.repetition_context_size :]
+        if not processors or not context:
+            return processors
+        prefix = mx.array(context, dtype=mx.int32)
+
+        def with_prefix(processor: Callable) -> Callable:
+            return lambda tokens, logits: processor(
+                mx.concatenate([prefix, tokens.astype(mx.int32)]), logits
+            )
+
+        return [with_prefix(p) for p in processors]
+
+    def _stream(self, reply: _Reply) -> Iterator[TokenEvent | CacheSnapshot]:
+        """Prefill the new prompt tokens and stream the reply into `reply`."""
+        settings = self._sampling
+        if settings.seed is not None:
+            mx.random.seed(settings.seed)
+        mx.reset_peak_memory()
+        reply.t_start = time.perf_counter()
+        if self._stop.is_set():
+            return  # cancelled before prefill: the cache holds prompt_ids[:start]
+        snapshot = self._snapshot_function()
+        stream = stream_generate(
+            self.model,
+            self.tokenizer,
+            mx.array(reply.prompt_ids[reply.start :], dtype=mx.int32),
+            max_tokens=settings.max_tokens,
+            prompt_cache=self._cache,
+            sampler=settings.make_sampler(),
+            logits_processors=self._logits_processors(reply.prompt_ids[: reply.start]),
+        )
+        try:
+            for response in stream:
+                if not reply.received:
+                    reply.ttft = time.perf_counter() - reply.t_start
+                reply.received.append(response.token)  # the stream has fed it to the cache
+                reply.prompt_tps = response.prompt_tps
+                reply.generation_tps = response.generation_tps
+                if response.finish_reason == "stop":  # `token` is EOS; text flushes the rest
+                    reply.reason = "stop"
+                    if response.text:
+                        reply.text.append(response.text)
+                        yield TokenEvent(response.text, response.token, len(reply.reply_ids))
+                    break
+                reply.reply_ids.append(response.token)
+                reply.text.append(response.text)
+                yield TokenEvent(response.text, response.token, len(reply.reply_ids) - 1)
+                if snapshot is not None:
+                    snap = snapshot(self._cache, response.token)
+                    if snap is not None:
+                        yield snap
+                if response.finish_reason == "length":
+                    reply.reason = "length"
+                    break
+                if self._stop.is_set():
+                    break
+        finally:
+            stream.close()
+        if reply.reason == "cancelled":
+            yield from self._flush(reply)
+
+    def _flush(self, reply: _Reply) -> Iterator[TokenEvent]:
+        """Text the streaming detokenizer still held back when the reply was cancelled."""
+        if not reply.reply_ids:
+            return
+        shown = "".join(reply.text)
+        full = self.tokenizer.decode(reply.reply_ids)
+        if len(full) > len(shown) and full.startswith(shown):
+            tail = full[len(shown) :]
+            reply.text.append(tail)
+            yield TokenEvent(tail, reply.reply_ids[-1], len(reply.reply_ids) - 1)
+
+    def _snapshot_function(self) -> Callable | None:
+        """`cache.snapshot` when the caches record telemetry (A2ATS caches), else None."""
+        if not any(hasattr(c, "last_stats") for c in self._cache or []):
+            return None
+        from .cache import snapshot  # lazy: only A2ATS caches have last_stats
+
+        return snapshot
+
+    def _finish(self, reply: _Reply, reason: str) -> GenerationStats:
+        """Record the reply in the conversation and the cache ids; return its stats."""
+        if reply.received:  # the stream prefilled the prompt and fed every id it handed out
+            self._cache_ids = reply.prompt_ids + reply.received
+        else:  # cancelled before prefill: the cache was only trimmed
+            self._cache_ids = reply.prompt_ids[: reply.start]
+        self._messages = [*self._messages, {"role": "assistant", "content": "".join(reply.text)}]
+        stats = GenerationStats(
+            prompt_tokens=len(reply.prompt_ids) - reply.start if reply.received else 0,
+            generation_tokens=len(reply.reply_ids),
+            time_to_first_token=reply.ttft,
+            prompt_tps=reply.prompt_tps,
+            generation_tps=reply.generation_tps,
+            peak_memory_gb=mx.get_peak_memory() / 1e9,
+            stop_reason=reason,
+            cache_bytes=_cache_nbytes(self._cache),
+            context_tokens=len(self._cache_ids),
+            extra={
+                "reused_tokens": reply.start,
+                "trimmed_tokens": reply.trimmed,
+                "cache_rebuilt": reply.rebuilt,
+                "total_seconds": time.perf_counter() - reply.t_start,
+            },
+        )
+        self.last_stats = stats
+        return stats
