@@ -8,8 +8,11 @@ from typing import Any
 
 
 def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (
-        hi is not None and value > hi
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < lo
+        or (hi is not None and value > hi)
     ):
         allowed = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
         raise ValueError(f"A2ATSConfig.{name}={value!r} is out of range: must be {allowed}")
@@ -32,6 +35,8 @@ class A2ATSConfig:
     kv_bits:      None = full K/V in the model dtype; 8 or 4 = stored with mx.quantize.
     kv_group_size: group size for kv_bits quantization (32, 64 or 128).
     telemetry:    record LayerStats after every decode step (costs a host sync per step).
+    fidelity_every: with telemetry, every k-th decode step also runs a shadow exact attention
+                  and records the attention mass recalled per KV head (0 = off).
     """
 
     window: int = 64
@@ -46,6 +51,7 @@ class A2ATSConfig:
     kv_bits: int | None = None
     kv_group_size: int = 64
     telemetry: bool = False
+    fidelity_every: int = 0
 
     def __post_init__(self) -> None:
         _check_int("window", self.window, 1)
@@ -85,6 +91,7 @@ class A2ATSConfig:
                 f"A2ATSConfig.kv_group_size={self.kv_group_size!r} is out of range: "
                 "must be 32, 64 or 128"
             )
+        _check_int("fidelity_every", self.fidelity_every, 0)
         if not isinstance(self.telemetry, bool):
             raise ValueError(f"A2ATSConfig.telemetry={self.telemetry!r} must be True or False")
 

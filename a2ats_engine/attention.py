@@ -1,0 +1,168 @@
+"""Retrieval attention for one decode step: lookup-table scores, top-K, exact attention on the
+selection (DESIGN.md section 2). Pure functions of arrays; `cache.py` holds the state.
+
+Shapes: B batch, n_q query heads, n_kv KV heads, G = n_q / n_kv (GQA group), d head dim,
+N tokens in the cache, S product-VQ subspaces, C centroids, m distance buckets.
+No Python loop over heads or tokens and no host sync here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+from mlx_lm.models.base import quantized_scaled_dot_product_attention
+
+from .rope import RopeSpec
+
+Storage = mx.array | tuple[mx.array, mx.array, mx.array]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the current decode step's regions lie. Positions are absolute, ends exclusive.
+
+    sinks:        [0, n_sinks)            always attended
+    far:          [n_sinks, window_start) candidates, scored approximately
+    window:       [window_start, n)       always attended (exact RoPE), current token included
+    """
+
+    n: int
+    n_sinks: int
+    window_start: int
+    k: int
+
+    @property
+    def n_far(self) -> int:
+        return self.window_start - self.n_sinks
+
+    @property
+    def exact(self) -> bool:
+        """Nothing to drop: every far token would be retrieved anyway."""
+        return self.n_far <= self.k
+
+
+def layout(n: int, window: int, sinks: int, k: int) -> Layout:
+    """Region boundaries for a context of n tokens (the current token is n - 1)."""
+    window_start = max(n - window, 0)
+    return Layout(n, min(sinks, window_start), window_start, k)
+
+
+def exact_attention(
+    queries: mx.array,
+    keys: Storage,
+    values: Storage,
+    scale: float,
+    mask,
+    kv_bits: int | None = None,
+    group_size: int = 64,
+) -> mx.array:
+    """Plain attention over the whole cache. queries [B, n_q, L, d] -> [B, n_q, L, d]."""
+    if kv_bits is not None:
+        return quantized_scaled_dot_product_attention(
+            queries, keys, values, scale=scale, mask=mask, group_size=group_size, bits=kv_bits
+        )
+    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+
+
+def retrieval_queries(
+    queries: mx.array, rope: RopeSpec, position: int, distances: list[float]
+) -> mx.array:
+    """Windowed-RoPE retrieval queries, one set per far distance.
+
+    queries: post-RoPE [B, n_kv, G, d] at `position` i. Returns [B, n_kv, m * G, d] (bucket-major)
+    holding R_D q_i = R_(D - i) q^_i for every distance D (m = len(distances)).
+    """
+    q32 = queries.astype(mx.float32)
+    rotated = [rope.shift(q32, round(dist) - position) for dist in distances]
+    return rotated[0] if len(rotated) == 1 else mx.concatenate(rotated, axis=2)
+
+
+def far_scores(
+    tables: mx.array, codes: mx.array, bucket_ids: mx.array | None, n_buckets: int
+) -> mx.array:
+    """Approximate scores of far tokens from lookup tables.
+
+    tables: [B, n_kv, m * G, S, C] (bucket-major), codes: [B, n_kv, F, S] of the far tokens,
+    bucket_ids: [F] int32 bucket of each far token (None when m = 1). Returns [B, n_kv, G, F].
+    """
+    B, n_kv, mg, S, C = tables.shape
+    G = mg // n_buckets
+    flat = tables.reshape(B, n_kv, n_buckets, G, S * C).transpose(0, 1, 3, 2, 4)
+    flat = flat.reshape(B, n_kv, G, n_buckets * S * C)
+    index = codes.astype(mx.int32) + (mx.arange(S, dtype=mx.int32) * C)
+    if bucket_ids is not None:
+        index = index + (bucket_ids * (S * C))[:, None]
+    F = codes.shape[2]
+    index = index.reshape(B, n_kv, 1, F * S)
+    index = mx.broadcast_to(index, (B, n_kv, G, F * S))
+    scores = mx.take_along_axis(flat, index, axis=-1)
+    if S > 1:
+        scores = scores.reshape(B, n_kv, G, F, S).sum(axis=-1)
+    return scores
+
+
+def select(scores: mx.array, lay: Layout) -> tuple[mx.array, mx.array]:
+    """Top-K far tokens per query head, unioned over the GQA group, plus sinks and window.
+
+    scores: [B, n_kv, G, F]. Returns (positions [B, n_kv, M] int32, repeat [B, n_kv, M] bool),
+    M = n_sinks + G * k + window; `repeat` marks duplicates of the union (masked in attention).
+    The union part is sorted, so duplicates are adjacent.
+    """
+    B, n_kv, G, _ = scores.shape
+    k = lay.k
+    top = mx.argpartition(-scores, kth=k - 1, axis=-1)[..., :k].astype(mx.int32)
+    union = mx.sort(top.reshape(B, n_kv, G * k), axis=-1) + lay.n_sinks
+    repeat = mx.concatenate(
+        [mx.zeros((B, n_kv, 1), dtype=mx.bool_), union[..., 1:] == union[..., :-1]], axis=-1
+    )
+    fixed_sinks = mx.broadcast_to(mx.arange(lay.n_sinks, dtype=mx.int32), (B, n_kv, lay.n_sinks))
+    n_win = lay.n - lay.window_start
+    fixed_window = mx.broadcast_to(
+        mx.arange(lay.window_start, lay.n, dtype=mx.int32), (B, n_kv, n_win)
+    )
+    positions = mx.concatenate([fixed_sinks, union, fixed_window], axis=-1)
+    no = mx.zeros((B, n_kv, lay.n_sinks), dtype=mx.bool_)
+    no_w = mx.zeros((B, n_kv, n_win), dtype=mx.bool_)
+    return positions, mx.concatenate([no, repeat, no_w], axis=-1)
+
+
+def gather_rows(storage: Storage, positions: mx.array, capacity: int, group_size: int, bits):
+    """Rows of [B, n_kv, capacity, d] storage at `positions` [B, n_kv, M] -> [B, n_kv, M, d].
+
+    A flat `mx.take` on [B * n_kv * capacity, ...] (10-20x faster than take_along_axis with a
+    broadcast index, DESIGN.md performance notes). Quantized storage is dequantized after.
+    """
+    B, n_kv, M = positions.shape
+    base = (mx.arange(B * n_kv, dtype=mx.int32) * capacity).reshape(B, n_kv, 1)
+    flat = (positions + base).reshape(-1)
+    if bits is None:
+        d = storage.shape[-1]
+        return mx.take(storage.reshape(-1, d), flat, axis=0).reshape(B, n_kv, M, d)
+    parts = [mx.take(a.reshape(-1, a.shape[-1]), flat, axis=0) for a in storage]
+    rows = mx.dequantize(*parts, group_size=group_size, bits=bits)
+    return rows.reshape(B, n_kv, M, -1)
+
+
+def selected_attention(
+    queries: mx.array, keys: mx.array, values: mx.array, repeat: mx.array, scale: float
+) -> mx.array:
+    """Exact softmax attention of each query head over its group's selection.
+
+    queries [B, n_kv, G, d], keys/values [B, n_kv, M, d], repeat [B, n_kv, M] -> [B, n_kv, G, d].
+    """
+    q = queries.astype(mx.float32) * scale
+    s = q @ keys.astype(mx.float32).swapaxes(-1, -2)
+    s = mx.where(repeat[:, :, None, :], mx.array(-mx.inf, mx.float32), s)
+    p = mx.softmax(s, axis=-1)
+    return (p @ values.astype(mx.float32)).astype(queries.dtype)
+
+
+def count_union(positions: mx.array, repeat: mx.array, lay: Layout) -> mx.array:
+    """Far tokens retrieved at this step, union over KV heads, summed over the batch (scalar)."""
+    B = positions.shape[0]
+    start = lay.n_sinks
+    far = positions[..., start : positions.shape[-1] - (lay.n - lay.window_start)]
+    allpos = mx.sort(far.reshape(B, -1), axis=-1)
+    distinct = 1 + (allpos[:, 1:] != allpos[:, :-1]).sum(axis=-1)
+    return distinct.sum()
