@@ -382,6 +382,7 @@ class ChatSession:
 
     def regenerate(self) -> Iterator[Event]:
         """Drop the last assistant reply and answer the last user message again."""
+        self._last_user_index(self._messages)  # fail now, not at the first next()
         self._stop.clear()
         return self._reply(lambda msgs: msgs[: self._last_user_index(msgs) + 1])
 
@@ -389,6 +390,7 @@ class ChatSession:
         """Replace the last user message (dropping what followed it) and answer it."""
         if not isinstance(text, str):
             raise ValueError(f"message text must be a string, got {type(text).__name__}")
+        self._last_user_index(self._messages)  # fail now, not at the first next()
         self._stop.clear()
 
         def edit(msgs: list[dict]) -> list[dict]:

@@ -1,0 +1,411 @@
+"""ChatSession and SamplingSettings on tiny random models (greedy = temperature 0)."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.tokenizer_utils import load as load_tokenizer
+from tiny import save_tiny_tokenizer, tiny_model, tiny_tokenizer
+
+from a2ats_engine import SamplingSettings as ExportedSamplingSettings
+from a2ats_engine.session import ChatSession, SamplingSettings, render_prompt
+from a2ats_engine.telemetry import GenerationStats, TokenEvent
+
+GREEDY = SamplingSettings(temperature=0.0, max_tokens=10)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return tiny_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture
+def no_eos_tokenizer(tmp_path):
+    """A private tokenizer that never stops on EOS (replies run to max_tokens or stop())."""
+    tok = tiny_tokenizer(tmp_path)
+    tok.eos_token_ids = []
+    return tok
+
+
+def run(events) -> tuple[list[int], str, GenerationStats]:
+    """Drain an event stream: (reply token ids, reply text, final stats)."""
+    events = list(events)
+    stats = events[-1]
+    assert isinstance(stats, GenerationStats)
+    tokens = [e for e in events[:-1] if isinstance(e, TokenEvent)]
+    ids = []
+    for e in tokens:  # a flush event repeats the last index; count each index once
+        if not ids or e.index == len(ids):
+            ids.append(e.token_id)
+    return ids, "".join(e.text for e in tokens), stats
+
+
+def fresh_reply(model, tokenizer, history, user_text, sampling=GREEDY, system=None):
+    """The reply a brand-new session gives to `history` + `user_text` (full prefill)."""
+    session = ChatSession(model, tokenizer, sampling=sampling, system_prompt=system)
+    session.load_messages(history)
+    ids, _, stats = run(session.send(user_text))
+    assert stats.extra["reused_tokens"] == 0
+    return ids
+
+
+# ------------------------------------------------------------------ streaming and stats
+def test_send_streams_tokens_then_stats(llama, tokenizer):
+    session = ChatSession(llama, tokenizer, sampling=GREEDY, system_prompt="Be brief.")
+    events = list(session.send("Hello! How are you?"))
+    stats = events[-1]
+    token_events = events[:-1]
+    assert isinstance(stats, GenerationStats)
+    assert token_events and all(isinstance(e, TokenEvent) for e in token_events)
+    assert [e.index for e in token_events] == list(range(len(token_events)))
+    prompt = render_prompt(
+        tokenizer, [{"role": "user", "content": "Hello! How are you?"}], "Be brief."
+    )
+    assert stats.prompt_tokens == len(prompt)
+    assert stats.generation_tokens == len(token_events)
+    assert stats.stop_reason in ("stop", "length")
+    eos = 1 if stats.stop_reason == "stop" else 0
+    assert stats.context_tokens == len(prompt) + len(token_events) + eos == session.context_tokens
+    assert session.cached_token_ids[: len(prompt)] == prompt
+    assert session.caches[0].offset == session.context_tokens
+    assert stats.time_to_first_token > 0 and stats.prompt_tps > 0 and stats.generation_tps > 0
+    assert stats.peak_memory_gb > 0
+    assert stats.cache_bytes == sum(c.nbytes for c in session.caches) > 0
+    reply = "".join(e.text for e in token_events)
+    assert session.messages == [
+        {"role": "user", "content": "Hello! How are you?"},
+        {"role": "assistant", "content": reply},
+    ]
+
+
+def test_max_tokens_ends_with_length(llama, no_eos_tokenizer):
+    session = ChatSession(llama, no_eos_tokenizer, sampling=SamplingSettings(0.0, max_tokens=7))
+    ids, _, stats = run(session.send("Hi"))
+    assert stats.stop_reason == "length"
+    assert len(ids) == stats.generation_tokens == 7
+    assert session.context_tokens == stats.prompt_tokens + 7
+
+
+def test_second_turn_prefills_only_new_tokens(llama, tokenizer):
+    session = ChatSession(llama, tokenizer, sampling=GREEDY)
+    run(session.send("Hello! How are you?"))
+    caches = session.caches
+    cached_before = session.context_tokens
+    _, _, stats = run(session.send("What is the capital of France?"))
+    full = session.prompt_token_ids(session.messages[:-1])
+    assert session.caches is caches
+    assert not stats.extra["cache_rebuilt"]
+    assert 0 < stats.extra["reused_tokens"] <= cached_before
+    assert stats.prompt_tokens == len(full) - stats.extra["reused_tokens"]
+    assert stats.prompt_tokens < len(full)
+
+
+# --------------------------------------------------- cache reuse equals full recomputation
+@pytest.mark.parametrize(("arch", "penalty"), [("llama", 1.0), ("qwen2", 1.0), ("llama", 1.3)])
+def test_reused_cache_gives_same_tokens_as_fresh_session(arch, penalty, tokenizer):
+    model = tiny_model(arch, seed=3)
+    sampling = SamplingSettings(temperature=0.0, max_tokens=8, repetition_penalty=penalty)
+    session = ChatSession(model, tokenizer, sampling=sampling, system_prompt="You are terse.")
+
+    def check(events, user_text):
+        ids, _, stats = run(events)
+        history = session.messages[:-2]
+        assert ids == fresh_reply(model, tokenizer, history, user_text, sampling, "You are terse.")
+        return stats
+
+    check(session.send("Hello there."), "Hello there.")
+    stats = check(session.send("The quick brown fox?"), "The quick brown fox?")
+    assert stats.extra["reused_tokens"] > 0
+    stats = check(session.edit_last_user_message("Numbers: 0123"), "Numbers: 0123")
+    assert stats.extra["reused_tokens"] > 0 and not stats.extra["cache_rebuilt"]
+    stats = check(session.regenerate(), "Numbers: 0123")
+    assert stats.prompt_tokens == 1 and not stats.extra["cache_rebuilt"]
+    stats = check(session.send("def main():"), "def main():")
+    assert stats.extra["reused_tokens"] > 0
+    assert len(session.messages) == 6
+
+
+def test_regenerate_trims_and_matches_fresh_greedy_answer(llama, tokenizer):
+    session = ChatSession(llama, tokenizer, sampling=GREEDY)
+    first, text, _ = run(session.send("Hello! How are you?"))
+    caches = session.caches
+    again, text_again, stats = run(session.regenerate())
+    assert session.caches is caches
+    assert not stats.extra["cache_rebuilt"]
+    assert stats.extra["trimmed_tokens"] >= 1
+    assert stats.prompt_tokens == 1  # only the last prompt token is fed again
+    assert again == first and text_again == text
+    assert again == fresh_reply(llama, tokenizer, [], "Hello! How are you?")
+    assert [m["role"] for m in session.messages] == ["user", "assistant"]
+
+
+def test_edit_last_user_message_trims(llama, tokenizer):
+    session = ChatSession(llama, tokenizer, sampling=GREEDY)
+    run(session.send("Hello! How are you?"))
+    run(session.send("What is the capital of France?"))
+    history = session.messages[:2]
+    caches = session.caches
+    ids, _, stats = run(session.edit_last_user_message("Numbers: 0123456789."))
+    assert session.caches is caches and not stats.extra["cache_rebuilt"]
+    assert stats.extra["trimmed_tokens"] > 0
+    assert stats.extra["reused_tokens"] >= len(session.prompt_token_ids(history[:1]))
+    assert stats.prompt_tokens < len(session.prompt_token_ids(session.messages[:-1]))
+    assert session.messages[2] == {"role": "user", "content": "Numbers: 0123456789."}
+    assert len(session.messages) == 4
+    assert ids == fresh_reply(llama, tokenizer, history, "Numbers: 0123456789.")
+
+
+def test_untrimmable_cache_is_rebuilt(llama, tokenizer):
+    class FixedCache(KVCache):
+        def is_trimmable(self):
+            return False
+
+    built = []
+
+    def factory(model):
+        built.append(1)
+        return [FixedCache() for _ in model.layers]
+
+    session = ChatSession(llama, tokenizer, sampling=GREEDY, cache_factory=factory)
+    first, _, _ = run(session.send("Hello! How are you?"))
+    again, _, stats = run(session.regenerate())
+    assert len(built) == 2 and stats.extra["cache_rebuilt"]
+    assert again == first
+
+
+# ------------------------------------------------------------------------ cancelling
+def test_stop_from_another_thread_cancels(llama, no_eos_tokenizer):
+    sampling = SamplingSettings(temperature=0.0, max_tokens=100_000)
+    session = ChatSession(llama, no_eos_tokenizer, sampling=sampling)
+    events: queue.Queue = queue.Queue()
+    resume = threading.Event()
+
+    def worker():
+        for event in session.send("Hello! How are you?"):
+            events.put(event)
+            if isinstance(event, TokenEvent) and event.index == 2:
+                resume.wait()  # hold here until the main thread has called stop()
+        events.put(None)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    seen = []
+    while True:
+        event = events.get(timeout=60)
+        seen.append(event)
+        if isinstance(event, TokenEvent) and event.index == 2:
+            break
+    session.stop()
+    resume.set()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    while (event := events.get_nowait()) is not None:
+        seen.append(event)
+    stats = seen[-1]
+    assert isinstance(stats, GenerationStats)
+    assert stats.stop_reason == "cancelled"
+    token_events = [e for e in seen if isinstance(e, TokenEvent)]
+    assert {e.index for e in token_events} == {0, 1, 2}  # ended within one token of stop()
+    assert stats.generation_tokens == 3
+    assert session.messages[-1] == {
+        "role": "assistant",
+        "content": "".join(e.text for e in token_events),
+    }
+    assert session.context_tokens == stats.prompt_tokens + 3 == session.caches[0].offset
+    assert not session.is_generating
+
+
+def test_cancelled_reply_keeps_cache_consistent(llama, no_eos_tokenizer):
+    sampling = SamplingSettings(temperature=0.0, max_tokens=6)
+    session = ChatSession(llama, no_eos_tokenizer, sampling=sampling)
+    stream = session.send("Hello! How are you?")
+    for event in stream:
+        if event.index == 3:
+            break
+    stream.close()  # the consumer walks away: same as a cancel
+    assert session.messages[-1]["role"] == "assistant"
+    assert session.caches[0].offset == session.context_tokens
+    history = session.messages
+    ids, _, stats = run(session.send("And then?"))
+    assert stats.extra["reused_tokens"] > 0
+    assert ids == fresh_reply(llama, no_eos_tokenizer, history, "And then?", sampling)
+
+
+def test_stop_before_iterating_generates_nothing(llama, tokenizer):
+    session = ChatSession(llama, tokenizer, sampling=GREEDY)
+    stream = session.send("Hello! How are you?")
+    session.stop()
+    events = list(stream)
+    assert len(events) == 1
+    assert events[0].stop_reason == "cancelled" and events[0].generation_tokens == 0
+    assert session.messages[-1] == {"role": "assistant", "content": ""}
+    assert session.context_tokens == 0
+    run(session.send("Hi"))  # the next message is not cancelled by the old stop()
+    assert session.last_stats.stop_reason != "cancelled"
+
+
+def test_one_reply_at_a_time(llama, tokenizer):
+    session = ChatSession(llama, tokenizer, sampling=GREEDY)
+    stream = session.send("Hello!")
+    next(stream)
+    assert session.is_generating
+    with pytest.raises(RuntimeError):
+        next(session.send("again"))
+    with pytest.raises(RuntimeError):
+        session.reset()
+    stream.close()
+    assert not session.is_generating
+
+
+def test_failed_reply_leaves_conversation_unchanged(llama, tokenizer):
+    def broken(model):
+        raise MemoryError("no room")
+
+    session = ChatSession(llama, tokenizer, sampling=GREEDY)
+    run(session.send("Hello!"))
+    before = session.messages
+    session.set_cache_factory(broken)
+    with pytest.raises(MemoryError):
+        run(session.send("again"))
+    assert session.messages == before and session.caches is None
+    session.set_cache_factory(None)
+    run(session.send("again"))
+    assert len(session.messages) == 4
+
+
+# -------------------------------------------------------- settings between messages
+def test_set_cache_factory_rebuilds_on_next_message(llama, tokenizer):
+    built = []
+
+    def factory(model):
+        built.append(1)
+        return make_prompt_cache(model)
+
+    session = ChatSession(llama, tokenizer, sampling=GREEDY)
+    run(session.send("Hello!"))
+    old = session.caches
+    session.set_cache_factory(factory)
+    assert built == [] and session.caches is old
+    history = session.messages
+    ids, _, stats = run(session.send("The quick brown fox?"))
+    assert built == [1] and session.caches is not old
+    assert stats.extra["cache_rebuilt"] and stats.extra["reused_tokens"] == 0
+    assert ids == fresh_reply(llama, tokenizer, history, "The quick brown fox?")
+
+
+def test_set_system_prompt_applies_to_next_message(llama, tokenizer):
+    session = ChatSession(llama, tokenizer, sampling=GREEDY)
+    run(session.send("Hello!"))
+    history = session.messages
+    session.set_system_prompt("Answer in French.")
+    ids, _, _ = run(session.send("The quick brown fox?"))
+    text = tokenizer.decode(session.cached_token_ids)
+    assert text.startswith("<|im_start|>system\nAnswer in French.<|im_end|>")
+    expected = fresh_reply(
+        llama, tokenizer, history, "The quick brown fox?", system="Answer in French."
+    )
+    assert ids == expected
+
+
+def test_load_messages_and_reset(llama, tokenizer):
+    session = ChatSession(llama, tokenizer, sampling=GREEDY)
+    session.load_messages(
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"},
+        ]
+    )
+    assert session.system_prompt == "Be brief."
+    assert [m["role"] for m in session.messages] == ["user", "assistant"]
+    run(session.send("How are you?"))
+    assert len(session.messages) == 4 and session.context_tokens > 0
+    session.reset()
+    assert session.messages == [] and session.context_tokens == 0 and session.caches is None
+    assert session.system_prompt == "Be brief."
+    with pytest.raises(ValueError, match="role"):
+        session.load_messages([{"role": "robot", "content": "x"}])
+    with pytest.raises(ValueError, match="content"):
+        session.load_messages([{"role": "user", "content": 3}])
+    with pytest.raises(ValueError, match="no user message"):
+        session.regenerate()
+
+
+def test_template_without_system_role_folds_system_prompt(llama, tmp_path):
+    folder = save_tiny_tokenizer(tmp_path)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = (
+        "{% for message in messages %}"
+        "{% if message['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+        "{% endif %}"
+        "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    )
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = load_tokenizer(folder)
+    session = ChatSession(llama, tok, sampling=GREEDY, system_prompt="Be brief.")
+    _, _, stats = run(session.send("Hello!"))
+    assert stats.prompt_tokens > 0
+    text = tok.decode(session.cached_token_ids)
+    assert text.startswith("<|im_start|>user\nBe brief.\n\nHello!<|im_end|>")
+
+
+# --------------------------------------------------------------------------- sampling
+def test_seeded_sampling_is_reproducible(llama, no_eos_tokenizer):
+    def sample(seed):
+        settings = SamplingSettings(temperature=1.5, top_k=50, seed=seed, max_tokens=12)
+        session = ChatSession(llama, no_eos_tokenizer, sampling=settings)
+        return run(session.send("Hello!"))[0]
+
+    assert sample(7) == sample(7)
+    assert sample(7) != sample(8)
+
+
+def test_sampling_settings_export_and_dict_round_trip():
+    settings = SamplingSettings(temperature=0.2, top_p=0.9, min_p=0.05, top_k=40, seed=3)
+    assert ExportedSamplingSettings is SamplingSettings
+    assert SamplingSettings.from_dict({**settings.to_dict(), "future_knob": 1}) == settings
+    assert SamplingSettings(temperature=0).greedy
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", -0.1),
+        ("temperature", float("nan")),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("min_p", 1.0),
+        ("min_p", -0.1),
+        ("top_k", -1),
+        ("top_k", 2.5),
+        ("repetition_penalty", 0.0),
+        ("seed", -1),
+        ("seed", 1.5),
+        ("max_tokens", 0),
+        ("max_tokens", True),
+        ("repetition_context_size", 0),
+    ],
+)
+def test_sampling_settings_validation(field, value):
+    with pytest.raises(ValueError, match=f"SamplingSettings.{field}="):
+        SamplingSettings(**{field: value})
+
+
+def test_sampler_greedy_picks_argmax():
+    logits = mx.array([[0.1, 3.0, -1.0, 2.0]])
+    sampler = SamplingSettings(temperature=0.0).make_sampler()
+    assert sampler(logits).item() == 1
+    assert SamplingSettings().make_logits_processors() == []
+    assert len(SamplingSettings(repetition_penalty=1.2).make_logits_processors()) == 1
