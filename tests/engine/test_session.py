@@ -409,3 +409,60 @@ def test_sampler_greedy_picks_argmax():
     assert sampler(logits).item() == 1
     assert SamplingSettings().make_logits_processors() == []
     assert len(SamplingSettings(repetition_penalty=1.2).make_logits_processors()) == 1
+
+
+# ------------------------------------------------------------------- A2ATS cache factory
+@pytest.fixture
+def a2ats_session(tokenizer):
+    from a2ats_engine.codebook import Codebook
+    from a2ats_engine.config import A2ATSConfig
+
+    model = tiny_model("llama")  # same weights as `llama`; its own copy gets the attention hook
+
+    config = A2ATSConfig(window=8, sinks=2, budget=4, n_centroids=32, telemetry=True)
+    codebook = Codebook.random(2, 2, 16, 32, seed=1)
+    with pytest.warns(UserWarning):  # a random codebook carries no model fingerprint
+        session = ChatSession(model, tokenizer, sampling=GREEDY, a2ats=config, codebook=codebook)
+        run(session.send("Hello! How are you?"))  # the caches are built on the first reply
+    return session
+
+
+def test_a2ats_session_streams_snapshots_after_each_token(a2ats_session):
+    from a2ats_engine.cache import A2ATSCache
+    from a2ats_engine.telemetry import CacheSnapshot
+
+    events = list(a2ats_session.send("What is the capital of France?"))
+    stats = events[-1]
+    assert all(isinstance(c, A2ATSCache) for c in a2ats_session.caches)
+    pairs = list(zip(events[:-1:2], events[1:-1:2], strict=True))
+    assert pairs and len(pairs) == stats.generation_tokens
+    offsets = []
+    for token, snap in pairs:
+        assert isinstance(token, TokenEvent) and isinstance(snap, CacheSnapshot)
+        assert snap.token_id == token.token_id and len(snap.layers) == 2
+        offsets.append(snap.offset)
+    assert offsets == list(range(offsets[0], offsets[0] + len(offsets)))
+    assert offsets[-1] == a2ats_session.context_tokens == stats.context_tokens
+    assert stats.extra["reused_tokens"] > 0 and not stats.extra["cache_rebuilt"]
+    assert stats.cache_bytes == sum(c.nbytes for c in a2ats_session.caches) > 0
+
+
+def test_a2ats_regenerate_trims_and_repeats_greedy_reply(a2ats_session):
+    first, _, _ = run(a2ats_session.send("The quick brown fox?"))
+    caches = a2ats_session.caches
+    again, _, stats = run(a2ats_session.regenerate())
+    assert a2ats_session.caches is caches and not stats.extra["cache_rebuilt"]
+    assert stats.prompt_tokens == 1
+    assert again == first
+    assert all(c.offset == a2ats_session.context_tokens for c in caches)
+
+
+def test_switching_to_full_cache_rebuilds(a2ats_session, llama, tokenizer):
+    from a2ats_engine.cache import A2ATSCache
+
+    a2ats_session.set_cache_factory(None)
+    history = a2ats_session.messages
+    ids, _, stats = run(a2ats_session.send("Numbers: 0123"))
+    assert stats.extra["cache_rebuilt"]
+    assert not any(isinstance(c, A2ATSCache) for c in a2ats_session.caches)
+    assert ids == fresh_reply(llama, tokenizer, history, "Numbers: 0123")
