@@ -1,0 +1,703 @@
+"""Codebook: query-aware VQ centroids per layer x KV head, its file format and model validation.
+
+Math (DESIGN.md section 2). Keys are row vectors in the pre-RoPE frame. The score error of a
+code is `E_q[(q~ . (k - c))^2] = (k - c)^T H (k - c)` with `H = E[q~ q~^T]` over the WRoPE queries
+of the KV head's GQA group. With `H = L L^T` (Cholesky) that is `||(k - c) L||^2`, so k-means on
+`kL` minimises it. Per layer we hold
+
+    C  = centroids         [n_kv, S, K, sub_dim]   key space: score tables `q . C_j`
+    C' = assign_centroids  [n_kv, S, K, sub_dim]   `C' = C L`: assignment `argmin ||kL - C'_j||`
+    L  = chol              [n_kv, S, sub_dim, sub_dim]
+
+S = head_dim // sub_dim subspaces (S = 1: full-dim VQ; S > 1: product VQ, H restricted to its
+diagonal blocks, per-subspace tables summed by the user of `score_tables`).
+
+File format (DESIGN.md section 4): one safetensors file, arrays `layers.{l}.centroids`,
+`layers.{l}.assign_centroids`, `layers.{l}.chol`, and one string metadata entry `a2ats` holding a
+JSON object: format name, format version, model fingerprint, n_centroids, sub_dim, beta, far_offset,
+corpus description, token count, creation time.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import struct
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from .errors import CodebookError
+from .kmeans import KMeansCallback, kmeans
+
+FORMAT_NAME = "a2ats-codebook"
+FORMAT_VERSION = 1
+METADATA_KEY = "a2ats"
+DEFAULT_RIDGE = 1e-3
+_MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
+_ASSIGN_BLOCK_ELEMENTS = 1 << 24  # bound on a [.., N_chunk, K] distance block in `assign`
+
+
+class Codebook:
+    """Query-aware VQ codebook for every attention layer of one model (see module docstring)."""
+
+    def __init__(
+        self,
+        centroids: Sequence[mx.array],
+        chol: Sequence[mx.array] | None = None,
+        metadata: dict[str, Any] | None = None,
+        assign_centroids: Sequence[mx.array] | None = None,
+    ) -> None:
+        """centroids[l] `[n_kv, S, K, sub_dim]`; chol[l] `[n_kv, S, sub_dim, sub_dim]` lower
+        triangular (None = identity, plain VQ); assign_centroids[l] = `C L` (computed if None)."""
+        if not centroids:
+            raise ValueError("Codebook needs at least one layer of centroids")
+        self._centroids = [mx.array(c, dtype=mx.float32) for c in centroids]
+        shape = self._centroids[0].shape
+        if len(shape) != 4:
+            raise ValueError(f"centroids must be [n_kv, S, K, sub_dim], got {tuple(shape)}")
+        for i, c in enumerate(self._centroids):
+            if c.shape != shape:
+                raise ValueError(f"layer {i} centroids {tuple(c.shape)} != layer 0 {shape}")
+        n_kv, s, _, sd = shape
+        if chol is None:
+            eye = mx.broadcast_to(mx.eye(sd, dtype=mx.float32), (n_kv, s, sd, sd))
+            chol = [eye] * len(self._centroids)
+        self._chol = [mx.array(x, dtype=mx.float32) for x in chol]
+        if len(self._chol) != len(self._centroids) or any(
+            x.shape != (n_kv, s, sd, sd) for x in self._chol
+        ):
+            raise ValueError("chol must hold one [n_kv, S, sub_dim, sub_dim] array per layer")
+        if assign_centroids is None:
+            assign_centroids = [c @ x for c, x in zip(self._centroids, self._chol, strict=True)]
+        self._assign = [mx.array(x, dtype=mx.float32) for x in assign_centroids]
+        if len(self._assign) != len(self._centroids) or any(x.shape != shape for x in self._assign):
+            raise ValueError("assign_centroids must match centroids layer for layer")
+        mx.eval(self._centroids, self._chol, self._assign)
+        self.metadata: dict[str, Any] = dict(metadata or {})
+        self._assign_weights: dict[int, mx.array] = {}
+        self._sha256: str | None = None
+
+    # -- geometry -------------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return len(self._centroids)
+
+    @property
+    def num_kv_heads(self) -> int:
+        return int(self._centroids[0].shape[0])
+
+    @property
+    def num_subspaces(self) -> int:
+        return int(self._centroids[0].shape[1])
+
+    @property
+    def n_centroids(self) -> int:
+        return int(self._centroids[0].shape[2])
+
+    @property
+    def sub_dim(self) -> int:
+        return int(self._centroids[0].shape[3])
+
+    @property
+    def head_dim(self) -> int:
+        return self.sub_dim * self.num_subspaces
+
+    @property
+    def centroids(self) -> list[mx.array]:
+        """C per layer `[n_kv, S, K, sub_dim]` (key space)."""
+        return list(self._centroids)
+
+    @property
+    def assign_centroids(self) -> list[mx.array]:
+        """C' = C L per layer `[n_kv, S, K, sub_dim]` (assignment space)."""
+        return list(self._assign)
+
+    @property
+    def chol(self) -> list[mx.array]:
+        """L per layer `[n_kv, S, sub_dim, sub_dim]`, H = L L^T."""
+        return list(self._chol)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held in memory: C, C', L and the lazily built assignment matrices."""
+        held = self._centroids + self._assign + self._chol + list(self._assign_weights.values())
+        return int(sum(a.nbytes for a in held))
+
+    @property
+    def code_bits(self) -> int:
+        """Bits of information per code (log2 of n_centroids, rounded up)."""
+        return max(1, math.ceil(math.log2(self.n_centroids)))
+
+    # -- use --------------------------------------------------------------------------------
+    def _weights(self, layer: int) -> mx.array:
+        """`[n_kv, S, sub_dim + 1, K]`: rows `-2 W^T` and a last row `||C'_j||^2`, W = C' L^T.
+
+        `[k, 1] @ this` = `||C'_j||^2 - 2 k . W_j`, which differs from `||kL - C'_j||^2` only
+        by `||kL||^2` (constant per key), so its argmin over j is the code. One matmul."""
+        w = self._assign_weights.get(layer)
+        if w is None:
+            c_assign = self._assign[layer]
+            w_rows = c_assign @ mx.swapaxes(self._chol[layer], -1, -2)  # [n_kv, S, K, sd]
+            norms = mx.sum(c_assign * c_assign, axis=-1, keepdims=True)  # [n_kv, S, K, 1]
+            w = mx.swapaxes(mx.concatenate([-2.0 * w_rows, norms], axis=-1), -1, -2)
+            mx.eval(w)
+            self._assign_weights[layer] = w
+        return w
+
+    def _check_layer(self, layer: int) -> None:
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer={layer} is out of range: the codebook has {self.num_layers}")
+
+    def assign(self, layer: int, keys: mx.array) -> mx.array:
+        """Codes of pre-RoPE keys: `[B, n_kv, N, head_dim]` -> uint16 `[B, n_kv, N, S]`.
+
+        `code = argmin_j ||k L - C'_j||^2`, one matmul per block of keys (no per-head loop)."""
+        self._check_layer(layer)
+        b, h, n, d = keys.shape
+        if h != self.num_kv_heads or d != self.head_dim:
+            raise ValueError(
+                f"keys {tuple(keys.shape)} do not fit the codebook "
+                f"({self.num_kv_heads} KV heads, head dim {self.head_dim})"
+            )
+        s, sd = self.num_subspaces, self.sub_dim
+        w = self._weights(layer)  # [n_kv, S, sd+1, K]
+        x = keys.astype(mx.float32).reshape(b, h, n, s, sd).transpose(0, 1, 3, 2, 4)
+        x = mx.concatenate([x, mx.ones((b, h, s, n, 1), dtype=mx.float32)], axis=-1)
+        step = max(1, min(n, _ASSIGN_BLOCK_ELEMENTS // max(1, b * h * s * self.n_centroids)))
+        if step >= n:
+            codes = mx.argmin(x @ w, axis=-1)
+        else:
+            codes = mx.concatenate(
+                [mx.argmin(x[:, :, :, i : i + step] @ w, axis=-1) for i in range(0, n, step)],
+                axis=-1,
+            )
+        return codes.astype(mx.uint16).transpose(0, 1, 3, 2)  # [B, n_kv, N, S]
+
+    def score_tables(self, layer: int, queries: mx.array) -> mx.array:
+        """Lookup tables: queries `[B, n_kv, G, head_dim]` -> `[B, n_kv, G, S, K]` float32,
+        `tables[..., s, j] = q_s . C_{s,j}` (q_s: the s-th sub_dim slice of the query)."""
+        self._check_layer(layer)
+        b, h, g, d = queries.shape
+        if h != self.num_kv_heads or d != self.head_dim:
+            raise ValueError(
+                f"queries {tuple(queries.shape)} do not fit the codebook "
+                f"({self.num_kv_heads} KV heads, head dim {self.head_dim})"
+            )
+        s, sd = self.num_subspaces, self.sub_dim
+        q = queries.reshape(b, h, g, s, sd).transpose(0, 1, 3, 2, 4)  # [B, n_kv, S, G, sd]
+        tables = q @ mx.swapaxes(self._centroids[layer], -1, -2)  # [B, n_kv, S, G, K]
+        return tables.transpose(0, 1, 3, 2, 4)
+
+    def reconstruct(self, layer: int, codes: mx.array) -> mx.array:
+        """Centroid keys of codes: `[B, n_kv, N, S]` -> `[B, n_kv, N, head_dim]` float32."""
+        self._check_layer(layer)
+        b, h, n, s = codes.shape
+        k, sd = self.n_centroids, self.sub_dim
+        head = mx.arange(h, dtype=mx.int32)[None, :, None, None]
+        sub = mx.arange(s, dtype=mx.int32)[None, None, None, :]
+        flat = (head * s + sub) * k + codes.astype(mx.int32)
+        table = self._centroids[layer].reshape(-1, sd)
+        return mx.take(table, flat.reshape(-1), axis=0).reshape(b, h, n, s * sd)
+
+    # -- training ---------------------------------------------------------------------------
+    @classmethod
+    def fit(
+        cls,
+        keys: Sequence[mx.array],
+        queries: Sequence[mx.array] | None = None,
+        *,
+        n_centroids: int,
+        sub_dim: int | None = None,
+        beta: float = 0.0,
+        seed: int = 0,
+        max_iters: int = 25,
+        tol: float = 1e-4,
+        ridge: float = DEFAULT_RIDGE,
+        metadata: dict[str, Any] | None = None,
+        callback: KMeansCallback | None = None,
+    ) -> Codebook:
+        """Train a codebook.
+
+        keys[l]: pre-RoPE keys `[n_kv, N, head_dim]`; queries[l]: WRoPE queries `[n_kv, M,
+        head_dim]` (every query head of the GQA group stacked along M). queries None or
+        beta == 1 gives plain nearest-centroid VQ (L = I exactly). All heads, subspaces and
+        layers with the same N are clustered in one batched k-means call.
+        `callback(iteration, max_iters)` is forwarded to k-means (it may raise to abort).
+        """
+        geometry = _check_fit_inputs(keys, queries, n_centroids, beta, ridge)
+        n_kv, d = geometry
+        sub_dim = d if sub_dim is None else sub_dim
+        if isinstance(sub_dim, bool) or not isinstance(sub_dim, int) or sub_dim < 1 or d % sub_dim:
+            raise ValueError(f"sub_dim={sub_dim!r} is out of range: must divide head_dim={d}")
+        s = d // sub_dim
+        query_aware = queries is not None and float(beta) < 1.0
+        chol = [
+            query_metric(queries[i], sub_dim, beta, ridge)
+            if query_aware
+            else mx.broadcast_to(mx.eye(sub_dim, dtype=mx.float32), (n_kv, s, sub_dim, sub_dim))
+            for i in range(len(keys))
+        ]
+        assign, iterations = _cluster_layers(
+            keys, chol, n_centroids, sub_dim, seed=seed, max_iters=max_iters, tol=tol,
+            callback=callback,
+        )  # fmt: skip
+        centroids = [_map_back(c, x) for c, x in zip(assign, chol, strict=True)]
+        meta = {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "n_centroids": int(n_centroids),
+            "sub_dim": int(sub_dim),
+            "beta": float(beta),
+            "query_aware": bool(query_aware),
+            "ridge": float(ridge),
+            "seed": int(seed),
+            "kmeans_iterations": iterations,
+            "keys_per_head": int(keys[0].shape[1]),
+            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        }
+        meta.update(metadata or {})
+        return cls(centroids, chol, meta, assign_centroids=assign)
+
+    @classmethod
+    def random(
+        cls,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        n_centroids: int,
+        sub_dim: int | None = None,
+        seed: int = 0,
+    ) -> Codebook:
+        """Standard-normal centroids, L = I: for wiring and tests only (retrieval is random)."""
+        sub_dim = head_dim if sub_dim is None else sub_dim
+        if sub_dim < 1 or head_dim % sub_dim:
+            raise ValueError(f"sub_dim={sub_dim} is out of range: must divide head_dim={head_dim}")
+        if not 2 <= n_centroids <= 65536:
+            raise ValueError(f"n_centroids={n_centroids} is out of range: must be in [2, 65536]")
+        key = mx.random.key(seed)
+        shape = (num_kv_heads, head_dim // sub_dim, n_centroids, sub_dim)
+        keys = mx.random.split(key, num_layers)
+        centroids = [mx.random.normal(shape, key=keys[i]) for i in range(num_layers)]
+        meta = {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "n_centroids": n_centroids,
+            "sub_dim": sub_dim,
+            "beta": 1.0,
+            "query_aware": False,
+            "random": True,
+            "seed": seed,
+            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        }
+        return cls(centroids, None, meta)
+
+    # -- files --------------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> None:
+        """Write one safetensors file (atomically: a temporary file renamed into place)."""
+        path = Path(path)
+        arrays = {}
+        for i in range(self.num_layers):
+            arrays[f"layers.{i}.centroids"] = self._centroids[i]
+            arrays[f"layers.{i}.assign_centroids"] = self._assign[i]
+            arrays[f"layers.{i}.chol"] = self._chol[i]
+        meta = dict(self.metadata)
+        meta.setdefault("format", FORMAT_NAME)
+        meta["format_version"] = FORMAT_VERSION
+        meta.update(
+            num_layers=self.num_layers,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            n_centroids=self.n_centroids,
+            sub_dim=self.sub_dim,
+        )
+        self.metadata = meta
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.safetensors")
+        try:
+            mx.save_safetensors(str(tmp), arrays, metadata={METADATA_KEY: json.dumps(meta)})
+            os.replace(tmp, path)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+        self._sha256 = _file_sha256(path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Codebook:
+        """Read a codebook file. CodebookError (one line) for a missing, foreign, truncated,
+        damaged or too-new file."""
+        path = Path(path)
+        meta = _read_metadata(path)
+        try:
+            arrays = mx.load(str(path), format="safetensors")
+        except Exception as exc:  # MLX raises plain RuntimeError/ValueError on bad content
+            raise CodebookError(f"{path.name}: file is damaged ({exc})") from exc
+        n_layers = meta.get("num_layers")
+        if not isinstance(n_layers, int) or n_layers < 1:
+            raise CodebookError(f"{path.name}: file is damaged (no layer count in its metadata)")
+        parts = []
+        for name in ("centroids", "assign_centroids", "chol"):
+            layer_arrays = []
+            for i in range(n_layers):
+                arr = arrays.get(f"layers.{i}.{name}")
+                if arr is None:
+                    raise CodebookError(f"{path.name}: file is damaged (layers.{i}.{name} missing)")
+                layer_arrays.append(arr)
+            parts.append(layer_arrays)
+        try:
+            book = cls(parts[0], parts[2], meta, assign_centroids=parts[1])
+        except ValueError as exc:
+            raise CodebookError(f"{path.name}: file is damaged ({exc})") from exc
+        if (book.n_centroids, book.sub_dim) != (meta.get("n_centroids"), meta.get("sub_dim")):
+            raise CodebookError(f"{path.name}: file is damaged (arrays disagree with metadata)")
+        book._sha256 = _file_sha256(path)
+        return book
+
+    @property
+    def sha256(self) -> str:
+        """SHA-256 of the file this codebook was loaded from / saved to, else of its arrays."""
+        if self._sha256 is None:
+            digest = hashlib.sha256()
+            for arr in self._centroids + self._assign + self._chol:
+                digest.update(np.asarray(arr).tobytes())
+            self._sha256 = digest.hexdigest()
+        return self._sha256
+
+    # -- model fit --------------------------------------------------------------------------
+    def validate_for(self, model: Any, config: Any | None = None) -> list[str]:
+        """Check that this codebook fits `model` (and `config`, an A2ATSConfig).
+
+        Raises CodebookError naming the first hard mismatch (layers, KV heads, head dim, RoPE).
+        Returns warnings for soft ones (far_offset / n_centroids / sub_dim differ from the config,
+        a different model with the same geometry); each is also issued with `warnings.warn`."""
+        geometry = model_fingerprint(model)
+        self._check_geometry(geometry)
+        found = []
+        recorded = self.metadata.get("model")
+        if not recorded:
+            found.append("codebook records no model fingerprint (random or hand-made codebook)")
+        else:
+            rope_message = _rope_mismatch(recorded, geometry)
+            if rope_message:
+                raise CodebookError(rope_message)
+            if recorded.get("config_hash") != geometry["config_hash"]:
+                found.append(
+                    f"codebook was calibrated on a different model "
+                    f"({recorded.get('model_type')}, config hash differs) with the same shape; "
+                    "retrieval may be less accurate"
+                )
+        if config is not None:
+            found.extend(self._config_warnings(config))
+        for message in found:
+            warnings.warn(message, stacklevel=2)
+        return found
+
+    def _check_geometry(self, geometry: dict[str, Any]) -> None:
+        if geometry["num_layers"] != self.num_layers:
+            raise CodebookError(
+                f"codebook is for {self.num_layers} layers, the model has {geometry['num_layers']}"
+            )
+        if geometry["num_kv_heads"] != self.num_kv_heads:
+            raise CodebookError(
+                f"codebook is for {self.num_kv_heads} KV heads, "
+                f"the model has {geometry['num_kv_heads']}"
+            )
+        if geometry["head_dim"] != self.head_dim:
+            raise CodebookError(
+                f"codebook does not fit the model: head dim {self.head_dim} vs "
+                f"{geometry['head_dim']}"
+            )
+
+    def _config_warnings(self, config: Any) -> list[str]:
+        found = []
+        b = self.metadata.get("far_offset")
+        if b is not None and b != config.far_offset:
+            found.append(
+                f"codebook was calibrated with far_offset {b}, the cache uses "
+                f"{config.far_offset}; retrieval may be less accurate"
+            )
+        if config.n_centroids != self.n_centroids:
+            found.append(
+                f"config asks for {config.n_centroids} centroids, the codebook has "
+                f"{self.n_centroids}; the codebook's are used"
+            )
+        sub_dim = config.sub_dim if config.sub_dim is not None else self.head_dim
+        if sub_dim != self.sub_dim:
+            found.append(
+                f"config asks for sub_dim {sub_dim}, the codebook uses {self.sub_dim}; "
+                "the codebook's is used"
+            )
+        return found
+
+    def summary(self) -> str:
+        """Human-readable one-paragraph description (for `a2ats codebook-info` and the GUI)."""
+        m = self.metadata
+        model = m.get("model") or {}
+        kind = "query-aware" if m.get("query_aware") else "plain"
+        if m.get("random"):
+            kind = "random"
+        lines = [
+            f"{kind} VQ codebook: {self.num_layers} layers x {self.num_kv_heads} KV heads, "
+            f"head dim {self.head_dim}, {self.n_centroids} centroids, sub_dim {self.sub_dim} "
+            f"({self.num_subspaces} subspace{'s' if self.num_subspaces > 1 else ''}), "
+            f"beta {m.get('beta')}",
+            f"model: {model.get('name') or model.get('model_type', 'unknown')}",
+            f"far_offset: {m.get('far_offset')}, calibration tokens: {m.get('tokens')}, "
+            f"corpus: {m.get('corpus', 'unknown')}",
+            f"created: {m.get('created')}, {self.nbytes / 2**20:.1f} MiB, sha256 {self.sha256[:16]}",
+        ]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (
+            f"Codebook(layers={self.num_layers}, kv_heads={self.num_kv_heads}, "
+            f"head_dim={self.head_dim}, n_centroids={self.n_centroids}, sub_dim={self.sub_dim})"
+        )
+
+
+# -- query metric -----------------------------------------------------------------------------
+
+
+def query_metric(
+    queries: mx.array, sub_dim: int, beta: float = 0.0, ridge: float = DEFAULT_RIDGE
+) -> mx.array:
+    """Cholesky factors of the blended query second moment, per KV head and subspace.
+
+    queries `[n_kv, M, d]` -> L `[n_kv, S, sub_dim, sub_dim]` lower triangular with
+    `L L^T = beta * (tr(H)/d) I + (1 - beta) H`, where `H = E[q q^T]` scaled to unit RMS
+    (tr(H) = d) plus `ridge * I`, restricted to its S diagonal blocks. float64 Cholesky (numpy).
+    """
+    n_kv, m, d = queries.shape
+    if m == 0:
+        raise ValueError("query_metric: no queries (M = 0)")
+    q = queries.astype(mx.float32)
+    second = np.asarray((mx.swapaxes(q, 1, 2) @ q) / m, dtype=np.float64)  # [n_kv, d, d]
+    trace = np.trace(second, axis1=1, axis2=2)[:, None, None]
+    h = second * (d / np.maximum(trace, 1e-30)) + ridge * np.eye(d)
+    h_beta = beta * (np.trace(h, axis1=1, axis2=2)[:, None, None] / d) * np.eye(d)
+    h_beta = h_beta + (1.0 - beta) * h
+    s = d // sub_dim
+    blocks = np.stack(
+        [
+            h_beta[:, i * sub_dim : (i + 1) * sub_dim, i * sub_dim : (i + 1) * sub_dim]
+            for i in range(s)
+        ],
+        axis=1,
+    )  # [n_kv, S, sd, sd]
+    try:
+        chol = np.linalg.cholesky(blocks)
+    except np.linalg.LinAlgError as exc:  # ridge > 0 makes this unreachable for finite queries
+        raise ValueError(f"query second moment is not positive definite ({exc})") from exc
+    return mx.array(chol.astype(np.float32))
+
+
+def _map_back(assign: mx.array, chol: mx.array) -> mx.array:
+    """C = C' L^{-1}: `[n_kv, S, K, sd]`, `[n_kv, S, sd, sd]` -> `[n_kv, S, K, sd]` (float64)."""
+    inv = np.linalg.inv(np.asarray(chol, dtype=np.float64))
+    return mx.array((np.asarray(assign, dtype=np.float64) @ inv).astype(np.float32))
+
+
+def _check_fit_inputs(
+    keys: Sequence[mx.array],
+    queries: Sequence[mx.array] | None,
+    n_centroids: int,
+    beta: float,
+    ridge: float,
+) -> tuple[int, int]:
+    if not keys:
+        raise ValueError("Codebook.fit: keys is empty (one [n_kv, N, d] array per layer)")
+    if isinstance(n_centroids, bool) or not isinstance(n_centroids, int):
+        raise ValueError(f"n_centroids={n_centroids!r} must be an integer in [2, 65536]")
+    if not 2 <= n_centroids <= 65536:
+        raise ValueError(f"n_centroids={n_centroids} is out of range: must be in [2, 65536]")
+    if not 0.0 <= float(beta) <= 1.0:
+        raise ValueError(f"beta={beta!r} is out of range: must be in [0, 1]")
+    if not ridge > 0.0:
+        raise ValueError(f"ridge={ridge!r} is out of range: must be > 0")
+    n_kv, _, d = keys[0].shape
+    for i, k in enumerate(keys):
+        if k.ndim != 3 or k.shape[0] != n_kv or k.shape[2] != d or k.shape[1] < 1:
+            raise ValueError(f"keys[{i}] has shape {tuple(k.shape)}, expected [{n_kv}, N>0, {d}]")
+    if queries is not None:
+        if len(queries) != len(keys):
+            raise ValueError(f"queries has {len(queries)} layers, keys has {len(keys)}")
+        for i, q in enumerate(queries):
+            if q.ndim != 3 or q.shape[0] != n_kv or q.shape[2] != d or q.shape[1] < 1:
+                raise ValueError(
+                    f"queries[{i}] has shape {tuple(q.shape)}, expected [{n_kv}, M>0, {d}]"
+                )
+    return n_kv, d
+
+
+def _cluster_layers(
+    keys: Sequence[mx.array],
+    chol: list[mx.array],
+    n_centroids: int,
+    sub_dim: int,
+    *,
+    seed: int,
+    max_iters: int,
+    tol: float,
+    callback: KMeansCallback | None,
+) -> tuple[list[mx.array], int]:
+    """k-means on `kL` for every layer, one batched problem per group of layers with equal N.
+    Returns (C' per layer `[n_kv, S, K, sd]`, Lloyd iterations of the longest run)."""
+    groups: dict[int, list[int]] = {}
+    for i, k in enumerate(keys):
+        groups.setdefault(int(k.shape[1]), []).append(i)
+    out: list[mx.array | None] = [None] * len(keys)
+    iterations = 0
+    for n, members in sorted(groups.items()):
+        mapped = [_mapped_keys(keys[i], chol[i], sub_dim) for i in members]  # [n_kv, S, N, sd]
+        n_kv, s = mapped[0].shape[:2]
+        stacked = mx.stack(mapped).reshape(-1, n, sub_dim)  # [layers * n_kv * S, N, sd]
+        result = kmeans(
+            stacked, n_centroids, seed=seed, max_iters=max_iters, tol=tol, callback=callback
+        )
+        iterations = max(iterations, result.iterations)
+        cents = result.centroids.reshape(len(members), n_kv, s, n_centroids, sub_dim)
+        for j, i in enumerate(members):
+            out[i] = cents[j]
+    return out, iterations  # type: ignore[return-value]
+
+
+def _mapped_keys(keys: mx.array, chol: mx.array, sub_dim: int) -> mx.array:
+    """kL per subspace: keys `[n_kv, N, d]`, L `[n_kv, S, sd, sd]` -> `[n_kv, S, N, sd]`."""
+    n_kv, n, d = keys.shape
+    k = keys.astype(mx.float32).reshape(n_kv, n, d // sub_dim, sub_dim).transpose(0, 2, 1, 3)
+    return k @ chol
+
+
+# -- evaluation -----------------------------------------------------------------------------
+
+
+def relative_score_error(
+    codebook: Codebook, keys: Sequence[mx.array], queries: Sequence[mx.array]
+) -> float:
+    """Mean over layers of `sum (q . (k - c(k)))^2 / sum (q . k)^2` over all query/key pairs.
+
+    keys[l] pre-RoPE `[n_kv, N, d]`, queries[l] WRoPE `[n_kv, M, d]` (held-out data). Exact over
+    all M x N pairs via the query second moment: `sum_q (q . e)^2 = M e^T H e`."""
+    ratios = []
+    for layer, (k, q) in enumerate(zip(keys, queries, strict=True)):
+        k32, q32 = k.astype(mx.float32), q.astype(mx.float32)
+        second = mx.swapaxes(q32, 1, 2) @ q32  # [n_kv, d, d]
+        codes = codebook.assign(layer, k32[None])
+        err = k32 - codebook.reconstruct(layer, codes)[0]
+        num = mx.sum((err @ second) * err)
+        den = mx.sum((k32 @ second) * k32)
+        ratios.append(float((num / mx.maximum(den, 1e-30)).item()))
+    return float(np.mean(ratios))
+
+
+# -- model fingerprint and files ------------------------------------------------------------
+
+
+def model_fingerprint(model: Any, name: str | None = None) -> dict[str, Any]:
+    """What a codebook records about its model: geometry, RoPE spec and a hash of the config."""
+    from .rope import model_geometry, rope_specs
+
+    geometry = model_geometry(model)
+    args = getattr(model, "args", None)
+    config = getattr(model, "config", None) or (vars(args) if args is not None else {})
+    blob = json.dumps(config, sort_keys=True, default=str)
+    return {
+        "name": name,
+        "model_type": geometry["model_type"],
+        "num_layers": geometry["num_layers"],
+        "num_heads": geometry["num_heads"],
+        "num_kv_heads": geometry["num_kv_heads"],
+        "head_dim": geometry["head_dim"],
+        "rope": geometry["rope"],
+        "rope_fingerprint": _rope_fingerprint([s.fingerprint() for s in rope_specs(model)]),
+        "config_hash": hashlib.sha256(blob.encode()).hexdigest()[:16],
+    }
+
+
+def _rope_fingerprint(per_layer: list[str]) -> str:
+    return hashlib.sha256("|".join(per_layer).encode()).hexdigest()[:16]
+
+
+def _rope_mismatch(recorded: dict[str, Any], geometry: dict[str, Any]) -> str | None:
+    if recorded.get("rope_fingerprint") == geometry["rope_fingerprint"]:
+        return None
+    a, b = recorded.get("rope") or {}, geometry["rope"]
+    diffs = [
+        f"{key} {a.get(key)} vs {b.get(key)}"
+        for key in ("kind", "dims", "traditional", "base", "pos_scale", "scale")
+        if a.get(key) != b.get(key)
+    ]
+    if not diffs and a.get("freqs") != b.get("freqs"):
+        diffs.append("frequencies differ")
+    detail = ", ".join(diffs) if diffs else "per-layer RoPE differs"
+    return f"codebook was calibrated for a different RoPE ({detail})"
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _read_metadata(path: Path) -> dict[str, Any]:
+    """Parse the safetensors header by hand so every failure gets a precise one-line message."""
+    name = path.name
+    if not path.exists():
+        raise CodebookError(f"codebook file not found: {path}")
+    if path.is_dir():
+        raise CodebookError(f"{path} is a folder, not a codebook file")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise CodebookError(f"{name}: not an A2ATS codebook file (only {size} bytes)")
+        header_len = struct.unpack("<Q", head)[0]
+        if header_len > _MAX_HEADER_BYTES:
+            raise CodebookError(f"{name}: not an A2ATS codebook file (not safetensors)")
+        raw = f.read(header_len)
+    if len(raw) < header_len:
+        # Could be a truncated codebook or a foreign file; say which when the prefix tells.
+        if raw.lstrip().startswith(b"{") and (b'"__metadata__"' in raw or b"layers." in raw):
+            raise CodebookError(f"{name}: file is truncated ({size} bytes, header incomplete)")
+        raise CodebookError(f"{name}: not an A2ATS codebook file (not safetensors)")
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise CodebookError(f"{name}: not an A2ATS codebook file (not safetensors)") from None
+    if not isinstance(header, dict):
+        raise CodebookError(f"{name}: not an A2ATS codebook file (not safetensors)")
+    blob = (header.get("__metadata__") or {}).get(METADATA_KEY)
+    try:
+        meta = json.loads(blob) if isinstance(blob, str) else None
+    except json.JSONDecodeError:
+        meta = None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        raise CodebookError(
+            f"{name}: not an A2ATS codebook file (a safetensors file without codebook metadata)"
+        )
+    version = meta.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CodebookError(
+            f"{name}: codebook format version {version} is newer than this app supports "
+            f"({FORMAT_VERSION}); update A2ATS Chat"
+        )
+    try:
+        data_end = max(
+            (int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"),
+            default=0,
+        )
+    except (KeyError, TypeError, ValueError, IndexError):
+        raise CodebookError(f"{name}: file is damaged (bad safetensors header)") from None
+    expected = 8 + header_len + data_end
+    if size < expected:
+        raise CodebookError(f"{name}: file is truncated ({size} of {expected} bytes)")
+    return meta
