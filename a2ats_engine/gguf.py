@@ -1,0 +1,406 @@
+"""Convert a llama.cpp GGUF file into an mlx-lm model folder.
+
+`mx.load` reads GGUF natively: Q4_0, Q4_1 and Q8_0 tensors come back as MLX quantized triples
+(`weight` uint32-packed, `scales`, `biases`, group size 32) and are kept quantized; other types are
+dequantized by MLX's reader (to float16). This module renames tensors to mlx-lm's Llama names,
+writes config.json (with a per-layer `quantization` map, since bits may differ per tensor),
+safetensors weights, and a tokenizer rebuilt from the metadata (`gguf_tokenizer`).
+
+RoPE pairing: llama.cpp's converter permutes the rows of each Q and K head so that the halves
+(i, i + d/2) HF rotates together become adjacent rows (2i, 2i + 1). Interleaved ("traditional")
+RoPE on those rows computes the same attention scores, so the folder sets `rope_traditional: true`
+and keeps the weights as they are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .errors import ModelLoadError
+
+Progress = Callable[[str, int, int], None]
+
+CONVERTER_VERSION = 1
+"""Bumped when the converted folder changes, so cached conversions are redone."""
+
+SOURCE_FILE = "a2ats_source.json"
+"""Provenance written into each converted folder (source file, hash, GGUF file type)."""
+
+SUPPORTED_ARCHITECTURES = ("llama",)
+GGUF_GROUP_SIZE = 32
+GGUF_MAGIC = b"GGUF"
+
+# llama.cpp `enum llama_ftype` (general.file_type) -> name.
+FILE_TYPES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+    11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+    17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS",
+    23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M",
+    30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0",
+}  # fmt: skip
+UNQUANTIZED_FILE_TYPES = ("F32", "F16", "BF16")
+
+_LAYER_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_TENSORS = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_IGNORED_TENSORS = ("rope_freqs", "attn_rot_embd")
+_TENSOR_NAME = re.compile(r"^(?:blk\.(\d+)\.)?(\w+)\.(weight|bias|scales|biases)$")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def check_gguf_header(path: Path) -> None:
+    """Fail with a one-line ModelLoadError unless `path` starts like a GGUF file (magic, version)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    if len(head) < 8:
+        raise ModelLoadError(f"{path} is not a GGUF file: only {len(head)} bytes long (truncated?)")
+    if head[:4] != GGUF_MAGIC:
+        raise ModelLoadError(
+            f"{path} is not a GGUF file (it starts with {head[:4]!r}, not b'GGUF')"
+        )
+    version = int.from_bytes(head[4:8], "little")
+    if version not in (2, 3):
+        raise ModelLoadError(f"{path}: GGUF version {version} is not supported (only 2 and 3)")
+
+
+def read_gguf(path: str | Path) -> tuple[dict, dict]:
+    """`(tensors, metadata)` of a GGUF file via `mx.load`. ModelLoadError on a bad file."""
+    import mlx.core as mx
+
+    path = Path(path)
+    check_gguf_header(path)
+    try:
+        tensors, metadata = mx.load(str(path), return_metadata=True)
+    except (RuntimeError, ValueError) as exc:
+        reason = str(exc).replace("[load_gguf] ", "").strip()
+        raise ModelLoadError(f"cannot read GGUF {path}: {reason}") from exc
+    return tensors, metadata
+
+
+def _scalar(metadata: dict, key: str, default: Any = None) -> Any:
+    value = metadata.get(key, default)
+    if hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+def architecture(metadata: dict) -> str:
+    """`general.architecture`, checked against the supported ones (ModelLoadError otherwise)."""
+    arch = metadata.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ModelLoadError("GGUF metadata has no general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelLoadError(f"not supported yet: {arch}")
+    return arch
+
+
+def file_type_name(metadata: dict, tensors: dict | None = None) -> str:
+    """The GGUF's quantization as llama.cpp names it ("Q4_1", "Q4_K_M", "F16"...)."""
+    code = _scalar(metadata, "general.file_type")
+    if code is not None and int(code) in FILE_TYPES:
+        return FILE_TYPES[int(code)]
+    if tensors is not None and any(name.endswith(".scales") for name in tensors):
+        return "quantized"
+    return "F32" if tensors is None else _float_name(tensors)
+
+
+def _float_name(tensors: dict) -> str:
+    import mlx.core as mx
+
+    dtypes = Counter(t.dtype for name, t in tensors.items() if name.endswith(".weight"))
+    common = dtypes.most_common(1)[0][0] if dtypes else mx.float32
+    return {mx.float16: "F16", mx.bfloat16: "BF16"}.get(common, "F32")
+
+
+# ---------------------------------------------------------------------------------------------
+# config.json
+
+
+def _rope_scaling(metadata: dict, arch: str, tensors: dict, head_dim: int, theta: float):
+    kind = _scalar(metadata, f"{arch}.rope.scaling.type")
+    factor = _scalar(metadata, f"{arch}.rope.scaling.factor")
+    if "rope_freqs.weight" in tensors:
+        return _llama3_scaling(tensors["rope_freqs.weight"], head_dim, theta)
+    if kind in (None, "none") or (kind == "linear" and (factor is None or factor == 1.0)):
+        return None
+    if kind == "linear":
+        return {"type": "linear", "factor": float(factor)}
+    raise ModelLoadError(f"not supported yet: {arch} RoPE scaling {kind!r}")
+
+
+def _llama3_scaling(rope_freqs, head_dim: int, theta: float) -> dict:
+    """Recover Llama 3's RoPE scaling from llama.cpp's per-pair frequency factors tensor."""
+    factors = [float(x) for x in rope_freqs.astype("float32").tolist()]
+    factor = max(factors)
+    for original in (8192, 4096, 16384, 32768, 2048):
+        for low, high in ((1.0, 4.0), (1.0, 2.0), (1.0, 8.0)):
+            expected = _llama3_factors(head_dim, theta, factor, low, high, original)
+            if len(expected) == len(factors) and all(
+                abs(a - b) <= 1e-3 * max(1.0, abs(b))
+                for a, b in zip(factors, expected, strict=True)
+            ):
+                return {
+                    "rope_type": "llama3",
+                    "factor": factor,
+                    "low_freq_factor": low,
+                    "high_freq_factor": high,
+                    "original_max_position_embeddings": original,
+                }
+    raise ModelLoadError("not supported yet: RoPE frequency factors (rope_freqs) of unknown form")
+
+
+def _llama3_factors(dims, theta, factor, low, high, original) -> list[float]:
+    low_wavelen, high_wavelen = original / low, original / high
+    out = []
+    for i in range(0, dims, 2):
+        wavelen = 2 * math.pi * theta ** (i / dims)
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return out
+
+
+def _required_int(metadata: dict, key: str) -> int:
+    value = _scalar(metadata, key)
+    if value is None:
+        raise ModelLoadError(f"GGUF metadata is missing {key}")
+    return int(value)
+
+
+def model_config(metadata: dict, tensors: dict) -> dict:
+    """config.json for mlx-lm's `llama` model (without the quantization map)."""
+    arch = architecture(metadata)
+    if (_scalar(metadata, f"{arch}.expert_count") or 0) > 0:
+        experts = _scalar(metadata, f"{arch}.expert_count")
+        raise ModelLoadError(f"not supported yet: {arch} mixture of experts ({experts} experts)")
+    if "token_embd.weight" not in tensors:
+        raise ModelLoadError("GGUF has no token_embd.weight tensor")
+    hidden = _required_int(metadata, f"{arch}.embedding_length")
+    heads = _required_int(metadata, f"{arch}.attention.head_count")
+    head_dim = int(_scalar(metadata, f"{arch}.attention.key_length") or hidden // heads)
+    rope_dims = int(_scalar(metadata, f"{arch}.rope.dimension_count") or head_dim)
+    if rope_dims != head_dim:
+        raise ModelLoadError(f"not supported yet: partial rotary ({rope_dims} of {head_dim} dims)")
+    theta = float(_scalar(metadata, f"{arch}.rope.freq_base") or 10000.0)
+    config: dict[str, Any] = {
+        "model_type": arch,
+        "hidden_size": hidden,
+        "num_hidden_layers": _required_int(metadata, f"{arch}.block_count"),
+        "intermediate_size": _required_int(metadata, f"{arch}.feed_forward_length"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(_scalar(metadata, f"{arch}.attention.head_count_kv") or heads),
+        "head_dim": head_dim,
+        "rms_norm_eps": float(
+            _scalar(metadata, f"{arch}.attention.layer_norm_rms_epsilon") or 1e-5
+        ),
+        "vocab_size": int(tensors["token_embd.weight"].shape[0]),
+        "max_position_embeddings": int(_scalar(metadata, f"{arch}.context_length") or 4096),
+        "rope_theta": theta,
+        "rope_traditional": True,
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "attention_bias": "blk.0.attn_q.bias" in tensors,
+        "mlp_bias": "blk.0.ffn_up.bias" in tensors,
+    }
+    scaling = _rope_scaling(metadata, arch, tensors, head_dim, theta)
+    if scaling is not None:
+        config["rope_scaling"] = scaling
+    from .gguf_tokenizer import stop_token_ids
+
+    if "tokenizer.ggml.tokens" in metadata:
+        stops = stop_token_ids(metadata)
+        if stops:
+            config["eos_token_id"] = stops[0] if len(stops) == 1 else stops
+        bos = _scalar(metadata, "tokenizer.ggml.bos_token_id")
+        if bos is not None:
+            config["bos_token_id"] = int(bos)
+    return config
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights
+
+
+def mlx_tensor_name(name: str) -> str | None:
+    """mlx-lm name of a GGUF tensor (`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`);
+    None for tensors that are not weights (`rope_freqs`). ModelLoadError for unknown names."""
+    match = _TENSOR_NAME.match(name)
+    if match is None:
+        raise ModelLoadError(f"unexpected tensor name in GGUF: {name}")
+    layer, base, suffix = match.groups()
+    if base in _IGNORED_TENSORS:
+        return None
+    table = _LAYER_TENSORS if layer is not None else _TOP_TENSORS
+    if base not in table:
+        raise ModelLoadError(f"unexpected tensor in GGUF: {name}")
+    prefix = f"model.layers.{layer}." if layer is not None else ""
+    return f"{prefix}{table[base]}.{suffix}"
+
+
+def convert_weights(tensors: dict) -> tuple[dict, dict | None]:
+    """Rename GGUF tensors to mlx-lm names and build the quantization map.
+
+    Returns `(weights, quantization)`; quantization is None when nothing is quantized, else
+    `{"group_size": 32, "bits": <most common>, "mode": "affine", "<module path>": {...}, ...}`
+    with one entry per quantized module (GGUF bits differ per tensor: Q4_0 next to Q8_0).
+    """
+    weights = {}
+    for name, value in tensors.items():
+        new = mlx_tensor_name(name)
+        if new is not None:
+            weights[new] = value
+    per_module = {}
+    for name in weights:
+        if name.endswith(".scales"):
+            module = name[: -len(".scales")]
+            packed, scales = weights[f"{module}.weight"], weights[name]
+            # GGUF blocks hold 32 values: 32 * bits / 32 packed uint32 words per scale.
+            bits = packed.shape[-1] // scales.shape[-1]
+            per_module[module] = {"group_size": GGUF_GROUP_SIZE, "bits": bits, "mode": "affine"}
+    if not per_module:
+        return weights, None
+    bits = Counter(q["bits"] for q in per_module.values()).most_common(1)[0][0]
+    return weights, {"group_size": GGUF_GROUP_SIZE, "bits": bits, "mode": "affine", **per_module}
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing the folder
+
+
+def sha256_file(path: str | Path, progress: Progress | None = None, chunk: int = 1 << 22) -> str:
+    """Hex sha256 of a file, reporting `progress("hash", done_bytes, total_bytes)`."""
+    path = Path(path)
+    total = path.stat().st_size
+    digest = hashlib.sha256()
+    done = 0
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+            done += len(block)
+            if progress is not None:
+                progress("hash", done, total)
+    return digest.hexdigest()
+
+
+def _save_weights(folder: Path, weights: dict) -> None:
+    import mlx.core as mx
+    from mlx_lm.utils import make_shards
+
+    shards = make_shards(weights)
+    if len(shards) == 1:
+        mx.save_safetensors(str(folder / "model.safetensors"), shards[0], {"format": "mlx"})
+        return
+    index: dict[str, Any] = {"metadata": {"total_size": 0}, "weight_map": {}}
+    for i, shard in enumerate(shards, start=1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        mx.save_safetensors(str(folder / name), shard, {"format": "mlx"})
+        for key, value in shard.items():
+            index["weight_map"][key] = name
+            index["metadata"]["total_size"] += value.nbytes
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def _write_folder(folder: Path, tensors: dict, metadata: dict, source: dict) -> None:
+    from .gguf_tokenizer import build_tokenizer, tokenizer_config
+
+    config = model_config(metadata, tensors)
+    weights, quantization = convert_weights(tensors)
+    if quantization is not None:
+        config["quantization"] = quantization
+    tokenizer = build_tokenizer(metadata)
+    tok_config = tokenizer_config(metadata, config["max_position_embeddings"])
+    _save_weights(folder, weights)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
+    (folder / SOURCE_FILE).write_text(json.dumps(source, indent=2))
+
+
+def convert_gguf(
+    path: str | Path,
+    out_dir: str | Path,
+    *,
+    name: str | None = None,
+    sha256: str | None = None,
+    progress: Progress | None = None,
+) -> Path:
+    """Convert the GGUF at `path` into an mlx-lm folder `out_dir` (written to a temporary sibling
+    folder, then renamed, so a crash never leaves a half-written folder behind).
+
+    `out_dir` must not exist yet, or be empty. Returns `out_dir`. ModelLoadError on a bad file.
+    """
+    path, out_dir = Path(path).expanduser(), Path(out_dir).expanduser()
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise ModelLoadError(f"{out_dir} already exists and is not empty; choose a new folder")
+    if not path.is_file():
+        raise ModelLoadError(f"no such GGUF file: {path}")
+    check_gguf_header(path)
+    if progress is not None:
+        progress("read gguf", 0, 1)
+    tensors, metadata = read_gguf(path)
+    architecture(metadata)  # fail fast on unsupported architectures
+    if progress is not None:
+        progress("read gguf", 1, 1)
+        progress("convert", 0, 1)
+    source = {
+        "converter_version": CONVERTER_VERSION,
+        "source": str(path.resolve()),
+        "sha256": sha256 or sha256_file(path),
+        "name": name or _scalar(metadata, "general.name") or path.stem,
+        "gguf_file_type": file_type_name(metadata, tensors),
+        "disk_bytes": path.stat().st_size,
+    }
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    try:
+        _write_folder(tmp, tensors, metadata, source)
+        if out_dir.exists():
+            out_dir.rmdir()  # empty, checked above
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if progress is not None:
+        progress("convert", 1, 1)
+    return out_dir
+
+
+def read_source_info(folder: str | Path) -> dict | None:
+    """The provenance a converted folder records (None for folders not made from a GGUF)."""
+    file = Path(folder) / SOURCE_FILE
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,42 @@
+"""Where the engine keeps user data (models, codebooks) and caches (converted GGUF files).
+
+`A2ATS_DATA_DIR` and `A2ATS_CACHE_DIR` override the platform defaults (tests point them at a
+temporary folder).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+APP_NAME = "a2ats-chat"
+
+
+def data_dir() -> Path:
+    """Root of the user data folder (`$A2ATS_DATA_DIR` or `platformdirs.user_data_dir`)."""
+    override = os.environ.get("A2ATS_DATA_DIR")
+    if override:
+        return Path(override).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir(APP_NAME))
+
+
+def cache_dir() -> Path:
+    """Root of the cache folder (`$A2ATS_CACHE_DIR` or `platformdirs.user_cache_dir`)."""
+    override = os.environ.get("A2ATS_CACHE_DIR")
+    if override:
+        return Path(override).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir(APP_NAME))
+
+
+def models_dir() -> Path:
+    """Folder holding converted models kept for the user (the demo model lives here)."""
+    return data_dir() / "models"
+
+
+def gguf_cache_dir() -> Path:
+    """Folder holding GGUF files converted to mlx-lm folders, one subfolder per file hash."""
+    return cache_dir() / "gguf"
