@@ -167,7 +167,14 @@ class A2ATSCache(_BaseCache):
             return out
         return self._retrieve(queries, lay, scale)
 
-    def _retrieve(self, queries: mx.array, lay: att.Layout, scale: float) -> mx.array:
+    def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
+        """Approximate windowed-RoPE scores of the far tokens for a decode query.
+
+        queries: post-RoPE [B, n_q, 1, d] at position lay.n - 1 -> [B, n_kv, G, F] float32,
+        F = far tokens [n_sinks, window_start). Each far token is scored with the query rotated
+        to its distance bucket's representative distance (the single distance b when
+        far_buckets = 1): table lookups `(R_D q) . C[code]`, never the keys themselves.
+        """
         B, n_q, _, d = queries.shape
         n_kv = self.codes.shape[1]
         group = queries.reshape(B, n_kv, n_q // n_kv, d)
@@ -179,7 +186,13 @@ class A2ATSCache(_BaseCache):
         if lower_edges is not None:
             dist = (lay.n - 1) - mx.arange(lay.n_sinks, lay.window_start, dtype=mx.int32)
             bucket_ids = (dist[:, None] >= lower_edges[None, :]).sum(axis=-1).astype(mx.int32)
-        scores = att.far_scores(tables, far_codes, bucket_ids, len(distances))
+        return att.far_scores(tables, far_codes, bucket_ids, len(distances))
+
+    def _retrieve(self, queries: mx.array, lay: att.Layout, scale: float) -> mx.array:
+        B, n_q, _, d = queries.shape
+        n_kv = self.codes.shape[1]
+        group = queries.reshape(B, n_kv, n_q // n_kv, d)
+        scores = self.far_token_scores(queries, lay)
         positions, repeat = att.select(scores, lay)
         cap, bits, gs = self.capacity, self.kv_bits, self.group_size
         k_sel = att.gather_rows(self.keys, positions, cap, gs, bits)

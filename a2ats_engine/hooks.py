@@ -11,6 +11,7 @@ Idempotent and reversible; a no-op for models whose caches are ordinary.
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any
 
 import mlx.nn as nn
@@ -18,8 +19,15 @@ from mlx_lm.models import base as _base
 
 _ORIGINAL = _base.scaled_dot_product_attention
 _NAME = "scaled_dot_product_attention"
-# module name -> set of ids of installed models using it
-_installed: dict[str, set[int]] = {}
+# module name -> the installed models using it (weak: a dropped model stops counting)
+_installed: dict[str, dict[int, weakref.ref]] = {}
+
+
+def _users(module_name: str) -> dict[int, weakref.ref]:
+    users = _installed.setdefault(module_name, {})
+    for key in [k for k, ref in users.items() if ref() is None]:
+        del users[key]
+    return users
 
 
 def dispatch(queries, keys, values, cache=None, scale: float = 1.0, mask=None, **kwargs: Any):
@@ -46,15 +54,15 @@ def install(model: nn.Module) -> int:
     mods = _model_modules(model)
     for mod in mods:
         setattr(mod, _NAME, dispatch)
-        _installed.setdefault(mod.__name__, set()).add(id(model))
+        _users(mod.__name__)[id(model)] = weakref.ref(model)
     return len(mods)
 
 
 def uninstall(model: nn.Module) -> None:
     """Undo `install` for this model; a module is restored once no installed model uses it."""
     for mod in _model_modules(model):
-        users = _installed.get(mod.__name__, set())
-        users.discard(id(model))
+        users = _users(mod.__name__)
+        users.pop(id(model), None)
         if not users:
             setattr(mod, _NAME, _ORIGINAL)
             _installed.pop(mod.__name__, None)

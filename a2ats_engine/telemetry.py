@@ -46,9 +46,7 @@ class LayerStats:
     @property
     def retrieved(self) -> tuple[np.ndarray, ...]:
         """Per KV head: the selected positions that are far tokens (not sinks, not window)."""
-        return tuple(
-            s[(s >= self.sinks) & (s < self.window_start)] for s in self.selected
-        )
+        return tuple(s[(s >= self.sinks) & (s < self.window_start)] for s in self.selected)
 
 
 @dataclass(frozen=True)
