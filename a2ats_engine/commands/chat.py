@@ -1,0 +1,245 @@
+"""`a2ats chat`: talk to a model in the terminal (REPL), or ask one question with `--prompt`.
+
+The reply streams to stdout; the stats line (`[12 prompt tokens, 30 generated, TTFT 0.21 s,
+11.8 tok/s, peak 0.4 GB, stop]`), notes and warnings go to stderr, so stdout holds only replies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+REPL_HELP = "commands: /reset clears the conversation, /exit (or Ctrl-D) quits"
+CODEBOOK_FILE = "codebook.safetensors"  # a codebook kept inside a model folder is found there
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "chat",
+        help="chat with a model in the terminal (REPL, or one-shot with --prompt)",
+        description=(
+            "Chat with a model. With --prompt: print the reply, then exit. Without: a REPL "
+            f"({REPL_HELP}; Ctrl-C stops a reply). Replies stream to stdout; the stats line "
+            "[prompt tokens, generated tokens, TTFT, tok/s, peak memory, stop reason] and notes "
+            "go to stderr."
+        ),
+    )
+    p.add_argument(
+        "--model",
+        default="demo",
+        metavar="SOURCE",
+        help="mlx-lm folder, .gguf file, Hugging Face repo id (org/name) or 'demo' "
+        "(default: demo, SmolLM2-135M-Instruct)",
+    )
+    p.add_argument("--system", metavar="TEXT", help="system prompt")
+    p.add_argument("--prompt", metavar="TEXT", help="one-shot: answer TEXT and exit")
+    p.add_argument("--temp", type=float, default=0.7, help="temperature; 0 = greedy (default 0.7)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
+    p.add_argument("--min-p", type=float, default=0.0, help="min-p filter (default 0 = off)")
+    p.add_argument("--top-k", type=int, default=0, help="top-k filter (default 0 = off)")
+    p.add_argument(
+        "--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (default 1)"
+    )
+    p.add_argument("--max-tokens", type=int, default=512, help="reply length limit (default 512)")
+    p.add_argument("--seed", type=int, help="random seed (default: unseeded)")
+    p.add_argument(
+        "--cache",
+        choices=("a2ats", "full"),
+        help="KV cache: a2ats (retrieval cache, needs a codebook) or full (mlx-lm KVCache). "
+        "Default: a2ats when a codebook for the model is found (--codebook, "
+        f"{CODEBOOK_FILE} in the model folder, or the demo's default codebook), else full",
+    )
+    p.add_argument("--codebook", metavar="FILE", help="A2ATS codebook file (.safetensors)")
+    p.add_argument(
+        "--budget",
+        type=_budget,
+        help="A2ATS far tokens retrieved per query head: a fraction of the context in (0, 1] "
+        "(e.g. 0.03) or a token count (e.g. 256)",
+    )
+    p.add_argument("--window", type=int, help="A2ATS exact-RoPE window in tokens")
+    p.set_defaults(func=run)
+
+
+def _budget(text: str) -> float | int:
+    """'0.03' -> 0.03 (fraction), '256' -> 256 (token count)."""
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..session import ChatSession, SamplingSettings
+
+    sampling = SamplingSettings(
+        temperature=args.temp,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        top_k=args.top_k,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+    )
+    model, tokenizer, model_path = load(args.model)
+    a2ats, codebook = _cache_choice(args, model, model_path)
+    session = ChatSession(
+        model,
+        tokenizer,
+        system_prompt=args.system,
+        sampling=sampling,
+        a2ats=a2ats,
+        codebook=codebook,
+    )
+    if args.prompt is not None:
+        return _one_shot(session, args.prompt)
+    return _repl(session)
+
+
+# --------------------------------------------------------------------------- model loading
+def load(source: str) -> tuple[Any, Any, Path | None]:
+    """(model, tokenizer, model folder or None) through `a2ats_engine.models.load_model`."""
+    from ..models import load_model
+
+    model, tokenizer, info = load_model(source, progress=_progress if _tty() else None)
+    if _tty():
+        print(file=sys.stderr)
+    return model, tokenizer, Path(info.path) if info.path else None
+
+
+def _tty() -> bool:
+    return sys.stderr.isatty()
+
+
+def _progress(stage: str, done: int, total: int) -> None:
+    amount = f"{done}/{total}" if total else str(done)
+    print(f"\r{stage}: {amount}\033[K", end="", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- cache choice
+def default_codebook(source: str, model_path: Path | None) -> Path | None:
+    """A codebook found for the model: `codebook.safetensors` in its folder, or the demo's."""
+    candidates = []
+    if model_path is not None and model_path.is_dir():
+        candidates.append(model_path / CODEBOOK_FILE)
+    if source == "demo":
+        from ..paths import data_dir
+
+        candidates.append(data_dir() / "codebooks" / "demo-default.safetensors")
+    return next((path for path in candidates if path.is_file()), None)
+
+
+def _cache_choice(args: argparse.Namespace, model: Any, model_path: Path | None) -> tuple:
+    """(A2ATSConfig, Codebook) for --cache a2ats, (None, None) for the full cache."""
+    if args.cache == "full" and args.codebook:
+        raise ValueError("--codebook needs --cache a2ats (or no --cache)")
+    path = Path(args.codebook) if args.codebook else None
+    if path is None and args.cache != "full":
+        path = default_codebook(args.model, model_path)
+    if args.cache == "a2ats" and path is None:
+        raise ValueError(
+            "--cache a2ats needs a codebook: pass --codebook FILE "
+            "(make one with `a2ats calibrate --model SOURCE --out FILE`)"
+        )
+    if path is None or args.cache == "full":
+        if args.budget is not None or args.window is not None:
+            print(
+                "note: --budget/--window apply to the A2ATS cache only; using the full cache",
+                file=sys.stderr,
+            )
+        return None, None
+    return _a2ats(args, model, path)
+
+
+def _a2ats(args: argparse.Namespace, model: Any, path: Path) -> tuple:
+    from ..codebook import Codebook
+    from ..config import A2ATSConfig
+
+    codebook = Codebook.load(path)
+    knobs = {"budget": args.budget, "window": args.window}
+    if codebook.metadata.get("far_offset") is not None:  # use the b it was calibrated with
+        knobs["far_offset"] = int(codebook.metadata["far_offset"])
+    config = A2ATSConfig(
+        n_centroids=codebook.n_centroids,
+        sub_dim=None if codebook.sub_dim == codebook.head_dim else codebook.sub_dim,
+        **{k: v for k, v in knobs.items() if v is not None},
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # printed once below, not as Python warnings
+        notes = list(codebook.validate_for(model, config) or [])
+    for note in notes:
+        print(f"warning: {note}", file=sys.stderr)
+        # make_cache validates again when the session builds its caches: say it only once
+        warnings.filterwarnings("ignore", message=re.escape(note))
+    print(f"cache: a2ats, codebook {path}", file=sys.stderr)
+    return config, codebook
+
+
+# --------------------------------------------------------------------------- chatting
+def stats_line(stats: Any) -> str:
+    """`[12 prompt tokens, 30 generated, TTFT 0.21 s, 11.8 tok/s, peak 0.4 GB, stop]`."""
+    return (
+        f"[{stats.prompt_tokens} prompt tokens, {stats.generation_tokens} generated, "
+        f"TTFT {stats.time_to_first_token:.2f} s, {stats.generation_tps:.1f} tok/s, "
+        f"peak {stats.peak_memory_gb:.2f} GB, {stats.stop_reason}]"
+    )
+
+
+def _print_reply(events: Any) -> Any:
+    """Stream token text to stdout; print the stats line to stderr; return the stats."""
+    from ..telemetry import GenerationStats, TokenEvent
+
+    stats = None
+    for event in events:
+        if isinstance(event, TokenEvent):
+            print(event.text, end="", flush=True)
+        elif isinstance(event, GenerationStats):
+            stats = event
+    print(flush=True)
+    if stats is not None:
+        print(stats_line(stats), file=sys.stderr, flush=True)
+    return stats
+
+
+def _one_shot(session: Any, prompt: str) -> int:
+    _print_reply(session.send(prompt))
+    return 0
+
+
+def _repl(session: Any) -> int:
+    print(REPL_HELP, file=sys.stderr)
+    while True:
+        try:
+            line = input(">>> ")
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return 0
+        text = line.strip()
+        if text in ("/exit", "/quit"):
+            return 0
+        if text == "/reset":
+            session.reset()
+            print("(conversation cleared)", file=sys.stderr)
+            continue
+        if not text:
+            continue
+        _reply_interruptibly(session, line)
+
+
+def _reply_interruptibly(session: Any, text: str) -> None:
+    """Ctrl-C ends the reply (the partial answer stays in the conversation), not the REPL."""
+    events = session.send(text)
+    try:
+        _print_reply(events)
+    except KeyboardInterrupt:
+        events.close()
+        print("\n[stopped]", file=sys.stderr)
+
+
+__all__ = ["register", "run", "load", "default_codebook", "stats_line"]

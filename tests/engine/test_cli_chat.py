@@ -1,0 +1,187 @@
+"""`a2ats chat` on a saved tiny model folder: one-shot, REPL, cache choice, bad input."""
+
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import sys
+
+import pytest
+from tiny import save_tiny_model
+
+from a2ats_engine.cli import main
+from a2ats_engine.models import load_model
+from a2ats_engine.session import ChatSession, SamplingSettings
+from a2ats_engine.telemetry import TokenEvent
+
+STATS = re.compile(
+    r"^\[(\d+) prompt tokens, (\d+) generated, TTFT \d+\.\d\d s, \d+\.\d tok/s, "
+    r"peak \d+\.\d\d GB, (stop|length)\]$"
+)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model", "llama")
+
+
+def expected_reply(folder, messages, max_tokens=8, system=None):
+    """(reply text, prompt tokens) of a greedy ChatSession over the same folder."""
+    model, tokenizer, _ = load_model(str(folder))
+    session = ChatSession(
+        model,
+        tokenizer,
+        system_prompt=system,
+        sampling=SamplingSettings(temperature=0.0, max_tokens=max_tokens),
+    )
+    for text in messages:
+        events = list(session.send(text))
+    reply = "".join(e.text for e in events if isinstance(e, TokenEvent))
+    return reply, events[-1].prompt_tokens
+
+
+def stats_lines(err: str) -> list[re.Match]:
+    return [m for line in err.splitlines() if (m := STATS.match(line))]
+
+
+def test_one_shot_prints_reply_and_stats(folder, capsys):
+    rc = main(
+        [
+            "chat",
+            "--model",
+            str(folder),
+            "--prompt",
+            "Hello! How are you?",
+            "--temp",
+            "0",
+            "--max-tokens",
+            "8",
+            "--system",
+            "Be brief.",
+        ]
+    )
+    out, err = capsys.readouterr()
+    assert rc == 0
+    reply, prompt_tokens = expected_reply(folder, ["Hello! How are you?"], system="Be brief.")
+    assert out == reply + "\n"
+    (stats,) = stats_lines(err)
+    assert int(stats.group(1)) == prompt_tokens
+    assert 1 <= int(stats.group(2)) <= 8
+
+
+def test_repl_multi_turn_reset_and_eof(folder, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hello!\nThe quick brown fox?\n/reset\nHi\n"))
+    rc = main(["chat", "--model", str(folder), "--temp", "0", "--max-tokens", "6"])
+    out, err = capsys.readouterr()
+    assert rc == 0  # Ctrl-D (end of input) ends the REPL
+    stats = stats_lines(err)
+    assert len(stats) == 3
+    two_turns, second_prompt = expected_reply(folder, ["Hello!", "The quick brown fox?"], 6)
+    assert int(stats[1].group(1)) == second_prompt  # the second turn reused the first's cache
+    after_reset, reset_prompt = expected_reply(folder, ["Hi"], 6)
+    assert int(stats[2].group(1)) == reset_prompt  # /reset started a fresh conversation
+    assert two_turns in out and after_reset in out
+    assert "conversation cleared" in err
+
+
+def test_repl_exit_command(folder, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("/exit\nHello!\n"))
+    assert main(["chat", "--model", str(folder)]) == 0
+    _, err = capsys.readouterr()
+    assert stats_lines(err) == []
+
+
+def test_a2ats_cache_with_codebook_file(folder, tmp_path, capsys):
+    from a2ats_engine.codebook import Codebook
+
+    path = tmp_path / "cb.safetensors"
+    Codebook.random(2, 2, 16, 32).save(path)
+    rc = main(
+        [
+            "chat",
+            "--model",
+            str(folder),
+            "--prompt",
+            "Hello!",
+            "--temp",
+            "0",
+            "--max-tokens",
+            "5",
+            "--cache",
+            "a2ats",
+            "--codebook",
+            str(path),
+            "--budget",
+            "4",
+            "--window",
+            "8",
+        ]
+    )
+    out, err = capsys.readouterr()
+    assert rc == 0
+    assert f"cache: a2ats, codebook {path}" in err
+    assert "no model fingerprint" in err  # validate_for's warning, printed once as a note
+    assert err.count("no model fingerprint") == 1
+    assert len(stats_lines(err)) == 1 and out.endswith("\n")
+
+
+def test_codebook_in_model_folder_is_the_default(tmp_path, capsys):
+    from a2ats_engine.codebook import Codebook
+
+    model_dir = save_tiny_model(tmp_path / "model", "llama")
+    Codebook.random(2, 2, 16, 32).save(model_dir / "codebook.safetensors")
+    args = ["chat", "--model", str(model_dir), "--prompt", "Hi", "--max-tokens", "3"]
+    assert main(args) == 0
+    assert "cache: a2ats" in capsys.readouterr().err
+    assert main([*args, "--cache", "full"]) == 0
+    assert "cache: a2ats" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--cache", "a2ats"], "--cache a2ats needs a codebook"),
+        (["--temp", "-1"], "SamplingSettings.temperature=-1.0"),
+        (["--max-tokens", "0"], "SamplingSettings.max_tokens=0"),
+        (["--cache", "a2ats", "--codebook", "/no/such/codebook.safetensors"], "codebook"),
+    ],
+)
+def test_bad_settings_give_one_line_error(folder, capsys, extra, message):
+    rc = main(["chat", "--model", str(folder), "--prompt", "Hi", *extra])
+    _, err = capsys.readouterr()
+    assert rc == 1
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith("a2ats chat: error:") and message in err
+
+
+def test_missing_model_path_exits_1_with_one_line(tmp_path):
+    missing = tmp_path / "no-such-model"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "a2ats_engine.cli",
+            "chat",
+            "--model",
+            str(missing),
+            "--prompt",
+            "Hi",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr
+    assert lines[0].startswith("a2ats chat: error:") and str(missing) in lines[0]
+    assert result.stdout == ""
+
+
+def test_help_says_where_stats_go(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["chat", "--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "stderr" in text and "--prompt" in text and "--cache {a2ats,full}" in text
