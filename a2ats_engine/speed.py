@@ -1,0 +1,148 @@
+"""Decode speed and cache memory of A2ATS vs mlx-lm's KVCache, measured in one process.
+
+One prefill per context length (with mlx-lm's KVCache); the A2ATS caches are then built from the
+same keys and values (codes assigned in one pass), so every method decodes from an identical
+state. Each method then decodes the same teacher-forced tokens; tokens/s is steps / seconds with
+the logits evaluated every step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
+
+from .cache import A2ATSCache, make_cache
+from .config import A2ATSConfig
+
+
+@dataclass
+class DecodeResult:
+    """One method at one context: tokens/s, bytes held and bytes per token."""
+
+    method: str
+    context: int
+    tokens_per_s: float
+    bytes_held: int
+    bytes_per_token: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def filler_tokens(tokenizer, n: int) -> list[int]:
+    """n tokens of real English/code text (Python's own stdlib sources), deterministic."""
+    import argparse
+    import inspect
+    import textwrap
+
+    text = textwrap.dedent(inspect.getsource(argparse))
+    ids = tokenizer.encode(text)
+    while len(ids) < n:
+        ids = ids + ids
+    return ids[:n]
+
+
+def _copy_into_a2ats(model: nn.Module, kv: list, config: A2ATSConfig, codebook) -> list:
+    caches = make_cache(model, config, codebook)
+    for dst, src in zip(caches, kv, strict=True):
+        k, v = src.keys[..., : src.offset, :], src.values[..., : src.offset, :]
+        dst.update_and_fetch(k, v)
+        mx.eval(dst.keys, dst.values, dst.codes)
+    return caches
+
+
+def _copy_into_quantized(kv: list, bits: int) -> list:
+    out = []
+    for src in kv:
+        q = QuantizedKVCache(group_size=64, bits=bits)
+        q.update_and_fetch(src.keys[..., : src.offset, :], src.values[..., : src.offset, :])
+        mx.eval(q.keys, q.values)
+        out.append(q)
+    return out
+
+
+def _clone_kv(kv: list) -> list:
+    out = []
+    for src in kv:
+        c = KVCache()
+        c.update_and_fetch(src.keys[..., : src.offset, :], src.values[..., : src.offset, :])
+        mx.eval(c.keys, c.values)
+        out.append(c)
+    return out
+
+
+def _decode_rate(model: nn.Module, cache: list, tokens: list[int], warmup: int = 2) -> float:
+    for t in tokens[:warmup]:
+        mx.eval(model(mx.array([[t]]), cache=cache))
+    start = time.perf_counter()
+    for t in tokens[warmup:]:
+        mx.eval(model(mx.array([[t]]), cache=cache))
+    return (len(tokens) - warmup) / (time.perf_counter() - start)
+
+
+def cache_bytes(cache: list) -> int:
+    return int(sum(c.nbytes for c in cache))
+
+
+def bench_decode(
+    model: nn.Module,
+    tokenizer,
+    contexts: list[int],
+    *,
+    steps: int = 32,
+    config: A2ATSConfig | None = None,
+    codebook=None,
+    methods: tuple[str, ...] = ("full", "a2ats", "a2ats_kv4"),
+    progress=None,
+) -> list[DecodeResult]:
+    """Decode tokens/s and bytes held per method and context (see module docstring).
+
+    Methods: full (mlx-lm KVCache), kv8 / kv4 (mlx-lm QuantizedKVCache), a2ats (A2ATS with
+    `config`), a2ats_kv4 / a2ats_kv8 (the same with kv_bits), a2ats_telemetry (telemetry on).
+    """
+    config = config or A2ATSConfig()
+    results = []
+    for ci, n in enumerate(contexts):
+        ids = filler_tokens(tokenizer, n + steps + 2)
+        prompt, follow = ids[:n], ids[n : n + steps + 2]
+        if progress:
+            progress(f"prefill {n}", ci, len(contexts))
+        base = make_prompt_cache(model)
+        for start in range(0, n, 1024):  # chunked prefill keeps peak memory down
+            mx.eval(model(mx.array([prompt[start : start + 1024]]), cache=base))
+        for method in methods:
+            if method == "full":
+                cache = _clone_kv(base)
+            elif method in ("kv8", "kv4"):
+                cache = _copy_into_quantized(base, int(method[-1]))
+            elif method.startswith("a2ats"):
+                cfg = config
+                if method.endswith("kv4") or method.endswith("kv8"):
+                    cfg = A2ATSConfig(**{**config.to_dict(), "kv_bits": int(method[-1])})
+                if method.endswith("telemetry"):
+                    cfg = A2ATSConfig(**{**config.to_dict(), "telemetry": True})
+                cache = _copy_into_a2ats(model, base, cfg, codebook)
+            else:
+                raise ValueError(f"unknown method {method!r}")
+            held = cache_bytes(cache)
+            rate = _decode_rate(model, cache, follow)
+            extra = {}
+            if isinstance(cache[0], A2ATSCache):
+                extra["retrieved_per_step"] = sum(c.tokens_retrieved for c in cache) / (
+                    len(cache) * len(follow)
+                )
+            results.append(DecodeResult(method, n, rate, held, held / n, extra))
+            del cache
+        del base
+    return results
+
+
+def fp16_bytes_per_token(model: nn.Module) -> int:
+    """K+V bytes per token of an fp16 full cache for this model (all layers)."""
+    from .rope import model_geometry
+
+    geo = model_geometry(model)
+    return 2 * geo["num_layers"] * geo["num_kv_heads"] * geo["head_dim"] * 2

@@ -1,0 +1,41 @@
+"""`a2ats bench decode` runs on a tiny model in seconds and emits one valid JSON object."""
+
+import json
+
+from tiny import save_tiny_model
+
+from a2ats_engine.cli import main
+
+
+def test_bench_decode_json(tmp_path, capsys):
+    folder = save_tiny_model(tmp_path / "m", "llama", hidden_size=256)  # head_dim 64
+    rc = main(
+        [
+            "bench",
+            "decode",
+            "--model",
+            str(folder),
+            "--contexts",
+            "300,600",
+            "--steps",
+            "4",
+            "--methods",
+            "full,a2ats,a2ats_kv4,kv4",
+            "--telemetry",
+            "--json",
+        ]
+    )
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = out["results"]
+    assert {(r["context"], r["method"]) for r in rows} == {
+        (c, m) for c in (300, 600) for m in ("full", "a2ats", "a2ats_kv4", "kv4", "a2ats_telemetry")
+    }
+    for r in rows:
+        assert r["tokens_per_s"] > 0
+        if r["method"] == "full":
+            assert r["speed_vs_full"] == 1.0
+    kv4 = next(r for r in rows if r["method"] == "a2ats_kv4" and r["context"] == 600)
+    full = next(r for r in rows if r["method"] == "a2ats" and r["context"] == 600)
+    assert kv4["bytes_per_token"] < full["bytes_per_token"] / 3
+    assert kv4["retrieved_per_step"] > 0
