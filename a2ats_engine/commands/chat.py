@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -234,12 +236,14 @@ def _repl(session: Any) -> int:
 
 def _reply_interruptibly(session: Any, text: str) -> None:
     """Ctrl-C ends the reply (the partial answer stays in the conversation), not the REPL."""
-    events = session.send(text)
+    stop_on_sigint = threading.current_thread() is threading.main_thread()
+    if stop_on_sigint:
+        previous = signal.signal(signal.SIGINT, lambda *_: session.stop())
     try:
-        _print_reply(events)
-    except KeyboardInterrupt:
-        events.close()
-        print("\n[stopped]", file=sys.stderr)
+        _print_reply(session.send(text))
+    finally:
+        if stop_on_sigint:
+            signal.signal(signal.SIGINT, previous)
 
 
 __all__ = ["register", "run", "load", "default_codebook", "stats_line"]

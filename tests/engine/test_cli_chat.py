@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+import signal
 import subprocess
 import sys
 
@@ -185,3 +186,37 @@ def test_help_says_where_stats_go(capsys):
     assert exit_info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "stderr" in text and "--prompt" in text and "--cache {a2ats,full}" in text
+
+
+def test_ctrl_c_in_repl_cancels_the_reply_not_the_repl(folder):
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "a2ats_engine.cli",
+            "chat",
+            "--model",
+            str(folder),
+            "--temp",
+            "0",
+            "--max-tokens",
+            "100000",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        proc.stdin.write("Hello! How are you?\n")
+        proc.stdin.flush()
+        assert proc.stdout.read(len(">>> ") + 1)  # the reply has started streaming
+        proc.send_signal(signal.SIGINT)
+        proc.stdin.write("/exit\n")
+        proc.stdin.flush()
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0
+    (stats,) = [line for line in err.splitlines() if line.startswith("[")]
+    assert stats.endswith(", cancelled]")
