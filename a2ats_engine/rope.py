@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from typing import Any
 
 import mlx.core as mx
@@ -94,7 +95,7 @@ class RopeSpec:
                 base=None,
                 scale=1.0,
                 offset=offset,
-                freqs=mx.array(self.freqs, dtype=mx.float32),
+                freqs=self._freqs_array,
             )
         return mx.fast.rope(
             x,
@@ -105,8 +106,22 @@ class RopeSpec:
             offset=offset,
         )
 
+    @cached_property
+    def _freqs_array(self) -> mx.array:
+        return mx.array(self.freqs, dtype=mx.float32)
+
     def _conjugator(self, dtype: mx.Dtype) -> mx.array:
         """+1/-1 per feature: -1 on the second component of every rotated pair."""
+        cached = self._conj_cache.get(dtype)
+        if cached is None:
+            cached = self._conj_cache[dtype] = self._make_conjugator(dtype)
+        return cached
+
+    @cached_property
+    def _conj_cache(self) -> dict:
+        return {}
+
+    def _make_conjugator(self, dtype: mx.Dtype) -> mx.array:
         sign = [1.0] * (self.head_dim or self.dims)
         if self.traditional:
             for j in range(1, self.dims, 2):
