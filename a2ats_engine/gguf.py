@@ -159,7 +159,9 @@ def _rope_scaling(metadata: dict, arch: str, tensors: dict, head_dim: int, theta
 
 def _llama3_scaling(rope_freqs, head_dim: int, theta: float) -> dict:
     """Recover Llama 3's RoPE scaling from llama.cpp's per-pair frequency factors tensor."""
-    factors = [float(x) for x in rope_freqs.astype("float32").tolist()]
+    import mlx.core as mx
+
+    factors = [float(x) for x in rope_freqs.astype(mx.float32).tolist()]
     factor = max(factors)
     for original in (8192, 4096, 16384, 32768, 2048):
         for low, high in ((1.0, 4.0), (1.0, 2.0), (1.0, 8.0)):

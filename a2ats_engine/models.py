@@ -391,7 +391,8 @@ def prepare_for_backend(model, dequantize: bool | None = None) -> bool:
         dequantize = is_cpu_only()
     if not dequantize or not _has_quantized_or_half(model):
         return False
-    dequantize_model(model)
+    _dequantize_to_float32(model)
+    dequantize_model(model)  # anything left (e.g. quantized MoE experts)
 
     def to_float32(value):
         if isinstance(value, mx.array) and value.dtype in (mx.float16, mx.bfloat16):
@@ -401,6 +402,39 @@ def prepare_for_backend(model, dequantize: bool | None = None) -> bool:
     model.update(tree_map(to_float32, model.parameters()))
     mx.eval([v for _, v in tree_flatten(model.parameters())])
     return True
+
+
+def _dequantize_to_float32(model) -> None:
+    """Replace affine QuantizedLinear / QuantizedEmbedding by float32 layers, unpacking with
+    float32 scales and biases (unpacking in float16 would round every weight)."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_unflatten
+
+    replaced = []
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.QuantizedLinear | nn.QuantizedEmbedding):
+            continue
+        if getattr(module, "mode", "affine") != "affine":
+            continue
+        biases = module.get("biases")
+        weight = mx.dequantize(
+            module.weight,
+            module.scales.astype(mx.float32),
+            biases.astype(mx.float32) if biases is not None else None,
+            group_size=module.group_size,
+            bits=module.bits,
+        )
+        if isinstance(module, nn.QuantizedLinear):
+            dense = nn.Linear(weight.shape[1], weight.shape[0], bias="bias" in module)
+            if "bias" in module:
+                dense.bias = module.bias.astype(mx.float32)
+        else:
+            dense = nn.Embedding(weight.shape[0], weight.shape[1])
+        dense.weight = weight
+        replaced.append((name, dense))
+    if replaced:
+        model.update_modules(tree_unflatten(replaced))
 
 
 # ---------------------------------------------------------------------------------------------

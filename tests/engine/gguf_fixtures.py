@@ -1,0 +1,259 @@
+"""Tiny GGUF files for the converter tests, made in-process (no downloads).
+
+- `tiny_gguf_metadata()`: llama.cpp-style metadata for the tiny llama model and the tiny
+  byte-level BPE tokenizer of `tiny.py` (vocab, merges, token types, BOS/EOS, chat template).
+- `gguf_tensors(model)`: the model's weights under GGUF names, with Q and K rows permuted the
+  way llama.cpp's convert_hf_to_gguf.py does for interleaved RoPE.
+- `write_gguf(path, tensors, metadata)`: a minimal GGUF v3 writer that can also store Q8_0 and
+  Q4_0 blocks (`mx.save_gguf` writes float tensors only).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from tiny import CHATML, _tokenizer_json
+
+F32, F16, Q4_0, Q8_0 = 0, 1, 2, 8
+ALIGN = 32
+
+
+def llama_cpp_permute(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp `LlamaModel.permute`: per head, rows (i, i + d/2) -> (2i, 2i + 1)."""
+    rows = weight.shape[0]
+    return (
+        weight.reshape(n_head, 2, rows // n_head // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def llama_cpp_unpermute(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of `llama_cpp_permute`."""
+    rows = weight.shape[0]
+    return (
+        weight.reshape(n_head, rows // n_head // 2, 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def reference_model(config: dict, held: dict):
+    """The HF-layout (half-split RoPE) tiny llama holding exactly the weights a GGUF stores."""
+    from mlx.utils import tree_unflatten
+    from mlx_lm.utils import _get_classes
+
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    inverse = {v: k for k, v in _GGUF_NAMES.items()}
+    weights = []
+    for name, array in held.items():
+        if name == "token_embd.weight":
+            key = "model.embed_tokens.weight"
+        elif name == "output_norm.weight":
+            key = "model.norm.weight"
+        elif name == "output.weight":
+            key = "lm_head.weight"
+        else:
+            _, layer, base, _ = name.split(".")
+            if base == "attn_q":
+                array = llama_cpp_unpermute(array, config["num_attention_heads"])
+            elif base == "attn_k":
+                array = llama_cpp_unpermute(array, config["num_key_value_heads"])
+            key = f"model.layers.{layer}.{inverse[base]}.weight"
+        weights.append((key, mx.array(array)))
+    model.update(tree_unflatten(weights))
+    mx.eval(model.parameters())
+    return model
+
+
+_GGUF_NAMES = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def gguf_tensors(model) -> dict[str, np.ndarray]:
+    """GGUF-named float32 numpy weights of an mlx-lm llama model (Q/K permuted like llama.cpp)."""
+    from mlx.utils import tree_flatten
+
+    config = model.config
+    out = {}
+    for name, value in tree_flatten(model.parameters()):
+        array = np.array(value.astype(mx.float32))
+        if name == "model.embed_tokens.weight":
+            out["token_embd.weight"] = array
+        elif name == "model.norm.weight":
+            out["output_norm.weight"] = array
+        elif name == "lm_head.weight":
+            out["output.weight"] = array
+        else:
+            _, _, layer, rest = name.split(".", 3)
+            module = rest.rsplit(".", 1)[0]
+            if module == "self_attn.q_proj":
+                array = llama_cpp_permute(array, config["num_attention_heads"])
+            elif module == "self_attn.k_proj":
+                array = llama_cpp_permute(array, config["num_key_value_heads"])
+            out[f"blk.{layer}.{_GGUF_NAMES[module]}.weight"] = array
+    return out
+
+
+def tiny_gguf_metadata(model_config: dict, **overrides) -> dict:
+    """GGUF metadata (python values) for a tiny llama config and the tiny tokenizer."""
+    tok = json.loads(_tokenizer_json())
+    vocab = tok["model"]["vocab"]
+    tokens = [None] * len(vocab)
+    for text, index in vocab.items():
+        tokens[index] = text
+    specials = {t["id"] for t in tok["added_tokens"] if t["special"]}
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    a = "llama"
+    metadata = {
+        "general.architecture": a,
+        "general.name": "Tiny Llama",
+        "general.file_type": ("u32", 0),
+        f"{a}.block_count": ("u32", model_config["num_hidden_layers"]),
+        f"{a}.context_length": ("u32", model_config["max_position_embeddings"]),
+        f"{a}.embedding_length": ("u32", model_config["hidden_size"]),
+        f"{a}.feed_forward_length": ("u32", model_config["intermediate_size"]),
+        f"{a}.attention.head_count": ("u32", model_config["num_attention_heads"]),
+        f"{a}.attention.head_count_kv": ("u32", model_config["num_key_value_heads"]),
+        f"{a}.attention.layer_norm_rms_epsilon": ("f32", model_config["rms_norm_eps"]),
+        f"{a}.rope.freq_base": ("f32", model_config["rope_theta"]),
+        f"{a}.rope.dimension_count": (
+            "u32",
+            model_config["hidden_size"] // model_config["num_attention_heads"],
+        ),
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": (
+            "i32[]",
+            [3 if i in specials else 1 for i in range(len(tokens))],
+        ),
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.bos_token_id": ("u32", vocab["<|endoftext|>"]),
+        "tokenizer.ggml.eos_token_id": ("u32", vocab["<|im_end|>"]),
+        "tokenizer.ggml.padding_token_id": ("u32", vocab["<|endoftext|>"]),
+        "tokenizer.ggml.add_bos_token": ("bool", False),
+        "tokenizer.chat_template": CHATML,
+    }
+    metadata.update(overrides)
+    return metadata
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantized blocks (llama.cpp reference layouts)
+
+
+def quantize_q8_0(weight: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """Q8_0 blocks of 32: float16 scale d + 32 int8; value = d * q. Returns (raw, dequantized)."""
+    blocks = weight.astype(np.float32).reshape(-1, 32)
+    d = np.abs(blocks).max(axis=1) / 127.0
+    inv = np.where(d > 0, 1.0 / np.where(d > 0, d, 1.0), 0.0)
+    q = np.round(blocks * inv[:, None]).astype(np.int8)
+    d16 = d.astype(np.float16)
+    raw = np.concatenate([d16.view(np.uint8).reshape(-1, 2), q.view(np.uint8)], axis=1)
+    dequant = d16.astype(np.float32)[:, None] * q.astype(np.float32)
+    return raw.tobytes(), dequant.reshape(weight.shape)
+
+
+def quantize_q4_0(weight: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """Q4_0 blocks of 32: float16 scale d + 16 bytes of nibbles (element j low, j + 16 high);
+    value = (nibble - 8) * d, d = signed abs-max / -8. Returns (raw, dequantized)."""
+    blocks = weight.astype(np.float32).reshape(-1, 32)
+    idx = np.abs(blocks).argmax(axis=1)
+    signed_max = blocks[np.arange(len(blocks)), idx]
+    d = signed_max / -8.0
+    inv = np.where(d != 0, 1.0 / np.where(d != 0, d, 1.0), 0.0)
+    q = np.minimum(15, (blocks * inv[:, None] + 8.5).astype(np.int32)).astype(np.uint8)
+    packed = q[:, :16] | (q[:, 16:] << 4)
+    d16 = d.astype(np.float16)
+    raw = np.concatenate([d16.view(np.uint8).reshape(-1, 2), packed], axis=1)
+    dequant = d16.astype(np.float32)[:, None] * (q.astype(np.float32) - 8.0)
+    return raw.tobytes(), dequant.reshape(weight.shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# Writer
+
+_SCALARS = {"u32": (4, "<I"), "i32": (5, "<i"), "f32": (6, "<f"), "bool": (7, "<?")}
+
+
+def _string(text: str) -> bytes:
+    data = text.encode("utf-8")
+    return struct.pack("<Q", len(data)) + data
+
+
+def _value(value) -> bytes:
+    if isinstance(value, str):
+        return struct.pack("<I", 8) + _string(value)
+    if isinstance(value, list):  # list of strings
+        return struct.pack("<IIQ", 9, 8, len(value)) + b"".join(_string(v) for v in value)
+    kind, payload = value
+    if kind.endswith("[]"):
+        code, fmt = _SCALARS[kind[:-2]]
+        body = b"".join(struct.pack(fmt, v) for v in payload)
+        return struct.pack("<IIQ", 9, code, len(payload)) + body
+    code, fmt = _SCALARS[kind]
+    return struct.pack("<I", code) + struct.pack(fmt, payload)
+
+
+def _pad(data: bytes) -> bytes:
+    return data + b"\0" * (-len(data) % ALIGN)
+
+
+def write_gguf(path: str | Path, tensors: dict, metadata: dict) -> Path:
+    """Write a GGUF v3 file. tensors: name -> float32 numpy array (stored F32), or
+    name -> (ggml_type, shape, raw_bytes) for pre-encoded blocks. Metadata values: str,
+    list[str], or (kind, value) with kind in u32/i32/f32/bool or "<kind>[]" for arrays."""
+    infos, blobs, offset = [], [], 0
+    for name, value in tensors.items():
+        if isinstance(value, np.ndarray):
+            kind, shape, raw = F32, value.shape, value.astype(np.float32).tobytes()
+        else:
+            kind, shape, raw = value
+        dims = list(reversed(shape))  # GGUF lists the fastest-varying dim first
+        info = _string(name) + struct.pack("<I", len(dims))
+        info += b"".join(struct.pack("<Q", d) for d in dims) + struct.pack("<IQ", kind, offset)
+        infos.append(info)
+        blobs.append(_pad(raw))
+        offset += len(blobs[-1])
+    header = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(metadata))
+    header += b"".join(_string(k) + _value(v) for k, v in metadata.items())
+    header += b"".join(infos)
+    path = Path(path)
+    path.write_bytes(_pad(header) + b"".join(blobs))
+    return path
+
+
+def write_tiny_gguf(path: str | Path, model, quantize: dict | None = None, **metadata) -> dict:
+    """Write `model` (a tiny llama from `tiny.tiny_model`) as a GGUF at `path`.
+
+    quantize maps GGUF tensor-name substrings to "Q8_0" / "Q4_0" (others stay F32).
+    Returns the float32 weights the file really holds (dequantized values for quantized ones),
+    under GGUF names, so a test can build the exact reference model.
+    """
+    weights = gguf_tensors(model)
+    stored, held = {}, {}
+    for name, array in weights.items():
+        kind = next((k for pattern, k in (quantize or {}).items() if pattern in name), None)
+        if kind is None or array.ndim != 2:
+            stored[name], held[name] = array, array
+            continue
+        encode, code = (quantize_q8_0, Q8_0) if kind == "Q8_0" else (quantize_q4_0, Q4_0)
+        raw, dequant = encode(array)
+        stored[name], held[name] = (code, array.shape, raw), dequant
+    write_gguf(path, stored, tiny_gguf_metadata(model.config, **metadata))
+    return held

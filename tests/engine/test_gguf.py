@@ -1,0 +1,357 @@
+"""GGUF -> mlx-lm conversion on tiny GGUF files written in the test (no downloads)."""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx_lm.tokenizer_utils import load as load_tokenizer
+from tiny import save_tiny_tokenizer, tiny_model
+
+from a2ats_engine import gguf
+from a2ats_engine.errors import ModelLoadError
+from a2ats_engine.gguf_tokenizer import build_tokenizer, sentencepiece_merges
+from a2ats_engine.models import load_model
+
+from .gguf_fixtures import (
+    gguf_tensors,
+    reference_model,
+    tiny_gguf_metadata,
+    write_gguf,
+    write_tiny_gguf,
+)
+
+PROMPT_IDS = mx.array([[1, 5, 17, 42, 99, 150, 230, 301, 7, 64, 3, 2, 256, 128]])
+TEXTS = [
+    "The capital of France is Paris.",
+    "Hello!  How are you today?\n\tNumbers: 0123456789 and 3.14",
+    "def main():\n    print('hello world')\n",
+    "Ünïcödé tëxt, 日本語のテキスト, emoji 🙂 and 👩‍👩‍👧 family",
+    "<|im_start|>user\nhi<|im_end|>\n",
+    "   leading spaces and trailing   ",
+]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_dirs(tmp_path, monkeypatch):
+    monkeypatch.setenv("A2ATS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("A2ATS_DATA_DIR", str(tmp_path / "data"))
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_model("llama", seed=3)
+
+
+@pytest.fixture(scope="module")
+def llama_gguf(llama, tmp_path_factory):
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    write_tiny_gguf(path, llama)
+    return path
+
+
+@pytest.fixture(scope="module")
+def converted(llama_gguf, tmp_path_factory):
+    return gguf.convert_gguf(llama_gguf, tmp_path_factory.mktemp("conv") / "tiny-mlx")
+
+
+@pytest.fixture(scope="module")
+def original_tokenizer(tmp_path_factory):
+    return load_tokenizer(save_tiny_tokenizer(tmp_path_factory.mktemp("tok")))
+
+
+def _logits(model, ids=PROMPT_IDS) -> np.ndarray:
+    return np.array(model(ids).astype(mx.float32))
+
+
+# --- weights, RoPE, config ---------------------------------------------------------------------
+
+
+def test_llama_cpp_layout_needs_traditional_rope(llama, tmp_path):
+    """Sanity check of the test itself: the permuted Q/K rows with half-split RoPE are wrong."""
+    path = tmp_path / "t.gguf"
+    write_tiny_gguf(path, llama)
+    folder = gguf.convert_gguf(path, tmp_path / "out")
+    config = json.loads((folder / "config.json").read_text())
+    config["rope_traditional"] = False
+    (folder / "config.json").write_text(json.dumps(config))
+    wrong, _, _ = load_model(str(folder), dequantize=False)
+    assert np.abs(_logits(wrong) - _logits(llama)).max() > 1e-2
+
+
+def test_converted_float_gguf_gives_the_same_logits(llama, converted):
+    model, _, info = load_model(str(converted), dequantize=False)
+    np.testing.assert_allclose(_logits(model), _logits(llama), atol=2e-4, rtol=1e-4)
+    assert info.rope["traditional"] is True
+    assert info.quantization is None  # F32 file
+
+
+def test_config_from_metadata(llama, converted):
+    config = json.loads((converted / "config.json").read_text())
+    assert config["model_type"] == "llama"
+    assert config["rope_traditional"] is True
+    assert config["tie_word_embeddings"] is True  # the tiny model has no output.weight
+    assert config["num_attention_heads"] == llama.config["num_attention_heads"]
+    assert config["num_key_value_heads"] == llama.config["num_key_value_heads"]
+    assert config["vocab_size"] == llama.config["vocab_size"]
+    assert config["rope_theta"] == llama.config["rope_theta"]
+    assert "quantization" not in config
+    source = gguf.read_source_info(converted)
+    assert source["name"] == "Tiny Llama"
+    assert source["gguf_file_type"] == "F32"
+
+
+def test_untied_output_weight(tmp_path):
+    model = tiny_model("llama", seed=5, tie_word_embeddings=False)
+    path = tmp_path / "untied.gguf"
+    write_tiny_gguf(path, model)
+    folder = gguf.convert_gguf(path, tmp_path / "out")
+    assert json.loads((folder / "config.json").read_text())["tie_word_embeddings"] is False
+    loaded, _, _ = load_model(str(folder), dequantize=False)
+    np.testing.assert_allclose(_logits(loaded), _logits(model), atol=2e-4, rtol=1e-4)
+
+
+def test_quantized_tensors_stay_quantized_with_per_tensor_bits(llama, tmp_path):
+    path = tmp_path / "q.gguf"
+    quant = {"attn_": "Q8_0", "ffn_": "Q4_0", "token_embd": "Q8_0"}
+    held = write_tiny_gguf(path, llama, quantize=quant, **{"general.file_type": ("u32", 7)})
+    folder = gguf.convert_gguf(path, tmp_path / "out")
+    config = json.loads((folder / "config.json").read_text())
+    q = config["quantization"]
+    assert q["model.layers.0.self_attn.q_proj"] == {"group_size": 32, "bits": 8, "mode": "affine"}
+    assert q["model.layers.1.mlp.down_proj"]["bits"] == 4
+    assert q["model.embed_tokens"]["bits"] == 8
+
+    model, _, info = load_model(str(folder), dequantize=False)
+    assert isinstance(model.model.layers[0].self_attn.q_proj, nn.QuantizedLinear)
+    assert model.model.layers[1].mlp.up_proj.bits == 4
+    assert isinstance(model.model.embed_tokens, nn.QuantizedEmbedding)
+    assert info.quantization == "Q8_0"
+    # The packed blocks hold exactly the values the file encodes...
+    q_proj = model.model.layers[0].self_attn.q_proj
+    unpacked = mx.dequantize(
+        q_proj.weight,
+        q_proj.scales.astype(mx.float32),
+        q_proj.biases.astype(mx.float32),
+        group_size=32,
+        bits=8,
+    )
+    np.testing.assert_allclose(np.array(unpacked), held["blk.0.attn_q.weight"], atol=1e-7)
+    # ...and the model computes the reference logits (float16 activations: ~1e-3 off).
+    reference = reference_model(llama.config, held)
+    np.testing.assert_allclose(_logits(model), _logits(reference), atol=1e-2, rtol=1e-2)
+
+    dense, _, dense_info = load_model(str(folder), dequantize=True)
+    assert not any(
+        isinstance(m, nn.QuantizedLinear | nn.QuantizedEmbedding) for m in dense.modules()
+    )
+    assert dense.model.layers[0].self_attn.q_proj.weight.dtype == mx.float32
+    assert dense_info.quantization == "Q8_0 (dequantized to float32 for CPU)"
+    np.testing.assert_allclose(_logits(dense), _logits(reference), atol=2e-4, rtol=1e-4)
+
+
+def test_tensor_names():
+    assert gguf.mlx_tensor_name("blk.7.attn_q.weight") == "model.layers.7.self_attn.q_proj.weight"
+    assert gguf.mlx_tensor_name("blk.0.ffn_down.biases") == "model.layers.0.mlp.down_proj.biases"
+    assert gguf.mlx_tensor_name("token_embd.scales") == "model.embed_tokens.scales"
+    assert gguf.mlx_tensor_name("output.weight") == "lm_head.weight"
+    assert gguf.mlx_tensor_name("rope_freqs.weight") is None
+    with pytest.raises(ModelLoadError, match="unexpected tensor in GGUF: blk.0.ssm_conv1d"):
+        gguf.mlx_tensor_name("blk.0.ssm_conv1d.weight")
+
+
+def test_llama3_rope_frequency_factors_become_rope_scaling(llama, tmp_path):
+    head_dim = 16
+    factors = gguf._llama3_factors(head_dim, 500000.0, 8.0, 1.0, 4.0, 8192)
+    tensors = gguf_tensors(llama)
+    tensors["rope_freqs.weight"] = np.array(factors, dtype=np.float32)
+    meta = tiny_gguf_metadata(llama.config, **{"llama.rope.freq_base": ("f32", 500000.0)})
+    path = write_gguf(tmp_path / "l3.gguf", tensors, meta)
+    config = json.loads((gguf.convert_gguf(path, tmp_path / "out") / "config.json").read_text())
+    assert config["rope_scaling"] == {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+
+
+# --- tokenizer ---------------------------------------------------------------------------------
+
+
+def test_tokenizer_encodes_like_the_original(converted, original_tokenizer):
+    _, tokenizer, _ = load_model(str(converted))
+    for text in TEXTS:
+        assert tokenizer.encode(text) == original_tokenizer.encode(text), text
+
+
+def _stream(tokenizer, ids) -> str:
+    detok = tokenizer.detokenizer
+    detok.reset()
+    for i in ids:
+        detok.add_token(i)
+    detok.finalize()
+    return detok.text
+
+
+def test_tokenizer_round_trips_multibyte_text(converted, original_tokenizer):
+    _, tokenizer, _ = load_model(str(converted))
+    assert type(tokenizer.detokenizer).__name__ == "BPEStreamingDetokenizer"
+    for text in TEXTS:
+        ids = tokenizer.encode(text)
+        assert tokenizer.decode(ids) == text
+        # mlx-lm's streaming detokenizer drops one leading space of a reply; same as the source.
+        assert _stream(tokenizer, ids) == _stream(original_tokenizer, ids)
+        assert _stream(tokenizer, ids).strip() == text.strip()
+
+
+def test_special_tokens_and_chat_template(converted, original_tokenizer):
+    _, tokenizer, _ = load_model(str(converted))
+    im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert tokenizer.encode("<|im_start|>")[0] == im_start
+    assert im_end in tokenizer.eos_token_ids
+    assert tokenizer.eos_token == "<|im_end|>"
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Où est Paris? 🙂"},
+    ]
+    ours = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    theirs = original_tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    )
+    assert ours == theirs
+    assert ours.endswith("<|im_start|>assistant\n")
+    assert tokenizer.encode(ours) == original_tokenizer.encode(theirs)
+
+
+def test_add_bos_token_flag_prepends_bos(llama, tmp_path):
+    path = tmp_path / "bos.gguf"
+    write_tiny_gguf(path, llama, **{"tokenizer.ggml.add_bos_token": ("bool", True)})
+    _, tokenizer, _ = load_model(str(gguf.convert_gguf(path, tmp_path / "out")))
+    ids = tokenizer.encode("Paris")
+    assert ids[0] == tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "Paris"
+
+
+def test_sentencepiece_vocab_matches_sentencepiece(tmp_path):
+    """A `llama` (SentencePiece BPE + byte fallback) vocabulary encodes like sentencepiece."""
+    import sentencepiece as spm
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(
+        "\n".join(
+            [
+                "The quick brown fox jumps over the lazy dog.",
+                "Paris is the capital of France; Berlin is the capital of Germany.",
+                "Numbers like 12345 and words like tokenization, tokenizer, tokens.",
+            ]
+            * 20
+        )
+    )
+    spm.SentencePieceTrainer.train(
+        input=str(corpus),
+        model_prefix=str(tmp_path / "sp"),
+        vocab_size=300,
+        model_type="bpe",
+        byte_fallback=True,
+        character_coverage=1.0,
+        normalization_rule_name="identity",  # as Llama / Mistral tokenizers
+        remove_extra_whitespaces=False,
+        minloglevel=2,
+    )
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "sp.model"))
+    types = []
+    for i in range(sp.get_piece_size()):
+        if sp.is_unknown(i):
+            types.append(2)
+        elif sp.is_control(i):
+            types.append(3)
+        elif sp.is_byte(i):
+            types.append(6)
+        else:
+            types.append(1)
+    metadata = {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": [sp.id_to_piece(i) for i in range(sp.get_piece_size())],
+        "tokenizer.ggml.scores": mx.array([sp.get_score(i) for i in range(sp.get_piece_size())]),
+        "tokenizer.ggml.token_type": mx.array(types, dtype=mx.int32),
+        "tokenizer.ggml.bos_token_id": mx.array(sp.bos_id(), dtype=mx.uint32),
+        "tokenizer.ggml.eos_token_id": mx.array(sp.eos_id(), dtype=mx.uint32),
+        "tokenizer.ggml.unknown_token_id": mx.array(sp.unk_id(), dtype=mx.uint32),
+    }
+    tokenizer = build_tokenizer(metadata)
+    for text in [
+        "The lazy fox is the capital of tokens.",
+        "Germany 2024: zebra quixotic!",
+        "Ünïcödé 日本語 🙂",
+        "  two spaces\nnew line",
+    ]:
+        expected = [sp.bos_id(), *sp.encode(text)]
+        assert tokenizer.encode(text).ids == expected, text
+        assert tokenizer.decode(expected, skip_special_tokens=True) == text
+
+
+def test_sentencepiece_merges_rank_by_merged_score():
+    tokens = ["a", "b", "c", "ab", "bc", "abc"]
+    scores = [0.0, 0.0, 0.0, -2.0, -1.0, -3.0]
+    merges = sentencepiece_merges(tokens, scores, [1] * 6)
+    assert merges == [("b", "c"), ("a", "b"), ("a", "bc"), ("ab", "c")]
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+
+def test_truncated_file(llama_gguf, tmp_path):
+    data = llama_gguf.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError, match=r"cut\.gguf.*extends past the end of the file"):
+        load_model(str(cut))
+    tiny = tmp_path / "tiny.gguf"
+    tiny.write_bytes(data[:6])
+    with pytest.raises(ModelLoadError, match=r"tiny\.gguf is not a GGUF file: only 6 bytes"):
+        load_model(str(tiny))
+
+
+def test_foreign_file(tmp_path):
+    fake = tmp_path / "model.gguf"
+    fake.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 100)
+    with pytest.raises(ModelLoadError, match=r"model\.gguf is not a GGUF file \(it starts with"):
+        load_model(str(fake))
+    other = tmp_path / "weights.bin"
+    other.write_bytes(b"hello world")
+    with pytest.raises(ModelLoadError, match=r"weights\.bin is a file but not a GGUF"):
+        load_model(str(other))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ModelLoadError, match=r"no such GGUF file: .*nothere\.gguf"):
+        load_model(str(tmp_path / "nothere.gguf"))
+
+
+def test_unsupported_architecture(llama, tmp_path):
+    path = tmp_path / "mamba.gguf"
+    write_tiny_gguf(path, llama, **{"general.architecture": "mamba"})
+    with pytest.raises(ModelLoadError, match=r"^not supported yet: mamba$"):
+        load_model(str(path))
+
+
+def test_unsupported_tokenizer_type(llama, tmp_path):
+    path = tmp_path / "t5tok.gguf"
+    write_tiny_gguf(path, llama, **{"tokenizer.ggml.model": "t5"})
+    with pytest.raises(ModelLoadError, match="not supported yet: GGUF tokenizer type 't5'"):
+        gguf.convert_gguf(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # nothing half-written
+    assert not list(tmp_path.glob(".out.*"))
+
+
+def test_convert_refuses_a_non_empty_folder(llama_gguf, tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("mine")
+    with pytest.raises(ModelLoadError, match="already exists and is not empty"):
+        gguf.convert_gguf(llama_gguf, tmp_path / "out")
