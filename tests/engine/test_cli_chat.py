@@ -220,3 +220,30 @@ def test_ctrl_c_in_repl_cancels_the_reply_not_the_repl(folder):
     assert proc.returncode == 0
     (stats,) = [line for line in err.splitlines() if line.startswith("[")]
     assert stats.endswith(", cancelled]")
+
+
+@pytest.mark.demo
+def test_demo_one_shot_names_paris(capsys):
+    from a2ats_engine.models import demo_model_path
+
+    if demo_model_path() is None:
+        pytest.skip("the demo model is not fetched (`a2ats fetch-demo`)")
+    question = "What is the capital of France? Answer in one sentence."
+    rc = main(
+        [
+            "chat",
+            "--model",
+            "demo",
+            "--prompt",
+            question,
+            "--temp",
+            "0",
+            "--max-tokens",
+            "40",
+            "--cache",
+            "full",
+        ]
+    )
+    out, err = capsys.readouterr()
+    assert rc == 0 and "Paris" in out
+    assert len(stats_lines(err)) == 1

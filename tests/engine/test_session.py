@@ -466,3 +466,32 @@ def test_switching_to_full_cache_rebuilds(a2ats_session, llama, tokenizer):
     assert stats.extra["cache_rebuilt"]
     assert not any(isinstance(c, A2ATSCache) for c in a2ats_session.caches)
     assert ids == fresh_reply(llama, tokenizer, history, "Numbers: 0123")
+
+
+# ------------------------------------------------------------------------- demo model
+@pytest.fixture(scope="module")
+def demo():
+    from a2ats_engine.models import demo_model_path, load_model
+
+    if demo_model_path() is None:
+        pytest.skip("the demo model is not fetched (`a2ats fetch-demo`)")
+    model, tokenizer, _ = load_model("demo")
+    return model, tokenizer
+
+
+@pytest.mark.demo
+def test_demo_multi_turn_reuse_matches_fresh_session(demo):
+    model, tokenizer = demo
+    sampling = SamplingSettings(temperature=0.0, max_tokens=16)
+    system = "You are a concise assistant."
+    session = ChatSession(model, tokenizer, sampling=sampling, system_prompt=system)
+    _, text, _ = run(session.send("What is the capital of France?"))
+    assert "Paris" in text
+    history = session.messages
+    ids, text, stats = run(session.send("And of Germany?"))
+    assert "Berlin" in text
+    full = len(session.prompt_token_ids(session.messages[:-1]))
+    assert stats.prompt_tokens < full / 2 and stats.extra["reused_tokens"] > 0
+    assert ids == fresh_reply(model, tokenizer, history, "And of Germany?", sampling, system)
+    again, _, stats = run(session.regenerate())
+    assert again == ids and stats.prompt_tokens == 1
