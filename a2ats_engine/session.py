@@ -232,6 +232,10 @@ def _check_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
+class _PrefillCancelled(Exception):
+    """Raised from the prefill progress callback to end a cancelled prefill between chunks."""
+
+
 @dataclass
 class _Reply:
     """Mutable record of one reply while it streams."""
@@ -240,6 +244,7 @@ class _Reply:
     start: int  # prompt tokens already in the cache (reused)
     trimmed: int = 0
     rebuilt: bool = False
+    prefilled: int = 0  # new prompt tokens already in the cache (prefill progress)
     received: list[int] = field(default_factory=list)  # every id the stream fed (EOS included)
     reply_ids: list[int] = field(default_factory=list)  # ids of the reply text (no EOS)
     text: list[str] = field(default_factory=list)
@@ -286,6 +291,10 @@ class ChatSession:
         self._stop = threading.Event()
         self._busy = threading.Lock()
         self.last_stats: GenerationStats | None = None
+        # Tokens per prefill chunk; stop() is honoured between chunks, too.
+        self.prefill_step_size = 2048
+        # Optional progress(stage, done, total) callback, called with stage "prefill".
+        self.prefill_progress: Callable[[str, int, int], None] | None = None
 
     # ----------------------------------------------------------------- state
     @property
@@ -501,6 +510,8 @@ class ChatSession:
             prompt_cache=self._cache,
             sampler=settings.make_sampler(),
             logits_processors=self._logits_processors(reply.prompt_ids[: reply.start]),
+            prefill_step_size=self.prefill_step_size,
+            prompt_progress_callback=lambda done, total: self._on_prefill(reply, done, total),
         )
         try:
             for response in stream:
@@ -527,10 +538,20 @@ class ChatSession:
                     break
                 if self._stop.is_set():
                     break
+        except _PrefillCancelled:
+            pass  # the cache holds prompt_ids[: start + prefilled]
         finally:
             stream.close()
         if reply.reason == "cancelled":
             yield from self._flush(reply)
+
+    def _on_prefill(self, reply: _Reply, done: int, total: int) -> None:
+        """Progress of the prefill (called after each chunk); ends it early after stop()."""
+        reply.prefilled = done
+        if self.prefill_progress is not None:
+            self.prefill_progress("prefill", done, total)
+        if done < total and self._stop.is_set():
+            raise _PrefillCancelled
 
     def _flush(self, reply: _Reply) -> Iterator[TokenEvent]:
         """Text the streaming detokenizer still held back when the reply was cancelled."""
@@ -555,11 +576,13 @@ class ChatSession:
         """Record the reply in the conversation and the cache ids; return its stats."""
         if reply.received:  # the stream prefilled the prompt and fed every id it handed out
             self._cache_ids = reply.prompt_ids + reply.received
-        else:  # cancelled before prefill: the cache was only trimmed
-            self._cache_ids = reply.prompt_ids[: reply.start]
+        else:  # cancelled before or during prefill: the cache holds the chunks done
+            self._cache_ids = reply.prompt_ids[: reply.start + reply.prefilled]
         self._messages = [*self._messages, {"role": "assistant", "content": "".join(reply.text)}]
         stats = GenerationStats(
-            prompt_tokens=len(reply.prompt_ids) - reply.start if reply.received else 0,
+            prompt_tokens=len(reply.prompt_ids) - reply.start
+            if reply.received
+            else reply.prefilled,
             generation_tokens=len(reply.reply_ids),
             time_to_first_token=reply.ttft,
             prompt_tps=reply.prompt_tps,

@@ -254,6 +254,52 @@ def test_stop_before_iterating_generates_nothing(llama, tokenizer):
     assert session.last_stats.stop_reason != "cancelled"
 
 
+def test_stop_during_prefill_ends_between_chunks(llama, tokenizer):
+    holder = {}
+
+    class StoppingCache(KVCache):
+        def update_and_fetch(self, keys, values):
+            out = super().update_and_fetch(keys, values)
+            if self.offset >= 12:  # stop() arrives while the second prefill chunk runs
+                holder["session"].stop()
+            return out
+
+    def factory(model):
+        return [StoppingCache() for _ in model.layers]
+
+    session = ChatSession(llama, tokenizer, sampling=GREEDY, cache_factory=factory)
+    holder["session"] = session
+    session.prefill_step_size = 8
+    progress = []
+    session.prefill_progress = lambda stage, done, total: progress.append((stage, done, total))
+    text = "The quick brown fox jumps over the lazy dog. " * 3
+    ids, _, stats = run(session.send(text))
+    total = len(session.prompt_token_ids(session.messages[:-1]))
+    assert ids == [] and stats.stop_reason == "cancelled"
+    assert stats.prompt_tokens == 16 < total  # two chunks of 8 were prefilled, then it ended
+    assert progress == [("prefill", 0, total), ("prefill", 8, total), ("prefill", 16, total)]
+    assert session.context_tokens == 16 == session.caches[0].offset
+    assert session.messages[-1] == {"role": "assistant", "content": ""}
+
+
+def test_prefill_after_cancelled_prefill_resumes_where_it_ended(llama, tokenizer):
+    session = ChatSession(llama, tokenizer, sampling=GREEDY)
+    session.prefill_step_size = 8
+    text = "The quick brown fox jumps over the lazy dog. " * 3
+
+    def stop_after_first_chunk(stage, done, total):
+        if done == 8:
+            session.stop()
+
+    session.prefill_progress = stop_after_first_chunk
+    _, _, stats = run(session.send(text))
+    assert stats.stop_reason == "cancelled" and session.context_tokens == 8
+    session.prefill_progress = None
+    ids, _, stats = run(session.regenerate())
+    assert stats.extra["reused_tokens"] == 8 and not stats.extra["cache_rebuilt"]
+    assert ids == fresh_reply(llama, tokenizer, [], text)
+
+
 def test_one_reply_at_a_time(llama, tokenizer):
     session = ChatSession(llama, tokenizer, sampling=GREEDY)
     stream = session.send("Hello!")
