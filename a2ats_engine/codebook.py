@@ -35,7 +35,7 @@ import mlx.core as mx
 import numpy as np
 
 from .errors import CodebookError
-from .kmeans import KMeansCallback, kmeans
+from .kmeans import Interrupt, KMeansCallback, kmeans
 
 FORMAT_NAME = "a2ats-codebook"
 FORMAT_VERSION = 1
@@ -215,6 +215,7 @@ class Codebook:
         queries: Sequence[mx.array] | None = None,
         *,
         n_centroids: int,
+        query_moments: Sequence[mx.array] | None = None,
         sub_dim: int | None = None,
         beta: float = 0.0,
         seed: int = 0,
@@ -223,14 +224,17 @@ class Codebook:
         ridge: float = DEFAULT_RIDGE,
         metadata: dict[str, Any] | None = None,
         callback: KMeansCallback | None = None,
+        interrupt: Interrupt | None = None,
     ) -> Codebook:
         """Train a codebook.
 
         keys[l]: pre-RoPE keys `[n_kv, N, head_dim]`; queries[l]: WRoPE queries `[n_kv, M,
-        head_dim]` (every query head of the GQA group stacked along M). queries None or
-        beta == 1 gives plain nearest-centroid VQ (L = I exactly). All heads, subspaces and
+        head_dim]` (every query head of the GQA group stacked along M), or instead
+        query_moments[l] = `sum q q^T` `[n_kv, head_dim, head_dim]` (what calibration streams).
+        No queries or beta == 1 gives plain nearest-centroid VQ (L = I exactly). All heads, subspaces and
         layers with the same N are clustered in one batched k-means call.
-        `callback(iteration, max_iters)` is forwarded to k-means (it may raise to abort).
+        `callback(iteration, max_iters)` and `interrupt()` are forwarded to k-means (either may
+        raise to abort).
         """
         geometry = _check_fit_inputs(keys, queries, n_centroids, beta, ridge)
         n_kv, d = geometry
@@ -238,16 +242,27 @@ class Codebook:
         if isinstance(sub_dim, bool) or not isinstance(sub_dim, int) or sub_dim < 1 or d % sub_dim:
             raise ValueError(f"sub_dim={sub_dim!r} is out of range: must divide head_dim={d}")
         s = d // sub_dim
-        query_aware = queries is not None and float(beta) < 1.0
+        if query_moments is not None:
+            if queries is not None:
+                raise ValueError("Codebook.fit: pass queries or query_moments, not both")
+            if len(query_moments) != len(keys) or any(
+                m.shape != (n_kv, d, d) for m in query_moments
+            ):
+                raise ValueError(f"query_moments must be one [{n_kv}, {d}, {d}] array per layer")
+        elif queries is not None:
+            query_moments = [
+                mx.swapaxes(q, 1, 2) @ q for q in (x.astype(mx.float32) for x in queries)
+            ]
+        query_aware = query_moments is not None and float(beta) < 1.0
         chol = [
-            query_metric(queries[i], sub_dim, beta, ridge)
+            metric_from_moment(query_moments[i], sub_dim, beta, ridge)
             if query_aware
             else mx.broadcast_to(mx.eye(sub_dim, dtype=mx.float32), (n_kv, s, sub_dim, sub_dim))
             for i in range(len(keys))
         ]
         assign, iterations = _cluster_layers(
             keys, chol, n_centroids, sub_dim, seed=seed, max_iters=max_iters, tol=tol,
-            callback=callback,
+            callback=callback, interrupt=interrupt,
         )  # fmt: skip
         centroids = [_map_back(c, x) for c, x in zip(assign, chol, strict=True)]
         meta = {
@@ -470,15 +485,25 @@ def query_metric(
 ) -> mx.array:
     """Cholesky factors of the blended query second moment, per KV head and subspace.
 
-    queries `[n_kv, M, d]` -> L `[n_kv, S, sub_dim, sub_dim]` lower triangular with
-    `L L^T = beta * (tr(H)/d) I + (1 - beta) H`, where `H = E[q q^T]` scaled to unit RMS
-    (tr(H) = d) plus `ridge * I`, restricted to its S diagonal blocks. float64 Cholesky (numpy).
-    """
-    n_kv, m, d = queries.shape
-    if m == 0:
+    queries `[n_kv, M, d]` -> L `[n_kv, S, sub_dim, sub_dim]` (see `metric_from_moment`)."""
+    if queries.shape[1] == 0:
         raise ValueError("query_metric: no queries (M = 0)")
     q = queries.astype(mx.float32)
-    second = np.asarray((mx.swapaxes(q, 1, 2) @ q) / m, dtype=np.float64)  # [n_kv, d, d]
+    return metric_from_moment(mx.swapaxes(q, 1, 2) @ q, sub_dim, beta, ridge)
+
+
+def metric_from_moment(
+    moment: mx.array, sub_dim: int, beta: float = 0.0, ridge: float = DEFAULT_RIDGE
+) -> mx.array:
+    """moment `[n_kv, d, d]` = `sum q q^T` (any positive scale) -> L `[n_kv, S, sd, sd]`.
+
+    L is lower triangular with `L L^T = beta * (tr(H)/d) I + (1 - beta) H`, where H is the
+    moment scaled to unit RMS (tr(H) = d) plus `ridge * I`, restricted to its S diagonal blocks.
+    float64 Cholesky (numpy)."""
+    second = np.asarray(mx.array(moment, dtype=mx.float32), dtype=np.float64)
+    d = second.shape[-1]
+    if not np.all(np.isfinite(second)):
+        raise ValueError("query second moment has non-finite entries (NaN/inf queries)")
     trace = np.trace(second, axis1=1, axis2=2)[:, None, None]
     h = second * (d / np.maximum(trace, 1e-30)) + ridge * np.eye(d)
     h_beta = beta * (np.trace(h, axis1=1, axis2=2)[:, None, None] / d) * np.eye(d)
@@ -546,6 +571,7 @@ def _cluster_layers(
     max_iters: int,
     tol: float,
     callback: KMeansCallback | None,
+    interrupt: Interrupt | None = None,
 ) -> tuple[list[mx.array], int]:
     """k-means on `kL` for every layer, one batched problem per group of layers with equal N.
     Returns (C' per layer `[n_kv, S, K, sd]`, Lloyd iterations of the longest run)."""
@@ -559,7 +585,13 @@ def _cluster_layers(
         n_kv, s = mapped[0].shape[:2]
         stacked = mx.stack(mapped).reshape(-1, n, sub_dim)  # [layers * n_kv * S, N, sd]
         result = kmeans(
-            stacked, n_centroids, seed=seed, max_iters=max_iters, tol=tol, callback=callback
+            stacked,
+            n_centroids,
+            seed=seed,
+            max_iters=max_iters,
+            tol=tol,
+            callback=callback,
+            interrupt=interrupt,
         )
         iterations = max(iterations, result.iterations)
         cents = result.centroids.reshape(len(members), n_kv, s, n_centroids, sub_dim)
@@ -583,12 +615,24 @@ def relative_score_error(
 ) -> float:
     """Mean over layers of `sum (q . (k - c(k)))^2 / sum (q . k)^2` over all query/key pairs.
 
-    keys[l] pre-RoPE `[n_kv, N, d]`, queries[l] WRoPE `[n_kv, M, d]` (held-out data). Exact over
-    all M x N pairs via the query second moment: `sum_q (q . e)^2 = M e^T H e`."""
+    keys[l] pre-RoPE `[n_kv, N, d]`, queries[l] WRoPE `[n_kv, M, d]` (held-out data)."""
+    moments = []
+    for q in queries:
+        q32 = q.astype(mx.float32)
+        moments.append(mx.swapaxes(q32, 1, 2) @ q32)
+    return relative_score_error_from_moments(codebook, keys, moments)
+
+
+def relative_score_error_from_moments(
+    codebook: Codebook, keys: Sequence[mx.array], moments: Sequence[mx.array]
+) -> float:
+    """`relative_score_error` with the queries given by their second moments `sum q q^T`
+    (`[n_kv, d, d]` per layer, any positive scale): exact over all pairs, since
+    `sum_q (q . e)^2 = e^T (sum_q q q^T) e`."""
     ratios = []
-    for layer, (k, q) in enumerate(zip(keys, queries, strict=True)):
-        k32, q32 = k.astype(mx.float32), q.astype(mx.float32)
-        second = mx.swapaxes(q32, 1, 2) @ q32  # [n_kv, d, d]
+    for layer, (k, second) in enumerate(zip(keys, moments, strict=True)):
+        k32 = k.astype(mx.float32)
+        second = mx.array(second, dtype=mx.float32)
         codes = codebook.assign(layer, k32[None])
         err = k32 - codebook.reconstruct(layer, codes)[0]
         num = mx.sum((err @ second) * err)

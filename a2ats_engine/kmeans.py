@@ -21,6 +21,10 @@ _BLOCK_ELEMENTS = 1 << 23
 INIT_POINTS_PER_CENTROID = 4
 INIT_MIN_POINTS = 4096
 
+Interrupt = Callable[[], None]
+"""Called often (between distance blocks and seeding steps, well under a second apart); it may
+raise to abort the clustering (calibration's cancel does this)."""
+
 KMeansCallback = Callable[[int, int], None]
 """`callback(iteration, max_iters)`, called after the init and after every Lloyd iteration.
 It may raise to abort (calibration cancels this way)."""
@@ -56,7 +60,7 @@ def _augment(x: mx.array) -> mx.array:
 
 
 def _nearest_augmented(
-    x_aug: mx.array, x: mx.array, centroids: mx.array
+    x_aug: mx.array, x: mx.array, centroids: mx.array, interrupt: Interrupt | None = None
 ) -> tuple[mx.array, mx.array]:
     """`argmin_j ||c_j||^2 - 2 x . c_j` as ONE matmul: [x, 1] @ [-2 c_j, ||c_j||^2]^T.
     Folding the norms into the GEMM avoids an elementwise pass over the [H, N, K] block, which
@@ -68,6 +72,8 @@ def _nearest_augmented(
     step = _chunk_size(h, n, k)
     codes = []
     for start in range(0, n, step):
+        if interrupt is not None:
+            interrupt()
         idx = mx.argmin(x_aug[:, start : start + step] @ c_aug, axis=-1)
         mx.eval(idx)
         codes.append(idx.astype(mx.int32))
@@ -78,7 +84,9 @@ def _nearest_augmented(
     return codes, dists
 
 
-def kmeans_plus_plus(x: mx.array, k: int, key: mx.array) -> mx.array:
+def kmeans_plus_plus(
+    x: mx.array, k: int, key: mx.array, interrupt: Interrupt | None = None
+) -> mx.array:
     """k-means++ seeding (D^2 sampling), batched. x `[H, N, d]` with N >= k -> `[H, k, d]`."""
     x = x.astype(mx.float32)
     h, n, d = x.shape
@@ -91,6 +99,8 @@ def kmeans_plus_plus(x: mx.array, k: int, key: mx.array) -> mx.array:
     best = _sq_dist_to(x, x_norms, centre)
     mx.eval(best)
     for i in range(1, k):
+        if interrupt is not None and i % 16 == 0:
+            interrupt()
         # Normalise per problem so all-zero distances (duplicate points) become a uniform draw.
         scaled = best / (mx.max(best, axis=-1, keepdims=True) + 1e-30)
         logits = mx.log(scaled + 1e-12)
@@ -163,6 +173,7 @@ def kmeans(
     max_iters: int = 25,
     tol: float = 1e-4,
     callback: KMeansCallback | None = None,
+    interrupt: Interrupt | None = None,
 ) -> KMeansResult:
     """Cluster each of H point sets into k clusters: k-means++ seeding, then Lloyd iterations.
 
@@ -171,7 +182,8 @@ def kmeans(
     Seeding uses a random subset of `max(4 k, 4096)` points when N is larger.
     When k >= N every point becomes its own centroid and the remaining k - N centroids repeat
     points (a repeated centroid is never the unique nearest one, so codes stay valid).
-    Deterministic for a given seed. Returns a `KMeansResult`.
+    Deterministic for a given seed. `callback(iteration, max_iters)` reports progress;
+    `interrupt()` is polled often and may raise to abort. Returns a `KMeansResult`.
     """
     if x.ndim != 3:
         raise ValueError(f"kmeans: x must be [H, N, d], got shape {tuple(x.shape)}")
@@ -187,16 +199,16 @@ def kmeans(
     if k >= n:
         return _every_point_a_centroid(x, k, key)
     init_key, sample_key = mx.random.split(key)
-    centroids = kmeans_plus_plus(_init_sample(x, k, sample_key), k, init_key)
+    centroids = kmeans_plus_plus(_init_sample(x, k, sample_key), k, init_key, interrupt)
     x_aug = _augment(x)
-    codes, dists = _nearest_augmented(x_aug, x, centroids)
+    codes, dists = _nearest_augmented(x_aug, x, centroids, interrupt)
     inertia = mx.mean(dists, axis=-1)
     if callback is not None:
         callback(0, max_iters)
     iterations = 0
     for it in range(1, max_iters + 1):
         centroids, _ = _update(x, codes, dists, centroids)
-        codes, dists = _nearest_augmented(x_aug, x, centroids)
+        codes, dists = _nearest_augmented(x_aug, x, centroids, interrupt)
         new_inertia = mx.mean(dists, axis=-1)
         iterations = it
         improvement = (inertia - new_inertia) / mx.maximum(inertia, 1e-30)

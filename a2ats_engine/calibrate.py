@@ -1,0 +1,439 @@
+"""Codebook calibration: run the model over a corpus, collect pre-RoPE keys and WRoPE queries,
+train a query-aware codebook (DESIGN.md section 2).
+
+How the data is captured. Every attention layer gets a `CaptureCache` (mlx-lm's `KVCache` plus
+an `attend` method); `hooks.install(model)` routes the layer's attention call to `attend`, which
+sees the true post-RoPE queries `q^_i`, computes exact attention (so the forward pass is the
+model's own), and accumulates the second moment of the WRoPE retrieval queries
+`q~_i = R_b q_i = rotate(unrotate(q^_i, i), b)` of every query head, grouped by KV head. After each
+chunk the cache holds the chunk's post-RoPE keys; they are un-rotated with the model's own RoPE
+(`RopeSpec.unrotate`) and the sampled positions are kept.
+
+Memory bound. Keys: at most `keys_per_head` training keys and `keys_per_head // 4` held-out keys
+per layer x KV head, float32, i.e. `num_layers * n_kv * 1.25 * keys_per_head * head_dim * 4`
+bytes (demo defaults: 30 * 3 * 1.25 * 8192 * 64 * 4 B = 236 MB). Positions are drawn uniformly
+without replacement up front (deterministic for the seed). Queries are never stored: only their
+second moment, `[n_kv, d, d]` per layer. Activations: one chunk of `chunk_len` tokens at a time.
+
+Cancel: `cancel.is_set()` is polled between forward steps of `STEP_TOKENS` tokens and inside
+k-means (between distance blocks); when set, `calibrate` raises `CalibrationCancelled` and
+returns nothing (nothing is saved: saving is the caller's job after a successful return).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import KVCache
+
+from .codebook import Codebook, model_fingerprint, relative_score_error_from_moments
+from .config import A2ATSConfig
+from .errors import A2ATSError
+from .rope import RopeSpec, model_geometry, rope_specs
+
+Progress = Callable[[str, int, int], None]
+STEP_TOKENS = 256  # forward step: bounds the time between cancel checks (about 0.3 s on the demo)
+DEFAULT_CHUNK_LEN = 1024
+HELDOUT_KEY_SHARE = 4  # held-out keys per head = keys_per_head // HELDOUT_KEY_SHARE
+
+
+class CancelFlag(Protocol):
+    def is_set(self) -> bool: ...
+
+
+class CalibrationCancelled(A2ATSError):
+    """Raised by `calibrate` / `collect` when the cancel flag was set. Nothing was saved."""
+
+
+@dataclass
+class CalibrationData:
+    """What one pass over the corpus collected (all float32).
+
+    keys[l]:            training pre-RoPE keys `[n_kv, N, d]`
+    moments[l]:         training WRoPE query second moment `sum q~ q~^T` `[n_kv, d, d]`
+    heldout_keys[l]:    held-out keys `[n_kv, N_out, d]` (None when there is no held-out chunk)
+    heldout_moments[l]: held-out query second moment `[n_kv, d, d]` (or None)
+    key_positions:      stream positions of the training keys `[N]` (same for every head)
+    tokens:             tokens run through the model; queries: query vectors per KV head (train)
+    """
+
+    keys: list[mx.array]
+    moments: list[mx.array]
+    heldout_keys: list[mx.array] | None
+    heldout_moments: list[mx.array] | None
+    key_positions: np.ndarray
+    tokens: int
+    queries: int
+    chunk_len: int
+
+
+class CaptureCache(KVCache):
+    """A `KVCache` that also accumulates the WRoPE query second moment of its layer.
+
+    Queries at chunk positions `< query_start` are left out (sink/early-context queries never
+    retrieve far tokens). `moment` is `[n_kv, d, d]` float32 (None before the first query)."""
+
+    def __init__(self, spec: RopeSpec, far_offset: int, num_kv_heads: int, query_start: int):
+        super().__init__()
+        self.spec = spec
+        self.far_offset = far_offset
+        self.num_kv_heads = num_kv_heads
+        self.query_start = query_start
+        self.moment: mx.array | None = None
+        self.query_count = 0
+        self.collect_queries = True
+
+    def attend(self, queries, keys, values, *, scale, mask):
+        """Exact attention (the model's forward is unchanged) + the query moment update.
+        queries `[B, n_q, L, d]` post-RoPE at positions `offset - L ... offset - 1`."""
+        out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+        if self.collect_queries:
+            self._accumulate(queries)
+        return out
+
+    def _accumulate(self, queries: mx.array) -> None:
+        b, n_q, length, d = queries.shape
+        start = self.offset - length
+        first = max(self.query_start - start, 0)
+        if first >= length:
+            return
+        post = queries[:, :, first:].astype(mx.float32)
+        pre = self.spec.unrotate(post, start + first)  # q_i (model-scaled, pre-RoPE)
+        far = self.spec.rotate(pre[..., None, :], self.far_offset)[..., 0, :]  # R_b q_i
+        grouped = far.reshape(b, self.num_kv_heads, -1, d)  # query head j -> KV head j // G
+        moment = mx.sum(mx.swapaxes(grouped, -1, -2) @ grouped, axis=0)  # [n_kv, d, d]
+        self.moment = moment if self.moment is None else self.moment + moment
+        self.query_count += b * (n_q // self.num_kv_heads) * (length - first)
+
+    def pre_rope_keys(self) -> mx.array:
+        """The chunk's keys un-rotated to the pre-RoPE frame, `[B, n_kv, offset, d]` float32."""
+        post = self.keys[..., : self.offset, :].astype(mx.float32)
+        return self.spec.unrotate(post, 0)
+
+
+def default_keys_per_head(n_centroids: int) -> int:
+    """Training keys kept per head: 16 per centroid, at least 8192, at most 65536.
+
+    k-means needs a few tens of points per centroid to place them well; more mostly costs time
+    (Lloyd is `O(N K d)` per iteration)."""
+    return int(min(65536, max(8192, 16 * n_centroids)))
+
+
+def collect(
+    model: Any,
+    tokenizer: Any,
+    texts: Sequence[str],
+    config: A2ATSConfig | None = None,
+    *,
+    tokens: int = 65536,
+    keys_per_head: int | None = None,
+    chunk_len: int = DEFAULT_CHUNK_LEN,
+    heldout: float = 0.1,
+    seed: int = 0,
+    progress: Progress | None = None,
+    cancel: CancelFlag | None = None,
+) -> CalibrationData:
+    """Run the model over `texts` (at most `tokens` tokens, in chunks of `chunk_len` that each
+    start a fresh context) and collect keys and query moments (see the module docstring).
+
+    A share `heldout` of the chunks (evenly spread; none when there is a single chunk) goes to
+    held-out data for evaluation. Raises CalibrationCancelled when `cancel` is set."""
+    config = config or A2ATSConfig()
+    _check_positive("tokens", tokens, 2)
+    _check_positive("chunk_len", chunk_len, 2)
+    if not 0.0 <= heldout < 1.0:
+        raise ValueError(f"heldout={heldout!r} is out of range: must be in [0, 1)")
+    n_centroids = config.n_centroids
+    keys_per_head = keys_per_head or default_keys_per_head(n_centroids)
+    _check_positive("keys_per_head", keys_per_head, 1)
+    stream = token_stream(tokenizer, texts, tokens, progress=progress, cancel=cancel)
+    chunks = _chunks(len(stream), chunk_len)
+    heldout_ids = _heldout_chunks(len(chunks), heldout)
+    rng = np.random.default_rng(seed)
+    train_pos = _sample_positions(chunks, set(range(len(chunks))) - heldout_ids, config.sinks,
+                                  keys_per_head, rng)  # fmt: skip
+    out_pos = _sample_positions(chunks, heldout_ids, config.sinks,
+                                max(1, keys_per_head // HELDOUT_KEY_SHARE), rng)  # fmt: skip
+    return _run(model, stream, chunks, heldout_ids, train_pos, out_pos, config, progress, cancel)
+
+
+def _check_positive(name: str, value: Any, lo: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ValueError(f"{name}={value!r} is out of range: must be an integer >= {lo}")
+
+
+def token_stream(
+    tokenizer: Any,
+    texts: Sequence[str],
+    limit: int,
+    *,
+    progress: Progress | None = None,
+    cancel: CancelFlag | None = None,
+) -> np.ndarray:
+    """Token ids of the texts, in order, separated by the EOS token, cut at `limit` -> `[T]`."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    ids: list[int] = []
+    for text in texts:
+        _check_cancel(cancel)
+        ids.extend(int(t) for t in tokenizer.encode(text))
+        if eos is not None:
+            ids.append(int(eos))
+        if progress is not None:
+            progress("tokenizing", min(len(ids), limit), limit)
+        if len(ids) >= limit:
+            break
+    if len(ids) < 2:
+        raise ValueError("the calibration text is empty (fewer than 2 tokens)")
+    return np.asarray(ids[:limit], dtype=np.int32)
+
+
+def _chunks(total: int, chunk_len: int) -> list[tuple[int, int]]:
+    """[(start, end)] covering the stream; a short tail chunk is merged into the previous one
+    only when it would otherwise be shorter than a quarter chunk."""
+    bounds = [(s, min(s + chunk_len, total)) for s in range(0, total, chunk_len)]
+    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] < chunk_len // 4:
+        bounds = bounds[:-1]
+    return bounds
+
+
+def _heldout_chunks(n_chunks: int, share: float) -> set[int]:
+    if n_chunks < 2 or share <= 0.0:
+        return set()
+    count = min(n_chunks - 1, max(1, round(share * n_chunks)))
+    return {int((j + 0.5) * n_chunks / count) for j in range(count)}
+
+
+def _sample_positions(
+    chunks: list[tuple[int, int]], chosen: set[int], sinks: int, limit: int, rng
+) -> np.ndarray:
+    """Sorted stream positions: every position of the chosen chunks past the first `sinks`
+    (sinks are always attended, never coded for retrieval), subsampled to `limit`."""
+    pools = [
+        np.arange(s + min(sinks, e - s - 1), e) for i, (s, e) in enumerate(chunks) if i in chosen
+    ]
+    if not pools:
+        return np.zeros((0,), dtype=np.int64)
+    pool = np.concatenate(pools)
+    if len(pool) > limit:
+        pool = np.sort(rng.choice(pool, size=limit, replace=False))
+    return pool
+
+
+def _run(
+    model: Any,
+    stream: np.ndarray,
+    chunks: list[tuple[int, int]],
+    heldout_ids: set[int],
+    train_pos: np.ndarray,
+    out_pos: np.ndarray,
+    config: A2ATSConfig,
+    progress: Progress | None,
+    cancel: CancelFlag | None,
+) -> CalibrationData:
+    from . import hooks
+
+    geometry = model_geometry(model)
+    specs = rope_specs(model)
+    n_kv = geometry["num_kv_heads"]
+    body = _body(model)
+    was_installed = hooks.is_installed(model)
+    hooks.install(model)
+    train = _Accumulator(len(specs))
+    held = _Accumulator(len(specs))
+    total = int(chunks[-1][1])
+    try:
+        for index, (start, end) in enumerate(chunks):
+            acc, positions = (held, out_pos) if index in heldout_ids else (train, train_pos)
+            query_start = min(config.sinks + config.window, (end - start) // 2)
+            caches = [CaptureCache(s, config.far_offset, n_kv, query_start) for s in specs]
+            tokens = mx.array(stream[start:end])[None]
+            for s in range(0, end - start, STEP_TOKENS):
+                _check_cancel(cancel)
+                body(tokens[:, s : s + STEP_TOKENS], cache=caches)
+                mx.eval(
+                    [c.keys for c in caches] + [c.moment for c in caches if c.moment is not None]
+                )
+                if progress is not None:
+                    progress("collecting", start + min(s + STEP_TOKENS, end - start), total)
+            local = positions[(positions >= start) & (positions < end)] - start
+            acc.add(caches, mx.array(local.astype(np.int32)))
+    finally:
+        if not was_installed:
+            hooks.uninstall(model)
+    heldout_keys = held.key_arrays() if heldout_ids else None
+    return CalibrationData(
+        keys=train.key_arrays(),
+        moments=train.moments,
+        heldout_keys=heldout_keys,
+        heldout_moments=held.moments if heldout_ids and held.queries else None,
+        key_positions=train_pos,
+        tokens=total,
+        queries=train.queries,
+        chunk_len=chunks[0][1] - chunks[0][0],
+    )
+
+
+class _Accumulator:
+    """Per-layer key samples and query moments of one split (train or held-out)."""
+
+    def __init__(self, num_layers: int):
+        self.keys: list[list[mx.array]] = [[] for _ in range(num_layers)]
+        self.moments: list[mx.array] = []
+        self.queries = 0
+
+    def add(self, caches: list[CaptureCache], local: mx.array) -> None:
+        for layer, cache in enumerate(caches):
+            if local.size:
+                self.keys[layer].append(mx.take(cache.pre_rope_keys()[0], local, axis=1))
+            if cache.moment is not None:
+                if len(self.moments) <= layer:
+                    self.moments.append(cache.moment)
+                else:
+                    self.moments[layer] = self.moments[layer] + cache.moment
+        self.queries += caches[0].query_count
+        mx.eval([k[-1] for k in self.keys if k] + self.moments)
+
+    def key_arrays(self) -> list[mx.array]:
+        if not all(self.keys):
+            raise ValueError("the calibration text is too short: no keys were collected")
+        return [mx.concatenate(parts, axis=1) for parts in self.keys]
+
+
+def _body(model: Any) -> Callable[..., Any]:
+    """The transformer without the LM head when it takes `cache=` (saves the vocab matmul)."""
+    inner = getattr(model, "model", None)
+    if inner is not None and callable(inner):
+        try:
+            if "cache" in inspect.signature(inner.__call__).parameters:
+                return inner
+        except (TypeError, ValueError):
+            pass
+    return model
+
+
+def _check_cancel(cancel: CancelFlag | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise CalibrationCancelled("calibration cancelled")
+
+
+def fit_codebook(
+    data: CalibrationData,
+    config: A2ATSConfig | None = None,
+    *,
+    beta: float | None = None,
+    seed: int = 0,
+    max_iters: int = 20,
+    tol: float = 1e-4,
+    progress: Progress | None = None,
+    cancel: CancelFlag | None = None,
+    stage: str = "clustering",
+    metadata: dict[str, Any] | None = None,
+) -> Codebook:
+    """Train a codebook on collected data with `config`'s n_centroids, sub_dim and beta
+    (`beta` overrides the config's). Held-out score error goes into the metadata."""
+    config = config or A2ATSConfig()
+    beta = config.beta if beta is None else beta
+
+    def callback(it: int, total: int) -> None:
+        if progress is not None:
+            progress(stage, it, total)
+
+    book = Codebook.fit(
+        data.keys,
+        n_centroids=config.n_centroids,
+        query_moments=data.moments if data.moments else None,
+        sub_dim=config.sub_dim,
+        beta=beta,
+        seed=seed,
+        max_iters=max_iters,
+        tol=tol,
+        metadata=metadata,
+        callback=callback,
+        interrupt=lambda: _check_cancel(cancel),
+    )
+    if data.heldout_keys is not None and data.heldout_moments is not None:
+        book.metadata["heldout_score_error"] = relative_score_error_from_moments(
+            book, data.heldout_keys, data.heldout_moments
+        )
+    return book
+
+
+def calibrate(
+    model: Any,
+    tokenizer: Any,
+    texts: Sequence[str] | None,
+    config: A2ATSConfig | None = None,
+    *,
+    tokens: int = 65536,
+    progress: Progress | None = None,
+    cancel: CancelFlag | None = None,
+    seed: int = 0,
+    keys_per_head: int | None = None,
+    chunk_len: int = DEFAULT_CHUNK_LEN,
+    max_iters: int = 20,
+    heldout: float = 0.1,
+    compare_plain: bool = False,
+    corpus: str | None = None,
+    model_name: str | None = None,
+) -> Codebook:
+    """Calibrate a codebook for `model` on `texts` (None: the built-in corpus).
+
+    n_centroids, sub_dim, beta, far_offset (b), sinks and window come from `config`.
+    With `compare_plain` a plain-VQ (beta = 1) codebook is also fit on the same keys and its
+    held-out score error stored as `heldout_score_error_plain` (for the CLI summary).
+    Deterministic for a seed. Raises CalibrationCancelled when `cancel` is set (nothing saved).
+    Progress stages: "tokenizing", "collecting" (tokens), "clustering" (Lloyd iterations),
+    "clustering plain VQ".
+    """
+    from .corpus import builtin_corpus, builtin_description
+
+    config = config or A2ATSConfig()
+    began = time.perf_counter()
+    if texts is None:
+        texts = builtin_corpus(tokenizer, seed=seed, chars=8 * tokens)
+        corpus = corpus or builtin_description()
+    data = collect(
+        model, tokenizer, texts, config, tokens=tokens, keys_per_head=keys_per_head,
+        chunk_len=chunk_len, heldout=heldout, seed=seed, progress=progress, cancel=cancel,
+    )  # fmt: skip
+    metadata = {
+        "model": model_fingerprint(model, name=model_name),
+        "far_offset": config.far_offset,
+        "sinks": config.sinks,
+        "window": config.window,
+        "corpus": corpus or f"user texts ({len(texts)} documents)",
+        "tokens": data.tokens,
+        "chunk_len": data.chunk_len,
+    }
+    book = fit_codebook(
+        data, config, seed=seed, max_iters=max_iters, progress=progress, cancel=cancel,
+        metadata=metadata,
+    )  # fmt: skip
+    if compare_plain and config.beta < 1.0:
+        plain = fit_codebook(
+            data, config, beta=1.0, seed=seed, max_iters=max_iters, progress=progress,
+            cancel=cancel, stage="clustering plain VQ",
+        )  # fmt: skip
+        if "heldout_score_error" in plain.metadata:
+            book.metadata["heldout_score_error_plain"] = plain.metadata["heldout_score_error"]
+    book.metadata["calibration_seconds"] = round(time.perf_counter() - began, 2)
+    return book
+
+
+# -- demo default ---------------------------------------------------------------------------
+
+DEMO_CODEBOOK_NAME = "demo-default.safetensors"
+
+
+def demo_codebook_path() -> Path:
+    """Where the default demo codebook lives: `<data dir>/codebooks/demo-default.safetensors`."""
+    from .paths import data_dir
+
+    return data_dir() / "codebooks" / DEMO_CODEBOOK_NAME

@@ -1,0 +1,177 @@
+"""Calibration on tiny models: end to end, determinism, cancel, pre-RoPE keys, WRoPE queries,
+query-aware vs plain VQ on an anisotropic model, corpus sources and user files."""
+
+import json
+import threading
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from tiny import tiny_model, tiny_tokenizer
+
+from a2ats_engine.calibrate import (
+    CalibrationCancelled,
+    calibrate,
+    collect,
+    token_stream,
+)
+from a2ats_engine.codebook import Codebook
+from a2ats_engine.config import A2ATSConfig
+from a2ats_engine.corpus import builtin_corpus, load_texts
+from a2ats_engine.rope import rope_specs
+
+CONFIG = A2ATSConfig(n_centroids=16)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return tiny_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+def test_end_to_end_saves_loads_and_validates(tokenizer, tmp_path):
+    model = tiny_model("llama")
+    book = calibrate(model, tokenizer, None, CONFIG, tokens=1200, chunk_len=256, model_name="t")
+    assert (book.num_layers, book.num_kv_heads, book.head_dim, book.n_centroids) == (2, 2, 16, 16)
+    assert book.metadata["tokens"] == 1200
+    assert book.metadata["far_offset"] == CONFIG.far_offset
+    assert book.metadata["query_aware"] is True
+    assert 0.0 < book.metadata["heldout_score_error"] < 1.0
+    path = tmp_path / "tiny.safetensors"
+    book.save(path)
+    loaded = Codebook.load(path)
+    assert loaded.validate_for(model, CONFIG) == []
+    assert loaded.metadata["model"]["name"] == "t"
+    for a, b in zip(book.centroids, loaded.centroids, strict=True):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_deterministic_for_a_seed(tokenizer):
+    model = tiny_model("qwen2")
+    runs = [calibrate(model, tokenizer, None, CONFIG, tokens=900, chunk_len=256, seed=s)
+            for s in (3, 3, 4)]  # fmt: skip
+    same = all(
+        np.array_equal(np.asarray(a), np.asarray(b))
+        for a, b in zip(runs[0].centroids, runs[1].centroids, strict=True)
+    )
+    assert same
+    assert not np.array_equal(np.asarray(runs[0].centroids[0]), np.asarray(runs[2].centroids[0]))
+
+
+@pytest.mark.parametrize("stage", ["collecting", "clustering"])
+def test_cancel_stops_and_raises(tokenizer, stage):
+    model = tiny_model("llama")
+    cancel = threading.Event()
+    seen = []
+
+    def progress(name, done, total):
+        seen.append(name)
+        if name == stage:
+            cancel.set()
+
+    with pytest.raises(CalibrationCancelled):
+        calibrate(model, tokenizer, None, CONFIG, tokens=3000, chunk_len=512, progress=progress,
+                  cancel=cancel)  # fmt: skip
+    # Stopped at the first check after the flag was set: one report of the stage, no later stage.
+    assert seen.count(stage) == 1
+    assert seen[-1] == stage
+
+
+def _direct_layer0(model, ids: np.ndarray):
+    """Pre-RoPE keys and queries of layer 0 computed from the weights: [n_kv, L, d], [n_q, L, d]."""
+    attn = model.model.layers[0].self_attn
+    x = model.model.layers[0].input_layernorm(model.model.embed_tokens(mx.array(ids)[None]))
+    length = ids.size
+    keys = attn.k_proj(x).reshape(length, attn.n_kv_heads, -1).transpose(1, 0, 2)
+    queries = attn.q_proj(x).reshape(length, attn.n_heads, -1).transpose(1, 0, 2)
+    return keys, queries
+
+
+@pytest.mark.parametrize("arch,traditional", [("llama", False), ("llama", True), ("qwen2", False)])
+def test_collected_keys_are_pre_rope_and_queries_are_wrope(tokenizer, arch, traditional):
+    model = tiny_model(arch, rope_traditional=traditional)
+    texts = builtin_corpus(tokenizer, chars=4000)
+    config = A2ATSConfig(n_centroids=16, sinks=4, window=16, far_offset=300)
+    data = collect(model, tokenizer, texts, config, tokens=200, chunk_len=200, heldout=0.0)
+    ids = token_stream(tokenizer, texts, 200)
+    keys, queries = _direct_layer0(model, ids)
+    assert np.array_equal(data.key_positions, np.arange(4, 200))  # sinks left out
+    got = np.asarray(data.keys[0])
+    want = np.asarray(keys)[:, 4:]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    spec = rope_specs(model)[0]
+    post = np.asarray(spec.rotate(keys, 0))[:, 4:]
+    assert np.abs(got - post).max() > 1e-2  # the rotation is really undone
+    # WRoPE queries: R_b q_i for positions >= sinks + window, grouped by KV head.
+    far = spec.rotate(queries[:, 20:, None, :], 300)[:, :, 0, :]  # [n_q, L', d]
+    grouped = np.asarray(far).reshape(2, -1, 16)  # query head j -> KV head j // 2
+    want_moment = np.swapaxes(grouped, 1, 2) @ grouped
+    np.testing.assert_allclose(np.asarray(data.moments[0]), want_moment, rtol=1e-3, atol=1e-3)
+    assert data.queries == 2 * 180
+
+
+def _anisotropic_model():
+    """Tiny Llama whose queries concentrate on a few rotary pairs (scaled q_proj rows)."""
+    model = tiny_model("llama", seed=1)
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        scale = np.full(16, 0.2, dtype=np.float32)
+        scale[[0, 1, 8, 9]] = 6.0  # half-split RoPE pairs (0, 8) and (1, 9)
+        rows = np.tile(scale, attn.n_heads)[:, None]
+        attn.q_proj.weight = attn.q_proj.weight * mx.array(rows)
+    mx.eval(model.parameters())
+    return model
+
+
+def test_query_aware_beats_plain_vq_on_anisotropic_queries(tokenizer):
+    model = _anisotropic_model()
+    book = calibrate(model, tokenizer, None, CONFIG, tokens=4096, chunk_len=512, heldout=0.25,
+                     compare_plain=True)  # fmt: skip
+    aware = book.metadata["heldout_score_error"]
+    plain = book.metadata["heldout_score_error_plain"]
+    assert aware < 0.8 * plain
+
+
+def test_builtin_corpus_mixes_sources_deterministically(tokenizer):
+    texts = builtin_corpus(tokenizer, seed=1, chars=60_000)
+    again = builtin_corpus(tokenizer, seed=1, chars=60_000)
+    assert texts == again
+    assert sum(map(len, texts)) >= 60_000
+    joined = "\n".join(texts)
+    assert "<|im_start|>user" in joined  # chat turns through the model's template
+    assert "def " in joined  # stdlib source
+    uuid_lines = [t for t in texts if t.count("-") >= 8 * 20]
+    assert uuid_lines
+    assert builtin_corpus(tokenizer, seed=2, chars=60_000) != texts
+
+
+def test_load_texts_reads_txt_md_and_chat_jsonl(tokenizer, tmp_path):
+    (tmp_path / "a.txt").write_text("plain text")
+    (tmp_path / "b.md").write_text("# title\n\nbody")
+    lines = [
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+        [{"role": "user", "content": "list form"}],
+        {"role": "user", "content": "one"},
+        {"role": "assistant", "content": "two"},
+        {"text": "raw"},
+    ]
+    (tmp_path / "c.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
+    texts = load_texts([tmp_path / "a.txt", tmp_path / "b.md", tmp_path / "c.jsonl"], tokenizer)
+    assert texts[:2] == ["plain text", "# title\n\nbody"]
+    assert texts[2] == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n"
+    assert "list form" in texts[3]
+    assert "one" in texts[4] and "two" in texts[4]
+    assert texts[5] == "raw"
+    (tmp_path / "bad.jsonl").write_text('{"messages": []}\n{oops\n')
+    with pytest.raises(ValueError, match="bad.jsonl line 2"):
+        load_texts([tmp_path / "bad.jsonl"], tokenizer)
+    (tmp_path / "x.pdf").write_text("")
+    with pytest.raises(ValueError, match="unsupported"):
+        load_texts([tmp_path / "x.pdf"])
+
+
+def test_bad_settings_name_the_field(tokenizer):
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="tokens"):
+        calibrate(model, tokenizer, None, CONFIG, tokens=0)
+    with pytest.raises(ValueError, match="empty"):
+        calibrate(model, tokenizer, [""], CONFIG, tokens=100)
