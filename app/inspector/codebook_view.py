@@ -1,0 +1,284 @@
+"""Codebook usage: a layer's code histogram sorted by use, and a layers x metrics table."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QCheckBox,
+    QComboBox,
+    QHeaderView,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from . import data
+from .history import Entry
+from .state import InspectorState
+from .theme import Theme
+from .widgets import (
+    LegendBar,
+    ThemedPlot,
+    combo_head,
+    combo_value,
+    controls_row,
+    head_combo,
+    select_data,
+    select_head,
+    small_label,
+    sync_head_combo,
+    sync_layer_combo,
+)
+
+COLUMNS = ("layer", "entropy", "dead", "top code")
+COLUMN_TIPS = (
+    "Model layer",
+    "Entropy of code use over the cached tokens, in bits (at most log2 of the codebook size)",
+    "Dead codes: codes no cached token uses (unavoidable while tokens < codes)",
+    "Share of the cached tokens assigned to the most used code",
+)
+
+
+class CountAxis(pg.AxisItem):
+    """Log-count axis with labels only at 1, 2 and 5 times a power of ten."""
+
+    def tickValues(self, minVal, maxVal, size):  # noqa: N802,N803 (pyqtgraph override)
+        if not self.logMode:
+            return super().tickValues(minVal, maxVal, size)
+        lo, hi = math.floor(min(minVal, maxVal)), math.ceil(max(minVal, maxVal))
+        decades = [float(k) for k in range(lo, hi + 1)]
+        steps = [math.log10(m) + k for k in range(lo, hi + 1) for m in (2, 5)]
+        show_steps = (hi - lo) <= 3
+        return [(1.0, decades), (0.5, steps if show_steps else [])]
+
+    def tickStrings(self, values, scale, spacing):  # noqa: N802 (pyqtgraph override)
+        if not self.logMode:
+            return super().tickStrings(values, scale, spacing)
+        return [_short_count(10**v) for v in values]
+
+
+def _short_count(n: float) -> str:
+    n = round(n, 6)
+    if n >= 1e6:
+        return f"{n / 1e6:g}M"
+    if n >= 1e3:
+        return f"{n / 1e3:g}k"
+    return f"{n:g}"
+
+
+class CodebookPanel(QWidget):
+    """Sorted code-use histogram of one layer plus per-layer entropy / dead codes / top share."""
+
+    redraw_requested = Signal()
+
+    def __init__(self, state: InspectorState, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.state = state
+        self._key: tuple | None = None
+        self._curves: list[pg.PlotDataItem] = []
+        self._stats: list[data.CodeStats] = []
+        self._layer_ids: list[int] = []
+        self._build()
+
+    def _build(self) -> None:
+        self.layer_combo = QComboBox()
+        self.layer_combo.setToolTip("Layer whose histogram is drawn")
+        self.layer_combo.setAccessibleName("Codebook layer")
+        self.head_combo = head_combo("All KV heads", "KV head (each has its own codebook)")
+        self.log_box = QCheckBox("log scale")
+        self.log_box.setChecked(True)
+        self.log_box.setToolTip("Logarithmic count axis")
+        self.layer_combo.currentIndexChanged.connect(self._on_choice_changed)
+        self.head_combo.currentIndexChanged.connect(self._on_choice_changed)
+        self.log_box.toggled.connect(self._on_log_toggled)
+
+        self.plot = ThemedPlot(axisItems={"left": CountAxis("left")})
+        item = self.plot.plotItem
+        item.setLabel("bottom", "code rank (most used first)")
+        item.setLabel("left", "tokens")
+        item.setLogMode(x=False, y=True)
+        item.showGrid(x=False, y=True, alpha=0.15)
+        self.plot.on_theme = self._on_theme
+        self.plot.setMinimumHeight(120)
+        self.legend = LegendBar()
+
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(list(COLUMNS))
+        for col, tip in enumerate(COLUMN_TIPS):
+            self.table.horizontalHeaderItem(col).setToolTip(tip)
+        self.table.verticalHeader().setVisible(False)
+        self.table.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 4)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.table.horizontalHeader().setMinimumSectionSize(44)
+        self.table.setMinimumWidth(230)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.setAlternatingRowColors(True)
+        self.table.cellClicked.connect(self._on_row_clicked)
+        self.table.setAccessibleName("Codebook statistics per layer")
+        self.summary = small_label("")
+
+        left = QWidget()
+        left_layout = QVBoxLayout(left)
+        left_layout.setContentsMargins(0, 0, 0, 0)
+        left_layout.addWidget(self.plot, 1)
+        left_layout.addWidget(self.legend)
+        split = QSplitter(Qt.Orientation.Horizontal)
+        split.addWidget(left)
+        split.addWidget(self.table)
+        split.setStretchFactor(0, 3)
+        split.setStretchFactor(1, 2)
+        split.setSizes([400, 260])
+        split.setChildrenCollapsible(False)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(2)
+        layout.addLayout(controls_row(self.layer_combo, self.head_combo, self.log_box))
+        layout.addWidget(split, 1)
+        layout.addWidget(self.summary)
+        self._on_theme(self.plot.theme)
+
+    # ---- settings -------------------------------------------------------------------------
+    @property
+    def layer_row(self) -> int:
+        row = combo_value(self.layer_combo)
+        return int(row) if row is not None else 0
+
+    def set_layer_row(self, row: int) -> None:
+        select_data(self.layer_combo, row)
+
+    @property
+    def head(self) -> int | None:
+        return combo_head(self.head_combo)
+
+    def set_head(self, head: int | None) -> None:
+        select_head(self.head_combo, head)
+
+    # ---- drawing --------------------------------------------------------------------------
+    def render(self) -> None:
+        entry = self.state.entry()
+        if entry is None:
+            for curve in self._curves:
+                curve.setData([], [])
+            self.table.setRowCount(0)
+            self.summary.setText("Waiting for telemetry.")
+            return
+        snap = entry.snapshot
+        sync_head_combo(self.head_combo, data.num_kv_heads(snap))
+        ids = [layer.layer for layer in snap.layers]
+        if ids != self._layer_ids:
+            self._layer_ids = ids
+            sync_layer_combo(self.layer_combo, ids)
+        key = (entry.seq, self.layer_row, self.head)
+        if key == self._key:
+            return
+        self._key = key
+        self._draw_histogram(entry)
+        self._fill_table(entry)
+
+    def _draw_histogram(self, entry: Entry) -> None:
+        layers = entry.snapshot.layers
+        row = min(self.layer_row, len(layers) - 1)
+        layer = layers[row]
+        heads = range(len(layer.code_counts)) if self.head is None else [self.head]
+        heads = [h for h in heads if h < len(layer.code_counts)]
+        self._ensure_curves(len(layer.code_counts))
+        legend = []
+        for h, curve in enumerate(self._curves):
+            if h not in heads:
+                curve.setData([], [])
+                curve.hide()
+                continue
+            counts = data.sorted_counts(layer.code_counts[h])
+            used = counts[counts > 0]
+            # step-shaped curve over used codes only (log axis cannot show zero)
+            x = np.arange(used.size + 1, dtype=float)
+            curve.setData(x, used.astype(float), stepMode="center")
+            curve.show()
+            legend.append((self._theme.head_color(h), f"KV head {h}"))
+        self.legend.set_categories(legend)
+        stats = data.layer_code_stats(layer, self.head)
+        who = "mean over KV heads" if self.head is None else f"KV head {self.head}"
+        self.summary.setText(
+            f"layer {layer.layer} ({who}): {stats.tokens} tokens on {stats.used} of "
+            f"{stats.n_codes} codes \u00b7 entropy {stats.entropy_bits:.2f} of "
+            f"{stats.max_bits:.1f} bits \u00b7 {stats.dead} dead \u00b7 top code "
+            f"{100 * stats.top_share:.1f}%"
+        )
+
+    def _ensure_curves(self, heads: int) -> None:
+        while len(self._curves) < heads:
+            h = len(self._curves)
+            curve = pg.PlotDataItem(stepMode="center")
+            self._style_curve(curve, h)
+            self.plot.plotItem.addItem(curve)
+            self._curves.append(curve)
+
+    def _style_curve(self, curve: pg.PlotDataItem, head: int) -> None:
+        colour = QColor(self._theme.head_color(head))
+        curve.setPen(pg.mkPen(colour, width=1.6))
+        fill = QColor(colour)
+        fill.setAlpha(40)
+        curve.setBrush(fill)
+        curve.setFillLevel(0)
+
+    def _fill_table(self, entry: Entry) -> None:
+        layers = entry.snapshot.layers
+        self._stats = [data.layer_code_stats(layer, self.head) for layer in layers]
+        if self.table.rowCount() != len(layers):
+            self.table.setRowCount(len(layers))
+        for row, (layer, st) in enumerate(zip(layers, self._stats, strict=True)):
+            values = (
+                str(layer.layer),
+                f"{st.entropy_bits:.2f}",
+                f"{st.dead}",
+                f"{100 * st.top_share:.1f}%",
+            )
+            for col, text in enumerate(values):
+                item = self.table.item(row, col)
+                if item is None:
+                    item = QTableWidgetItem()
+                    item.setTextAlignment(Qt.AlignmentFlag.AlignCenter)
+                    self.table.setItem(row, col, item)
+                item.setText(text)
+        self.table.blockSignals(True)
+        self.table.selectRow(min(self.layer_row, len(layers) - 1))
+        self.table.blockSignals(False)
+
+    def table_stats(self) -> list[data.CodeStats]:
+        """Per-layer statistics currently shown in the table (row order)."""
+        return list(self._stats)
+
+    def curve_data(self, head: int) -> np.ndarray:
+        """The sorted counts drawn for one head (empty when hidden)."""
+        if head >= len(self._curves):
+            return np.zeros(0)
+        y = self._curves[head].yData
+        return np.zeros(0) if y is None else np.asarray(y)
+
+    # ---- events ---------------------------------------------------------------------------
+    def _on_theme(self, theme: Theme) -> None:
+        self._theme = theme
+        for h, curve in enumerate(self._curves):
+            self._style_curve(curve, h)
+        self._key = None
+
+    def _on_choice_changed(self, _index: int) -> None:
+        self._key = None
+        self.redraw_requested.emit()
+
+    def _on_log_toggled(self, on: bool) -> None:
+        self.plot.plotItem.setLogMode(x=False, y=on)
+
+    def _on_row_clicked(self, row: int, _col: int) -> None:
+        self.set_layer_row(row)

@@ -1,0 +1,254 @@
+"""Qt-free numbers behind the inspector panels: category maps, code-use statistics, memory.
+
+Everything here is plain numpy over `CacheSnapshot` / `LayerStats` records, so it can be tested
+without a display and reused by scripts. Shapes: L = layers in the snapshot, W = positions
+(the snapshot's offset), H = KV heads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from a2ats_engine.telemetry import CacheSnapshot, LayerStats
+
+# Category codes of the retrieval map, ordered by drawing priority: when several positions share
+# one screen column, the highest code wins, so a lone retrieved token stays visible.
+EMPTY = 0  # beyond the layer's offset
+FAR = 1  # far token not retrieved at this step
+WINDOW = 2  # exact-RoPE window (or every token of an exact step)
+SINK = 3  # leading sink tokens
+RETRIEVED = 4  # far token retrieved by the selected head(s)
+CURRENT = 5  # the token this step consumed
+CATEGORY_NAMES = {
+    FAR: "far (not retrieved)",
+    WINDOW: "exact window",
+    SINK: "sinks",
+    RETRIEVED: "retrieved",
+    CURRENT: "current token",
+}
+
+ALL_HEADS = None  # head selector value meaning "union over the KV heads"
+
+
+def num_kv_heads(snapshot: CacheSnapshot) -> int:
+    """Largest KV head count over the snapshot's layers (0 for an empty snapshot)."""
+    return max((len(layer.selected) for layer in snapshot.layers), default=0)
+
+
+def retrieved_positions(layer: LayerStats, head: int | None = ALL_HEADS) -> np.ndarray:
+    """Far positions one KV head retrieved, or the union over heads (head None).
+
+    Returns int64 [n], sorted, unique. A head index beyond the layer's heads gives [0], and so
+    does an exact step (nothing was dropped, so nothing was retrieved).
+    """
+    if layer.exact:
+        return np.zeros(0, dtype=np.int64)
+    if head is None:
+        parts = layer.retrieved
+        if not parts:
+            return np.zeros(0, dtype=np.int64)
+        return np.unique(np.concatenate(parts).astype(np.int64, copy=False))
+    if head >= len(layer.selected):
+        return np.zeros(0, dtype=np.int64)
+    return np.asarray(layer.retrieved[head], dtype=np.int64)
+
+
+def category_row(layer: LayerStats, width: int, head: int | None = ALL_HEADS) -> np.ndarray:
+    """One map row: uint8 [width] of category codes for positions 0..width-1 of this layer."""
+    row = np.full(width, EMPTY, dtype=np.uint8)
+    end = min(layer.offset, width)
+    if end <= 0:
+        return row
+    row[:end] = FAR
+    window_start = max(0, min(layer.window_start, end))
+    if layer.exact:
+        row[:end] = WINDOW  # nothing was dropped: every token took part exactly
+    else:
+        row[window_start:end] = WINDOW
+        picked = retrieved_positions(layer, head)
+        row[picked[picked < end]] = RETRIEVED
+    row[: min(layer.sinks, end)] = SINK
+    row[end - 1] = CURRENT
+    return row
+
+
+def category_image(snapshot: CacheSnapshot, head: int | None = ALL_HEADS) -> np.ndarray:
+    """The retrieval map of one step: uint8 [L, W] (W = the largest layer offset)."""
+    width = max((layer.offset for layer in snapshot.layers), default=0)
+    image = np.zeros((len(snapshot.layers), width), dtype=np.uint8)
+    for i, layer in enumerate(snapshot.layers):
+        image[i] = category_row(layer, width, head)
+    return image
+
+
+def max_pool_columns(image: np.ndarray, factor: int) -> np.ndarray:
+    """Max over groups of `factor` adjacent columns: [L, W] -> [L, ceil(W / factor)].
+
+    Used to draw wide maps at screen resolution without losing sparse columns.
+    """
+    if factor <= 1 or image.shape[1] == 0:
+        return image
+    rows, width = image.shape
+    padded_width = -(-width // factor) * factor
+    if padded_width != width:
+        pad = np.zeros((rows, padded_width - width), dtype=image.dtype)
+        image = np.concatenate([image, pad], axis=1)
+    return image.reshape(rows, padded_width // factor, factor).max(axis=2)
+
+
+def highlight_positions(
+    snapshot: CacheSnapshot, layer_index: int | None, head: int | None = ALL_HEADS
+) -> list[int]:
+    """Retrieved positions for the transcript: one layer (row index) or all layers (None)."""
+    if layer_index is not None:
+        if not 0 <= layer_index < len(snapshot.layers):
+            return []
+        return retrieved_positions(snapshot.layers[layer_index], head).tolist()
+    parts = [retrieved_positions(layer, head) for layer in snapshot.layers]
+    if not parts:
+        return []
+    return np.unique(np.concatenate(parts)).tolist()
+
+
+def heads_retrieving(layer: LayerStats, position: int) -> list[int]:
+    """KV heads of a layer whose retrieved set contains `position`."""
+    heads = []
+    for h, positions in enumerate(layer.retrieved):
+        i = np.searchsorted(positions, position)
+        if i < len(positions) and positions[i] == position:
+            heads.append(h)
+    return heads
+
+
+def category_at(layer: LayerStats, position: int, head: int | None = ALL_HEADS) -> int:
+    """Category code of one position of one layer (same rules as `category_row`)."""
+    if position < 0 or position >= layer.offset:
+        return EMPTY
+    if position == layer.offset - 1:
+        return CURRENT
+    if position < layer.sinks:
+        return SINK
+    if layer.exact or position >= layer.window_start:
+        return WINDOW
+    heads = heads_retrieving(layer, position)
+    hit = bool(heads) if head is None else head in heads
+    return RETRIEVED if hit else FAR
+
+
+@dataclass(frozen=True)
+class CodeStats:
+    """Summary of one code histogram.
+
+    entropy_bits: Shannon entropy of code use; max_bits: log2(n_codes); dead: codes never used;
+    top_share: fraction of tokens on the most used code; tokens: histogram total.
+    """
+
+    entropy_bits: float
+    max_bits: float
+    dead: int
+    n_codes: int
+    top_share: float
+    tokens: int
+
+    @property
+    def used(self) -> int:
+        return self.n_codes - self.dead
+
+
+def code_stats(counts: np.ndarray) -> CodeStats:
+    """Entropy, dead codes and top-code share of one histogram int [n_codes]."""
+    counts = np.asarray(counts, dtype=np.float64)
+    total = float(counts.sum())
+    n_codes = int(counts.size)
+    dead = int(np.count_nonzero(counts == 0))
+    max_bits = float(np.log2(n_codes)) if n_codes > 0 else 0.0
+    if total <= 0:
+        return CodeStats(0.0, max_bits, dead, n_codes, 0.0, 0)
+    p = counts[counts > 0] / total
+    entropy = float(-(p * np.log2(p)).sum())
+    return CodeStats(entropy, max_bits, dead, n_codes, float(counts.max() / total), int(total))
+
+
+def mean_code_stats(stats: list[CodeStats]) -> CodeStats:
+    """Mean of per-head statistics (heads have their own codebooks, so counts are not pooled)."""
+    if not stats:
+        return CodeStats(0.0, 0.0, 0, 0, 0.0, 0)
+    return CodeStats(
+        entropy_bits=float(np.mean([s.entropy_bits for s in stats])),
+        max_bits=float(np.mean([s.max_bits for s in stats])),
+        dead=round(float(np.mean([s.dead for s in stats]))),
+        n_codes=round(float(np.mean([s.n_codes for s in stats]))),
+        top_share=float(np.mean([s.top_share for s in stats])),
+        tokens=round(float(np.mean([s.tokens for s in stats]))),
+    )
+
+
+def layer_code_stats(layer: LayerStats, head: int | None = ALL_HEADS) -> CodeStats:
+    """One layer's code statistics for one KV head, or the mean over heads (head None)."""
+    if head is not None:
+        if head >= len(layer.code_counts):
+            return CodeStats(0.0, 0.0, 0, 0, 0.0, 0)
+        return code_stats(layer.code_counts[head])
+    return mean_code_stats([code_stats(c) for c in layer.code_counts])
+
+
+def sorted_counts(counts: np.ndarray) -> np.ndarray:
+    """Histogram sorted by use, most used code first: int64 [n_codes]."""
+    return np.sort(np.asarray(counts, dtype=np.int64))[::-1]
+
+
+@dataclass(frozen=True)
+class MemorySummary:
+    """Bytes of one step: per layer held / fp16 [L], totals, ratio and bytes saved."""
+
+    held: np.ndarray
+    fp16: np.ndarray
+
+    @property
+    def total_held(self) -> int:
+        return int(self.held.sum())
+
+    @property
+    def total_fp16(self) -> int:
+        return int(self.fp16.sum())
+
+    @property
+    def ratio(self) -> float:
+        """fp16 bytes / held bytes (how many times smaller the cache is); 0 when empty."""
+        return self.total_fp16 / self.total_held if self.total_held > 0 else 0.0
+
+    @property
+    def saved(self) -> int:
+        return self.total_fp16 - self.total_held
+
+
+def memory_summary(snapshot: CacheSnapshot) -> MemorySummary:
+    """Per-layer bytes held and fp16 bytes of one snapshot."""
+    held = np.array([layer.bytes_held for layer in snapshot.layers], dtype=np.int64)
+    fp16 = np.array([layer.bytes_fp16 for layer in snapshot.layers], dtype=np.int64)
+    return MemorySummary(held, fp16)
+
+
+def recall_value(layer: LayerStats, head: int | None = ALL_HEADS) -> float:
+    """Recall of one layer: one head's, or the mean over heads; NaN when not measured."""
+    if not layer.recall:
+        return float("nan")
+    if head is None:
+        return float(np.mean(layer.recall))
+    return float(layer.recall[head]) if head < len(layer.recall) else float("nan")
+
+
+def recall_matrix(snapshots: list[CacheSnapshot], head: int | None = ALL_HEADS) -> np.ndarray:
+    """Fidelity strip: float32 [L, n_steps], NaN where a step has no recall measurement."""
+    rows = max((len(s.layers) for s in snapshots), default=0)
+    out = np.full((rows, len(snapshots)), np.nan, dtype=np.float32)
+    for j, snap in enumerate(snapshots):
+        for i, layer in enumerate(snap.layers):
+            out[i, j] = recall_value(layer, head)
+    return out
+
+
+def has_recall(snapshot: CacheSnapshot) -> bool:
+    return any(layer.recall for layer in snapshot.layers)

@@ -1,0 +1,225 @@
+"""Fidelity: a layers x steps heat strip of the attention mass the selection recalled.
+
+Recall comes from the optional shadow exact-attention pass (every k-th step). Without it the
+panel explains how to turn it on instead of drawing an empty plot.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QRectF, Qt, Signal
+from PySide6.QtWidgets import QLabel, QStackedWidget, QVBoxLayout, QWidget
+
+from . import data
+from .history import Entry
+from .retrieval_map import LayerAxis
+from .state import InspectorState
+from .theme import Theme, fraction_to_index
+from .widgets import (
+    LegendBar,
+    ThemedPlot,
+    combo_head,
+    controls_row,
+    head_combo,
+    small_label,
+    sync_head_combo,
+)
+
+OFF_HINT = (
+    "Fidelity is off. Enable the fidelity shadow pass in Settings to measure, every few steps, "
+    "how much of the exact attention mass each layer's selection recalls (it costs an exact "
+    "attention pass on those steps)."
+)
+
+
+class StepAxis(pg.AxisItem):
+    """Bottom axis of the strip: column index -> decode step number."""
+
+    def __init__(self) -> None:
+        super().__init__("bottom")
+        self.steps: list[int] = []
+
+    def tickStrings(self, values, scale, spacing):  # noqa: N802 (pyqtgraph override)
+        out = []
+        for v in values:
+            col = math.floor(v)
+            out.append(str(self.steps[col]) if 0 <= col < len(self.steps) else "")
+        return out
+
+
+class FidelityPanel(QWidget):
+    """Recall heat strip (layers x measured steps), its colour scale and the measured cost."""
+
+    redraw_requested = Signal()
+
+    def __init__(self, state: InspectorState, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.state = state
+        self._key: tuple | None = None
+        self.matrix = np.zeros((0, 0), dtype=np.float32)  # [L, measured steps] as drawn
+        self._entries: list[Entry] = []
+        self._build()
+
+    def _build(self) -> None:
+        self.head_combo = head_combo("Mean over KV heads", "KV head whose recall is shown")
+        self.head_combo.currentIndexChanged.connect(self._on_choice_changed)
+        self.hint = QLabel(OFF_HINT)
+        self.hint.setWordWrap(True)
+        self.hint.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.hint.setMargin(12)
+
+        self.layer_axis = LayerAxis()
+        self.step_axis = StepAxis()
+        self.plot = ThemedPlot(axisItems={"left": self.layer_axis, "bottom": self.step_axis})
+        item = self.plot.plotItem
+        item.setLabel("bottom", "decode step (measured steps)")
+        item.setLabel("left", "layer")
+        item.invertY(True)
+        item.setMouseEnabled(x=False, y=False)
+        item.vb.setDefaultPadding(0.0)
+        self.image = pg.ImageItem(axisOrder="row-major")
+        item.addItem(self.image)
+        self.marker = pg.InfiniteLine(angle=90, movable=False)
+        item.addItem(self.marker)
+        self.plot.on_theme = self._on_theme
+        self.plot.setMinimumHeight(90)
+        self.plot.scene().sigMouseMoved.connect(self._on_mouse_moved)
+        self.legend = LegendBar()
+        self.info = small_label("")
+
+        strip = QWidget()
+        strip_layout = QVBoxLayout(strip)
+        strip_layout.setContentsMargins(0, 0, 0, 0)
+        strip_layout.setSpacing(2)
+        strip_layout.addLayout(controls_row(self.head_combo))
+        strip_layout.addWidget(self.plot, 1)
+        strip_layout.addWidget(self.legend)
+        strip_layout.addWidget(self.info)
+        self.stack = QStackedWidget()
+        self.stack.addWidget(self.hint)
+        self.stack.addWidget(strip)
+        self.cost = small_label("")
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(2)
+        layout.addWidget(self.stack, 1)
+        layout.addWidget(self.cost)
+        self._on_theme(self.plot.theme)
+
+    @property
+    def head(self) -> int | None:
+        return combo_head(self.head_combo)
+
+    @property
+    def showing_strip(self) -> bool:
+        return self.stack.currentIndex() == 1
+
+    def render(self) -> None:
+        entry = self.state.entry()
+        measured = [e for e in self.state.ring.entries() if data.has_recall(e.snapshot)]
+        self.cost.setText(self.cost_text())
+        if entry is None or not measured:
+            self.stack.setCurrentIndex(0)
+            self.hint.setText(
+                OFF_HINT
+                if not self.state.fidelity.enabled
+                else "Fidelity is on: the first measured step will appear here."
+            )
+            self._key = None
+            return
+        self.stack.setCurrentIndex(1)
+        key = (entry.seq, measured[0].seq, measured[-1].seq, self.head)
+        if key == self._key:
+            return
+        self._key = key
+        sync_head_combo(self.head_combo, data.num_kv_heads(entry.snapshot))
+        self._entries = measured
+        self.matrix = data.recall_matrix([e.snapshot for e in measured], self.head)
+        rows, cols = self.matrix.shape
+        self.layer_axis.layer_ids = [layer.layer for layer in measured[-1].snapshot.layers]
+        self.step_axis.steps = [e.snapshot.step for e in measured]
+        self.layer_axis.picture = None
+        self.step_axis.picture = None
+        low = self._low_level()
+        scaled = (self.matrix - low) / (1.0 - low)
+        # recall exactly at the low end must stay visible (index 0 means "not measured")
+        scaled = np.where(np.isnan(self.matrix), np.nan, np.clip(scaled, 1e-6, 1.0))
+        self.image.setImage(fraction_to_index(scaled), autoLevels=False, levels=(0, 256))
+        self.image.setRect(QRectF(0, 0, cols, rows))
+        self.plot.plotItem.setXRange(0, cols, padding=0)
+        self.plot.plotItem.setYRange(0, rows, padding=0)
+        viewed = [i for i, e in enumerate(measured) if e.seq <= entry.seq]
+        self.marker.setValue((viewed[-1] + 0.5) if viewed else 0.0)
+        self.marker.setVisible(bool(viewed))
+        self.legend.set_gradient(
+            self._lut,
+            f"recall {low:.2f}",
+            "1.00",
+            none=(self._theme.categories[data.FAR], "not measured"),
+        )
+        measured_upto = [e for e in measured if e.seq <= entry.seq]
+        self.info.setText(self.step_text(measured_upto[-1] if measured_upto else entry, entry))
+
+    def _low_level(self) -> float:
+        """Lower end of the colour scale: the lowest recall rounded down to 0.1 (at most 0.9)."""
+        finite = self.matrix[np.isfinite(self.matrix)]
+        lowest = float(finite.min()) if finite.size else 1.0
+        return max(0.0, min(0.9, math.floor(lowest * 10) / 10))
+
+    def step_text(self, measured: Entry, viewed: Entry) -> str:
+        """Summary of the latest measured step at or before the viewed one."""
+        layers = measured.snapshot.layers
+        values = np.array([data.recall_value(layer, self.head) for layer in layers])
+        if not np.isfinite(values).any():
+            return f"step {viewed.snapshot.step}: no measured step yet"
+        worst = int(np.nanargmin(values))
+        which = f"step {measured.snapshot.step}"
+        if measured.seq != viewed.seq:
+            which += " (latest measured)"
+        return (
+            f"{which}: mean recall {np.nanmean(values):.3f} \u00b7 lowest layer "
+            f"{layers[worst].layer} ({values[worst]:.3f}) \u00b7 highest "
+            f"{np.nanmax(values):.3f}"
+        )
+
+    def cost_text(self) -> str:
+        info = self.state.fidelity
+        parts = []
+        if info.every:
+            parts.append(f"shadow pass every {info.every} steps")
+        if info.cost_ms is not None:
+            parts.append(f"{info.cost_ms:.1f} ms per measured step")
+        if info.overhead is not None:
+            parts.append(f"measured slowdown {100 * info.overhead:.1f}% tokens/s")
+        return ("Cost: " + ", ".join(parts)) if parts else ""
+
+    def _on_mouse_moved(self, scene_pos) -> None:
+        vb = self.plot.plotItem.vb
+        if not vb.sceneBoundingRect().contains(scene_pos) or self.matrix.size == 0:
+            return
+        p = vb.mapSceneToView(scene_pos)
+        row, col = math.floor(p.y()), math.floor(p.x())
+        rows, cols = self.matrix.shape
+        if not (0 <= row < rows and 0 <= col < cols):
+            return
+        layer = self._entries[col].snapshot.layers[row]
+        per_head = ", ".join(f"{r:.3f}" for r in (layer.recall or ()))
+        self.info.setText(
+            f"layer {layer.layer} \u00b7 step {self._entries[col].snapshot.step} \u00b7 recall "
+            f"{self.matrix[row, col]:.3f} (per KV head: {per_head})"
+        )
+
+    def _on_theme(self, theme: Theme) -> None:
+        self._theme = theme
+        self._lut = theme.sequential_lut()
+        self.image.setLookupTable(self._lut)
+        self.marker.setPen(pg.mkPen(theme.marker, width=1.5))
+        self._key = None
+
+    def _on_choice_changed(self, _index: int) -> None:
+        self._key = None
+        self.redraw_requested.emit()

@@ -1,0 +1,137 @@
+"""Memory saved: per-layer bytes held vs an fp16 full cache, totals, and a line over the reply."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QHBoxLayout, QVBoxLayout, QWidget
+
+from . import data
+from .state import InspectorState
+from .theme import Theme
+from .widgets import LegendBar, ThemedPlot, small_label
+
+MB = 1024 * 1024
+
+
+def format_bytes(n: float) -> str:
+    """Human-readable bytes (binary units)."""
+    for unit, size in (("GB", 1024**3), ("MB", MB), ("KB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+class MemoryPanel(QWidget):
+    """Bars per layer (held vs fp16) and the reply's totals per step, with a summary line."""
+
+    redraw_requested = Signal()
+
+    def __init__(self, state: InspectorState, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.state = state
+        self._key: tuple | None = None
+        self.last_summary: data.MemorySummary | None = None
+        self._build()
+
+    def _build(self) -> None:
+        self.bars_plot = ThemedPlot()
+        bars = self.bars_plot.plotItem
+        bars.setLabel("bottom", "layer")
+        bars.setLabel("left", "MB")
+        bars.showGrid(x=False, y=True, alpha=0.15)
+        bars.setMouseEnabled(x=False, y=False)
+        self.fp16_bars = pg.BarGraphItem(x=[], height=[], width=0.42)
+        self.held_bars = pg.BarGraphItem(x=[], height=[], width=0.42)
+        bars.addItem(self.fp16_bars)
+        bars.addItem(self.held_bars)
+
+        self.line_plot = ThemedPlot()
+        line = self.line_plot.plotItem
+        line.setLabel("bottom", "decode step (this reply)")
+        line.setLabel("left", "MB, all layers")
+        line.showGrid(x=True, y=True, alpha=0.15)
+        self.fp16_line = pg.PlotDataItem()
+        self.held_line = pg.PlotDataItem()
+        self.step_marker = pg.InfiniteLine(angle=90, movable=False)
+        line.addItem(self.fp16_line)
+        line.addItem(self.held_line)
+        line.addItem(self.step_marker)
+        for plot in (self.bars_plot, self.line_plot):
+            plot.on_theme = self._on_theme
+            plot.setMinimumHeight(110)
+
+        self.legend = LegendBar()
+        self.summary = small_label("")
+        font = self.summary.font()
+        font.setBold(True)
+        self.summary.setFont(font)
+
+        plots = QHBoxLayout()
+        plots.setSpacing(4)
+        plots.addWidget(self.bars_plot, 3)
+        plots.addWidget(self.line_plot, 2)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(2)
+        layout.addWidget(self.summary)
+        layout.addLayout(plots, 1)
+        layout.addWidget(self.legend)
+        self._on_theme(self.bars_plot.theme)
+
+    def render(self) -> None:
+        entry = self.state.entry()
+        if entry is None:
+            self.fp16_bars.setOpts(x=[], height=[])
+            self.held_bars.setOpts(x=[], height=[])
+            self.fp16_line.setData([], [])
+            self.held_line.setData([], [])
+            self.summary.setText("Waiting for telemetry.")
+            return
+        series = self.state.ring.byte_series(entry.reply)
+        key = (entry.seq, len(series))
+        if key == self._key:
+            return
+        self._key = key
+        summary = data.memory_summary(entry.snapshot)
+        self.last_summary = summary
+        x = np.arange(len(summary.held), dtype=float)
+        self.fp16_bars.setOpts(x=x - 0.22, height=summary.fp16 / MB)
+        self.held_bars.setOpts(x=x + 0.22, height=summary.held / MB)
+        ids = [layer.layer for layer in entry.snapshot.layers]
+        ticks = [(i, str(lid)) for i, lid in enumerate(ids) if i % max(1, len(ids) // 10) == 0]
+        self.bars_plot.plotItem.getAxis("bottom").setTicks([ticks])
+        self.bars_plot.plotItem.setXRange(-0.6, max(len(ids) - 0.4, 0.4), padding=0)
+        self.bars_plot.plotItem.setYRange(0, max(float(summary.fp16.max(initial=0)) / MB, 1e-6))
+
+        steps, held, fp16 = series.arrays()
+        self.fp16_line.setData(steps.astype(float), fp16 / MB)
+        self.held_line.setData(steps.astype(float), held / MB)
+        self.step_marker.setValue(entry.snapshot.step)
+        top = float(max(fp16.max(initial=0), held.max(initial=0))) / MB
+        self.line_plot.plotItem.setYRange(0, max(top, 1e-6) * 1.05, padding=0)
+        self.summary.setText(self.summary_text(summary))
+
+    @staticmethod
+    def summary_text(summary: data.MemorySummary) -> str:
+        if summary.total_held <= 0:
+            return "No cache bytes reported yet."
+        saved_pct = 100.0 * summary.saved / summary.total_fp16 if summary.total_fp16 else 0.0
+        return (
+            f"holding {format_bytes(summary.total_held)} vs {format_bytes(summary.total_fp16)} "
+            f"for an fp16 full cache \u00b7 {summary.ratio:.2f}\u00d7 smaller \u00b7 "
+            f"{summary.saved / MB:.1f} MB saved ({saved_pct:.0f}%)"
+        )
+
+    def _on_theme(self, theme: Theme) -> None:
+        self._theme = theme
+        self.fp16_bars.setOpts(brush=theme.fp16, pen=pg.mkPen(None))
+        self.held_bars.setOpts(brush=theme.held, pen=pg.mkPen(None))
+        self.fp16_line.setPen(pg.mkPen(theme.fp16, width=2, style=Qt.PenStyle.DashLine))
+        self.held_line.setPen(pg.mkPen(theme.held, width=2))
+        self.step_marker.setPen(pg.mkPen(theme.marker, width=1))
+        self.legend.set_categories(
+            [(theme.held, "held (A2ATS: K/V + codes)"), (theme.fp16, "fp16 full cache")]
+        )
+        self._key = None

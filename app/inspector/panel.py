@@ -1,0 +1,244 @@
+"""InspectorPanel: the live cache inspector docked beside the chat.
+
+Contract with the app (DESIGN.md section 5): snapshots arrive on the GUI thread through
+`on_snapshot` after every decode step. Taking one is O(layers): it is appended to a bounded ring
+and a throttled single-shot timer is started; panels redraw from the viewed snapshot at most
+`redraw_hz` times a second, only while visible, creating their plot items once and calling
+`setData` / `setImage`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal, Slot
+from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
+
+from a2ats_engine.telemetry import CacheSnapshot
+
+from . import export
+from .codebook_view import CodebookPanel
+from .fidelity_view import FidelityPanel
+from .history import DEFAULT_CAPACITY
+from .memory_view import MemoryPanel
+from .retrieval_map import RetrievalMapPanel
+from .scrubber import StepScrubber
+from .state import FidelityInfo, InspectorState
+from .widgets import Section
+
+DEFAULT_REDRAW_HZ = 12.0
+SECTION_TITLES = {
+    "map": "Window & retrieval map",
+    "codebook": "Codebook usage",
+    "memory": "Memory saved",
+    "fidelity": "Fidelity",
+}
+SECTION_STRETCH = {"map": 40, "codebook": 24, "memory": 22, "fidelity": 14}
+
+
+class InspectorPanel(QWidget):
+    """All inspector panels, a step scrubber, and telemetry / PNG export.
+
+    Signals:
+        highlight_requested(list[int]): context positions to highlight in the chat (the
+            retrieved tokens of the chosen layer or of all layers at the viewed step; [] = none).
+        scroll_requested(int): a context position clicked in the retrieval map.
+    """
+
+    highlight_requested = Signal(object)
+    scroll_requested = Signal(int)
+
+    def __init__(
+        self,
+        parent: QWidget | None = None,
+        *,
+        history_size: int = DEFAULT_CAPACITY,
+        redraw_hz: float = DEFAULT_REDRAW_HZ,
+    ) -> None:
+        super().__init__(parent)
+        if not 0.5 <= redraw_hz <= 60:
+            raise ValueError(f"redraw_hz={redraw_hz!r} is out of range: must be in [0.5, 60]")
+        self.state = InspectorState()
+        self.state.ring.set_capacity(history_size)
+        self._last_highlight: list[int] | None = None
+        self._generating = False
+        self.redraw_count = 0
+
+        self.scrubber = StepScrubber(self.state)
+        self.scrubber.seq_chosen.connect(self.select_step)
+        self.map_panel = RetrievalMapPanel(self.state)
+        self.codebook_panel = CodebookPanel(self.state)
+        self.memory_panel = MemoryPanel(self.state)
+        self.fidelity_panel = FidelityPanel(self.state)
+        self.map_panel.scroll_requested.connect(self.scroll_requested)
+        self.map_panel.highlight_changed.connect(self._emit_highlight)
+        bodies = {
+            "map": self.map_panel,
+            "codebook": self.codebook_panel,
+            "memory": self.memory_panel,
+            "fidelity": self.fidelity_panel,
+        }
+        self.splitter = QSplitter(Qt.Orientation.Vertical)
+        self.splitter.setChildrenCollapsible(True)
+        self.sections: dict[str, Section] = {}
+        for key, body in bodies.items():
+            section = Section(key, SECTION_TITLES[key], body)
+            section.png_requested.connect(lambda k=key: self._save_png_dialog(k))
+            section.detached_changed.connect(lambda _d: self._schedule())
+            body.redraw_requested.connect(self._schedule)
+            body.installEventFilter(self)
+            self.splitter.addWidget(section)
+            self.sections[key] = section
+        total = sum(SECTION_STRETCH.values())
+        self.splitter.setSizes([int(900 * SECTION_STRETCH[k] / total) for k in self.sections])
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(0)
+        layout.addWidget(self.scrubber)
+        layout.addWidget(self.splitter, 1)
+
+        self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.setInterval(max(1, round(1000 / redraw_hz)))
+        self._timer.timeout.connect(self._redraw)
+        self.setMinimumWidth(360)
+        self._redraw()
+
+    # ---- slots the app connects ----------------------------------------------------------
+    @Slot(object)
+    def on_snapshot(self, snapshot: CacheSnapshot) -> None:
+        """Take one decode step's snapshot (GUI thread; O(layers), drawing is deferred)."""
+        self.state.ring.append(snapshot)
+        self._schedule()
+
+    @Slot()
+    def on_generation_started(self) -> None:
+        """A new reply starts: frequencies and the byte line restart, the view goes live."""
+        self.state.ring.new_reply()
+        self.state.viewed_seq = None
+        self._generating = True
+        self._schedule()
+
+    @Slot()
+    def on_generation_finished(self) -> None:
+        self._generating = False
+        self._schedule()
+
+    @Slot(list)
+    def set_context_tokens(self, token_texts: list[str]) -> None:
+        """Decoded text of every context position (hover text and the map's zoomed-in axis)."""
+        self.state.tokens = list(token_texts)
+        axis = self.map_panel.plot.plotItem.getAxis("bottom")
+        axis.picture = None
+        axis.update()
+
+    def set_history_size(self, size: int) -> None:
+        """How many recent snapshots the scrubber keeps (>= 1)."""
+        self.state.ring.set_capacity(size)
+        self._schedule()
+
+    def set_fidelity_info(
+        self,
+        enabled: bool,
+        every: int | None = None,
+        cost_ms: float | None = None,
+        overhead: float | None = None,
+    ) -> None:
+        """Tell the fidelity panel whether the shadow pass is on and what it measured to cost."""
+        self.state.fidelity = FidelityInfo(enabled, every, cost_ms, overhead)
+        self._schedule()
+
+    def clear(self) -> None:
+        """Forget every kept snapshot (for a new conversation or a rebuilt cache)."""
+        self.state.ring.clear()
+        self.state.frequency.reset()
+        self.state.viewed_seq = None
+        self._schedule()
+
+    # ---- scrubbing -----------------------------------------------------------------------
+    @Slot(object)
+    def select_step(self, seq: int | None) -> None:
+        """View the kept snapshot with sequence number `seq`; None = live (follow the newest)."""
+        self.state.viewed_seq = seq
+        self._schedule()
+
+    def viewed_snapshot(self) -> CacheSnapshot | None:
+        entry = self.state.entry()
+        return entry.snapshot if entry is not None else None
+
+    # ---- export ----------------------------------------------------------------------------
+    def export_telemetry(
+        self, path: str | Path, meta: dict[str, Any] | None = None, *, histograms: str = "delta"
+    ) -> Path:
+        """Write every kept step (every layer) as telemetry JSON; see `app.inspector.export`."""
+        entries = self.state.ring.entries()
+        info = {"context_tokens": list(self.state.tokens), **(meta or {})}
+        return export.export_telemetry(
+            path,
+            [e.snapshot for e in entries],
+            replies=[e.reply for e in entries],
+            meta=info,
+            histograms=histograms,
+        )
+
+    def export_pngs(self, folder: str | Path) -> list[Path]:
+        """Save each panel as `<key>.png` and the whole inspector as `inspector.png`."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.flush(force=True)
+        paths = [section.save_png(folder / f"{key}.png") for key, section in self.sections.items()]
+        whole = folder / "inspector.png"
+        if not self.grab().save(str(whole), "PNG"):
+            raise OSError(f"could not write PNG {whole}")
+        return [*paths, whole]
+
+    def export_panel_png(self, key: str, path: str | Path) -> Path:
+        """Save one panel ("map", "codebook", "memory", "fidelity") as a PNG."""
+        if key not in self.sections:
+            raise ValueError(f"panel={key!r} is not one of {sorted(self.sections)}")
+        self.flush(force=True)
+        return self.sections[key].save_png(path)
+
+    def _save_png_dialog(self, key: str) -> None:
+        from PySide6.QtWidgets import QFileDialog, QMessageBox
+
+        path, _ = QFileDialog.getSaveFileName(
+            self, f"Save {SECTION_TITLES[key]} as PNG", f"a2ats-{key}.png", "PNG images (*.png)"
+        )
+        if path:
+            try:
+                self.export_panel_png(key, path)
+            except OSError as exc:
+                QMessageBox.warning(self, "Save PNG", str(exc))
+
+    # ---- redraw ----------------------------------------------------------------------------
+    def flush(self, force: bool = False) -> None:
+        """Redraw now instead of on the timer; `force` also draws hidden panels."""
+        self._timer.stop()
+        self._redraw(force=force)
+
+    def _schedule(self) -> None:
+        if not self._timer.isActive():
+            self._timer.start()
+
+    def _redraw(self, force: bool = False) -> None:
+        self.redraw_count += 1
+        for section in self.sections.values():
+            body = section.body
+            if force or (body.isVisible() and body.width() > 0 and body.height() > 0):
+                body.render()
+        self.scrubber.refresh()
+        self._emit_highlight()
+
+    def _emit_highlight(self) -> None:
+        positions = self.map_panel.highlight_for(self.state.entry())
+        if positions != self._last_highlight:
+            self._last_highlight = positions
+            self.highlight_requested.emit(positions)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 (Qt override)
+        if event.type() in (QEvent.Type.Show, QEvent.Type.Resize):
+            self._schedule()
+        return super().eventFilter(watched, event)

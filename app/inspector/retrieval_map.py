@@ -1,0 +1,446 @@
+"""Window & retrieval map: layers x context positions of one decode step (or the reply so far).
+
+Current-step mode colours every position by category (sinks, far, retrieved, window, current
+token); frequency mode colours it by how often it was retrieved over the reply. Wide contexts are
+drawn at screen resolution by max-pooling columns (categories are ordered by priority), so a
+single retrieved token never disappears between pixels.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QRectF, Qt, Signal
+from PySide6.QtWidgets import QComboBox, QLabel, QToolButton, QVBoxLayout, QWidget
+
+from . import data
+from .history import Entry
+from .state import InspectorState, printable_token
+from .theme import Theme, fraction_to_index
+from .widgets import (
+    LegendBar,
+    ThemedPlot,
+    combo_head,
+    combo_value,
+    controls_row,
+    head_combo,
+    select_data,
+    select_head,
+    small_label,
+    sync_head_combo,
+    sync_layer_combo,
+)
+
+MODE_STEP = "step"
+MODE_FREQUENCY = "frequency"
+HIGHLIGHT_OFF = "off"
+HIGHLIGHT_ALL = "all"
+RECENT_STEPS = 32  # "how often retrieved in the last steps" looks back this many kept steps
+
+
+class TokenAxis(pg.AxisItem):
+    """Bottom axis: position numbers, or the tokens' own text once zoomed in far enough."""
+
+    def __init__(self, state: InspectorState) -> None:
+        super().__init__("bottom")
+        self._state = state
+        self._token_mode = False
+
+    def tickValues(self, minVal, maxVal, size):  # noqa: N802,N803 (pyqtgraph override)
+        span = maxVal - minVal
+        self._token_mode = False
+        if span <= 0 or size <= 0:
+            return super().tickValues(minVal, maxVal, size)
+        px_per_position = size / span
+        if self._state.tokens and px_per_position >= 24:
+            self._token_mode = True
+            step = max(1, math.ceil(52 / px_per_position))
+            first = max(0, math.ceil(minVal - 0.5))
+            first += (-first) % step
+            last = math.floor(maxVal - 0.5)
+            return [(float(step), [p + 0.5 for p in range(first, last + 1, step)])]
+        return super().tickValues(minVal, maxVal, size)
+
+    def tickStrings(self, values, scale, spacing):  # noqa: N802 (pyqtgraph override)
+        if self._token_mode:
+            return [printable_token(self._state.token_text(int(v)), 8) for v in values]
+        return [f"{int(round(v))}" if float(v).is_integer() else "" for v in values]
+
+
+class LayerAxis(pg.AxisItem):
+    """Left axis: one tick per row (as many as fit), labelled with the model layer index."""
+
+    def __init__(self) -> None:
+        super().__init__("left")
+        self.layer_ids: list[int] = []
+
+    def tickValues(self, minVal, maxVal, size):  # noqa: N802,N803 (pyqtgraph override)
+        rows = len(self.layer_ids)
+        if rows == 0 or size <= 0:
+            return []
+        minVal, maxVal = sorted((minVal, maxVal))  # noqa: N806 (the view is inverted)
+        span = max(maxVal - minVal, 1e-9)
+        step = max(1, math.ceil(14 / (size / span)))
+        lo = max(0, math.floor(minVal))
+        hi = min(rows - 1, math.ceil(maxVal))
+        return [(float(step), [r + 0.5 for r in range(lo, hi + 1) if r % step == 0])]
+
+    def tickStrings(self, values, scale, spacing):  # noqa: N802 (pyqtgraph override)
+        out = []
+        for v in values:
+            row = int(v)
+            out.append(str(self.layer_ids[row]) if 0 <= row < len(self.layer_ids) else "")
+        return out
+
+
+class RetrievalMapPanel(QWidget):
+    """Layers x positions map with legend, hover details, click-to-scroll and chat highlight."""
+
+    scroll_requested = Signal(int)
+    redraw_requested = Signal()
+    highlight_changed = Signal()
+
+    def __init__(self, state: InspectorState, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.state = state
+        self._full: np.ndarray = np.zeros((0, 0), dtype=np.uint8)  # [L, W] indices at full res
+        self._full_key: tuple | None = None
+        self._entry: Entry | None = None
+        self._follow = True
+        self._rendering = False
+        self._shown: tuple[int, int, int] = (0, 1, 0)  # (start, factor, columns) now displayed
+        self._layer_ids: list[int] = []
+        self._build()
+
+    # ---- construction ---------------------------------------------------------------------
+    def _build(self) -> None:
+        self.mode_combo = QComboBox()
+        self.mode_combo.addItem("This step", MODE_STEP)
+        self.mode_combo.addItem("Retrieval frequency (reply)", MODE_FREQUENCY)
+        self.mode_combo.setToolTip(
+            "Colour positions by their role at this step, or by how often "
+            "they were retrieved over the reply so far"
+        )
+        self.head_combo = head_combo("All KV heads", "KV head whose retrievals are shown")
+        self.highlight_combo = QComboBox()
+        self.highlight_combo.setToolTip("Highlight in the chat the tokens retrieved at this step")
+        self.highlight_combo.setAccessibleName("Chat highlight")
+        sync_layer_combo(self.highlight_combo, [], self._highlight_prefix())
+        self.fit_button = QToolButton()
+        self.fit_button.setText("Fit")
+        self.fit_button.setToolTip("Show the whole context and follow it as it grows")
+        self.fit_button.setAutoRaise(True)
+        self.fit_button.setEnabled(False)
+        for combo in (self.mode_combo, self.head_combo):
+            combo.currentIndexChanged.connect(self._on_view_changed)
+        self.highlight_combo.currentIndexChanged.connect(lambda _i: self.highlight_changed.emit())
+        self.head_combo.currentIndexChanged.connect(lambda _i: self.highlight_changed.emit())
+        self.fit_button.clicked.connect(self._on_fit_clicked)
+        highlight_label = QLabel("Chat:")
+
+        self.layer_axis = LayerAxis()
+        self.plot = ThemedPlot(axisItems={"bottom": TokenAxis(self.state), "left": self.layer_axis})
+        item = self.plot.plotItem
+        item.setLabel("bottom", "context position")
+        item.setLabel("left", "layer")
+        item.invertY(True)
+        item.setMouseEnabled(x=True, y=False)
+        item.vb.setDefaultPadding(0.0)
+        self.image = pg.ImageItem(axisOrder="row-major")
+        self.image.setAutoDownsample(False)  # we pool columns ourselves, by category priority
+        item.addItem(self.image)
+        self.boundary = pg.PlotDataItem(connect="pairs")
+        item.addItem(self.boundary)
+        # the current token is one column: a line keeps it visible at any zoom
+        self.current_line = pg.InfiniteLine(angle=90, movable=False)
+        item.addItem(self.current_line)
+        item.vb.sigRangeChangedManually.connect(self._on_manual_range)
+        item.vb.sigXRangeChanged.connect(self._on_range_changed)
+        item.vb.sigResized.connect(self._on_range_changed)
+        self.plot.scene().sigMouseMoved.connect(self._on_mouse_moved)
+        self.plot.scene().sigMouseClicked.connect(self._on_mouse_clicked)
+        self.plot.on_theme = self._on_theme
+        self.plot.setMinimumHeight(140)
+
+        self.legend = LegendBar()
+        self.info = small_label("Hover the map for a token's details; click to scroll the chat.")
+        self.summary = small_label("")
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(2)
+        layout.addLayout(
+            controls_row(
+                self.mode_combo,
+                self.head_combo,
+                highlight_label,
+                self.highlight_combo,
+                self.fit_button,
+            )
+        )
+        layout.addWidget(self.plot, 1)
+        layout.addWidget(self.legend)
+        layout.addWidget(self.summary)
+        layout.addWidget(self.info)
+        self._on_theme(self.plot.theme)
+
+    @staticmethod
+    def _highlight_prefix() -> list[tuple[str, object]]:
+        return [("no highlight", HIGHLIGHT_OFF), ("all layers", HIGHLIGHT_ALL)]
+
+    # ---- settings -------------------------------------------------------------------------
+    @property
+    def mode(self) -> str:
+        return combo_value(self.mode_combo)
+
+    def set_mode(self, mode: str) -> None:
+        select_data(self.mode_combo, mode)
+
+    @property
+    def head(self) -> int | None:
+        return combo_head(self.head_combo)
+
+    def set_head(self, head: int | None) -> None:
+        select_head(self.head_combo, head)
+
+    def highlight_choice(self) -> str | int:
+        """HIGHLIGHT_OFF, HIGHLIGHT_ALL or a row index (layer of the snapshot)."""
+        return combo_value(self.highlight_combo)
+
+    def set_highlight_choice(self, choice: str | int) -> None:
+        select_data(self.highlight_combo, choice)
+
+    def highlight_for(self, entry: Entry | None) -> list[int]:
+        """Positions to highlight in the chat for the current choice at `entry`'s step."""
+        choice = self.highlight_choice()
+        if entry is None or choice in (HIGHLIGHT_OFF, None):
+            return []
+        layer = None if choice == HIGHLIGHT_ALL else int(choice)
+        return data.highlight_positions(entry.snapshot, layer, self.head)
+
+    # ---- drawing --------------------------------------------------------------------------
+    def render(self) -> None:
+        """Redraw from the viewed step (cheap when only the visible range changed)."""
+        entry = self.state.entry()
+        self._entry = entry
+        self._rendering = True
+        try:
+            if entry is None:
+                self._clear()
+                return
+            snap = entry.snapshot
+            self._sync_choosers(snap)
+            key = (entry.seq, self.mode, self.head)
+            if key != self._full_key:
+                self._full = self._full_image(entry)
+                self._full_key = key
+                self._draw_boundary(snap)
+                self.current_line.setValue(max(snap.offset - 0.5, 0))
+                self._update_summary(entry)
+            rows, width = self._full.shape
+            vb = self.plot.plotItem.vb
+            if self._follow:
+                vb.setXRange(0, max(width, 1), padding=0)
+            vb.setYRange(0, max(rows, 1), padding=0)
+            vb.setLimits(xMin=0, xMax=max(width, 1), yMin=0, yMax=max(rows, 1))
+            self._draw_lod()
+        finally:
+            self._rendering = False
+
+    def _clear(self) -> None:
+        self._full = np.zeros((0, 0), dtype=np.uint8)
+        self._full_key = None
+        self.image.clear()
+        self.boundary.setData([], [])
+        self.summary.setText("Waiting for the first decode step with telemetry.")
+
+    def _sync_choosers(self, snap) -> None:
+        sync_head_combo(self.head_combo, data.num_kv_heads(snap))
+        ids = [layer.layer for layer in snap.layers]
+        if ids != self._layer_ids:
+            self._layer_ids = ids
+            self.layer_axis.layer_ids = ids
+            self.layer_axis.picture = None
+            self.layer_axis.update()
+            sync_layer_combo(self.highlight_combo, ids, self._highlight_prefix())
+
+    def _full_image(self, entry: Entry) -> np.ndarray:
+        """uint8 [L, W]: category codes, or frequency LUT indices in frequency mode."""
+        snap = entry.snapshot
+        if self.mode == MODE_FREQUENCY:
+            width = max((layer.offset for layer in snap.layers), default=0)
+            freq = self.state.frequency.at(entry.seq, self.head)
+            return fraction_to_index(freq.fraction(len(snap.layers), width))
+        return data.category_image(snap, self.head)
+
+    def _draw_lod(self) -> None:
+        """Show the visible columns pooled down to about one column per screen pixel."""
+        rows, width = self._full.shape
+        if rows == 0 or width == 0:
+            self.image.clear()
+            self._shown = (0, 1, 0)
+            return
+        vb = self.plot.plotItem.vb
+        (x0, x1), _ = vb.viewRange()
+        lo = int(max(0, math.floor(x0)))
+        hi = int(min(width, math.ceil(x1)))
+        if hi <= lo:
+            lo, hi = 0, width
+        pixels = max(1, int(vb.width()))
+        factor = max(1, math.ceil((hi - lo) / pixels))
+        lo -= lo % factor
+        pooled = data.max_pool_columns(self._full[:, lo:hi], factor)
+        self.image.setImage(pooled, autoLevels=False, levels=(0, self._lut_size()))
+        self.image.setRect(QRectF(lo, 0, pooled.shape[1] * factor, rows))
+        self._shown = (lo, factor, pooled.shape[1])
+
+    def _lut_size(self) -> int:
+        return len(self.image.lut) if self.image.lut is not None else 256
+
+    def _draw_boundary(self, snap) -> None:
+        xs, ys = [], []
+        for row, layer in enumerate(snap.layers):
+            if layer.exact:
+                continue
+            xs += [layer.window_start, layer.window_start]
+            ys += [row, row + 1]
+        self.boundary.setData(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float))
+
+    def _update_summary(self, entry: Entry) -> None:
+        snap = entry.snapshot
+        if not snap.layers:
+            self.summary.setText("")
+            return
+        first = snap.layers[0]
+        retrieved = [len(data.retrieved_positions(layer, self.head)) for layer in snap.layers]
+        exact = sum(layer.exact for layer in snap.layers)
+        far = max(0, first.window_start - first.sinks)
+        parts = [
+            f"step {snap.step}",
+            f"{snap.offset} tokens",
+            f"window from {first.window_start}",
+            f"{first.sinks} sinks",
+        ]
+        if exact == len(snap.layers):
+            parts.append("exact attention (context too short to drop anything)")
+        else:
+            mean = float(np.mean(retrieved))
+            share = f" ({100 * mean / far:.1f}% of {far} far)" if far else ""
+            parts.append(f"retrieved per layer: mean {mean:.0f}{share}, max {max(retrieved)}")
+        if self.mode == MODE_FREQUENCY:
+            steps = self.state.frequency.at(entry.seq, self.head).steps
+            parts.append(f"frequency over {steps} step{'s' if steps != 1 else ''} of this reply")
+        self.summary.setText(" \u00b7 ".join(parts))
+
+    # ---- theme & legend --------------------------------------------------------------------
+    def _on_theme(self, theme: Theme) -> None:
+        self._theme = theme
+        self.boundary.setPen(pg.mkPen(theme.foreground, width=1.5, style=Qt.PenStyle.DashLine))
+        self.current_line.setPen(pg.mkPen(theme.categories[data.CURRENT], width=2))
+        self._apply_lut()
+
+    def _apply_lut(self) -> None:
+        theme = self._theme
+        if self.mode == MODE_FREQUENCY:
+            lut = theme.sequential_lut()
+            self.legend.set_gradient(
+                lut,
+                "rarely",
+                "every step",
+                none=(theme.categories[data.FAR], "never retrieved"),
+            )
+        else:
+            lut = np.zeros((256, 4), dtype=np.uint8)
+            cat = theme.category_lut()
+            lut[: len(cat)] = cat
+            order = (data.SINK, data.FAR, data.RETRIEVED, data.WINDOW, data.CURRENT)
+            items = [(theme.categories[c], data.CATEGORY_NAMES[c]) for c in order]
+            items.append((theme.foreground, "window boundary", "line"))
+            self.legend.set_categories(items)
+        self.image.setLookupTable(lut)
+        if self.image.image is not None:
+            self.image.setLevels((0, len(lut)))
+
+    def _on_view_changed(self, _index: int) -> None:
+        self._full_key = None
+        self._apply_lut()
+        self.redraw_requested.emit()
+
+    def _on_fit_clicked(self) -> None:
+        self._follow = True
+        self.fit_button.setEnabled(False)
+        self.redraw_requested.emit()
+
+    def _on_manual_range(self, *_args) -> None:
+        self._follow = False
+        self.fit_button.setEnabled(True)
+
+    def _on_range_changed(self, *_args) -> None:
+        if not self._rendering:
+            self.redraw_requested.emit()
+
+    # ---- hover & click ---------------------------------------------------------------------
+    def _position_at(self, scene_pos) -> tuple[int, int] | None:
+        """(row, position) under a scene point, or None outside the data."""
+        vb = self.plot.plotItem.vb
+        if not vb.sceneBoundingRect().contains(scene_pos):
+            return None
+        point = vb.mapSceneToView(scene_pos)
+        row, pos = math.floor(point.y()), math.floor(point.x())
+        rows, width = self._full.shape
+        if 0 <= row < rows and 0 <= pos < width:
+            return row, pos
+        return None
+
+    def _on_mouse_moved(self, scene_pos) -> None:
+        hit = self._position_at(scene_pos)
+        if hit is None or self._entry is None:
+            return
+        self.info.setText(self.describe(*hit))
+
+    def _on_mouse_clicked(self, event) -> None:
+        if event.button() != Qt.MouseButton.LeftButton:
+            return
+        hit = self._position_at(event.scenePos())
+        if hit is not None:
+            self.scroll_requested.emit(hit[1])
+
+    def describe(self, row: int, position: int) -> str:
+        """Hover text for one cell: layer, position, token, role and retrieval counts."""
+        entry = self._entry
+        if entry is None or not 0 <= row < len(entry.snapshot.layers):
+            return ""
+        layer = entry.snapshot.layers[row]
+        token = printable_token(self.state.token_text(position))
+        category = data.category_at(layer, position, self.head)
+        role = data.CATEGORY_NAMES.get(category, "not in the context yet")
+        heads = data.heads_retrieving(layer, position) if not layer.exact else []
+        if heads and category == data.RETRIEVED:
+            role += " by KV head " + ", ".join(str(h) for h in heads)
+        freq = self.state.frequency.at(entry.seq, self.head)
+        reply_count = freq.count(row, position)
+        recent = self.state.ring.reply_entries(entry.reply, up_to_seq=entry.seq)[-RECENT_STEPS:]
+        recent_count = sum(
+            1
+            for e in recent
+            if row < len(e.snapshot.layers)
+            and position in data.retrieved_positions(e.snapshot.layers[row], self.head)
+        )
+        token_part = f" \u201c{token}\u201d" if token else ""
+        return (
+            f"layer {layer.layer} \u00b7 position {position}{token_part} \u00b7 {role} \u00b7 "
+            f"retrieved in {recent_count} of the last {len(recent)} steps, "
+            f"{reply_count} of {freq.steps} this reply"
+        )
+
+    # ---- test / export helpers ---------------------------------------------------------------
+    def full_image(self) -> np.ndarray:
+        """uint8 [L, W] category codes (or frequency indices) of the drawn step, full res."""
+        return self._full
+
+    def displayed(self) -> tuple[np.ndarray | None, int, int]:
+        """(image array set on the ImageItem, first position, positions per column)."""
+        start, factor, _ = self._shown
+        return self.image.image, start, factor

@@ -1,0 +1,365 @@
+"""Small widgets shared by the inspector panels: detachable sections, legends, plot setup."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt, Signal
+from PySide6.QtGui import QColor, QLinearGradient, QPainter, QPen
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QSizePolicy,
+    QSplitter,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from .theme import Theme, style_plot
+
+
+class FloatingWindow(QWidget):
+    """Top-level window holding one detached section; closing it docks the section back."""
+
+    closed = Signal()
+
+    def __init__(self, title: str, parent: QWidget | None = None) -> None:
+        super().__init__(parent, Qt.WindowType.Window)
+        self.setWindowTitle(title)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+
+    def closeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        self.closed.emit()
+        super().closeEvent(event)
+
+
+class Section(QFrame):
+    """A titled panel in the inspector's splitter with "PNG" and "Detach" buttons.
+
+    `body` is the panel widget. Detaching reparents the whole section into a floating window;
+    "Dock" (or closing that window) puts it back where it was.
+    """
+
+    png_requested = Signal()
+    detached_changed = Signal(bool)
+
+    def __init__(self, key: str, title: str, body: QWidget, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.key = key
+        self.title = title
+        self.body = body
+        self._window: FloatingWindow | None = None
+        self._home: tuple[QSplitter, int, list[int]] | None = None
+        self.setObjectName(f"inspector-section-{key}")
+        self.setFrameShape(QFrame.Shape.NoFrame)
+
+        header = QHBoxLayout()
+        header.setContentsMargins(6, 2, 2, 0)
+        self.title_label = QLabel(title)
+        font = self.title_label.font()
+        font.setBold(True)
+        self.title_label.setFont(font)
+        header.addWidget(self.title_label)
+        header.addStretch(1)
+        self.png_button = _tool_button("PNG", f"Save the {title} panel as a PNG image")
+        self.png_button.clicked.connect(self.png_requested)
+        self.detach_button = _tool_button("Detach", "Show this panel in its own window")
+        self.detach_button.clicked.connect(self.toggle_detached)
+        header.addWidget(self.png_button)
+        header.addWidget(self.detach_button)
+
+        rule = QFrame()
+        rule.setFrameShape(QFrame.Shape.HLine)
+        rule.setFrameShadow(QFrame.Shadow.Sunken)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(2)
+        layout.addWidget(rule)
+        layout.addLayout(header)
+        layout.addWidget(body, 1)
+
+    @property
+    def detached(self) -> bool:
+        return self._window is not None
+
+    def toggle_detached(self) -> None:
+        if self.detached:
+            self.dock()
+        else:
+            self.detach()
+
+    def detach(self) -> None:
+        """Move this section into its own top-level window (remembering its place)."""
+        splitter = self.parentWidget()
+        if self.detached or not isinstance(splitter, QSplitter):
+            return
+        self._home = (splitter, splitter.indexOf(self), splitter.sizes())
+        size = self.size()
+        window = FloatingWindow(f"A2ATS inspector: {self.title}", splitter.window())
+        window.layout().addWidget(self)
+        window.closed.connect(self.dock)
+        window.resize(max(size.width(), 520), max(size.height(), 320))
+        self._window = window
+        self.detach_button.setText("Dock")
+        self.detach_button.setToolTip("Put this panel back into the inspector")
+        window.show()
+        self.show()
+        self.detached_changed.emit(True)
+
+    def dock(self) -> None:
+        """Put a detached section back into the inspector splitter at its old place."""
+        window, home = self._window, self._home
+        if window is None or home is None:
+            return
+        self._window = None
+        splitter, index, sizes = home
+        splitter.insertWidget(index, self)
+        self.show()
+        splitter.setSizes(sizes)
+        window.closed.disconnect(self.dock)
+        window.close()
+        window.deleteLater()
+        self.detach_button.setText("Detach")
+        self.detach_button.setToolTip("Show this panel in its own window")
+        self.detached_changed.emit(False)
+
+    def save_png(self, path: str | Path) -> Path:
+        """Grab the section (header, plots and tables as seen) into a PNG file."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.grab().save(str(path), "PNG"):
+            raise OSError(f"could not write PNG {path}")
+        return path
+
+
+def _tool_button(text: str, tip: str) -> QToolButton:
+    button = QToolButton()
+    button.setText(text)
+    button.setToolTip(tip)
+    button.setAccessibleName(tip)
+    button.setAutoRaise(True)
+    return button
+
+
+class LegendBar(QWidget):
+    """A row of colour swatches with labels, or a gradient with end labels (frequency maps)."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._items: list[tuple[str, ...]] = []
+        self._gradient: tuple[np.ndarray, str, str] | None = None
+        self._none: tuple[str, str] | None = None
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+
+    def set_categories(self, items: list[tuple[str, ...]]) -> None:
+        """items: (colour hex, label) or (colour hex, label, "line") in display order."""
+        self._items = list(items)
+        self._gradient = None
+        self._none = None
+        self.updateGeometry()
+        self.update()
+
+    def set_gradient(
+        self, lut: np.ndarray, low: str, high: str, none: tuple[str, str] | None = None
+    ) -> None:
+        """lut uint8 [n, 4] (index 0 is drawn as the `none` swatch when given)."""
+        self._gradient = (lut, low, high)
+        self._none = none
+        self._items = []
+        self.updateGeometry()
+        self.update()
+
+    def labels(self) -> list[str]:
+        if self._gradient is not None:
+            extra = [self._none[1]] if self._none else []
+            return [*extra, self._gradient[1], self._gradient[2]]
+        return [item[1] for item in self._items]
+
+    def sizeHint(self) -> QSize:  # noqa: N802 (Qt override)
+        return QSize(300, self.fontMetrics().height() + 8)
+
+    def paintEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        fm = self.fontMetrics()
+        h = fm.height()
+        sw = h - 4
+        y = (self.height() - sw) / 2
+        x = 6.0
+        text_colour = self.palette().color(self.foregroundRole())
+
+        def swatch(colour: str, label: str, kind: str = "box") -> None:
+            nonlocal x
+            if kind == "line":
+                pen = QPen(QColor(colour), 1.5, Qt.PenStyle.DashLine)
+                painter.setPen(pen)
+                painter.drawLine(QPointF(x + sw / 2, y - 1), QPointF(x + sw / 2, y + sw + 1))
+            else:
+                painter.setPen(Qt.PenStyle.NoPen)
+                painter.setBrush(QColor(colour))
+                painter.drawRoundedRect(QRectF(x, y, sw, sw), 2, 2)
+            x += sw + 4
+            painter.setPen(text_colour)
+            painter.drawText(
+                QRectF(x, 0, fm.horizontalAdvance(label) + 2, self.height()),
+                Qt.AlignmentFlag.AlignVCenter,
+                label,
+            )
+            x += fm.horizontalAdvance(label) + 14
+
+        if self._gradient is None:
+            for item in self._items:
+                swatch(*item)
+            return
+        lut, low, high = self._gradient
+        if self._none is not None:
+            swatch(*self._none)
+        painter.setPen(text_colour)
+        painter.drawText(
+            QRectF(x, 0, fm.horizontalAdvance(low) + 2, self.height()),
+            Qt.AlignmentFlag.AlignVCenter,
+            low,
+        )
+        x += fm.horizontalAdvance(low) + 6
+        width = max(60.0, min(180.0, self.width() - x - fm.horizontalAdvance(high) - 16))
+        grad = QLinearGradient(x, 0, x + width, 0)
+        stops = lut[1:] if self._none is not None else lut
+        for i in range(0, len(stops), max(1, len(stops) // 16)):
+            r, g, b, a = (int(v) for v in stops[i])
+            grad.setColorAt(i / max(1, len(stops) - 1), QColor(r, g, b, a))
+        r, g, b, a = (int(v) for v in stops[-1])
+        grad.setColorAt(1.0, QColor(r, g, b, a))
+        painter.setPen(Qt.PenStyle.NoPen)
+        painter.setBrush(grad)
+        painter.drawRoundedRect(QRectF(x, y, width, sw), 2, 2)
+        x += width + 6
+        painter.setPen(text_colour)
+        painter.drawText(
+            QRectF(x, 0, fm.horizontalAdvance(high) + 2, self.height()),
+            Qt.AlignmentFlag.AlignVCenter,
+            high,
+        )
+
+
+class ThemedPlot(pg.PlotWidget):
+    """A PlotWidget that follows the widget palette (light / dark) and calls `on_theme`."""
+
+    def __init__(self, parent: QWidget | None = None, **kwargs) -> None:
+        self._ready = False
+        super().__init__(parent, **kwargs)
+        self._ready = True
+        self.plotItem.setMenuEnabled(False)
+        self.plotItem.hideButtons()
+        self.theme = Theme.from_widget(self)
+        self.on_theme = None
+        self.apply_theme()
+
+    def apply_theme(self) -> None:
+        self.theme = Theme.from_widget(self)
+        self.setBackground(self.theme.background)
+        style_plot(self.plotItem, self.theme)
+        if self.on_theme is not None:
+            self.on_theme(self.theme)
+
+    def changeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        if event.type() == QEvent.Type.PaletteChange and getattr(self, "_ready", False):
+            self.apply_theme()
+        super().changeEvent(event)
+
+
+ALL_HEADS_DATA = -1  # item data of "all heads" (an int: None as item data reads back unreliably)
+
+
+def combo_value(combo: QComboBox):
+    """Item data of the current item, or None when the combo is empty."""
+    index = combo.currentIndex()
+    return combo.itemData(index) if index >= 0 else None
+
+
+def combo_head(combo: QComboBox) -> int | None:
+    """Chosen KV head of a `head_combo`: None = all heads."""
+    value = combo_value(combo)
+    return None if value is None or value == ALL_HEADS_DATA else int(value)
+
+
+def select_data(combo: QComboBox, value) -> None:
+    """Select the item whose data equals `value` (the first item if none does)."""
+    for i in range(combo.count()):
+        if combo.itemData(i) == value:
+            combo.setCurrentIndex(i)
+            return
+    if combo.count():
+        combo.setCurrentIndex(0)
+
+
+def select_head(combo: QComboBox, head: int | None) -> None:
+    select_data(combo, ALL_HEADS_DATA if head is None else head)
+
+
+def head_combo(first_label: str, tooltip: str) -> QComboBox:
+    """A KV-head chooser: item 0 = `first_label` (all heads), then "KV head h" (data h)."""
+    combo = QComboBox()
+    combo.addItem(first_label, ALL_HEADS_DATA)
+    combo.setToolTip(tooltip)
+    combo.setAccessibleName(tooltip)
+    combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+    return combo
+
+
+def sync_head_combo(combo: QComboBox, heads: int) -> None:
+    """Make the combo list exactly `heads` heads after its first item, keeping the choice."""
+    if combo.count() == heads + 1:
+        return
+    current = combo_head(combo)
+    combo.blockSignals(True)
+    while combo.count() > 1:
+        combo.removeItem(1)
+    for h in range(heads):
+        combo.addItem(f"KV head {h}", h)
+    select_head(combo, current)
+    combo.blockSignals(False)
+
+
+def sync_layer_combo(
+    combo: QComboBox, layer_ids: list[int], prefix: list[tuple[str, object]] | None = None
+) -> None:
+    """Fill a layer chooser: optional fixed leading items, then one item per snapshot row.
+
+    Item data for layers is the row index in the snapshot; the label is the model layer index.
+    """
+    prefix = prefix or []
+    labels = [label for label, _ in prefix] + [f"layer {lid}" for lid in layer_ids]
+    if [combo.itemText(i) for i in range(combo.count())] == labels:
+        return
+    current = combo_value(combo)
+    combo.blockSignals(True)
+    combo.clear()
+    for label, value in prefix:
+        combo.addItem(label, value)
+    for row, lid in enumerate(layer_ids):
+        combo.addItem(f"layer {lid}", row)
+    select_data(combo, current)
+    combo.blockSignals(False)
+
+
+def controls_row(*widgets: QWidget) -> QHBoxLayout:
+    row = QHBoxLayout()
+    row.setContentsMargins(6, 0, 6, 0)
+    row.setSpacing(6)
+    for w in widgets:
+        row.addWidget(w)
+    row.addStretch(1)
+    return row
+
+
+def small_label(text: str = "") -> QLabel:
+    label = QLabel(text)
+    label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+    label.setWordWrap(True)
+    return label
