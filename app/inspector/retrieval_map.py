@@ -368,6 +368,11 @@ class RetrievalMapPanel(QWidget):
         self._apply_lut()
         self.redraw_requested.emit()
 
+    def zoom_to(self, first: float, last: float) -> None:
+        """Show positions [first, last) and stop following the growing context."""
+        self._on_manual_range()
+        self.plot.plotItem.vb.setXRange(first, last, padding=0)
+
     def _on_fit_clicked(self) -> None:
         self._follow = True
         self.fit_button.setEnabled(False)
