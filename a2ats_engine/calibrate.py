@@ -430,6 +430,8 @@ def calibrate(
 # -- demo default ---------------------------------------------------------------------------
 
 DEMO_CODEBOOK_NAME = "demo-default.safetensors"
+DEMO_CENTROIDS = 1024
+DEMO_TOKENS = 16384
 
 
 def demo_codebook_path() -> Path:
@@ -437,3 +439,42 @@ def demo_codebook_path() -> Path:
     from .paths import data_dir
 
     return data_dir() / "codebooks" / DEMO_CODEBOOK_NAME
+
+
+def ensure_demo_codebook(
+    progress: Progress | None = None,
+    *,
+    model_source: str | Path = "demo",
+    force: bool = False,
+    cancel: CancelFlag | None = None,
+) -> Path:
+    """Build the demo model's default codebook unless a valid one exists; return its path.
+
+    Path: `<A2ATS_DATA_DIR or user_data_dir("a2ats-chat")>/codebooks/demo-default.safetensors`.
+    An existing file that does not load (truncated, foreign) is rebuilt. Settings:
+    DEMO_CENTROIDS centroids trained on DEMO_TOKENS tokens of the built-in corpus, chosen by
+    measurement on a 2-core x86 CPU (see DEMO_SIZING).
+    """
+    from .codebook import Codebook
+    from .errors import CodebookError
+    from .models import load_model
+
+    path = demo_codebook_path()
+    if path.is_file() and not force:
+        try:
+            Codebook.load(path)
+            return path
+        except CodebookError:
+            pass  # damaged: rebuild below
+    model, tokenizer, info = load_model(str(model_source), progress=progress)
+    book = calibrate(
+        model, tokenizer, None, A2ATSConfig(n_centroids=DEMO_CENTROIDS), tokens=DEMO_TOKENS,
+        progress=progress, cancel=cancel, model_name=info.name,
+    )  # fmt: skip
+    book.save(path)
+    return path
+
+
+def demo_post_fetch_step(folder: Path, progress: Progress | None = None) -> None:
+    """`demo.POST_FETCH_STEPS` entry: build the default codebook for the fetched demo model."""
+    ensure_demo_codebook(progress, model_source=folder)

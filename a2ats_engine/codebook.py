@@ -390,8 +390,10 @@ class Codebook:
         """Check that this codebook fits `model` (and `config`, an A2ATSConfig).
 
         Raises CodebookError naming the first hard mismatch (layers, KV heads, head dim, RoPE).
-        Returns warnings for soft ones (far_offset / n_centroids / sub_dim differ from the config,
-        a different model with the same geometry); each is also issued with `warnings.warn`."""
+        Returns warnings for soft ones (the config's far_offset differs from the one the codebook
+        was calibrated with; a different model with the same geometry); each is also issued with
+        `warnings.warn`. The codebook's own n_centroids and sub_dim are what a cache uses, so the
+        config's values of those are not compared."""
         geometry = model_fingerprint(model)
         self._check_geometry(geometry)
         found = []
@@ -437,17 +439,6 @@ class Codebook:
             found.append(
                 f"codebook was calibrated with far_offset {b}, the cache uses "
                 f"{config.far_offset}; retrieval may be less accurate"
-            )
-        if config.n_centroids != self.n_centroids:
-            found.append(
-                f"config asks for {config.n_centroids} centroids, the codebook has "
-                f"{self.n_centroids}; the codebook's are used"
-            )
-        sub_dim = config.sub_dim if config.sub_dim is not None else self.head_dim
-        if sub_dim != self.sub_dim:
-            found.append(
-                f"config asks for sub_dim {sub_dim}, the codebook uses {self.sub_dim}; "
-                "the codebook's is used"
             )
         return found
 

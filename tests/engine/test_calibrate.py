@@ -175,3 +175,60 @@ def test_bad_settings_name_the_field(tokenizer):
         calibrate(model, tokenizer, None, CONFIG, tokens=0)
     with pytest.raises(ValueError, match="empty"):
         calibrate(model, tokenizer, [""], CONFIG, tokens=100)
+
+
+def test_cli_calibrate_and_codebook_info(tmp_path, capsys):
+    from tiny import save_tiny_model
+
+    from a2ats_engine.cli import main
+
+    folder = save_tiny_model(tmp_path / "model")
+    out = tmp_path / "book.safetensors"
+    argv = ["calibrate", "--model", str(folder), "--out", str(out), "--tokens", "3000",
+            "--centroids", "16", "--iters", "5"]  # fmt: skip
+    assert main(argv) == 0
+    report = capsys.readouterr().out
+    assert "tokens used: 3000" in report
+    assert "query-aware" in report and "plain VQ" in report
+    assert main(argv) == 1  # refuses to overwrite without --force
+    assert "exists" in capsys.readouterr().err
+    assert main(["codebook-info", str(out), "--model", str(folder)]) == 0
+    info = capsys.readouterr().out
+    assert "16 centroids" in info and "fits model: yes" in info
+    other = save_tiny_model(tmp_path / "other", num_hidden_layers=3)
+    assert main(["codebook-info", str(out), "--model", str(other)]) == 1
+    assert "codebook is for 2 layers, the model has 3" in capsys.readouterr().out
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(out.read_bytes()[:-100])
+    assert main(["codebook-info", str(cut)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "file is truncated" in err
+
+
+def test_ensure_demo_codebook_keeps_a_valid_file(tmp_path, monkeypatch):
+    from a2ats_engine import calibrate as calibration
+
+    monkeypatch.setenv("A2ATS_DATA_DIR", str(tmp_path))
+    path = calibration.demo_codebook_path()
+    assert path == tmp_path / "codebooks" / "demo-default.safetensors"
+    Codebook.random(2, 2, 16, 8).save(path)
+    before = path.read_bytes()
+    assert calibration.ensure_demo_codebook() == path  # valid file: nothing rebuilt
+    assert path.read_bytes() == before
+
+
+def test_ensure_demo_codebook_rebuilds_a_damaged_file(tmp_path, monkeypatch):
+    from tiny import save_tiny_model
+
+    from a2ats_engine import calibrate as calibration
+
+    monkeypatch.setenv("A2ATS_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setattr(calibration, "DEMO_TOKENS", 1500)
+    monkeypatch.setattr(calibration, "DEMO_CENTROIDS", 16)
+    folder = save_tiny_model(tmp_path / "model")
+    path = calibration.demo_codebook_path()
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{")  # truncated header
+    assert calibration.ensure_demo_codebook(model_source=folder) == path
+    book = Codebook.load(path)
+    assert book.n_centroids == 16 and book.metadata["tokens"] == 1500
