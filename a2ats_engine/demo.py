@@ -47,6 +47,11 @@ def demo_model_path() -> Path | None:
     return folder if (folder / "config.json").is_file() else None
 
 
+def demo_up_to_date() -> bool:
+    """True when the demo folder exists and was made by the current converter."""
+    return _is_current(demo_folder())
+
+
 def fetch_demo(progress: Progress | None = None) -> Path:
     """Fetch, verify and convert the demo model unless it is there already; run POST_FETCH_STEPS.
 

