@@ -47,5 +47,18 @@ format: venv
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# The desktop app as a bundle (PyInstaller): macOS "dist/A2ATS Chat.app", elsewhere dist/a2ats-chat/.
+PACKAGE_EXTRA := $(VENV)/.package-installed
+$(PACKAGE_EXTRA): $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[package]"
+	@touch $(PACKAGE_EXTRA)
+
+package: venv $(PACKAGE_EXTRA)
+	PYTHON=$(BIN)/python packaging/build.sh
+
+# Build the bundle and launch it with --self-test offscreen (about 4 min here; not in `make test`).
+package-check: package
+	packaging/smoke_test.sh
+
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
