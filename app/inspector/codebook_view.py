@@ -31,6 +31,7 @@ from .widgets import (
     combo_value,
     controls_row,
     head_combo,
+    nice_ceiling,
     select_data,
     select_head,
     small_label,
@@ -86,6 +87,8 @@ class CodebookPanel(QWidget):
         self._curves: list[pg.PlotDataItem] = []
         self._stats: list[data.CodeStats] = []
         self._layer_ids: list[int] = []
+        self._ranges: tuple | None = None
+        self._texts: dict[tuple[int, int], str] = {}
         self._build()
 
     def _build(self) -> None:
@@ -125,7 +128,7 @@ class CodebookPanel(QWidget):
         self.table.setAlternatingRowColors(True)
         self.table.cellClicked.connect(self._on_row_clicked)
         self.table.setAccessibleName("Codebook statistics per layer")
-        self.summary = small_label("")
+        self.summary = small_label("", 2)
 
         left = QWidget()
         left_layout = QVBoxLayout(left)
@@ -194,6 +197,7 @@ class CodebookPanel(QWidget):
         heads = [h for h in heads if h < len(layer.code_counts)]
         self._ensure_curves(len(layer.code_counts))
         legend = []
+        top = 1.0
         for h, curve in enumerate(self._curves):
             if h not in heads:
                 curve.setData([], [])
@@ -205,8 +209,10 @@ class CodebookPanel(QWidget):
             x = np.arange(used.size + 1, dtype=float)
             curve.setData(x, used.astype(float), stepMode="center")
             curve.show()
+            top = max(top, float(used[0]) if used.size else 1.0)
             legend.append((self._theme.head_color(h), f"KV head {h}"))
         self.legend.set_categories(legend)
+        self._set_ranges(layer.code_counts[0].size if layer.code_counts else 1, top)
         stats = data.layer_code_stats(layer, self.head)
         who = "mean over KV heads" if self.head is None else f"KV head {self.head}"
         self.summary.setText(
@@ -215,6 +221,19 @@ class CodebookPanel(QWidget):
             f"{stats.max_bits:.1f} bits \u00b7 {stats.dead} dead \u00b7 top code "
             f"{100 * stats.top_share:.1f}%"
         )
+
+    def _set_ranges(self, n_codes: int, top: float) -> None:
+        """Fixed x (every code) and a rounded y, so the axes are not redrawn every step."""
+        ranges = (n_codes, nice_ceiling(top), self.log_box.isChecked())
+        if ranges == self._ranges:
+            return
+        self._ranges = ranges
+        item = self.plot.plotItem
+        item.setXRange(0, n_codes, padding=0.01)
+        if self.log_box.isChecked():
+            item.setYRange(-0.05, math.log10(ranges[1]) + 0.05, padding=0)
+        else:
+            item.setYRange(0, ranges[1], padding=0)
 
     def _ensure_curves(self, heads: int) -> None:
         while len(self._curves) < heads:
@@ -234,9 +253,10 @@ class CodebookPanel(QWidget):
 
     def _fill_table(self, entry: Entry) -> None:
         layers = entry.snapshot.layers
-        self._stats = [data.layer_code_stats(layer, self.head) for layer in layers]
+        self._stats = data.snapshot_code_stats(entry.snapshot, self.head)
         if self.table.rowCount() != len(layers):
             self.table.setRowCount(len(layers))
+            self._texts = {}
         for row, (layer, st) in enumerate(zip(layers, self._stats, strict=True)):
             values = (
                 str(layer.layer),
@@ -245,15 +265,21 @@ class CodebookPanel(QWidget):
                 f"{100 * st.top_share:.1f}%",
             )
             for col, text in enumerate(values):
+                key = (row, col)
+                if self._texts.get(key) == text:
+                    continue
+                self._texts[key] = text
                 item = self.table.item(row, col)
                 if item is None:
                     item = QTableWidgetItem()
                     item.setTextAlignment(Qt.AlignmentFlag.AlignCenter)
                     self.table.setItem(row, col, item)
                 item.setText(text)
-        self.table.blockSignals(True)
-        self.table.selectRow(min(self.layer_row, len(layers) - 1))
-        self.table.blockSignals(False)
+        row = min(self.layer_row, len(layers) - 1)
+        if self.table.currentRow() != row:
+            self.table.blockSignals(True)
+            self.table.selectRow(row)
+            self.table.blockSignals(False)
 
     def table_stats(self) -> list[data.CodeStats]:
         """Per-layer statistics currently shown in the table (row order)."""
@@ -279,6 +305,9 @@ class CodebookPanel(QWidget):
 
     def _on_log_toggled(self, on: bool) -> None:
         self.plot.plotItem.setLogMode(x=False, y=on)
+        self._ranges = None
+        self._key = None
+        self.redraw_requested.emit()
 
     def _on_row_clicked(self, row: int, _col: int) -> None:
         self.set_layer_row(row)

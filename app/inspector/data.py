@@ -194,6 +194,34 @@ def layer_code_stats(layer: LayerStats, head: int | None = ALL_HEADS) -> CodeSta
     return mean_code_stats([code_stats(c) for c in layer.code_counts])
 
 
+def snapshot_code_stats(snapshot: CacheSnapshot, head: int | None = ALL_HEADS) -> list[CodeStats]:
+    """`layer_code_stats` of every layer in one vectorised pass (same results)."""
+    layers = snapshot.layers
+    shapes = {c.size for layer in layers for c in layer.code_counts}
+    heads = {len(layer.code_counts) for layer in layers}
+    if len(shapes) != 1 or len(heads) != 1 or (head is not None and head >= heads.pop()):
+        return [layer_code_stats(layer, head) for layer in layers]
+    if head is None:
+        counts = np.stack([np.stack(layer.code_counts) for layer in layers]).astype(np.float64)
+    else:
+        counts = np.stack([layer.code_counts[head] for layer in layers])[:, None].astype(np.float64)
+    n_codes = counts.shape[-1]
+    total = counts.sum(axis=-1)  # [L, H]
+    safe = np.where(total > 0, total, 1.0)
+    # H = log2(T) - sum(c log2 c) / T; zero counts contribute 0 (0 * log2(1))
+    c_log_c = (counts * np.log2(np.maximum(counts, 1.0))).sum(axis=-1)
+    entropy = np.where(total > 0, np.log2(safe) - c_log_c / safe, 0.0)
+    dead = (counts == 0).sum(axis=-1).astype(np.float64)
+    top = np.where(total > 0, counts.max(axis=-1) / safe, 0.0)
+    max_bits = float(np.log2(n_codes)) if n_codes > 0 else 0.0
+    # heads have their own codebooks: average the per-head figures, never pool the counts
+    entropy, dead, top, total = (a.mean(axis=1) for a in (entropy, dead, top, total))
+    return [
+        CodeStats(float(e), max_bits, round(float(d)), n_codes, float(t), round(float(n)))
+        for e, d, t, n in zip(entropy, dead, top, total, strict=True)
+    ]
+
+
 def sorted_counts(counts: np.ndarray) -> np.ndarray:
     """Histogram sorted by use, most used code first: int64 [n_codes]."""
     return np.sort(np.asarray(counts, dtype=np.int64))[::-1]
@@ -240,13 +268,18 @@ def recall_value(layer: LayerStats, head: int | None = ALL_HEADS) -> float:
     return float(layer.recall[head]) if head < len(layer.recall) else float("nan")
 
 
+def recall_column(snapshot: CacheSnapshot, head: int | None = ALL_HEADS) -> np.ndarray:
+    """One step of the fidelity strip: float32 [L], NaN for layers without a measurement."""
+    return np.array([recall_value(layer, head) for layer in snapshot.layers], dtype=np.float32)
+
+
 def recall_matrix(snapshots: list[CacheSnapshot], head: int | None = ALL_HEADS) -> np.ndarray:
     """Fidelity strip: float32 [L, n_steps], NaN where a step has no recall measurement."""
     rows = max((len(s.layers) for s in snapshots), default=0)
     out = np.full((rows, len(snapshots)), np.nan, dtype=np.float32)
     for j, snap in enumerate(snapshots):
-        for i, layer in enumerate(snap.layers):
-            out[i, j] = recall_value(layer, head)
+        column = recall_column(snap, head)
+        out[: column.size, j] = column
     return out
 
 

@@ -61,6 +61,8 @@ class FidelityPanel(QWidget):
         self._key: tuple | None = None
         self.matrix = np.zeros((0, 0), dtype=np.float32)  # [L, measured steps] as drawn
         self._entries: list[Entry] = []
+        self._columns: dict[tuple, np.ndarray] = {}
+        self._viewed_seq: int | None = None
         self._build()
 
     def _build(self) -> None:
@@ -88,7 +90,7 @@ class FidelityPanel(QWidget):
         self.plot.setMinimumHeight(90)
         self.plot.scene().sigMouseMoved.connect(self._on_mouse_moved)
         self.legend = LegendBar()
-        self.info = small_label("")
+        self.info = small_label("", 1)
 
         strip = QWidget()
         strip_layout = QVBoxLayout(strip)
@@ -101,7 +103,7 @@ class FidelityPanel(QWidget):
         self.stack = QStackedWidget()
         self.stack.addWidget(self.hint)
         self.stack.addWidget(strip)
-        self.cost = small_label("")
+        self.cost = small_label("", 1)
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -132,14 +134,38 @@ class FidelityPanel(QWidget):
             self._key = None
             return
         self.stack.setCurrentIndex(1)
-        key = (entry.seq, measured[0].seq, measured[-1].seq, self.head)
-        if key == self._key:
-            return
-        self._key = key
         sync_head_combo(self.head_combo, data.num_kv_heads(entry.snapshot))
+        key = (measured[0].seq, measured[-1].seq, len(measured), self.head)
+        if key != self._key:
+            self._key = key
+            self._draw_strip(measured)
+        if entry.seq != self._viewed_seq:
+            self._viewed_seq = entry.seq
+            viewed = [i for i, e in enumerate(measured) if e.seq <= entry.seq]
+            self.marker.setValue((viewed[-1] + 0.5) if viewed else 0.0)
+            self.marker.setVisible(bool(viewed))
+            latest = measured[viewed[-1]] if viewed else entry
+            self.info.setText(self.step_text(latest, entry))
+
+    def _column(self, entry: Entry) -> np.ndarray:
+        """Recall of one measured step per layer, computed once per (step, head)."""
+        key = (entry.seq, self.head)
+        column = self._columns.get(key)
+        if column is None:
+            column = data.recall_column(entry.snapshot, self.head)
+            self._columns[key] = column
+        return column
+
+    def _draw_strip(self, measured: list[Entry]) -> None:
         self._entries = measured
-        self.matrix = data.recall_matrix([e.snapshot for e in measured], self.head)
-        rows, cols = self.matrix.shape
+        keep = {(e.seq, self.head) for e in measured}
+        self._columns = {k: v for k, v in self._columns.items() if k in keep}
+        rows = max(len(e.snapshot.layers) for e in measured)
+        self.matrix = np.full((rows, len(measured)), np.nan, dtype=np.float32)
+        for j, e in enumerate(measured):
+            column = self._column(e)
+            self.matrix[: column.size, j] = column
+        cols = len(measured)
         self.layer_axis.layer_ids = [layer.layer for layer in measured[-1].snapshot.layers]
         self.step_axis.steps = [e.snapshot.step for e in measured]
         self.layer_axis.picture = None
@@ -152,17 +178,13 @@ class FidelityPanel(QWidget):
         self.image.setRect(QRectF(0, 0, cols, rows))
         self.plot.plotItem.setXRange(0, cols, padding=0)
         self.plot.plotItem.setYRange(0, rows, padding=0)
-        viewed = [i for i, e in enumerate(measured) if e.seq <= entry.seq]
-        self.marker.setValue((viewed[-1] + 0.5) if viewed else 0.0)
-        self.marker.setVisible(bool(viewed))
         self.legend.set_gradient(
             self._lut,
             f"recall {low:.2f}",
             "1.00",
             none=(self._theme.categories[data.FAR], "not measured"),
         )
-        measured_upto = [e for e in measured if e.seq <= entry.seq]
-        self.info.setText(self.step_text(measured_upto[-1] if measured_upto else entry, entry))
+        self._viewed_seq = None  # the marker's column may have moved
 
     def _low_level(self) -> float:
         """Lower end of the colour scale: the lowest recall rounded down to 0.1 (at most 0.9)."""
@@ -219,7 +241,9 @@ class FidelityPanel(QWidget):
         self.image.setLookupTable(self._lut)
         self.marker.setPen(pg.mkPen(theme.marker, width=1.5))
         self._key = None
+        self._viewed_seq = None
 
     def _on_choice_changed(self, _index: int) -> None:
         self._key = None
+        self._viewed_seq = None
         self.redraw_requested.emit()

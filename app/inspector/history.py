@@ -91,11 +91,14 @@ class SnapshotRing:
         self._series.clear()
 
     def _trim(self) -> None:
+        dropped = False
         while len(self._entries) > self._capacity:
             self._entries.popleft()
-        live = {e.reply for e in self._entries} | {self._reply}
-        for reply in [r for r in self._series if r not in live]:
-            del self._series[reply]
+            dropped = True
+        if dropped and len(self._series) > 1:
+            live = {e.reply for e in self._entries} | {self._reply}
+            for reply in [r for r in self._series if r not in live]:
+                del self._series[reply]
 
     # ---- reading -------------------------------------------------------------------------
     @property

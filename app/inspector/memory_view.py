@@ -10,7 +10,7 @@ from PySide6.QtWidgets import QHBoxLayout, QVBoxLayout, QWidget
 from . import data
 from .state import InspectorState
 from .theme import Theme
-from .widgets import LegendBar, ThemedPlot, small_label
+from .widgets import LegendBar, ThemedPlot, nice_ceiling, small_label
 
 MB = 1024 * 1024
 
@@ -33,6 +33,8 @@ class MemoryPanel(QWidget):
         self.state = state
         self._key: tuple | None = None
         self.last_summary: data.MemorySummary | None = None
+        self._ranges: tuple | None = None
+        self._ticks: list | None = None
         self._build()
 
     def _build(self) -> None:
@@ -63,10 +65,7 @@ class MemoryPanel(QWidget):
             plot.setMinimumHeight(110)
 
         self.legend = LegendBar()
-        self.summary = small_label("")
-        font = self.summary.font()
-        font.setBold(True)
-        self.summary.setFont(font)
+        self.summary = small_label("", 1, bold=True)
 
         plots = QHBoxLayout()
         plots.setSpacing(4)
@@ -101,17 +100,36 @@ class MemoryPanel(QWidget):
         self.held_bars.setOpts(x=x + 0.22, height=summary.held / MB)
         ids = [layer.layer for layer in entry.snapshot.layers]
         ticks = [(i, str(lid)) for i, lid in enumerate(ids) if i % max(1, len(ids) // 10) == 0]
-        self.bars_plot.plotItem.getAxis("bottom").setTicks([ticks])
-        self.bars_plot.plotItem.setXRange(-0.6, max(len(ids) - 0.4, 0.4), padding=0)
-        self.bars_plot.plotItem.setYRange(0, max(float(summary.fp16.max(initial=0)) / MB, 1e-6))
+        if ticks != self._ticks:
+            self._ticks = ticks
+            self.bars_plot.plotItem.getAxis("bottom").setTicks([ticks])
+        bar_top = nice_ceiling(
+            float(max(summary.fp16.max(initial=0), summary.held.max(initial=0))) / MB
+        )
+        line_top = nice_ceiling(float(max(series.arrays()[2].max(initial=0), 1)) / MB)
 
         steps, held, fp16 = series.arrays()
         self.fp16_line.setData(steps.astype(float), fp16 / MB)
         self.held_line.setData(steps.astype(float), held / MB)
         self.step_marker.setValue(entry.snapshot.step)
-        top = float(max(fp16.max(initial=0), held.max(initial=0))) / MB
-        self.line_plot.plotItem.setYRange(0, max(top, 1e-6) * 1.05, padding=0)
+        first = float(steps[0]) if steps.size else 0.0
+        span = nice_ceiling(max(float(steps[-1]) - first, 8.0)) if steps.size else 8.0
+        line_top = max(line_top, nice_ceiling(float(held.max(initial=0)) / MB))
+        self._set_ranges(len(ids), bar_top, first, span, line_top)
         self.summary.setText(self.summary_text(summary))
+
+    def _set_ranges(
+        self, layers: int, bar_top: float, first: float, span: float, top: float
+    ) -> None:
+        """Rounded ranges, changed only when the data outgrows them (axes redraw rarely)."""
+        ranges = (layers, bar_top, first, span, top)
+        if ranges == self._ranges:
+            return
+        self._ranges = ranges
+        self.bars_plot.plotItem.setXRange(-0.6, max(layers - 0.4, 0.4), padding=0)
+        self.bars_plot.plotItem.setYRange(0, bar_top * 1.02, padding=0)
+        self.line_plot.plotItem.setXRange(first, first + span, padding=0.01)
+        self.line_plot.plotItem.setYRange(0, top * 1.02, padding=0)
 
     @staticmethod
     def summary_text(summary: data.MemorySummary) -> str:

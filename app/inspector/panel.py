@@ -3,7 +3,8 @@
 Contract with the app (DESIGN.md section 5): snapshots arrive on the GUI thread through
 `on_snapshot` after every decode step. Taking one is O(layers): it is appended to a bounded ring
 and a throttled single-shot timer is started; panels redraw from the viewed snapshot at most
-`redraw_hz` times a second, only while visible, creating their plot items once and calling
+`redraw_hz` times a second (slower while the GUI thread uses more than `redraw_budget` of a core,
+see `throttle.py`), only while visible, creating their plot items once and calling
 `setData` / `setImage`.
 """
 
@@ -25,9 +26,11 @@ from .memory_view import MemoryPanel
 from .retrieval_map import RetrievalMapPanel
 from .scrubber import StepScrubber
 from .state import FidelityInfo, InspectorState
+from .throttle import RedrawThrottle
 from .widgets import Section
 
 DEFAULT_REDRAW_HZ = 12.0
+DEFAULT_REDRAW_BUDGET = 0.12  # share of one core the GUI thread may use before redraws slow down
 SECTION_TITLES = {
     "map": "Window & retrieval map",
     "codebook": "Codebook usage",
@@ -55,10 +58,10 @@ class InspectorPanel(QWidget):
         *,
         history_size: int = DEFAULT_CAPACITY,
         redraw_hz: float = DEFAULT_REDRAW_HZ,
+        redraw_budget: float = DEFAULT_REDRAW_BUDGET,
     ) -> None:
         super().__init__(parent)
-        if not 0.5 <= redraw_hz <= 60:
-            raise ValueError(f"redraw_hz={redraw_hz!r} is out of range: must be in [0.5, 60]")
+        self.throttle = RedrawThrottle(redraw_hz, redraw_budget)
         self.state = InspectorState()
         self.state.ring.set_capacity(history_size)
         self._last_highlight: list[int] | None = None
@@ -101,7 +104,7 @@ class InspectorPanel(QWidget):
 
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
-        self._timer.setInterval(max(1, round(1000 / redraw_hz)))
+        self._timer.setInterval(self.throttle.interval_ms)
         self._timer.timeout.connect(self._redraw)
         self.setMinimumWidth(360)
         self._redraw()
@@ -119,6 +122,7 @@ class InspectorPanel(QWidget):
         self.state.ring.new_reply()
         self.state.viewed_seq = None
         self._generating = True
+        self.throttle.reset()
         self._schedule()
 
     @Slot()
@@ -231,6 +235,7 @@ class InspectorPanel(QWidget):
                 body.render()
         self.scrubber.refresh()
         self._emit_highlight()
+        self._timer.setInterval(self.throttle.after_redraw())
 
     def _emit_highlight(self) -> None:
         positions = self.map_panel.highlight_for(self.state.entry())

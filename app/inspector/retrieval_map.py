@@ -40,6 +40,15 @@ HIGHLIGHT_ALL = "all"
 RECENT_STEPS = 32  # "how often retrieved in the last steps" looks back this many kept steps
 
 
+def follow_span(width: int) -> int:
+    """X extent shown while following a context of `width` positions: width rounded up to a
+    step of about 3% (at least 16), so the view (and its axis) changes every few dozen tokens."""
+    if width <= 0:
+        return 1
+    step = max(16, 2 ** math.floor(math.log2(max(width // 32, 1))))
+    return -(-width // step) * step
+
+
 class TokenAxis(pg.AxisItem):
     """Bottom axis: position numbers, or the tokens' own text once zoomed in far enough."""
 
@@ -112,6 +121,7 @@ class RetrievalMapPanel(QWidget):
         self._rendering = False
         self._shown: tuple[int, int, int] = (0, 1, 0)  # (start, factor, columns) now displayed
         self._layer_ids: list[int] = []
+        self._ranges: tuple[int, int] | None = None
         self._build()
 
     # ---- construction ---------------------------------------------------------------------
@@ -165,8 +175,8 @@ class RetrievalMapPanel(QWidget):
         self.plot.setMinimumHeight(140)
 
         self.legend = LegendBar()
-        self.info = small_label("Hover the map for a token's details; click to scroll the chat.")
-        self.summary = small_label("")
+        self.info = small_label("Hover the map for a token's details; click to scroll the chat.", 2)
+        self.summary = small_label("", 2)
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -241,10 +251,14 @@ class RetrievalMapPanel(QWidget):
                 self._update_summary(entry)
             rows, width = self._full.shape
             vb = self.plot.plotItem.vb
-            if self._follow:
-                vb.setXRange(0, max(width, 1), padding=0)
-            vb.setYRange(0, max(rows, 1), padding=0)
-            vb.setLimits(xMin=0, xMax=max(width, 1), yMin=0, yMax=max(rows, 1))
+            span = follow_span(width)
+            if (span, rows) != self._ranges:
+                # the axes are redrawn only when the context outgrows the span
+                self._ranges = (span, rows)
+                vb.setLimits(xMin=0, xMax=span, yMin=0, yMax=max(rows, 1))
+                vb.setYRange(0, max(rows, 1), padding=0)
+                if self._follow:
+                    vb.setXRange(0, span, padding=0)
             self._draw_lod()
         finally:
             self._rendering = False
@@ -375,6 +389,7 @@ class RetrievalMapPanel(QWidget):
 
     def _on_fit_clicked(self) -> None:
         self._follow = True
+        self._ranges = None
         self.fit_button.setEnabled(False)
         self.redraw_requested.emit()
 

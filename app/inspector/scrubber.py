@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QSlider, QToolButton, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QSlider, QToolButton, QWidget
 
 from .state import InspectorState
+from .widgets import StatusLine
 
 
 class StepScrubber(QWidget):
@@ -27,8 +28,13 @@ class StepScrubber(QWidget):
         self.live_button.setCheckable(True)
         self.live_button.setChecked(True)
         self.live_button.toggled.connect(self._on_live_toggled)
-        self.label = QLabel("no steps yet")
-        self.label.setMinimumWidth(150)
+        self.label = StatusLine("no steps yet")
+        self.label.setFixedWidth(
+            self.label.fontMetrics().horizontalAdvance(
+                "step 00000 \u00b7 000000 tok \u00b7 000/000"
+            )
+            + 14
+        )
 
         layout = QHBoxLayout(self)
         layout.setContentsMargins(6, 2, 6, 2)

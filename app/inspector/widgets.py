@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -159,6 +160,8 @@ class LegendBar(QWidget):
 
     def set_categories(self, items: list[tuple[str, ...]]) -> None:
         """items: (colour hex, label) or (colour hex, label, "line") in display order."""
+        if self._gradient is None and list(items) == self._items:
+            return
         self._items = list(items)
         self._gradient = None
         self._none = None
@@ -169,6 +172,14 @@ class LegendBar(QWidget):
         self, lut: np.ndarray, low: str, high: str, none: tuple[str, str] | None = None
     ) -> None:
         """lut uint8 [n, 4] (index 0 is drawn as the `none` swatch when given)."""
+        current = self._gradient
+        if (
+            current is not None
+            and current[1:] == (low, high)
+            and self._none == none
+            and np.array_equal(current[0], lut)
+        ):
+            return
         self._gradient = (lut, low, high)
         self._none = none
         self._items = []
@@ -358,8 +369,69 @@ def controls_row(*widgets: QWidget) -> QHBoxLayout:
     return row
 
 
-def small_label(text: str = "") -> QLabel:
-    label = QLabel(text)
-    label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-    label.setWordWrap(True)
-    return label
+class StatusLine(QWidget):
+    """Text that changes every step: wrapped into a fixed number of lines, elided beyond them.
+
+    Unlike a word-wrapping QLabel, setting the text never asks the layout to recompute (a
+    relayout of the whole inspector per decode step), it only repaints this strip.
+    """
+
+    def __init__(self, text: str = "", lines: int = 1, bold: bool = False) -> None:
+        super().__init__()
+        self._text = ""
+        self._lines = lines
+        if bold:
+            font = self.font()
+            font.setBold(True)
+            self.setFont(font)
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
+        self.setFixedHeight(self.fontMetrics().lineSpacing() * lines + 4)
+        self.setText(text)
+
+    def text(self) -> str:
+        return self._text
+
+    def setText(self, text: str) -> None:  # noqa: N802 (QLabel-like API)
+        if text == self._text:
+            return
+        self._text = text
+        self.setToolTip(text)
+        self.setAccessibleName(text)
+        self.update()
+
+    def sizeHint(self) -> QSize:  # noqa: N802 (Qt override)
+        return QSize(200, self.height())
+
+    def paintEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        painter = QPainter(self)
+        painter.setPen(self.palette().color(self.foregroundRole()))
+        rect = self.rect().adjusted(6, 2, -6, -2)
+        fm = self.fontMetrics()
+        flags = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop | Qt.TextFlag.TextWordWrap
+        text = self._text
+        if fm.boundingRect(rect, flags, text).height() > rect.height():
+            # too long for the lines we have: elide the end so the cut is visible
+            budget = rect.width() * self._lines - fm.horizontalAdvance("\u2026") * 2
+            text = fm.elidedText(text, Qt.TextElideMode.ElideRight, max(budget, 10))
+        painter.drawText(rect, flags, text)
+
+
+def small_label(text: str = "", lines: int = 1, bold: bool = False) -> StatusLine:
+    return StatusLine(text, lines, bold)
+
+
+NICE_STEPS = (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
+
+
+def nice_ceiling(value: float) -> float:
+    """Smallest "round" number (1, 1.5, 2, 3, 4, 5, 6, 8 times a power of ten) >= value.
+
+    Axis ranges snap to these so a growing series changes its axes (costly to redraw) rarely.
+    """
+    if value <= 0 or not math.isfinite(value):
+        return 1.0
+    power = 10.0 ** math.floor(math.log10(value))
+    for step in NICE_STEPS:
+        if step * power >= value * (1 - 1e-12):
+            return step * power
+    return 10.0 * power

@@ -337,3 +337,60 @@ def test_load_rejects_foreign_and_broken_files(tmp_path):
         export.load_telemetry(tmp_path / "broken.json")
     with pytest.raises(ValueError, match="histograms"):
         export.telemetry_dict([], histograms="zip")
+
+
+def test_vectorised_code_stats_match_per_layer():
+    run = growing_run(2, heads=3)
+    snap = run[-1]
+    for head in (None, 0, 2):
+        fast = data.snapshot_code_stats(snap, head)
+        slow = [data.layer_code_stats(layer, head) for layer in snap.layers]
+        for a, b in zip(fast, slow, strict=True):
+            assert a.dead == b.dead and a.n_codes == b.n_codes and a.tokens == b.tokens
+            assert a.entropy_bits == pytest.approx(b.entropy_bits)
+            assert a.top_share == pytest.approx(b.top_share)
+
+
+def test_follow_span_and_nice_ceiling_change_rarely():
+    from app.inspector.retrieval_map import follow_span
+    from app.inspector.widgets import nice_ceiling
+
+    spans = {follow_span(w) for w in range(2000, 2064)}
+    assert len(spans) <= 3 and all(s >= 2000 for s in spans)
+    assert all(follow_span(w) >= w for w in (1, 15, 100, 4097, 100_000))
+    assert [nice_ceiling(v) for v in (0.7, 1.0, 1.2, 46.1, 51, 7900)] == [
+        0.8,
+        1.0,
+        1.5,
+        50,
+        60,
+        8000,
+    ]
+
+
+def test_redraw_throttle_backs_off_when_the_gui_thread_is_busy():
+    from app.inspector.throttle import RedrawThrottle
+
+    clock = {"wall": 0.0, "cpu": 0.0}
+    throttle = RedrawThrottle(
+        max_hz=10,
+        budget=0.1,
+        slowest_ms=500,
+        wall_clock=lambda: clock["wall"],
+        cpu_clock=lambda: clock["cpu"],
+    )
+    assert throttle.after_redraw() == 100  # first call: nothing measured yet
+
+    def frame(wall: float, cpu: float) -> int:
+        clock["wall"] += wall
+        clock["cpu"] += cpu
+        return throttle.after_redraw()
+
+    busy = [frame(0.1, 0.05) for _ in range(12)]  # 50% of a core
+    assert busy == sorted(busy) and busy[-1] == 500 and throttle.last_share == pytest.approx(0.5)
+    calm = [frame(0.5, 0.01) for _ in range(12)]  # 2% of a core
+    assert calm == sorted(calm, reverse=True) and calm[-1] == 100
+    with pytest.raises(ValueError, match="redraw_hz"):
+        RedrawThrottle(max_hz=100)
+    with pytest.raises(ValueError, match="budget"):
+        RedrawThrottle(budget=0)
