@@ -146,3 +146,79 @@ def fp16_bytes_per_token(model: nn.Module) -> int:
 
     geo = model_geometry(model)
     return 2 * geo["num_layers"] * geo["num_kv_heads"] * geo["head_dim"] * 2
+
+
+# -- memory -------------------------------------------------------------------------------------
+
+MEMORY_METHODS = ("full", "kv8", "kv4", "a2ats", "a2ats_kv8", "a2ats_kv4")
+
+
+@dataclass
+class MemoryResult:
+    """Bytes one method's caches hold for `context` tokens (all layers)."""
+
+    method: str
+    context: int
+    bytes_held: int
+    bytes_per_token: float
+
+
+def kv_dtype(model: nn.Module) -> mx.Dtype:
+    """The dtype the model's attention hands its cache (one-token forward into a KVCache)."""
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.array([[0]]), cache=cache))
+    return cache[0].keys.dtype
+
+
+def _memory_caches(model: nn.Module, method: str, config: A2ATSConfig, codebook) -> list:
+    n_layers = len(make_prompt_cache(model))
+    if method == "full":
+        return [KVCache() for _ in range(n_layers)]
+    if method in ("kv8", "kv4"):
+        return [QuantizedKVCache(group_size=64, bits=int(method[-1])) for _ in range(n_layers)]
+    if method in ("a2ats", "a2ats_kv8", "a2ats_kv4"):
+        bits = None if method == "a2ats" else int(method[-1])
+        cfg = A2ATSConfig(**{**config.to_dict(), "kv_bits": bits})
+        return make_cache(model, cfg, codebook)
+    raise ValueError(f"unknown memory method {method!r}; known: {', '.join(MEMORY_METHODS)}")
+
+
+def bench_memory(
+    model: nn.Module,
+    contexts: list[int],
+    *,
+    methods: tuple[str, ...] = MEMORY_METHODS,
+    config: A2ATSConfig | None = None,
+    codebook=None,
+    chunk: int = 4096,
+    seed: int = 0,
+) -> list[MemoryResult]:
+    """Bytes held per token by each method's caches after `context` tokens.
+
+    The caches are filled through `update_and_fetch` with random keys/values of the model's
+    geometry and K/V dtype (what a cache holds does not depend on the values; A2ATS codes are
+    assigned as usual), so no model forward is needed beyond one token to find the dtype.
+    """
+    from .rope import model_geometry
+
+    config = config or A2ATSConfig()
+    geo = model_geometry(model)
+    shape = (1, geo["num_kv_heads"], 0, geo["head_dim"])
+    dtype = kv_dtype(model)
+    key = mx.random.key(seed)
+    results = []
+    for n in contexts:
+        for method in methods:
+            caches = _memory_caches(model, method, config, codebook)
+            for start in range(0, n, chunk):
+                size = min(chunk, n - start)
+                k1, k2, key = mx.random.split(key, 3)
+                for cache in caches:
+                    k = mx.random.normal((*shape[:2], size, shape[3]), key=k1).astype(dtype)
+                    v = mx.random.normal((*shape[:2], size, shape[3]), key=k2).astype(dtype)
+                    cache.update_and_fetch(k, v)
+                mx.eval([c.state for c in caches])
+            held = cache_bytes(caches)
+            results.append(MemoryResult(method, n, held, held / n))
+            del caches
+    return results

@@ -36,23 +36,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     d.add_argument("--json", action="store_true", help="print one JSON object")
     d.set_defaults(func=run_decode)
+    _register_memory(bench)
+    _register_passkey(bench)
+    _register_seed_synthetic(bench)
 
 
-def _load_codebook(path: str | None, model_source: str):
-    from ..codebook import Codebook
+def _load_codebook(path: str | None, model_source: str, model_path: str | None = None):
+    from ._bench_common import find_codebook
 
-    if path:
-        return Codebook.load(path)
-    if model_source == "demo":
-        try:
-            from ..calibrate import default_codebook_path
-
-            default = default_codebook_path()
-            if default.exists():
-                return Codebook.load(default)
-        except ImportError:
-            pass
-    return None
+    return find_codebook(path, model_source, model_path, required=False)[0]
 
 
 def run_decode(args: argparse.Namespace) -> int:
@@ -61,7 +53,7 @@ def run_decode(args: argparse.Namespace) -> int:
     from ..speed import bench_decode, fp16_bytes_per_token
 
     model, tokenizer, info = load_model(args.model)
-    codebook = _load_codebook(args.codebook, args.model)
+    codebook = _load_codebook(args.codebook, args.model, info.path)
     contexts = [int(c) for c in args.contexts.split(",") if c]
     methods = [m for m in args.methods.split(",") if m]
     if args.telemetry and "a2ats_telemetry" not in methods:
@@ -121,5 +113,197 @@ def run_decode(args: argparse.Namespace) -> int:
             f"{row['context']:>8} {row['method']:<16} {row['tokens_per_s']:>8.2f} "
             f"{row['speed_vs_full']:>7.2f}x {row['bytes_per_token']:>10.0f} "
             f"{row['bytes_vs_fp16_full']:>7.3f}x"
+        )
+    return 0
+
+
+# -- memory -------------------------------------------------------------------------------------
+
+
+def _register_memory(bench) -> None:
+    m = bench.add_parser(
+        "memory",
+        help="cache bytes per token vs context for each method (ratios to full and fp16)",
+        description=(
+            "Fill each method's caches with `context` tokens of random keys/values of the model's "
+            "geometry and K/V dtype (what a cache holds does not depend on the values) and report "
+            "the bytes held per token, with ratios to `full` (mlx-lm KVCache) and to an fp16 "
+            "full cache."
+        ),
+    )
+    m.add_argument("--model", default="demo", help="model source (default: demo)")
+    m.add_argument("--codebook", help="codebook file (default: the model's default, else random)")
+    m.add_argument("--contexts", default="1024,4096,8192,16384", help="comma-separated contexts")
+    m.add_argument("--methods", default="full,kv8,kv4,a2ats,a2ats_kv8,a2ats_kv4")
+    m.add_argument("--json", action="store_true", help="print one JSON object")
+    m.set_defaults(func=run_memory)
+
+
+def run_memory(args: argparse.Namespace) -> int:
+    from ..models import load_model
+    from ..speed import bench_memory, fp16_bytes_per_token, kv_dtype
+    from ._bench_common import a2ats_config, machine, parse_list, silence_random_codebook_warning
+
+    silence_random_codebook_warning()
+    model, _, info = load_model(args.model)
+    codebook = _load_codebook(args.codebook, args.model, info.path)
+    config = a2ats_config(codebook, model)
+    methods = tuple(m for m in args.methods.split(",") if m)
+    results = bench_memory(
+        model, parse_list(args.contexts), methods=methods, config=config, codebook=codebook
+    )
+    fp16 = fp16_bytes_per_token(model)
+    rows = []
+    for r in results:
+        full = next((x for x in results if x.context == r.context and x.method == "full"), None)
+        rows.append(
+            {
+                "method": r.method,
+                "context": r.context,
+                "bytes_held": r.bytes_held,
+                "bytes_per_token": round(r.bytes_per_token, 1),
+                "vs_full": round(r.bytes_per_token / full.bytes_per_token, 4) if full else None,
+                "vs_fp16_full": round(r.bytes_per_token / fp16, 4),
+            }
+        )
+    out = {
+        "model": info.name,
+        "kv_dtype": str(kv_dtype(model)).rsplit(".", 1)[-1],
+        "fp16_bytes_per_token": fp16,
+        "codebook_bytes": codebook.nbytes if codebook is not None else None,
+        "machine": machine(),
+        "results": rows,
+    }
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"model {info.name}; K/V dtype {out['kv_dtype']}; fp16 full = {fp16} B/token")
+    if codebook is not None:
+        print(f"codebook held once per model: {codebook.nbytes / 2**20:.2f} MiB (not per token)")
+    print(f"{'context':>8} {'method':<10} {'B/token':>10} {'vs full':>8} {'vs fp16':>8}")
+    for row in rows:
+        vs_full = "" if row["vs_full"] is None else f"{row['vs_full']:.3f}x"
+        print(
+            f"{row['context']:>8} {row['method']:<10} {row['bytes_per_token']:>10.0f} "
+            f"{vs_full:>8} {row['vs_fp16_full']:>7.3f}x"
+        )
+    return 0
+
+
+# -- passkey ------------------------------------------------------------------------------------
+
+
+def _register_passkey(bench) -> None:
+    p = bench.add_parser(
+        "passkey",
+        help="passkey retrieval accuracy per method at several contexts and depths",
+        description=(
+            "Hide a 5-digit passkey at several depths in filler text, ask for it at the end and "
+            "answer greedily with each method's cache (the last prompt token and every answer "
+            "token go through the method's decode attention). Accuracy per method and context."
+        ),
+    )
+    p.add_argument("--model", default="demo", help="model source (default: demo)")
+    p.add_argument("--codebook", help="codebook file (default: the model's default codebook)")
+    p.add_argument("--contexts", default="1024,2048,4096,8192", help="comma-separated contexts")
+    p.add_argument("--depths", default="0.1,0.3,0.5,0.7,0.9", help="needle depths in [0, 1]")
+    p.add_argument("--methods", default="full,window,a2ats", help="full, window, a2ats, ...")
+    p.add_argument("--budget", default="0.03", help="retrieval budget: fraction or token count")
+    p.add_argument("--answer-tokens", type=int, default=8, help="greedy answer length")
+    p.add_argument("--seed", type=int, default=0, help="passkey random seed")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run_passkey)
+
+
+def run_passkey(args: argparse.Namespace) -> int:
+    from ..models import load_model
+    from ..passkey import accuracy_table, bench_passkey
+    from ._bench_common import (
+        a2ats_config,
+        find_codebook,
+        machine,
+        parse_budget,
+        parse_list,
+        stderr_progress,
+    )
+
+    model, tokenizer, info = load_model(args.model)
+    codebook, desc = find_codebook(args.codebook, args.model, info.path, required=True)
+    config = a2ats_config(codebook, model, budget=parse_budget(args.budget))
+    trials = bench_passkey(
+        model, tokenizer, parse_list(args.contexts), parse_list(args.depths, float),
+        codebook=codebook, config=config, methods=tuple(m for m in args.methods.split(",") if m),
+        answer_tokens=args.answer_tokens, seed=args.seed,
+        progress=stderr_progress(not args.json),
+    )  # fmt: skip
+    table = accuracy_table(trials)
+    out = {
+        "model": info.name,
+        "codebook": desc,
+        "budget": config.budget,
+        "machine": machine(),
+        "accuracy": table,
+        "trials": [t.to_dict() for t in trials],
+    }
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    contexts = sorted({t.context for t in trials})
+    print(f"model {info.name}; codebook {desc}; budget {config.budget}")
+    print(f"{'method':<14}" + "".join(f"{c:>8}" for c in contexts))
+    for method, row in table.items():
+        print(f"{method:<14}" + "".join(f"{row[str(c)]:>8.2f}" for c in contexts))
+    return 0
+
+
+# -- seed synthetic -----------------------------------------------------------------------------
+
+
+def _register_seed_synthetic(bench) -> None:
+    s = bench.add_parser(
+        "seed-synthetic",
+        help="the seed document's offline benchmark (windowed RoPE, query-aware VQ), deterministic",
+        description=(
+            "Synthetic sequences of 200 and 400 tokens, geometries local_recency and "
+            "long_range_dependent: windowed vs always-exact RoPE score error and query-aware vs "
+            "plain VQ (key MSE, score MSE, top-K attention recall). No model needed."
+        ),
+    )
+    s.add_argument("--sequences", default="200,400", help="comma-separated sequence lengths")
+    s.add_argument("--centroids", type=int, default=64, help="codebook size (default 64)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.set_defaults(func=run_seed_synthetic)
+
+
+def run_seed_synthetic(args: argparse.Namespace) -> int:
+    from ..seed_synthetic import SyntheticSettings, run
+    from ._bench_common import parse_list
+
+    settings = SyntheticSettings(n_centroids=args.centroids, seed=args.seed)
+    out = run(settings, sequences=tuple(parse_list(args.sequences)))
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    claims = out["seed_claims"]["windowed_vs_exact_rope_mse_ratio"]
+    print(
+        "seed claims: windowed/exact RoPE MSE ratio "
+        + ", ".join(f"{g} {v}x" for g, v in claims.items())
+        + "; query-aware key MSE above plain VQ in every row"
+    )
+    head = (
+        f"{'spectrum':<14} {'seq':>4} {'geometry':<21} {'key w/e':>8} {'score w/e':>9} "
+        f"{'QA/plain key':>12} {'QA score':>9} {'plain score':>11} {'QA recall':>9} "
+        f"{'plain recall':>12}"
+    )
+    print(head)
+    for row in out["rows"]:
+        rope, vq = row["rope"], row["vq"]
+        print(
+            f"{row['spectrum']:<14} {row['sequence']:>4} {row['geometry']:<21} "
+            f"{rope['seed_key_windowed_over_exact']:>7.2f}x {rope['windowed_over_exact']:>8.2f}x "
+            f"{vq['query_aware_key_mse_over_plain']['ratio']:>11.2f}x "
+            f"{vq['query_aware']['score_mse_far']:>9.3f} {vq['plain']['score_mse_far']:>11.3f} "
+            f"{vq['query_aware']['recall_top_k']:>9.3f} {vq['plain']['recall_top_k']:>12.3f}"
         )
     return 0

@@ -1,0 +1,225 @@
+"""Codebooks for the evaluation's ablations, trained on the fly on the built-in corpus.
+
+Each ablation changes one thing against the codebook under test and keeps the rest of its
+calibration (token count, chunk length, keys per head, centroids, seed; read from its metadata):
+
+- plain_vq: the same collected keys clustered with beta = 1 (plain nearest-centroid VQ);
+- no_wrope: post-RoPE keys clustered with the metric of the plain post-RoPE queries (codes and
+  scores without windowed RoPE);
+- random:   standard-normal centroids (wiring baseline).
+
+Trained codebooks are kept under `<data dir>/codebooks/ablations/` keyed by model and settings,
+so a second evaluation reuses them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from .codebook import Codebook, model_fingerprint
+from .config import A2ATSConfig
+from .rope import model_geometry
+
+Progress = Callable[[str, int, int], None]
+KINDS = ("plain_vq", "no_wrope", "random")
+DEFAULT_TOKENS = 16384
+
+
+def ablation_dir() -> Path:
+    from .paths import data_dir
+
+    return data_dir() / "codebooks" / "ablations"
+
+
+def calibration_settings(codebook: Codebook, tokens: int | None = None) -> dict[str, Any]:
+    """The calibration settings of `codebook` (metadata), with defaults where it has none."""
+    meta = codebook.metadata
+    return {
+        "n_centroids": codebook.n_centroids,
+        "sub_dim": None if codebook.num_subspaces == 1 else codebook.sub_dim,
+        "beta": float(meta.get("beta", 0.0)),
+        "tokens": int(tokens or meta.get("tokens") or DEFAULT_TOKENS),
+        "chunk_len": int(meta.get("chunk_len") or 1024),
+        "keys_per_head": meta.get("keys_per_head"),
+        "far_offset": int(meta.get("far_offset") or 2048),
+        "sinks": int(meta.get("sinks") or 8),
+        "window": int(meta.get("window") or 64),
+        "seed": int(meta.get("seed") or 0),
+    }
+
+
+def _cache_path(model: Any, kind: str, settings: dict[str, Any]) -> Path:
+    blob = json.dumps({"model": model_fingerprint(model), "kind": kind, **settings}, sort_keys=True)
+    digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return ablation_dir() / f"{kind}-{settings['n_centroids']}-{digest}.safetensors"
+
+
+def ablation_codebooks(
+    model: Any,
+    tokenizer: Any,
+    codebook: Codebook,
+    kinds: Sequence[str],
+    *,
+    tokens: int | None = None,
+    use_cache: bool = True,
+    progress: Progress | None = None,
+) -> tuple[dict[str, Codebook], list[str]]:
+    """Codebooks for `kinds` (subset of KINDS) matched to `codebook`'s calibration.
+
+    Returns ({kind: Codebook}, notes): one human-readable note per codebook saying where it
+    came from (trained now on N tokens of the built-in corpus, or reused from the cache)."""
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise ValueError(f"unknown ablation codebook(s) {unknown}; known: {', '.join(KINDS)}")
+    settings = calibration_settings(codebook, tokens)
+    out: dict[str, Codebook] = {}
+    notes: list[str] = []
+    stream = None
+    for kind in kinds:
+        if kind == "random":
+            geo = model_geometry(model)
+            out[kind] = Codebook.random(
+                geo["num_layers"], geo["num_kv_heads"], geo["head_dim"],
+                settings["n_centroids"], sub_dim=settings["sub_dim"], seed=settings["seed"],
+            )  # fmt: skip
+            notes.append(f"random: standard-normal centroids ({settings['n_centroids']})")
+            continue
+        path = _cache_path(model, kind, settings)
+        if use_cache and path.is_file():
+            out[kind] = Codebook.load(path)
+            notes.append(f"{kind}: reused {path} (trained earlier on the built-in corpus)")
+            continue
+        if stream is None:
+            stream = _corpus_stream(tokenizer, settings, progress)
+        out[kind] = _train(model, kind, stream, settings, progress)
+        if use_cache:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            out[kind].save(path)
+        notes.append(
+            f"{kind}: trained now on {len(stream)} tokens of the built-in corpus "
+            f"({settings['n_centroids']} centroids)" + (f", saved to {path}" if use_cache else "")
+        )
+    return out, notes
+
+
+def _corpus_stream(tokenizer: Any, settings: dict[str, Any], progress) -> np.ndarray:
+    from .calibrate import token_stream
+    from .corpus import builtin_corpus
+
+    texts = builtin_corpus(tokenizer, seed=settings["seed"], chars=8 * settings["tokens"])
+    return token_stream(tokenizer, texts, settings["tokens"], progress=progress)
+
+
+def _config(settings: dict[str, Any]) -> A2ATSConfig:
+    return A2ATSConfig(
+        n_centroids=settings["n_centroids"], sub_dim=settings["sub_dim"],
+        beta=settings["beta"], far_offset=settings["far_offset"], sinks=settings["sinks"],
+        window=settings["window"],
+    )  # fmt: skip
+
+
+def _train(model, kind: str, stream: np.ndarray, settings: dict[str, Any], progress) -> Codebook:
+    from .calibrate import collect, default_keys_per_head, fit_codebook
+
+    config = _config(settings)
+    keys_per_head = settings["keys_per_head"] or default_keys_per_head(settings["n_centroids"])
+    meta = {"ablation": kind, "corpus": "built-in", "tokens": int(len(stream))}
+    if kind == "plain_vq":
+        data = collect(
+            model, _StreamTokenizer(stream), ["stream"], config, tokens=len(stream),
+            keys_per_head=keys_per_head, chunk_len=settings["chunk_len"], heldout=0.0,
+            seed=settings["seed"], progress=progress,
+        )  # fmt: skip
+        return fit_codebook(
+            data, config, beta=1.0, seed=settings["seed"], progress=progress,
+            stage="clustering plain VQ", metadata=meta,
+        )  # fmt: skip
+    keys, moments = collect_post_rope(
+        model, stream, chunk_len=settings["chunk_len"], keys_per_head=keys_per_head,
+        sinks=settings["sinks"], window=settings["window"], seed=settings["seed"],
+        progress=progress,
+    )  # fmt: skip
+    return Codebook.fit(
+        keys, n_centroids=settings["n_centroids"], query_moments=moments,
+        sub_dim=settings["sub_dim"], beta=settings["beta"], seed=settings["seed"],
+        max_iters=20, metadata={**meta, "post_rope": True},
+        callback=(lambda it, total: progress("clustering no-WRoPE", it, total)) if progress else None,
+    )  # fmt: skip
+
+
+class _StreamTokenizer:
+    """Feeds an already tokenized stream to `calibrate.collect` (its `encode` returns it)."""
+
+    eos_token_id = None
+
+    def __init__(self, stream: np.ndarray) -> None:
+        self.stream = stream
+
+    def encode(self, text: str) -> list[int]:
+        return [int(t) for t in self.stream]
+
+
+def collect_post_rope(
+    model: Any,
+    stream: np.ndarray,
+    *,
+    chunk_len: int,
+    keys_per_head: int,
+    sinks: int,
+    window: int,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> tuple[list[mx.array], list[mx.array]]:
+    """Post-RoPE keys `[n_kv, N, d]` and post-RoPE query moments `sum q^ q^T` `[n_kv, d, d]`
+    per layer, collected like `calibrate.collect` (fresh context per chunk, keys past the sinks
+    sampled uniformly, queries from position `sinks + window` on)."""
+    from . import hooks
+    from .calibrate import STEP_TOKENS, CaptureCache, _body
+    from .evaluate import IdentityRope
+
+    geo = model_geometry(model)
+    n_kv, d, n_layers = geo["num_kv_heads"], geo["head_dim"], geo["num_layers"]
+    total = len(stream)
+    bounds = [(s, min(s + chunk_len, total)) for s in range(0, total, chunk_len)]
+    pool = np.concatenate([np.arange(s + min(sinks, e - s - 1), e) for s, e in bounds])
+    rng = np.random.default_rng(seed)
+    if len(pool) > keys_per_head:
+        pool = np.sort(rng.choice(pool, size=keys_per_head, replace=False))
+    keys: list[list[mx.array]] = [[] for _ in range(n_layers)]
+    moments: list[mx.array | None] = [None] * n_layers
+    was_installed = hooks.is_installed(model)
+    hooks.install(model)
+    body = _body(model)
+    try:
+        for start, end in bounds:
+            q_start = min(sinks + window, (end - start) // 2)
+            caches = [CaptureCache(IdentityRope(d), 0, n_kv, q_start) for _ in range(n_layers)]
+            tokens = mx.array(stream[start:end])[None]
+            for s in range(0, end - start, STEP_TOKENS):
+                body(tokens[:, s : s + STEP_TOKENS], cache=caches)
+                mx.eval(
+                    [c.keys for c in caches] + [c.moment for c in caches if c.moment is not None]
+                )
+            local = mx.array((pool[(pool >= start) & (pool < end)] - start).astype(np.int32))
+            for layer, cache in enumerate(caches):
+                if local.size:
+                    keys[layer].append(mx.take(cache.pre_rope_keys()[0], local, axis=1))
+                if cache.moment is not None:
+                    prev = moments[layer]
+                    moments[layer] = cache.moment if prev is None else prev + cache.moment
+            mx.eval([k[-1] for k in keys if k] + [m for m in moments if m is not None])
+            if progress is not None:
+                progress("collecting (post-RoPE)", end, total)
+    finally:
+        if not was_installed:
+            hooks.uninstall(model)
+    if any(m is None for m in moments) or not all(keys):
+        raise ValueError("the calibration text is too short for the no-WRoPE ablation")
+    return [mx.concatenate(k, axis=1) for k in keys], list(moments)

@@ -1,0 +1,91 @@
+"""Shared pieces of `a2ats eval` and `a2ats bench ...`: codebook discovery, config, progress."""
+
+from __future__ import annotations
+
+import platform
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+
+def find_codebook(path: str | None, source: str, model_path: str | None, *, required: bool):
+    """(Codebook | None, description). `path` wins; else `codebook.safetensors` in the model
+    folder or, for the demo, its default codebook. ValueError when required and none found."""
+    from ..codebook import Codebook
+    from .chat import default_codebook
+
+    found = (
+        Path(path) if path else default_codebook(source, Path(model_path) if model_path else None)
+    )
+    if found is None:
+        if required:
+            raise ValueError(
+                "no codebook for this model: pass --codebook FILE "
+                "(make one with `a2ats calibrate --model SOURCE --out FILE`)"
+            )
+        return None, "random (no codebook found)"
+    return Codebook.load(found), str(found)
+
+
+def a2ats_config(codebook, model: Any, **knobs: Any):
+    """An A2ATSConfig matching the codebook (centroids, sub_dim, calibrated b) plus `knobs`
+    (None values ignored). Codebook/model mismatches raise; warnings go to stderr once."""
+    from ..config import A2ATSConfig
+
+    base: dict[str, Any] = {}
+    if codebook is not None:
+        base["n_centroids"] = codebook.n_centroids
+        if codebook.num_subspaces > 1:
+            base["sub_dim"] = codebook.sub_dim
+        if codebook.metadata.get("far_offset") is not None:
+            base["far_offset"] = int(codebook.metadata["far_offset"])
+    base.update({k: v for k, v in knobs.items() if v is not None})
+    config = A2ATSConfig(**base)
+    if codebook is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for note in codebook.validate_for(model, config) or []:
+                print(f"warning: {note}", file=sys.stderr)
+    return config
+
+
+def parse_budget(text: str) -> float | int:
+    """'0.03' -> 0.03 (fraction), '128' -> 128 (token count)."""
+    value = float(text)
+    if value >= 1.0 and value.is_integer() and "." not in text:
+        return int(value)
+    return value
+
+
+def parse_list(text: str, kind=int) -> list:
+    return [kind(x) for x in text.split(",") if x.strip()]
+
+
+def machine() -> str:
+    """One line naming the machine (OS, CPU architecture, cores, MLX device)."""
+    import os
+
+    import mlx.core as mx
+
+    return (
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores, "
+        f"MLX {mx.__version__} on {mx.default_device()}"
+    )
+
+
+def stderr_progress(enabled: bool):
+    """progress(stage, done, total) printing one updating line to stderr (None if disabled)."""
+    if not enabled:
+        return None
+
+    def progress(stage: str, done: int, total: int) -> None:
+        print(f"\r  {stage}: {done}/{total}\033[K", end="", file=sys.stderr, flush=True)
+        if done >= total:
+            print(file=sys.stderr)
+
+    return progress
+
+
+def silence_random_codebook_warning() -> None:
+    warnings.filterwarnings("ignore", message="A2ATS: no codebook given")

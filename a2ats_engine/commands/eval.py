@@ -1,0 +1,157 @@
+"""`a2ats eval`: recall, output error, perplexity and bytes per token of A2ATS vs other caches."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ._bench_common import a2ats_config, find_codebook, machine, parse_budget, stderr_progress
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "eval",
+        help="fidelity of A2ATS vs exact attention, mlx-lm caches and ablations on a text",
+        description=(
+            "Prefill N tokens of a text, then teacher-force the next M tokens through each method "
+            "and report per method: recall (exact attention mass on the attended tokens), "
+            "output_rel_error (attention output vs exact), ppl of the M tokens and cache "
+            "bytes_per_token. Ablation codebooks are trained on the fly on the built-in corpus "
+            "(and cached) unless given."
+        ),
+    )
+    p.add_argument("--model", default="demo", help="model source (default: demo)")
+    p.add_argument("--codebook", help="codebook file (default: the model's default codebook)")
+    p.add_argument("--text", help="text file (default: Python's http/client.py source)")
+    p.add_argument("--context", type=int, default=4096, help="prefill tokens N (default 4096)")
+    p.add_argument("--decode", type=int, default=64, help="teacher-forced tokens M (default 64)")
+    p.add_argument("--budget", default="0.03", help="retrieval budget: fraction or token count")
+    p.add_argument(
+        "--budgets", help="comma list of budgets: a sweep sharing one prefill (overrides --budget)"
+    )
+    p.add_argument(
+        "--methods",
+        default=",".join(_all_methods()),
+        help="comma list of methods (default: all)",
+    )
+    p.add_argument("--far-buckets", type=int, default=None, help="A2ATS distance buckets")
+    p.add_argument("--plain-vq-codebook", help="beta = 1 codebook for a2ats_plain_vq")
+    p.add_argument("--no-wrope-codebook", help="post-RoPE codebook for a2ats_no_wrope")
+    p.add_argument(
+        "--calib-tokens",
+        type=int,
+        default=None,
+        help="tokens for on-the-fly ablation codebooks (default: as the codebook was calibrated)",
+    )
+    p.add_argument("--retrain", action="store_true", help="retrain cached ablation codebooks")
+    p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    p.set_defaults(func=run_eval)
+
+
+def _all_methods() -> tuple[str, ...]:
+    from ..evaluate import ALL_METHODS
+
+    return ALL_METHODS
+
+
+def _codebooks(args, model, tokenizer, codebook, methods, progress) -> tuple[dict, list[str]]:
+    from ..ablations import ablation_codebooks
+    from ..codebook import Codebook
+
+    books = {"a2ats": codebook}
+    notes = []
+    given = {"plain_vq": args.plain_vq_codebook, "no_wrope": args.no_wrope_codebook}
+    wanted = {"a2ats_plain_vq": "plain_vq", "a2ats_no_wrope": "no_wrope", "a2ats_random": "random"}
+    train = []
+    for method, kind in wanted.items():
+        if method not in methods:
+            continue
+        if given.get(kind):
+            books[kind] = Codebook.load(given[kind])
+            notes.append(f"{kind}: given file {given[kind]}")
+        else:
+            train.append(kind)
+    if train:
+        trained, more = ablation_codebooks(
+            model, tokenizer, codebook, train, tokens=args.calib_tokens,
+            use_cache=not args.retrain, progress=progress,
+        )  # fmt: skip
+        books.update(trained)
+        notes.extend(more)
+    return books, notes
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from ..evaluate import default_text, evaluate
+    from ..models import load_model
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    budgets = [parse_budget(b) for b in (args.budgets or args.budget).split(",") if b.strip()]
+    progress = stderr_progress(not args.json)
+    model, tokenizer, info = load_model(args.model)
+    codebook, codebook_desc = find_codebook(args.codebook, args.model, info.path, required=True)
+    config = a2ats_config(codebook, model, far_buckets=args.far_buckets)
+    if args.text:
+        text, text_desc = Path(args.text).read_text(encoding="utf-8"), args.text
+    else:
+        text, text_desc = default_text()
+    ids = tokenizer.encode(text)
+    books, notes = _codebooks(args, model, tokenizer, codebook, methods, progress)
+    runs = evaluate(
+        model, ids, context=args.context, decode=args.decode, budgets=budgets,
+        codebooks=books, config=config, methods=methods, progress=progress,
+    )  # fmt: skip
+    meta = {
+        "model": info.name,
+        "codebook": codebook_desc,
+        "n_centroids": codebook.n_centroids,
+        "far_buckets": config.far_buckets,
+        "text": text_desc,
+        "machine": machine(),
+        "notes": notes + _method_notes(),
+    }
+    if len(runs) == 1:
+        out = {**runs[0].to_dict(), **meta}
+    else:
+        out = {
+            "context": args.context,
+            "decode": args.decode,
+            "budgets": budgets,
+            "runs": [r.to_dict() for r in runs],
+            **meta,
+        }
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"model {info.name}; codebook {codebook_desc}; text {text_desc}")
+    print(f"context {args.context}, decode {args.decode}; {meta['machine']}")
+    for note in meta["notes"]:
+        print(f"note: {note}")
+    for run in runs:
+        print(format_table(run))
+    return 0
+
+
+def _method_notes() -> list[str]:
+    return [
+        "window: sinks + most recent tokens, as many as a2ats attends on average; its "
+        "bytes_per_token is what an evicting cache of that size holds",
+        "oracle_topk: a2ats's structure and budget with far tokens ranked by exact scores",
+    ]
+
+
+def format_table(run) -> str:
+    """A text table of one EvalRun."""
+    lines = [
+        f"budget {run.budget}",
+        f"{'method':<16} {'recall':>8} {'out err':>8} {'ppl':>9} {'B/token':>9} "
+        f"{'attended':>9} {'argmax=':>8}",
+    ]
+    for name, r in run.methods.items():
+        agree = "" if r.argmax_agreement is None else f"{r.argmax_agreement:.3f}"
+        lines.append(
+            f"{name:<16} {r.recall:>8.4f} {r.output_rel_error:>8.4f} {r.ppl:>9.3f} "
+            f"{r.bytes_per_token:>9.0f} {r.attended_per_head:>9.1f} {agree:>8}"
+        )
+    return "\n".join(lines)

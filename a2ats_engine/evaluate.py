@@ -1,0 +1,550 @@
+"""Fidelity of A2ATS against exact attention and other caches on one teacher-forced trajectory.
+
+`evaluate` prefills `context` tokens of a text once (exact attention, mlx-lm `KVCache`), copies
+that state into every method's cache, and decodes the next `decode` tokens of the same text
+through each method (teacher forcing: every method reads the same tokens). Each layer's cache is
+wrapped in a `MeasuredCache`: on every decode step it gets the true post-RoPE query through the
+attention hook, computes exact attention over the full K/V, lets the method attend, and records
+
+- recall: exact attention mass on the positions the method attended (per query head; averaged
+  over query heads, layers and steps);
+- output_rel_error: `||o_method - o_exact|| / ||o_exact||` over all query heads of a layer,
+  averaged over layers and steps;
+then returns the method's own output, so `ppl` (perplexity of the `decode` teacher-forced
+tokens) is what that method really produces.
+
+Methods (DESIGN.md section 2 for the A2ATS ones):
+  full            mlx-lm KVCache (exact; the reference)
+  kv8, kv4        mlx-lm QuantizedKVCache (every token, quantized K/V)
+  window          sinks + the most recent tokens; as many as A2ATS attends on average
+  oracle_topk     A2ATS's structure and budget, far tokens ranked by exact scores (the ceiling)
+  a2ats           A2ATS with the given codebook and config
+  a2ats_plain_vq  A2ATS with a plain (beta = 1) codebook
+  a2ats_paper     A2ATS with one far distance b (far_buckets = 1), as in the paper
+  a2ats_no_wrope  codes and scores on post-RoPE keys (no windowed RoPE)
+  a2ats_random    A2ATS with a random codebook
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx_lm.models.base import quantized_scaled_dot_product_attention
+from mlx_lm.models.cache import KVCache, QuantizedKVCache
+
+from . import attention as att
+from .cache import A2ATSCache
+from .config import A2ATSConfig
+from .rope import model_geometry, rope_specs
+
+Progress = Callable[[str, int, int], None]
+
+FIXED_METHODS = ("full", "kv8", "kv4")
+BUDGET_METHODS = (
+    "a2ats",
+    "window",
+    "oracle_topk",
+    "a2ats_plain_vq",
+    "a2ats_paper",
+    "a2ats_no_wrope",
+    "a2ats_random",
+)
+ALL_METHODS = FIXED_METHODS + BUDGET_METHODS
+CODEBOOK_METHODS = {"a2ats_plain_vq": "plain_vq", "a2ats_no_wrope": "no_wrope"}
+PREFILL_CHUNK = 256  # fastest on a 2-core CPU (attention cost grows with the chunk)
+
+
+# -- metric functions ---------------------------------------------------------------------------
+
+
+def attention_recall(probs: np.ndarray, attended: np.ndarray) -> float:
+    """Mean exact-attention mass on the attended positions.
+
+    probs: exact attention probabilities `[..., N]` (rows sum to 1); attended: bool `[..., N]`
+    broadcastable to probs. Returns the mass on attended positions averaged over all rows.
+    """
+    probs = np.asarray(probs, dtype=np.float64)
+    mask = np.broadcast_to(np.asarray(attended, dtype=bool), probs.shape)
+    return float(np.where(mask, probs, 0.0).sum(axis=-1).mean())
+
+
+def relative_l2_error(approx: np.ndarray, exact: np.ndarray) -> float:
+    """`||approx - exact||_2 / ||exact||_2` over all elements (0 when both are zero)."""
+    approx = np.asarray(approx, dtype=np.float64)
+    exact = np.asarray(exact, dtype=np.float64)
+    norm = float(np.linalg.norm(exact))
+    diff = float(np.linalg.norm(approx - exact))
+    if norm == 0.0:
+        return 0.0 if diff == 0.0 else math.inf
+    return diff / norm
+
+
+def token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Negative log-likelihood of each target: logits `[M, V]`, targets int `[M]` -> `[M]`."""
+    logits = np.asarray(logits, dtype=np.float64)
+    targets = np.asarray(targets, dtype=np.int64)
+    top = logits.max(axis=-1, keepdims=True)
+    log_z = top[:, 0] + np.log(np.exp(logits - top).sum(axis=-1))
+    return log_z - logits[np.arange(len(targets)), targets]
+
+
+def perplexity(logits: np.ndarray, targets: np.ndarray) -> float:
+    """exp(mean NLL) of the targets under the logits (`[M, V]`, `[M]`)."""
+    return float(np.exp(token_nll(logits, targets).mean()))
+
+
+# -- method caches ------------------------------------------------------------------------------
+
+
+class OracleTopKCache(A2ATSCache):
+    """A2ATS's selection structure (per-head top-K, GQA union, sinks, window) with far tokens
+    ranked by their exact post-RoPE scores: the ceiling for any top-K retrieval at this budget."""
+
+    def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
+        """queries post-RoPE `[B, n_q, 1, d]` -> exact scores `[B, n_kv, G, F]` of far tokens."""
+        B, n_q, _, d = queries.shape
+        n_kv = self.codes.shape[1]
+        group = queries.reshape(B, n_kv, n_q // n_kv, d).astype(mx.float32)
+        far = self._dequantized(self.keys)[..., lay.n_sinks : lay.window_start, :]
+        return group @ far.astype(mx.float32).swapaxes(-1, -2)
+
+
+class RecentWindowCache(A2ATSCache):
+    """Sinks + the most recent tokens (StreamingLLM-style): the top-K "far" tokens are simply
+    the K latest ones before the window, so the attended set is contiguous with the window."""
+
+    def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
+        """Scores that rank far tokens by recency: `[B, n_kv, G, F]` (later = higher)."""
+        B, n_q = queries.shape[:2]
+        n_kv = self.codes.shape[1]
+        recency = mx.arange(lay.n_far, dtype=mx.float32)
+        return mx.broadcast_to(recency, (B, n_kv, n_q // n_kv, lay.n_far))
+
+
+class IdentityRope:
+    """A stand-in RopeSpec that rotates nothing: an A2ATSCache built with it codes post-RoPE
+    keys and scores them with the plain post-RoPE query (the `a2ats_no_wrope` ablation)."""
+
+    def __init__(self, head_dim: int) -> None:
+        self.head_dim = head_dim
+
+    def unrotate(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
+        return x
+
+    def rotate(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
+        return x
+
+    def shift(self, x: mx.array, delta: int | mx.array) -> mx.array:
+        return x
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "identity", "head_dim": self.head_dim}
+
+
+@dataclass
+class StepRecord:
+    """What a MeasuredCache recorded over the decode steps of one layer."""
+
+    recall: list[float] = field(default_factory=list)
+    output_error: list[float] = field(default_factory=list)
+    attended: list[float] = field(default_factory=list)  # attended positions per KV head
+    retrieved: list[float] = field(default_factory=list)  # far tokens attended per KV head
+
+
+class MeasuredCache:
+    """Wraps one layer's method cache; on each decode step measures the method against exact
+    attention (see the module docstring) and returns the method's own output.
+
+    Everything but `attend` and `update_and_fetch` is delegated to the wrapped cache, so the
+    model treats it as that cache (offset, masks, state)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.quantized = isinstance(inner, QuantizedKVCache)
+        self.shadow = KVCache() if self.quantized else None
+        self.record = StepRecord()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["inner"], name)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        if self.shadow is not None:
+            self.shadow.update_and_fetch(keys, values)
+        return self.inner.update_and_fetch(keys, values)
+
+    def _exact_kv(self, keys, values) -> tuple[mx.array, mx.array]:
+        if self.shadow is None:
+            return keys, values
+        n = self.shadow.offset
+        return self.shadow.keys[..., :n, :], self.shadow.values[..., :n, :]
+
+    def _method_output(self, queries, keys, values, scale, mask) -> mx.array:
+        inner = self.inner
+        if isinstance(inner, A2ATSCache):
+            return inner.attend(queries, keys, values, scale=scale, mask=mask)
+        if self.quantized:  # it scales its queries in place: hand it a copy
+            return quantized_scaled_dot_product_attention(
+                queries * 1, keys, values, scale=scale, mask=mask,
+                group_size=inner.group_size, bits=inner.bits,
+            )  # fmt: skip
+        return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+
+    def attend(self, queries: mx.array, keys, values, *, scale: float, mask=None) -> mx.array:
+        """queries post-RoPE `[B, n_q, L, d]` -> the method's output `[B, n_q, L, d]`."""
+        out = self._method_output(queries, keys, values, scale, mask)
+        if queries.shape[2] == 1:
+            self._measure(queries, *self._exact_kv(keys, values), out, scale)
+        return out
+
+    def _attended_mask(self, n_kv: int, n: int) -> np.ndarray:
+        """bool `[n_kv, N]`: positions the method attended at this step (batch element 0)."""
+        stats = getattr(self.inner, "last_stats", None)
+        if not isinstance(self.inner, A2ATSCache) or stats is None or stats.exact:
+            return np.ones((n_kv, n), dtype=bool)
+        mask = np.zeros((n_kv, n), dtype=bool)
+        for h, positions in enumerate(stats.selected):
+            mask[h, positions] = True
+        return mask
+
+    def _measure(self, queries, keys, values, out, scale: float) -> None:
+        _, n_q, _, d = queries.shape
+        k = keys[0].astype(mx.float32)  # [n_kv, N, d]
+        n_kv, n = k.shape[0], k.shape[1]
+        q = queries[0, :, 0, :].astype(mx.float32).reshape(n_kv, n_q // n_kv, d)
+        probs = mx.softmax((q * scale) @ k.swapaxes(-1, -2), axis=-1)  # [n_kv, G, N]
+        exact = probs @ values[0].astype(mx.float32)  # [n_kv, G, d]
+        method = out[0, :, 0, :].astype(mx.float32).reshape(n_kv, n_q // n_kv, d)
+        probs_np, exact_np, method_np = (np.array(a) for a in (probs, exact, method))
+        mask = self._attended_mask(n_kv, n)
+        self.record.recall.append(attention_recall(probs_np, mask[:, None, :]))
+        self.record.output_error.append(relative_l2_error(method_np, exact_np))
+        self.record.attended.append(float(mask.sum(axis=-1).mean()))
+        stats = getattr(self.inner, "last_stats", None)
+        if stats is not None and not stats.exact:
+            self.record.retrieved.append(float(np.mean([len(r) for r in stats.retrieved])))
+
+
+# -- building each method's cache from a shared prefill ---------------------------------------
+
+
+def prefill(model: nn.Module, ids: Sequence[int], progress: Progress | None = None) -> list:
+    """Exact prefill of `ids` into fresh mlx-lm KVCaches (chunked), one per layer."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    for start in range(0, len(ids), PREFILL_CHUNK):
+        mx.eval(model(mx.array([list(ids[start : start + PREFILL_CHUNK])]), cache=cache))
+        if progress is not None:
+            progress("prefill", min(start + PREFILL_CHUNK, len(ids)), len(ids))
+    return cache
+
+
+def _prefix(src: KVCache) -> tuple[mx.array, mx.array]:
+    return src.keys[..., : src.offset, :], src.values[..., : src.offset, :]
+
+
+def _filled(cache: Any, base: list, i: int) -> Any:
+    cache.update_and_fetch(*_prefix(base[i]))
+    return cache
+
+
+def kv_group_size(head_dim: int) -> int | None:
+    """Largest mx.quantize group size (64 or 32) dividing head_dim, else None."""
+    return next((g for g in (64, 32) if head_dim % g == 0), None)
+
+
+@dataclass
+class MethodSpec:
+    """How to build one method's cache for layer i: `factory(layer, rope_spec)`."""
+
+    name: str
+    factory: Callable[[int, Any], Any]
+
+
+def method_spec(
+    name: str,
+    model: nn.Module,
+    config: A2ATSConfig,
+    codebooks: dict[str, Any],
+    window_budget: int | None = None,
+) -> MethodSpec:
+    """The cache factory of a method (see the module docstring). `codebooks` holds "a2ats" and,
+    where needed, "plain_vq", "no_wrope", "random"."""
+    geo = model_geometry(model)
+    ctx = geo.get("max_context")
+    hd = geo["head_dim"]
+    book = codebooks["a2ats"]
+
+    def a2ats_like(cls=A2ATSCache, cfg=config, cb=book, identity=False):
+        def make(i, spec):
+            rope = IdentityRope(hd) if identity else spec
+            return cls(i, rope, cb, cfg, ctx)
+
+        return make
+
+    if name == "full":
+        return MethodSpec(name, lambda i, spec: KVCache())
+    if name in ("kv8", "kv4"):
+        gs = kv_group_size(hd)
+        if gs is None:
+            raise ValueError(f"method {name} needs head_dim divisible by 32 (got {hd})")
+        return MethodSpec(name, lambda i, spec: QuantizedKVCache(group_size=gs, bits=int(name[-1])))
+    telemetry = A2ATSConfig(**{**config.to_dict(), "telemetry": True, "fidelity_every": 0})
+    if name == "a2ats":
+        return MethodSpec(name, a2ats_like(cfg=telemetry))
+    if name == "oracle_topk":
+        return MethodSpec(name, a2ats_like(OracleTopKCache, telemetry))
+    if name == "window":
+        if window_budget is None:
+            raise ValueError("method window needs the attended count of a2ats (run a2ats first)")
+        cfg = A2ATSConfig(**{**telemetry.to_dict(), "budget": max(1, int(window_budget))})
+        return MethodSpec(name, a2ats_like(RecentWindowCache, cfg))
+    if name == "a2ats_paper":
+        cfg = A2ATSConfig(**{**telemetry.to_dict(), "far_buckets": 1, "far_offset": 2048})
+        return MethodSpec(name, a2ats_like(cfg=cfg))
+    if name == "a2ats_plain_vq":
+        return MethodSpec(name, a2ats_like(cfg=telemetry, cb=codebooks["plain_vq"]))
+    if name == "a2ats_no_wrope":
+        cfg = A2ATSConfig(**{**telemetry.to_dict(), "far_buckets": 1})
+        return MethodSpec(name, a2ats_like(cfg=cfg, cb=codebooks["no_wrope"], identity=True))
+    if name == "a2ats_random":
+        return MethodSpec(name, a2ats_like(cfg=telemetry, cb=codebooks["random"]))
+    raise ValueError(f"unknown method {name!r}; known: {', '.join(ALL_METHODS)}")
+
+
+# -- running one method -------------------------------------------------------------------------
+
+
+@dataclass
+class MethodResult:
+    """One method's figures on the trajectory (see the module docstring)."""
+
+    name: str
+    recall: float
+    output_rel_error: float
+    ppl: float
+    bytes_per_token: float
+    attended_per_head: float
+    retrieved_per_head: float | None
+    argmax_agreement: float | None = None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {
+            "recall": round(self.recall, 5),
+            "output_rel_error": round(self.output_rel_error, 5),
+            "ppl": round(self.ppl, 4),
+            "bytes_per_token": round(self.bytes_per_token, 1),
+            "attended_per_head": round(self.attended_per_head, 1),
+        }
+        if self.retrieved_per_head is not None:
+            out["retrieved_per_head"] = round(self.retrieved_per_head, 1)
+        if self.argmax_agreement is not None:
+            out["argmax_agreement"] = round(self.argmax_agreement, 4)
+        return out
+
+
+def run_method(
+    model: nn.Module,
+    base: list,
+    spec: MethodSpec,
+    inputs: Sequence[int],
+    targets: Sequence[int],
+) -> tuple[MethodResult, np.ndarray]:
+    """Decode `inputs` (teacher-forced) from a copy of the prefill `base` through one method.
+
+    Returns the result and the per-step argmax token ids `[M]`."""
+    import time
+
+    from . import hooks
+
+    hooks.install(model)
+    specs = rope_specs(model)
+    caches = [_filled(MeasuredCache(spec.factory(i, s)), base, i) for i, s in enumerate(specs)]
+    began = time.perf_counter()
+    nll, argmax = [], []
+    for token, target in zip(inputs, targets, strict=True):
+        logits = model(mx.array([[int(token)]]), cache=caches)[0, -1].astype(mx.float32)
+        log_z = mx.logsumexp(logits)
+        step = mx.stack([log_z - logits[int(target)], mx.argmax(logits).astype(mx.float32)])
+        value = np.array(step)
+        nll.append(float(value[0]))
+        argmax.append(int(value[1]))
+    seconds = time.perf_counter() - began
+    records = [c.record for c in caches]
+    tokens = base[0].offset + len(inputs)
+    retrieved = [x for r in records for x in r.retrieved]
+    result = MethodResult(
+        name=spec.name,
+        recall=float(np.mean([x for r in records for x in r.recall])),
+        output_rel_error=float(np.mean([x for r in records for x in r.output_error])),
+        ppl=float(np.exp(np.mean(nll))),
+        bytes_per_token=sum(c.inner.nbytes for c in caches) / tokens,
+        attended_per_head=float(np.mean([x for r in records for x in r.attended])),
+        retrieved_per_head=float(np.mean(retrieved)) if retrieved else None,
+        seconds=seconds,
+    )
+    return result, np.asarray(argmax)
+
+
+def greedy_decode(
+    model: nn.Module, caches: list, first_token: int, steps: int
+) -> tuple[list[int], float | None]:
+    """Greedy tokens after feeding `first_token` through `caches` for `steps` steps.
+
+    Returns (token ids, far tokens attended per KV head per step averaged over layers and steps,
+    read from A2ATS telemetry; None when the caches are not telemetry-enabled A2ATS caches)."""
+    token, out, retrieved = int(first_token), [], []
+    for _ in range(steps):
+        logits = model(mx.array([[token]]), cache=caches)[0, -1]
+        token = int(mx.argmax(logits).item())
+        out.append(token)
+        for cache in caches:
+            stats = getattr(getattr(cache, "inner", cache), "last_stats", None)
+            if isinstance(getattr(cache, "inner", cache), A2ATSCache) and stats is not None:
+                retrieved.append(float(np.mean([len(r) for r in stats.retrieved])))
+    return out, (float(np.mean(retrieved)) if retrieved else None)
+
+
+def build_caches(model: nn.Module, base: list, spec: MethodSpec) -> list:
+    """One cache per layer for `spec`, holding a copy of the prefill `base`; hooks installed."""
+    from . import hooks
+
+    hooks.install(model)
+    return [_filled(spec.factory(i, s), base, i) for i, s in enumerate(rope_specs(model))]
+
+
+def evicting_window_bytes(
+    model: nn.Module, attended: float, tokens: int, dtype_bytes: int
+) -> float:
+    """Bytes per token a sinks + recent-window cache holds when it evicts everything else."""
+    geo = model_geometry(model)
+    per_token = 2 * geo["num_layers"] * geo["num_kv_heads"] * geo["head_dim"] * dtype_bytes
+    return min(attended, tokens) * per_token / tokens
+
+
+# -- the whole evaluation ----------------------------------------------------------------------
+
+
+@dataclass
+class EvalRun:
+    """All methods at one budget."""
+
+    context: int
+    decode: int
+    budget: float | int
+    methods: dict[str, MethodResult]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "context": self.context,
+            "decode": self.decode,
+            "budget": self.budget,
+            "methods": {name: r.to_dict() for name, r in self.methods.items()},
+        }
+
+
+def evaluate(
+    model: nn.Module,
+    ids: Sequence[int],
+    *,
+    context: int,
+    decode: int,
+    budgets: Sequence[float | int],
+    codebooks: dict[str, Any],
+    config: A2ATSConfig | None = None,
+    methods: Sequence[str] = ALL_METHODS,
+    progress: Progress | None = None,
+) -> list[EvalRun]:
+    """Evaluate `methods` at each budget on one trajectory (see the module docstring).
+
+    ids: token ids, at least `context + decode + 1`. codebooks: {"a2ats": Codebook, and
+    "plain_vq" / "no_wrope" / "random" for the ablations that are asked for}. `config` gives the
+    A2ATS settings other than the budget. Returns one EvalRun per budget.
+    """
+    config = config or A2ATSConfig()
+    _check_eval_args(ids, context, decode, methods, budgets)
+    base = prefill(model, ids[:context], progress)
+    inputs, targets = ids[context : context + decode], ids[context + 1 : context + decode + 1]
+    dtype_bytes = base[0].keys.dtype.size
+    fixed: dict[str, MethodResult] = {}
+    reference: np.ndarray | None = None
+    total = len([m for m in methods if m in FIXED_METHODS]) + len(budgets) * len(
+        [m for m in methods if m in BUDGET_METHODS]
+    )
+    done = 0
+
+    def run(name: str, cfg: A2ATSConfig, window_budget=None) -> MethodResult:
+        nonlocal reference, done
+        if progress is not None:
+            progress(f"decode {name} (budget {cfg.budget})", done, total)
+        spec = method_spec(name, model, cfg, codebooks, window_budget)
+        result, argmax = run_method(model, base, spec, inputs, targets)
+        if name == "full":
+            reference = argmax
+        if reference is not None:
+            result.argmax_agreement = float(np.mean(argmax == reference))
+        done += 1
+        return result
+
+    ordered = [m for m in ALL_METHODS if m in methods]
+    for name in ordered:
+        if name in FIXED_METHODS:
+            fixed[name] = run(name, config)
+    runs = []
+    for budget in budgets:
+        cfg = A2ATSConfig(**{**config.to_dict(), "budget": budget})
+        results = dict(fixed)
+        for name in ordered:
+            if name in FIXED_METHODS:
+                continue
+            if name == "window":
+                a2 = results.get("a2ats") or run("a2ats", cfg)
+                retrieved = a2.retrieved_per_head or 0.0
+                result = run("window", cfg, window_budget=max(1, round(retrieved)))
+                result.bytes_per_token = evicting_window_bytes(
+                    model, result.attended_per_head, context + decode, dtype_bytes
+                )
+                results[name] = result
+            else:
+                results[name] = run(name, cfg)
+        runs.append(EvalRun(context, decode, budget, {m: results[m] for m in ordered}))
+    if progress is not None:
+        progress("done", total, total)
+    return runs
+
+
+def _check_eval_args(ids, context: int, decode: int, methods, budgets) -> None:
+    if context < 1:
+        raise ValueError(f"context={context} is out of range: must be >= 1")
+    if decode < 1:
+        raise ValueError(f"decode={decode} is out of range: must be >= 1")
+    if len(ids) < context + decode + 1:
+        raise ValueError(
+            f"the text has {len(ids)} tokens; context {context} + decode {decode} needs "
+            f"{context + decode + 1}"
+        )
+    unknown = [m for m in methods if m not in ALL_METHODS]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; known: {', '.join(ALL_METHODS)}")
+    if not budgets:
+        raise ValueError("budgets is empty: give at least one budget")
+    for b in budgets:
+        A2ATSConfig(budget=b)  # validates
+
+
+def default_text() -> tuple[str, str]:
+    """(text, description) of the built-in evaluation text: the source of Python's `http.client`
+    module (code and docstrings; not part of the calibration corpus)."""
+    import http.client
+    import inspect
+
+    return inspect.getsource(
+        http.client
+    ), "Python stdlib http/client.py (held out from calibration)"

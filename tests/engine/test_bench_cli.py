@@ -1,0 +1,116 @@
+"""`a2ats eval` and `a2ats bench memory|passkey|seed-synthetic` on a tiny model: valid JSON."""
+
+import json
+
+import pytest
+from tiny import save_tiny_model
+
+from a2ats_engine.cli import main
+from a2ats_engine.codebook import Codebook
+from a2ats_engine.evaluate import ALL_METHODS
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    folder = save_tiny_model(root / "m", "llama", hidden_size=256)  # head_dim 64
+    book = root / "cb.safetensors"
+    Codebook.random(2, 2, 64, 32, seed=1).save(book)
+    return folder, book
+
+
+def _json(capsys) -> dict:
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1  # exactly one JSON object on one line
+    return json.loads(out)
+
+
+def test_eval_json_has_the_issue_shape(tiny_folder, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("A2ATS_DATA_DIR", str(tmp_path / "data"))
+    folder, book = tiny_folder
+    argv = ["eval", "--model", str(folder), "--codebook", str(book), "--context", "200",
+            "--decode", "3", "--budget", "0.05", "--calib-tokens", "1024", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = _json(capsys)
+    assert out["context"] == 200 and out["decode"] == 3 and out["budget"] == 0.05
+    assert set(out["methods"]) == set(ALL_METHODS)
+    for name, row in out["methods"].items():
+        for key in ("recall", "output_rel_error", "ppl", "bytes_per_token"):
+            assert isinstance(row[key], float | int), (name, key)
+    assert out["methods"]["full"]["recall"] == 1.0
+    notes = " ".join(out["notes"])
+    assert "plain_vq: trained now" in notes and "no_wrope: trained now" in notes
+    # the trained ablation codebooks are cached: a second run reuses them
+    assert main(argv[:-1] + ["--methods", "full,a2ats_plain_vq", "--json"]) == 0
+    again = _json(capsys)
+    assert set(again["methods"]) == {"full", "a2ats_plain_vq"}
+    assert "plain_vq: reused" in " ".join(again["notes"])
+
+
+def test_eval_budget_sweep_json(tiny_folder, capsys):
+    folder, book = tiny_folder
+    argv = ["eval", "--model", str(folder), "--codebook", str(book), "--context", "200",
+            "--decode", "2", "--budgets", "0.05,0.2", "--methods", "full,a2ats,oracle_topk,window",
+            "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = _json(capsys)
+    assert out["budgets"] == [0.05, 0.2]
+    assert [r["budget"] for r in out["runs"]] == [0.05, 0.2]
+    low, high = (r["methods"]["oracle_topk"]["attended_per_head"] for r in out["runs"])
+    assert high > low
+
+
+def test_eval_needs_a_codebook(tiny_folder, capsys):
+    folder, _ = tiny_folder
+    assert main(["eval", "--model", str(folder), "--json"]) == 1
+    assert "codebook" in capsys.readouterr().err
+
+
+def test_bench_memory_json(tiny_folder, capsys):
+    folder, book = tiny_folder
+    argv = ["bench", "memory", "--model", str(folder), "--codebook", str(book),
+            "--contexts", "256,512", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = _json(capsys)
+    rows = {(r["context"], r["method"]): r for r in out["results"]}
+    assert len(rows) == 2 * 6
+    for n in (256, 512):
+        full = rows[(n, "full")]
+        assert full["vs_full"] == 1.0
+        assert rows[(n, "kv4")]["bytes_per_token"] < rows[(n, "kv8")]["bytes_per_token"]
+        assert rows[(n, "a2ats_kv4")]["vs_full"] < 0.35
+        # A2ATS = full K/V + one 2-byte code per token, KV head (2) and layer (2)
+        extra = rows[(n, "a2ats")]["bytes_per_token"] - full["bytes_per_token"]
+        assert extra == pytest.approx(2 * 2 * 2)
+
+
+def test_bench_passkey_json(tiny_folder, capsys):
+    folder, book = tiny_folder
+    argv = ["bench", "passkey", "--model", str(folder), "--codebook", str(book),
+            "--contexts", "400,600", "--depths", "0.2,0.8", "--answer-tokens", "3", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = _json(capsys)
+    assert set(out["accuracy"]) == {"full", "window", "a2ats"}
+    assert set(out["accuracy"]["full"]) == {"400", "600"}
+    assert len(out["trials"]) == 2 * 2 * 3
+    keys = {(t["context"], t["depth"]): t["passkey"] for t in out["trials"]}
+    assert len(set(keys.values())) == 4  # one passkey per prompt, shared by the methods
+    for t in out["trials"]:
+        assert 0.0 <= out["accuracy"][t["method"]][str(t["context"])] <= 1.0
+        assert t["correct"] == (str(t["passkey"]) in t["answer"])
+
+
+def test_bench_seed_synthetic_json_is_deterministic(capsys):
+    argv = ["bench", "seed-synthetic", "--sequences", "200", "--centroids", "16", "--json"]
+    assert main(argv) == 0
+    first = _json(capsys)
+    assert main(argv) == 0
+    assert _json(capsys) == first
+    rows = first["rows"]
+    assert {(r["spectrum"], r["geometry"]) for r in rows} == {
+        (s, g) for s in ("low_frequency", "flat") for g in ("local_recency", "long_range_dependent")
+    }
+    for r in rows:
+        assert r["sequence"] == 200
+        assert r["rope"]["exact_rope_mse"] > 0 and r["rope"]["windowed_mse"] > 0
+        assert 0.0 < r["vq"]["query_aware"]["recall_top_k"] <= 1.0

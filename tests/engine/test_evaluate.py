@@ -1,0 +1,204 @@
+"""Evaluation metrics on hand-made cases, the method caches, and `evaluate` on a tiny model."""
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.cache import KVCache
+from tiny import tiny_model
+
+from a2ats_engine import attention as att
+from a2ats_engine.cache import A2ATSCache
+from a2ats_engine.codebook import Codebook
+from a2ats_engine.config import A2ATSConfig
+from a2ats_engine.evaluate import (
+    IdentityRope,
+    MeasuredCache,
+    OracleTopKCache,
+    RecentWindowCache,
+    attention_recall,
+    evaluate,
+    perplexity,
+    relative_l2_error,
+    token_nll,
+)
+from a2ats_engine.rope import rope_specs
+
+# -- metric functions -------------------------------------------------------------------------
+
+
+def test_recall_of_a_known_selection():
+    probs = np.array([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]])
+    attended = np.array([True, False, True])
+    assert attention_recall(probs, attended) == pytest.approx((0.7 + 0.9) / 2)
+    assert attention_recall(probs, np.ones(3, bool)) == pytest.approx(1.0)
+    assert attention_recall(probs, np.zeros(3, bool)) == 0.0
+
+
+def test_recall_with_a_selection_per_row():
+    probs = np.full((2, 4), 0.25)
+    attended = np.array([[True, True, False, False], [True, False, False, False]])
+    assert attention_recall(probs, attended) == pytest.approx((0.5 + 0.25) / 2)
+
+
+def test_relative_l2_error():
+    exact = np.array([3.0, 4.0])
+    assert relative_l2_error(exact * 1.1, exact) == pytest.approx(0.1)
+    assert relative_l2_error(exact, exact) == 0.0
+    assert relative_l2_error(np.zeros(2), np.zeros(2)) == 0.0
+
+
+def test_perplexity_of_a_uniform_distribution_is_the_vocab_size():
+    logits = np.zeros((5, 7))
+    assert perplexity(logits, np.arange(5)) == pytest.approx(7.0)
+
+
+def test_perplexity_of_a_known_distribution():
+    # p(target) = 0.5 at one step and 0.25 at the other: ppl = exp(-(ln .5 + ln .25) / 2) = 2^1.5
+    logits = np.log(np.array([[0.5, 0.25, 0.25], [0.25, 0.25, 0.5]]))
+    targets = np.array([0, 1])
+    assert token_nll(logits, targets) == pytest.approx([math.log(2), math.log(4)])
+    assert perplexity(logits, targets) == pytest.approx(2**1.5)
+    # shifting logits by a constant changes nothing
+    assert perplexity(logits + 3.0, targets) == pytest.approx(2**1.5)
+
+
+# -- method caches ------------------------------------------------------------------------------
+
+
+def _layer_cache(cls, n: int, keys: mx.array, config: A2ATSConfig, rope=None):
+    model = tiny_model("llama")
+    spec = rope or rope_specs(model)[0]
+    book = Codebook.random(2, 2, 16, 8)
+    cache = cls(0, spec, book, config, 4096)
+    values = mx.random.normal(keys.shape)
+    cache.update_and_fetch(keys, values)
+    return cache
+
+
+def test_oracle_selects_the_tokens_with_the_highest_exact_scores():
+    n, d = 200, 16
+    mx.random.seed(1)
+    keys = mx.random.normal((1, 2, n, d)) * 0.01
+    query = mx.ones((1, 4, 1, d))
+    hot = [20, 57, 101]
+    for p in hot:
+        keys[:, :, p, :] = 1.0
+    config = A2ATSConfig(budget=3, window=16, sinks=4, telemetry=True)
+    cache = _layer_cache(OracleTopKCache, n, keys, config)
+    lay = att.layout(n, 16, 4, 3)
+    scores = cache.far_token_scores(query, lay)
+    top = np.sort(np.argsort(-np.array(scores[0, 0, 0]))[:3] + lay.n_sinks)
+    assert top.tolist() == hot
+
+
+def test_recent_window_selects_the_latest_far_tokens():
+    n, d = 120, 16
+    keys = mx.random.normal((1, 2, n, d))
+    config = A2ATSConfig(budget=10, window=16, sinks=4, telemetry=True)
+    cache = _layer_cache(RecentWindowCache, n, keys, config)
+    # one decode step through attend: the selection is sinks + [n+1-16-10, n+1)
+    q = mx.random.normal((1, 4, 1, d))
+    k_new, v_new = mx.random.normal((1, 2, 1, d)), mx.random.normal((1, 2, 1, d))
+    k_all, v_all = cache.update_and_fetch(k_new, v_new)
+    cache.attend(q, k_all, v_all, scale=d**-0.5)
+    selected = cache.last_stats.selected[0]
+    expected = list(range(4)) + list(range(n + 1 - 16 - 10, n + 1))
+    assert selected.tolist() == expected
+
+
+def test_identity_rope_cache_codes_post_rope_keys():
+    n, d = 50, 16
+    keys = mx.random.normal((1, 2, n, d))
+    config = A2ATSConfig(budget=4, window=8, sinks=2)
+    cache = _layer_cache(A2ATSCache, n, keys, config, rope=IdentityRope(d))
+    assert mx.array_equal(cache.codes[..., :n, :], cache.codebook.assign(0, keys))
+
+
+def test_measured_full_cache_has_recall_one_and_no_output_error():
+    d = 16
+    inner = KVCache()
+    cache = MeasuredCache(inner)
+    cache.update_and_fetch(mx.random.normal((1, 2, 30, d)), mx.random.normal((1, 2, 30, d)))
+    k, v = cache.update_and_fetch(mx.random.normal((1, 2, 1, d)), mx.random.normal((1, 2, 1, d)))
+    out = cache.attend(mx.random.normal((1, 4, 1, d)), k, v, scale=0.25)
+    assert out.shape == (1, 4, 1, d)
+    assert cache.offset == 31  # delegated to the wrapped cache
+    assert cache.record.recall == [pytest.approx(1.0)]
+    assert cache.record.output_error[0] < 1e-6
+    assert cache.record.attended == [31.0]
+
+
+# -- evaluate on a tiny model -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model = tiny_model("llama", hidden_size=256)  # head_dim 64: kv8/kv4 group size fits
+    book = Codebook.random(2, 2, 64, 32, seed=3)
+    ids = [int(x) for x in np.random.default_rng(0).integers(0, 400, 400)]
+    return model, book, ids
+
+
+def test_evaluate_metrics_are_consistent(tiny):
+    model, book, ids = tiny
+    books = {"a2ats": book, "random": Codebook.random(2, 2, 64, 32, seed=9)}
+    methods = (
+        "full",
+        "kv8",
+        "kv4",
+        "a2ats",
+        "window",
+        "oracle_topk",
+        "a2ats_paper",
+        "a2ats_random",
+    )
+    (run,) = evaluate(
+        model, ids, context=300, decode=5, budgets=[0.05], codebooks=books,
+        config=A2ATSConfig(n_centroids=32), methods=methods,
+    )  # fmt: skip
+    m = run.methods
+    assert list(m) == list(methods)
+    assert m["full"].recall == pytest.approx(1.0)
+    assert m["full"].output_rel_error < 1e-5
+    assert m["full"].argmax_agreement == 1.0
+    assert m["kv8"].recall == pytest.approx(1.0)
+    assert 0 < m["kv8"].output_rel_error < m["kv4"].output_rel_error < 0.5
+    assert m["kv4"].bytes_per_token < m["kv8"].bytes_per_token < m["full"].bytes_per_token
+    for name in ("a2ats", "window", "oracle_topk", "a2ats_paper", "a2ats_random"):
+        assert 0.0 < m[name].recall < 1.0, name
+        assert m[name].attended_per_head < 300
+        assert m[name].output_rel_error > 0.0
+        assert m[name].ppl > 1.0
+    # window attends as many far tokens as a2ats retrieved on average
+    assert m["window"].retrieved_per_head == pytest.approx(round(m["a2ats"].retrieved_per_head))
+    assert m["window"].bytes_per_token < m["full"].bytes_per_token
+    # a2ats holds full K/V plus 2-byte codes per token per KV head and layer
+    assert m["a2ats"].bytes_per_token > m["full"].bytes_per_token
+    # same codebook and one of the same bucket settings: selection differs only by the buckets
+    assert m["a2ats_paper"].attended_per_head == pytest.approx(m["a2ats"].attended_per_head, 0.2)
+
+
+def test_evaluate_with_nothing_to_drop_equals_full(tiny):
+    model, book, ids = tiny
+    (run,) = evaluate(
+        model, ids, context=60, decode=4, budgets=[1.0], codebooks={"a2ats": book},
+        config=A2ATSConfig(n_centroids=32), methods=("full", "a2ats", "oracle_topk"),
+    )  # fmt: skip
+    full, a2 = run.methods["full"], run.methods["a2ats"]
+    assert a2.recall == pytest.approx(1.0)
+    assert a2.output_rel_error < 1e-4
+    assert a2.ppl == pytest.approx(full.ppl, rel=1e-4)
+    assert a2.argmax_agreement == 1.0
+
+
+def test_evaluate_rejects_bad_arguments(tiny):
+    model, book, ids = tiny
+    with pytest.raises(ValueError, match="tokens"):
+        evaluate(model, ids[:50], context=48, decode=4, budgets=[0.03], codebooks={"a2ats": book})
+    with pytest.raises(ValueError, match="unknown method"):
+        evaluate(model, ids, context=48, decode=4, budgets=[0.03], codebooks={"a2ats": book},
+                 methods=("full", "h2o"))  # fmt: skip
+    with pytest.raises(ValueError, match="budget"):
+        evaluate(model, ids, context=48, decode=4, budgets=[1.5], codebooks={"a2ats": book})
