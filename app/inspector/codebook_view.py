@@ -109,6 +109,11 @@ class CodebookPanel(QWidget):
         item.setLabel("left", "tokens")
         item.setLogMode(x=False, y=True)
         item.showGrid(x=False, y=True, alpha=0.15)
+        # codes no cached token uses, right of the last used rank
+        self.dead_region = pg.LinearRegionItem(movable=False)
+        for line in self.dead_region.lines:
+            line.setPen(pg.mkPen(None))
+        item.addItem(self.dead_region)
         self.plot.on_theme = self._on_theme
         self.plot.setMinimumHeight(120)
         self.legend = LegendBar()
@@ -211,6 +216,11 @@ class CodebookPanel(QWidget):
             curve.show()
             top = max(top, float(used[0]) if used.size else 1.0)
             legend.append((self._theme.head_color(h), f"KV head {h}"))
+        n_codes = layer.code_counts[0].size if layer.code_counts else 0
+        used_max = max((int(np.count_nonzero(layer.code_counts[h])) for h in heads), default=0)
+        self.dead_region.setRegion((used_max, n_codes))
+        self.dead_region.setVisible(used_max < n_codes)
+        legend.append((self._dead_colour, "dead codes"))
         self.legend.set_categories(legend)
         self._set_ranges(layer.code_counts[0].size if layer.code_counts else 1, top)
         stats = data.layer_code_stats(layer, self.head)
@@ -231,7 +241,7 @@ class CodebookPanel(QWidget):
         item = self.plot.plotItem
         item.setXRange(0, n_codes, padding=0.01)
         if self.log_box.isChecked():
-            item.setYRange(-0.05, math.log10(ranges[1]) + 0.05, padding=0)
+            item.setYRange(-0.2, math.log10(ranges[1]) + 0.05, padding=0)
         else:
             item.setYRange(0, ranges[1], padding=0)
 
@@ -295,6 +305,10 @@ class CodebookPanel(QWidget):
     # ---- events ---------------------------------------------------------------------------
     def _on_theme(self, theme: Theme) -> None:
         self._theme = theme
+        dead = QColor(theme.categories[data.FAR])
+        self._dead_colour = dead.name()
+        dead.setAlpha(150)
+        self.dead_region.setBrush(dead)
         for h, curve in enumerate(self._curves):
             self._style_curve(curve, h)
         self._key = None

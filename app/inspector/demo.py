@@ -223,11 +223,29 @@ def main(argv: list[str] | None = None) -> int:
     panel.flush()
     app.processEvents()
     panel.map_panel.set_highlight_choice("all")
+    show_hover(panel)
     paths = panel.export_pngs(args.out)
     paths.append(panel.export_telemetry(args.out / "telemetry.json"))
     for p in paths:
         print(p)
     return 0
+
+
+def show_hover(panel) -> None:
+    """Put the hover text of the most retrieved far token of the middle layer on screen."""
+    snap = panel.viewed_snapshot()
+    if snap is None or not snap.layers:
+        return
+    from . import data
+
+    row = len(snap.layers) // 2
+    entry = panel.state.entry()
+    freq = panel.state.frequency.at(entry.seq, None)
+    picked = data.retrieved_positions(snap.layers[row])
+    if picked.size:
+        counts = [freq.count(row, int(p)) for p in picked]
+        position = int(picked[int(np.argmax(counts))])
+        panel.map_panel.info.setText(panel.map_panel.describe(row, position))
 
 
 def dark_palette():
@@ -247,9 +265,18 @@ def dark_palette():
         QPalette.ColorRole.HighlightedText: "#FFFFFF",
         QPalette.ColorRole.ToolTipBase: "#2A2D31",
         QPalette.ColorRole.ToolTipText: "#E3E5E8",
+        QPalette.ColorRole.Mid: "#3A3D42",
+        QPalette.ColorRole.Dark: "#111214",
     }
     for role, colour in roles.items():
         pal.setColor(role, QColor(colour))
+    disabled = QPalette.ColorGroup.Disabled
+    for role in (
+        QPalette.ColorRole.WindowText,
+        QPalette.ColorRole.Text,
+        QPalette.ColorRole.ButtonText,
+    ):
+        pal.setColor(disabled, role, QColor("#6E737B"))
     return pal
 
 

@@ -103,18 +103,17 @@ class MemoryPanel(QWidget):
         if ticks != self._ticks:
             self._ticks = ticks
             self.bars_plot.plotItem.getAxis("bottom").setTicks([ticks])
+        # rounded tops with ~8% headroom: the axes change only when the data outgrows them
         bar_top = nice_ceiling(
-            float(max(summary.fp16.max(initial=0), summary.held.max(initial=0))) / MB
+            1.08 * float(max(summary.fp16.max(initial=0), summary.held.max(initial=0))) / MB
         )
-        line_top = nice_ceiling(float(max(series.arrays()[2].max(initial=0), 1)) / MB)
-
         steps, held, fp16 = series.arrays()
+        line_top = nice_ceiling(1.08 * float(max(fp16.max(initial=0), held.max(initial=0), 1)) / MB)
         self.fp16_line.setData(steps.astype(float), fp16 / MB)
         self.held_line.setData(steps.astype(float), held / MB)
         self.step_marker.setValue(entry.snapshot.step)
         first = float(steps[0]) if steps.size else 0.0
         span = nice_ceiling(max(float(steps[-1]) - first, 8.0)) if steps.size else 8.0
-        line_top = max(line_top, nice_ceiling(float(held.max(initial=0)) / MB))
         self._set_ranges(len(ids), bar_top, first, span, line_top)
         self.summary.setText(self.summary_text(summary))
 
@@ -127,9 +126,9 @@ class MemoryPanel(QWidget):
             return
         self._ranges = ranges
         self.bars_plot.plotItem.setXRange(-0.6, max(layers - 0.4, 0.4), padding=0)
-        self.bars_plot.plotItem.setYRange(0, bar_top * 1.02, padding=0)
+        self.bars_plot.plotItem.setYRange(0, bar_top, padding=0)
         self.line_plot.plotItem.setXRange(first, first + span, padding=0.01)
-        self.line_plot.plotItem.setYRange(0, top * 1.02, padding=0)
+        self.line_plot.plotItem.setYRange(0, top, padding=0)
 
     @staticmethod
     def summary_text(summary: data.MemorySummary) -> str:

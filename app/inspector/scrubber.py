@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QHBoxLayout, QSlider, QToolButton, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QSizePolicy, QSlider, QToolButton, QWidget
 
 from .state import InspectorState
 from .widgets import StatusLine
@@ -29,6 +29,7 @@ class StepScrubber(QWidget):
         self.live_button.setChecked(True)
         self.live_button.toggled.connect(self._on_live_toggled)
         self.label = StatusLine("no steps yet")
+        self.label.setSizePolicy(QSizePolicy.Policy.Fixed, QSizePolicy.Policy.Fixed)
         self.label.setFixedWidth(
             self.label.fontMetrics().horizontalAdvance(
                 "step 00000 \u00b7 000000 tok \u00b7 000/000"
