@@ -126,9 +126,11 @@ def architecture(metadata: dict) -> str:
 def file_type_name(metadata: dict, tensors: dict | None = None) -> str:
     """The GGUF's quantization as llama.cpp names it ("Q4_1", "Q4_K_M", "F16"...)."""
     code = _scalar(metadata, "general.file_type")
-    if code is not None and int(code) in FILE_TYPES:
-        return FILE_TYPES[int(code)]
-    if tensors is not None and any(name.endswith(".scales") for name in tensors):
+    declared = FILE_TYPES.get(int(code)) if code is not None else None
+    packed = tensors is not None and any(name.endswith(".scales") for name in tensors)
+    if declared is not None and not (packed and declared in UNQUANTIZED_FILE_TYPES):
+        return declared
+    if packed:
         return "quantized"
     return "F32" if tensors is None else _float_name(tensors)
 

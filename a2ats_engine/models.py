@@ -379,29 +379,55 @@ def _has_quantized_or_half(model) -> bool:
 
 
 def prepare_for_backend(model, dequantize: bool | None = None) -> bool:
-    """Dequantize quantized Linear / Embedding layers and cast half weights to float32, in place,
-    when `dequantize` is True, or None on CPU-only MLX. Returns True when anything changed."""
+    """Make the model fast on this backend, in place. Returns True when quantized or half
+    weights were turned into float32 (`dequantize` in effect).
+
+    dequantize None means True on CPU-only MLX and False on Metal. True: quantized Linear /
+    Embedding layers are unpacked and half-precision weights cast, all to float32. False: the
+    quantized layers stay packed; on CPU-only MLX the other half-precision weights (norms) are
+    still cast to float32, because float16 activations run about 30x slower there. On Metal,
+    False leaves the model exactly as loaded.
+    """
     import mlx.core as mx
-    from mlx.utils import tree_flatten, tree_map
+    from mlx.utils import tree_flatten
     from mlx_lm.utils import dequantize_model
 
     from ._backend import is_cpu_only
 
+    cpu = is_cpu_only()
     if dequantize is None:
-        dequantize = is_cpu_only()
-    if not dequantize or not _has_quantized_or_half(model):
-        return False
-    _dequantize_to_float32(model)
-    dequantize_model(model)  # anything left (e.g. quantized MoE experts)
+        dequantize = cpu
+    converted = bool(dequantize) and _has_quantized_or_half(model)
+    if converted:
+        _dequantize_to_float32(model)
+        dequantize_model(model)  # anything left (e.g. quantized MoE experts)
+    if dequantize or cpu:
 
-    def to_float32(value):
-        if isinstance(value, mx.array) and value.dtype in (mx.float16, mx.bfloat16):
-            return value.astype(mx.float32)
-        return value
+        def to_float32(value):
+            if isinstance(value, mx.array) and value.dtype in (mx.float16, mx.bfloat16):
+                return value.astype(mx.float32)
+            return value
 
-    model.update(tree_map(to_float32, model.parameters()))
-    mx.eval([v for _, v in tree_flatten(model.parameters())])
-    return True
+        quantized = _quantized_module_paths(model)
+        params = dict(tree_flatten(model.parameters()))
+        cast = [
+            (name, to_float32(value))
+            for name, value in params.items()
+            if name.rsplit(".", 1)[0] not in quantized  # packed layers keep their scales
+        ]
+        model.load_weights(cast, strict=False)
+        mx.eval([v for _, v in tree_flatten(model.parameters())])
+    return converted
+
+
+def _quantized_module_paths(model) -> set[str]:
+    import mlx.nn as nn
+
+    return {
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, nn.QuantizedLinear | nn.QuantizedEmbedding)
+    }
 
 
 def _dequantize_to_float32(model) -> None:

@@ -12,7 +12,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from tiny import save_tiny_tokenizer, tiny_model
 
-from a2ats_engine import gguf
+from a2ats_engine import _backend, gguf
 from a2ats_engine.errors import ModelLoadError
 from a2ats_engine.gguf_tokenizer import build_tokenizer, sentencepiece_merges
 from a2ats_engine.models import load_model
@@ -115,7 +115,7 @@ def test_untied_output_weight(tmp_path):
     np.testing.assert_allclose(_logits(loaded), _logits(model), atol=2e-4, rtol=1e-4)
 
 
-def test_quantized_tensors_stay_quantized_with_per_tensor_bits(llama, tmp_path):
+def test_quantized_tensors_stay_quantized_with_per_tensor_bits(llama, tmp_path, monkeypatch):
     path = tmp_path / "q.gguf"
     quant = {"attn_": "Q8_0", "ffn_": "Q4_0", "token_embd": "Q8_0"}
     held = write_tiny_gguf(path, llama, quantize=quant, **{"general.file_type": ("u32", 7)})
@@ -126,6 +126,7 @@ def test_quantized_tensors_stay_quantized_with_per_tensor_bits(llama, tmp_path):
     assert q["model.layers.1.mlp.down_proj"]["bits"] == 4
     assert q["model.embed_tokens"]["bits"] == 8
 
+    monkeypatch.setattr(_backend, "is_cpu_only", lambda: False)  # as on Metal: as stored
     model, _, info = load_model(str(folder), dequantize=False)
     assert isinstance(model.model.layers[0].self_attn.q_proj, nn.QuantizedLinear)
     assert model.model.layers[1].mlp.up_proj.bits == 4

@@ -144,18 +144,32 @@ def test_default_follows_the_backend(quantized_folder, monkeypatch):
     assert info.quantization == "4-bit affine, group 32"
 
 
-def test_half_weights_become_float32(tmp_path):
+def test_half_weights_become_float32(tmp_path, monkeypatch):
     folder = tmp_path / "half"
     model = tiny_model("llama", seed=6)
     model.set_dtype(mx.float16)
     save_model(folder, model)
     save_config(dict(model.config), folder / "config.json")
     save_tiny_tokenizer(folder)
-    kept, _, _ = load_model(str(folder), dequantize=False)
-    assert _dtypes(kept) == {mx.float16}
     cast, _, info = load_model(str(folder), dequantize=True)
     assert _dtypes(cast) == {mx.float32}
     assert info.quantization is None
+    monkeypatch.setattr(_backend, "is_cpu_only", lambda: False)  # Metal: kept as stored
+    kept, _, _ = load_model(str(folder), dequantize=False)
+    assert _dtypes(kept) == {mx.float16}
+
+
+def test_cpu_keeps_quantized_layers_but_float32_activations(tmp_path, monkeypatch):
+    """dequantize=False on CPU: packed layers stay, float16 norms go float32 (fp16 is slow)."""
+    path = tmp_path / "q.gguf"
+    write_tiny_gguf(path, tiny_model("llama", seed=12), quantize={"attn_": "Q8_0", "ffn_": "Q4_0"})
+    monkeypatch.setattr(_backend, "is_cpu_only", lambda: True)
+    model, _, info = load_model(str(path), dequantize=False)
+    q_proj = model.model.layers[0].self_attn.q_proj
+    assert isinstance(q_proj, nn.QuantizedLinear) and q_proj.scales.dtype == mx.float16
+    assert model.model.norm.weight.dtype == mx.float32
+    assert model(IDS).dtype == mx.float32
+    assert info.quantization == "quantized"  # its general.file_type (F32) is contradicted
 
 
 # --- GGUF sources and the conversion cache -----------------------------------------------------
