@@ -1,0 +1,89 @@
+"""The inspector fed by a real tiny-model A2ATS run: what it shows and exports is the cache's own."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tiny import tiny_model, tiny_tokenizer
+
+from a2ats_engine.codebook import Codebook
+from a2ats_engine.config import A2ATSConfig
+from a2ats_engine.session import ChatSession, SamplingSettings
+from a2ats_engine.telemetry import CacheSnapshot, GenerationStats, TokenEvent
+from app.inspector import InspectorPanel, data, export
+
+from .test_inspector_data import assert_same_snapshots
+
+PROMPT = (
+    "The capital of France is Paris. The quick brown fox jumps over the lazy dog. "
+    "Hello! How are you today? I am fine, thank you. Numbers: 0123456789."
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """(session, events) of one reply with telemetry and a fidelity pass every 2 steps."""
+    tokenizer = tiny_tokenizer(tmp_path_factory.mktemp("tok"))
+    model = tiny_model("llama")
+    config = A2ATSConfig(
+        window=8, sinks=2, budget=4, n_centroids=32, telemetry=True, fidelity_every=2
+    )
+    codebook = Codebook.random(2, 2, 16, 32, seed=3)
+    sampling = SamplingSettings(temperature=0.0, max_tokens=8)
+    with pytest.warns(UserWarning):  # a random codebook carries no model fingerprint
+        session = ChatSession(model, tokenizer, sampling=sampling, a2ats=config, codebook=codebook)
+        events = list(session.send(PROMPT))
+    return session, events
+
+
+def test_panel_shows_and_exports_the_cache_selection(qtbot, tmp_path, tiny_run):
+    session, events = tiny_run
+    snapshots = [e for e in events if isinstance(e, CacheSnapshot)]
+    tokens = [e for e in events if isinstance(e, TokenEvent)]
+    assert isinstance(events[-1], GenerationStats) and len(snapshots) == len(tokens) >= 4
+
+    panel = InspectorPanel()
+    qtbot.addWidget(panel)
+    panel.resize(900, 1000)
+    panel.show()
+    panel.on_generation_started()
+    for snap in snapshots:
+        panel.on_snapshot(snap)
+    panel.on_generation_finished()
+    panel.flush()
+
+    # the newest snapshot is the caches' own last step
+    last = panel.viewed_snapshot()
+    assert last is snapshots[-1]
+    for layer, cache in zip(last.layers, session.caches, strict=True):
+        assert layer is cache.last_stats
+        assert layer.offset == cache.offset == session.context_tokens
+    assert not any(layer.exact for layer in last.layers)  # the prompt outgrows sinks + window
+
+    # the map draws exactly the selection the cache attended to
+    image = panel.map_panel.full_image()
+    assert image.shape == (len(last.layers), last.offset)
+    for row, layer in enumerate(last.layers):
+        union = np.unique(np.concatenate(layer.selected))
+        far = union[(union >= layer.sinks) & (union < layer.window_start)]
+        assert far.size > 0
+        assert np.flatnonzero(image[row] == data.RETRIEVED).tolist() == far.tolist()
+        assert (image[row, : layer.sinks] == data.SINK).all()
+        assert (image[row, layer.window_start : layer.offset - 1] == data.WINDOW).all()
+
+    # recall from the shadow pass shows in the fidelity strip (steps 0, 2, 4, ...)
+    assert panel.fidelity_panel.showing_strip
+    measured = [s for s in snapshots if data.has_recall(s)]
+    assert panel.fidelity_panel.matrix.shape == (2, len(measured))
+    assert all(0.0 <= r <= 1.0 for s in measured for layer in s.layers for r in layer.recall)
+
+    # memory figures are the caches' byte counts
+    assert panel.memory_panel.last_summary.total_held == sum(c.nbytes for c in session.caches)
+
+    # export -> reload gives the same records, and its selection is the cache's
+    path = panel.export_telemetry(tmp_path / "telemetry.json")
+    reloaded, _ = export.load_telemetry(path)
+    assert_same_snapshots(snapshots, reloaded)
+    for layer, cache in zip(reloaded[-1].layers, session.caches, strict=True):
+        for mine, theirs in zip(layer.selected, cache.last_stats.selected, strict=True):
+            assert np.array_equal(mine, theirs)
