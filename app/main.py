@@ -1,19 +1,68 @@
-"""Entry point of `a2ats-chat` (placeholder window until the desktop app lands)."""
+"""Entry point of `a2ats-chat`: the desktop app, and a scripted mode for checks and demos.
+
+    a2ats-chat [--model SOURCE]
+    a2ats-chat --model SOURCE [--codebook FILE] --prompt TEXT --screenshot PNG [--quit]
+
+Scripted mode loads the model (and codebook), sends the prompt in a new chat, waits for the
+whole reply, saves a screenshot of the window and, with --quit, exits 0. Any failure prints
+one line to stderr and exits 1. Works with QT_QPA_PLATFORM=offscreen.
+"""
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import a2ats_engine  # noqa: F401  (BLAS preload before mlx.core)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from PySide6.QtWidgets import QApplication, QLabel
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="a2ats-chat", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help='model folder, .gguf file, HF repo id or "demo"')
+    parser.add_argument("--codebook", help="codebook file (.safetensors) to load")
+    parser.add_argument("--prompt", help="scripted mode: message to send")
+    parser.add_argument("--screenshot", help="scripted mode: PNG of the window after the reply")
+    parser.add_argument("--export-telemetry", help="scripted mode: inspector telemetry JSON")
+    parser.add_argument("--quit", action="store_true", help="scripted mode: exit when done")
+    parser.add_argument("--timeout", type=float, default=900.0, help="scripted mode: seconds")
+    parser.add_argument("--theme", choices=("system", "light", "dark"), help="override the theme")
+    parser.add_argument("--width", type=int, default=0, help="window width (scripted mode)")
+    parser.add_argument("--height", type=int, default=0, help="window height (scripted mode)")
+    args = parser.parse_args(argv)
+    if args.codebook and not args.model:
+        parser.error("--codebook needs --model")
+    if (args.prompt or args.screenshot or args.export_telemetry) and not args.model:
+        parser.error("scripted mode needs --model")
+    return args
 
-    app = QApplication.instance() or QApplication(sys.argv if argv is None else ["a2ats-chat", *argv])
-    label = QLabel("A2ATS Chat")
-    label.resize(480, 320)
-    label.show()
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from .main_window import MainWindow
+    from .scripted import ScriptedRun
+    from .settings import load_settings
+    from .theme import app_icon, theme
+
+    app = QApplication.instance() or QApplication(["a2ats-chat"])
+    app.setApplicationName("A2ATS Chat")
+    app.setOrganizationName("a2ats-chat")
+    app.setWindowIcon(app_icon())
+    settings, message = load_settings()
+    theme().apply(args.theme or settings.theme)
+    scripted = bool(args.prompt or args.screenshot or args.export_telemetry)
+    window = MainWindow(settings, settings_message=message, scripted=scripted)
+    if args.width and args.height:
+        window.resize(args.width, args.height)
+    window.show()
+    if scripted:
+        run = ScriptedRun(window, args)
+        QTimer.singleShot(0, run.start)
+        app.exec()
+        return run.exit_code
+    QTimer.singleShot(0, window.start if not args.model else lambda: window.load_model(args.model))
     return app.exec()
 
 

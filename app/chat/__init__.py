@@ -1,0 +1,1 @@
+"""Chat widgets: conversation list, transcript view with Markdown, message composer."""

@@ -1,0 +1,224 @@
+"""One chat message: a role header, the rendered Markdown, stats/provenance and actions."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QSizePolicy,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from ..history import Message
+from ..theme import bind_icon
+from .markdown_view import MarkdownView
+
+STREAM_CURSOR = " \u258d"  # shown at the end of a reply while it streams
+
+
+def stats_text(provenance: dict | None) -> str:
+    """One line under an assistant reply: cache kind, tokens, speed, time to first token."""
+    if not provenance:
+        return ""
+    stats = provenance.get("stats") or {}
+    cache = provenance.get("cache") or {}
+    parts = ["A2ATS" if cache.get("a2ats_enabled") else "KVCache"]
+    if stats:
+        parts.append(f"{stats.get('generation_tokens', 0)} tokens")
+        parts.append(f"{float(stats.get('generation_tps', 0.0)):.1f} tok/s")
+        parts.append(f"TTFT {float(stats.get('time_to_first_token', 0.0)):.2f} s")
+        reason = stats.get("stop_reason")
+        if reason == "cancelled":
+            parts.append("stopped")
+        elif reason == "length":
+            parts.append("max tokens reached")
+        elif reason == "error":
+            parts.append("failed")
+    return " \u00b7 ".join(parts)
+
+
+def provenance_tooltip(provenance: dict | None) -> str:
+    if not provenance:
+        return ""
+    model = provenance.get("model") or {}
+    codebook = provenance.get("codebook") or {}
+    lines = [
+        f"Model: {model.get('name') or model.get('source', '?')}",
+        f"Codebook: {codebook.get('name', 'none')}",
+    ]
+    sha = codebook.get("sha256")
+    if sha:
+        lines.append(f"Codebook sha256: {sha[:16]}\u2026")
+    config = (provenance.get("cache") or {}).get("config")
+    if config:
+        keys = ("window", "far_offset", "sinks", "budget", "far_buckets", "kv_bits")
+        lines.append("Cache: " + ", ".join(f"{k}={config.get(k)}" for k in keys))
+    lines.append("Sampling: " + json.dumps(provenance.get("sampling", {}), sort_keys=True))
+    return "\n".join(lines)
+
+
+class MessageWidget(QFrame):
+    """A user bubble (right, shrink-to-fit) or an assistant reply (full width, avatar)."""
+
+    regenerate_clicked = Signal()
+    edit_clicked = Signal()
+    copied = Signal(str)
+
+    def __init__(self, message: Message, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.message = message
+        self.is_user = message.role == "user"
+        self.setObjectName("MessageUser" if self.is_user else "MessageAssistant")
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Maximum)
+        self.streaming = False
+        self._ideal_width: int | None = None
+
+        self.view = MarkdownView()
+        self.view.copied.connect(self.copied)
+        self.view.setAccessibleName("User message" if self.is_user else "Assistant message")
+        self.bubble = QFrame()
+        self.bubble.setObjectName("Bubble")
+        bubble_layout = QVBoxLayout(self.bubble)
+        pad = (14, 9, 14, 9) if self.is_user else (0, 0, 0, 0)
+        bubble_layout.setContentsMargins(*pad)
+        bubble_layout.addWidget(self.view)
+
+        self.stats = QLabel()
+        self.stats.setObjectName("StatsLabel")
+        self.note = QLabel()
+        self.note.setObjectName("NoteLabel")
+        self.note.setWordWrap(True)
+        self.stats.hide()
+        self.note.hide()
+
+        self.copy_button = self._action("copy", "Copy message")
+        self.copy_button.clicked.connect(self._copy)
+        self.edit_button = self._action("edit", "Edit and resend")
+        self.edit_button.clicked.connect(self.edit_clicked)
+        self.regenerate_button = self._action("regenerate", "Regenerate reply")
+        self.regenerate_button.clicked.connect(self.regenerate_clicked)
+        self.actions = QWidget()
+        self.actions.setObjectName("MessageActions")
+        actions_layout = QHBoxLayout(self.actions)
+        actions_layout.setContentsMargins(0, 0, 0, 0)
+        actions_layout.setSpacing(2)
+        if self.is_user:
+            actions_layout.addStretch(1)
+        for button in (self.copy_button, self.edit_button, self.regenerate_button):
+            actions_layout.addWidget(button)
+        if not self.is_user:
+            actions_layout.addSpacing(8)
+            actions_layout.addWidget(self.stats)
+            actions_layout.addStretch(1)
+        policy = self.actions.sizePolicy()
+        policy.setRetainSizeWhenHidden(True)
+        self.actions.setSizePolicy(policy)
+
+        self._build_layout()
+        self.set_actions(can_edit=False, can_regenerate=False)
+        self.set_content(message.content)
+        self.set_provenance(message.provenance)
+
+    def _action(self, icon: str, tip: str) -> QToolButton:
+        button = QToolButton()
+        button.setIconSize(QSize(15, 15))
+        button.setToolTip(tip)
+        button.setAccessibleName(tip)
+        button.setCursor(Qt.CursorShape.PointingHandCursor)
+        bind_icon(button, icon, "muted")
+        return button
+
+    def _build_layout(self) -> None:
+        outer = QHBoxLayout(self)
+        outer.setContentsMargins(0, 6, 0, 6)
+        column = QVBoxLayout()
+        column.setSpacing(4)
+        if self.is_user:
+            outer.addStretch(1)
+            column.addWidget(self.bubble, 0, Qt.AlignmentFlag.AlignRight)
+            column.addWidget(self.note, 0, Qt.AlignmentFlag.AlignRight)
+            column.addWidget(self.actions)
+            outer.addLayout(column)
+            return
+        avatar = QToolButton()
+        avatar.setObjectName("Avatar")
+        avatar.setIconSize(QSize(18, 18))
+        avatar.setAutoRaise(True)
+        avatar.setEnabled(False)
+        avatar.setAccessibleName("Assistant")
+        bind_icon(avatar, "assistant", "accent")
+        avatar_column = QVBoxLayout()
+        avatar_column.addWidget(avatar)
+        avatar_column.addStretch(1)
+        outer.addLayout(avatar_column)
+        header = QLabel("Assistant")
+        header.setObjectName("RoleLabel")
+        column.addWidget(header)
+        column.addWidget(self.bubble)
+        column.addWidget(self.note)
+        column.addWidget(self.actions)
+        outer.addLayout(column, 1)
+
+    # ----- state -----------------------------------------------------------------------------
+
+    def set_content(self, text: str, streaming: bool = False) -> None:
+        """Render `text`; a streaming reply shows a cursor at its end."""
+        self.message.content = text
+        self.streaming = streaming
+        shown = text + STREAM_CURSOR if streaming else text
+        self.view.set_markdown(shown, plain=self.is_user)
+        self._ideal_width = None
+        self._fit_bubble()
+
+    def set_provenance(self, provenance: dict | None) -> None:
+        self.message.provenance = provenance
+        text = stats_text(provenance)
+        self.stats.setText(text)
+        self.stats.setVisible(bool(text))
+        self.stats.setToolTip(provenance_tooltip(provenance))
+        created = time.strftime("%H:%M", time.localtime(self.message.created))
+        self.setToolTip("")
+        self.view.setToolTip("")
+        self.actions.setToolTip(created)
+
+    def set_note(self, text: str, error: bool = False) -> None:
+        self.note.setObjectName("ErrorLabel" if error else "NoteLabel")
+        self.note.setStyleSheet("")  # re-polish for the new object name
+        self.note.setText(text)
+        self.note.setVisible(bool(text))
+
+    def set_actions(self, *, can_edit: bool, can_regenerate: bool) -> None:
+        self.edit_button.setVisible(self.is_user and can_edit)
+        self.regenerate_button.setVisible((not self.is_user) and can_regenerate)
+        self.actions.setVisible(not self.streaming)
+
+    def set_streaming(self, streaming: bool) -> None:
+        self.streaming = streaming
+        self.actions.setVisible(not streaming)
+
+    def _copy(self) -> None:
+        from PySide6.QtWidgets import QApplication
+
+        QApplication.clipboard().setText(self.message.content)
+        self.copied.emit("Message copied")
+
+    # ----- layout ----------------------------------------------------------------------------
+
+    def _fit_bubble(self) -> None:
+        if not self.is_user:
+            return
+        if self._ideal_width is None:
+            self._ideal_width = self.view.ideal_width() + 28 + 2
+        available = max(120, int(self.width() * 0.8))
+        self.bubble.setFixedWidth(min(self._ideal_width, available))
+
+    def resizeEvent(self, event) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        self._fit_bubble()

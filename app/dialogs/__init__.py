@@ -1,0 +1,1 @@
+"""Dialogs: settings, calibration, codebook details, Hugging Face download, task progress."""

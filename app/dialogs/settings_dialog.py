@@ -1,0 +1,251 @@
+"""Cache & sampling settings. Validated through the settings dataclasses; bad values show the
+dataclass's own message (field, value, range) and keep the dialog open."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QSpinBox,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from ..settings import THEMES, CacheSettings, SamplingPrefs
+
+NEXT_MESSAGE_NOTE = (
+    "Changes apply to the next message: the cache is rebuilt from the conversation then. "
+    "The reply in progress, if any, is not affected."
+)
+KV_BITS = [
+    ("Full precision (model dtype)", None),
+    ("8-bit (mx.quantize)", 8),
+    ("4-bit (mx.quantize)", 4),
+]
+
+
+@dataclass(frozen=True)
+class SettingsResult:
+    cache: CacheSettings
+    sampling: SamplingPrefs
+    theme: str
+    default_system_prompt: str
+
+
+def _spin(lo: int, hi: int, value: int, tip: str) -> QSpinBox:
+    spin = QSpinBox()
+    spin.setRange(lo, hi)
+    spin.setValue(value)
+    spin.setToolTip(tip)
+    spin.setAccessibleName(tip)
+    return spin
+
+
+def _dspin(lo: float, hi: float, value: float, step: float, decimals: int, tip: str):
+    spin = QDoubleSpinBox()
+    spin.setRange(lo, hi)
+    spin.setDecimals(decimals)
+    spin.setSingleStep(step)
+    spin.setValue(value)
+    spin.setToolTip(tip)
+    spin.setAccessibleName(tip)
+    return spin
+
+
+class SettingsDialog(QDialog):
+    """Tabs: KV cache, Sampling, Appearance."""
+
+    def __init__(
+        self,
+        cache: CacheSettings,
+        sampling: SamplingPrefs,
+        theme_mode: str,
+        default_system_prompt: str,
+        parent: QWidget | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Settings")
+        self.setMinimumWidth(520)
+        self.result_value: SettingsResult | None = None
+        tabs = QTabWidget()
+        tabs.addTab(self._cache_tab(cache), "KV cache")
+        tabs.addTab(self._sampling_tab(sampling), "Sampling")
+        tabs.addTab(self._appearance_tab(theme_mode, default_system_prompt), "Appearance")
+        self.error = QLabel()
+        self.error.setObjectName("ErrorLabel")
+        self.error.setWordWrap(True)
+        self.error.hide()
+        buttons = QDialogButtonBox(
+            QDialogButtonBox.StandardButton.Save
+            | QDialogButtonBox.StandardButton.Cancel
+            | QDialogButtonBox.StandardButton.RestoreDefaults
+        )
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        buttons.button(QDialogButtonBox.StandardButton.RestoreDefaults).clicked.connect(
+            self.restore_defaults
+        )
+        layout = QVBoxLayout(self)
+        layout.addWidget(tabs)
+        layout.addWidget(self.error)
+        layout.addWidget(buttons)
+
+    # ----- tabs ------------------------------------------------------------------------------
+
+    def _cache_tab(self, cache: CacheSettings) -> QWidget:
+        page = QWidget()
+        self.a2ats = QCheckBox("Use the A2ATS cache (off = mlx-lm KVCache, for comparison)")
+        self.a2ats.setChecked(cache.a2ats_enabled)
+        self.a2ats.setAccessibleName("Use the A2ATS cache")
+        self.window = _spin(1, 1 << 20, cache.window, "Exact-RoPE window (tokens)")
+        self.far_offset = _spin(1, 1 << 24, cache.far_offset, "Far offset b (tokens)")
+        self.sinks = _spin(0, 1 << 16, cache.sinks, "Attention sinks (tokens)")
+        self.budget = _dspin(
+            0.001,
+            1.0,
+            float(cache.budget),
+            0.005,
+            3,
+            "Retrieval budget (fraction of the context per query head)",
+        )
+        self.min_k = _spin(1, 1 << 20, cache.min_k, "Minimum retrieved tokens")
+        self.far_buckets = _spin(1, 64, cache.far_buckets, "Far distance buckets")
+        self.kv_bits = QComboBox()
+        self.kv_bits.setAccessibleName("Stored K/V precision")
+        for label, bits in KV_BITS:
+            self.kv_bits.addItem(label, bits)
+        self.kv_bits.setCurrentIndex([b for _, b in KV_BITS].index(cache.kv_bits))
+        group = QGroupBox("Retrieval")
+        form = QFormLayout(group)
+        form.addRow("Window", self.window)
+        form.addRow("Far offset (b)", self.far_offset)
+        form.addRow("Sinks", self.sinks)
+        form.addRow("Budget", self.budget)
+        form.addRow("Min retrieved", self.min_k)
+        form.addRow("Distance buckets", self.far_buckets)
+        form.addRow("K/V storage", self.kv_bits)
+        note = QLabel(NEXT_MESSAGE_NOTE)
+        note.setObjectName("HintLabel")
+        note.setWordWrap(True)
+        self.a2ats.toggled.connect(group.setEnabled)
+        group.setEnabled(cache.a2ats_enabled)
+        layout = QVBoxLayout(page)
+        layout.addWidget(self.a2ats)
+        layout.addWidget(group)
+        layout.addWidget(note)
+        layout.addStretch(1)
+        return page
+
+    def _sampling_tab(self, sampling: SamplingPrefs) -> QWidget:
+        page = QWidget()
+        self.temperature = _dspin(0.0, 5.0, sampling.temperature, 0.05, 2, "Temperature")
+        self.top_p = _dspin(0.0, 1.0, sampling.top_p, 0.01, 2, "Top p")
+        self.min_p = _dspin(0.0, 1.0, sampling.min_p, 0.01, 2, "Min p")
+        self.top_k = _spin(0, 1_000_000, sampling.top_k, "Top k (0 = off)")
+        self.repetition = _dspin(
+            0.1, 10.0, sampling.repetition_penalty, 0.05, 2, "Repetition penalty"
+        )
+        self.max_tokens = _spin(1, 1_000_000, sampling.max_tokens, "Maximum reply tokens")
+        self.fixed_seed = QCheckBox("Fixed seed")
+        self.fixed_seed.setChecked(sampling.seed is not None)
+        self.seed = _spin(0, 2**31 - 1, sampling.seed or 0, "Seed")
+        self.seed.setEnabled(sampling.seed is not None)
+        self.fixed_seed.toggled.connect(self.seed.setEnabled)
+        seed_row = QHBoxLayout()
+        seed_row.addWidget(self.fixed_seed)
+        seed_row.addWidget(self.seed, 1)
+        form = QFormLayout(page)
+        form.addRow("Temperature", self.temperature)
+        form.addRow("Top p", self.top_p)
+        form.addRow("Min p", self.min_p)
+        form.addRow("Top k", self.top_k)
+        form.addRow("Repetition penalty", self.repetition)
+        form.addRow("Max tokens", self.max_tokens)
+        form.addRow("Seed", seed_row)
+        note = QLabel("Sampling changes also apply to the next message.")
+        note.setObjectName("HintLabel")
+        form.addRow(note)
+        return page
+
+    def _appearance_tab(self, theme_mode: str, default_system_prompt: str) -> QWidget:
+        page = QWidget()
+        self.theme_combo = QComboBox()
+        self.theme_combo.setAccessibleName("Theme")
+        for mode in THEMES:
+            self.theme_combo.addItem(
+                {"system": "Follow the system"}.get(mode, mode.capitalize()), mode
+            )
+        self.theme_combo.setCurrentIndex(THEMES.index(theme_mode))
+        self.system_prompt = QPlainTextEdit(default_system_prompt)
+        self.system_prompt.setAccessibleName("Default system prompt for new chats")
+        self.system_prompt.setPlaceholderText("Used for new chats (each chat can change its own).")
+        self.system_prompt.setFixedHeight(90)
+        form = QFormLayout(page)
+        form.addRow("Theme", self.theme_combo)
+        form.addRow("Default system prompt", self.system_prompt)
+        return page
+
+    # ----- values ----------------------------------------------------------------------------
+
+    def values(self) -> SettingsResult:
+        """The edited settings; ValueError (naming the field) if something is out of range."""
+        cache = CacheSettings(
+            a2ats_enabled=self.a2ats.isChecked(),
+            window=self.window.value(),
+            far_offset=self.far_offset.value(),
+            sinks=self.sinks.value(),
+            budget=round(self.budget.value(), 6),
+            min_k=self.min_k.value(),
+            far_buckets=self.far_buckets.value(),
+            kv_bits=self.kv_bits.currentData(),
+        )
+        sampling = SamplingPrefs(
+            temperature=round(self.temperature.value(), 4),
+            top_p=round(self.top_p.value(), 4),
+            min_p=round(self.min_p.value(), 4),
+            top_k=self.top_k.value(),
+            repetition_penalty=round(self.repetition.value(), 4),
+            seed=self.seed.value() if self.fixed_seed.isChecked() else None,
+            max_tokens=self.max_tokens.value(),
+        )
+        return SettingsResult(
+            cache, sampling, self.theme_combo.currentData(), self.system_prompt.toPlainText()
+        )
+
+    def restore_defaults(self) -> None:
+        cache, sampling = CacheSettings(), SamplingPrefs()
+        self.a2ats.setChecked(cache.a2ats_enabled)
+        self.window.setValue(cache.window)
+        self.far_offset.setValue(cache.far_offset)
+        self.sinks.setValue(cache.sinks)
+        self.budget.setValue(cache.budget)
+        self.min_k.setValue(cache.min_k)
+        self.far_buckets.setValue(cache.far_buckets)
+        self.kv_bits.setCurrentIndex(0)
+        self.temperature.setValue(sampling.temperature)
+        self.top_p.setValue(sampling.top_p)
+        self.min_p.setValue(sampling.min_p)
+        self.top_k.setValue(sampling.top_k)
+        self.repetition.setValue(sampling.repetition_penalty)
+        self.max_tokens.setValue(sampling.max_tokens)
+        self.fixed_seed.setChecked(False)
+
+    def accept(self) -> None:
+        try:
+            self.result_value = self.values()
+        except ValueError as exc:
+            self.error.setText(str(exc))
+            self.error.show()
+            return
+        super().accept()

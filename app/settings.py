@@ -1,0 +1,192 @@
+"""App settings: one typed object with a schema version, persisted as JSON in the config dir.
+
+A corrupt or unreadable settings file never stops the app: it is moved aside
+(`settings.json.corrupt-<time>`), defaults are used, and the caller shows a status-bar message.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from .paths import atomic_write_text, config_dir
+
+SCHEMA_VERSION = 1
+MAX_RECENT_MODELS = 8
+THEMES = ("system", "light", "dark")
+
+
+def _check_number(
+    owner: str, name: str, value: Any, lo: float, hi: float, *, integer: bool
+) -> None:
+    kind = int if integer else (int, float)
+    ok = isinstance(value, kind) and not isinstance(value, bool)
+    if ok and not integer:
+        ok = math.isfinite(float(value))
+    if not ok or not lo <= value <= hi:
+        what = "an integer" if integer else "a number"
+        raise ValueError(
+            f"{owner}.{name}={value!r} is out of range: must be {what} in [{lo}, {hi}]"
+        )
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    """The KV cache used for the next message. `a2ats_enabled=False` = mlx-lm's plain KVCache.
+
+    Fields mirror `A2ATSConfig` (window, far_offset, sinks, budget, kv_bits, far_buckets, min_k);
+    the codebook decides n_centroids / sub_dim / beta, and telemetry follows the inspector.
+    """
+
+    a2ats_enabled: bool = True
+    window: int = 64
+    far_offset: int = 2048
+    sinks: int = 8
+    budget: float = 0.03
+    min_k: int = 16
+    far_buckets: int = 4
+    kv_bits: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.a2ats_enabled, bool):
+            raise ValueError(f"CacheSettings.a2ats_enabled={self.a2ats_enabled!r} must be a bool")
+        self.to_config()  # A2ATSConfig raises ValueError naming the field, value and range
+
+    def to_config(self, telemetry: bool = False, **overrides: Any):
+        """The engine's `A2ATSConfig` for these settings (extra fields from `overrides`)."""
+        from a2ats_engine.config import A2ATSConfig
+
+        values = {k: v for k, v in asdict(self).items() if k != "a2ats_enabled"}
+        values.update(overrides)
+        return A2ATSConfig(telemetry=telemetry, **values)
+
+
+@dataclass(frozen=True)
+class SamplingPrefs:
+    """Sampling for replies; converted to the engine's `SamplingSettings` by the worker."""
+
+    temperature: float = 0.7
+    top_p: float = 1.0
+    min_p: float = 0.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    max_tokens: int = 512
+
+    def __post_init__(self) -> None:
+        _check_number("SamplingPrefs", "temperature", self.temperature, 0.0, 5.0, integer=False)
+        _check_number("SamplingPrefs", "top_p", self.top_p, 0.0, 1.0, integer=False)
+        _check_number("SamplingPrefs", "min_p", self.min_p, 0.0, 1.0, integer=False)
+        _check_number("SamplingPrefs", "top_k", self.top_k, 0, 1_000_000, integer=True)
+        _check_number(
+            "SamplingPrefs", "repetition_penalty", self.repetition_penalty, 0.1, 10.0, integer=False
+        )
+        if self.seed is not None:
+            _check_number("SamplingPrefs", "seed", self.seed, 0, 2**63 - 1, integer=True)
+        _check_number("SamplingPrefs", "max_tokens", self.max_tokens, 1, 1_000_000, integer=True)
+
+
+@dataclass
+class AppSettings:
+    """Everything the app remembers between runs (one JSON file, `schema_version` first)."""
+
+    schema_version: int = SCHEMA_VERSION
+    model_source: str = "demo"
+    recent_models: list[str] = field(default_factory=list)
+    codebook_for_model: dict[str, str] = field(default_factory=dict)
+    auto_load_demo_codebook: bool = True
+    cache: CacheSettings = field(default_factory=CacheSettings)
+    sampling: SamplingPrefs = field(default_factory=SamplingPrefs)
+    default_system_prompt: str = ""
+    theme: str = "system"
+    window_geometry: str = ""
+    window_state: str = ""
+    splitter_sizes: list[int] = field(default_factory=list)
+    inspector_visible: bool = True
+    last_conversation_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.theme not in THEMES:
+            raise ValueError(f"AppSettings.theme={self.theme!r} must be one of {THEMES}")
+        if not isinstance(self.model_source, str):
+            raise ValueError(f"AppSettings.model_source={self.model_source!r} must be a string")
+
+    def remember_model(self, source: str) -> None:
+        """Put `source` first in the recent-models list (deduplicated, capped)."""
+        self.recent_models = [source, *[m for m in self.recent_models if m != source]]
+        del self.recent_models[MAX_RECENT_MODELS:]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AppSettings:
+        """Build from saved JSON; unknown keys are ignored, bad values raise ValueError/TypeError."""
+        if not isinstance(data, dict):
+            raise ValueError("settings file does not hold a JSON object")
+        version = data.get("schema_version", SCHEMA_VERSION)
+        if not isinstance(version, int) or version < 1:
+            raise ValueError(f"AppSettings.schema_version={version!r} is not a valid version")
+        names = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}
+        values["schema_version"] = SCHEMA_VERSION  # older versions migrate by defaulting fields
+        if "cache" in values:
+            values["cache"] = _sub(CacheSettings, values["cache"])
+        if "sampling" in values:
+            values["sampling"] = _sub(SamplingPrefs, values["sampling"])
+        settings = cls(**values)
+        _check_types(settings)
+        return settings
+
+
+def _sub(kind: type, data: Any):
+    if not isinstance(data, dict):
+        raise ValueError(f"{kind.__name__} must be a JSON object, got {data!r}")
+    names = {f.name for f in fields(kind)}
+    return kind(**{k: v for k, v in data.items() if k in names})
+
+
+def _check_types(settings: AppSettings) -> None:
+    if not all(isinstance(m, str) for m in settings.recent_models):
+        raise ValueError("AppSettings.recent_models must be a list of strings")
+    if not isinstance(settings.codebook_for_model, dict):
+        raise ValueError("AppSettings.codebook_for_model must be an object")
+    if not all(isinstance(s, int) for s in settings.splitter_sizes):
+        raise ValueError("AppSettings.splitter_sizes must be a list of integers")
+
+
+def settings_path() -> Path:
+    return config_dir() / "settings.json"
+
+
+def load_settings(path: Path | None = None) -> tuple[AppSettings, str | None]:
+    """Read the settings file. Returns (settings, message); `message` is set when the file was
+    corrupt and has been backed up (defaults are returned then)."""
+    path = path or settings_path()
+    if not path.exists():
+        return AppSettings(), None
+    try:
+        return AppSettings.from_dict(json.loads(path.read_text(encoding="utf-8"))), None
+    except (ValueError, TypeError, OSError, UnicodeDecodeError) as exc:
+        backup = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+        try:
+            path.replace(backup)
+        except OSError:
+            backup = None
+        where = f" (backed up to {backup.name})" if backup else ""
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return AppSettings(), f"Settings file was unreadable, defaults restored{where}: {reason}"
+
+
+def save_settings(settings: AppSettings, path: Path | None = None) -> None:
+    """Write the settings atomically as indented JSON."""
+    atomic_write_text(path or settings_path(), json.dumps(settings.to_dict(), indent=2) + "\n")
+
+
+def with_cache(settings: AppSettings, **changes: Any) -> CacheSettings:
+    """A validated copy of `settings.cache` with `changes` applied (ValueError if invalid)."""
+    return replace(settings.cache, **changes)

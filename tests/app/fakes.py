@@ -1,0 +1,264 @@
+"""A fake engine backend for GUI tests: a character-level "model" that streams a scripted
+reply at a controllable pace, with the real engine's event types and ChatSession semantics
+(messages, prompt-cache ids, stop, regenerate, edit). No MLX work at all."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from a2ats_engine.errors import CodebookError, ModelLoadError
+from a2ats_engine.models import ModelInfo
+from a2ats_engine.telemetry import CacheSnapshot, GenerationStats, LayerStats, TokenEvent
+
+SPECIAL = {"<|im_start|>": 1, "<|im_end|>": 2}
+
+
+class CharTokenizer:
+    """ids = code points (+ 1000) and two specials; decode is exact and per-char."""
+
+    def encode(self, text: str) -> list[int]:
+        out, i = [], 0
+        while i < len(text):
+            for token, tid in SPECIAL.items():
+                if text.startswith(token, i):
+                    out.append(tid)
+                    i += len(token)
+                    break
+            else:
+                out.append(ord(text[i]) + 1000)
+                i += 1
+        return out
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        names = {v: k for k, v in SPECIAL.items()}
+        return "".join(names.get(i, "") if i < 1000 else chr(i - 1000) for i in ids)
+
+
+def render(messages: list[dict], system: str | None) -> str:
+    parts = [f"<|im_start|>system\n{system}<|im_end|>\n"] if system else []
+    parts += [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages]
+    return "".join(parts) + "<|im_start|>assistant\n"
+
+
+def default_reply(messages: list[dict]) -> str:
+    return f"You said: {messages[-1]['content']}"
+
+
+@dataclass
+class FakeSession:
+    tokenizer: CharTokenizer
+    system_prompt: str | None
+    delay: float
+    reply_fn: object
+    snapshots: bool = False
+    messages_: list[dict] = field(default_factory=list)
+    cached: list[int] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)
+    a2ats: object = None
+    codebook: object = None
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+
+    @property
+    def messages(self) -> list[dict]:
+        return [dict(m) for m in self.messages_]
+
+    @property
+    def cached_token_ids(self) -> list[int]:
+        return list(self.cached)
+
+    def prompt_token_ids(self) -> list[int]:
+        return self.tokenizer.encode(render(self.messages_, self.system_prompt))
+
+    def set_system_prompt(self, text):
+        self.calls.append("set_system_prompt")
+        self.system_prompt = text or None
+
+    def set_sampling(self, sampling):
+        self.calls.append("set_sampling")
+
+    def set_cache_factory(self, factory=None, *, a2ats=None, codebook=None):
+        self.calls.append("set_cache_factory")
+        self.a2ats, self.codebook = a2ats, codebook
+
+    def load_messages(self, messages):
+        self.calls.append("load_messages")
+        self.messages_ = [dict(m) for m in messages]
+        self.cached = []
+
+    def stop(self):
+        self._stop.set()
+
+    def send(self, text):
+        self._stop.clear()
+        return self._reply([*self.messages_, {"role": "user", "content": text}], "send")
+
+    def regenerate(self):
+        self._stop.clear()
+        i = max(i for i, m in enumerate(self.messages_) if m["role"] == "user")
+        return self._reply(self.messages_[: i + 1], "regenerate")
+
+    def edit_last_user_message(self, text):
+        self._stop.clear()
+        i = max(i for i, m in enumerate(self.messages_) if m["role"] == "user")
+        return self._reply([*self.messages_[:i], {"role": "user", "content": text}], "edit")
+
+    def _reply(self, messages, kind):
+        self.calls.append(kind)
+        self.messages_ = messages
+        prompt = self.prompt_token_ids()
+        reply = self.reply_fn(messages)
+        if isinstance(reply, Exception):
+            raise reply
+        start = time.perf_counter()
+        text, received, reason = [], [], "stop"
+        for index, char in enumerate(reply):
+            if self._stop.is_set():
+                reason = "cancelled"
+                break
+            time.sleep(self.delay)
+            tid = ord(char) + 1000
+            received.append(tid)
+            text.append(char)
+            yield TokenEvent(char, tid, index)
+            if self.snapshots:
+                yield make_snapshot(len(prompt) + index + 1, index, tid)
+        self.messages_ = [*messages, {"role": "assistant", "content": "".join(text)}]
+        self.cached = prompt + received
+        elapsed = max(time.perf_counter() - start, 1e-6)
+        yield GenerationStats(
+            prompt_tokens=len(prompt), generation_tokens=len(received),
+            time_to_first_token=self.delay, prompt_tps=1000.0,
+            generation_tps=len(received) / elapsed, peak_memory_gb=0.01, stop_reason=reason,
+            cache_bytes=4096 + 64 * len(self.cached), context_tokens=len(self.cached),
+            extra={"kind": kind},
+        )  # fmt: skip
+
+
+def make_snapshot(offset: int, step: int, token_id: int, layers: int = 2) -> CacheSnapshot:
+    window_start = max(8, offset - 16)
+    selected = np.unique(np.r_[np.arange(min(8, offset)), np.arange(window_start, offset)])
+    stats = tuple(
+        LayerStats(
+            step=step,
+            offset=offset,
+            window_start=window_start,
+            sinks=8,
+            selected=(selected.astype(np.int32),) * 2,
+            code_counts=(np.ones(16, dtype=np.int64),) * 2,
+            bytes_held=100 * offset,
+            bytes_fp16=400 * offset,
+            layer=layer,
+        )  # fmt: skip
+        for layer in range(layers)
+    )
+    return CacheSnapshot(step=step, layers=stats, token_id=token_id)
+
+
+@dataclass(frozen=True)
+class FakeCodebook:
+    n_centroids: int = 64
+    sub_dim: int = 16
+    num_layers: int = 2
+    nbytes: int = 8192
+    sha256: str = "ab" * 32
+    metadata: dict = field(default_factory=lambda: {"corpus": "fake", "tokens": 4096, "beta": 0.0})
+
+
+class FakeBackend:
+    """Implements the EngineBackend methods the worker uses."""
+
+    def __init__(self, delay: float = 0.002, reply_fn=default_reply, snapshots: bool = False):
+        self.delay = delay
+        self.reply_fn = reply_fn
+        self.snapshots = snapshots
+        self.sessions: list[FakeSession] = []
+        self.calibrations: list = []
+        self.demo_codebook = Path("/nonexistent/demo-default.safetensors")
+
+    def load_model(self, source, progress=None):
+        if progress:
+            progress("load", 0, 1)
+        if source not in ("fake", "demo") and not Path(source).is_dir():
+            raise ModelLoadError(f"no model folder, .gguf file or repo id at {source}")
+        if progress:
+            progress("load", 1, 1)
+        info = ModelInfo(
+            name="FakeLM-1M", architecture="llama", num_layers=2, num_heads=4, num_kv_heads=2,
+            head_dim=16, rope={}, context_length=4096, quantization=None, disk_bytes=1,
+            path=str(source),
+        )  # fmt: skip
+        return object(), CharTokenizer(), info
+
+    def demo_model_path(self):
+        return Path("/fake/demo")
+
+    def fetch_demo(self, progress=None):
+        return Path("/fake/demo")
+
+    def demo_codebook_path(self):
+        return self.demo_codebook
+
+    def load_codebook(self, path, model):
+        path = Path(path)
+        if not path.is_file() or path.suffix != ".safetensors":
+            raise CodebookError(f"cannot read codebook {path.name}: not a safetensors file")
+        text = path.read_text(errors="replace")
+        if "layers=" in text:
+            layers = int(text.split("layers=")[1].split()[0])
+            if layers != 2:
+                raise CodebookError(f"codebook is for {layers} layers, the model has 2")
+        return FakeCodebook(), []
+
+    def make_session(self, model, tokenizer, *, system_prompt, sampling, a2ats, codebook):
+        session = FakeSession(
+            tokenizer,
+            system_prompt or None,
+            self.delay,
+            self.reply_fn,
+            self.snapshots,
+            a2ats=a2ats,
+            codebook=codebook,
+        )
+        self.sessions.append(session)
+        return session
+
+    def configure_session(self, session, *, a2ats, codebook):
+        session.set_cache_factory(a2ats=a2ats, codebook=codebook)
+
+    def set_sampling(self, session, sampling):
+        session.set_sampling(sampling)
+
+    def context_token_ids(self, session, *, streaming):
+        return session.prompt_token_ids() if streaming else session.cached_token_ids
+
+    def decode(self, tokenizer, ids):
+        return tokenizer.decode(ids)
+
+    def calibrate(self, model, tokenizer, request, progress, cancel, model_name):
+        self.calibrations.append(request)
+        for stage, total in (("collecting", 40), ("clustering", 20)):
+            for done in range(total + 1):
+                if cancel.is_set():
+                    from a2ats_engine.calibrate import CalibrationCancelled
+
+                    raise CalibrationCancelled("calibration cancelled")
+                progress(stage, done, total)
+                time.sleep(self.delay)
+        Path(request.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(request.output).write_text("fake codebook layers=2\n")
+        return FakeCodebook()
+
+    def is_cancellation(self, exc):
+        from a2ats_engine.calibrate import CalibrationCancelled
+
+        return isinstance(exc, CalibrationCancelled)
+
+    def codebook_sha256(self, codebook, path):
+        return codebook.sha256
