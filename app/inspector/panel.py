@@ -177,7 +177,7 @@ class InspectorPanel(QWidget):
         self, path: str | Path, meta: dict[str, Any] | None = None, *, histograms: str = "delta"
     ) -> Path:
         """Write every kept step (every layer) as telemetry JSON; see `app.inspector.export`."""
-        entries = self.state.ring.entries()
+        entries = self.state.ring.restored_entries()
         info = {"context_tokens": list(self.state.tokens), **(meta or {})}
         return export.export_telemetry(
             path,
@@ -229,6 +229,7 @@ class InspectorPanel(QWidget):
 
     def _redraw(self, force: bool = False) -> None:
         self.redraw_count += 1
+        self.state.ring.compact()  # older steps keep histogram deltas, not full histograms
         for section in self.sections.values():
             body = section.body
             if force or (body.isVisible() and body.width() > 0 and body.height() > 0):

@@ -39,7 +39,7 @@ class InspectorState:
             return None
         if self.viewed_seq is None:
             return self.ring.at_index(len(self.ring) - 1)
-        return self.ring.at_index(self.ring.index_of(self.viewed_seq))
+        return self.ring.restored(self.ring.at_index(self.ring.index_of(self.viewed_seq)))
 
     def token_text(self, position: int) -> str | None:
         if 0 <= position < len(self.tokens):

@@ -394,3 +394,62 @@ def test_redraw_throttle_backs_off_when_the_gui_thread_is_busy():
         RedrawThrottle(max_hz=100)
     with pytest.raises(ValueError, match="budget"):
         RedrawThrottle(budget=0)
+
+
+def test_ring_compacts_histograms_and_restores_them_exactly():
+    run = growing_run(30, heads=3)
+    # a trim (counts drop), then a snapshot with another codebook size (keyframe)
+    trimmed = [
+        make_layer(offset=40, retrieved=[[10], [11], [12]], layer=i, step=30) for i in range(3)
+    ]
+    run.append(make_snapshot(30, trimmed))
+    other = [
+        make_layer(offset=41, n_codes=16, retrieved=[[10], [11]], layer=i, step=31)
+        for i in range(3)
+    ]
+    run.append(make_snapshot(31, other))
+    run += growing_run(3, heads=3)
+    ring = SnapshotRing(64)
+    for snap in run:
+        ring.append(snap)
+    ring.compact()
+    entries = ring.entries()
+    assert all(not layer.code_counts for e in entries[:-1] for layer in e.snapshot.layers)
+    assert entries[-1].snapshot is run[-1]  # the newest keeps its original record
+    assert_same_snapshots([e.snapshot for e in ring.restored_entries()], run)
+    for seq in (0, 17, 29, 30, 31, 33):
+        assert_same_snapshots([ring.restored(ring.get(seq)).snapshot], [run[seq]])
+
+
+def test_ring_memory_is_about_the_selections_not_the_histograms():
+    run = [
+        make_snapshot(
+            step,
+            [
+                make_layer(offset=200 + step, n_codes=4096, retrieved=[[10], [11], [12]], layer=i)
+                for i in range(4)
+            ],
+        )
+        for step in range(12)
+    ]
+    ring = SnapshotRing(64)
+    for snap in run:
+        ring.append(snap)
+    ring.compact()
+    histograms = sum(c.nbytes for s in run for layer in s.layers for c in layer.code_counts)
+    selections = sum(sel.nbytes for s in run for layer in s.layers for sel in layer.selected)
+    assert ring.nbytes < 2 * selections + 300 * 4 * 12 and histograms > 10 * ring.nbytes
+    kept = [c for e in ring.entries() for layer in e.snapshot.layers for c in layer.code_counts]
+    assert len(kept) == 4 * 3  # only the newest step still holds full histograms
+    assert_same_snapshots([e.snapshot for e in ring.restored_entries()], run)
+
+
+def test_ring_respects_a_byte_budget():
+    run = growing_run(40)
+    ring = SnapshotRing(256, max_bytes=20_000)
+    for snap in run:
+        ring.append(snap)
+    ring.compact()
+    assert 2 <= len(ring) < 40 and ring.nbytes <= 20_000 + 5_000
+    assert ring.last_seq == 39
+    assert_same_snapshots([e.snapshot for e in ring.restored_entries()], run[-len(ring) :])
