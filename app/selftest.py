@@ -8,6 +8,8 @@ It runs offscreen (no display needed) and checks, in order:
 - mlx:       MLX runs a matmul on its default device; on macOS that is the GPU, so the Metal
              library (`mlx.metallib` next to `libmlx`) was found.
 - models:    mlx-lm's model modules (imported by name from a config's `model_type`) are present.
+- corpus:    the texts of the built-in calibration corpus are there (Python reference topics and
+             the stdlib sources it reads, which a bundle must carry as files).
 - tiny:      a tiny random-weight Llama model (2 layers) and a tiny BPE tokenizer, built here and
              saved to a temporary folder, load through `load_model` (mlx-lm + transformers); a
              short chat reply is generated through A2ATS caches with the attention hook installed,
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import os
 import pkgutil
@@ -191,6 +194,49 @@ def check_model_modules() -> str:
     for name in COMMON_MODEL_TYPES:
         importlib.import_module(f"mlx_lm.models.{name}")
     return f"{len(available)} mlx-lm model modules, {len(COMMON_MODEL_TYPES)} common ones import"
+
+
+def check_corpus() -> str:
+    """The texts of the built-in calibration corpus are there (a bundle carries them as files).
+
+    Fails when a stdlib module the corpus reads has no source text at all. In a bundle, the few
+    modules Python needs at start-up live in base_library.zip: their .py files are shipped but
+    their import origin is the zip, so the detail says how many `corpus` reads by file path.
+    """
+    from pydoc_data.topics import topics
+
+    from a2ats_engine import corpus
+
+    names = corpus.STDLIB_MODULES
+    missing = [name for name in names if not _module_source(name)]
+    if missing:
+        raise RuntimeError(
+            f"no source text for {len(missing)} of {len(names)} stdlib modules the built-in "
+            f"corpus reads ({', '.join(missing[:4])})"
+        )
+    by_path = sum(_source_path(name) is not None for name in names)
+    documents = corpus.builtin_corpus(None, seed=0, chars=20_000)
+    return (
+        f"{len(topics)} reference topics, {len(names)} stdlib sources ({by_path} read by "
+        f"path), {len(documents)} documents in a 20K-character sample"
+    )
+
+
+def _module_source(module: str) -> str | None:
+    """Source text of a module through its loader (works for frozen and zipped modules)."""
+    spec = importlib.util.find_spec(module)
+    try:
+        return spec.loader.get_source(module) if spec and spec.loader else None
+    except (ImportError, OSError):
+        return None
+
+
+def _source_path(module: str) -> Path | None:
+    """The module's .py file when its import origin is one (how `corpus` finds source)."""
+    spec = importlib.util.find_spec(module)
+    origin = getattr(spec, "origin", None)
+    path = Path(origin) if origin and origin.endswith(".py") else None
+    return path if path is not None and path.is_file() else None
 
 
 # ----------------------------------------------------------------------------- tiny model
@@ -394,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     report.run("app", check_app_modules)
     report.run("mlx", check_mlx)
     report.run("models", check_model_modules)
+    report.run("corpus", check_corpus)
     report.run("tiny", lambda: check_tiny_chat(args.tokens))
     if args.model != "tiny":
         label = "demo" if args.model == "demo" else "model"
