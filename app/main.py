@@ -37,6 +37,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "--self-test" in (sys.argv[1:] if argv is None else argv):
+        from .selftest import main as selftest
+
+        return selftest(argv)
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
