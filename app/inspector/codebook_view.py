@@ -124,9 +124,12 @@ class CodebookPanel(QWidget):
             self.table.horizontalHeaderItem(col).setToolTip(tip)
         self.table.verticalHeader().setVisible(False)
         self.table.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 4)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
-        self.table.horizontalHeader().setMinimumSectionSize(44)
-        self.table.setMinimumWidth(230)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        fm = header.fontMetrics()
+        widths = [fm.horizontalAdvance(c) + 18 for c in COLUMNS]
+        header.setMinimumSectionSize(min(widths))
+        self.table.setMinimumWidth(sum(widths) + 24)  # every header readable
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)

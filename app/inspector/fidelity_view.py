@@ -90,7 +90,7 @@ class FidelityPanel(QWidget):
         self.plot.setMinimumHeight(90)
         self.plot.scene().sigMouseMoved.connect(self._on_mouse_moved)
         self.legend = LegendBar()
-        self.info = small_label("", 1)
+        self.info = small_label("", 2)
 
         strip = QWidget()
         strip_layout = QVBoxLayout(strip)

@@ -65,7 +65,7 @@ class MemoryPanel(QWidget):
             plot.setMinimumHeight(110)
 
         self.legend = LegendBar()
-        self.summary = small_label("", 1, bold=True)
+        self.summary = small_label("", 2, bold=True)
 
         plots = QHBoxLayout()
         plots.setSpacing(4)

@@ -102,7 +102,9 @@ class Section(QFrame):
             return
         self._home = (splitter, splitter.indexOf(self), splitter.sizes())
         size = self.size()
-        window = FloatingWindow(f"A2ATS inspector: {self.title}", splitter.window())
+        # owned by the inspector (closed and freed with it), shown as its own top-level window
+        owner = splitter.parentWidget() or splitter
+        window = FloatingWindow(f"A2ATS inspector: {self.title}", owner)
         window.layout().addWidget(self)
         window.closed.connect(self.dock)
         window.resize(max(size.width(), 520), max(size.height(), 320))
@@ -149,14 +151,21 @@ def _tool_button(text: str, tip: str) -> QToolButton:
 
 
 class LegendBar(QWidget):
-    """A row of colour swatches with labels, or a gradient with end labels (frequency maps)."""
+    """Colour swatches with labels, or a gradient with end labels (frequency maps).
+
+    Items flow onto as many lines as the width needs; the height changes only when that line
+    count does (on resize or new items, never per decode step).
+    """
+
+    GRADIENT_WIDTH = 150
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._items: list[tuple[str, ...]] = []
         self._gradient: tuple[np.ndarray, str, str] | None = None
         self._none: tuple[str, str] | None = None
-        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
+        self._fit_height()
 
     def set_categories(self, items: list[tuple[str, ...]]) -> None:
         """items: (colour hex, label) or (colour hex, label, "line") in display order."""
@@ -165,7 +174,7 @@ class LegendBar(QWidget):
         self._items = list(items)
         self._gradient = None
         self._none = None
-        self.updateGeometry()
+        self._fit_height()
         self.update()
 
     def set_gradient(
@@ -183,7 +192,7 @@ class LegendBar(QWidget):
         self._gradient = (lut, low, high)
         self._none = none
         self._items = []
-        self.updateGeometry()
+        self._fit_height()
         self.update()
 
     def labels(self) -> list[str]:
@@ -192,70 +201,93 @@ class LegendBar(QWidget):
             return [*extra, self._gradient[1], self._gradient[2]]
         return [item[1] for item in self._items]
 
-    def sizeHint(self) -> QSize:  # noqa: N802 (Qt override)
-        return QSize(300, self.fontMetrics().height() + 8)
+    # ---- layout ---------------------------------------------------------------------------
+    def _pieces(self) -> list[tuple[str, tuple, float]]:
+        """(kind, payload, width) units that are never split across lines."""
+        fm = self.fontMetrics()
+        sw = fm.height() - 4
+        pieces = []
+        items = self._items if self._gradient is None else ([self._none] if self._none else [])
+        for item in items:
+            pieces.append(("swatch", tuple(item), sw + 4 + fm.horizontalAdvance(item[1]) + 14))
+        if self._gradient is not None:
+            _, low, high = self._gradient
+            width = fm.horizontalAdvance(low) + 6 + self.GRADIENT_WIDTH + 6
+            pieces.append(("gradient", self._gradient, width + fm.horizontalAdvance(high) + 8))
+        return pieces
 
+    def _rows(self, width: float) -> list[list[tuple[str, tuple, float, float]]]:
+        rows: list[list[tuple[str, tuple, float, float]]] = [[]]
+        x = 6.0
+        for kind, payload, w in self._pieces():
+            if rows[-1] and x + w > width:
+                rows.append([])
+                x = 6.0
+            rows[-1].append((kind, payload, x, w))
+            x += w
+        return rows
+
+    def _line_height(self) -> int:
+        return self.fontMetrics().height() + 6
+
+    def _fit_height(self) -> None:
+        lines = max(1, len(self._rows(max(self.width(), 1))))
+        height = lines * self._line_height() + 2
+        if self.height() != height or self.minimumHeight() != height:
+            self.setFixedHeight(height)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        self._fit_height()
+
+    def sizeHint(self) -> QSize:  # noqa: N802 (Qt override)
+        return QSize(300, self.height())
+
+    # ---- painting -------------------------------------------------------------------------
     def paintEvent(self, event) -> None:  # noqa: N802 (Qt override)
         painter = QPainter(self)
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
         fm = self.fontMetrics()
-        h = fm.height()
-        sw = h - 4
-        y = (self.height() - sw) / 2
-        x = 6.0
+        sw = fm.height() - 4
+        lh = self._line_height()
         text_colour = self.palette().color(self.foregroundRole())
 
-        def swatch(colour: str, label: str, kind: str = "box") -> None:
-            nonlocal x
-            if kind == "line":
-                pen = QPen(QColor(colour), 1.5, Qt.PenStyle.DashLine)
-                painter.setPen(pen)
-                painter.drawLine(QPointF(x + sw / 2, y - 1), QPointF(x + sw / 2, y + sw + 1))
-            else:
-                painter.setPen(Qt.PenStyle.NoPen)
-                painter.setBrush(QColor(colour))
-                painter.drawRoundedRect(QRectF(x, y, sw, sw), 2, 2)
-            x += sw + 4
+        def text(x: float, top: float, label: str) -> float:
             painter.setPen(text_colour)
-            painter.drawText(
-                QRectF(x, 0, fm.horizontalAdvance(label) + 2, self.height()),
-                Qt.AlignmentFlag.AlignVCenter,
-                label,
-            )
-            x += fm.horizontalAdvance(label) + 14
+            w = fm.horizontalAdvance(label)
+            painter.drawText(QRectF(x, top, w + 2, lh), Qt.AlignmentFlag.AlignVCenter, label)
+            return x + w
 
-        if self._gradient is None:
-            for item in self._items:
-                swatch(*item)
-            return
-        lut, low, high = self._gradient
-        if self._none is not None:
-            swatch(*self._none)
-        painter.setPen(text_colour)
-        painter.drawText(
-            QRectF(x, 0, fm.horizontalAdvance(low) + 2, self.height()),
-            Qt.AlignmentFlag.AlignVCenter,
-            low,
-        )
-        x += fm.horizontalAdvance(low) + 6
-        width = max(60.0, min(180.0, self.width() - x - fm.horizontalAdvance(high) - 16))
-        grad = QLinearGradient(x, 0, x + width, 0)
-        stops = lut[1:] if self._none is not None else lut
-        for i in range(0, len(stops), max(1, len(stops) // 16)):
-            r, g, b, a = (int(v) for v in stops[i])
-            grad.setColorAt(i / max(1, len(stops) - 1), QColor(r, g, b, a))
-        r, g, b, a = (int(v) for v in stops[-1])
-        grad.setColorAt(1.0, QColor(r, g, b, a))
-        painter.setPen(Qt.PenStyle.NoPen)
-        painter.setBrush(grad)
-        painter.drawRoundedRect(QRectF(x, y, width, sw), 2, 2)
-        x += width + 6
-        painter.setPen(text_colour)
-        painter.drawText(
-            QRectF(x, 0, fm.horizontalAdvance(high) + 2, self.height()),
-            Qt.AlignmentFlag.AlignVCenter,
-            high,
-        )
+        for line, row in enumerate(self._rows(self.width())):
+            top = line * lh + 1
+            y = top + (lh - sw) / 2
+            for kind, payload, x, _w in row:
+                if kind == "swatch":
+                    colour, label, *rest = payload
+                    if rest and rest[0] == "line":
+                        painter.setPen(QPen(QColor(colour), 1.5, Qt.PenStyle.DashLine))
+                        painter.drawLine(
+                            QPointF(x + sw / 2, y - 1), QPointF(x + sw / 2, y + sw + 1)
+                        )
+                    else:
+                        painter.setPen(Qt.PenStyle.NoPen)
+                        painter.setBrush(QColor(colour))
+                        painter.drawRoundedRect(QRectF(x, y, sw, sw), 2, 2)
+                    text(x + sw + 4, top, label)
+                    continue
+                lut, low, high = payload
+                x = text(x, top, low) + 6
+                grad = QLinearGradient(x, 0, x + self.GRADIENT_WIDTH, 0)
+                stops = lut[1:] if self._none is not None else lut
+                for i in range(0, len(stops), max(1, len(stops) // 16)):
+                    r, g, b, a = (int(v) for v in stops[i])
+                    grad.setColorAt(i / max(1, len(stops) - 1), QColor(r, g, b, a))
+                r, g, b, a = (int(v) for v in stops[-1])
+                grad.setColorAt(1.0, QColor(r, g, b, a))
+                painter.setPen(Qt.PenStyle.NoPen)
+                painter.setBrush(grad)
+                painter.drawRoundedRect(QRectF(x, y, self.GRADIENT_WIDTH, sw), 2, 2)
+                text(x + self.GRADIENT_WIDTH + 6, top, high)
 
 
 class ThemedPlot(pg.PlotWidget):
