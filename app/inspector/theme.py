@@ -36,8 +36,7 @@ class Theme:
     dark: bool
     background: str
     foreground: str
-    grid: str
-    muted: str
+    muted: tuple[int, int, int, int]  # RGBA (pyqtgraph reads "#..." strings as RRGGBBAA)
     categories: dict[int, str]
     heads: tuple[str, ...]
     held: str
@@ -76,16 +75,11 @@ class Theme:
             }
             heads = (BLUE, ORANGE, BLUISH_GREEN, REDDISH_PURPLE, VERMILLION, SKY_BLUE)
             held, fp16, marker = BLUE, "#B9BEC7", VERMILLION
-        muted = QColor(text)
-        muted.setAlpha(150)
-        grid = QColor(text)
-        grid.setAlpha(40)
         return cls(
             dark=dark,
             background=base.name(),
             foreground=text.name(),
-            grid=grid.name(QColor.NameFormat.HexArgb),
-            muted=muted.name(QColor.NameFormat.HexArgb),
+            muted=(text.red(), text.green(), text.blue(), 150),
             categories=categories,
             heads=heads,
             held=held,

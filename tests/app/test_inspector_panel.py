@@ -351,3 +351,20 @@ def test_realistic_synthetic_run_renders(panel, tmp_path):
         assert (full[row, picked] == data.RETRIEVED).all()
         assert (full[row, layer.window_start : layer.offset - 1] == data.WINDOW).all()
     assert panel.fidelity_panel.showing_strip
+
+
+def test_short_context_exact_steps_and_empty_snapshots(panel):
+    exact = make_snapshot(
+        layers=[make_layer(offset=30, exact=True, retrieved=[[], []], layer=i) for i in range(2)]
+    )
+    feed(panel, [exact])
+    row = panel.map_panel.full_image()[0]
+    assert (row[4:29] == data.WINDOW).all() and row[29] == data.CURRENT
+    assert "exact attention" in panel.map_panel.summary.text()
+    panel.map_panel.set_highlight_choice(HIGHLIGHT_ALL)
+    assert panel.map_panel.highlight_for(panel.state.entry()) == []
+    from a2ats_engine.telemetry import CacheSnapshot
+
+    feed(panel, [CacheSnapshot(step=0, layers=())])
+    assert panel.map_panel.full_image().size == 0
+    assert panel.codebook_panel.table.rowCount() == 0
