@@ -93,17 +93,42 @@ def check_gguf_header(path: Path) -> None:
 
 
 def read_gguf(path: str | Path) -> tuple[dict, dict]:
-    """`(tensors, metadata)` of a GGUF file via `mx.load`. ModelLoadError on a bad file."""
+    """`(tensors, metadata)` of a GGUF file. ModelLoadError on a bad file."""
+    tensors, header = _read_gguf(path)
+    return tensors, header.metadata
+
+
+def _read_gguf(path: str | Path):
+    """`(tensors, header)` of a GGUF file.
+
+    Tensors are MLX arrays named as in the file; packed types come as `<name>.weight/.scales/
+    .biases` triples. `mx.load` reads the file when every tensor is of a type it packs natively
+    (F32, F16, Q4_0, Q4_1, Q8_0); otherwise `gguf_reader` repacks every block format itself
+    (gguflib, behind `mx.load`, decodes Q4_K wrongly and cannot read Q5_K, Q3_K...).
+    """
     import mlx.core as mx
+
+    from .gguf_reader import MLX_NATIVE_TYPES, load_tensors, read_header
 
     path = Path(path)
     check_gguf_header(path)
-    try:
-        tensors, metadata = mx.load(str(path), format="gguf", return_metadata=True)
-    except (RuntimeError, ValueError) as exc:
-        reason = str(exc).replace("[load_gguf] ", "").strip()
-        raise ModelLoadError(f"cannot read GGUF {path}: {reason}") from exc
-    return tensors, metadata
+    header = read_header(path)
+    if {t.type_name for t in header.tensors} <= MLX_NATIVE_TYPES:
+        try:
+            tensors = mx.load(str(path), format="gguf")
+        except (RuntimeError, ValueError) as exc:
+            reason = str(exc).replace("[load_gguf] ", "").strip()
+            raise ModelLoadError(f"cannot read GGUF {path}: {reason}") from exc
+    else:
+        tensors = load_tensors(path, header)
+    return tensors, header
+
+
+def tensor_types(path: str | Path) -> dict[str, int]:
+    """How many tensors of each GGML type ("Q4_K": 120, "Q6_K": 31, "F32": 61...) a file holds."""
+    from .gguf_reader import read_header
+
+    return dict(Counter(t.type_name for t in read_header(path).tensors).most_common())
 
 
 def _scalar(metadata: dict, key: str, default: Any = None) -> Any:
@@ -273,27 +298,37 @@ def mlx_tensor_name(name: str) -> str | None:
     return f"{prefix}{table[base]}.{suffix}"
 
 
-def convert_weights(tensors: dict) -> tuple[dict, dict | None]:
+def convert_weights(tensors: dict, types: dict[str, str] | None = None) -> tuple[dict, dict | None]:
     """Rename GGUF tensors to mlx-lm names and build the quantization map.
 
-    Returns `(weights, quantization)`; quantization is None when nothing is quantized, else
-    `{"group_size": 32, "bits": <most common>, "mode": "affine", "<module path>": {...}, ...}`
-    with one entry per quantized module (GGUF bits differ per tensor: Q4_0 next to Q8_0).
+    types: GGML type name of each GGUF tensor ("blk.0.attn_q.weight" -> "Q4_K"), which gives
+    the MLX bits and group size of packed tensors; without it, group size 32 is assumed (all
+    `mx.load` packs). Returns `(weights, quantization)`; quantization is None when nothing is
+    packed, else `{"group_size": 32, "bits": <most common>, "mode": "affine",
+    "<module path>": {"group_size": g, "bits": b, "mode": "affine"}, ...}` with one entry per
+    packed module (GGUF bits and groups differ per tensor: Q4_K next to Q6_K).
     """
-    weights = {}
+    from .gguf_reader import DECODERS, mlx_layout
+
+    weights, per_module = {}, {}
     for name, value in tensors.items():
         new = mlx_tensor_name(name)
-        if new is not None:
-            weights[new] = value
-    weights = _uniform_float_dtype(weights)
-    per_module = {}
-    for name in weights:
+        if new is None:
+            continue
+        weights[new] = value
         if name.endswith(".scales"):
-            module = name[: -len(".scales")]
-            packed, scales = weights[f"{module}.weight"], weights[name]
-            # GGUF blocks hold 32 values: 32 * bits / 32 packed uint32 words per scale.
-            bits = packed.shape[-1] // scales.shape[-1]
-            per_module[module] = {"group_size": GGUF_GROUP_SIZE, "bits": bits, "mode": "affine"}
+            base = name[: -len(".scales")]
+            packed = tensors[f"{base}.weight"]
+            kind = (types or {}).get(f"{base}.weight")
+            group = mlx_layout(kind)[1] if kind in DECODERS else GGUF_GROUP_SIZE
+            # packed words per scale = group * bits / 32
+            bits = packed.shape[-1] * 32 // (value.shape[-1] * group)
+            per_module[new[: -len(".scales")]] = {
+                "group_size": group,
+                "bits": bits,
+                "mode": "affine",
+            }
+    weights = _uniform_float_dtype(weights)
     if not per_module:
         return weights, None
     bits = Counter(q["bits"] for q in per_module.values()).most_common(1)[0][0]
@@ -358,11 +393,12 @@ def _save_weights(folder: Path, weights: dict) -> None:
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
-def _write_folder(folder: Path, tensors: dict, metadata: dict, source: dict) -> None:
+def _write_folder(folder: Path, tensors: dict, header, source: dict) -> None:
     from .gguf_tokenizer import build_tokenizer, tokenizer_config
 
+    metadata = header.metadata
     config = model_config(metadata, tensors)
-    weights, quantization = convert_weights(tensors)
+    weights, quantization = convert_weights(tensors, {t.name: t.type_name for t in header.tensors})
     if quantization is not None:
         config["quantization"] = quantization
     tokenizer = build_tokenizer(metadata)
@@ -398,7 +434,8 @@ def convert_gguf(
     check_gguf_header(path)
     if progress is not None:
         progress("read gguf", 0, 1)
-    tensors, metadata = read_gguf(path)
+    tensors, header = _read_gguf(path)
+    metadata = header.metadata
     architecture(metadata)  # fail fast on unsupported architectures
     if progress is not None:
         progress("read gguf", 1, 1)
@@ -409,12 +446,13 @@ def convert_gguf(
         "sha256": sha256 or sha256_file(path),
         "name": name or _scalar(metadata, "general.name") or path.stem,
         "gguf_file_type": file_type_name(metadata, tensors),
+        "tensor_types": dict(Counter(t.type_name for t in header.tensors).most_common()),
         "disk_bytes": path.stat().st_size,
     }
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:
-        _write_folder(tmp, tensors, metadata, source)
+        _write_folder(tmp, tensors, header, source)
         tmp.chmod(0o755)  # mkdtemp makes it private
         if out_dir.exists():
             out_dir.rmdir()  # empty, checked above

@@ -474,11 +474,7 @@ def _quantization_text(source: _Source, config: dict, converted: bool) -> str | 
         if source.gguf_type in gguf.UNQUANTIZED_FILE_TYPES:
             return None
         text = source.gguf_type
-        if converted:
-            return f"{text} (dequantized to float32 for CPU)"
-        if not isinstance(quant, dict):  # K-quants etc.: MLX's GGUF reader unpacks them
-            return f"{text} (dequantized to float16 on import)"
-        return text
+        return f"{text} (dequantized to float32 for CPU)" if converted else text
     if not isinstance(quant, dict):
         return None
     per_layer = {v["bits"] for v in quant.values() if isinstance(v, dict) and "bits" in v}

@@ -241,7 +241,9 @@ def write_gguf(path: str | Path, tensors: dict, metadata: dict) -> Path:
 def write_tiny_gguf(path: str | Path, model, quantize: dict | None = None, **metadata) -> dict:
     """Write `model` (a tiny llama from `tiny.tiny_model`) as a GGUF at `path`.
 
-    quantize maps GGUF tensor-name substrings to "Q8_0" / "Q4_0" (others stay F32).
+    quantize maps GGUF tensor-name substrings to a block format: "Q8_0" / "Q4_0" quantize the
+    model's weights; the other formats of BLOCKS store random blocks instead (the model's values
+    are replaced; the returned reference holds what the file encodes). Others stay F32.
     Returns the float32 weights the converted model really holds (dequantized values for
     quantized ones; float16-rounded values for the other tensors of a quantized file, which the
     converter stores in float16), under GGUF names, so a test can build the exact reference.
@@ -254,8 +256,163 @@ def write_tiny_gguf(path: str | Path, model, quantize: dict | None = None, **met
             stored[name] = array
             held[name] = array.astype(np.float16).astype(np.float32) if quantize else array
             continue
-        encode, code = (quantize_q8_0, Q8_0) if kind == "Q8_0" else (quantize_q4_0, Q4_0)
-        raw, dequant = encode(array)
-        stored[name], held[name] = (code, array.shape, raw), dequant
+        if kind in ("Q8_0", "Q4_0"):
+            encode, code = (quantize_q8_0, Q8_0) if kind == "Q8_0" else (quantize_q4_0, Q4_0)
+            raw, dequant = encode(array)
+            stored[name], held[name] = (code, array.shape, raw), dequant
+        else:
+            seed = sum(name.encode())
+            stored[name], held[name] = random_blocks(kind, array.shape, seed=seed)
     write_gguf(path, stored, tiny_gguf_metadata(model.config, **metadata))
     return held
+
+
+# ---------------------------------------------------------------------------------------------
+# Every llama.cpp block format, decoded by straight transliterations of ggml's scalar
+# `dequantize_row_*` reference code (an implementation independent of the vectorised reader).
+
+BLOCKS = {  # name -> (ggml type id, values per block, bytes per block, float16 field offsets)
+    "Q4_0": (2, 32, 18, [0]),
+    "Q4_1": (3, 32, 20, [0, 2]),
+    "Q5_0": (6, 32, 22, [0]),
+    "Q5_1": (7, 32, 24, [0, 2]),
+    "Q8_0": (8, 32, 34, [0]),
+    "Q2_K": (10, 256, 84, [80, 82]),
+    "Q3_K": (11, 256, 110, [108]),
+    "Q4_K": (12, 256, 144, [0, 2]),
+    "Q5_K": (13, 256, 176, [0, 2]),
+    "Q6_K": (14, 256, 210, [208]),
+}
+
+
+def _h(block: bytes, at: int) -> float:
+    return float(np.frombuffer(block[at : at + 2], dtype=np.float16)[0])
+
+
+def _scale_min_k4(j: int, q: bytes) -> tuple[int, int]:
+    if j < 4:
+        return q[j] & 63, q[j + 4] & 63
+    return (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4)
+
+
+def reference_decode(name: str, block: bytes) -> list[float]:
+    """ggml's dequantize_row_<name> for one block."""
+    y: list[float] = []
+    if name in ("Q4_0", "Q4_1"):
+        d = _h(block, 0)
+        m = _h(block, 2) if name == "Q4_1" else None
+        qs = block[4:20] if m is not None else block[2:18]
+        lo = [(q & 0xF) for q in qs]
+        hi = [(q >> 4) for q in qs]
+        if m is None:
+            return [(x - 8) * d for x in lo + hi]
+        return [x * d + m for x in lo + hi]
+    if name in ("Q5_0", "Q5_1"):
+        d = _h(block, 0)
+        m = _h(block, 2) if name == "Q5_1" else None
+        at = 4 if m is not None else 2
+        qh = int.from_bytes(block[at : at + 4], "little")
+        qs = block[at + 4 : at + 20]
+        out = [0.0] * 32
+        for j in range(16):
+            x0 = (qs[j] & 0x0F) | (((qh >> j) << 4) & 0x10)
+            x1 = (qs[j] >> 4) | ((qh >> (j + 12)) & 0x10)
+            out[j] = (x0 - 16) * d if m is None else x0 * d + m
+            out[j + 16] = (x1 - 16) * d if m is None else x1 * d + m
+        return out
+    if name == "Q8_0":
+        d = _h(block, 0)
+        return [d * q for q in np.frombuffer(block[2:34], dtype=np.int8).tolist()]
+    if name == "Q2_K":
+        scales, qs, d, dmin = block[0:16], block[16:80], _h(block, 80), _h(block, 82)
+        is_ = 0
+        for n in range(2):
+            q = qs[32 * n : 32 * n + 32]
+            for shift in (0, 2, 4, 6):
+                for half in (0, 16):
+                    sc = scales[is_]
+                    is_ += 1
+                    dl, ml = d * (sc & 0xF), dmin * (sc >> 4)
+                    y += [dl * ((q[half + i] >> shift) & 3) - ml for i in range(16)]
+        return y
+    if name == "Q3_K":
+        hm, qs, raw, d = block[0:32], block[32:96], block[96:108], _h(block, 108)
+        aux = list(np.frombuffer(raw, dtype="<u4").tolist())
+        k1, k2, tmp = 0x03030303, 0x0F0F0F0F, aux[2]
+        a2 = ((aux[0] >> 4) & k2) | (((tmp >> 4) & k1) << 4)
+        a3 = ((aux[1] >> 4) & k2) | (((tmp >> 6) & k1) << 4)
+        a0 = (aux[0] & k2) | (((tmp >> 0) & k1) << 4)
+        a1 = (aux[1] & k2) | (((tmp >> 2) & k1) << 4)
+        scales = np.array([a0, a1, a2, a3], dtype="<u4").view(np.int8).tolist()
+        is_, m = 0, 1
+        for n in range(2):
+            q = qs[32 * n : 32 * n + 32]
+            for shift in (0, 2, 4, 6):
+                for half in (0, 16):
+                    dl = d * (scales[is_] - 32)
+                    is_ += 1
+                    y += [
+                        dl * (((q[half + i] >> shift) & 3) - (0 if hm[half + i] & m else 4))
+                        for i in range(16)
+                    ]
+                m <<= 1
+        return y
+    if name in ("Q4_K", "Q5_K"):
+        d, dmin, scales = _h(block, 0), _h(block, 2), block[4:16]
+        qh = block[16:48] if name == "Q5_K" else None
+        ql = block[48:176] if name == "Q5_K" else block[16:144]
+        u1, u2 = 1, 2
+        for k in range(4):
+            sc, m = _scale_min_k4(2 * k, scales)
+            d1, m1 = d * sc, dmin * m
+            sc, m = _scale_min_k4(2 * k + 1, scales)
+            d2, m2 = d * sc, dmin * m
+            q = ql[32 * k : 32 * k + 32]
+            h1 = [16 if qh is not None and qh[i] & u1 else 0 for i in range(32)]
+            h2 = [16 if qh is not None and qh[i] & u2 else 0 for i in range(32)]
+            y += [d1 * ((q[i] & 0xF) + h1[i]) - m1 for i in range(32)]
+            y += [d2 * ((q[i] >> 4) + h2[i]) - m2 for i in range(32)]
+            u1, u2 = u1 << 2, u2 << 2
+        return y
+    if name == "Q6_K":
+        ql, qh = block[0:128], block[128:192]
+        sc = np.frombuffer(block[192:208], dtype=np.int8).tolist()
+        d = _h(block, 208)
+        out = [0.0] * 256
+        for n in range(2):
+            L, H, S = ql[64 * n :], qh[32 * n :], sc[8 * n :]
+            for i in range(32):
+                is_ = i // 16
+                q1 = ((L[i] & 0xF) | (((H[i] >> 0) & 3) << 4)) - 32
+                q2 = ((L[i + 32] & 0xF) | (((H[i] >> 2) & 3) << 4)) - 32
+                q3 = ((L[i] >> 4) | (((H[i] >> 4) & 3) << 4)) - 32
+                q4 = ((L[i + 32] >> 4) | (((H[i] >> 6) & 3) << 4)) - 32
+                out[128 * n + i] = d * S[is_] * q1
+                out[128 * n + i + 32] = d * S[is_ + 2] * q2
+                out[128 * n + i + 64] = d * S[is_ + 4] * q3
+                out[128 * n + i + 96] = d * S[is_ + 6] * q4
+        return out
+    raise KeyError(name)
+
+
+def random_blocks(name: str, shape: tuple[int, int], seed: int = 0) -> tuple[tuple, np.ndarray]:
+    """A tensor of random (valid) blocks: `((ggml type, shape, raw bytes), reference values)`.
+
+    The float16 scale fields (d, dmin) of each block are set so its largest value is about 0.1.
+    """
+    code, elems, nbytes, f16_at = BLOCKS[name]
+    rng = np.random.default_rng(seed)
+    n = shape[0] * shape[1] // elems
+    raw = rng.integers(0, 256, size=(n, nbytes), dtype=np.uint8)
+
+    def decode_all() -> np.ndarray:
+        return np.array([reference_decode(name, bytes(row)) for row in raw], dtype=np.float32)
+
+    def set_fields(values: np.ndarray) -> None:
+        for at in f16_at:
+            raw[:, at : at + 2] = values.astype(np.float16).view(np.uint8).reshape(n, 2)
+
+    set_fields(np.ones(n))  # values are linear in (d, dmin): measure at 1, then rescale
+    peak = np.abs(decode_all()).max(axis=1)
+    set_fields(0.1 / np.where(peak > 0, peak, 1.0) * rng.uniform(0.5, 1.0, n))
+    return (code, shape, raw.tobytes()), decode_all().reshape(shape)

@@ -14,11 +14,14 @@ from tiny import save_tiny_tokenizer, tiny_model
 
 from a2ats_engine import _backend, gguf
 from a2ats_engine.errors import ModelLoadError
+from a2ats_engine.gguf_reader import DECODERS, load_tensors, mlx_layout, read_header
 from a2ats_engine.gguf_tokenizer import build_tokenizer, sentencepiece_merges
 from a2ats_engine.models import load_model
 
 from .gguf_fixtures import (
+    BLOCKS,
     gguf_tensors,
+    random_blocks,
     reference_model,
     tiny_gguf_metadata,
     write_gguf,
@@ -160,6 +163,90 @@ def test_quantized_tensors_stay_quantized_with_per_tensor_bits(llama, tmp_path, 
     assert dense.model.layers[0].self_attn.q_proj.weight.dtype == mx.float32
     assert dense_info.quantization == "Q8_0 (dequantized to float32 for CPU)"
     np.testing.assert_allclose(_logits(dense), _logits(reference), atol=2e-4, rtol=1e-4)
+
+
+def test_reader_matches_mx_load_on_native_types(llama, tmp_path):
+    path = tmp_path / "q.gguf"
+    write_tiny_gguf(path, llama, quantize={"attn_": "Q8_0", "ffn_": "Q4_0"})
+    ours = load_tensors(path, read_header(path))
+    theirs = mx.load(str(path), format="gguf")
+    assert set(ours) == set(theirs)
+    for name, value in theirs.items():
+        assert ours[name].dtype == value.dtype and ours[name].shape == value.shape, name
+        assert mx.array_equal(ours[name], value).item(), name
+
+
+@pytest.mark.parametrize("kind", sorted(BLOCKS))
+def test_every_block_format_repacks_like_ggml_decodes(kind, tmp_path):
+    """Each llama.cpp block format becomes MLX affine triples with the values ggml decodes."""
+    tensor, reference = random_blocks(kind, (8, 512), seed=1)
+    path = write_gguf(tmp_path / f"{kind}.gguf", {"blk.0.attn_q.weight": tensor}, {})
+    header = read_header(path)
+    assert header.tensors[0].type_name == kind
+    arrays = load_tensors(path, header)
+    bits, group = mlx_layout(kind)
+    values = mx.dequantize(
+        arrays["blk.0.attn_q.weight"],
+        arrays["blk.0.attn_q.scales"].astype(mx.float32),
+        arrays["blk.0.attn_q.biases"].astype(mx.float32),
+        group_size=group,
+        bits=bits,
+    )
+    if group == DECODERS[kind][2]:  # repacked: exact but for float16 scales and biases
+        tolerance = 2e-3 * np.abs(reference).max()
+    else:  # group-16 formats re-quantized to 8 bits per 32: half a step of the group's range
+        ranges = np.ptp(reference.reshape(-1, 32), axis=1)
+        tolerance = 0.5 * ranges.max() / 255 * 1.01 + 2e-3 * np.abs(reference).max()
+    assert (bits, group) == ((8, 32) if kind in ("Q2_K", "Q3_K", "Q6_K") else DECODERS[kind][1:])
+    np.testing.assert_allclose(np.array(values), reference, atol=tolerance)
+
+
+def _k_quant_model(tmp_path, quant: dict):
+    source = tiny_model("llama", seed=13, hidden_size=256, intermediate_size=256)
+    path = tmp_path / "k.gguf"
+    held = write_tiny_gguf(path, source, quantize=quant, **{"general.file_type": ("u32", 15)})
+    folder = gguf.convert_gguf(path, tmp_path / "out")
+    return folder, _logits(reference_model(source.config, held))
+
+
+def test_k_quant_model_gives_the_reference_logits(tmp_path, monkeypatch):
+    """A Q4_K_M-like file is read without mx.load (whose gguflib decodes Q4_K wrongly), its
+    blocks repacked exactly, and the model computes what the blocks encode."""
+    quant = {
+        "attn_q": "Q4_K", "attn_k": "Q5_K", "attn_v": "Q4_K", "attn_output": "Q5_1",
+        "ffn_gate": "Q4_K", "ffn_up": "Q5_0", "ffn_down": "Q4_1", "token_embd": "Q4_K",
+    }  # fmt: skip
+    folder, reference = _k_quant_model(tmp_path, quant)
+    q = json.loads((folder / "config.json").read_text())["quantization"]
+    assert q["model.layers.0.self_attn.q_proj"] == {"group_size": 32, "bits": 4, "mode": "affine"}
+    assert q["model.layers.1.self_attn.k_proj"]["bits"] == 5
+    assert q["model.layers.1.mlp.up_proj"]["bits"] == 5
+    assert gguf.read_source_info(folder)["tensor_types"]["Q4_K"] == 7
+
+    scale = np.abs(reference).max()
+    dense, _, info = load_model(str(folder), dequantize=True)
+    assert info.quantization == "Q4_K_M (dequantized to float32 for CPU)"
+    np.testing.assert_allclose(_logits(dense), reference, atol=2e-3 * scale)
+    monkeypatch.setattr(_backend, "is_cpu_only", lambda: False)  # packed, as on Metal
+    packed, _, _ = load_model(str(folder), dequantize=False)
+    assert packed.model.layers[0].self_attn.k_proj.bits == 5
+    ours = _logits(packed)  # float16 activations
+    np.testing.assert_allclose(ours, reference, atol=3e-2 * scale)
+    assert np.corrcoef(ours.ravel(), reference.ravel())[0, 1] > 0.999
+
+
+def test_group16_formats_load_as_8bit(tmp_path):
+    """Q2_K, Q3_K and Q6_K (groups of 16, which MLX's matmul cannot take) become 8-bit groups
+    of 32: close to, not exactly, what the blocks encode."""
+    quant = {"attn_k": "Q6_K", "attn_output": "Q3_K", "ffn_gate": "Q2_K", "token_embd": "Q6_K"}
+    folder, reference = _k_quant_model(tmp_path, quant)
+    q = json.loads((folder / "config.json").read_text())["quantization"]
+    for module in ("model.embed_tokens", "model.layers.0.self_attn.k_proj",
+                   "model.layers.1.self_attn.o_proj", "model.layers.1.mlp.gate_proj"):  # fmt: skip
+        assert q[module] == {"group_size": 32, "bits": 8, "mode": "affine"}
+    dense, _, _ = load_model(str(folder), dequantize=True)
+    ours = _logits(dense)
+    assert np.corrcoef(ours.ravel(), reference.ravel())[0, 1] > 0.99
 
 
 def test_tensor_names():
