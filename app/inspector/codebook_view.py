@@ -40,6 +40,7 @@ from .widgets import (
 )
 
 COLUMNS = ("layer", "entropy", "dead", "top code")
+WIDE_LAYOUT_PX = 620  # narrower than this: the histogram goes above the table
 COLUMN_TIPS = (
     "Model layer",
     "Entropy of code use over the cached tokens, in bits (at most log2 of the codebook size)",
@@ -95,7 +96,7 @@ class CodebookPanel(QWidget):
         self.layer_combo = QComboBox()
         self.layer_combo.setToolTip("Layer whose histogram is drawn")
         self.layer_combo.setAccessibleName("Codebook layer")
-        self.head_combo = head_combo("All KV heads", "KV head (each has its own codebook)")
+        self.head_combo = head_combo("all heads", "KV head (each has its own codebook)")
         self.log_box = QCheckBox("log scale")
         self.log_box.setChecked(True)
         self.log_box.setToolTip("Logarithmic count axis")
@@ -115,7 +116,7 @@ class CodebookPanel(QWidget):
             line.setPen(pg.mkPen(None))
         item.addItem(self.dead_region)
         self.plot.on_theme = self._on_theme
-        self.plot.setMinimumHeight(120)
+        self.plot.setMinimumHeight(90)
         self.legend = LegendBar()
 
         self.table = QTableWidget(0, len(COLUMNS))
@@ -143,7 +144,7 @@ class CodebookPanel(QWidget):
         left_layout.setContentsMargins(0, 0, 0, 0)
         left_layout.addWidget(self.plot, 1)
         left_layout.addWidget(self.legend)
-        split = QSplitter(Qt.Orientation.Horizontal)
+        self.split = split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(left)
         split.addWidget(self.table)
         split.setStretchFactor(0, 3)
@@ -325,6 +326,17 @@ class CodebookPanel(QWidget):
         self._ranges = None
         self._key = None
         self.redraw_requested.emit()
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        # side by side when there is room, histogram above the table in a narrow dock
+        wide = event.size().width() >= WIDE_LAYOUT_PX
+        orientation = Qt.Orientation.Horizontal if wide else Qt.Orientation.Vertical
+        if self.split.orientation() != orientation:
+            self.split.setOrientation(orientation)
+            extent = event.size().width() if wide else event.size().height()
+            share = 0.6 if wide else 0.5
+            self.split.setSizes([int(extent * share), int(extent * (1 - share))])
 
     def _on_row_clicked(self, row: int, _col: int) -> None:
         self.set_layer_row(row)

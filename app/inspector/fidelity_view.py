@@ -66,7 +66,7 @@ class FidelityPanel(QWidget):
         self._build()
 
     def _build(self) -> None:
-        self.head_combo = head_combo("Mean over KV heads", "KV head whose recall is shown")
+        self.head_combo = head_combo("mean of heads", "KV head whose recall is shown")
         self.head_combo.currentIndexChanged.connect(self._on_choice_changed)
         self.hint = QLabel(OFF_HINT)
         self.hint.setWordWrap(True)

@@ -135,10 +135,17 @@ class MemoryPanel(QWidget):
         if summary.total_held <= 0:
             return "No cache bytes reported yet."
         saved_pct = 100.0 * summary.saved / summary.total_fp16 if summary.total_fp16 else 0.0
+        held = f"holding {format_bytes(summary.total_held)} vs {format_bytes(summary.total_fp16)}"
+        if summary.saved >= 0:
+            return (
+                f"{held} for an fp16 full cache \u00b7 {summary.ratio:.2f}\u00d7 smaller \u00b7 "
+                f"{summary.saved / MB:.1f} MB saved ({saved_pct:.0f}%)"
+            )
+        # e.g. K/V kept in float32 without kv_bits: codes cost extra, nothing is saved
         return (
-            f"holding {format_bytes(summary.total_held)} vs {format_bytes(summary.total_fp16)} "
-            f"for an fp16 full cache \u00b7 {summary.ratio:.2f}\u00d7 smaller \u00b7 "
-            f"{summary.saved / MB:.1f} MB saved ({saved_pct:.0f}%)"
+            f"{held} for an fp16 full cache \u00b7 {1 / summary.ratio:.2f}\u00d7 larger "
+            f"({-summary.saved / MB:.1f} MB more: K/V kept unquantized plus codes; "
+            f"kv_bits 8 or 4 saves memory)"
         )
 
     def _on_theme(self, theme: Theme) -> None:

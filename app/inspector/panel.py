@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal, Slot
+from PySide6.QtCore import QEvent, QObject, QSize, Qt, QTimer, Signal, Slot
 from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 
 from a2ats_engine.telemetry import CacheSnapshot
@@ -37,7 +37,7 @@ SECTION_TITLES = {
     "memory": "Memory saved",
     "fidelity": "Fidelity",
 }
-SECTION_STRETCH = {"map": 40, "codebook": 24, "memory": 22, "fidelity": 14}
+SECTION_STRETCH = {"map": 42, "codebook": 24, "memory": 21, "fidelity": 13}
 
 
 class InspectorPanel(QWidget):
@@ -108,6 +108,9 @@ class InspectorPanel(QWidget):
         self._timer.timeout.connect(self._redraw)
         self.setMinimumWidth(360)
         self._redraw()
+
+    def sizeHint(self) -> QSize:  # noqa: N802 (Qt override: the dock's first size)
+        return QSize(560, 940)
 
     # ---- slots the app connects ----------------------------------------------------------
     @Slot(object)

@@ -127,13 +127,15 @@ class RetrievalMapPanel(QWidget):
     # ---- construction ---------------------------------------------------------------------
     def _build(self) -> None:
         self.mode_combo = QComboBox()
-        self.mode_combo.addItem("This step", MODE_STEP)
-        self.mode_combo.addItem("Retrieval frequency (reply)", MODE_FREQUENCY)
+        self.mode_combo.addItem("this step", MODE_STEP)
+        self.mode_combo.addItem("frequency (reply)", MODE_FREQUENCY)
         self.mode_combo.setToolTip(
             "Colour positions by their role at this step, or by how often "
             "they were retrieved over the reply so far"
         )
-        self.head_combo = head_combo("All KV heads", "KV head whose retrievals are shown")
+        self.head_combo = head_combo(
+            "all heads", "KV head whose retrievals are shown (union over heads)"
+        )
         self.highlight_combo = QComboBox()
         self.highlight_combo.setToolTip("Highlight in the chat the tokens retrieved at this step")
         self.highlight_combo.setAccessibleName("Chat highlight")

@@ -368,3 +368,23 @@ def test_short_context_exact_steps_and_empty_snapshots(panel):
     feed(panel, [CacheSnapshot(step=0, layers=())])
     assert panel.map_panel.full_image().size == 0
     assert panel.codebook_panel.table.rowCount() == 0
+
+
+def test_memory_summary_wording_when_nothing_is_saved():
+    from app.inspector.memory_view import MemoryPanel
+
+    saved = data.MemorySummary(np.array([100, 100]), np.array([400, 400]))
+    assert "4.00\u00d7 smaller" in MemoryPanel.summary_text(saved)
+    larger = data.MemorySummary(np.array([800, 900]), np.array([400, 400]))
+    text = MemoryPanel.summary_text(larger)
+    assert "2.12\u00d7 larger" in text and "saved" not in text
+
+
+def test_codebook_layout_follows_the_width(panel, qtbot):
+    from PySide6.QtCore import Qt
+
+    cb = panel.codebook_panel
+    panel.resize(1000, 1000)
+    qtbot.waitUntil(lambda: cb.split.orientation() == Qt.Orientation.Horizontal, timeout=2000)
+    panel.resize(420, 1000)
+    qtbot.waitUntil(lambda: cb.split.orientation() == Qt.Orientation.Vertical, timeout=2000)
