@@ -153,6 +153,17 @@ def tiny_gguf_metadata(model_config: dict, **overrides) -> dict:
     return metadata
 
 
+def plain_metadata(metadata: dict) -> dict:
+    """Writer-style metadata ((kind, value) tuples) as the reader returns it."""
+    out = {}
+    for key, value in metadata.items():
+        if isinstance(value, tuple):
+            kind, value = value
+            value = np.array(value) if kind.endswith("[]") else value
+        out[key] = value
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Quantized blocks (llama.cpp reference layouts)
 

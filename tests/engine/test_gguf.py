@@ -15,12 +15,13 @@ from tiny import save_tiny_tokenizer, tiny_model
 from a2ats_engine import _backend, gguf
 from a2ats_engine.errors import ModelLoadError
 from a2ats_engine.gguf_reader import DECODERS, load_tensors, mlx_layout, read_header
-from a2ats_engine.gguf_tokenizer import build_tokenizer, sentencepiece_merges
+from a2ats_engine.gguf_tokenizer import _PRE_TOKENIZERS, build_tokenizer, sentencepiece_merges
 from a2ats_engine.models import load_model
 
 from .gguf_fixtures import (
     BLOCKS,
     gguf_tensors,
+    plain_metadata,
     random_blocks,
     reference_model,
     tiny_gguf_metadata,
@@ -323,6 +324,27 @@ def test_special_tokens_and_chat_template(converted, original_tokenizer):
     assert ours == theirs
     assert ours.endswith("<|im_start|>assistant\n")
     assert tokenizer.encode(ours) == original_tokenizer.encode(theirs)
+
+
+@pytest.mark.parametrize("pre", sorted(_PRE_TOKENIZERS))
+def test_every_known_pre_tokenizer_round_trips(pre, llama):
+    metadata = plain_metadata(tiny_gguf_metadata(llama.config, **{"tokenizer.ggml.pre": pre}))
+    tokenizer = build_tokenizer(metadata)
+    for text in TEXTS:
+        assert tokenizer.decode(tokenizer.encode(text).ids, skip_special_tokens=False) == text
+    digits = tokenizer.encode("year 2024").tokens
+    if pre in ("smollm", "starcoder"):  # digits are split one by one first
+        assert digits[-4:] == ["2", "0", "2", "4"]
+
+
+def test_unknown_pre_tokenizer_warns_and_splits_like_gpt2(llama):
+    metadata = plain_metadata(
+        tiny_gguf_metadata(llama.config, **{"tokenizer.ggml.pre": "brand-new"})
+    )
+    with pytest.warns(UserWarning, match="'brand-new' is unknown"):
+        tokenizer = build_tokenizer(metadata)
+    gpt2 = build_tokenizer(plain_metadata(tiny_gguf_metadata(llama.config)))
+    assert tokenizer.encode(TEXTS[1]).ids == gpt2.encode(TEXTS[1]).ids
 
 
 def test_add_bos_token_flag_prepends_bos(llama, tmp_path):
