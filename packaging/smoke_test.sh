@@ -22,7 +22,7 @@ fail() { echo "package-check: $*" >&2; exit 1; }
 
 # Layout ------------------------------------------------------------------------------------
 [ -f "$INTERNAL/mlx/lib/$LIBMLX" ] || fail "$LIBMLX is not in mlx/lib"
-copies=$(find "$INTERNAL" -name "$LIBMLX" -type f | wc -l)
+copies=$(find "$INTERNAL" -name "$LIBMLX" -type f | wc -l | tr -d " ")
 [ "$copies" = "1" ] || fail "$copies copies of $LIBMLX in the bundle (MLX must load the one in mlx/lib)"
 plugins="$INTERNAL/PySide6/Qt/plugins"
 for plugin in platforms/*qoffscreen* iconengines/*qsvgicon* imageformats/*qsvg*; do
