@@ -29,9 +29,8 @@ from .widgets import (
 )
 
 OFF_HINT = (
-    "Fidelity is off. Enable the fidelity shadow pass in Settings to measure, every few steps, "
-    "how much of the exact attention mass each layer's selection recalls (it costs an exact "
-    "attention pass on those steps)."
+    "Fidelity is off. Turn on the fidelity shadow pass in Settings to measure how much exact "
+    "attention mass each layer's selection recalls (an extra exact pass every k-th step)."
 )
 
 

@@ -144,8 +144,7 @@ class MemoryPanel(QWidget):
         # e.g. K/V kept in float32 without kv_bits: codes cost extra, nothing is saved
         return (
             f"{held} for an fp16 full cache \u00b7 {1 / summary.ratio:.2f}\u00d7 larger "
-            f"({-summary.saved / MB:.1f} MB more: K/V kept unquantized plus codes; "
-            f"kv_bits 8 or 4 saves memory)"
+            f"(unquantized K/V + codes; kv_bits 8 or 4 saves memory)"
         )
 
     def _on_theme(self, theme: Theme) -> None:

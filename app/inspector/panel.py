@@ -37,7 +37,7 @@ SECTION_TITLES = {
     "memory": "Memory saved",
     "fidelity": "Fidelity",
 }
-SECTION_STRETCH = {"map": 42, "codebook": 24, "memory": 21, "fidelity": 13}
+SECTION_STRETCH = {"map": 48, "codebook": 22, "memory": 19, "fidelity": 11}
 
 
 class InspectorPanel(QWidget):

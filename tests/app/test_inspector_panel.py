@@ -281,7 +281,8 @@ def test_memory_panel_bars_totals_and_line(panel):
 def test_fidelity_off_by_default_then_strip(panel):
     feed(panel, growing_run(3))
     fid = panel.fidelity_panel
-    assert not fid.showing_strip and "enable" in fid.hint.text().lower()
+    assert not fid.showing_strip and "fidelity is off" in fid.hint.text().lower()
+    assert "settings" in fid.hint.text().lower()
     panel.set_fidelity_info(True, every=2, cost_ms=4.5, overhead=0.07)
     feed(panel, growing_run(5, recall_every=2))
     assert fid.showing_strip
