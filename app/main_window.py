@@ -147,6 +147,7 @@ class MainWindow(QMainWindow):
     reply_finished = Signal(object)  # GenerationStats, after the reply is saved
     model_ready = Signal(object)  # ModelLoaded, after the window has adopted the model
     error_shown = Signal(object)  # ErrorReport, after it was shown
+    codebook_ready = Signal(object)  # CodebookLoaded, after the window has adopted it
 
     def __init__(
         self,
@@ -444,7 +445,6 @@ class MainWindow(QMainWindow):
         self.stop_action = self._action(
             chat_menu, "Stop", QKeySequence("Ctrl+."), self.stop_generation
         )
-        self.stop_action.setShortcuts([QKeySequence("Ctrl+."), QKeySequence(Qt.Key.Key_Escape)])
         self.regenerate_action = self._action(
             chat_menu, "Regenerate reply", QKeySequence("Ctrl+R"), self.regenerate
         )
@@ -857,6 +857,7 @@ class MainWindow(QMainWindow):
         elif self.request is not None:
             message += "; it applies to the next message"
         self.statusBar().showMessage(message, 8000)
+        self.codebook_ready.emit(info)
 
     def _on_codebook_cleared(self) -> None:
         self.codebook = None
@@ -1282,6 +1283,14 @@ class MainWindow(QMainWindow):
     # =========================================================================================
     # Shutdown
     # =========================================================================================
+
+    def keyPressEvent(self, event) -> None:  # noqa: N802
+        """Esc anywhere in the window stops the reply (the composer handles its own Esc)."""
+        if event.key() == Qt.Key.Key_Escape and self.request is not None:
+            self.stop_generation()
+            event.accept()
+            return
+        super().keyPressEvent(event)
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802
         self.settings.window_geometry = bytes(self.saveGeometry().toBase64()).decode()

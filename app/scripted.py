@@ -24,7 +24,7 @@ class ScriptedRun(QObject):
         self._timeout.setSingleShot(True)
         self._timeout.timeout.connect(self._on_timeout)
         window.model_ready.connect(self._on_model_ready)
-        window.engine.worker.codebook_loaded.connect(self._on_codebook_loaded)
+        window.codebook_ready.connect(self._on_codebook_loaded)
         window.error_shown.connect(self._on_error)
         window.reply_finished.connect(self._on_reply_finished)
 

@@ -117,9 +117,7 @@ class ConversationList(QWidget):
         self._search_action = self.search.addAction(
             theme().icon("search", "faint"), QLineEdit.ActionPosition.LeadingPosition
         )
-        theme().changed.connect(
-            lambda: self._search_action.setIcon(theme().icon("search", "faint"))
-        )
+        theme().changed.connect(self._on_theme_changed)
         self.search.textChanged.connect(self._apply_filter)
 
         title = QLabel("CHATS")
@@ -143,6 +141,9 @@ class ConversationList(QWidget):
         layout.addWidget(self.search)
         layout.addWidget(title)
         layout.addWidget(self.list, 1)
+
+    def _on_theme_changed(self) -> None:
+        self._search_action.setIcon(theme().icon("search", "faint"))
 
     # ----- data ------------------------------------------------------------------------------
 

@@ -70,25 +70,43 @@ def _space(ch: str) -> bool:
     return ch.isspace() or ch in "\u2029\u2028\ufffc"
 
 
+# Source characters that never render: link/image targets and HTML comments.
+_HIDDEN = re.compile(r"\]\((?:[^()\s]|\([^()]*\))*(?:\s+\"[^\"]*\")?\)|<!--.*?-->", re.DOTALL)
+_MARKUP = set("*_~`#>|[]!-+=\\:")
+_LOOKAHEAD = 3
+
+
 def align(source: str, rendered: str) -> list[int]:
     """For each source character, the index of the same character in `rendered`, or -1.
 
-    Greedy monotone matching: Markdown markup in the source (`*`, `#`, link targets...) has no
-    counterpart and is skipped; runs of whitespace match loosely (paragraph breaks render as
-    one separator). Linear time."""
+    Greedy monotone matching in linear time: link targets and comments are masked first
+    (they never render); other Markdown markup (`*`, `#`, list markers...) is skipped when it
+    does not match; a content character may skip a few rendered characters the source lacks
+    (list numbering, entities); runs of whitespace match loosely (a paragraph break renders as
+    one separator)."""
+    hidden = [False] * len(source)
+    for match in _HIDDEN.finditer(source):
+        for i in range(match.start() + 1, match.end()):  # keep the "]": it is markup anyway
+            hidden[i] = True
     mapping = [-1] * len(source)
     j = 0
     for i, ch in enumerate(source):
         if j >= len(rendered):
             break
+        if hidden[i]:
+            continue
         if _space(ch):
             if _space(rendered[j]):
                 mapping[i] = j
                 j += 1
             continue
-        while j < len(rendered) and _space(rendered[j]):
-            j += 1  # separator the source does not have at this point (e.g. list item break)
-        if j < len(rendered) and rendered[j] == ch:
-            mapping[i] = j
-            j += 1
+        k = j
+        while k < len(rendered) and _space(rendered[k]):
+            k += 1  # a break the source does not have here (e.g. between list items)
+        if k < len(rendered) and rendered[k] == ch:
+            mapping[i], j = k, k + 1
+        elif ch not in _MARKUP:
+            ahead = rendered.find(ch, k + 1, k + 1 + _LOOKAHEAD)
+            if ahead >= 0:
+                mapping[i], j = ahead, ahead + 1
     return mapping

@@ -1,0 +1,85 @@
+"""Fixtures for the desktop-app tests: temp config/data dirs, windows on a fake or real engine."""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtWidgets import QMessageBox
+
+from app.history import HistoryStore
+from app.settings import AppSettings, load_settings
+from app.theme import theme
+from app.worker import EngineThread
+
+
+@pytest.fixture
+def app_dirs(tmp_path, monkeypatch):
+    """Point the app's config/data/cache dirs at a temporary folder."""
+    dirs = {name: tmp_path / name for name in ("config", "data", "cache")}
+    monkeypatch.setenv("A2ATS_CONFIG_DIR", str(dirs["config"]))
+    monkeypatch.setenv("A2ATS_DATA_DIR", str(dirs["data"]))
+    monkeypatch.setenv("A2ATS_CACHE_DIR", str(dirs["cache"]))
+    return dirs
+
+
+@pytest.fixture
+def message_boxes(monkeypatch):
+    """Record QMessageBox dialogs instead of showing them: list of (title, text)."""
+    shown: list[tuple[str, str]] = []
+
+    def fake_exec(box):
+        shown.append((box.windowTitle(), box.text()))
+        return QMessageBox.StandardButton.Ok
+
+    def fake_static(kind):
+        def show(parent, title, text, *args, **kwargs):
+            shown.append((title, text))
+            return (
+                QMessageBox.StandardButton.Yes
+                if kind == "question"
+                else QMessageBox.StandardButton.Ok
+            )
+
+        return show
+
+    monkeypatch.setattr(QMessageBox, "exec", fake_exec)
+    for kind in ("warning", "information", "question", "critical"):
+        monkeypatch.setattr(QMessageBox, kind, staticmethod(fake_static(kind)))
+    return shown
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory):
+    """An mlx-lm folder of the tiny random Llama model (tests/tiny.py)."""
+    from tiny import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+@pytest.fixture
+def make_window(qtbot, app_dirs):
+    """Factory: a MainWindow on an EngineThread over `backend` (default: the real engine),
+    with settings and history in the temp dirs. Windows are closed (thread stopped) at the end."""
+    from app.main_window import MainWindow
+
+    windows = []
+
+    def make(backend=None, settings: AppSettings | None = None, scripted: bool = False, **kwargs):
+        theme().apply("light")
+        if settings is None:
+            settings, message = load_settings()
+            kwargs.setdefault("settings_message", message)
+        settings.inspector_visible = kwargs.pop("inspector", settings.inspector_visible)
+        engine = EngineThread(backend)
+        window = MainWindow(
+            settings, engine=engine, store=HistoryStore(), scripted=scripted, **kwargs
+        )
+        qtbot.addWidget(window)
+        window.resize(1200, 800)
+        window.show()
+        windows.append(window)
+        return window
+
+    yield make
+    for window in windows:
+        window.engine.stop()
+        window.close()

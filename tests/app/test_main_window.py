@@ -1,0 +1,472 @@
+"""Main window flows on a fake engine (fast, controllable) and on the real tiny model."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from PySide6.QtCore import QElapsedTimer, Qt, QTimer
+from PySide6.QtTest import QTest
+
+from app.context_text import ContextMap
+from app.history import HistoryStore
+from app.settings import CacheSettings, SamplingPrefs, load_settings, settings_path
+
+from .fakes import FakeBackend
+from .helpers import load, reply
+
+
+def counting_reply(prefix="Answer"):
+    calls = {"n": 0}
+
+    def fn(messages):
+        calls["n"] += 1
+        return f"{prefix} {calls['n']} to {messages[-1]['content']}"
+
+    return fn
+
+
+# ----- send / stream / stop / regenerate / edit --------------------------------------------------
+
+
+def test_send_streams_renders_and_saves(make_window, qtbot):
+    window = make_window(FakeBackend(delay=0.003, reply_fn=lambda m: "Hello **world**, `x = 1`."))
+    load(qtbot, window)
+    assert window.composer.button.isEnabled() is False  # empty box
+    window.composer.set_text("hi there")
+    assert window.composer.button.isEnabled()
+    seen_streaming = []
+    with qtbot.waitSignal(window.reply_finished, timeout=20000):
+        qtbot.mouseClick(window.composer.button, Qt.MouseButton.LeftButton)
+        qtbot.waitUntil(lambda: window.chat_view._stream_widget is not None, timeout=5000)
+        seen_streaming.append(window.composer.generating)
+    assert seen_streaming == [True]
+    conversation = window.current
+    assert [m.role for m in conversation.messages] == ["user", "assistant"]
+    assert conversation.messages[1].content == "Hello **world**, `x = 1`."
+    assert conversation.title == "hi there"
+    widget = window.chat_view.last_widget()
+    assert widget.view.toPlainText() == "Hello world, x = 1."  # Markdown rendered
+    assert "tok/s" in widget.stats.text()
+    assert window.composer.text() == "" and not window.composer.generating
+    provenance = conversation.messages[1].provenance
+    assert provenance["model"]["name"] == "FakeLM-1M"
+    assert (
+        provenance["cache"]["a2ats_enabled"] is True and "window" in provenance["cache"]["config"]
+    )
+    assert provenance["stats"]["stop_reason"] == "stop"
+    assert provenance["stats"]["generation_tokens"] == len("Hello **world**, `x = 1`.")
+    saved = json.loads(window.store.path_for(conversation.id).read_text())
+    assert saved["messages"][1]["provenance"]["stats"]["stop_reason"] == "stop"
+    assert "tok/s" in window.status.speed.text() and "ctx" in window.status.context.text()
+    assert window.status.ttft.text().startswith("TTFT")
+
+
+def test_enter_sends_and_shift_enter_adds_a_line(make_window, qtbot):
+    window = make_window(FakeBackend())
+    load(qtbot, window)
+    edit = window.composer.edit
+    edit.setFocus()
+    QTest.keyClicks(edit, "line one")
+    QTest.keyClick(edit, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+    QTest.keyClicks(edit, "line two")
+    assert edit.toPlainText() == "line one\nline two"
+    assert window.current.messages == []
+    with qtbot.waitSignal(window.reply_finished, timeout=20000):
+        QTest.keyClick(edit, Qt.Key.Key_Return)
+    assert window.current.messages[0].content == "line one\nline two"
+    assert window.current.messages[1].content == "You said: line one\nline two"
+
+
+@pytest.mark.parametrize("how", ["escape", "button", "shortcut"])
+def test_stop_keeps_the_partial_reply(make_window, qtbot, how):
+    long_once = lambda m: "z" * 1000 if m[-1]["content"] == "go" else "ok"  # noqa: E731
+    window = make_window(FakeBackend(delay=0.01, reply_fn=long_once))
+    load(qtbot, window)
+    window.send("go")
+    qtbot.waitUntil(lambda: window.reply_tokens >= 5, timeout=10000)
+    with qtbot.waitSignal(window.reply_finished, timeout=10000) as blocker:
+        if how == "escape":
+            QTest.keyClick(window.composer.edit, Qt.Key.Key_Escape)
+        elif how == "button":
+            assert window.composer.button.accessibleName() == "Stop generating"
+            qtbot.mouseClick(window.composer.button, Qt.MouseButton.LeftButton)
+        else:
+            window.stop_action.trigger()
+    assert blocker.args[0].stop_reason == "cancelled"
+    message = window.current.messages[-1]
+    assert message.role == "assistant" and 0 < len(message.content) < 1000
+    assert message.provenance["stats"]["stop_reason"] == "cancelled"
+    assert "stopped" in window.chat_view.last_widget().stats.text()
+    assert not window.composer.generating
+    reply(qtbot, window, "again")  # the app is usable after a stop
+
+
+def test_regenerate_replaces_the_last_reply(make_window, qtbot):
+    backend = FakeBackend(reply_fn=counting_reply())
+    window = make_window(backend)
+    load(qtbot, window)
+    reply(qtbot, window, "question")
+    assert window.current.messages[-1].content == "Answer 1 to question"
+    button = window.chat_view.last_widget().regenerate_button
+    assert button.isVisibleTo(window)
+    with qtbot.waitSignal(window.reply_finished, timeout=20000):
+        qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
+    assert [m.content for m in window.current.messages] == ["question", "Answer 2 to question"]
+    assert len(window.chat_view.widgets) == 2
+    session = backend.sessions[0]
+    assert "regenerate" in session.calls and "load_messages" not in session.calls
+
+
+def test_edit_and_resend_last_user_message(make_window, qtbot):
+    backend = FakeBackend(reply_fn=counting_reply())
+    window = make_window(backend)
+    load(qtbot, window)
+    reply(qtbot, window, "first")
+    reply(qtbot, window, "secnd")
+    user_widget = window.chat_view.widgets[-2]
+    assert user_widget.edit_button.isVisibleTo(window)
+    assert not window.chat_view.widgets[0].edit_button.isVisibleTo(window)  # only the last
+    qtbot.mouseClick(user_widget.edit_button, Qt.MouseButton.LeftButton)
+    assert window.composer.editing and window.composer.text() == "secnd"
+    window.composer.set_text("second")
+    with qtbot.waitSignal(window.reply_finished, timeout=20000):
+        QTest.keyClick(window.composer.edit, Qt.Key.Key_Return)
+    contents = [m.content for m in window.current.messages]
+    assert contents == ["first", "Answer 1 to first", "second", "Answer 3 to second"]
+    assert not window.composer.editing
+    assert "edit" in backend.sessions[0].calls
+    assert [w.message.content for w in window.chat_view.widgets] == contents
+
+
+def test_edit_can_be_cancelled_with_escape(make_window, qtbot):
+    window = make_window(FakeBackend())
+    load(qtbot, window)
+    reply(qtbot, window, "keep me")
+    window.begin_edit_last()
+    assert window.composer.editing
+    QTest.keyClick(window.composer.edit, Qt.Key.Key_Escape)
+    assert not window.composer.editing and window.composer.text() == ""
+    assert window.current.messages[0].content == "keep me"
+
+
+# ----- responsiveness ---------------------------------------------------------------------------
+
+
+def measure_event_loop(qtbot, window, text, *, reply_timeout=120000):
+    """Send `text`; while the reply streams, a 5 ms timer records the event-loop gaps and keys
+    are typed into the search box. Returns (max gap s, ticks, generation seconds)."""
+    gaps, clock = [], QElapsedTimer()
+    timer = QTimer()
+    timer.setInterval(5)
+
+    def tick():
+        gaps.append(clock.restart() / 1000.0)
+
+    timer.timeout.connect(tick)
+    with qtbot.waitSignal(window.reply_finished, timeout=reply_timeout):
+        window.send(text)
+        started = time.perf_counter()
+        clock.start()
+        timer.start()
+        qtbot.waitUntil(lambda: window.reply_tokens >= 2, timeout=reply_timeout)
+        QTest.keyClicks(window.sidebar.search, "typing works")
+    elapsed = time.perf_counter() - started
+    timer.stop()
+    assert window.sidebar.search.text() == "typing works"
+    return max(gaps[1:]), len(gaps), elapsed
+
+
+def test_event_loop_stays_responsive_during_generation_fake(make_window, qtbot):
+    window = make_window(FakeBackend(delay=0.004, reply_fn=lambda m: "word " * 150))
+    load(qtbot, window)
+    max_gap, ticks, elapsed = measure_event_loop(qtbot, window, "talk")
+    assert elapsed > 1.0
+    assert max_gap < elapsed / 10, (max_gap, elapsed)
+    assert ticks > 20
+
+
+def test_event_loop_stays_responsive_during_generation_real(make_window, qtbot, tiny_folder):
+    settings, _ = load_settings()
+    settings.sampling = SamplingPrefs(max_tokens=300, seed=3, temperature=1.0)
+    window = make_window(None, settings=settings)
+    load(qtbot, window, str(tiny_folder))
+    max_gap, ticks, elapsed = measure_event_loop(qtbot, window, "Hello")
+    tokens = window.current.messages[-1].provenance["stats"]["generation_tokens"]
+    assert tokens > 20
+    assert max_gap < elapsed / 4, (max_gap, elapsed, tokens)
+    assert ticks > 10
+
+
+# ----- errors leave the app usable ------------------------------------------------------------
+
+
+def test_bad_codebook_shows_error_and_changes_nothing(make_window, qtbot, message_boxes, tmp_path):
+    window = make_window(FakeBackend())
+    load(qtbot, window)
+    reply(qtbot, window, "before")
+    good = tmp_path / "good.safetensors"
+    good.write_text("layers=2")
+    with qtbot.waitSignal(window.codebook_ready):
+        window.load_codebook(str(good))
+    bad = tmp_path / "other-model.safetensors"
+    bad.write_text("layers=30")
+    with qtbot.waitSignal(window.error_shown, timeout=10000):
+        window.load_codebook(str(bad))
+    ((title, text),) = message_boxes
+    assert title == "Could not load the codebook"
+    assert text.startswith("codebook is for 30 layers, the model has 2")
+    assert window.codebook.name == "good.safetensors"
+    assert "good" in window.codebook_button.text()
+    assert [m.content for m in window.current.messages] == ["before", "You said: before"]
+    reply(qtbot, window, "after")
+    assert window.current.messages[-1].provenance["codebook"]["name"] == "good.safetensors"
+
+
+def test_bad_model_path_shows_error_and_keeps_the_model(
+    make_window, qtbot, message_boxes, tmp_path
+):
+    window = make_window(FakeBackend())
+    load(qtbot, window)
+    reply(qtbot, window, "before")
+    with qtbot.waitSignal(window.error_shown, timeout=10000):
+        window.load_model(str(tmp_path / "no-such-model"))
+    ((title, text),) = message_boxes
+    assert title == "Could not load the model"
+    assert "no-such-model" in text and "Still using FakeLM-1M" in text
+    assert window.model.info.name == "FakeLM-1M" and window.task is None
+    assert window.composer.edit.placeholderText().startswith("Message")
+    reply(qtbot, window, "after")
+    assert len(window.current.messages) == 4
+
+
+def test_real_engine_errors(make_window, qtbot, message_boxes, tiny_folder, tmp_path):
+    window = make_window(None)
+    with qtbot.waitSignal(window.error_shown, timeout=60000):
+        window.load_model(str(tmp_path / "missing-folder"))
+    assert message_boxes[0][0] == "Could not load the model"
+    load(qtbot, window, str(tiny_folder))
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"\x00" * 64)
+    with qtbot.waitSignal(window.error_shown, timeout=60000):
+        window.load_codebook(str(junk))
+    assert message_boxes[1][0] == "Could not load the codebook"
+    assert window.codebook is None
+    stats = reply(qtbot, window, "Hi")
+    assert stats.stop_reason in ("stop", "length")
+
+
+# ----- persistence --------------------------------------------------------------------------------
+
+
+def test_settings_and_history_survive_restart(make_window, qtbot, app_dirs):
+    window = make_window(FakeBackend())
+    load(qtbot, window)
+    reply(qtbot, window, "remember me")
+    window.system_edit.setPlainText("Answer in French.")
+    from app.dialogs.settings_dialog import SettingsResult
+
+    window.apply_settings(SettingsResult(
+        cache=CacheSettings(window=32, budget=0.05), sampling=SamplingPrefs(temperature=0.3),
+        theme="dark", default_system_prompt="Be kind.",
+    ))  # fmt: skip
+    conversation_id = window.current.id
+    window.close()
+    assert settings_path().exists()
+
+    again = make_window(FakeBackend())
+    assert again.settings.cache == CacheSettings(window=32, budget=0.05)
+    assert again.settings.sampling.temperature == 0.3 and again.settings.theme == "dark"
+    assert again.settings.default_system_prompt == "Be kind."
+    assert again.settings.recent_models[0] == "fake"
+    assert again.current.id == conversation_id
+    assert [m.content for m in again.current.messages] == ["remember me", "You said: remember me"]
+    assert again.current.system_prompt == "Answer in French."
+    assert again.system_edit.toPlainText() == "Answer in French."
+    assert len(again.chat_view.widgets) == 2
+    from app.theme import theme
+
+    theme().apply("light")
+
+
+def test_corrupt_settings_are_recovered_with_a_status_message(make_window, app_dirs):
+    path = settings_path()
+    path.parent.mkdir(parents=True)
+    path.write_text("{ this is not json")
+    window = make_window(FakeBackend())
+    assert "backed up" in window.statusBar().currentMessage()
+    assert window.settings.model_source == "demo"
+    assert list(path.parent.glob("settings.json.corrupt-*"))
+
+
+def test_export_contains_provenance(make_window, qtbot, tmp_path):
+    window = make_window(FakeBackend())
+    load(qtbot, window)
+    reply(qtbot, window, "export me")
+    md = window.export_conversation(window.current.id, "markdown", str(tmp_path / "c.md"))
+    js = window.export_conversation(window.current.id, "json", str(tmp_path / "c.json"))
+    text = (tmp_path / "c.md").read_text()
+    assert md and js
+    assert "export me" in text and "FakeLM-1M" in text and "tok/s" in text and "A2ATS" in text
+    data = json.loads((tmp_path / "c.json").read_text())
+    provenance = data["messages"][1]["provenance"]
+    assert provenance["model"]["name"] == "FakeLM-1M"
+    assert provenance["stats"]["generation_tokens"] == len("You said: export me")
+    assert provenance["cache"]["config"]["window"] == 64
+
+
+# ----- conversations, system prompt, cache settings ----------------------------------------------
+
+
+def test_conversation_list_new_rename_delete_search(make_window, qtbot, message_boxes):
+    window = make_window(FakeBackend())
+    load(qtbot, window)
+    reply(qtbot, window, "about cats")
+    first = window.current.id
+    window.new_chat_action.trigger()
+    reply(qtbot, window, "about dogs")
+    second = window.current.id
+    assert first != second and window.sidebar.visible_ids() == [second, first]
+    window.sidebar.rename_requested.emit(first, "Feline facts")
+    assert window._find(first).title == "Feline facts"
+    assert {c.id: c.title for c in HistoryStore().load_all()}[first] == "Feline facts"
+    window.sidebar.search.setText("dogs")
+    assert window.sidebar.visible_ids() == [second]
+    window.sidebar.search.setText("feline")
+    assert window.sidebar.visible_ids() == [first]
+    window.sidebar.search.clear()
+    window.sidebar.selected.emit(first)
+    assert (
+        window.current.id == first and window.chat_view.widgets[0].message.content == "about cats"
+    )
+    window.sidebar.delete_requested.emit(first)
+    assert message_boxes and message_boxes[-1][0] == "Delete chat"
+    assert [c.id for c in HistoryStore().load_all()] == [second]
+    assert window.current.id == second
+
+
+def test_system_prompt_is_per_conversation(make_window, qtbot):
+    backend = FakeBackend()
+    window = make_window(backend)
+    load(qtbot, window)
+    window.system_button.click()
+    assert window.system_panel.isVisible()
+    window.system_edit.setPlainText("You are a pirate.")
+    reply(qtbot, window, "ahoy")
+    assert backend.sessions[0].system_prompt == "You are a pirate."
+    assert window.current.messages[1].provenance["system_prompt"] == "You are a pirate."
+    window.new_chat()
+    assert window.system_edit.toPlainText() == ""
+    reply(qtbot, window, "hello")
+    assert backend.sessions[0].system_prompt is None
+
+
+def test_cache_settings_apply_to_the_next_message(make_window, qtbot):
+    backend = FakeBackend()
+    window = make_window(backend)
+    load(qtbot, window)
+    reply(qtbot, window, "one")
+    assert backend.sessions[0].a2ats is not None
+    window.a2ats_toggle.click()
+    assert window.settings.cache.a2ats_enabled is False
+    assert "next message" in window.statusBar().currentMessage()
+    reply(qtbot, window, "two")
+    session = backend.sessions[0]
+    assert session.calls.count("set_cache_factory") == 1 and session.a2ats is None
+    assert window.current.messages[-1].provenance["cache"] == {"a2ats_enabled": False}
+    assert window.current.messages[1].provenance["cache"]["a2ats_enabled"] is True
+    assert "KVCache" in window.chat_view.last_widget().stats.text()
+
+
+def test_demo_default_codebook_loads_automatically(make_window, qtbot, tmp_path):
+    backend = FakeBackend()
+    backend.demo_codebook = tmp_path / "demo-default.safetensors"
+    backend.demo_codebook.write_text("layers=2")
+    window = make_window(backend)
+    # (Never qtbot.waitSignal on worker signals: pytest-qt's blocker runs in the emitting thread.)
+    with qtbot.waitSignal(window.codebook_ready, timeout=10000) as blocker:
+        window.load_model("demo")
+    assert blocker.args[0].automatic and blocker.args[0].name == "demo-default.safetensors"
+    assert "demo-default" in window.codebook_button.text()
+    stats = reply(qtbot, window, "hi")
+    assert stats.stop_reason == "stop"
+    assert window.current.messages[-1].provenance["codebook"]["sha256"] == "ab" * 32
+
+
+def test_first_run_offers_to_fetch_the_demo(make_window, qtbot, message_boxes):
+    backend = FakeBackend()
+    backend.demo_model_path = lambda: None
+    window = make_window(backend)
+    with qtbot.waitSignal(window.model_ready, timeout=10000):
+        window.start()
+    assert message_boxes[0][0] == "Fetch the demo model?"
+    assert window.model.source == "demo"
+
+
+def test_calibration_dialog_runs_and_loads_the_codebook(make_window, qtbot, tmp_path):
+    window = make_window(FakeBackend(delay=0.002))
+    load(qtbot, window)
+    window.open_calibrate_dialog()
+    dialog = window.calibrate_dialog
+    assert dialog is not None and dialog.output.text().endswith(".safetensors")
+    dialog.centroids.setCurrentIndex(0)
+    assert dialog.output.text().endswith("FakeLM-1M-256c.safetensors")
+    dialog.output.setText(str(tmp_path / "mine.safetensors"))
+    with qtbot.waitSignal(window.codebook_ready, timeout=20000):
+        dialog.start_button.click()
+        assert dialog.running and not window.composer.button.isEnabled()
+    assert window.codebook.path == str(tmp_path / "mine.safetensors")
+    assert window.task is None
+    request = window.engine.worker.backend.calibrations[0]
+    assert request.n_centroids == 256 and request.cache == window.settings.cache
+    assert window.settings.codebook_for_model["fake"] == str(tmp_path / "mine.safetensors")
+
+
+def test_calibration_can_be_cancelled(make_window, qtbot, tmp_path):
+    window = make_window(FakeBackend(delay=0.02))
+    load(qtbot, window)
+    window.open_calibrate_dialog()
+    dialog = window.calibrate_dialog
+    dialog.output.setText(str(tmp_path / "never.safetensors"))
+    dialog.start_button.click()
+    qtbot.waitUntil(lambda: dialog.progress.bar.value() > 0, timeout=10000)
+    assert "left" in dialog.progress.eta.text() or "estimating" in dialog.progress.eta.text()
+    dialog.close_button.click()
+    qtbot.waitUntil(lambda: not dialog.running, timeout=10000)
+    assert not dialog.running and "cancelled" in dialog.status.text()
+    assert not (tmp_path / "never.safetensors").exists()
+    reply(qtbot, window, "still fine")
+
+
+# ----- transcript link (inspector <-> chat) on the real engine -------------------------------
+
+
+def test_transcript_link_maps_positions_to_text(make_window, qtbot, tiny_folder):
+    settings, _ = load_settings()
+    settings.sampling = SamplingPrefs(max_tokens=16, seed=5)
+    window = make_window(None, settings=settings, inspector=True)
+    load(qtbot, window, str(tiny_folder))
+    text = "The quick brown fox jumps over the lazy dog."
+    reply(qtbot, window, text)
+    view = window.chat_view
+    cmap: ContextMap = view.context_map()
+    positions = [p for p in range(len(cmap)) if (s := cmap.locate(p)) and s.message == 0]
+    assert positions
+    view.highlight_positions(positions)
+    assert view.widgets[0].view.highlighted_text() == [text]
+    word = [p for p in positions if "fox" in cmap.texts[p]]
+    view.highlight_positions(word)
+    assert (
+        view.widgets[0].view.highlighted_text() == ["fox"]
+        or "fox" in view.widgets[0].view.highlighted_text()[0]
+    )
+    view.highlight_positions([])
+    assert view.widgets[0].view.highlighted_text() == []
+    assert view.scroll_to_position(positions[0]) is True
+    assert view.scroll_to_position(0) is False  # a template token (<|im_start|>)
+    # The inspector's signals drive the same methods.
+    if window.inspector is not None:
+        window.inspector.highlight_requested.emit(positions[:2])
+        assert view.widgets[0].view.highlighted_text()
+        assert window.inspector.viewed_snapshot() is not None  # snapshots reached the panel

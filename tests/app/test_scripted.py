@@ -1,0 +1,72 @@
+"""Scripted mode (`a2ats-chat --model ... --prompt ... --screenshot ... --quit`), end to end in a
+subprocess on the tiny model with QT_QPA_PLATFORM=offscreen."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from PySide6.QtGui import QImage
+
+
+def run_app(args, app_dirs, timeout=300):
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
+    env.update(
+        A2ATS_CONFIG_DIR=str(app_dirs["config"]),
+        A2ATS_DATA_DIR=str(app_dirs["data"]),
+        A2ATS_CACHE_DIR=str(app_dirs["cache"]),
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "app.main", *args],
+        env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def test_scripted_mode_writes_a_screenshot(app_dirs, tiny_folder, tmp_path):
+    shot = tmp_path / "shots" / "chat.png"
+    result = run_app(
+        ["--model", str(tiny_folder), "--prompt", "Hello there", "--screenshot", str(shot),
+         "--quit", "--width", "1200", "--height", "800", "--theme", "light"],
+        app_dirs,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert f"screenshot: {shot}" in result.stdout and "reply: " in result.stdout
+    image = QImage(str(shot))
+    assert not image.isNull() and image.width() >= 1000 and image.height() >= 700
+    # A real window, not a blank grab: many distinct colours.
+    colours = {
+        image.pixel(x, y) for x in range(0, image.width(), 7) for y in range(0, image.height(), 7)
+    }
+    assert len(colours) > 20
+    # The exchange was saved with provenance.
+    (saved,) = (app_dirs["data"] / "conversations").glob("*.json")
+    messages = json.loads(saved.read_text())["messages"]
+    assert messages[0]["content"] == "Hello there"
+    assert messages[1]["provenance"]["model"]["path"] == str(tiny_folder)
+
+
+def test_scripted_mode_fails_cleanly_on_a_bad_model(app_dirs, tmp_path):
+    missing = tmp_path / "no-model-here"
+    result = run_app(
+        ["--model", str(missing), "--prompt", "hi", "--screenshot", str(tmp_path / "x.png"), "--quit"],
+        app_dirs,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("a2ats-chat: ")
+    assert "no-model-here" in result.stderr
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_scripted_mode_fails_cleanly_on_a_bad_codebook(app_dirs, tiny_folder, tmp_path):
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"junk")
+    result = run_app(
+        ["--model", str(tiny_folder), "--codebook", str(junk), "--prompt", "hi",
+         "--screenshot", str(tmp_path / "x.png"), "--quit"],
+        app_dirs,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "a2ats-chat: " in result.stderr
+    assert not (tmp_path / "x.png").exists()

@@ -1,0 +1,103 @@
+"""Settings: schema-versioned JSON in the config dir, validation, corrupt-file recovery."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app import paths
+from app.settings import (
+    SCHEMA_VERSION,
+    AppSettings,
+    CacheSettings,
+    SamplingPrefs,
+    load_settings,
+    save_settings,
+    settings_path,
+)
+
+
+def test_dirs_follow_env_overrides(app_dirs):
+    assert paths.config_dir() == app_dirs["config"]
+    assert paths.data_dir() == app_dirs["data"]
+    assert settings_path() == app_dirs["config"] / "settings.json"
+    assert (
+        paths.demo_default_codebook() == app_dirs["data"] / "codebooks" / "demo-default.safetensors"
+    )
+
+
+def test_round_trip(app_dirs):
+    settings = AppSettings(
+        model_source="/models/x",
+        cache=CacheSettings(a2ats_enabled=False, window=32, budget=0.05, kv_bits=8),
+        sampling=SamplingPrefs(temperature=0.2, seed=7, max_tokens=64),
+        theme="dark",
+        default_system_prompt="Be brief.",
+    )
+    settings.remember_model("/models/x")
+    settings.remember_model("demo")
+    save_settings(settings)
+    data = json.loads(settings_path().read_text())
+    assert data["schema_version"] == SCHEMA_VERSION
+    loaded, message = load_settings()
+    assert message is None
+    assert loaded == settings
+    assert loaded.recent_models == ["demo", "/models/x"]
+
+
+def test_missing_file_gives_defaults(app_dirs):
+    settings, message = load_settings()
+    assert settings == AppSettings() and message is None
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "{not json",
+        json.dumps([1, 2]),
+        json.dumps({"schema_version": 1, "cache": {"window": -3}}),
+        json.dumps({"schema_version": 1, "sampling": {"top_p": 7}}),
+        json.dumps({"schema_version": 1, "theme": "purple"}),
+    ],
+)
+def test_corrupt_file_is_backed_up_and_defaults_used(app_dirs, content):
+    path = settings_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(content)
+    settings, message = load_settings()
+    assert settings == AppSettings()
+    assert message is not None and "backed up" in message
+    backups = list(path.parent.glob("settings.json.corrupt-*"))
+    assert len(backups) == 1 and backups[0].read_text() == content
+    assert not path.exists()
+
+
+def test_unknown_keys_ignored_and_old_schema_migrates(app_dirs):
+    path = settings_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"schema_version": 0 + 1, "future_knob": 3, "theme": "light"}))
+    settings, message = load_settings()
+    assert message is None and settings.theme == "light"
+
+
+@pytest.mark.parametrize(
+    ("kind", "field", "value"),
+    [
+        (CacheSettings, "window", 0),
+        (CacheSettings, "budget", 1.5),
+        (CacheSettings, "kv_bits", 3),
+        (SamplingPrefs, "temperature", -1.0),
+        (SamplingPrefs, "max_tokens", 0),
+        (SamplingPrefs, "top_k", 1.5),
+    ],
+)
+def test_bad_values_name_the_field(kind, field, value):
+    with pytest.raises(ValueError, match=field):
+        kind(**{field: value})
+
+
+def test_cache_settings_build_engine_config():
+    config = CacheSettings(window=16, sinks=4, budget=0.1).to_config(telemetry=True, n_centroids=64)
+    assert (config.window, config.sinks, config.budget, config.n_centroids) == (16, 4, 0.1, 64)
+    assert config.telemetry is True

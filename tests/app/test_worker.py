@@ -1,0 +1,350 @@
+"""EngineWorker on its "engine" QThread: signal order, stop, failures, calibration; with a fake
+backend and with the real engine on the tiny model."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QObject
+
+from a2ats_engine.telemetry import CacheSnapshot, GenerationStats, TokenEvent
+from app.events import (
+    CalibrationRequest,
+    CodebookLoaded,
+    ContextTokens,
+    ErrorReport,
+    GenerationRequest,
+    GenerationStarted,
+    ModelLoaded,
+)
+from app.settings import CacheSettings, SamplingPrefs
+from app.worker import EngineThread
+
+from .fakes import FakeBackend
+
+SIGNALS = (
+    "model_loaded", "codebook_loaded", "progress", "failed", "generation_started",
+    "token_generated", "snapshot_ready", "context_updated", "generation_finished",
+    "calibration_finished", "calibration_cancelled",
+)  # fmt: skip
+
+
+class _Receiver(QObject):
+    """A bound-method receiver in the GUI thread (a lambda would run on the engine thread)."""
+
+    def __init__(self, recorder: Recorder, name: str, worker) -> None:
+        super().__init__(recorder)
+        self.recorder, self.name = recorder, name
+        getattr(worker, name).connect(self.receive)
+
+    def receive(self, payload=None) -> None:
+        self.recorder.threads.add(threading.current_thread().name)
+        self.recorder.events.append((self.name, payload))
+
+
+class Recorder(QObject):
+    """Records every worker signal as (name, payload), in arrival order."""
+
+    def __init__(self, worker) -> None:
+        super().__init__()
+        self.events: list[tuple[str, object]] = []
+        self.threads: set[str] = set()
+        self.receivers = [_Receiver(self, name, worker) for name in SIGNALS]
+
+    def names(self) -> list[str]:
+        return [n for n, _ in self.events]
+
+    def of(self, name: str) -> list:
+        return [p for n, p in self.events if n == name]
+
+
+@pytest.fixture
+def engine(qtbot):
+    threads = []
+
+    def make(backend=None):
+        thread = EngineThread(backend)
+        thread.recorder = Recorder(thread.worker)
+        threads.append(thread)
+        return thread, thread.recorder
+
+    yield make
+    for thread in threads:
+        thread.shutdown()
+
+
+def request(engine_thread, text="hi", mode="send", history=(), **kwargs) -> GenerationRequest:
+    values = dict(
+        request_id=engine_thread.next_request_id(), conversation_id="c1", mode=mode, text=text,
+        history=tuple(history), system_prompt="", sampling=SamplingPrefs(max_tokens=40),
+        cache=CacheSettings(), telemetry=False,
+    )  # fmt: skip
+    values.update(kwargs)
+    return GenerationRequest(**values)
+
+
+def wait_for(qtbot, recorder, name, count=1, timeout=30000):
+    qtbot.waitUntil(lambda: len(recorder.of(name)) >= count, timeout=timeout)
+
+
+def test_engine_thread_is_named_and_receivers_run_in_the_gui_thread(engine, qtbot):
+    thread, recorder = engine(FakeBackend())
+    assert thread.thread.objectName() == "engine"
+    assert thread.worker.thread() is thread.thread
+    thread.load_model("fake")
+    wait_for(qtbot, recorder, "model_loaded")
+    assert recorder.threads == {threading.current_thread().name}
+
+
+def test_generation_signals_in_order(engine, qtbot):
+    thread, recorder = engine(FakeBackend(snapshots=True))
+    thread.load_model("fake")
+    wait_for(qtbot, recorder, "model_loaded")
+    (loaded,) = recorder.of("model_loaded")
+    assert isinstance(loaded, ModelLoaded) and loaded.info.name == "FakeLM-1M"
+    thread.generate(request(thread, "abc"))
+    wait_for(qtbot, recorder, "generation_finished")
+    names = [n for n in recorder.names() if n not in ("model_loaded", "progress")]
+    reply = "You said: abc"
+    # started, context (prompt + first token), then per token: token + snapshot, then the final
+    # context and finished.
+    expected = ["generation_started", "token_generated", "context_updated", "snapshot_ready"]
+    expected += ["token_generated", "snapshot_ready"] * (len(reply) - 1)
+    expected += ["context_updated", "generation_finished"]
+    assert names[:3] == ["generation_started", "context_updated", "token_generated"]
+    assert sorted(names) == sorted(expected)
+    assert names[-2:] == ["context_updated", "generation_finished"]
+    started = recorder.of("generation_started")[0]
+    assert (
+        isinstance(started, GenerationStarted)
+        and started.provenance["model"]["name"] == "FakeLM-1M"
+    )
+    assert started.notes  # A2ATS on without a codebook is announced
+    tokens = recorder.of("token_generated")
+    assert all(isinstance(t, TokenEvent) for t in tokens)
+    assert "".join(t.text for t in tokens) == reply
+    assert all(isinstance(s, CacheSnapshot) for s in recorder.of("snapshot_ready"))
+    stats = recorder.of("generation_finished")[0]
+    assert isinstance(stats, GenerationStats) and stats.stop_reason == "stop"
+    first, final = recorder.of("context_updated")
+    assert isinstance(final, ContextTokens)
+    assert final.messages[-1] == ("assistant", reply)
+    assert "".join(final.texts).endswith(reply)
+    assert len(first.token_ids) == len(final.token_ids) - len(reply) + 1
+
+
+def test_stop_while_generating_is_a_direct_call(engine, qtbot):
+    thread, recorder = engine(FakeBackend(delay=0.02, reply_fn=lambda m: "x" * 500))
+    thread.load_model("fake")
+    wait_for(qtbot, recorder, "model_loaded")
+    req = request(thread)
+    thread.generate(req)
+    wait_for(qtbot, recorder, "token_generated", 3)
+    stopped_at = time.perf_counter()
+    thread.stop(req.request_id)
+    wait_for(qtbot, recorder, "generation_finished")
+    stats = recorder.of("generation_finished")[0]
+    assert stats.stop_reason == "cancelled"
+    assert stats.generation_tokens < 500
+    # The reply ended within a few tokens of the stop, not after the 500-token reply.
+    assert time.perf_counter() - stopped_at < 0.25 * 500 * 0.02
+
+
+def test_stop_of_a_queued_request(engine, qtbot):
+    thread, recorder = engine(FakeBackend(delay=0.01, reply_fn=lambda m: "y" * 30))
+    thread.load_model("fake")
+    wait_for(qtbot, recorder, "model_loaded")
+    first, second = request(thread), request(thread, history=())
+    thread.generate(first)
+    thread.generate(second)
+    thread.stop(second.request_id)  # still queued behind the first
+    wait_for(qtbot, recorder, "generation_finished", 2)
+    a, b = recorder.of("generation_finished")
+    assert a.stop_reason == "stop" and b.stop_reason == "cancelled" and b.generation_tokens == 0
+
+
+def test_regenerate_and_edit_use_the_session(engine, qtbot):
+    backend = FakeBackend()
+    thread, recorder = engine(backend)
+    thread.load_model("fake")
+    wait_for(qtbot, recorder, "model_loaded")
+    thread.generate(request(thread, "one"))
+    wait_for(qtbot, recorder, "generation_finished", 1)
+    history = (("user", "one"), ("assistant", "You said: one"))
+    thread.generate(request(thread, mode="regenerate", text="", history=history))
+    wait_for(qtbot, recorder, "generation_finished", 2)
+    thread.generate(request(thread, "two", mode="edit", history=history))
+    wait_for(qtbot, recorder, "generation_finished", 3)
+    session = backend.sessions[0]
+    assert [c for c in session.calls if c in ("send", "regenerate", "edit")] == [
+        "send",
+        "regenerate",
+        "edit",
+    ]
+    assert "load_messages" not in session.calls  # the session already held the history
+    assert session.messages == [
+        {"role": "user", "content": "two"}, {"role": "assistant", "content": "You said: two"},
+    ]  # fmt: skip
+
+
+def test_history_mismatch_reloads_messages(engine, qtbot):
+    backend = FakeBackend()
+    thread, recorder = engine(backend)
+    thread.load_model("fake")
+    wait_for(qtbot, recorder, "model_loaded")
+    history = (("user", "earlier"), ("assistant", "reply"))
+    thread.generate(request(thread, "next", history=history))
+    wait_for(qtbot, recorder, "generation_finished")
+    assert "load_messages" in backend.sessions[0].calls
+    assert backend.sessions[0].messages[:2] == [
+        {"role": "user", "content": "earlier"}, {"role": "assistant", "content": "reply"},
+    ]  # fmt: skip
+
+
+def test_bad_model_keeps_the_previous_one(engine, qtbot, tmp_path):
+    thread, recorder = engine(FakeBackend())
+    thread.load_model("fake")
+    wait_for(qtbot, recorder, "model_loaded")
+    thread.load_model(str(tmp_path / "missing"))
+    wait_for(qtbot, recorder, "failed")
+    (report,) = recorder.of("failed")
+    assert isinstance(report, ErrorReport) and report.task == "load_model"
+    assert "missing" in report.message and "\n" not in report.message
+    thread.generate(request(thread, "still there?"))
+    wait_for(qtbot, recorder, "generation_finished")
+    assert recorder.of("generation_finished")[0].stop_reason == "stop"
+
+
+def test_codebook_load_and_mismatch(engine, qtbot, tmp_path):
+    thread, recorder = engine(FakeBackend())
+    thread.load_model("fake")
+    wait_for(qtbot, recorder, "model_loaded")
+    good, bad = tmp_path / "good.safetensors", tmp_path / "bad.safetensors"
+    good.write_text("layers=2")
+    bad.write_text("layers=30")
+    thread.load_codebook(str(good))
+    wait_for(qtbot, recorder, "codebook_loaded")
+    thread.load_codebook(str(bad))
+    wait_for(qtbot, recorder, "failed")
+    (info,) = recorder.of("codebook_loaded")
+    assert isinstance(info, CodebookLoaded) and info.name == "good.safetensors"
+    assert "30 layers" in recorder.of("failed")[0].message
+    thread.generate(request(thread))
+    wait_for(qtbot, recorder, "generation_started")
+    provenance = recorder.of("generation_started")[0].provenance
+    assert provenance["codebook"]["name"] == "good.safetensors"  # the good one stayed active
+
+
+def test_calibration_progress_finish_and_cancel(engine, qtbot, tmp_path):
+    thread, recorder = engine(FakeBackend(delay=0.005))
+    thread.load_model("fake")
+    wait_for(qtbot, recorder, "model_loaded")
+    out = tmp_path / "cb.safetensors"
+    thread.calibrate(
+        CalibrationRequest(output=str(out), tokens=1024, n_centroids=64, cache=CacheSettings())
+    )
+    wait_for(qtbot, recorder, "codebook_loaded")
+    stages = [p.stage for p in recorder.of("progress") if p.task == "calibrate"]
+    assert stages[0] == "collecting" and stages[-1] == "clustering"
+    assert recorder.of("calibration_finished")[0].path == str(out)
+    assert out.exists()
+    thread.calibrate(
+        CalibrationRequest(output=str(tmp_path / "c2.safetensors"), cache=CacheSettings())
+    )
+    qtbot.waitUntil(lambda: len([p for p in recorder.of("progress") if p.task == "calibrate"]) > 70)
+    thread.cancel_calibration()
+    wait_for(qtbot, recorder, "calibration_cancelled")
+    assert not (tmp_path / "c2.safetensors").exists()
+
+
+# ----- the real engine on the tiny model -------------------------------------------------------
+
+
+def test_real_engine_tiny_model(engine, qtbot, tiny_folder, tmp_path):
+    thread, recorder = engine()
+    thread.load_model(str(tiny_folder))
+    wait_for(qtbot, recorder, "model_loaded", timeout=120000)
+    info = recorder.of("model_loaded")[0].info
+    assert info.num_layers == 2 and info.path == str(tiny_folder)
+    req = request(
+        thread,
+        "Hello there",
+        sampling=SamplingPrefs(max_tokens=24, seed=1),
+        telemetry=True,
+        cache=CacheSettings(window=8, sinks=2, min_k=4, budget=0.1),
+    )
+    thread.generate(req)
+    wait_for(qtbot, recorder, "generation_finished", timeout=120000)
+    names = recorder.names()
+    assert names.index("generation_started") < names.index("token_generated")
+    assert names[-2:] == ["context_updated", "generation_finished"]
+    stats = recorder.of("generation_finished")[0]
+    assert stats.stop_reason in ("stop", "length") and stats.generation_tokens > 0
+    snapshots = recorder.of("snapshot_ready")
+    assert snapshots and all(isinstance(s, CacheSnapshot) for s in snapshots)
+    final = recorder.of("context_updated")[-1]
+    assert len(final.token_ids) == stats.context_tokens
+    assert final.messages[0] == ("user", "Hello there")
+    # The per-token texts spell the context, and the reply is inside it.
+    context = "".join(final.texts)
+    assert "Hello there" in context and final.messages[-1][1] in context
+    # Stop on the real session: a long reply ends early as "cancelled".
+    long = request(
+        thread,
+        "Tell me more",
+        sampling=SamplingPrefs(max_tokens=2000, seed=2),
+        history=final.messages,
+    )
+    thread.generate(long)
+    wait_for(
+        qtbot, recorder, "token_generated", len(recorder.of("token_generated")) + 3, timeout=120000
+    )
+    thread.stop(long.request_id)
+    wait_for(qtbot, recorder, "generation_finished", 2, timeout=120000)
+    stopped = recorder.of("generation_finished")[1]
+    assert stopped.stop_reason in ("cancelled", "stop") and stopped.generation_tokens < 2000
+
+
+def test_real_engine_bad_codebook_file(engine, qtbot, tiny_folder, tmp_path):
+    thread, recorder = engine()
+    thread.load_model(str(tiny_folder))
+    wait_for(qtbot, recorder, "model_loaded", timeout=120000)
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"not a safetensors file at all")
+    thread.load_codebook(str(junk))
+    wait_for(qtbot, recorder, "failed")
+    report = recorder.of("failed")[0]
+    assert report.task == "load_codebook" and report.message and "\n" not in report.message
+    assert Path(report.source) == junk
+
+
+def test_real_engine_calibrates_saves_and_loads(engine, qtbot, tiny_folder, tmp_path):
+    thread, recorder = engine()
+    thread.load_model(str(tiny_folder))
+    wait_for(qtbot, recorder, "model_loaded", timeout=120000)
+    out = tmp_path / "codebooks" / "tiny.safetensors"
+    cache = CacheSettings(window=8, sinks=2, min_k=4, budget=0.1)
+    thread.calibrate(CalibrationRequest(output=str(out), tokens=2048, n_centroids=32, cache=cache))
+    wait_for(qtbot, recorder, "codebook_loaded", timeout=300000)
+    assert not recorder.of("failed"), recorder.of("failed")
+    info = recorder.of("codebook_loaded")[0]
+    assert out.exists() and info.n_centroids == 32 and info.num_layers == 2
+    assert {p.stage for p in recorder.of("progress") if p.task == "calibrate"} >= {"collecting"}
+    thread.generate(
+        request(
+            thread,
+            "Hello",
+            cache=cache,
+            telemetry=True,
+            sampling=SamplingPrefs(max_tokens=8, seed=0),
+        )
+    )
+    wait_for(qtbot, recorder, "generation_finished", timeout=120000)
+    provenance = recorder.of("generation_started")[0].provenance
+    assert provenance["codebook"]["sha256"] == info.sha256 and len(info.sha256) == 64
+    assert provenance["cache"]["config"]["n_centroids"] == 32
+    assert not recorder.of("generation_started")[0].notes  # no random-codebook warning
+    assert recorder.of("generation_finished")[0].stop_reason in ("stop", "length")
