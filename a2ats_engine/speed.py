@@ -2,8 +2,9 @@
 
 One prefill per context length (with mlx-lm's KVCache); the A2ATS caches are then built from the
 same keys and values (codes assigned in one pass), so every method decodes from an identical
-state. Each method then decodes the same teacher-forced tokens; tokens/s is steps / seconds with
-the logits evaluated every step.
+state. Each method then decodes the same teacher-forced tokens, the methods taking turns a few
+steps at a time (so changes in machine load hit all of them alike); tokens/s is steps / seconds
+with the logits evaluated every step.
 """
 
 from __future__ import annotations
@@ -74,13 +75,30 @@ def _clone_kv(kv: list) -> list:
     return out
 
 
-def _decode_rate(model: nn.Module, cache: list, tokens: list[int], warmup: int = 2) -> float:
+def _decode_step(model: nn.Module, cache: list, token: int) -> float:
+    """Seconds for one decode step (logits evaluated)."""
+    began = time.perf_counter()
+    mx.eval(model(mx.array([[token]]), cache=cache))
+    return time.perf_counter() - began
+
+
+def _decode_interleaved(
+    model: nn.Module, caches: dict[str, list], tokens: list[int], warmup: int = 2, chunk: int = 4
+) -> dict[str, float]:
+    """Tokens/s per method, decoding the same `tokens` through every method's caches.
+
+    Methods take turns `chunk` steps at a time, so a change in machine load (other processes on
+    a shared CPU) hits every method alike instead of whichever ran at that moment."""
     for t in tokens[:warmup]:
-        mx.eval(model(mx.array([[t]]), cache=cache))
-    start = time.perf_counter()
-    for t in tokens[warmup:]:
-        mx.eval(model(mx.array([[t]]), cache=cache))
-    return (len(tokens) - warmup) / (time.perf_counter() - start)
+        for cache in caches.values():
+            _decode_step(model, cache, t)
+    seconds = dict.fromkeys(caches, 0.0)
+    timed = tokens[warmup:]
+    for start in range(0, len(timed), chunk):
+        for name, cache in caches.items():
+            for t in timed[start : start + chunk]:
+                seconds[name] += _decode_step(model, cache, t)
+    return {name: len(timed) / max(sec, 1e-9) for name, sec in seconds.items()}
 
 
 def cache_bytes(cache: list) -> int:
@@ -111,33 +129,39 @@ def bench_decode(
         if progress:
             progress(f"prefill {n}", ci, len(contexts))
         base = make_prompt_cache(model)
-        for start in range(0, n, 1024):  # chunked prefill keeps peak memory down
-            mx.eval(model(mx.array([prompt[start : start + 1024]]), cache=base))
-        for method in methods:
-            if method == "full":
-                cache = _clone_kv(base)
-            elif method in ("kv8", "kv4"):
-                cache = _copy_into_quantized(base, int(method[-1]))
-            elif method.startswith("a2ats"):
-                cfg = config
-                if method.endswith("kv4") or method.endswith("kv8"):
-                    cfg = A2ATSConfig(**{**config.to_dict(), "kv_bits": int(method[-1])})
-                if method.endswith("telemetry"):
-                    cfg = A2ATSConfig(**{**config.to_dict(), "telemetry": True})
-                cache = _copy_into_a2ats(model, base, cfg, codebook)
-            else:
-                raise ValueError(f"unknown method {method!r}")
-            held = cache_bytes(cache)
-            rate = _decode_rate(model, cache, follow)
+        for start in range(0, n, 256):  # chunked prefill: fastest on a small CPU, bounded memory
+            mx.eval(model(mx.array([prompt[start : start + 256]]), cache=base))
+        caches = {
+            method: _method_cache(model, base, method, config, codebook) for method in methods
+        }
+        held = {method: cache_bytes(cache) for method, cache in caches.items()}
+        rates = _decode_interleaved(model, caches, follow)
+        for method, cache in caches.items():
             extra = {}
             if isinstance(cache[0], A2ATSCache):
                 extra["retrieved_per_step"] = sum(c.tokens_retrieved for c in cache) / (
                     len(cache) * len(follow)
                 )
-            results.append(DecodeResult(method, n, rate, held, held / n, extra))
-            del cache
-        del base
+            results.append(
+                DecodeResult(method, n, rates[method], held[method], held[method] / n, extra)
+            )
+        del caches, base
     return results
+
+
+def _method_cache(model: nn.Module, base: list, method: str, config: A2ATSConfig, codebook):
+    if method == "full":
+        return _clone_kv(base)
+    if method in ("kv8", "kv4"):
+        return _copy_into_quantized(base, int(method[-1]))
+    if method.startswith("a2ats"):
+        cfg = config
+        if method.endswith("kv4") or method.endswith("kv8"):
+            cfg = A2ATSConfig(**{**config.to_dict(), "kv_bits": int(method[-1])})
+        if method.endswith("telemetry"):
+            cfg = A2ATSConfig(**{**config.to_dict(), "telemetry": True})
+        return _copy_into_a2ats(model, base, cfg, codebook)
+    raise ValueError(f"unknown method {method!r}")
 
 
 def fp16_bytes_per_token(model: nn.Module) -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 
 
@@ -25,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--codebook", help="codebook file (default: the model's default, else random)")
     d.add_argument("--contexts", default="1024,4096,8192", help="comma-separated context lengths")
     d.add_argument("--steps", type=int, default=32, help="decode steps timed per method")
-    d.add_argument("--budget", type=float, default=0.03, help="retrieval budget (fraction)")
+    d.add_argument("--budget", default="0.03", help="retrieval budget: fraction or token count")
     d.add_argument(
         "--methods",
         default="full,a2ats,a2ats_kv4",
@@ -48,9 +47,9 @@ def _load_codebook(path: str | None, model_source: str, model_path: str | None =
 
 
 def run_decode(args: argparse.Namespace) -> int:
-    from ..config import A2ATSConfig
     from ..models import load_model
     from ..speed import bench_decode, fp16_bytes_per_token
+    from ._bench_common import a2ats_config, machine, parse_budget
 
     model, tokenizer, info = load_model(args.model)
     codebook = _load_codebook(args.codebook, args.model, info.path)
@@ -58,7 +57,7 @@ def run_decode(args: argparse.Namespace) -> int:
     methods = [m for m in args.methods.split(",") if m]
     if args.telemetry and "a2ats_telemetry" not in methods:
         methods.append("a2ats_telemetry")
-    config = A2ATSConfig(budget=args.budget)
+    config = a2ats_config(codebook, model, budget=parse_budget(args.budget))
 
     def progress(stage, done, total):
         if not args.json:
@@ -93,17 +92,18 @@ def run_decode(args: argparse.Namespace) -> int:
         "model": info.name,
         "codebook": (codebook.metadata.get("name") or "file") if codebook else "random",
         "n_centroids": codebook.n_centroids if codebook else None,
-        "budget": args.budget,
+        "budget": config.budget,
         "steps": args.steps,
         "fp16_bytes_per_token": fp16,
-        "machine": f"{platform.system()} {platform.machine()}",
+        "machine": machine(),
         "command": "a2ats bench decode " + " ".join(sys.argv[3:]),
     }
     if args.json:
         print(json.dumps({**meta, "results": rows}))
         return 0
     print(
-        f"model {info.name}, codebook {meta['codebook']}, budget {args.budget}, {args.steps} steps"
+        f"model {info.name}, codebook {meta['codebook']}, budget {config.budget}, "
+        f"{args.steps} steps"
     )
     print(
         f"{'context':>8} {'method':<16} {'tok/s':>8} {'vs full':>8} {'B/token':>10} {'vs fp16':>8}"
@@ -234,7 +234,7 @@ def run_passkey(args: argparse.Namespace) -> int:
         model, tokenizer, parse_list(args.contexts), parse_list(args.depths, float),
         codebook=codebook, config=config, methods=tuple(m for m in args.methods.split(",") if m),
         answer_tokens=args.answer_tokens, seed=args.seed,
-        progress=stderr_progress(not args.json),
+        progress=stderr_progress(True),
     )  # fmt: skip
     table = accuracy_table(trials)
     out = {

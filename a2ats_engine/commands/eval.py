@@ -88,7 +88,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     budgets = [parse_budget(b) for b in (args.budgets or args.budget).split(",") if b.strip()]
-    progress = stderr_progress(not args.json)
+    progress = stderr_progress(True)
     model, tokenizer, info = load_model(args.model)
     codebook, codebook_desc = find_codebook(args.codebook, args.model, info.path, required=True)
     config = a2ats_config(codebook, model, far_buckets=args.far_buckets)

@@ -1,0 +1,159 @@
+"""Render the PNG plots of docs/BENCHMARKS.md from the JSON results in this folder.
+
+    QT_QPA_PLATFORM=offscreen .venv/bin/python docs/benchmarks/make_plots.py
+
+Inputs (written by the commands listed in BENCHMARKS.md): eval_sweep.json (`a2ats eval
+--budgets ... --json`), decode.json (`a2ats bench decode --json`), memory.json (`a2ats bench
+memory --json`). Outputs: docs/img/recall_vs_budget.png, ppl_vs_budget.png,
+tokens_per_s_vs_context.png, bytes_per_token.png. Uses pyqtgraph's exporter (no matplotlib).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import pyqtgraph as pg  # noqa: E402
+from pyqtgraph.exporters import ImageExporter  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+IMG = HERE.parent / "img"
+COLORS = {
+    "full": "#222222",
+    "kv8": "#8c564b",
+    "kv4": "#e377c2",
+    "a2ats": "#d62728",
+    "a2ats_kv8": "#ff9896",
+    "a2ats_kv4": "#ff7f0e",
+    "oracle_topk": "#2ca02c",
+    "window": "#1f77b4",
+    "a2ats_plain_vq": "#9467bd",
+    "a2ats_paper": "#bcbd22",
+    "a2ats_no_wrope": "#17becf",
+    "a2ats_random": "#7f7f7f",
+}
+SYMBOLS = "osdt+xph"
+
+
+def _plot(
+    title: str, x_label: str, y_label: str, log_x: bool = False, legend_at=(-10, 10)
+) -> pg.PlotWidget:
+    from PySide6.QtGui import QFont
+
+    widget = pg.PlotWidget(background="w")
+    widget.resize(960, 600)
+    item = widget.getPlotItem()
+    item.layout.setContentsMargins(12, 12, 24, 12)
+    item.setTitle(title, color="k", size="10pt")
+    style = {"color": "k", "font-size": "10pt"}
+    item.setLabel("bottom", x_label, **style)
+    item.setLabel("left", y_label, **style)
+    item.showGrid(x=True, y=True, alpha=0.25)
+    tick_font = QFont()
+    tick_font.setPointSize(8)
+    for axis in ("bottom", "left"):
+        ax = item.getAxis(axis)
+        ax.setPen("k")
+        ax.setTextPen("k")
+        ax.setTickFont(tick_font)
+        ax.enableAutoSIPrefix(False)
+    item.setLogMode(x=log_x, y=False)
+    legend = item.addLegend(offset=legend_at, labelTextColor="k")
+    legend.setBrush(pg.mkBrush(255, 255, 255, 220))
+    return widget
+
+
+def _line(widget, name: str, xs, ys, index: int) -> None:
+    color = COLORS.get(name, pg.intColor(index))
+    widget.plot(
+        list(xs), list(ys), name=name, pen=pg.mkPen(color, width=2.5),
+        symbol=SYMBOLS[index % len(SYMBOLS)], symbolSize=8, symbolBrush=color, symbolPen=color,
+    )  # fmt: skip
+
+
+def _save(widget, name: str) -> Path:
+    IMG.mkdir(parents=True, exist_ok=True)
+    widget.show()  # offscreen: lays the plot out at its real size before export
+    pg.QtWidgets.QApplication.processEvents()
+    exporter = ImageExporter(widget.getPlotItem())
+    exporter.parameters()["width"] = widget.width()
+    path = IMG / name
+    exporter.export(str(path))
+    return path
+
+
+def sweep_plots(data: dict) -> list[Path]:
+    runs = sorted(data["runs"], key=lambda r: r["budget"])
+    budgets = [r["budget"] for r in runs]
+    methods = [m for m in runs[0]["methods"] if m not in ("full", "kv8", "kv4")]
+    out = []
+    for metric, label, fname in (
+        ("recall", "recall (exact attention mass)", "recall_vs_budget.png"),
+        ("ppl", "perplexity (teacher-forced)", "ppl_vs_budget.png"),
+    ):
+        widget = _plot(
+            f"{metric} vs budget, context {data['context']} ({data['model']})",
+            "budget (share of the context per query head, log scale)",
+            label,
+            log_x=True,
+            legend_at=(10, 10) if metric == "recall" else (-10, 10),
+        )
+        for i, m in enumerate(methods):
+            _line(widget, m, budgets, [r["methods"][m][metric] for r in runs], i)
+        if metric == "ppl" and "full" in runs[0]["methods"]:
+            _line(widget, "full", budgets, [r["methods"]["full"]["ppl"] for r in runs], 7)
+        out.append(_save(widget, fname))
+    return out
+
+
+def decode_plot(data: dict) -> Path:
+    rows = data["results"]
+    widget = _plot(
+        f"decode tokens/s vs context ({data['model']}, budget {data['budget']})",
+        "context (tokens)",
+        "tokens/s",
+    )
+    for i, m in enumerate(dict.fromkeys(r["method"] for r in rows)):
+        pts = sorted((r["context"], r["tokens_per_s"]) for r in rows if r["method"] == m)
+        _line(widget, m, [p[0] for p in pts], [p[1] for p in pts], i)
+    return _save(widget, "tokens_per_s_vs_context.png")
+
+
+def memory_plot(data: dict) -> Path:
+    rows = data["results"]
+    widget = _plot(
+        f"cache bytes per token vs context ({data['model']}, K/V {data['kv_dtype']})",
+        "context (tokens)",
+        "bytes per token (all layers)",
+    )
+    for i, m in enumerate(dict.fromkeys(r["method"] for r in rows)):
+        pts = sorted((r["context"], r["bytes_per_token"]) for r in rows if r["method"] == m)
+        _line(widget, m, [p[0] for p in pts], [p[1] for p in pts], i)
+    return _save(widget, "bytes_per_token.png")
+
+
+def main() -> int:
+    pg.mkQApp()
+    made = []
+    for fname, fn in (
+        ("eval_sweep.json", sweep_plots),
+        ("decode.json", decode_plot),
+        ("memory.json", memory_plot),
+    ):
+        path = HERE / fname
+        if not path.is_file():
+            print(f"skip: {path} not found", file=sys.stderr)
+            continue
+        result = fn(json.loads(path.read_text()))
+        made.extend(result if isinstance(result, list) else [result])
+    for path in made:
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
