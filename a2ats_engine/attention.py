@@ -8,6 +8,7 @@ No Python loop over heads or tokens and no host sync here.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -40,6 +41,38 @@ class Layout:
     def exact(self) -> bool:
         """Nothing to drop: every far token would be retrieved anyway."""
         return self.n_far <= self.k
+
+
+@functools.lru_cache(maxsize=8)
+def _fixed_parts(B: int, n_kv: int, n_sinks: int, window_start: int, n: int):
+    """Sink and window positions and their all-False repeat masks for one step's layout.
+
+    The same for every layer of a step, so they are built once (cached) rather than per layer.
+    """
+    sinks = mx.broadcast_to(mx.arange(n_sinks, dtype=mx.int32), (B, n_kv, n_sinks))
+    window = mx.broadcast_to(
+        mx.arange(window_start, n, dtype=mx.int32), (B, n_kv, n - window_start)
+    )
+    no_s = mx.zeros((B, n_kv, n_sinks), dtype=mx.bool_)
+    no_w = mx.zeros((B, n_kv, n - window_start), dtype=mx.bool_)
+    first = mx.zeros((B, n_kv, 1), dtype=mx.bool_)
+    return sinks, window, no_s, no_w, first
+
+
+@functools.lru_cache(maxsize=8)
+def bucket_ids(n: int, n_sinks: int, window_start: int, lower_edges: tuple[int, ...]) -> mx.array:
+    """Distance bucket of every far token [n_sinks, window_start) when the current token is n - 1.
+
+    lower_edges: lower distance edge of buckets 1..m-1. Returns int32 [F]. Cached per step.
+    """
+    dist = (n - 1) - mx.arange(n_sinks, window_start, dtype=mx.int32)
+    edges = mx.array(lower_edges, dtype=mx.int32)
+    return (dist[:, None] >= edges[None, :]).sum(axis=-1).astype(mx.int32)
+
+
+@functools.lru_cache(maxsize=8)
+def _row_base(B: int, n_kv: int, capacity: int) -> mx.array:
+    return (mx.arange(B * n_kv, dtype=mx.int32) * capacity).reshape(B, n_kv, 1)
 
 
 def layout(n: int, window: int, sinks: int, k: int) -> Layout:
@@ -88,12 +121,17 @@ def far_scores(
     """
     B, n_kv, mg, S, C = tables.shape
     G = mg // n_buckets
+    F = codes.shape[2]
+    if S == 1 and n_buckets == 1:  # the paper's case: one table lookup per far token
+        index = mx.broadcast_to(codes.reshape(B, n_kv, 1, F), (B, n_kv, G, F))
+        return mx.take_along_axis(tables.reshape(B, n_kv, G, C), index, axis=-1)
     flat = tables.reshape(B, n_kv, n_buckets, G, S * C).transpose(0, 1, 3, 2, 4)
     flat = flat.reshape(B, n_kv, G, n_buckets * S * C)
-    index = codes.astype(mx.int32) + (mx.arange(S, dtype=mx.int32) * C)
+    index = codes.astype(mx.int32)
+    if S > 1:
+        index = index + mx.arange(S, dtype=mx.int32) * C
     if bucket_ids is not None:
         index = index + (bucket_ids * (S * C))[:, None]
-    F = codes.shape[2]
     index = index.reshape(B, n_kv, 1, F * S)
     index = mx.broadcast_to(index, (B, n_kv, G, F * S))
     scores = mx.take_along_axis(flat, index, axis=-1)
@@ -113,18 +151,9 @@ def select(scores: mx.array, lay: Layout) -> tuple[mx.array, mx.array]:
     k = lay.k
     top = mx.argpartition(-scores, kth=k - 1, axis=-1)[..., :k].astype(mx.int32)
     union = mx.sort(top.reshape(B, n_kv, G * k), axis=-1) + lay.n_sinks
-    repeat = mx.concatenate(
-        [mx.zeros((B, n_kv, 1), dtype=mx.bool_), union[..., 1:] == union[..., :-1]], axis=-1
-    )
-    fixed_sinks = mx.broadcast_to(mx.arange(lay.n_sinks, dtype=mx.int32), (B, n_kv, lay.n_sinks))
-    n_win = lay.n - lay.window_start
-    fixed_window = mx.broadcast_to(
-        mx.arange(lay.window_start, lay.n, dtype=mx.int32), (B, n_kv, n_win)
-    )
-    positions = mx.concatenate([fixed_sinks, union, fixed_window], axis=-1)
-    no = mx.zeros((B, n_kv, lay.n_sinks), dtype=mx.bool_)
-    no_w = mx.zeros((B, n_kv, n_win), dtype=mx.bool_)
-    return positions, mx.concatenate([no, repeat, no_w], axis=-1)
+    sinks, window, no_s, no_w, first = _fixed_parts(B, n_kv, lay.n_sinks, lay.window_start, lay.n)
+    repeat = mx.concatenate([no_s, first, union[..., 1:] == union[..., :-1], no_w], axis=-1)
+    return mx.concatenate([sinks, union, window], axis=-1), repeat
 
 
 def gather_rows(storage: Storage, positions: mx.array, capacity: int, group_size: int, bits):
@@ -134,8 +163,7 @@ def gather_rows(storage: Storage, positions: mx.array, capacity: int, group_size
     broadcast index, DESIGN.md performance notes). Quantized storage is dequantized after.
     """
     B, n_kv, M = positions.shape
-    base = (mx.arange(B * n_kv, dtype=mx.int32) * capacity).reshape(B, n_kv, 1)
-    flat = (positions + base).reshape(-1)
+    flat = (positions + _row_base(B, n_kv, capacity)).reshape(-1)
     if bits is None:
         d = storage.shape[-1]
         return mx.take(storage.reshape(-1, d), flat, axis=0).reshape(B, n_kv, M, d)

@@ -60,13 +60,13 @@ class A2ATSCache(_BaseCache):
             )
 
     # -- configuration ----------------------------------------------------------------------
-    def _bucket_plan(self) -> tuple[list[float], mx.array | None]:
+    def _bucket_plan(self) -> tuple[list[float], tuple[int, ...] | None]:
         """Representative distances and the lower edges of buckets 1..m-1 (None for one b)."""
         cfg = self.config
         if cfg.far_buckets == 1:
             return [float(cfg.far_offset)], None
         plan = distance_buckets(cfg.window, self.max_context, cfg.far_buckets)
-        return [mid for _, _, mid in plan], mx.array([lo for lo, _, _ in plan[1:]], mx.int32)
+        return [mid for _, _, mid in plan], tuple(lo for lo, _, _ in plan[1:])
 
     @property
     def kv_bits(self) -> int | None:
@@ -184,8 +184,7 @@ class A2ATSCache(_BaseCache):
         far_codes = self.codes[..., lay.n_sinks : lay.window_start, :]
         bucket_ids = None
         if lower_edges is not None:
-            dist = (lay.n - 1) - mx.arange(lay.n_sinks, lay.window_start, dtype=mx.int32)
-            bucket_ids = (dist[:, None] >= lower_edges[None, :]).sum(axis=-1).astype(mx.int32)
+            bucket_ids = att.bucket_ids(lay.n, lay.n_sinks, lay.window_start, lower_edges)
         return att.far_scores(tables, far_codes, bucket_ids, len(distances))
 
     def _retrieve(self, queries: mx.array, lay: att.Layout, scale: float) -> mx.array:
