@@ -18,12 +18,14 @@ from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
     QDockWidget,
     QFileDialog,
+    QFrame,
     QHBoxLayout,
     QLabel,
     QMainWindow,
     QMenu,
     QMessageBox,
     QPlainTextEdit,
+    QScrollArea,
     QSizePolicy,
     QSplitter,
     QStatusBar,
@@ -393,7 +395,15 @@ class MainWindow(QMainWindow):
             except Exception as exc:  # noqa: BLE001
                 reason = f"{type(exc).__name__}: {exc}"
         if self.inspector is not None:
-            self.dock.setWidget(self.inspector)
+            # A scroll area, so the panels' minimum heights never force the window taller
+            # than the screen (a 13" laptop is 900 px high).
+            holder = QScrollArea()
+            holder.setObjectName("InspectorScroll")
+            holder.setWidgetResizable(True)
+            holder.setFrameShape(QFrame.Shape.NoFrame)
+            holder.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+            holder.setWidget(self.inspector)
+            self.dock.setWidget(holder)
         else:
             placeholder = QLabel("The cache inspector is not available in this build.\n" + reason)
             placeholder.setObjectName("DockPlaceholder")
@@ -854,7 +864,7 @@ class MainWindow(QMainWindow):
         message = f"Codebook {info.name} loaded ({info.n_centroids} centroids)"
         if info.warnings:
             message += " \u2014 " + "; ".join(info.warnings)
-        elif self.request is not None:
+        elif self.started is not None:  # a reply is already streaming with the old one
             message += "; it applies to the next message"
         self.statusBar().showMessage(message, 8000)
         self.codebook_ready.emit(info)

@@ -117,6 +117,7 @@ class ConversationList(QWidget):
         self._search_action = self.search.addAction(
             theme().icon("search", "faint"), QLineEdit.ActionPosition.LeadingPosition
         )
+        self._search_action.setText("Search")
         theme().changed.connect(self._on_theme_changed)
         self.search.textChanged.connect(self._apply_filter)
 

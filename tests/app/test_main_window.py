@@ -470,3 +470,70 @@ def test_transcript_link_maps_positions_to_text(make_window, qtbot, tiny_folder)
         window.inspector.highlight_requested.emit(positions[:2])
         assert view.widgets[0].view.highlighted_text()
         assert window.inspector.viewed_snapshot() is not None  # snapshots reached the panel
+
+
+# ----- shortcuts and pickers -----------------------------------------------------------------
+
+
+def test_keyboard_shortcuts(make_window, qtbot, monkeypatch, tmp_path):
+    from PySide6.QtWidgets import QFileDialog
+
+    backend = FakeBackend()
+    window = make_window(backend)
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    monkeypatch.setattr(
+        QFileDialog, "getExistingDirectory", staticmethod(lambda *a, **k: str(folder))
+    )
+    with qtbot.waitActive(window):
+        window.activateWindow()
+    with qtbot.waitSignal(window.model_ready, timeout=10000):
+        QTest.keyClick(window, Qt.Key.Key_O, Qt.KeyboardModifier.ControlModifier)
+    assert window.model.source == str(folder)
+    codebook = tmp_path / "cb.safetensors"
+    codebook.write_text("layers=2")
+    monkeypatch.setattr(
+        QFileDialog, "getOpenFileName", staticmethod(lambda *a, **k: (str(codebook), ""))
+    )
+    with qtbot.waitSignal(window.codebook_ready, timeout=10000):
+        QTest.keyClick(window, Qt.Key.Key_L, Qt.KeyboardModifier.ControlModifier)
+    reply(qtbot, window, "first chat")
+    first = window.current.id
+    QTest.keyClick(window, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
+    assert window.current.id != first and window.current.messages == []
+    backend.delay = 0.02
+    backend.reply_fn = lambda m: "q" * 400
+    window.send("long one")
+    qtbot.waitUntil(lambda: window.reply_tokens >= 2, timeout=10000)
+    with qtbot.waitSignal(window.reply_finished, timeout=10000) as blocker:
+        QTest.keyClick(window, Qt.Key.Key_Period, Qt.KeyboardModifier.ControlModifier)
+    assert blocker.args[0].stop_reason == "cancelled"
+
+
+def test_model_menu_lists_demo_recent_and_openers(make_window, qtbot, tmp_path):
+    window = make_window(FakeBackend())
+    folder = tmp_path / "recent-model"
+    folder.mkdir()
+    load(qtbot, window, str(folder))
+    window._fill_model_menu()
+    texts = [a.text() for a in window.model_menu.actions()]
+    assert texts[0].startswith("Demo model")
+    assert any(t.startswith("recent-model") for t in texts)
+    assert texts[-3:] == [
+        "Open model folder\u2026", "Open GGUF file\u2026", "Download from Hugging Face\u2026",
+    ]  # fmt: skip
+
+
+def test_hugging_face_download_error_is_clear(make_window, qtbot, message_boxes, monkeypatch):
+    from app.dialogs import hf_dialog
+
+    window = make_window(None)
+    monkeypatch.setattr(hf_dialog.HuggingFaceDialog, "exec", lambda self: True)
+    monkeypatch.setattr(hf_dialog.HuggingFaceDialog, "repo_id", lambda self: "no-org/no-such-model")
+    with qtbot.waitSignal(window.error_shown, timeout=120000):
+        window.download_from_hf()
+    ((title, text),) = message_boxes
+    assert title == "Could not load the model"
+    assert "no-org/no-such-model" in text
+    assert "offline" in text or "no model" in text  # unreachable hub vs unknown repo
+    assert window.task is None

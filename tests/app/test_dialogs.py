@@ -1,0 +1,113 @@
+"""Dialogs and look: settings validation, calibration form, HF repo ids, ETA, theme, icons."""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtWidgets import QAbstractButton
+
+from app.dialogs.calibrate_dialog import CalibrateDialog, default_codebook_path
+from app.dialogs.hf_dialog import HuggingFaceDialog, valid_repo_id
+from app.dialogs.progress import EtaTracker, format_eta
+from app.dialogs.settings_dialog import SettingsDialog
+from app.settings import CacheSettings, SamplingPrefs
+from app.theme import DARK, LIGHT, resources_dir, theme
+
+
+def test_settings_dialog_round_trips_and_restores_defaults(qtbot):
+    cache = CacheSettings(a2ats_enabled=False, window=32, far_offset=1024, sinks=4,
+                          budget=0.05, min_k=8, far_buckets=2, kv_bits=8)  # fmt: skip
+    sampling = SamplingPrefs(temperature=0.2, top_p=0.9, top_k=40, seed=11, max_tokens=99)
+    dialog = SettingsDialog(cache, sampling, "dark", "Be brief.")
+    qtbot.addWidget(dialog)
+    values = dialog.values()
+    assert values.cache == cache and values.sampling == sampling
+    assert values.theme == "dark" and values.default_system_prompt == "Be brief."
+    dialog.restore_defaults()
+    assert dialog.values().cache == CacheSettings()
+    assert dialog.values().sampling == SamplingPrefs()
+
+
+def test_settings_dialog_keeps_open_on_invalid_values(qtbot):
+    dialog = SettingsDialog(CacheSettings(), SamplingPrefs(), "system", "")
+    qtbot.addWidget(dialog)
+    dialog.top_p.setMaximum(5.0)
+    dialog.top_p.setValue(3.0)  # outside SamplingPrefs' range
+    dialog.accept()
+    assert dialog.result_value is None and "top_p" in dialog.error.text()
+    dialog.top_p.setValue(0.5)
+    dialog.accept()
+    assert dialog.result_value.sampling.top_p == 0.5
+
+
+def test_calibrate_dialog_request(qtbot, tmp_path):
+    dialog = CalibrateDialog("Tiny LM", tmp_path)
+    qtbot.addWidget(dialog)
+    assert dialog.output.text() == str(default_codebook_path(tmp_path, "Tiny LM", 1024))
+    assert dialog.output.text().endswith("Tiny-LM-1024c.safetensors")
+    request = dialog.request()
+    assert request.files == () and request.n_centroids == 1024 and request.beta == 0.0
+    dialog.from_files.setChecked(True)
+    with pytest.raises(ValueError, match="corpus file"):
+        dialog.request()
+    dialog.files.addItem(str(tmp_path / "a.txt"))
+    assert dialog.request().files == (str(tmp_path / "a.txt"),)
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [("mlx-community/SmolLM2-135M-Instruct", True), ("org/name", True), ("name", False),
+     ("org/name/extra", False), ("/abs/path", False), ("", False)],
+)  # fmt: skip
+def test_repo_id_validation(qtbot, text, ok):
+    assert valid_repo_id(text) is ok
+    dialog = HuggingFaceDialog()
+    qtbot.addWidget(dialog)
+    dialog.repo.setText(text)
+    dialog.accept()
+    assert (dialog.result() == HuggingFaceDialog.DialogCode.Accepted) is ok
+    assert dialog.error.isHidden() is ok
+
+
+def test_eta_from_stage_rate():
+    now = [0.0]
+    eta = EtaTracker(clock=lambda: now[0])
+    assert eta.update("collecting", 0, 100) is None
+    now[0] = 10.0
+    assert eta.update("collecting", 25, 100) == pytest.approx(30.0)
+    now[0] = 11.0
+    assert eta.update("clustering", 0, 20) is None  # a new stage restarts the estimate
+    assert format_eta(30.2) == "about 30 s left" and format_eta(None) == "estimating\u2026"
+    assert format_eta(125) == "about 2 min 05 s left"
+
+
+@pytest.mark.parametrize("mode", ["light", "dark"])
+def test_theme_fills_every_placeholder_and_icons_render(qtbot, mode):
+    from PySide6.QtWidgets import QApplication
+
+    theme().apply(mode)
+    sheet = QApplication.instance().styleSheet()
+    assert sheet and "$" not in sheet
+    assert theme().dark is (mode == "dark")
+    for svg in (resources_dir() / "icons").glob("*.svg"):
+        icon = theme().icon(svg.stem)
+        image = icon.pixmap(24, 24).toImage()
+        assert not icon.isNull()
+        assert any(image.pixelColor(x, y).alpha() > 0 for x in range(24) for y in range(24)), svg
+    theme().apply("light")
+
+
+def test_palettes_define_the_same_colours():
+    assert LIGHT.keys() == DARK.keys()
+
+
+def test_every_control_of_the_main_window_is_named(make_window):
+    from .fakes import FakeBackend
+
+    window = make_window(FakeBackend())
+    unnamed = [
+        b for b in window.findChildren(QAbstractButton)
+        if b.isVisibleTo(window) and not (b.accessibleName() or b.text().strip())
+    ]  # fmt: skip
+    assert unnamed == []
+    assert window.composer.edit.accessibleName() == "Message input"
+    assert window.chat_view.scroll.accessibleName() == "Conversation transcript"
