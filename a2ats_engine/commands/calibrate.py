@@ -12,7 +12,7 @@ SOURCE_HELP = "an mlx-lm model folder, a .gguf file, a Hugging Face repo id or '
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ..calibrate import DEMO_CENTROIDS, DEMO_TOKENS
+    from ..calibrate import DEFAULT_MAX_ITERS, DEMO_CENTROIDS, DEMO_TOKENS
 
     p = subparsers.add_parser(
         "calibrate",
@@ -46,7 +46,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--sub-dim", type=int, default=None, help="product VQ sub-vector size")
     p.add_argument("--far-offset", type=int, default=2048, help="WRoPE distance b (default 2048)")
     p.add_argument("--keys-per-head", type=int, default=None, help="training keys kept per head")
-    p.add_argument("--iters", type=int, default=20, help="max Lloyd iterations (default 20)")
+    p.add_argument(
+        "--iters",
+        type=int,
+        default=DEFAULT_MAX_ITERS,
+        help=f"max Lloyd iterations (default {DEFAULT_MAX_ITERS})",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--no-compare", action="store_true", help="skip the plain-VQ comparison (faster)"

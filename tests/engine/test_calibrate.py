@@ -232,3 +232,27 @@ def test_ensure_demo_codebook_rebuilds_a_damaged_file(tmp_path, monkeypatch):
     assert calibration.ensure_demo_codebook(model_source=folder) == path
     book = Codebook.load(path)
     assert book.n_centroids == 16 and book.metadata["tokens"] == 1500
+
+
+@pytest.mark.demo
+def test_demo_model_keys_are_pre_rope_and_query_aware_wins():
+    """The real demo model (GGUF: traditional RoPE, base 1e5): collected keys equal k_proj
+    outputs; on held-out text query-aware VQ beats plain VQ."""
+    from a2ats_engine.models import demo_model_path, load_model
+
+    if demo_model_path() is None:
+        pytest.skip("demo model not fetched (run `a2ats fetch-demo`)")
+    model, tokenizer, _ = load_model("demo")
+    config = A2ATSConfig(n_centroids=64)
+    texts = builtin_corpus(tokenizer, chars=20_000)
+    data = collect(model, tokenizer, texts, config, tokens=1200, chunk_len=600, heldout=0.5)
+    ids = token_stream(tokenizer, texts, 1200)
+    keys, _ = _direct_layer0(model, ids[:600])  # chunk 0 trains, chunk 1 is held out
+    np.testing.assert_allclose(
+        np.asarray(data.keys[0]), np.asarray(keys)[:, 8:], rtol=1e-3, atol=1e-3
+    )
+    from a2ats_engine.calibrate import fit_codebook
+
+    aware = fit_codebook(data, config, beta=0.0).metadata["heldout_score_error"]
+    plain = fit_codebook(data, config, beta=1.0).metadata["heldout_score_error"]
+    assert aware < plain
