@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import pytest
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtWidgets import QApplication, QMessageBox
 
 from app.history import HistoryStore
 from app.settings import AppSettings, load_settings
 from app.theme import theme
 from app.worker import EngineThread
+
+
+@pytest.fixture(autouse=True)
+def _restore_application_look():
+    """Tests that apply the app's theme leave no stylesheet/palette behind for other tests."""
+    yield
+    app = QApplication.instance()
+    if app is not None and app.styleSheet():
+        app.setStyleSheet("")
+        app.setPalette(app.style().standardPalette())
 
 
 @pytest.fixture

@@ -174,8 +174,15 @@ class FakeCodebook:
 class FakeBackend:
     """Implements the EngineBackend methods the worker uses."""
 
-    def __init__(self, delay: float = 0.002, reply_fn=default_reply, snapshots: bool = False):
+    def __init__(
+        self,
+        delay: float = 0.002,
+        reply_fn=default_reply,
+        snapshots: bool = False,
+        load_seconds: float = 0.0,
+    ):
         self.delay = delay
+        self.load_seconds = load_seconds
         self.reply_fn = reply_fn
         self.snapshots = snapshots
         self.sessions: list[FakeSession] = []
@@ -185,6 +192,11 @@ class FakeBackend:
     def load_model(self, source, progress=None):
         if progress:
             progress("load", 0, 1)
+        steps = 20
+        for step in range(steps if self.load_seconds else 0):
+            time.sleep(self.load_seconds / steps)
+            if progress:
+                progress("load", step, steps)
         if source not in ("fake", "demo") and not Path(source).is_dir():
             raise ModelLoadError(f"no model folder, .gguf file or repo id at {source}")
         if progress:

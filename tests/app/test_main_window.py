@@ -199,6 +199,49 @@ def test_event_loop_stays_responsive_during_generation_real(make_window, qtbot, 
     assert ticks > 10
 
 
+class LoopProbe:
+    """Records the gaps between ticks of a 5 ms timer (event-loop latency)."""
+
+    def __init__(self) -> None:
+        self.gaps: list[float] = []
+        self.clock = QElapsedTimer()
+        self.timer = QTimer()
+        self.timer.setInterval(5)
+        self.timer.timeout.connect(lambda: self.gaps.append(self.clock.restart() / 1000.0))
+
+    def __enter__(self):
+        self.started = time.perf_counter()
+        self.clock.start()
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.timer.stop()
+        self.elapsed = time.perf_counter() - self.started
+
+
+def test_event_loop_stays_responsive_while_loading(make_window, qtbot):
+    window = make_window(FakeBackend(load_seconds=1.5))
+    with LoopProbe() as probe, qtbot.waitSignal(window.model_ready, timeout=20000):
+        window.load_model("fake")
+        QTest.keyClicks(window.sidebar.search, "typing")
+    assert window.sidebar.search.text() == "typing"
+    assert probe.elapsed > 1.0 and max(probe.gaps[1:]) < probe.elapsed / 10
+
+
+def test_event_loop_stays_responsive_while_calibrating(make_window, qtbot, tmp_path):
+    window = make_window(FakeBackend(delay=0.02))
+    load(qtbot, window)
+    window.open_calibrate_dialog()
+    dialog = window.calibrate_dialog
+    dialog.output.setText(str(tmp_path / "cb.safetensors"))
+    with LoopProbe() as probe, qtbot.waitSignal(window.codebook_ready, timeout=30000):
+        dialog.start_button.click()
+        QTest.keyClicks(window.composer.edit, "draft while calibrating")
+    assert window.composer.text() == "draft while calibrating"
+    assert probe.elapsed > 1.0 and max(probe.gaps[1:]) < probe.elapsed / 10
+
+
 # ----- errors leave the app usable ------------------------------------------------------------
 
 
@@ -437,6 +480,31 @@ def test_calibration_can_be_cancelled(make_window, qtbot, tmp_path):
     assert not dialog.running and "cancelled" in dialog.status.text()
     assert not (tmp_path / "never.safetensors").exists()
     reply(qtbot, window, "still fine")
+
+
+# ----- the real engine: regenerate and edit trim the cache ---------------------------------------
+
+
+def test_regenerate_and_edit_reuse_the_cache_on_the_real_engine(make_window, qtbot, tiny_folder):
+    settings, _ = load_settings()
+    settings.sampling = SamplingPrefs(max_tokens=12, seed=9)
+    window = make_window(None, settings=settings)
+    load(qtbot, window, str(tiny_folder))
+    reply(qtbot, window, "The capital of France is Paris.")
+    first_context = window.current.messages[-1].provenance["stats"]["context_tokens"]
+    with qtbot.waitSignal(window.reply_finished, timeout=60000) as blocker:
+        window.regenerate()
+    extra = blocker.args[0].extra
+    assert extra["cache_rebuilt"] is False and extra["reused_tokens"] > 0
+    assert extra["reused_tokens"] < first_context  # the old reply was trimmed away
+    assert [m.role for m in window.current.messages] == ["user", "assistant"]
+    window.begin_edit_last()
+    window.composer.set_text("The capital of Italy is Rome.")
+    with qtbot.waitSignal(window.reply_finished, timeout=60000) as blocker:
+        window.send(window.composer.text())
+    extra = blocker.args[0].extra
+    assert extra["cache_rebuilt"] is False and extra["reused_tokens"] > 0
+    assert window.current.messages[0].content == "The capital of Italy is Rome."
 
 
 # ----- transcript link (inspector <-> chat) on the real engine -------------------------------
