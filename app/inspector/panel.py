@@ -171,6 +171,11 @@ class InspectorPanel(QWidget):
         self.state.viewed_seq = seq
         self._schedule()
 
+    @property
+    def generating(self) -> bool:
+        """Between `on_generation_started` and `on_generation_finished`."""
+        return self._generating
+
     def viewed_snapshot(self) -> CacheSnapshot | None:
         entry = self.state.entry()
         return entry.snapshot if entry is not None else None
