@@ -567,6 +567,10 @@ class MainWindow(QMainWindow):
         self.composer.cancel_edit()
         self.chat_view.set_conversation(conversation)
         self.chat_view.set_busy(self.request is not None)
+        if self.request is not None and conversation is self.reply_conversation:
+            # Back on the chat whose reply is still streaming: show it again, where it is.
+            self.chat_view.begin_stream(self.reply_message)
+            self.chat_view.append_stream_text(self.reply_text)
         self._system_save_timer.stop()
         self.system_edit.blockSignals(True)
         self.system_edit.setPlainText(conversation.system_prompt)
@@ -1178,7 +1182,8 @@ class MainWindow(QMainWindow):
             message.content = text
             message.provenance = provenance
             conversation.messages.append(message)
-        self._save(conversation)
+        if conversation in self.conversations:  # not deleted while the reply streamed
+            self._save(conversation)
         if self._is_current_reply():
             if keep:
                 self.chat_view.end_stream(text, provenance, note)

@@ -36,11 +36,24 @@ COPY_SCHEME = "copy-code"
 class _Placed:
     """Where one source segment ended up in the document."""
 
-    def __init__(self, segment: Segment, doc_start: int, doc_end: int, mapping: list[int]):
+    def __init__(
+        self, segment: Segment, doc_start: int, doc_end: int, rendered: str = "", lead: int = 0
+    ):
         self.segment = segment
         self.doc_start = doc_start
         self.doc_end = doc_end
-        self.mapping = mapping  # text: source offset (in segment) -> rendered offset, or -1
+        self._rendered = rendered
+        self._lead = lead  # newlines stripped from the front of the source before rendering
+        self._mapping: list[int] | None = None
+
+    @property
+    def mapping(self) -> list[int]:
+        """Prose: source offset (in the segment) -> rendered offset, or -1. Computed on first
+        use, so streaming renders never pay for it (only highlighting does)."""
+        if self._mapping is None:
+            body = self.segment.body[self._lead :].rstrip("\n")
+            self._mapping = [-1] * self._lead + align(body, self._rendered)
+        return self._mapping
 
     def doc_position(self, source_offset: int) -> int | None:
         seg = self.segment
@@ -109,7 +122,7 @@ class MarkdownView(QTextBrowser):
         if self._plain:
             cursor.insertText(self._source)
             seg = Segment("code", 0, len(self._source), self._source, 0)
-            self._placed.append(_Placed(seg, 0, len(self._source), []))
+            self._placed.append(_Placed(seg, 0, len(self._source)))
         else:
             for segment in split_markdown(self._source):
                 if segment.kind == "code":
@@ -133,8 +146,7 @@ class MarkdownView(QTextBrowser):
         probe = QTextCursor(self.document())
         probe.setPosition(start)
         probe.setPosition(end, QTextCursor.MoveMode.KeepAnchor)
-        mapping = [-1] * lead + align(body, probe.selectedText())
-        self._placed.append(_Placed(segment, start, end, mapping))
+        self._placed.append(_Placed(segment, start, end, probe.selectedText(), lead))
 
     def _style_prose(self, start: int, end: int) -> None:
         """Readable defaults: line height, inline-code background, moderate heading sizes."""
@@ -202,7 +214,7 @@ class MarkdownView(QTextBrowser):
         cursor.setBlockFormat(block_format)
         start = cursor.position()
         cursor.insertText(segment.body, mono)
-        self._placed.append(_Placed(segment, start, cursor.position(), []))
+        self._placed.append(_Placed(segment, start, cursor.position()))
 
     def _insert_code_header(self, cursor: QTextCursor, language: str, index: int) -> None:
         """A borderless 1x2 table: language on the left, a Copy link on the right."""

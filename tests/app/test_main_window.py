@@ -151,6 +151,38 @@ def test_edit_can_be_cancelled_with_escape(make_window, qtbot):
     assert window.current.messages[0].content == "keep me"
 
 
+def test_switching_chats_while_a_reply_streams(make_window, qtbot):
+    window = make_window(FakeBackend(delay=0.01, reply_fn=lambda m: "w" * 150))
+    load(qtbot, window)
+    window.send("long")
+    streaming = window.current
+    qtbot.waitUntil(lambda: window.reply_tokens >= 5, timeout=10000)
+    window.new_chat()
+    assert window.chat_view.widgets == []  # the other chat shows nothing of the reply
+    qtbot.waitUntil(lambda: window.reply_tokens >= 20, timeout=10000)
+    with qtbot.waitSignal(window.reply_finished, timeout=20000):
+        window.select_conversation(streaming.id)  # back while it still streams
+        assert window.chat_view.last_widget().streaming
+    assert streaming.messages[-1].content == "w" * 150
+    assert window.chat_view.last_widget().message.content == "w" * 150
+    assert not window.chat_view.last_widget().streaming
+
+
+def test_deleting_the_streaming_chat_stops_it_and_keeps_it_deleted(
+    make_window, qtbot, message_boxes
+):
+    window = make_window(FakeBackend(delay=0.01, reply_fn=lambda m: "d" * 500))
+    load(qtbot, window)
+    window.send("doomed")
+    doomed = window.current.id
+    qtbot.waitUntil(lambda: window.reply_tokens >= 3, timeout=10000)
+    with qtbot.waitSignal(window.reply_finished, timeout=10000) as blocker:
+        window.delete_conversation(doomed)
+    assert blocker.args[0].stop_reason == "cancelled"
+    assert doomed not in [c.id for c in HistoryStore().load_all()]
+    assert window.current.id != doomed
+
+
 # ----- responsiveness ---------------------------------------------------------------------------
 
 
@@ -189,7 +221,7 @@ def test_event_loop_stays_responsive_during_generation_fake(make_window, qtbot):
 
 def test_event_loop_stays_responsive_during_generation_real(make_window, qtbot, tiny_folder):
     settings, _ = load_settings()
-    settings.sampling = SamplingPrefs(max_tokens=300, seed=3, temperature=1.0)
+    settings.sampling = SamplingPrefs(max_tokens=600, seed=3, temperature=1.0)
     window = make_window(None, settings=settings)
     load(qtbot, window, str(tiny_folder))
     max_gap, ticks, elapsed = measure_event_loop(qtbot, window, "Hello")
