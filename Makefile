@@ -56,7 +56,7 @@ $(PACKAGE_EXTRA): $(STAMP)
 package: venv $(PACKAGE_EXTRA)
 	PYTHON=$(BIN)/python packaging/build.sh
 
-# Build the bundle and launch it with --self-test offscreen (about 4 min here; not in `make test`).
+# Build the bundle and launch it with --self-test offscreen (2-4 min here; not in `make test`).
 package-check: package
 	packaging/smoke_test.sh
 
