@@ -66,8 +66,24 @@ def main(argv: list[str] | None = None) -> int:
         QTimer.singleShot(0, run.start)
         app.exec()
         return run.exit_code
-    QTimer.singleShot(0, window.start if not args.model else lambda: window.load_model(args.model))
+    _close_on_sigint(window)
+    if args.model:
+        window.settings.model_source = args.model
+    QTimer.singleShot(0, window.start)  # offers to fetch the demo model when it is missing
     return app.exec()
+
+
+def _close_on_sigint(window) -> None:
+    """Ctrl+C in the terminal closes the window (saving settings, stopping the engine thread).
+    Qt's event loop does not run Python signal handlers, so a timer wakes the interpreter."""
+    import signal
+
+    from PySide6.QtCore import QTimer
+
+    signal.signal(signal.SIGINT, lambda *_: window.close())
+    timer = QTimer(window)
+    timer.timeout.connect(lambda: None)
+    timer.start(250)
 
 
 if __name__ == "__main__":
