@@ -10,8 +10,9 @@ import functools
 import json
 from pathlib import Path
 
-import a2ats_engine  # noqa: F401  (BLAS preload before mlx.core)
 import mlx.core as mx
+
+import a2ats_engine  # noqa: F401  (BLAS preload before mlx.core)
 
 CHATML = (
     "{% for message in messages %}"
