@@ -65,6 +65,7 @@ from .history import (
 from .paths import codebooks_dir
 from .settings import AppSettings, save_settings
 from .theme import app_icon, bind_icon, theme
+from .units import human_bytes
 from .worker import EngineThread
 
 DEMO = "demo"
@@ -84,14 +85,6 @@ def _load_inspector():
     except Exception as exc:  # noqa: BLE001  (a missing or broken inspector must not stop the app)
         return None, f"{type(exc).__name__}: {exc}"
     return InspectorPanel, ""
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
 
 
 def model_label(source: str, info: Any) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -185,8 +185,3 @@ def load_settings(path: Path | None = None) -> tuple[AppSettings, str | None]:
 def save_settings(settings: AppSettings, path: Path | None = None) -> None:
     """Write the settings atomically as indented JSON."""
     atomic_write_text(path or settings_path(), json.dumps(settings.to_dict(), indent=2) + "\n")
-
-
-def with_cache(settings: AppSettings, **changes: Any) -> CacheSettings:
-    """A validated copy of `settings.cache` with `changes` applied (ValueError if invalid)."""
-    return replace(settings.cache, **changes)

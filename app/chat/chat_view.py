@@ -11,7 +11,9 @@ Template tokens (role markers, special tokens) map to nothing.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QPoint, Qt, QTimer, Signal
+import contextlib
+
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -289,26 +291,7 @@ class ChatView(QWidget):
         QTimer.singleShot(1500, lambda w=widget: _clear_flash(w))
         return True
 
-    def position_visible(self, position: int) -> bool:
-        """Whether the token at `position` lies in the visible part of the transcript."""
-        span = self.context_map().locate(int(position)) if self._context_texts else None
-        if span is None:
-            return False
-        widget = self.widgets[span.message + self._message_offset()]
-        doc_position = widget.view.doc_position(span.start)
-        if doc_position is None:
-            return False
-        cursor = widget.view.textCursor()
-        cursor.setPosition(doc_position)
-        point = widget.view.viewport().mapTo(
-            self.scroll.viewport(), widget.view.cursorRect(cursor).center()
-        )
-        return self.scroll.viewport().rect().contains(QPoint(point.x(), point.y()))
-
 
 def _clear_flash(widget: MessageWidget) -> None:
-    try:
-        widget.view._flash = None
-        widget.view._apply_selections()
-    except RuntimeError:
-        pass  # the widget was deleted (conversation switched)
+    with contextlib.suppress(RuntimeError):  # the widget is gone (conversation switched)
+        widget.view.clear_flash()

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..theme import bind_icon, theme
+from ..theme import theme
 
 MIN_LINES, MAX_LINES = 1, 8
 
@@ -211,6 +211,3 @@ class Composer(QWidget):
         self.button.setProperty("stopping", "true" if self.generating else "false")
         self.button.style().unpolish(self.button)
         self.button.style().polish(self.button)
-
-
-__all__ = ["Composer", "PromptEdit", "bind_icon"]

@@ -280,6 +280,10 @@ class MarkdownView(QTextBrowser):
         self._apply_selections()
         return self.doc_position(start)
 
+    def clear_flash(self) -> None:
+        self._flash = None
+        self._apply_selections()
+
     def doc_position(self, source_offset: int) -> int | None:
         for placed in self._placed:
             seg = placed.segment

@@ -182,11 +182,9 @@ class MessageWidget(QFrame):
         text = stats_text(provenance)
         self.stats.setText(text)
         self.stats.setVisible(bool(text))
-        self.stats.setToolTip(provenance_tooltip(provenance))
-        created = time.strftime("%H:%M", time.localtime(self.message.created))
-        self.setToolTip("")
-        self.view.setToolTip("")
-        self.actions.setToolTip(created)
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.message.created))
+        details = provenance_tooltip(provenance)
+        self.stats.setToolTip(f"{created}\n{details}" if details else created)
 
     def set_note(self, text: str, error: bool = False) -> None:
         self.note.setObjectName("ErrorLabel" if error else "NoteLabel")

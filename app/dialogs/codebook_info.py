@@ -7,15 +7,7 @@ import time
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFormLayout, QLabel, QVBoxLayout, QWidget
 
 from ..events import CodebookLoaded
-
-
-def _human_bytes(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if value < 1024 or unit == "GB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
+from ..units import human_bytes
 
 
 def codebook_rows(info: CodebookLoaded) -> list[tuple[str, str]]:
@@ -27,7 +19,7 @@ def codebook_rows(info: CodebookLoaded) -> list[tuple[str, str]]:
         ("Sub-vector dim", str(info.sub_dim)),
         ("Layers", str(info.num_layers)),
         ("Beta", "-" if info.beta is None else f"{info.beta:g}"),
-        ("Held in memory", _human_bytes(info.nbytes)),
+        ("Held in memory", human_bytes(info.nbytes)),
         ("SHA-256", info.sha256),
     ]
     corpus = meta.get("corpus") or meta.get("calibration_corpus")

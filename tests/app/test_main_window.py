@@ -564,6 +564,9 @@ def test_transcript_link_maps_positions_to_text(make_window, qtbot, tiny_folder)
     view.highlight_positions([])
     assert view.widgets[0].view.highlighted_text() == []
     assert view.scroll_to_position(positions[0]) is True
+    flashed = view.widgets[0].view.highlighted_text()
+    assert len(flashed) == 1 and flashed[0] and text.startswith(flashed[0])
+    qtbot.waitUntil(lambda: view.widgets[0].view.highlighted_text() == [], timeout=5000)
     assert view.scroll_to_position(0) is False  # a template token (<|im_start|>)
     # The inspector's signals drive the same methods.
     if window.inspector is not None:
