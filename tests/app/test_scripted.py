@@ -8,7 +8,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 from PySide6.QtGui import QImage
+
+from app.settings import AppSettings, SamplingPrefs, save_settings
 
 
 def run_app(args, app_dirs, timeout=300):
@@ -70,3 +73,35 @@ def test_scripted_mode_fails_cleanly_on_a_bad_codebook(app_dirs, tiny_folder, tm
     assert result.returncode == 1
     assert "a2ats-chat: " in result.stderr
     assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.demo
+def test_scripted_mode_on_the_demo_model_with_its_default_codebook(tmp_path):
+    from a2ats_engine.calibrate import demo_codebook_path
+    from a2ats_engine.models import demo_model_path
+
+    if demo_model_path() is None:
+        pytest.skip("demo model not fetched (make demo)")
+    real_data = demo_model_path().parents[1]  # <data dir>/models/<name>
+    dirs = {name: tmp_path / name for name in ("config", "data", "cache")}
+    dirs["data"].mkdir()
+    (dirs["data"] / "models").symlink_to(real_data / "models")
+    has_codebook = demo_codebook_path().exists()
+    if has_codebook:
+        (dirs["data"] / "codebooks").symlink_to(demo_codebook_path().parent)
+    settings = AppSettings(sampling=SamplingPrefs(temperature=0.0, max_tokens=48))
+    save_settings(settings, dirs["config"] / "settings.json")
+    shot = tmp_path / "demo.png"
+    result = run_app(
+        ["--model", "demo", "--prompt", "What is the capital of France?", "--screenshot",
+         str(shot), "--quit"],
+        dirs, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert shot.exists()
+    (saved,) = (dirs["data"] / "conversations").glob("*.json")
+    reply = json.loads(saved.read_text())["messages"][1]
+    assert "Paris" in reply["content"]
+    codebook = reply["provenance"]["codebook"]
+    if has_codebook:
+        assert codebook["name"] == "demo-default.safetensors" and len(codebook["sha256"]) == 64
