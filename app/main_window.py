@@ -581,6 +581,7 @@ class MainWindow(QMainWindow):
         if conversation is None:
             return
         self.chat_title.setText(conversation.title)
+        self.setWindowTitle(f"{conversation.title} \u2014 A2ATS Chat")
         count = len(conversation.messages)
         parts = [f"{count} message{'s' if count != 1 else ''}"]
         if conversation.system_prompt:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from PySide6.QtCore import QModelIndex, QRect, QSize, Qt, Signal
+from PySide6.QtCore import QModelIndex, QRect, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QFont, QFontMetrics, QPainter
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -135,6 +135,11 @@ class ConversationList(QWidget):
         self.list.itemDoubleClicked.connect(self._rename_item)
         self.list.itemChanged.connect(self._on_item_changed)
 
+        self._clock = QTimer(self)  # keeps "5 min ago" labels current
+        self._clock.setInterval(60_000)
+        self._clock.timeout.connect(self._refresh_times)
+        self._clock.start()
+
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 12, 12, 8)
         layout.setSpacing(10)
@@ -163,6 +168,14 @@ class ConversationList(QWidget):
                 self.list.setCurrentItem(item)
         self._updating = False
         self._apply_filter(self.search.text())
+
+    def _refresh_times(self) -> None:
+        by_id = {c.id: c for c in self._conversations}
+        for i in range(self.list.count()):
+            item = self.list.item(i)
+            conversation = by_id.get(item.data(ID_ROLE))
+            if conversation is not None:
+                item.setData(WHEN_ROLE, relative_time(conversation.updated))
 
     def current_id(self) -> str | None:
         item = self.list.currentItem()

@@ -50,6 +50,18 @@ def test_scripted_mode_writes_a_screenshot(app_dirs, tiny_folder, tmp_path):
     assert messages[1]["provenance"]["model"]["path"] == str(tiny_folder)
 
 
+def test_scripted_mode_exports_inspector_telemetry(app_dirs, tiny_folder, tmp_path):
+    out = tmp_path / "telemetry.json"
+    result = run_app(
+        ["--model", str(tiny_folder), "--prompt", "Hello", "--export-telemetry", str(out),
+         "--quit"],
+        app_dirs,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    data = json.loads(out.read_text())  # the inspector's format; its own tests check the rest
+    assert data["steps"] and data["meta"]["prompt"] == "Hello"
+
+
 def test_scripted_mode_fails_cleanly_on_a_bad_model(app_dirs, tmp_path):
     missing = tmp_path / "no-model-here"
     result = run_app(
