@@ -9,6 +9,7 @@ Attention reaches `attend` through the hook in `hooks.py` (which gives us the tr
 from __future__ import annotations
 
 import json
+import time
 import warnings
 
 import mlx.core as mx
@@ -226,10 +227,12 @@ class A2ATSCache(_BaseCache):
         else:
             pos, rep = np.array(positions[0]), np.array(repeat[0])
             selected = tuple(np.unique(pos[h][~rep[h]]).astype(np.int32) for h in range(n_kv))
-        recall = None
+        recall = recall_ms = None
         every = self.config.fidelity_every
         if every and positions is not None and step % every == 0:
+            start = time.perf_counter()
             recall = self._recall(queries, selected)
+            recall_ms = (time.perf_counter() - start) * 1e3
         counts = self._code_counts
         code_counts = tuple(counts[h].copy() for h in range(n_kv)) if counts is not None else ()
         self.last_stats = LayerStats(
@@ -244,6 +247,7 @@ class A2ATSCache(_BaseCache):
             exact=positions is None,
             layer=self.layer,
             recall=recall,
+            recall_ms=recall_ms,
         )
 
     def _recall(self, queries: mx.array, selected: tuple[np.ndarray, ...]) -> tuple[float, ...]:

@@ -29,6 +29,7 @@ class LayerStats:
     layer:         layer index in the model.
     recall:        optional per-KV-head attention mass recalled vs exact attention (fidelity
                    shadow pass), else None.
+    recall_ms:     wall time of that shadow pass in milliseconds (its cost), else None.
     """
 
     step: int
@@ -42,6 +43,7 @@ class LayerStats:
     exact: bool = False
     layer: int = 0
     recall: tuple[float, ...] | None = None
+    recall_ms: float | None = None
 
     @property
     def retrieved(self) -> tuple[np.ndarray, ...]:

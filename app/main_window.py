@@ -505,8 +505,22 @@ class MainWindow(QMainWindow):
             # Receivers must be GUI-thread QObjects' methods (never lambdas): a lambda has no
             # thread affinity and would run on the engine thread.
             worker.snapshot_ready.connect(self.inspector.on_snapshot)
+            worker.snapshot_ready.connect(self._on_fidelity_cost)
+            self._update_fidelity_info()
             worker.generation_started.connect(self._on_inspector_started)
             worker.generation_finished.connect(self._on_inspector_finished)
+
+    def _update_fidelity_info(self, cost_ms: float | None = None) -> None:
+        if self.inspector is None:
+            return
+        every = self.settings.cache.fidelity_every
+        self.inspector.set_fidelity_info(every > 0, every=every or None, cost_ms=cost_ms)
+
+    def _on_fidelity_cost(self, snapshot) -> None:
+        """Show what the last shadow pass cost (summed over layers), when a step ran one."""
+        costs = [layer.recall_ms for layer in snapshot.layers if layer.recall_ms is not None]
+        if costs:
+            self._update_fidelity_info(sum(costs))
 
     def _on_inspector_started(self, _started: GenerationStarted) -> None:
         self.inspector.on_generation_started()
@@ -966,6 +980,7 @@ class MainWindow(QMainWindow):
         )
         self.settings.cache = result.cache
         self.settings.sampling = result.sampling
+        self._update_fidelity_info()
         self.settings.default_system_prompt = result.default_system_prompt
         if result.theme != self.settings.theme:
             self.settings.theme = result.theme

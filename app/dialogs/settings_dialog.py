@@ -126,6 +126,14 @@ class SettingsDialog(QDialog):
         for label, bits in KV_BITS:
             self.kv_bits.addItem(label, bits)
         self.kv_bits.setCurrentIndex([b for _, b in KV_BITS].index(cache.kv_bits))
+        self.fidelity_every = _spin(
+            0, 1 << 16, cache.fidelity_every, "Fidelity check every k decode steps (0 = off)"
+        )
+        self.fidelity_every.setSpecialValueText("off")
+        self.fidelity_every.setToolTip(
+            "Every k-th step a shadow exact attention measures the attention mass the selection "
+            "recalled, per layer (Inspector > Fidelity). Costs a full attention pass per check."
+        )
         group = QGroupBox("Retrieval")
         form = QFormLayout(group)
         form.addRow("Window", self.window)
@@ -135,6 +143,7 @@ class SettingsDialog(QDialog):
         form.addRow("Min retrieved", self.min_k)
         form.addRow("Distance buckets", self.far_buckets)
         form.addRow("K/V storage", self.kv_bits)
+        form.addRow("Fidelity check every", self.fidelity_every)
         note = QLabel(NEXT_MESSAGE_NOTE)
         note.setObjectName("HintLabel")
         note.setWordWrap(True)
@@ -209,6 +218,7 @@ class SettingsDialog(QDialog):
             min_k=self.min_k.value(),
             far_buckets=self.far_buckets.value(),
             kv_bits=self.kv_bits.currentData(),
+            fidelity_every=self.fidelity_every.value(),
         )
         sampling = SamplingPrefs(
             temperature=round(self.temperature.value(), 4),
@@ -232,7 +242,8 @@ class SettingsDialog(QDialog):
         self.budget.setValue(cache.budget)
         self.min_k.setValue(cache.min_k)
         self.far_buckets.setValue(cache.far_buckets)
-        self.kv_bits.setCurrentIndex(0)
+        self.kv_bits.setCurrentIndex([b for _, b in KV_BITS].index(cache.kv_bits))
+        self.fidelity_every.setValue(cache.fidelity_every)
         self.temperature.setValue(sampling.temperature)
         self.top_p.setValue(sampling.top_p)
         self.min_p.setValue(sampling.min_p)

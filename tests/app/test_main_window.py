@@ -640,3 +640,39 @@ def test_hugging_face_download_error_is_clear(make_window, qtbot, message_boxes,
     assert "no-org/no-such-model" in text
     assert "offline" in text or "no model" in text  # unreachable hub vs unknown repo
     assert window.task is None
+
+
+# ----- fidelity shadow pass (settings -> engine -> inspector) --------------------------------
+
+
+def test_fidelity_setting_reaches_engine_and_inspector(make_window, qtbot, tiny_folder):
+    settings, _ = load_settings()
+    settings.cache = CacheSettings(window=16, sinks=4, budget=8, fidelity_every=2)
+    settings.sampling = SamplingPrefs(max_tokens=6, seed=1, temperature=0.0)
+    window = make_window(None, settings=settings, inspector=True)
+    assert window.inspector.state.fidelity.enabled and window.inspector.state.fidelity.every == 2
+    load(qtbot, window, str(tiny_folder))
+    reply(qtbot, window, "The quick brown fox jumps over the lazy dog. " * 6)
+    qtbot.waitUntil(lambda: len(window.inspector.state.ring) > 0, timeout=10000)
+    recalls = [
+        layer.recall
+        for entry in window.inspector.state.ring.entries()
+        for layer in entry.snapshot.layers
+    ]
+    measured = [r for r in recalls if r is not None]
+    assert measured and all(0.0 < v <= 1.0 + 1e-6 for r in measured for v in r)
+    assert len(measured) < len(recalls)  # every 2nd step only
+    assert window.inspector.state.fidelity.cost_ms is not None
+    window.apply_settings(
+        type(
+            "R",
+            (),
+            {
+                "cache": CacheSettings(),
+                "sampling": settings.sampling,
+                "theme": "light",
+                "default_system_prompt": "",
+            },
+        )()
+    )
+    assert not window.inspector.state.fidelity.enabled
