@@ -11,7 +11,8 @@ attention hook, computes exact attention over the full K/V, lets the method atte
 - output_rel_error: `||o_method - o_exact|| / ||o_exact||` over all query heads of a layer,
   averaged over layers and steps;
 then returns the method's own output, so `ppl` (perplexity of the `decode` teacher-forced
-tokens) is what that method really produces.
+tokens) is what that method really produces. With `full` evaluated too, `ppl_vs_full` is the
+paired ratio on the same tokens with a 95% interval (`paired_ppl_ratio`).
 
 Methods (DESIGN.md section 2 for the A2ATS ones):
   full            mlx-lm KVCache (exact; the reference)
@@ -97,6 +98,18 @@ def token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
 def perplexity(logits: np.ndarray, targets: np.ndarray) -> float:
     """exp(mean NLL) of the targets under the logits (`[M, V]`, `[M]`)."""
     return float(np.exp(token_nll(logits, targets).mean()))
+
+
+def paired_ppl_ratio(nll: np.ndarray, reference_nll: np.ndarray) -> tuple[float, float, float]:
+    """ppl(method) / ppl(reference) on the same tokens, with a 95% interval.
+
+    nll, reference_nll: per-token NLL `[M]` of the same targets. The ratio is
+    `exp(mean(nll - reference_nll))`; the interval is `exp(mean +- 1.96 * sd / sqrt(M))` of the
+    paired per-token differences. Returns (ratio, low, high)."""
+    delta = np.asarray(nll, dtype=np.float64) - np.asarray(reference_nll, dtype=np.float64)
+    mean = float(delta.mean())
+    half = 1.96 * float(delta.std(ddof=1)) / math.sqrt(len(delta)) if len(delta) > 1 else 0.0
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
 # -- method caches ------------------------------------------------------------------------------
@@ -334,6 +347,9 @@ class MethodResult:
     retrieved_per_head: float | None
     argmax_agreement: float | None = None
     seconds: float = 0.0
+    nll: np.ndarray | None = None  # per-token NLL [M] (not serialized)
+    ppl_vs_full: float | None = None
+    ppl_vs_full_ci95: tuple[float, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -347,6 +363,9 @@ class MethodResult:
             out["retrieved_per_head"] = round(self.retrieved_per_head, 1)
         if self.argmax_agreement is not None:
             out["argmax_agreement"] = round(self.argmax_agreement, 4)
+        if self.ppl_vs_full is not None:
+            out["ppl_vs_full"] = round(self.ppl_vs_full, 4)
+            out["ppl_vs_full_ci95"] = [round(x, 4) for x in self.ppl_vs_full_ci95]
         return out
 
 
@@ -389,6 +408,7 @@ def run_method(
         attended_per_head=float(np.mean([x for r in records for x in r.attended])),
         retrieved_per_head=float(np.mean(retrieved)) if retrieved else None,
         seconds=seconds,
+        nll=np.asarray(nll),
     )
     return result, np.asarray(argmax)
 
@@ -475,21 +495,24 @@ def evaluate(
     dtype_bytes = base[0].keys.dtype.size
     fixed: dict[str, MethodResult] = {}
     reference: np.ndarray | None = None
+    reference_nll: np.ndarray | None = None
     total = len([m for m in methods if m in FIXED_METHODS]) + len(budgets) * len(
         [m for m in methods if m in BUDGET_METHODS]
     )
     done = 0
 
     def run(name: str, cfg: A2ATSConfig, window_budget=None) -> MethodResult:
-        nonlocal reference, done
+        nonlocal reference, reference_nll, done
         if progress is not None:
             progress(f"decode {name} (budget {cfg.budget})", done, total)
         spec = method_spec(name, model, cfg, codebooks, window_budget)
         result, argmax = run_method(model, base, spec, inputs, targets)
         if name == "full":
-            reference = argmax
+            reference, reference_nll = argmax, result.nll
         if reference is not None:
             result.argmax_agreement = float(np.mean(argmax == reference))
+            ratio, low, high = paired_ppl_ratio(result.nll, reference_nll)
+            result.ppl_vs_full, result.ppl_vs_full_ci95 = ratio, (low, high)
         done += 1
         return result
 

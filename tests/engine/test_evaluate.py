@@ -163,6 +163,10 @@ def test_evaluate_metrics_are_consistent(tiny):
     assert m["full"].recall == pytest.approx(1.0)
     assert m["full"].output_rel_error < 1e-5
     assert m["full"].argmax_agreement == 1.0
+    assert m["full"].ppl_vs_full == pytest.approx(1.0)
+    assert m["kv4"].ppl_vs_full == pytest.approx(m["kv4"].ppl / m["full"].ppl)
+    low, high = m["kv4"].ppl_vs_full_ci95
+    assert low <= m["kv4"].ppl_vs_full <= high
     assert m["kv8"].recall == pytest.approx(1.0)
     assert 0 < m["kv8"].output_rel_error < m["kv4"].output_rel_error < 0.5
     assert m["kv4"].bytes_per_token < m["kv8"].bytes_per_token < m["full"].bytes_per_token
@@ -202,3 +206,15 @@ def test_evaluate_rejects_bad_arguments(tiny):
                  methods=("full", "h2o"))  # fmt: skip
     with pytest.raises(ValueError, match="budget"):
         evaluate(model, ids, context=48, decode=4, budgets=[1.5], codebooks={"a2ats": book})
+
+
+def test_paired_ppl_ratio():
+    from a2ats_engine.evaluate import paired_ppl_ratio
+
+    ref = np.array([1.0, 2.0, 3.0, 4.0])
+    ratio, low, high = paired_ppl_ratio(ref + 0.1, ref)
+    assert ratio == pytest.approx(math.exp(0.1))
+    assert low == pytest.approx(ratio) and high == pytest.approx(ratio)  # constant shift: no spread
+    ratio, low, high = paired_ppl_ratio(ref + np.array([0.0, 0.2, 0.0, 0.2]), ref)
+    assert ratio == pytest.approx(math.exp(0.1))
+    assert low < ratio < high
