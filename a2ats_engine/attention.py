@@ -98,43 +98,46 @@ def exact_attention(
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
 
 
-def retrieval_queries(
-    queries: mx.array, rope: RopeSpec, position: int, distances: list[float]
+def retrieval_tables(
+    queries: mx.array, rope: RopeSpec, position: int, rotations: mx.array, codebook, layer: int
 ) -> mx.array:
-    """Windowed-RoPE retrieval queries, one set per far distance.
+    """Lookup tables of the windowed-RoPE retrieval queries, one set per far distance.
 
-    queries: post-RoPE [B, n_kv, G, d] at `position` i. Returns [B, n_kv, m * G, d] (bucket-major)
-    holding R_D q_i = R_(D - i) q^_i for every distance D (m = len(distances)).
+    queries: post-RoPE [B, n_kv, G, d] at `position` i; rotations: [d, m * d], the distances'
+    rotation matrices side by side. The retrieval query for distance D is R_D q_i: un-rotate the
+    query once, then one matmul rotates it to all m distances. Returns [B, n_kv, G, m * S * C]
+    (for each query head, m bucket tables of S subspaces of C centroids, in that order).
     """
-    q32 = queries.astype(mx.float32)
-    rotated = [rope.shift(q32, round(dist) - position) for dist in distances]
-    return rotated[0] if len(rotated) == 1 else mx.concatenate(rotated, axis=2)
+    B, n_kv, G, d = queries.shape
+    pre = rope.unrotate(queries.astype(mx.float32)[..., None, :], position)[..., 0, :]
+    m = rotations.shape[-1] // d
+    rq = (pre @ rotations).reshape(B, n_kv, G * m, d)
+    tables = codebook.score_tables(layer, rq)  # [B, n_kv, G * m, S, C]
+    return tables.reshape(B, n_kv, G, -1)
 
 
 def far_scores(
-    tables: mx.array, codes: mx.array, bucket_ids: mx.array | None, n_buckets: int
+    tables: mx.array, codes: mx.array, bucket_ids: mx.array | None, n_centroids: int
 ) -> mx.array:
     """Approximate scores of far tokens from lookup tables.
 
-    tables: [B, n_kv, m * G, S, C] (bucket-major), codes: [B, n_kv, F, S] of the far tokens,
-    bucket_ids: [F] int32 bucket of each far token (None when m = 1). Returns [B, n_kv, G, F].
+    tables: [B, n_kv, G, m * S * C] (see `retrieval_tables`), codes: [B, n_kv, F, S] of the far
+    tokens, bucket_ids: [F] int32 bucket of each far token (None when m = 1).
+    Returns [B, n_kv, G, F]: sum over subspaces of table[bucket, s, code_s].
     """
-    B, n_kv, mg, S, C = tables.shape
-    G = mg // n_buckets
-    F = codes.shape[2]
-    if S == 1 and n_buckets == 1:  # the paper's case: one table lookup per far token
+    B, n_kv, G, _ = tables.shape
+    F, S = codes.shape[2], codes.shape[3]
+    C = n_centroids
+    if S == 1 and bucket_ids is None:  # the paper's case: one table lookup per far token
         index = mx.broadcast_to(codes.reshape(B, n_kv, 1, F), (B, n_kv, G, F))
-        return mx.take_along_axis(tables.reshape(B, n_kv, G, C), index, axis=-1)
-    flat = tables.reshape(B, n_kv, n_buckets, G, S * C).transpose(0, 1, 3, 2, 4)
-    flat = flat.reshape(B, n_kv, G, n_buckets * S * C)
+        return mx.take_along_axis(tables, index, axis=-1)
     index = codes.astype(mx.int32)
     if S > 1:
         index = index + mx.arange(S, dtype=mx.int32) * C
     if bucket_ids is not None:
         index = index + (bucket_ids * (S * C))[:, None]
-    index = index.reshape(B, n_kv, 1, F * S)
-    index = mx.broadcast_to(index, (B, n_kv, G, F * S))
-    scores = mx.take_along_axis(flat, index, axis=-1)
+    index = mx.broadcast_to(index.reshape(B, n_kv, 1, F * S), (B, n_kv, G, F * S))
+    scores = mx.take_along_axis(tables, index, axis=-1)
     if S > 1:
         scores = scores.reshape(B, n_kv, G, F, S).sum(axis=-1)
     return scores

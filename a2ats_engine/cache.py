@@ -53,6 +53,10 @@ class A2ATSCache(_BaseCache):
         self._code_counts: np.ndarray | None = None
         self.last_stats: LayerStats | None = None
         self._buckets = self._bucket_plan()
+        # [d, m * d]: rotation to each far distance (the retrieval queries' frames), built once
+        self._rotations = mx.concatenate(
+            [rope.rotation_matrix(round(dist)) for dist in self._buckets[0]], axis=-1
+        )
         hd = rope.head_dim
         if self.config.kv_bits is not None and (hd % self.group_size or self.group_size < 32):
             raise ValueError(
@@ -179,14 +183,15 @@ class A2ATSCache(_BaseCache):
         B, n_q, _, d = queries.shape
         n_kv = self.codes.shape[1]
         group = queries.reshape(B, n_kv, n_q // n_kv, d)
-        distances, lower_edges = self._buckets
-        rq = att.retrieval_queries(group, self.rope, lay.n - 1, distances)
-        tables = self.codebook.score_tables(self.layer, rq)
+        _, lower_edges = self._buckets
+        tables = att.retrieval_tables(
+            group, self.rope, lay.n - 1, self._rotations, self.codebook, self.layer
+        )
         far_codes = self.codes[..., lay.n_sinks : lay.window_start, :]
         bucket_ids = None
         if lower_edges is not None:
             bucket_ids = att.bucket_ids(lay.n, lay.n_sinks, lay.window_start, lower_edges)
-        return att.far_scores(tables, far_codes, bucket_ids, len(distances))
+        return att.far_scores(tables, far_codes, bucket_ids, self.codebook.n_centroids)
 
     def _retrieve(self, queries: mx.array, lay: att.Layout, scale: float) -> mx.array:
         B, n_q, _, d = queries.shape

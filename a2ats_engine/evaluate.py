@@ -156,6 +156,9 @@ class IdentityRope:
     def shift(self, x: mx.array, delta: int | mx.array) -> mx.array:
         return x
 
+    def rotation_matrix(self, position: int) -> mx.array:
+        return mx.eye(self.head_dim, dtype=mx.float32)
+
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "identity", "head_dim": self.head_dim}
 

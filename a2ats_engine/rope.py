@@ -171,6 +171,16 @@ class RopeSpec:
         x32 = self._scaled(x.astype(mx.float32), self.scale)
         return _rotate_pairs(x32, positions, self).astype(x.dtype)
 
+    def rotation_matrix(self, position: int) -> mx.array:
+        """M [head_dim, head_dim] float32 with `q @ M == rotate(q, position)` for pre-RoPE rows q.
+
+        Built once per fixed position (the windowed-RoPE distances): a matmul then replaces a
+        RoPE call per distance on the decode hot path. Magnitude scale included.
+        """
+        eye = mx.eye(self.head_dim or self.dims, dtype=mx.float32)
+        positions = mx.full((eye.shape[0],), position, dtype=mx.int32)
+        return self.rotate_at(eye, positions)
+
     # -- description ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
