@@ -111,3 +111,13 @@ def test_distance_buckets_are_log_spaced():
     assert max(widths) / min(widths) < 1.1
     for lo, hi, mid in buckets:
         assert lo < mid < hi
+
+
+@pytest.mark.parametrize("traditional", [False, True])
+def test_rotation_matrix_equals_rotation_at_that_position(traditional):
+    rope = initialize_rope(32, 10000.0, traditional, None, 8192)
+    spec = RopeSpec.from_module(rope, 64)  # partial rotary: the tail passes through
+    q = mx.random.normal((2, 5, 64))
+    got = q @ spec.rotation_matrix(1500)
+    want = rope(q[:, :, None, :], offset=1500)[:, :, 0, :]
+    assert float(mx.abs(got - want).max()) < 1e-3
