@@ -12,7 +12,6 @@ import functools
 from dataclasses import dataclass
 
 import mlx.core as mx
-from mlx_lm.models.base import quantized_scaled_dot_product_attention
 
 from .rope import RopeSpec
 
@@ -81,20 +80,8 @@ def layout(n: int, window: int, sinks: int, k: int) -> Layout:
     return Layout(n, min(sinks, window_start), window_start, k)
 
 
-def exact_attention(
-    queries: mx.array,
-    keys: Storage,
-    values: Storage,
-    scale: float,
-    mask,
-    kv_bits: int | None = None,
-    group_size: int = 64,
-) -> mx.array:
+def exact_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask):
     """Plain attention over the whole cache. queries [B, n_q, L, d] -> [B, n_q, L, d]."""
-    if kv_bits is not None:
-        return quantized_scaled_dot_product_attention(
-            queries, keys, values, scale=scale, mask=mask, group_size=group_size, bits=kv_bits
-        )
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
 
 

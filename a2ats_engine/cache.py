@@ -138,7 +138,12 @@ class A2ATSCache(_BaseCache):
         self.codes = mx.concatenate([self.codes, new_c], axis=2)
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
-        """Store post-RoPE keys/values [B, n_kv, L, d] and their codes; return the whole cache."""
+        """Store post-RoPE keys/values [B, n_kv, L, d] and their codes; return the whole cache.
+
+        The returned K/V are float arrays in the model dtype. With kv_bits the stored past is
+        dequantized and the incoming tokens are returned as they came, so prefill attention stays
+        a plain (fast) attention; MLX evaluates them only if exact attention uses them.
+        """
         L = keys.shape[2]
         pre_rope = self.rope.unrotate(keys.astype(mx.float32), self.offset)
         codes = self.codebook.assign(self.layer, pre_rope)  # [B, n_kv, L, S]
@@ -152,7 +157,16 @@ class A2ATSCache(_BaseCache):
         self.tokens_seen += L
         if self.config.telemetry:
             self._count_codes(codes)
-        return self._slice(self.keys, self.offset), self._slice(self.values, self.offset)
+        if self.kv_bits is None:
+            return self._slice(self.keys, self.offset), self._slice(self.values, self.offset)
+        return self._float_with(self.keys, keys, prev), self._float_with(self.values, values, prev)
+
+    def _float_with(self, stored, fresh: mx.array, prev: int) -> mx.array:
+        """Dequantized stored rows [0, prev) followed by the fresh rows: [B, n_kv, prev + L, d]."""
+        if prev == 0:
+            return fresh
+        past = self._dequantized(self._slice(stored, prev)).astype(fresh.dtype)
+        return mx.concatenate([past, fresh], axis=2)
 
     # -- attention --------------------------------------------------------------------------
     def attend(self, queries: mx.array, keys, values, *, scale: float, mask=None) -> mx.array:
@@ -164,9 +178,7 @@ class A2ATSCache(_BaseCache):
         L = queries.shape[2]
         lay = att.layout(self.offset, cfg.window, cfg.sinks, cfg.top_k(self.offset))
         if L > 1 or lay.exact:
-            out = att.exact_attention(
-                queries, keys, values, scale, mask, self.kv_bits, self.group_size
-            )
+            out = att.exact_attention(queries, keys, values, scale, mask)
             if L == 1:
                 self._after_step(lay, None, None, queries)
             return out
