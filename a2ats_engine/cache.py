@@ -19,7 +19,7 @@ from mlx_lm.models.cache import _BaseCache, create_attention_mask
 
 from . import attention as att
 from .config import A2ATSConfig
-from .rope import RopeSpec, distance_buckets, model_geometry, rope_specs
+from .rope import RopeSpec, distance_buckets, model_geometry, retrieval_distances, rope_specs
 from .telemetry import CacheSnapshot, LayerStats
 
 _STEP = 256
@@ -55,7 +55,7 @@ class A2ATSCache(_BaseCache):
         self._buckets = self._bucket_plan()
         # [d, m * d]: rotation to each far distance (the retrieval queries' frames), built once
         self._rotations = mx.concatenate(
-            [rope.rotation_matrix(round(dist)) for dist in self._buckets[0]], axis=-1
+            [rope.rotation_matrix(dist) for dist in self._buckets[0]], axis=-1
         )
         hd = rope.head_dim
         if self.config.kv_bits is not None and (hd % self.group_size or self.group_size < 32):
@@ -65,13 +65,16 @@ class A2ATSCache(_BaseCache):
             )
 
     # -- configuration ----------------------------------------------------------------------
-    def _bucket_plan(self) -> tuple[list[float], tuple[int, ...] | None]:
-        """Representative distances and the lower edges of buckets 1..m-1 (None for one b)."""
+    def _bucket_plan(self) -> tuple[list[int], tuple[int, ...] | None]:
+        """Retrieval distances and the lower edges of buckets 1..m-1 (None for one b)."""
         cfg = self.config
+        distances = retrieval_distances(
+            cfg.window, cfg.far_offset, cfg.far_buckets, self.max_context
+        )
         if cfg.far_buckets == 1:
-            return [float(cfg.far_offset)], None
+            return distances, None
         plan = distance_buckets(cfg.window, self.max_context, cfg.far_buckets)
-        return [mid for _, _, mid in plan], tuple(lo for lo, _, _ in plan[1:])
+        return distances, tuple(lo for lo, _, _ in plan[1:])
 
     @property
     def kv_bits(self) -> int | None:

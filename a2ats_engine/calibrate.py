@@ -36,7 +36,7 @@ from mlx_lm.models.cache import KVCache
 from .codebook import Codebook, model_fingerprint, relative_score_error_from_moments
 from .config import A2ATSConfig
 from .errors import A2ATSError
-from .rope import RopeSpec, model_geometry, rope_specs
+from .rope import RopeSpec, model_geometry, retrieval_distances, rope_specs
 
 Progress = Callable[[str, int, int], None]
 STEP_TOKENS = 128  # forward step between cancel checks: cancel took 1.7 s on the demo model
@@ -79,13 +79,17 @@ class CalibrationData:
 class CaptureCache(KVCache):
     """A `KVCache` that also accumulates the WRoPE query second moment of its layer.
 
+    The moment is over the retrieval queries the cache will really use: each query rotated to
+    every retrieval distance (b alone with one bucket, each bucket's distance otherwise), averaged.
     Queries at chunk positions `< query_start` are left out (sink/early-context queries never
     retrieve far tokens). `moment` is `[n_kv, d, d]` float32 (None before the first query)."""
 
-    def __init__(self, spec: RopeSpec, far_offset: int, num_kv_heads: int, query_start: int):
+    def __init__(self, spec: RopeSpec, distances: list[int], num_kv_heads: int, query_start: int):
         super().__init__()
         self.spec = spec
-        self.far_offset = far_offset
+        self.distances = list(distances)
+        # [d, m * d]: one matmul rotates a pre-RoPE query to every retrieval distance
+        self.rotations = mx.concatenate([spec.rotation_matrix(x) for x in distances], axis=-1)
         self.num_kv_heads = num_kv_heads
         self.query_start = query_start
         self.moment: mx.array | None = None
@@ -108,9 +112,10 @@ class CaptureCache(KVCache):
             return
         post = queries[:, :, first:].astype(mx.float32)
         pre = self.spec.unrotate(post, start + first)  # q_i (model-scaled, pre-RoPE)
-        far = self.spec.rotate(pre[..., None, :], self.far_offset)[..., 0, :]  # R_b q_i
+        far = pre @ self.rotations  # [B, n_q, L, m * d]: R_D q_i for every distance D
         grouped = far.reshape(b, self.num_kv_heads, -1, d)  # query head j -> KV head j // G
         moment = mx.sum(mx.swapaxes(grouped, -1, -2) @ grouped, axis=0)  # [n_kv, d, d]
+        moment = moment / len(self.distances)
         self.moment = moment if self.moment is None else self.moment + moment
         self.query_count += b * (n_q // self.num_kv_heads) * (length - first)
 
@@ -244,6 +249,9 @@ def _run(
 
     geometry = model_geometry(model)
     specs = rope_specs(model)
+    distances = retrieval_distances(
+        config.window, config.far_offset, config.far_buckets, geometry.get("max_context")
+    )
     n_kv = geometry["num_kv_heads"]
     body = _body(model)
     was_installed = hooks.is_installed(model)
@@ -255,7 +263,7 @@ def _run(
         for index, (start, end) in enumerate(chunks):
             acc, positions = (held, out_pos) if index in heldout_ids else (train, train_pos)
             query_start = min(config.sinks + config.window, (end - start) // 2)
-            caches = [CaptureCache(s, config.far_offset, n_kv, query_start) for s in specs]
+            caches = [CaptureCache(s, distances, n_kv, query_start) for s in specs]
             tokens = mx.array(stream[start:end])[None]
             for s in range(0, end - start, STEP_TOKENS):
                 _check_cancel(cancel)
@@ -409,6 +417,7 @@ def calibrate(
     metadata = {
         "model": model_fingerprint(model, name=model_name),
         "far_offset": config.far_offset,
+        "far_buckets": config.far_buckets,
         "sinks": config.sinks,
         "window": config.window,
         "corpus": corpus or f"user texts ({len(texts)} documents)",

@@ -294,3 +294,14 @@ def distance_buckets(window: int, context: int, n_buckets: int) -> list[tuple[in
         lo, hi = edges[k], max(edges[k + 1], edges[k] + 1)
         out.append((lo, hi, math.sqrt(lo * hi)))
     return out
+
+
+def retrieval_distances(
+    window: int, far_offset: int, far_buckets: int, max_context: int | None
+) -> list[int]:
+    """The far distances retrieval queries are rotated to: [b] for one bucket (the paper),
+    else each distance bucket's representative (geometric middle) distance."""
+    if far_buckets == 1:
+        return [far_offset]
+    plan = distance_buckets(window, int(max_context or 8192), far_buckets)
+    return [round(mid) for _, _, mid in plan]

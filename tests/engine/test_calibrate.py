@@ -18,7 +18,7 @@ from a2ats_engine.calibrate import (
 from a2ats_engine.codebook import Codebook
 from a2ats_engine.config import A2ATSConfig
 from a2ats_engine.corpus import builtin_corpus, load_texts
-from a2ats_engine.rope import rope_specs
+from a2ats_engine.rope import model_geometry, retrieval_distances, rope_specs
 
 CONFIG = A2ATSConfig(n_centroids=16)
 
@@ -90,7 +90,7 @@ def _direct_layer0(model, ids: np.ndarray):
 def test_collected_keys_are_pre_rope_and_queries_are_wrope(tokenizer, arch, traditional):
     model = tiny_model(arch, rope_traditional=traditional)
     texts = builtin_corpus(tokenizer, chars=4000)
-    config = A2ATSConfig(n_centroids=16, sinks=4, window=16, far_offset=300)
+    config = A2ATSConfig(n_centroids=16, sinks=4, window=16, far_offset=300, far_buckets=1)
     data = collect(model, tokenizer, texts, config, tokens=200, chunk_len=200, heldout=0.0)
     ids = token_stream(tokenizer, texts, 200)
     keys, queries = _direct_layer0(model, ids)
@@ -107,6 +107,16 @@ def test_collected_keys_are_pre_rope_and_queries_are_wrope(tokenizer, arch, trad
     want_moment = np.swapaxes(grouped, 1, 2) @ grouped
     np.testing.assert_allclose(np.asarray(data.moments[0]), want_moment, rtol=1e-3, atol=1e-3)
     assert data.queries == 2 * 180
+    # With distance buckets the moment averages the queries rotated to every bucket distance.
+    buckets = A2ATSConfig(n_centroids=16, sinks=4, window=16, far_buckets=3)
+    data = collect(model, tokenizer, texts, buckets, tokens=200, chunk_len=200, heldout=0.0)
+    distances = retrieval_distances(16, buckets.far_offset, 3, model_geometry(model)["max_context"])
+    assert len(set(distances)) == 3
+    want_moment = 0
+    for dist in distances:
+        far = np.asarray(spec.rotate(queries[:, 20:, None, :], dist)[:, :, 0, :]).reshape(2, -1, 16)
+        want_moment = want_moment + np.swapaxes(far, 1, 2) @ far / 3
+    np.testing.assert_allclose(np.asarray(data.moments[0]), want_moment, rtol=1e-3, atol=1e-3)
 
 
 def _anisotropic_model():
