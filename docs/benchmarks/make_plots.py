@@ -3,9 +3,10 @@
     QT_QPA_PLATFORM=offscreen .venv/bin/python docs/benchmarks/make_plots.py
 
 Inputs (written by the commands listed in BENCHMARKS.md): eval_sweep.json (`a2ats eval
---budgets ... --json`), decode.json (`a2ats bench decode --json`), memory.json (`a2ats bench
-memory --json`). Outputs: docs/img/recall_vs_budget.png, ppl_vs_budget.png,
-tokens_per_s_vs_context.png, bytes_per_token.png. Uses pyqtgraph's exporter (no matplotlib).
+--budgets ... --json`), decode.json (`a2ats bench decode --json`), decode_1thread.json (the
+same with OPENBLAS_NUM_THREADS=1), memory.json (`a2ats bench memory --json`). Outputs in
+docs/img: recall_vs_budget.png, ppl_vs_budget.png, tokens_per_s_vs_context.png,
+speed_vs_full.png, bytes_per_token.png. Uses pyqtgraph's exporter (no matplotlib).
 """
 
 from __future__ import annotations
@@ -67,10 +68,11 @@ def _plot(
     return widget
 
 
-def _line(widget, name: str, xs, ys, index: int) -> None:
-    color = COLORS.get(name, pg.intColor(index))
+def _line(widget, name: str, xs, ys, index: int, color_of: str | None = None, dashed=False) -> None:
+    color = COLORS.get(color_of or name, pg.intColor(index))
+    style = pg.QtCore.Qt.DashLine if dashed else pg.QtCore.Qt.SolidLine
     widget.plot(
-        list(xs), list(ys), name=name, pen=pg.mkPen(color, width=2.5),
+        list(xs), list(ys), name=name, pen=pg.mkPen(color, width=2.5, style=style),
         symbol=SYMBOLS[index % len(SYMBOLS)], symbolSize=8, symbolBrush=color, symbolPen=color,
     )  # fmt: skip
 
@@ -123,6 +125,28 @@ def decode_plot(data: dict) -> Path:
     return _save(widget, "tokens_per_s_vs_context.png")
 
 
+def speed_ratio_plot(runs: dict[str, dict]) -> Path:
+    """Speed vs full per method and context, one line per (method, BLAS threads setting)."""
+    widget = _plot(
+        "decode speed relative to full (mlx-lm KVCache), same run",
+        "context (tokens)",
+        "tokens/s / tokens/s of full",
+        legend_at=(10, 10),
+    )
+    index = 0
+    for run, (label, data) in enumerate(runs.items()):
+        rows = data["results"]
+        for m in dict.fromkeys(r["method"] for r in rows):
+            if m == "full":
+                continue
+            pts = sorted((r["context"], r["speed_vs_full"]) for r in rows if r["method"] == m)
+            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+            _line(widget, f"{m} ({label})", xs, ys, index, color_of=m, dashed=run > 0)
+            index += 1
+    widget.getPlotItem().addLine(y=1.0, pen=pg.mkPen("k", width=1, style=pg.QtCore.Qt.DashLine))
+    return _save(widget, "speed_vs_full.png")
+
+
 def memory_plot(data: dict) -> Path:
     rows = data["results"]
     widget = _plot(
@@ -150,6 +174,16 @@ def main() -> int:
             continue
         result = fn(json.loads(path.read_text()))
         made.extend(result if isinstance(result, list) else [result])
+    ratio_runs = {
+        label: json.loads((HERE / fname).read_text())
+        for label, fname in (
+            ("2 BLAS threads", "decode.json"),
+            ("1 BLAS thread", "decode_1thread.json"),
+        )
+        if (HERE / fname).is_file()
+    }
+    if ratio_runs:
+        made.append(speed_ratio_plot(ratio_runs))
     for path in made:
         print(f"wrote {path}")
     return 0
