@@ -62,7 +62,8 @@ def tiny_folder(tmp_path_factory):
     """An mlx-lm folder of the tiny random Llama model (tests/tiny.py)."""
     from tiny import save_tiny_model
 
-    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+    # head_dim 32: the smallest MLX quantization group, so the default 8-bit K/V storage works
+    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama", hidden_size=128)
 
 
 @pytest.fixture
