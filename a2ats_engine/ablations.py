@@ -4,6 +4,8 @@ Each ablation changes one thing against the codebook under test and keeps the re
 calibration (token count, chunk length, keys per head, centroids, seed; read from its metadata):
 
 - plain_vq: the same collected keys clustered with beta = 1 (plain nearest-centroid VQ);
+- paper:    the query metric over retrieval queries at the single distance b (far_buckets = 1),
+  as the paper calibrates;
 - no_wrope: post-RoPE keys clustered with the metric of the plain post-RoPE queries (codes and
   scores without windowed RoPE);
 - random:   standard-normal centroids (wiring baseline).
@@ -28,8 +30,9 @@ from .config import A2ATSConfig
 from .rope import model_geometry
 
 Progress = Callable[[str, int, int], None]
-KINDS = ("plain_vq", "no_wrope", "random")
-DEFAULT_TOKENS = 16384
+KINDS = ("plain_vq", "paper", "no_wrope", "random")
+DEFAULT_TOKENS = 12288
+HELDOUT = 0.1  # calibrate's default: the same chunks are held out, so the training keys match
 
 
 def ablation_dir() -> Path:
@@ -51,6 +54,7 @@ def calibration_settings(codebook: Codebook, tokens: int | None = None) -> dict[
         "far_offset": int(meta.get("far_offset") or 2048),
         "sinks": int(meta.get("sinks") or 8),
         "window": int(meta.get("window") or 64),
+        "far_buckets": int(meta.get("far_buckets") or 4),
         "seed": int(meta.get("seed") or 0),
     }
 
@@ -117,11 +121,11 @@ def _corpus_stream(tokenizer: Any, settings: dict[str, Any], progress) -> np.nda
     return token_stream(tokenizer, texts, settings["tokens"], progress=progress)
 
 
-def _config(settings: dict[str, Any]) -> A2ATSConfig:
+def _config(settings: dict[str, Any], far_buckets: int | None = None) -> A2ATSConfig:
     return A2ATSConfig(
         n_centroids=settings["n_centroids"], sub_dim=settings["sub_dim"],
         beta=settings["beta"], far_offset=settings["far_offset"], sinks=settings["sinks"],
-        window=settings["window"],
+        window=settings["window"], far_buckets=far_buckets or settings["far_buckets"],
     )  # fmt: skip
 
 
@@ -131,15 +135,18 @@ def _train(model, kind: str, stream: np.ndarray, settings: dict[str, Any], progr
     config = _config(settings)
     keys_per_head = settings["keys_per_head"] or default_keys_per_head(settings["n_centroids"])
     meta = {"ablation": kind, "corpus": "built-in", "tokens": int(len(stream))}
-    if kind == "plain_vq":
+    if kind in ("plain_vq", "paper"):
+        if kind == "paper":
+            config = _config(settings, far_buckets=1)
         data = collect(
             model, _StreamTokenizer(stream), ["stream"], config, tokens=len(stream),
-            keys_per_head=keys_per_head, chunk_len=settings["chunk_len"], heldout=0.0,
+            keys_per_head=keys_per_head, chunk_len=settings["chunk_len"], heldout=HELDOUT,
             seed=settings["seed"], progress=progress,
         )  # fmt: skip
         return fit_codebook(
-            data, config, beta=1.0, seed=settings["seed"], progress=progress,
-            stage="clustering plain VQ", metadata=meta,
+            data, config, beta=1.0 if kind == "plain_vq" else settings["beta"],
+            seed=settings["seed"], progress=progress, stage=f"clustering {kind}",
+            metadata={**meta, "far_buckets": config.far_buckets},
         )  # fmt: skip
     keys, moments = collect_post_rope(
         model, stream, chunk_len=settings["chunk_len"], keys_per_head=keys_per_head,
@@ -200,7 +207,7 @@ def collect_post_rope(
     try:
         for start, end in bounds:
             q_start = min(sinks + window, (end - start) // 2)
-            caches = [CaptureCache(IdentityRope(d), 0, n_kv, q_start) for _ in range(n_layers)]
+            caches = [CaptureCache(IdentityRope(d), [0], n_kv, q_start) for _ in range(n_layers)]
             tokens = mx.array(stream[start:end])[None]
             for s in range(0, end - start, STEP_TOKENS):
                 body(tokens[:, s : s + STEP_TOKENS], cache=caches)

@@ -21,7 +21,8 @@ Methods (DESIGN.md section 2 for the A2ATS ones):
   oracle_topk     A2ATS's structure and budget, far tokens ranked by exact scores (the ceiling)
   a2ats           A2ATS with the given codebook and config
   a2ats_plain_vq  A2ATS with a plain (beta = 1) codebook
-  a2ats_paper     A2ATS with one far distance b (far_buckets = 1), as in the paper
+  a2ats_paper     one far distance b = 2048 (far_buckets = 1) and a codebook calibrated for it,
+                  as in the paper
   a2ats_no_wrope  codes and scores on post-RoPE keys (no windowed RoPE)
   a2ats_random    A2ATS with a random codebook
 """
@@ -57,7 +58,6 @@ BUDGET_METHODS = (
     "a2ats_random",
 )
 ALL_METHODS = FIXED_METHODS + BUDGET_METHODS
-CODEBOOK_METHODS = {"a2ats_plain_vq": "plain_vq", "a2ats_no_wrope": "no_wrope"}
 PREFILL_CHUNK = 256  # fastest on a 2-core CPU (attention cost grows with the chunk)
 
 
@@ -157,6 +157,7 @@ class IdentityRope:
         return x
 
     def rotation_matrix(self, position: int) -> mx.array:
+        """The identity `[head_dim, head_dim]`: no distance rotates anything."""
         return mx.eye(self.head_dim, dtype=mx.float32)
 
     def to_dict(self) -> dict[str, Any]:
@@ -291,7 +292,7 @@ def method_spec(
     window_budget: int | None = None,
 ) -> MethodSpec:
     """The cache factory of a method (see the module docstring). `codebooks` holds "a2ats" and,
-    where needed, "plain_vq", "no_wrope", "random"."""
+    where needed, "plain_vq", "paper" (optional), "no_wrope", "random"."""
     geo = model_geometry(model)
     ctx = geo.get("max_context")
     hd = geo["head_dim"]
@@ -323,7 +324,7 @@ def method_spec(
         return MethodSpec(name, a2ats_like(RecentWindowCache, cfg))
     if name == "a2ats_paper":
         cfg = A2ATSConfig(**{**telemetry.to_dict(), "far_buckets": 1, "far_offset": 2048})
-        return MethodSpec(name, a2ats_like(cfg=cfg))
+        return MethodSpec(name, a2ats_like(cfg=cfg, cb=codebooks.get("paper", book)))
     if name == "a2ats_plain_vq":
         return MethodSpec(name, a2ats_like(cfg=telemetry, cb=codebooks["plain_vq"]))
     if name == "a2ats_no_wrope":
@@ -488,7 +489,8 @@ def evaluate(
     """Evaluate `methods` at each budget on one trajectory (see the module docstring).
 
     ids: token ids, at least `context + decode + 1`. codebooks: {"a2ats": Codebook, and
-    "plain_vq" / "no_wrope" / "random" for the ablations that are asked for}. `config` gives the
+    "plain_vq" / "paper" / "no_wrope" / "random" for the ablations that are asked for; without
+    "paper", a2ats_paper uses the a2ats codebook}. `config` gives the
     A2ATS settings other than the budget. Returns one EvalRun per budget.
     """
     config = config or A2ATSConfig()

@@ -37,6 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--far-buckets", type=int, default=None, help="A2ATS distance buckets")
     p.add_argument("--plain-vq-codebook", help="beta = 1 codebook for a2ats_plain_vq")
+    p.add_argument("--paper-codebook", help="codebook calibrated for one distance b (a2ats_paper)")
     p.add_argument("--no-wrope-codebook", help="post-RoPE codebook for a2ats_no_wrope")
     p.add_argument(
         "--calib-tokens",
@@ -61,8 +62,17 @@ def _codebooks(args, model, tokenizer, codebook, methods, progress) -> tuple[dic
 
     books = {"a2ats": codebook}
     notes = []
-    given = {"plain_vq": args.plain_vq_codebook, "no_wrope": args.no_wrope_codebook}
-    wanted = {"a2ats_plain_vq": "plain_vq", "a2ats_no_wrope": "no_wrope", "a2ats_random": "random"}
+    given = {
+        "plain_vq": args.plain_vq_codebook,
+        "paper": args.paper_codebook,
+        "no_wrope": args.no_wrope_codebook,
+    }
+    wanted = {
+        "a2ats_plain_vq": "plain_vq",
+        "a2ats_paper": "paper",
+        "a2ats_no_wrope": "no_wrope",
+        "a2ats_random": "random",
+    }
     train = []
     for method, kind in wanted.items():
         if method not in methods:

@@ -40,6 +40,7 @@ def test_eval_json_has_the_issue_shape(tiny_folder, tmp_path, monkeypatch, capsy
     assert out["methods"]["full"]["recall"] == 1.0
     notes = " ".join(out["notes"])
     assert "plain_vq: trained now" in notes and "no_wrope: trained now" in notes
+    assert "paper: trained now" in notes
     # the trained ablation codebooks are cached: a second run reuses them
     assert main(argv[:-1] + ["--methods", "full,a2ats_plain_vq", "--json"]) == 0
     again = _json(capsys)
