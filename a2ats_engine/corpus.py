@@ -117,6 +117,14 @@ def _code_texts(rng: random.Random) -> Iterator[str]:
         origin = getattr(spec, "origin", None)
         if origin and origin.endswith(".py") and Path(origin).is_file():
             yield Path(origin).read_text(encoding="utf-8", errors="replace")
+        elif spec is not None and spec.loader is not None:
+            # Frozen app bundles keep some stdlib modules in an archive: ask the loader.
+            try:
+                source = spec.loader.get_source(name)
+            except (ImportError, OSError, AttributeError):
+                source = None
+            if source:
+                yield source
 
 
 def _chat_texts(tokenizer: Any, rng: random.Random) -> Iterator[str]:
