@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 
-def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
+def check_int(owner: str, name: str, value: Any, lo: int, hi: int | None = None) -> None:
+    """ValueError naming `owner.name`, the value and the range unless lo <= value (<= hi)."""
     if (
         isinstance(value, bool)
         or not isinstance(value, int)
@@ -15,7 +16,11 @@ def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
         or (hi is not None and value > hi)
     ):
         allowed = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
-        raise ValueError(f"A2ATSConfig.{name}={value!r} is out of range: must be {allowed}")
+        raise ValueError(f"{owner}.{name}={value!r} is out of range: must be {allowed}")
+
+
+def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
+    check_int("A2ATSConfig", name, value, lo, hi)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from mlx_lm.generate import stream_generate
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
-from .config import A2ATSConfig
+from .config import A2ATSConfig, check_int
 from .telemetry import CacheSnapshot, GenerationStats, TokenEvent
 
 CacheFactory = Callable[[nn.Module], list]
@@ -49,14 +49,7 @@ def _check_number(
 
 
 def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or value < lo
-        or (hi is not None and value > hi)
-    ):
-        allowed = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
-        raise ValueError(f"SamplingSettings.{name}={value!r} is out of range: must be {allowed}")
+    check_int("SamplingSettings", name, value, lo, hi)
 
 
 @dataclass(frozen=True)
