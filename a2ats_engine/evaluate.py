@@ -25,6 +25,9 @@ Methods (DESIGN.md section 2 for the A2ATS ones):
                   as in the paper
   a2ats_no_wrope  codes and scores on post-RoPE keys (no windowed RoPE)
   a2ats_random    A2ATS with a random codebook
+Diagnostics (only when asked for), to split A2ATS's loss against oracle_topk:
+  a2ats_exact_keys  windowed-RoPE buckets on exact keys (no VQ): the distance approximation alone
+  a2ats_exact_rope  exact RoPE on centroid keys (no distance buckets): the VQ approximation alone
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache
 from . import attention as att
 from .cache import A2ATSCache
 from .config import A2ATSConfig
-from .rope import model_geometry, rope_specs
+from .rope import distance_buckets, model_geometry, retrieval_distances, rope_specs
 
 Progress = Callable[[str, int, int], None]
 
@@ -58,6 +61,8 @@ BUDGET_METHODS = (
     "a2ats_random",
 )
 ALL_METHODS = FIXED_METHODS + BUDGET_METHODS
+DIAGNOSTIC_METHODS = ("a2ats_exact_keys", "a2ats_exact_rope")  # run only when asked for
+KNOWN_METHODS = ALL_METHODS + DIAGNOSTIC_METHODS
 PREFILL_CHUNK = 256  # fastest on a 2-core CPU (attention cost grows with the chunk)
 
 
@@ -138,6 +143,51 @@ class RecentWindowCache(A2ATSCache):
         n_kv = self.codes.shape[1]
         recency = mx.arange(lay.n_far, dtype=mx.float32)
         return mx.broadcast_to(recency, (B, n_kv, n_q // n_kv, lay.n_far))
+
+
+class ExactKeyWRopeCache(A2ATSCache):
+    """Diagnostic: A2ATS's windowed-RoPE distance buckets, but far tokens scored with their
+    exact pre-RoPE keys instead of codes (`(R_D q) . k_n`): isolates the bucket approximation."""
+
+    def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
+        """queries post-RoPE `[B, n_q, 1, d]` -> `[B, n_kv, G, F]`."""
+        B, n_q, _, d = queries.shape
+        n_kv = self.codes.shape[1]
+        G = n_q // n_kv
+        cfg = self.config
+        dists = retrieval_distances(cfg.window, cfg.far_offset, cfg.far_buckets, self.max_context)
+        group = queries.reshape(B, n_kv, G, d).astype(mx.float32)
+        pre_q = self.rope.unrotate(group[..., None, :], lay.n - 1)[..., 0, :]  # all at n - 1
+        keys = self._dequantized(self.keys)[..., lay.n_sinks : lay.window_start, :]
+        pre_k = self.rope.unrotate(keys.astype(mx.float32), lay.n_sinks)
+        per_bucket = [
+            (pre_q @ self.rope.rotation_matrix(dist)) @ pre_k.swapaxes(-1, -2) for dist in dists
+        ]  # m x [B, n_kv, G, F]
+        if len(dists) == 1:
+            return per_bucket[0]
+        plan = distance_buckets(cfg.window, self.max_context, cfg.far_buckets)
+        edges = mx.array([lo for lo, _, _ in plan[1:]], dtype=mx.int32)
+        distance = (lay.n - 1) - mx.arange(lay.n_sinks, lay.window_start, dtype=mx.int32)
+        bucket = (distance[:, None] >= edges[None, :]).sum(axis=-1)  # [F]
+        out = per_bucket[0]
+        for b in range(1, len(dists)):
+            out = mx.where(bucket == b, per_bucket[b], out)
+        return out
+
+
+class CodedExactRopeCache(A2ATSCache):
+    """Diagnostic: far tokens scored with exact relative RoPE on their centroid keys
+    (`q^ . R_n c(k_n)`, no distance approximation): isolates the VQ approximation."""
+
+    def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
+        """queries post-RoPE `[B, n_q, 1, d]` -> `[B, n_kv, G, F]`."""
+        B, n_q, _, d = queries.shape
+        n_kv = self.codes.shape[1]
+        group = queries.reshape(B, n_kv, n_q // n_kv, d).astype(mx.float32)
+        codes = self.codes[..., lay.n_sinks : lay.window_start, :]
+        centroid_keys = self.codebook.reconstruct(self.layer, codes)  # pre-RoPE [B, n_kv, F, d]
+        post = self.rope.rotate(centroid_keys, lay.n_sinks)
+        return group @ post.swapaxes(-1, -2)
 
 
 class IdentityRope:
@@ -330,9 +380,13 @@ def method_spec(
     if name == "a2ats_no_wrope":
         cfg = A2ATSConfig(**{**telemetry.to_dict(), "far_buckets": 1})
         return MethodSpec(name, a2ats_like(cfg=cfg, cb=codebooks["no_wrope"], identity=True))
+    if name == "a2ats_exact_keys":
+        return MethodSpec(name, a2ats_like(ExactKeyWRopeCache, telemetry))
+    if name == "a2ats_exact_rope":
+        return MethodSpec(name, a2ats_like(CodedExactRopeCache, telemetry))
     if name == "a2ats_random":
         return MethodSpec(name, a2ats_like(cfg=telemetry, cb=codebooks["random"]))
-    raise ValueError(f"unknown method {name!r}; known: {', '.join(ALL_METHODS)}")
+    raise ValueError(f"unknown method {name!r}; known: {', '.join(KNOWN_METHODS)}")
 
 
 # -- running one method -------------------------------------------------------------------------
@@ -502,7 +556,7 @@ def evaluate(
     reference: np.ndarray | None = None
     reference_nll: np.ndarray | None = None
     total = len([m for m in methods if m in FIXED_METHODS]) + len(budgets) * len(
-        [m for m in methods if m in BUDGET_METHODS]
+        [m for m in methods if m not in FIXED_METHODS]
     )
     done = 0
 
@@ -521,7 +575,7 @@ def evaluate(
         done += 1
         return result
 
-    ordered = [m for m in ALL_METHODS if m in methods]
+    ordered = [m for m in KNOWN_METHODS if m in methods]
     for name in ordered:
         if name in FIXED_METHODS:
             fixed[name] = run(name, config)
@@ -558,9 +612,9 @@ def _check_eval_args(ids, context: int, decode: int, methods, budgets) -> None:
             f"the text has {len(ids)} tokens; context {context} + decode {decode} needs "
             f"{context + decode + 1}"
         )
-    unknown = [m for m in methods if m not in ALL_METHODS]
+    unknown = [m for m in methods if m not in KNOWN_METHODS]
     if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; known: {', '.join(ALL_METHODS)}")
+        raise ValueError(f"unknown method(s) {unknown}; known: {', '.join(KNOWN_METHODS)}")
     if not budgets:
         raise ValueError("budgets is empty: give at least one budget")
     for b in budgets:

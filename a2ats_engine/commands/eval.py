@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--methods",
         default=",".join(_all_methods()),
-        help="comma list of methods (default: all)",
+        help="comma list of methods (default: all but the diagnostics a2ats_exact_keys, "
+        "a2ats_exact_rope)",
     )
     p.add_argument("--far-buckets", type=int, default=None, help="A2ATS distance buckets")
     p.add_argument("--plain-vq-codebook", help="beta = 1 codebook for a2ats_plain_vq")

@@ -157,8 +157,8 @@ def main(argv: list[str]) -> int:
         ("seed", "seed_synthetic.json", seed_table),
     ]
     for key, fname, fn in sections:
-        data = _load(fname)
-        if key in wanted and data is not None:
+        data = _load(fname) if key in wanted else None
+        if data is not None:
             print(f"<!-- {key}: {fname} -->\n{fn(data)}\n")
     if "decode" in wanted and (data := _load("decode.json")) is not None:
         print(f"<!-- decode: decode.json, decode_1thread.json -->\n"

@@ -218,3 +218,40 @@ def test_paired_ppl_ratio():
     ratio, low, high = paired_ppl_ratio(ref + np.array([0.0, 0.2, 0.0, 0.2]), ref)
     assert ratio == pytest.approx(math.exp(0.1))
     assert low < ratio < high
+
+
+def _lossless_setup(n=300, far_buckets=4):
+    """A one-layer cache whose codebook holds every pre-RoPE key as its own centroid."""
+    model = tiny_model("llama")
+    spec = rope_specs(model)[0]
+    mx.random.seed(5)
+    post = spec.rotate(mx.random.normal((1, 2, n, 16)), 0)
+    pre = spec.unrotate(post, 0)
+    book = Codebook([pre[0][:, None]])  # [n_kv, S=1, K=n, d]: centroid j = key j
+    config = A2ATSConfig(budget=8, window=16, sinks=4, far_buckets=far_buckets, n_centroids=n)
+    query = mx.random.normal((1, 4, 1, 16))
+    lay = att.layout(n, 16, 4, 8)
+
+    def scores(cls):
+        cache = cls(0, spec, book, config, 4096)
+        cache.update_and_fetch(post, mx.zeros_like(post))
+        return np.array(cache.far_token_scores(query, lay))
+
+    return scores
+
+
+def test_exact_keys_diagnostic_equals_a2ats_with_a_lossless_codebook():
+    from a2ats_engine.evaluate import ExactKeyWRopeCache
+
+    for buckets in (1, 4):
+        scores = _lossless_setup(far_buckets=buckets)
+        np.testing.assert_allclose(scores(ExactKeyWRopeCache), scores(A2ATSCache), atol=2e-4)
+
+
+def test_exact_rope_diagnostic_equals_oracle_with_a_lossless_codebook():
+    from a2ats_engine.evaluate import CodedExactRopeCache
+
+    scores = _lossless_setup()
+    exact, coded = scores(OracleTopKCache), scores(CodedExactRopeCache)
+    np.testing.assert_allclose(coded, exact, atol=2e-4)
+    assert not np.allclose(scores(A2ATSCache), exact, atol=1e-2)  # buckets do approximate
