@@ -145,15 +145,9 @@ def test_evaluate_metrics_are_consistent(tiny):
     model, book, ids = tiny
     books = {"a2ats": book, "random": Codebook.random(2, 2, 64, 32, seed=9)}
     methods = (
-        "full",
-        "kv8",
-        "kv4",
-        "a2ats",
-        "window",
-        "oracle_topk",
-        "a2ats_paper",
-        "a2ats_random",
-    )
+        "full", "kv8", "kv4", "a2ats", "window", "oracle_topk", "a2ats_paper", "a2ats_random",
+        "a2ats_exact_keys", "a2ats_exact_rope",
+    )  # fmt: skip
     (run,) = evaluate(
         model, ids, context=300, decode=5, budgets=[0.05], codebooks=books,
         config=A2ATSConfig(n_centroids=32), methods=methods,
@@ -170,7 +164,7 @@ def test_evaluate_metrics_are_consistent(tiny):
     assert m["kv8"].recall == pytest.approx(1.0)
     assert 0 < m["kv8"].output_rel_error < m["kv4"].output_rel_error < 0.5
     assert m["kv4"].bytes_per_token < m["kv8"].bytes_per_token < m["full"].bytes_per_token
-    for name in ("a2ats", "window", "oracle_topk", "a2ats_paper", "a2ats_random"):
+    for name in methods[3:]:
         assert 0.0 < m[name].recall < 1.0, name
         assert m[name].attended_per_head < 300
         assert m[name].output_rel_error > 0.0
