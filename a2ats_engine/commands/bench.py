@@ -55,6 +55,8 @@ def run_decode(args: argparse.Namespace) -> int:
     codebook = _load_codebook(args.codebook, args.model, info.path)
     contexts = [int(c) for c in args.contexts.split(",") if c]
     methods = [m for m in args.methods.split(",") if m]
+    if "full" not in methods:  # every figure is a ratio to mlx-lm's KVCache in the same run
+        methods.insert(0, "full")
     if args.telemetry and "a2ats_telemetry" not in methods:
         methods.append("a2ats_telemetry")
     config = a2ats_config(codebook, model, budget=parse_budget(args.budget))
