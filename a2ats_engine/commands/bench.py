@@ -41,9 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _load_codebook(path: str | None, model_source: str, model_path: str | None = None):
+    """(Codebook or None, description: its path or "random (no codebook found)")."""
     from ._bench_common import find_codebook
 
-    return find_codebook(path, model_source, model_path, required=False)[0]
+    return find_codebook(path, model_source, model_path, required=False)
 
 
 def run_decode(args: argparse.Namespace) -> int:
@@ -52,7 +53,7 @@ def run_decode(args: argparse.Namespace) -> int:
     from ._bench_common import a2ats_config, machine, parse_budget
 
     model, tokenizer, info = load_model(args.model)
-    codebook = _load_codebook(args.codebook, args.model, info.path)
+    codebook, codebook_desc = _load_codebook(args.codebook, args.model, info.path)
     contexts = [int(c) for c in args.contexts.split(",") if c]
     methods = [m for m in args.methods.split(",") if m]
     if "full" not in methods:  # every figure is a ratio to mlx-lm's KVCache in the same run
@@ -92,7 +93,7 @@ def run_decode(args: argparse.Namespace) -> int:
         )
     meta = {
         "model": info.name,
-        "codebook": (codebook.metadata.get("name") or "file") if codebook else "random",
+        "codebook": codebook_desc,
         "n_centroids": codebook.n_centroids if codebook else None,
         "budget": config.budget,
         "steps": args.steps,
@@ -148,7 +149,7 @@ def run_memory(args: argparse.Namespace) -> int:
 
     silence_random_codebook_warning()
     model, _, info = load_model(args.model)
-    codebook = _load_codebook(args.codebook, args.model, info.path)
+    codebook, codebook_desc = _load_codebook(args.codebook, args.model, info.path)
     config = a2ats_config(codebook, model)
     methods = tuple(m for m in args.methods.split(",") if m)
     results = bench_memory(
@@ -172,6 +173,7 @@ def run_memory(args: argparse.Namespace) -> int:
         "model": info.name,
         "kv_dtype": str(kv_dtype(model)).rsplit(".", 1)[-1],
         "fp16_bytes_per_token": fp16,
+        "codebook": codebook_desc,
         "codebook_bytes": codebook.nbytes if codebook is not None else None,
         "machine": machine(),
         "results": rows,
