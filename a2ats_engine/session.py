@@ -191,6 +191,34 @@ def render_prompt(tokenizer: Any, messages: list[dict], system_prompt: str | Non
         raise ValueError(f"the model's chat template failed to render: {exc}") from exc
 
 
+def vocab_rows(model: Any) -> int | None:
+    """Rows of the model's input embedding table (None when it has no recognisable one)."""
+    import mlx.nn as nn
+
+    for _, module in model.named_modules():
+        if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)):
+            return int(module.weight.shape[0])
+    return None
+
+
+def check_token_ids(model: Any, ids: list[int]) -> None:
+    """ValueError when a token id lies outside the model's embedding table.
+
+    MLX does not bounds-check gathers: such an id would silently read memory past the table.
+    It means the tokenizer does not belong to the model.
+    """
+    rows = vocab_rows(model)
+    if rows is None or not ids:
+        return
+    low, high = min(ids), max(ids)
+    if low < 0 or high >= rows:
+        bad = high if high >= rows else low
+        raise ValueError(
+            f"token id {bad} is outside the model's vocabulary (embedding rows 0-{rows - 1}): "
+            "the tokenizer does not match the model"
+        )
+
+
 def _apply_template(tokenizer: Any, conversation: list[dict]) -> list[int]:
     ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
     return _token_list(ids)
@@ -422,6 +450,7 @@ class ChatSession:
             self._messages = messages
             try:
                 prompt_ids = render_prompt(self.tokenizer, messages, self._system_prompt)
+                check_token_ids(self.model, prompt_ids)
                 reply = self._prepare_cache(prompt_ids)
                 yield from self._stream(reply)
             except GeneratorExit:  # the consumer walked away: keep the partial reply

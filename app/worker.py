@@ -13,9 +13,10 @@ from __future__ import annotations
 import threading
 import time
 import traceback
+import weakref
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
@@ -407,8 +408,12 @@ class EngineThread(QObject):
     _calibrate = Signal(object)
     _generate = Signal(object)
 
+    # every EngineThread not yet garbage-collected (tests check none is left running)
+    live: ClassVar[weakref.WeakSet[EngineThread]] = weakref.WeakSet()
+
     def __init__(self, backend: Any | None = None, parent: QObject | None = None) -> None:
         super().__init__(parent)
+        EngineThread.live.add(self)
         self.thread = QThread()
         self.thread.setObjectName("engine")
         self.worker = EngineWorker(backend)

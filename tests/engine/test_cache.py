@@ -212,7 +212,7 @@ def test_batch_of_two_matches_single_rows():
 def test_kv_bits_storage_saves_bytes_and_stays_close(bits):
     model = tiny_model("llama", hidden_size=256)  # head_dim 64
     book = random_codebook(model)
-    x = mx.array([list(range(3, 403))])
+    x = mx.array([[3 + i % 390 for i in range(400)]])  # ids inside the tiny vocab (400)
     full = make_cache(model, A2ATSConfig(window=512), book)
     quant = make_cache(model, A2ATSConfig(window=512, kv_bits=bits), book)
     a = model(x, cache=full)
@@ -260,11 +260,14 @@ def test_byte_accounting_is_what_is_held():
     assert c.codebook_bytes > 0 and c.tokens_seen == 256
 
 
-def test_hook_routes_only_a2ats_caches():
+def test_hook_routes_only_a2ats_caches(monkeypatch):
     from mlx_lm.models import llama
 
     from a2ats_engine import hooks
 
+    # models of other tests may still be alive (and installed): count only this test's models
+    monkeypatch.setattr(hooks, "_installed", {})
+    monkeypatch.setattr(llama, "scaled_dot_product_attention", hooks._ORIGINAL)
     model = tiny_model("llama")
     x = mx.array([list(range(3, 60))])
     before = model(x, cache=make_prompt_cache(model))
@@ -283,7 +286,11 @@ def test_hook_routes_only_a2ats_caches():
 
     model(x, cache=[Spy(), Spy()])
     assert len(calls) == 2 and calls[0] == (1, 4, 57, 16)
+    other = tiny_model("llama")
+    hooks.install(other)
     hooks.uninstall(model)
+    assert llama.scaled_dot_product_attention is hooks.dispatch  # `other` still uses it
+    hooks.uninstall(other)
     assert llama.scaled_dot_product_attention is not hooks.dispatch
     calls.clear()
     model(x, cache=[Spy(), Spy()])

@@ -329,6 +329,14 @@ def test_failed_reply_leaves_conversation_unchanged(llama, tokenizer):
     assert len(session.messages) == 4
 
 
+def test_tokenizer_that_does_not_match_the_model_is_a_clear_error(tokenizer):
+    small = tiny_model("llama", vocab_size=100)  # the tokenizer's ids go up to 399
+    session = ChatSession(small, tokenizer, sampling=GREEDY)
+    with pytest.raises(ValueError, match=r"outside the model's vocabulary \(embedding rows 0-99\)"):
+        run(session.send("Hello! How are you today?"))
+    assert session.messages == [] and session.caches is None
+
+
 # -------------------------------------------------------- settings between messages
 def test_set_cache_factory_rebuilds_on_next_message(llama, tokenizer):
     built = []
