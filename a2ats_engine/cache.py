@@ -28,6 +28,9 @@ _STEP = 256
 class A2ATSCache(_BaseCache):
     """One attention layer's A2ATS cache (mlx-lm cache protocol + `attend`)."""
 
+    # whether `config.rerank` applies (False for evaluation caches whose ranking is not a score)
+    reranks: bool = True
+
     step = _STEP
 
     def __init__(
@@ -213,8 +216,13 @@ class A2ATSCache(_BaseCache):
         n_kv = self.codes.shape[1]
         group = queries.reshape(B, n_kv, n_q // n_kv, d)
         scores = self.far_token_scores(queries, lay)
-        positions, repeat = att.select(scores, lay)
         cap, bits, gs = self.capacity, self.kv_bits, self.group_size
+        candidates = min(self.config.rerank * lay.k, lay.n_far) if self.reranks else lay.k
+        if candidates > lay.k:
+            top = att.rerank(group, scores, lay, candidates, self.keys, cap, gs, bits)
+            positions, repeat = att.select(None, lay, top)
+        else:
+            positions, repeat = att.select(scores, lay)
         k_sel = att.gather_rows(self.keys, positions, cap, gs, bits)
         v_sel = att.gather_rows(self.values, positions, cap, gs, bits)
         out = att.selected_attention(group, k_sel, v_sel, repeat, scale)

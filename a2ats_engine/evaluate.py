@@ -124,6 +124,8 @@ class OracleTopKCache(A2ATSCache):
     """A2ATS's selection structure (per-head top-K, GQA union, sinks, window) with far tokens
     ranked by their exact post-RoPE scores: the ceiling for any top-K retrieval at this budget."""
 
+    reranks = False  # its scores are exact already
+
     def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
         """queries post-RoPE `[B, n_q, 1, d]` -> exact scores `[B, n_kv, G, F]` of far tokens."""
         B, n_q, _, d = queries.shape
@@ -136,6 +138,8 @@ class OracleTopKCache(A2ATSCache):
 class RecentWindowCache(A2ATSCache):
     """Sinks + the most recent tokens (StreamingLLM-style): the top-K "far" tokens are simply
     the K latest ones before the window, so the attended set is contiguous with the window."""
+
+    reranks = False  # recency, not relevance
 
     def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
         """Scores that rank far tokens by recency: `[B, n_kv, G, F]` (later = higher)."""

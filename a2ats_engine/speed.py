@@ -9,6 +9,7 @@ with the logits evaluated every step.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,7 +120,8 @@ def bench_decode(
     """Decode tokens/s and bytes held per method and context (see module docstring).
 
     Methods: full (mlx-lm KVCache), kv8 / kv4 (mlx-lm QuantizedKVCache), a2ats (A2ATS with
-    `config`), a2ats_kv4 / a2ats_kv8 (the same with kv_bits), a2ats_telemetry (telemetry on).
+    `config`), a2ats_kv4 / a2ats_kv8 (the same with kv_bits), a2ats_rr<N> (rerank N),
+    a2ats_telemetry (telemetry on); suffixes combine in that order (a2ats_kv4_rr2).
     """
     config = config or A2ATSConfig()
     results = []
@@ -154,14 +156,24 @@ def _method_cache(model: nn.Module, base: list, method: str, config: A2ATSConfig
         return _clone_kv(base)
     if method in ("kv8", "kv4"):
         return _copy_into_quantized(base, int(method[-1]))
-    if method.startswith("a2ats"):
-        cfg = config
-        if method.endswith("kv4") or method.endswith("kv8"):
-            cfg = A2ATSConfig(**{**config.to_dict(), "kv_bits": int(method[-1])})
-        if method.endswith("telemetry"):
-            cfg = A2ATSConfig(**{**config.to_dict(), "telemetry": True})
+    match = _A2ATS_METHOD.fullmatch(method)
+    if match:
+        knobs = {}
+        if match["bits"]:
+            knobs["kv_bits"] = int(match["bits"])
+        if match["rerank"]:
+            knobs["rerank"] = int(match["rerank"])
+        if match["telemetry"]:
+            knobs["telemetry"] = True
+        cfg = A2ATSConfig(**{**config.to_dict(), **knobs})
         return _copy_into_a2ats(model, base, cfg, codebook)
     raise ValueError(f"unknown method {method!r}")
+
+
+# a2ats, a2ats_kv4, a2ats_rr2 (rerank 2), a2ats_kv4_rr2, a2ats_telemetry, ...
+_A2ATS_METHOD = re.compile(
+    r"a2ats(?:_kv(?P<bits>4|8))?(?:_rr(?P<rerank>\d+))?(?P<telemetry>_telemetry)?"
+)
 
 
 def fp16_bytes_per_token(model: nn.Module) -> int:

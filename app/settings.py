@@ -38,7 +38,8 @@ def _check_number(
 class CacheSettings:
     """The KV cache used for the next message. `a2ats_enabled=False` = mlx-lm's plain KVCache.
 
-    Fields mirror `A2ATSConfig` (window, far_offset, sinks, budget, kv_bits, far_buckets, min_k,
+    Fields mirror `A2ATSConfig` (window, far_offset, sinks, budget, kv_bits, far_buckets, rerank,
+    min_k,
     fidelity_every: the inspector's shadow exact-attention check every k decode steps, 0 = off);
     the codebook decides n_centroids / sub_dim / beta, and telemetry follows the inspector.
     """
@@ -50,6 +51,7 @@ class CacheSettings:
     budget: float = 0.03
     min_k: int = 16
     far_buckets: int = 4
+    rerank: int = 2
     kv_bits: int | None = 8  # 8-bit K/V: about 0.57x an fp16 cache, ppl within 0.3% (eval)
     fidelity_every: int = 0
 

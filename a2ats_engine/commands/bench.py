@@ -28,8 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument(
         "--methods",
         default="full,a2ats,a2ats_kv4",
-        help="comma list of: full, kv8, kv4, a2ats, a2ats_kv8, a2ats_kv4, a2ats_telemetry",
+        help="comma list of: full, kv8, kv4, a2ats, a2ats_kv8, a2ats_kv4, a2ats_telemetry; "
+        "a2ats_rr<N> = a2ats with rerank N (combines: a2ats_kv4_rr2)",
     )
+    d.add_argument("--rerank", type=int, default=None, help="A2ATS rerank factor (default 1)")
     d.add_argument(
         "--telemetry", action="store_true", help="also time a2ats with telemetry on (overhead)"
     )
@@ -60,7 +62,7 @@ def run_decode(args: argparse.Namespace) -> int:
         methods.insert(0, "full")
     if args.telemetry and "a2ats_telemetry" not in methods:
         methods.append("a2ats_telemetry")
-    config = a2ats_config(codebook, model, budget=parse_budget(args.budget))
+    config = a2ats_config(codebook, model, budget=parse_budget(args.budget), rerank=args.rerank)
 
     def progress(stage, done, total):
         if not args.json:
@@ -96,6 +98,7 @@ def run_decode(args: argparse.Namespace) -> int:
         "codebook": codebook_desc,
         "n_centroids": codebook.n_centroids if codebook else None,
         "budget": config.budget,
+        "rerank": config.rerank,
         "steps": args.steps,
         "fp16_bytes_per_token": fp16,
         "machine": machine(),
@@ -213,6 +216,7 @@ def _register_passkey(bench) -> None:
     p.add_argument("--depths", default="0.1,0.3,0.5,0.7,0.9", help="needle depths in [0, 1]")
     p.add_argument("--methods", default="full,window,a2ats", help="full, window, a2ats, ...")
     p.add_argument("--budget", default="0.03", help="retrieval budget: fraction or token count")
+    p.add_argument("--rerank", type=int, default=None, help="A2ATS rerank factor (default 1)")
     p.add_argument("--answer-tokens", type=int, default=8, help="greedy answer length")
     p.add_argument("--seed", type=int, default=0, help="passkey random seed")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -233,7 +237,7 @@ def run_passkey(args: argparse.Namespace) -> int:
 
     model, tokenizer, info = load_model(args.model)
     codebook, desc = find_codebook(args.codebook, args.model, info.path, required=True)
-    config = a2ats_config(codebook, model, budget=parse_budget(args.budget))
+    config = a2ats_config(codebook, model, budget=parse_budget(args.budget), rerank=args.rerank)
     trials = bench_passkey(
         model, tokenizer, parse_list(args.contexts), parse_list(args.depths, float),
         codebook=codebook, config=config, methods=tuple(m for m in args.methods.split(",") if m),

@@ -37,6 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "a2ats_exact_rope)",
     )
     p.add_argument("--far-buckets", type=int, default=None, help="A2ATS distance buckets")
+    p.add_argument("--rerank", type=int, default=None, help="A2ATS rerank factor")
     p.add_argument("--plain-vq-codebook", help="beta = 1 codebook for a2ats_plain_vq")
     p.add_argument("--paper-codebook", help="codebook calibrated for one distance b (a2ats_paper)")
     p.add_argument("--no-wrope-codebook", help="post-RoPE codebook for a2ats_no_wrope")
@@ -102,7 +103,7 @@ def run_eval(args: argparse.Namespace) -> int:
     progress = stderr_progress(True)
     model, tokenizer, info = load_model(args.model)
     codebook, codebook_desc = find_codebook(args.codebook, args.model, info.path, required=True)
-    config = a2ats_config(codebook, model, far_buckets=args.far_buckets)
+    config = a2ats_config(codebook, model, far_buckets=args.far_buckets, rerank=args.rerank)
     if args.text:
         text, text_desc = Path(args.text).read_text(encoding="utf-8"), args.text
     else:
@@ -118,6 +119,7 @@ def run_eval(args: argparse.Namespace) -> int:
         "codebook": codebook_desc,
         "n_centroids": codebook.n_centroids,
         "far_buckets": config.far_buckets,
+        "rerank": config.rerank,
         "text": text_desc,
         "machine": machine(),
         "notes": notes + _method_notes(),

@@ -58,7 +58,7 @@ def provenance_tooltip(provenance: dict | None) -> str:
         lines.append(f"Codebook sha256: {sha[:16]}\u2026")
     config = (provenance.get("cache") or {}).get("config")
     if config:
-        keys = ("window", "far_offset", "sinks", "budget", "far_buckets", "kv_bits")
+        keys = ("window", "far_offset", "sinks", "budget", "far_buckets", "rerank", "kv_bits")
         lines.append("Cache: " + ", ".join(f"{k}={config.get(k)}" for k in keys))
     lines.append("Sampling: " + json.dumps(provenance.get("sampling", {}), sort_keys=True))
     return "\n".join(lines)

@@ -121,6 +121,11 @@ class SettingsDialog(QDialog):
         )
         self.min_k = _spin(1, 1 << 20, cache.min_k, "Minimum retrieved tokens")
         self.far_buckets = _spin(1, 64, cache.far_buckets, "Far distance buckets")
+        self.rerank = _spin(1, 64, cache.rerank, "Rerank candidates per retrieved token")
+        self.rerank.setToolTip(
+            "1 = keep the top-K of the codebook scores (the paper). r > 1 = take the top r*K by "
+            "codebook score, then keep the K whose stored keys score highest exactly."
+        )
         self.kv_bits = QComboBox()
         self.kv_bits.setAccessibleName("Stored K/V precision")
         for label, bits in KV_BITS:
@@ -142,6 +147,7 @@ class SettingsDialog(QDialog):
         form.addRow("Budget", self.budget)
         form.addRow("Min retrieved", self.min_k)
         form.addRow("Distance buckets", self.far_buckets)
+        form.addRow("Rerank", self.rerank)
         form.addRow("K/V storage", self.kv_bits)
         form.addRow("Fidelity check every", self.fidelity_every)
         note = QLabel(NEXT_MESSAGE_NOTE)
@@ -217,6 +223,7 @@ class SettingsDialog(QDialog):
             budget=round(self.budget.value(), 6),
             min_k=self.min_k.value(),
             far_buckets=self.far_buckets.value(),
+            rerank=self.rerank.value(),
             kv_bits=self.kv_bits.currentData(),
             fidelity_every=self.fidelity_every.value(),
         )
@@ -242,6 +249,7 @@ class SettingsDialog(QDialog):
         self.budget.setValue(cache.budget)
         self.min_k.setValue(cache.min_k)
         self.far_buckets.setValue(cache.far_buckets)
+        self.rerank.setValue(cache.rerank)
         self.kv_bits.setCurrentIndex([b for _, b in KV_BITS].index(cache.kv_bits))
         self.fidelity_every.setValue(cache.fidelity_every)
         self.temperature.setValue(sampling.temperature)

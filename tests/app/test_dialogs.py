@@ -15,7 +15,7 @@ from app.theme import DARK, LIGHT, resources_dir, theme
 
 def test_settings_dialog_round_trips_and_restores_defaults(qtbot):
     cache = CacheSettings(a2ats_enabled=False, window=32, far_offset=1024, sinks=4,
-                          budget=0.05, min_k=8, far_buckets=2, kv_bits=8)  # fmt: skip
+                          budget=0.05, min_k=8, far_buckets=2, rerank=3, kv_bits=8)  # fmt: skip
     sampling = SamplingPrefs(temperature=0.2, top_p=0.9, top_k=40, seed=11, max_tokens=99)
     dialog = SettingsDialog(cache, sampling, "dark", "Be brief.")
     qtbot.addWidget(dialog)

@@ -39,3 +39,25 @@ def test_bench_decode_json(tmp_path, capsys):
     full = next(r for r in rows if r["method"] == "a2ats" and r["context"] == 600)
     assert kv4["bytes_per_token"] < full["bytes_per_token"] / 3
     assert kv4["retrieved_per_step"] > 0
+
+
+def test_decode_method_names_set_kv_bits_rerank_and_telemetry():
+    import mlx.core as mx
+    import pytest
+    from mlx_lm.models.cache import make_prompt_cache
+    from tiny import tiny_model
+
+    from a2ats_engine.config import A2ATSConfig
+    from a2ats_engine.speed import _method_cache
+
+    model = tiny_model("llama", hidden_size=256)
+    base = make_prompt_cache(model)
+    model(mx.array([list(range(3, 100))]), cache=base)
+    config = A2ATSConfig(n_centroids=16, rerank=1)
+    cfg = _method_cache(model, base, "a2ats_kv4_rr3", config, None)[0].config
+    assert (cfg.kv_bits, cfg.rerank, cfg.telemetry) == (4, 3, False)
+    cfg = _method_cache(model, base, "a2ats_rr2_telemetry", config, None)[0].config
+    assert (cfg.kv_bits, cfg.rerank, cfg.telemetry) == (None, 2, True)
+    assert _method_cache(model, base, "a2ats", config, None)[0].config == config
+    with pytest.raises(ValueError, match="unknown method 'a2ats_rr'"):
+        _method_cache(model, base, "a2ats_rr", config, None)

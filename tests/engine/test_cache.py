@@ -88,7 +88,7 @@ def test_far_scores_with_buckets_use_each_tokens_bucket_distance():
 
 
 def test_selection_top_k_union_sinks_window():
-    config = A2ATSConfig(window=16, sinks=4, budget=5, far_buckets=1, telemetry=True)
+    config = A2ATSConfig(window=16, sinks=4, budget=5, far_buckets=1, rerank=1, telemetry=True)
     n_kv, n_q = 1, 2
     cache, pre, rope = filled_cache(n=200, n_kv=n_kv, config=config)
     n = cache.offset
@@ -124,6 +124,45 @@ def test_decode_output_is_exact_attention_over_the_selection():
         p = np.exp(s - s.max())
         p /= p.sum()
         np.testing.assert_allclose(out[0, qh, 0], p @ values[h, sel], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("bits", [None, 8])
+def test_rerank_keeps_the_exact_top_k_of_the_candidates(bits):
+    """Rerank over every far token gives the exact top-K; over r*K candidates it keeps the
+    exact best among the approximate top r*K. One centroid per token: no score ties."""
+    n, window, sinks, k = 300, 16, 4, 10
+    rng = np.random.default_rng(3)
+    pre = rng.standard_normal((1, n, 64)).astype(np.float32)
+    rope = RopeSpec.from_module(initialize_rope(64, 10000.0, False, None, 8192), 64)
+    book = Codebook([mx.array(pre[:, None, :, :])])
+    values = mx.array(rng.standard_normal((1, 1, n, 64)).astype(np.float32))
+    post = rope.rotate(mx.array(pre[None]), 0)
+    q_post = rope.rotate(mx.array(rng.standard_normal((1, 2, 1, 64)).astype(np.float32)), n - 1)
+    exact = np.array(q_post)[0, :, 0] @ np.array(post)[0, 0].T  # [2, n]
+    far = np.arange(sinks, n - window)
+    chosen = {}
+    for rerank in (1, 3, 64):
+        config = A2ATSConfig(window=window, sinks=sinks, budget=k, rerank=rerank, kv_bits=bits,
+                             kv_group_size=64, n_centroids=n, telemetry=True)  # fmt: skip
+        cache = A2ATSCache(0, rope, book, config, max_context=8192)
+        cache.update_and_fetch(post, values)
+        cache.attend(q_post, None, None, scale=0.125)
+        got = chosen[rerank] = set(cache.last_stats.retrieved[0].tolist())
+        lay = att.layout(n, window, sinks, k)
+        approx = np.array(cache.far_token_scores(q_post, lay))[0, 0]  # [2, F]
+        want = set()
+        for h in range(2):
+            cand = far[np.argsort(-approx[h])[: min(rerank * k, len(far))]]
+            want |= set(cand[np.argsort(-exact[h, cand])[:k]].tolist())
+        if bits is None:
+            assert got == want
+        else:  # exact scores from 8-bit keys: the same tokens up to near-ties
+            assert len(got & want) >= len(want) - 2
+    best = {int(t) for h in range(2) for t in far[np.argsort(-exact[h, far])[:k]]}
+    assert len(chosen[64] & best) >= len(best) - (0 if bits is None else 2)
+    assert chosen[1] != chosen[64]  # the approximate ranking alone misses some of the best
+    with pytest.raises(ValueError, match="rerank"):
+        A2ATSConfig(rerank=0)
 
 
 def test_budget_fraction_and_int():
