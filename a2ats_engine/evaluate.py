@@ -20,9 +20,10 @@ Methods (DESIGN.md section 2 for the A2ATS ones):
   window          sinks + the most recent tokens; as many as A2ATS attends on average
   oracle_topk     A2ATS's structure and budget, far tokens ranked by exact scores (the ceiling)
   a2ats           A2ATS with the given codebook and config
+  a2ats_no_rerank the same with rerank = 1: the top-K of the codebook scores alone
   a2ats_plain_vq  A2ATS with a plain (beta = 1) codebook
-  a2ats_paper     one far distance b = 2048 (far_buckets = 1) and a codebook calibrated for it,
-                  as in the paper
+  a2ats_paper     the paper's method: one far distance b = 2048 (far_buckets = 1), a codebook
+                  calibrated for it, no rerank
   a2ats_no_wrope  codes and scores on post-RoPE keys (no windowed RoPE)
   a2ats_random    A2ATS with a random codebook
 Diagnostics (only when asked for), to split A2ATS's loss against oracle_topk:
@@ -55,6 +56,7 @@ BUDGET_METHODS = (
     "a2ats",
     "window",
     "oracle_topk",
+    "a2ats_no_rerank",
     "a2ats_plain_vq",
     "a2ats_paper",
     "a2ats_no_wrope",
@@ -377,8 +379,12 @@ def method_spec(
         cfg = A2ATSConfig(**{**telemetry.to_dict(), "budget": max(1, int(window_budget))})
         return MethodSpec(name, a2ats_like(RecentWindowCache, cfg))
     if name == "a2ats_paper":
-        cfg = A2ATSConfig(**{**telemetry.to_dict(), "far_buckets": 1, "far_offset": 2048})
+        cfg = A2ATSConfig(
+            **{**telemetry.to_dict(), "far_buckets": 1, "far_offset": 2048, "rerank": 1}
+        )
         return MethodSpec(name, a2ats_like(cfg=cfg, cb=codebooks.get("paper", book)))
+    if name == "a2ats_no_rerank":
+        return MethodSpec(name, a2ats_like(cfg=A2ATSConfig(**{**telemetry.to_dict(), "rerank": 1})))
     if name == "a2ats_plain_vq":
         return MethodSpec(name, a2ats_like(cfg=telemetry, cb=codebooks["plain_vq"]))
     if name == "a2ats_no_wrope":

@@ -151,6 +151,8 @@ def _method_notes() -> list[str]:
         "window: sinks + most recent tokens, as many as a2ats attends on average; its "
         "bytes_per_token is what an evicting cache of that size holds",
         "oracle_topk: a2ats's structure and budget with far tokens ranked by exact scores",
+        "a2ats_no_rerank: a2ats with rerank 1; a2ats_paper: the paper's one distance b, "
+        "no rerank; the other a2ats_* ablations keep a2ats's rerank",
     ]
 
 

@@ -145,8 +145,8 @@ def test_evaluate_metrics_are_consistent(tiny):
     model, book, ids = tiny
     books = {"a2ats": book, "random": Codebook.random(2, 2, 64, 32, seed=9)}
     methods = (
-        "full", "kv8", "kv4", "a2ats", "window", "oracle_topk", "a2ats_paper", "a2ats_random",
-        "a2ats_exact_keys", "a2ats_exact_rope",
+        "full", "kv8", "kv4", "a2ats", "window", "oracle_topk", "a2ats_no_rerank", "a2ats_paper",
+        "a2ats_random", "a2ats_exact_keys", "a2ats_exact_rope",
     )  # fmt: skip
     (run,) = evaluate(
         model, ids, context=300, decode=5, budgets=[0.05], codebooks=books,
@@ -176,6 +176,8 @@ def test_evaluate_metrics_are_consistent(tiny):
     assert m["a2ats"].bytes_per_token > m["full"].bytes_per_token
     # same codebook and one of the same bucket settings: selection differs only by the buckets
     assert m["a2ats_paper"].attended_per_head == pytest.approx(m["a2ats"].attended_per_head, 0.2)
+    # rerank keeps the exact best of twice as many candidates: more of the attention mass
+    assert m["a2ats"].recall > m["a2ats_no_rerank"].recall
 
 
 def test_evaluate_with_nothing_to_drop_equals_full(tiny):
