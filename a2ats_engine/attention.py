@@ -151,10 +151,35 @@ def _cpu_only() -> bool:
 def top_far(scores: mx.array, k: int) -> mx.array:
     """Indices (into the far region) of the k highest scores: [..., F] -> [..., k] int32."""
     if host_top_k():
-        host = np.asarray(scores)
-        n = host.shape[-1]
-        return mx.array(np.argpartition(host, n - k, axis=-1)[..., n - k :].astype(np.int32))
+        return mx.array(top_far_host(np.asarray(scores), k))
     return mx.argpartition(-scores, kth=k - 1, axis=-1)[..., :k].astype(mx.int32)
+
+
+def top_far_host(scores: np.ndarray, k: int) -> np.ndarray:
+    """NumPy `top_far`: [..., F] -> [..., k] int32 (unordered)."""
+    n = scores.shape[-1]
+    return np.argpartition(scores, n - k, axis=-1)[..., n - k :].astype(np.int32)
+
+
+def select_host(top: np.ndarray, lay: Layout) -> tuple[mx.array, mx.array, int]:
+    """`select` for far indices already on the host: top [B, n_kv, G, k] (NumPy).
+
+    Returns (positions, repeat) as in `select` plus the number of distinct far tokens retrieved
+    (union over KV heads, summed over the batch, as `count_union` counts them).
+    The union bookkeeping is a handful of NumPy calls instead of a dozen small MLX ops.
+    """
+    B, n_kv, G, k = top.shape
+    union = np.sort(top.reshape(B, n_kv, G * k), axis=-1) + lay.n_sinks
+    dup = union[..., 1:] == union[..., :-1]
+    n_union = sum(int(np.unique(top[b]).size) for b in range(B))
+    n_win = lay.n - lay.window_start
+    positions = np.empty((B, n_kv, lay.n_sinks + G * k + n_win), dtype=np.int32)
+    positions[..., : lay.n_sinks] = np.arange(lay.n_sinks, dtype=np.int32)
+    positions[..., lay.n_sinks : lay.n_sinks + G * k] = union
+    positions[..., lay.n_sinks + G * k :] = np.arange(lay.window_start, lay.n, dtype=np.int32)
+    repeat = np.zeros(positions.shape, dtype=bool)
+    repeat[..., lay.n_sinks + 1 : lay.n_sinks + G * k] = dup
+    return mx.array(positions), mx.array(repeat), n_union
 
 
 def rerank(
@@ -170,15 +195,20 @@ def rerank(
     """Top-K far tokens per query head by exact score among the top `candidates` approximate ones.
 
     queries: post-RoPE [B, n_kv, G, d]; scores: approximate [B, n_kv, G, F]; storage: the
-    post-RoPE keys. Returns far indices [B, n_kv, G, k] int32 (k = lay.k), for `select`.
+    post-RoPE keys. Returns far indices [B, n_kv, G, k] int32 (k = lay.k) for `select`: a
+    NumPy array when `host_top_k()` (for `select_host`), else an MLX array.
     """
     B, n_kv, G, d = queries.shape
     cand = top_far(scores, candidates)  # [B, n_kv, G, c]
+    host = host_top_k()
     rows = gather_rows(storage, (cand + lay.n_sinks).reshape(B, n_kv, G * candidates), capacity,
                        group_size, bits)  # fmt: skip
     keys = rows.reshape(B, n_kv, G, candidates, d).astype(mx.float32)
     exact = (keys @ queries.astype(mx.float32)[..., None])[..., 0]  # [B, n_kv, G, c]
-    best = top_far(exact, lay.k)
+    if host:
+        best = top_far_host(np.asarray(exact), lay.k)
+        return np.take_along_axis(np.asarray(cand), best, axis=-1)
+    best = mx.argpartition(-exact, kth=lay.k - 1, axis=-1)[..., : lay.k]
     return mx.take_along_axis(cand, best, axis=-1)
 
 

@@ -51,7 +51,8 @@ class A2ATSCache(_BaseCache):
         self.codes = None
         self.offset = 0
         self.tokens_seen = 0
-        self._retrieved = mx.array(0, dtype=mx.int32)
+        self._retrieved = mx.array(0, dtype=mx.int32)  # counted by MLX (Metal path)
+        self._retrieved_host = 0  # counted on the host (NumPy top-K path)
         self._step = 0
         self._code_counts: np.ndarray | None = None
         self.last_stats: LayerStats | None = None
@@ -220,13 +221,19 @@ class A2ATSCache(_BaseCache):
         candidates = min(self.config.rerank * lay.k, lay.n_far) if self.reranks else lay.k
         if candidates > lay.k:
             top = att.rerank(group, scores, lay, candidates, self.keys, cap, gs, bits)
-            positions, repeat = att.select(None, lay, top)
+        elif att.host_top_k():
+            top = att.top_far_host(np.asarray(scores), lay.k)
         else:
-            positions, repeat = att.select(scores, lay)
+            top = None
+        if isinstance(top, np.ndarray):
+            positions, repeat, n_union = att.select_host(top, lay)
+            self._retrieved_host += n_union
+        else:
+            positions, repeat = att.select(scores, lay, top)
+            self._retrieved = self._retrieved + att.count_union(positions, repeat, lay)
         k_sel = att.gather_rows(self.keys, positions, cap, gs, bits)
         v_sel = att.gather_rows(self.values, positions, cap, gs, bits)
         out = att.selected_attention(group, k_sel, v_sel, repeat, scale)
-        self._retrieved = self._retrieved + att.count_union(positions, repeat, lay)
         self._after_step(lay, positions, repeat, queries)
         return out.reshape(B, n_q, 1, d)
 
@@ -409,7 +416,7 @@ class A2ATSCache(_BaseCache):
     @property
     def tokens_retrieved(self) -> int:
         """Far tokens selected (union over KV heads), summed over decode steps."""
-        return int(self._retrieved.item())
+        return int(self._retrieved.item()) + self._retrieved_host
 
 
 # -- model-level helpers ----------------------------------------------------------------------

@@ -2,9 +2,10 @@
 
 One prefill per context length (with mlx-lm's KVCache); the A2ATS caches are then built from the
 same keys and values (codes assigned in one pass), so every method decodes from an identical
-state. Each method then decodes the same teacher-forced tokens, the methods taking turns a few
-steps at a time (so changes in machine load hit all of them alike); tokens/s is steps / seconds
-with the logits evaluated every step.
+state. Each method then decodes greedily the way mlx-lm's `generate_step` does (the next step's
+graph is built while the current step computes, every token read back on the host), the methods
+taking turns a few steps at a time (so changes in machine load hit all of them alike);
+tokens/s is steps / seconds.
 """
 
 from __future__ import annotations
@@ -76,30 +77,48 @@ def _clone_kv(kv: list) -> list:
     return out
 
 
-def _decode_step(model: nn.Module, cache: list, token: int) -> float:
-    """Seconds for one decode step (logits evaluated)."""
+def _greedy_step(model: nn.Module, cache: list, token: mx.array) -> mx.array:
+    """One lazy greedy decode step: token [1] -> next token [1] (nothing evaluated)."""
+    logits = model(token[None], cache=cache)
+    return mx.argmax(logits[:, -1, :], axis=-1)
+
+
+def _decode_chunk(model: nn.Module, cache: list, token: mx.array, n: int) -> tuple[float, mx.array]:
+    """Seconds for n greedy decode steps from `token`, pipelined like mlx-lm's `generate_step`
+    (the next step's graph is built while the current one computes; each token is read back on
+    the host, as a chat app does). Returns (seconds, last token)."""
     began = time.perf_counter()
-    mx.eval(model(mx.array([[token]]), cache=cache))
-    return time.perf_counter() - began
+    y = _greedy_step(model, cache, token)
+    mx.async_eval(y)
+    for _ in range(n - 1):
+        nxt = _greedy_step(model, cache, y)
+        mx.async_eval(nxt)
+        y.item()
+        y = nxt
+    y.item()
+    return time.perf_counter() - began, y
 
 
 def _decode_interleaved(
     model: nn.Module, caches: dict[str, list], tokens: list[int], warmup: int = 2, chunk: int = 4
 ) -> dict[str, float]:
-    """Tokens/s per method, decoding the same `tokens` through every method's caches.
+    """Tokens/s per method: greedy decoding of len(tokens) - warmup steps from tokens[0].
 
     Methods take turns `chunk` steps at a time, so a change in machine load (other processes on
     a shared CPU) hits every method alike instead of whichever ran at that moment."""
-    for t in tokens[:warmup]:
-        for cache in caches.values():
-            _decode_step(model, cache, t)
+    last = {}
+    for name, cache in caches.items():
+        _, last[name] = _decode_chunk(model, cache, mx.array([tokens[0]]), warmup)
     seconds = dict.fromkeys(caches, 0.0)
-    timed = tokens[warmup:]
-    for start in range(0, len(timed), chunk):
+    remaining = len(tokens) - warmup
+    while remaining > 0:
+        n = min(chunk, remaining)
         for name, cache in caches.items():
-            for t in timed[start : start + chunk]:
-                seconds[name] += _decode_step(model, cache, t)
-    return {name: len(timed) / max(sec, 1e-9) for name, sec in seconds.items()}
+            sec, last[name] = _decode_chunk(model, cache, last[name], n)
+            seconds[name] += sec
+        remaining -= n
+    timed = len(tokens) - warmup
+    return {name: timed / max(sec, 1e-9) for name, sec in seconds.items()}
 
 
 def cache_bytes(cache: list) -> int:

@@ -36,6 +36,8 @@ COLORS = {
     "a2ats_paper": "#bcbd22",
     "a2ats_no_wrope": "#17becf",
     "a2ats_random": "#7f7f7f",
+    "a2ats_no_rerank": "#e7969c",
+    "a2ats_rr1": "#e7969c",
 }
 SYMBOLS = "osdt+xph"
 

@@ -1,6 +1,6 @@
 """Print the Markdown tables of docs/BENCHMARKS.md from the JSON results in this folder.
 
-    .venv/bin/python docs/benchmarks/tables.py [eval|sweep|passkey|decode|memory|seed]...
+    .venv/bin/python docs/benchmarks/tables.py [eval|diag|sweep|passkey|decode|memory|seed]...
 
 No argument prints every table whose JSON file exists. The numbers in BENCHMARKS.md are pasted
 from this output, so they are the measured ones.
@@ -148,9 +148,10 @@ def seed_table(data: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    wanted = set(argv) or {"eval", "sweep", "passkey", "decode", "memory", "seed"}
+    wanted = set(argv) or {"eval", "diag", "sweep", "passkey", "decode", "memory", "seed"}
     sections = [
         ("eval", "eval_4k_b003.json", eval_table),
+        ("diag", "eval_diagnostics.json", eval_table),
         ("sweep", "eval_sweep.json", sweep_table),
         ("passkey", "passkey.json", passkey_table),
         ("memory", "memory.json", memory_table),

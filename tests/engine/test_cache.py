@@ -165,6 +165,23 @@ def test_rerank_keeps_the_exact_top_k_of_the_candidates(bits):
         A2ATSConfig(rerank=0)
 
 
+def test_host_select_matches_the_mlx_select():
+    lay = att.layout(500, 16, 4, 12)
+    rng = np.random.default_rng(0)
+    # 2 batch rows, 3 KV heads, GQA group 3; heads of a group pick overlapping tokens
+    top = np.stack(
+        [rng.permuted(np.tile(np.arange(40), (2, 3, 1)), axis=-1)[..., :12] for _ in range(3)],
+        axis=2,
+    )
+    top = top.astype(np.int32)
+    pos_h, rep_h, n_union = att.select_host(top, lay)
+    pos_m, rep_m = att.select(None, lay, mx.array(top))
+    assert np.array_equal(np.array(pos_h), np.array(pos_m))
+    assert np.array_equal(np.array(rep_h), np.array(rep_m))
+    assert n_union == int(att.count_union(pos_m, rep_m, lay).item())
+    assert n_union < top.size  # the overlap was counted once
+
+
 def test_budget_fraction_and_int():
     assert A2ATSConfig(budget=0.03, min_k=16).top_k(4096) == math.ceil(0.03 * 4096)
     assert A2ATSConfig(budget=0.03, min_k=16).top_k(100) == 16
