@@ -249,6 +249,7 @@ def run_passkey(args: argparse.Namespace) -> int:
         "model": info.name,
         "codebook": desc,
         "budget": config.budget,
+        "rerank": config.rerank,
         "machine": machine(),
         "accuracy": table,
         "trials": [t.to_dict() for t in trials],
