@@ -150,8 +150,6 @@ def _cpu_only() -> bool:
 
 def top_far(scores: mx.array, k: int) -> mx.array:
     """Indices (into the far region) of the k highest scores: [..., F] -> [..., k] int32."""
-    if host_top_k():
-        return mx.array(top_far_host(np.asarray(scores), k))
     return mx.argpartition(-scores, kth=k - 1, axis=-1)[..., :k].astype(mx.int32)
 
 
@@ -191,23 +189,26 @@ def rerank(
     capacity: int,
     group_size: int,
     bits,
-) -> mx.array:
+    host: bool,
+) -> mx.array | np.ndarray:
     """Top-K far tokens per query head by exact score among the top `candidates` approximate ones.
 
     queries: post-RoPE [B, n_kv, G, d]; scores: approximate [B, n_kv, G, F]; storage: the
-    post-RoPE keys. Returns far indices [B, n_kv, G, k] int32 (k = lay.k) for `select`: a
-    NumPy array when `host_top_k()` (for `select_host`), else an MLX array.
+    post-RoPE keys. Returns far indices [B, n_kv, G, k] int32 (k = lay.k): with `host` (see
+    `host_top_k`) a NumPy array for `select_host`, else an MLX array for `select`.
     """
     B, n_kv, G, d = queries.shape
-    cand = top_far(scores, candidates)  # [B, n_kv, G, c]
-    host = host_top_k()
-    rows = gather_rows(storage, (cand + lay.n_sinks).reshape(B, n_kv, G * candidates), capacity,
-                       group_size, bits)  # fmt: skip
+    if host:
+        cand = top_far_host(np.asarray(scores), candidates)  # [B, n_kv, G, c]
+        cand_mx = mx.array(cand)
+    else:
+        cand = cand_mx = top_far(scores, candidates)
+    rows = gather_rows(storage, (cand_mx + lay.n_sinks).reshape(B, n_kv, G * candidates),
+                       capacity, group_size, bits)  # fmt: skip
     keys = rows.reshape(B, n_kv, G, candidates, d).astype(mx.float32)
     exact = (keys @ queries.astype(mx.float32)[..., None])[..., 0]  # [B, n_kv, G, c]
     if host:
-        best = top_far_host(np.asarray(exact), lay.k)
-        return np.take_along_axis(np.asarray(cand), best, axis=-1)
+        return np.take_along_axis(cand, top_far_host(np.asarray(exact), lay.k), axis=-1)
     best = mx.argpartition(-exact, kth=lay.k - 1, axis=-1)[..., : lay.k]
     return mx.take_along_axis(cand, best, axis=-1)
 

@@ -219,13 +219,14 @@ class A2ATSCache(_BaseCache):
         scores = self.far_token_scores(queries, lay)
         cap, bits, gs = self.capacity, self.kv_bits, self.group_size
         candidates = min(self.config.rerank * lay.k, lay.n_far) if self.reranks else lay.k
+        host = att.host_top_k()
         if candidates > lay.k:
-            top = att.rerank(group, scores, lay, candidates, self.keys, cap, gs, bits)
-        elif att.host_top_k():
+            top = att.rerank(group, scores, lay, candidates, self.keys, cap, gs, bits, host)
+        elif host:
             top = att.top_far_host(np.asarray(scores), lay.k)
         else:
             top = None
-        if isinstance(top, np.ndarray):
+        if host:
             positions, repeat, n_union = att.select_host(top, lay)
             self._retrieved_host += n_union
         else:

@@ -201,13 +201,12 @@ def vocab_rows(model: Any) -> int | None:
     return None
 
 
-def check_token_ids(model: Any, ids: list[int]) -> None:
-    """ValueError when a token id lies outside the model's embedding table.
+def check_token_ids(rows: int | None, ids: list[int]) -> None:
+    """ValueError when a token id lies outside an embedding table of `rows` rows (`vocab_rows`).
 
     MLX does not bounds-check gathers: such an id would silently read memory past the table.
     It means the tokenizer does not belong to the model.
     """
-    rows = vocab_rows(model)
     if rows is None or not ids:
         return
     low, high = min(ids), max(ids)
@@ -301,6 +300,7 @@ class ChatSession:
         codebook: Any | None = None,
     ) -> None:
         self.model = model
+        self._vocab_rows = vocab_rows(model)
         self.tokenizer = tokenizer
         self._system_prompt = system_prompt or None
         self._sampling = sampling if sampling is not None else SamplingSettings()
@@ -450,7 +450,7 @@ class ChatSession:
             self._messages = messages
             try:
                 prompt_ids = render_prompt(self.tokenizer, messages, self._system_prompt)
-                check_token_ids(self.model, prompt_ids)
+                check_token_ids(self._vocab_rows, prompt_ids)
                 reply = self._prepare_cache(prompt_ids)
                 yield from self._stream(reply)
             except GeneratorExit:  # the consumer walked away: keep the partial reply

@@ -23,9 +23,6 @@ def _no_engine_thread_left_running(request):
     """MLX is not thread-safe: an engine thread still running after its test would race the next
     test's MLX work. Fail the test that left one behind (after giving it time to finish)."""
     yield
-    import gc
-
-    gc.collect()
     running = _running_engine_threads()
     for engine in running:
         engine.shutdown(timeout_ms=30000)

@@ -1,4 +1,4 @@
-# ruff: noqa: I001  (a2ats_engine must be imported before mlx: it preloads OpenBLAS)
+# ruff: noqa: I001, B023  (a2ats_engine before mlx: it preloads OpenBLAS; the lambdas run at once)
 """Per-layer cost of one A2ATS decode step vs mlx-lm's attention, at one context (random data of
 the demo model's geometry: 3 KV heads, 9 query heads, head dim 64, 512 centroids).
 
@@ -16,6 +16,7 @@ import time
 
 import a2ats_engine  # noqa: F401  (BLAS preload before mlx.core)
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models.rope_utils import initialize_rope
 
 from a2ats_engine import attention as att
@@ -46,17 +47,22 @@ def main(n: int) -> None:
         q = mx.random.normal((1, 9, 1, 64))
         lay = att.layout(n, config.window, config.sinks, config.top_k(n))
         print(f"context {n}, rerank {rerank}, K {lay.k}, top-K on host: {att.host_top_k()}")
-        bench("mlx-lm attention (full)", lambda: mx.fast.scaled_dot_product_attention(  # noqa: B023
-            q, keys, values, scale=0.125))  # noqa: B023  # fmt: skip
-        bench("A2ATS retrieval step", lambda: cache._retrieve(q, lay, 0.125))  # noqa: B023
-        bench("  far-token scores", lambda: cache.far_token_scores(q, lay))  # noqa: B023
+        bench("mlx-lm attention (full)", lambda: mx.fast.scaled_dot_product_attention(
+            q, keys, values, scale=0.125))  # fmt: skip
+        bench("A2ATS retrieval step", lambda: cache._retrieve(q, lay, 0.125))
+        bench("  far-token scores", lambda: cache.far_token_scores(q, lay))
         scores = cache.far_token_scores(q, lay)
         mx.eval(scores)
-        bench("  top-K", lambda: att.top_far(scores, lay.k))  # noqa: B023
+        host = att.host_top_k()
+        if host:
+            bench("  top-K", lambda: att.top_far_host(np.asarray(scores), lay.k))
+        else:
+            bench("  top-K", lambda: att.top_far(scores, lay.k))
         if rerank > 1:
             group = q.reshape(1, 3, 3, 64)
-            bench("  rerank (top-2K, exact)", lambda: att.rerank(  # noqa: B023
-                group, scores, lay, rerank * lay.k, cache.keys, cache.capacity, 64, None))  # noqa: B023  # fmt: skip
+            bench("  rerank (top-2K, exact)", lambda: att.rerank(
+                group, scores, lay, rerank * lay.k, cache.keys, cache.capacity, 64, None,
+                host))  # fmt: skip
 
 
 if __name__ == "__main__":
