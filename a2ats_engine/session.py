@@ -27,8 +27,8 @@ from mlx_lm.generate import stream_generate
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
-from .config import A2ATSConfig, check_int
-from .telemetry import CacheSnapshot, GenerationStats, TokenEvent
+from .cache.config import A2ATSConfig, check_int
+from .cache.telemetry import CacheSnapshot, GenerationStats, TokenEvent
 
 CacheFactory = Callable[[nn.Module], list]
 Event = TokenEvent | CacheSnapshot | GenerationStats
@@ -135,7 +135,9 @@ def resolve_cache_factory(
     config = a2ats if a2ats is not None else A2ATSConfig()
 
     def a2ats_factory(model: nn.Module) -> list:
-        from .cache import make_cache  # lazy: keeps plain sessions free of the A2ATS modules
+        from .cache.a2ats_cache import (
+            make_cache,  # lazy: keeps plain sessions free of the A2ATS modules
+        )
 
         return make_cache(model, config, codebook)
 
@@ -590,7 +592,7 @@ class ChatSession:
         """`cache.snapshot` when the caches record telemetry (A2ATS caches), else None."""
         if not any(hasattr(c, "last_stats") for c in self._cache or []):
             return None
-        from .cache import snapshot  # lazy: only A2ATS caches have last_stats
+        from .cache.a2ats_cache import snapshot  # lazy: only A2ATS caches have last_stats
 
         return snapshot
 

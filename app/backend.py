@@ -37,23 +37,23 @@ class EngineBackend:
 
     def load_model(self, source: str, progress: ProgressFn | None = None):
         """-> (model, tokenizer, ModelInfo); ModelLoadError on bad input."""
-        from a2ats_engine.models import load_model
+        from a2ats_engine.loading.models import load_model
 
         return load_model(source, progress=progress)
 
     def demo_model_path(self) -> Path | None:
-        from a2ats_engine.models import demo_model_path
+        from a2ats_engine.loading.models import demo_model_path
 
         return demo_model_path()
 
     def fetch_demo(self, progress: ProgressFn | None = None) -> Path:
-        from a2ats_engine.models import fetch_demo
+        from a2ats_engine.loading.models import fetch_demo
 
         return fetch_demo(progress=progress)
 
     def load_codebook(self, path: str, model) -> tuple[Any, list[str]]:
         """-> (codebook, warnings); CodebookError naming the mismatch when it does not fit."""
-        from a2ats_engine.codebook import Codebook
+        from a2ats_engine.cache.codebook import Codebook
 
         codebook = Codebook.load(path)
         warnings = codebook.validate_for(model)
@@ -97,15 +97,15 @@ class EngineBackend:
         return tokenizer.decode(ids, skip_special_tokens=False)
 
     def demo_codebook_path(self) -> Path:
-        from a2ats_engine.calibrate import demo_codebook_path
+        from a2ats_engine.calibration.calibrate import demo_codebook_path
 
         return demo_codebook_path()
 
     def calibrate(self, model, tokenizer, request, progress: ProgressFn, cancel, model_name: str):
         """Train a codebook as `request` (CalibrationRequest) asks, save it, return it.
         `cancel` is a threading.Event; the engine raises CalibrationCancelled when it is set."""
-        from a2ats_engine.calibrate import calibrate
-        from a2ats_engine.corpus import load_texts
+        from a2ats_engine.calibration.calibrate import calibrate
+        from a2ats_engine.calibration.corpus import load_texts
 
         texts = load_texts(list(request.files), tokenizer) if request.files else None
         overrides = {"n_centroids": request.n_centroids, "beta": request.beta}
@@ -127,7 +127,7 @@ class EngineBackend:
         return codebook
 
     def is_cancellation(self, exc: BaseException) -> bool:
-        from a2ats_engine.calibrate import CalibrationCancelled
+        from a2ats_engine.calibration.calibrate import CalibrationCancelled
 
         return isinstance(exc, CalibrationCancelled)
 

@@ -35,9 +35,18 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from .app_dirs import codebooks_dir
 from .chat.chat_view import ChatView
 from .chat.composer import Composer
 from .chat.conversation_list import ConversationList
+from .conversations import (
+    Conversation,
+    HistoryStore,
+    Message,
+    export_json,
+    export_markdown,
+    title_from_text,
+)
 from .dialogs.calibrate_dialog import CalibrateDialog
 from .dialogs.codebook_info import CodebookInfoDialog, codebook_rows
 from .dialogs.hf_dialog import HuggingFaceDialog
@@ -54,15 +63,6 @@ from .events import (
     ModelLoaded,
     Progress,
 )
-from .history import (
-    Conversation,
-    HistoryStore,
-    Message,
-    export_json,
-    export_markdown,
-    title_from_text,
-)
-from .paths import codebooks_dir
 from .settings import AppSettings, save_settings
 from .theme import app_icon, bind_icon, theme
 from .units import human_bytes

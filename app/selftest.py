@@ -205,7 +205,7 @@ def check_corpus() -> str:
     """
     from pydoc_data.topics import topics
 
-    from a2ats_engine import corpus
+    from a2ats_engine.calibration import corpus
 
     names = corpus.STDLIB_MODULES
     missing = [name for name in names if not _module_source(name)]
@@ -302,8 +302,8 @@ def write_tiny_model(folder: Path, seed: int = 0) -> Path:
 
 def check_tiny_chat(tokens: int) -> str:
     """Load the tiny model through `load_model` and chat through A2ATS caches."""
-    from a2ats_engine.codebook import Codebook
-    from a2ats_engine.models import load_model
+    from a2ats_engine.cache.codebook import Codebook
+    from a2ats_engine.loading.models import load_model
 
     with tempfile.TemporaryDirectory(prefix="a2ats-selftest-") as tmp:
         model, tokenizer, info = load_model(write_tiny_model(Path(tmp) / "tiny-llama"))
@@ -315,7 +315,7 @@ def check_tiny_chat(tokens: int) -> str:
 # ------------------------------------------------------------------------------ demo model
 def check_model_chat(source: str, tokens: int) -> str | None:
     """Chat with a real model (the demo when fetched); None when there is nothing to load."""
-    from a2ats_engine.models import demo_model_path, load_model
+    from a2ats_engine.loading.models import demo_model_path, load_model
 
     if source == "demo" and demo_model_path() is None:
         return None
@@ -327,9 +327,9 @@ def check_model_chat(source: str, tokens: int) -> str | None:
 
 def _codebook_for(source: str, model, info):
     """The calibrated codebook found for the model, else a random one (wiring check only)."""
-    from a2ats_engine.codebook import Codebook
+    from a2ats_engine.cache.codebook import Codebook
     from a2ats_engine.commands.chat import default_codebook
-    from a2ats_engine.models import demo_model_path
+    from a2ats_engine.loading.models import demo_model_path
 
     folder = demo_model_path() if source == "demo" else Path(info.path)
     path = default_codebook(source, folder)
@@ -346,10 +346,10 @@ def chat_through_a2ats(model, tokenizer, codebook, tokens: int) -> str:
     (approximate top-K selection, not exact attention) and that the caches hold the context.
     A message may end early on EOS, hence up to three messages.
     """
-    from a2ats_engine import hooks
-    from a2ats_engine.config import A2ATSConfig
+    from a2ats_engine.cache import hooks
+    from a2ats_engine.cache.config import A2ATSConfig
+    from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats, TokenEvent
     from a2ats_engine.session import ChatSession, SamplingSettings
-    from a2ats_engine.telemetry import CacheSnapshot, GenerationStats, TokenEvent
 
     config = A2ATSConfig(
         window=SELFTEST_WINDOW,
@@ -386,7 +386,7 @@ def chat_through_a2ats(model, tokenizer, codebook, tokens: int) -> str:
 
 
 def _verify_generation(session, hooked: bool, generated: int, retrieval_steps: int) -> None:
-    from a2ats_engine.cache import A2ATSCache
+    from a2ats_engine.cache.a2ats_cache import A2ATSCache
 
     caches = session.caches or []
     if not caches or not all(isinstance(c, A2ATSCache) for c in caches):

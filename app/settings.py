@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .paths import atomic_write_text, config_dir
+from .app_dirs import atomic_write_text, config_dir
 
 SCHEMA_VERSION = 1
 MAX_RECENT_MODELS = 8
@@ -62,7 +62,7 @@ class CacheSettings:
 
     def to_config(self, telemetry: bool = False, **overrides: Any):
         """The engine's `A2ATSConfig` for these settings (extra fields from `overrides`)."""
-        from a2ats_engine.config import A2ATSConfig
+        from a2ats_engine.cache.config import A2ATSConfig
 
         values = {k: v for k, v in asdict(self).items() if k != "a2ats_enabled"}
         values.update(overrides)

@@ -49,7 +49,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _empty_stats(stop_reason: str, context_tokens: int = 0):
-    from a2ats_engine.telemetry import GenerationStats
+    from a2ats_engine.cache.telemetry import GenerationStats
 
     return GenerationStats(
         prompt_tokens=0,
@@ -269,7 +269,7 @@ class EngineWorker(QObject):
         self.generation_finished.emit(stats)
 
     def _stream(self, session, request: GenerationRequest):
-        from a2ats_engine.telemetry import CacheSnapshot, GenerationStats, TokenEvent
+        from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats, TokenEvent
 
         if request.mode == "send":
             events = session.send(request.text)

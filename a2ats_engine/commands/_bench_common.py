@@ -12,7 +12,7 @@ from typing import Any
 def find_codebook(path: str | None, source: str, model_path: str | None, *, required: bool):
     """(Codebook | None, description). `path` wins; else `codebook.safetensors` in the model
     folder or, for the demo, its default codebook. ValueError when required and none found."""
-    from ..codebook import Codebook
+    from ..cache.codebook import Codebook
     from .chat import default_codebook
 
     found = (
@@ -31,7 +31,7 @@ def find_codebook(path: str | None, source: str, model_path: str | None, *, requ
 def a2ats_config(codebook, model: Any, **knobs: Any):
     """An A2ATSConfig matching the codebook (centroids, sub_dim, calibrated b) plus `knobs`
     (None values ignored). Codebook/model mismatches raise; warnings go to stderr once."""
-    from ..config import A2ATSConfig
+    from ..cache.config import A2ATSConfig
 
     base: dict[str, Any] = {}
     if codebook is not None:

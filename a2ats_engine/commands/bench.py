@@ -50,8 +50,8 @@ def _load_codebook(path: str | None, model_source: str, model_path: str | None =
 
 
 def run_decode(args: argparse.Namespace) -> int:
-    from ..models import load_model
-    from ..speed import bench_decode, fp16_bytes_per_token
+    from ..bench.speed import bench_decode, fp16_bytes_per_token
+    from ..loading.models import load_model
     from ._bench_common import a2ats_config, machine, parse_budget
 
     model, tokenizer, info = load_model(args.model)
@@ -146,8 +146,8 @@ def _register_memory(bench) -> None:
 
 
 def run_memory(args: argparse.Namespace) -> int:
-    from ..models import load_model
-    from ..speed import bench_memory, fp16_bytes_per_token, kv_dtype
+    from ..bench.speed import bench_memory, fp16_bytes_per_token, kv_dtype
+    from ..loading.models import load_model
     from ._bench_common import a2ats_config, machine, parse_list, silence_random_codebook_warning
 
     silence_random_codebook_warning()
@@ -224,8 +224,8 @@ def _register_passkey(bench) -> None:
 
 
 def run_passkey(args: argparse.Namespace) -> int:
-    from ..models import load_model
-    from ..passkey import accuracy_table, bench_passkey
+    from ..bench.passkey import accuracy_table, bench_passkey
+    from ..loading.models import load_model
     from ._bench_common import (
         a2ats_config,
         find_codebook,
@@ -286,7 +286,7 @@ def _register_seed_synthetic(bench) -> None:
 
 
 def run_seed_synthetic(args: argparse.Namespace) -> int:
-    from ..seed_synthetic import SyntheticSettings, run
+    from ..bench.seed_synthetic import SyntheticSettings, run
     from ._bench_common import parse_list
 
     settings = SyntheticSettings(n_centroids=args.centroids, seed=args.seed)

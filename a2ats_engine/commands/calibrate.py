@@ -12,7 +12,7 @@ SOURCE_HELP = "an mlx-lm model folder, a .gguf file, a Hugging Face repo id or '
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ..calibrate import DEFAULT_MAX_ITERS, DEMO_CENTROIDS, DEMO_TOKENS
+    from ..calibration.calibrate import DEFAULT_MAX_ITERS, DEMO_CENTROIDS, DEMO_TOKENS
 
     p = subparsers.add_parser(
         "calibrate",
@@ -104,10 +104,10 @@ def _unit(stage: str) -> str:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
-    from ..calibrate import calibrate
-    from ..config import A2ATSConfig
-    from ..corpus import load_texts
-    from ..models import load_model
+    from ..cache.config import A2ATSConfig
+    from ..calibration.calibrate import calibrate
+    from ..calibration.corpus import load_texts
+    from ..loading.models import load_model
 
     out = Path(args.out)
     if out.exists() and not args.force:
@@ -159,7 +159,7 @@ def calibration_summary(book, seconds: float, path: Path) -> str:
 def run_codebook_info(args: argparse.Namespace) -> int:
     import warnings
 
-    from ..codebook import Codebook
+    from ..cache.codebook import Codebook
     from ..errors import CodebookError
 
     book = Codebook.load(args.file)
@@ -175,7 +175,7 @@ def run_codebook_info(args: argparse.Namespace) -> int:
             print(line)
     if args.model is None:
         return 0
-    from ..models import load_model
+    from ..loading.models import load_model
 
     model, _, info = load_model(args.model)
     with warnings.catch_warnings():

@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- model loading
 def load(source: str) -> tuple[Any, Any, Path | None]:
     """(model, tokenizer, model folder or None) through `a2ats_engine.models.load_model`."""
-    from ..models import load_model
+    from ..loading.models import load_model
 
     model, tokenizer, info = load_model(source, progress=_progress if _tty() else None)
     if _tty():
@@ -131,7 +131,7 @@ def default_codebook(source: str, model_path: Path | None) -> Path | None:
     if model_path is not None and model_path.is_dir():
         candidates.append(model_path / CODEBOOK_FILE)
     if source == "demo":
-        from ..paths import data_dir
+        from ..data_dirs import data_dir
 
         candidates.append(data_dir() / "codebooks" / "demo-default.safetensors")
     return next((path for path in candidates if path.is_file()), None)
@@ -160,8 +160,8 @@ def _cache_choice(args: argparse.Namespace, model: Any, model_path: Path | None)
 
 
 def _a2ats(args: argparse.Namespace, model: Any, path: Path) -> tuple:
-    from ..codebook import Codebook
-    from ..config import A2ATSConfig
+    from ..cache.codebook import Codebook
+    from ..cache.config import A2ATSConfig
 
     codebook = Codebook.load(path)
     knobs = {"budget": args.budget, "window": args.window}
@@ -195,7 +195,7 @@ def stats_line(stats: Any) -> str:
 
 def _print_reply(events: Any) -> Any:
     """Stream token text to stdout; print the stats line to stderr; return the stats."""
-    from ..telemetry import GenerationStats, TokenEvent
+    from ..cache.telemetry import GenerationStats, TokenEvent
 
     stats = None
     for event in events:

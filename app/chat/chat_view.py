@@ -25,8 +25,8 @@ from PySide6.QtWidgets import (
 )
 
 from ..context_text import ContextMap
+from ..conversations import Conversation, Message
 from ..events import ContextTokens
-from ..history import Conversation, Message
 from .message_widget import MessageWidget
 
 MAX_COLUMN_WIDTH = 860

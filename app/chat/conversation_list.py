@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..history import Conversation
+from ..conversations import Conversation
 from ..theme import bind_icon, theme
 
 ID_ROLE = Qt.ItemDataRole.UserRole

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..history import Message
+from ..conversations import Message
 from ..theme import bind_icon
 from .markdown_view import MarkdownView
 

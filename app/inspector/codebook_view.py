@@ -21,9 +21,9 @@ from PySide6.QtWidgets import (
 )
 
 from . import data
-from .history import Entry
+from .plot_theme import Theme
+from .snapshot_ring import Entry
 from .state import InspectorState
-from .theme import Theme
 from .widgets import (
     LegendBar,
     ThemedPlot,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from a2ats_engine.telemetry import CacheSnapshot, LayerStats
+from a2ats_engine.cache.telemetry import CacheSnapshot, LayerStats
 
 # Category codes of the retrieval map, ordered by drawing priority: when several positions share
 # one screen column, the highest code wins, so a lone retrieved token stays visible.

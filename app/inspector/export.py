@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from a2ats_engine.cache.telemetry import CacheSnapshot, LayerStats
 from a2ats_engine.errors import A2ATSError
-from a2ats_engine.telemetry import CacheSnapshot, LayerStats
 
 FORMAT = "a2ats-telemetry"
 VERSION = 1

@@ -14,10 +14,10 @@ from PySide6.QtCore import QRectF, Qt, Signal
 from PySide6.QtWidgets import QLabel, QStackedWidget, QVBoxLayout, QWidget
 
 from . import data
-from .history import Entry
+from .plot_theme import Theme, fraction_to_index
 from .retrieval_map import LayerAxis
+from .snapshot_ring import Entry
 from .state import InspectorState
-from .theme import Theme, fraction_to_index
 from .widgets import (
     LegendBar,
     ThemedPlot,

@@ -8,8 +8,8 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QVBoxLayout, QWidget
 
 from . import data
+from .plot_theme import Theme
 from .state import InspectorState
-from .theme import Theme
 from .widgets import LegendBar, ThemedPlot, nice_ceiling, small_label
 
 MB = 1024 * 1024

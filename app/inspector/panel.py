@@ -16,15 +16,15 @@ from typing import Any
 from PySide6.QtCore import QEvent, QObject, QSize, Qt, QTimer, Signal, Slot
 from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 
-from a2ats_engine.telemetry import CacheSnapshot
+from a2ats_engine.cache.telemetry import CacheSnapshot
 
 from . import export
 from .codebook_view import CodebookPanel
 from .fidelity_view import FidelityPanel
-from .history import DEFAULT_CAPACITY
 from .memory_view import MemoryPanel
 from .retrieval_map import RetrievalMapPanel
 from .scrubber import StepScrubber
+from .snapshot_ring import DEFAULT_CAPACITY
 from .state import FidelityInfo, InspectorState
 from .throttle import RedrawThrottle
 from .widgets import Section

@@ -16,9 +16,9 @@ from PySide6.QtCore import QRectF, Qt, Signal
 from PySide6.QtWidgets import QComboBox, QLabel, QToolButton, QVBoxLayout, QWidget
 
 from . import data
-from .history import Entry
+from .plot_theme import Theme, fraction_to_index
+from .snapshot_ring import Entry
 from .state import InspectorState, printable_token
-from .theme import Theme, fraction_to_index
 from .widgets import (
     LegendBar,
     ThemedPlot,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .history import DEFAULT_CAPACITY, Entry, FrequencyTracker, SnapshotRing
+from .snapshot_ring import DEFAULT_CAPACITY, Entry, FrequencyTracker, SnapshotRing
 
 
 @dataclass

@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from .theme import Theme, style_plot
+from .plot_theme import Theme, style_plot
 
 
 class FloatingWindow(QWidget):

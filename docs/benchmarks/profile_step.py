@@ -19,11 +19,11 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.rope_utils import initialize_rope
 
-from a2ats_engine import attention as att
-from a2ats_engine.cache import A2ATSCache
-from a2ats_engine.codebook import Codebook
-from a2ats_engine.config import A2ATSConfig
-from a2ats_engine.rope import RopeSpec
+from a2ats_engine.cache import attention as att
+from a2ats_engine.cache.a2ats_cache import A2ATSCache
+from a2ats_engine.cache.codebook import Codebook
+from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cache.rope import RopeSpec
 
 
 def bench(label: str, fn, reps: int = 200) -> None:

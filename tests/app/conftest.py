@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from PySide6.QtWidgets import QApplication, QMessageBox
 
-from app.history import HistoryStore
+from app.conversations import HistoryStore
 from app.settings import AppSettings, load_settings
 from app.theme import theme
 from app.worker import EngineThread

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
+from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats, LayerStats, TokenEvent
 from a2ats_engine.errors import CodebookError, ModelLoadError
-from a2ats_engine.models import ModelInfo
-from a2ats_engine.telemetry import CacheSnapshot, GenerationStats, LayerStats, TokenEvent
+from a2ats_engine.loading.models import ModelInfo
 
 SPECIAL = {"<|im_start|>": 1, "<|im_end|>": 2}
 
@@ -258,7 +258,7 @@ class FakeBackend:
         for stage, total in (("collecting", 40), ("clustering", 20)):
             for done in range(total + 1):
                 if cancel.is_set():
-                    from a2ats_engine.calibrate import CalibrationCancelled
+                    from a2ats_engine.calibration.calibrate import CalibrationCancelled
 
                     raise CalibrationCancelled("calibration cancelled")
                 progress(stage, done, total)
@@ -268,7 +268,7 @@ class FakeBackend:
         return FakeCodebook()
 
     def is_cancellation(self, exc):
-        from a2ats_engine.calibrate import CalibrationCancelled
+        from a2ats_engine.calibration.calibrate import CalibrationCancelled
 
         return isinstance(exc, CalibrationCancelled)
 

@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from app.history import (
+from app.app_dirs import conversations_dir
+from app.conversations import (
     Conversation,
     HistoryStore,
     Message,
@@ -15,7 +16,6 @@ from app.history import (
     export_markdown,
     title_from_text,
 )
-from app.paths import conversations_dir
 
 PROVENANCE = {
     "model": {"name": "TinyLM", "path": "/m/tiny", "source": "/m/tiny"},

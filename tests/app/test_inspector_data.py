@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from a2ats_engine.telemetry import CacheSnapshot, LayerStats
+from a2ats_engine.cache.telemetry import CacheSnapshot, LayerStats
 from app.inspector import data, export
-from app.inspector.history import FrequencyTracker, SnapshotRing
+from app.inspector.snapshot_ring import FrequencyTracker, SnapshotRing
 
 
 def make_layer(

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from tiny import tiny_model, tiny_tokenizer
 
-from a2ats_engine.codebook import Codebook
-from a2ats_engine.config import A2ATSConfig
+from a2ats_engine.cache.codebook import Codebook
+from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats, TokenEvent
 from a2ats_engine.session import ChatSession, SamplingSettings
-from a2ats_engine.telemetry import CacheSnapshot, GenerationStats, TokenEvent
 from app.inspector import InspectorPanel, data, export
 
 from .test_inspector_data import assert_same_snapshots

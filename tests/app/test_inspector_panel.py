@@ -10,9 +10,9 @@ from PySide6.QtCore import QPointF
 from PySide6.QtGui import QColor, QImage
 
 from app.inspector import InspectorPanel, data, export
-from app.inspector.demo import dark_palette, synthetic_snapshots, synthetic_tokens
+from app.inspector.plot_theme import Theme
 from app.inspector.retrieval_map import HIGHLIGHT_ALL, HIGHLIGHT_OFF, MODE_FREQUENCY
-from app.inspector.theme import Theme
+from app.inspector.synthetic import dark_palette, synthetic_snapshots, synthetic_tokens
 
 from .test_inspector_data import assert_same_snapshots, growing_run, make_layer, make_snapshot
 
@@ -171,7 +171,7 @@ def test_frequency_mode_counts_over_the_reply(panel):
     assert every == full[0, 20] == full[0, 21] == 255
     assert full[0, 11] == 0  # never retrieved
     assert 0 < full[0, 31] < every
-    from app.inspector.theme import fraction_to_index
+    from app.inspector.plot_theme import fraction_to_index
 
     assert full[0, 31] == fraction_to_index(np.array([2 / 6]))[0]
     assert "frequency over 6 steps" in panel.map_panel.summary.text()
@@ -364,7 +364,7 @@ def test_short_context_exact_steps_and_empty_snapshots(panel):
     assert "exact attention" in panel.map_panel.summary.text()
     panel.map_panel.set_highlight_choice(HIGHLIGHT_ALL)
     assert panel.map_panel.highlight_for(panel.state.entry()) == []
-    from a2ats_engine.telemetry import CacheSnapshot
+    from a2ats_engine.cache.telemetry import CacheSnapshot
 
     feed(panel, [CacheSnapshot(step=0, layers=())])
     assert panel.map_panel.full_image().size == 0

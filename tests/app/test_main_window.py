@@ -10,7 +10,7 @@ from PySide6.QtCore import QElapsedTimer, Qt, QTimer
 from PySide6.QtTest import QTest
 
 from app.context_text import ContextMap
-from app.history import HistoryStore
+from app.conversations import HistoryStore
 from app.settings import CacheSettings, SamplingPrefs, load_settings, settings_path
 
 from .fakes import FakeBackend

@@ -89,8 +89,8 @@ def test_scripted_mode_fails_cleanly_on_a_bad_codebook(app_dirs, tiny_folder, tm
 
 @pytest.mark.demo
 def test_scripted_mode_on_the_demo_model_with_its_default_codebook(tmp_path):
-    from a2ats_engine.calibrate import demo_codebook_path
-    from a2ats_engine.models import demo_model_path
+    from a2ats_engine.calibration.calibrate import demo_codebook_path
+    from a2ats_engine.loading.models import demo_model_path
 
     if demo_model_path() is None:
         pytest.skip("demo model not fetched (make demo)")

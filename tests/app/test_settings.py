@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from app import paths
+from app import app_dirs as dirs_module
 from app.settings import (
     SCHEMA_VERSION,
     AppSettings,
@@ -19,11 +19,12 @@ from app.settings import (
 
 
 def test_dirs_follow_env_overrides(app_dirs):
-    assert paths.config_dir() == app_dirs["config"]
-    assert paths.data_dir() == app_dirs["data"]
+    assert dirs_module.config_dir() == app_dirs["config"]
+    assert dirs_module.data_dir() == app_dirs["data"]
     assert settings_path() == app_dirs["config"] / "settings.json"
     assert (
-        paths.demo_default_codebook() == app_dirs["data"] / "codebooks" / "demo-default.safetensors"
+        dirs_module.demo_default_codebook()
+        == app_dirs["data"] / "codebooks" / "demo-default.safetensors"
     )
 
 

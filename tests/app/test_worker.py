@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import QObject
 
-from a2ats_engine.telemetry import CacheSnapshot, GenerationStats, TokenEvent
+from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats, TokenEvent
 from app.events import (
     CalibrationRequest,
     CodebookLoaded,

@@ -5,9 +5,9 @@ import json
 import pytest
 from tiny import save_tiny_model
 
+from a2ats_engine.bench.evaluate import ALL_METHODS
+from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cli import main
-from a2ats_engine.codebook import Codebook
-from a2ats_engine.evaluate import ALL_METHODS
 
 
 @pytest.fixture(scope="module")

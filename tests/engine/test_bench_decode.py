@@ -47,8 +47,8 @@ def test_decode_method_names_set_kv_bits_rerank_and_telemetry():
     from mlx_lm.models.cache import make_prompt_cache
     from tiny import tiny_model
 
-    from a2ats_engine.config import A2ATSConfig
-    from a2ats_engine.speed import _method_cache
+    from a2ats_engine.bench.speed import _method_cache
+    from a2ats_engine.cache.config import A2ATSConfig
 
     model = tiny_model("llama", hidden_size=256)
     base = make_prompt_cache(model)

@@ -10,11 +10,11 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_lm.models.rope_utils import initialize_rope
 from tiny import tiny_model
 
-from a2ats_engine import attention as att
-from a2ats_engine.cache import A2ATSCache, make_cache, snapshot
-from a2ats_engine.codebook import Codebook
-from a2ats_engine.config import A2ATSConfig
-from a2ats_engine.rope import RopeSpec, distance_buckets, model_geometry
+from a2ats_engine.cache import attention as att
+from a2ats_engine.cache.a2ats_cache import A2ATSCache, make_cache, snapshot
+from a2ats_engine.cache.codebook import Codebook
+from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cache.rope import RopeSpec, distance_buckets, model_geometry
 
 D = 32
 
@@ -319,7 +319,7 @@ def test_byte_accounting_is_what_is_held():
 def test_hook_routes_only_a2ats_caches(monkeypatch):
     from mlx_lm.models import llama
 
-    from a2ats_engine import hooks
+    from a2ats_engine.cache import hooks
 
     # models of other tests may still be alive (and installed): count only this test's models
     monkeypatch.setattr(hooks, "_installed", {})

@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 from tiny import tiny_model, tiny_tokenizer
 
-from a2ats_engine.calibrate import (
+from a2ats_engine.cache.codebook import Codebook
+from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cache.rope import model_geometry, retrieval_distances, rope_specs
+from a2ats_engine.calibration.calibrate import (
     CalibrationCancelled,
     calibrate,
     collect,
     token_stream,
 )
-from a2ats_engine.codebook import Codebook
-from a2ats_engine.config import A2ATSConfig
-from a2ats_engine.corpus import builtin_corpus, load_texts
-from a2ats_engine.rope import model_geometry, retrieval_distances, rope_specs
+from a2ats_engine.calibration.corpus import builtin_corpus, load_texts
 
 CONFIG = A2ATSConfig(n_centroids=16)
 
@@ -216,7 +216,7 @@ def test_cli_calibrate_and_codebook_info(tmp_path, capsys):
 
 
 def test_ensure_demo_codebook_keeps_a_valid_file(tmp_path, monkeypatch):
-    from a2ats_engine import calibrate as calibration
+    from a2ats_engine.calibration import calibrate as calibration
 
     monkeypatch.setenv("A2ATS_DATA_DIR", str(tmp_path))
     path = calibration.demo_codebook_path()
@@ -230,7 +230,7 @@ def test_ensure_demo_codebook_keeps_a_valid_file(tmp_path, monkeypatch):
 def test_ensure_demo_codebook_rebuilds_a_damaged_file(tmp_path, monkeypatch):
     from tiny import save_tiny_model
 
-    from a2ats_engine import calibrate as calibration
+    from a2ats_engine.calibration import calibrate as calibration
 
     monkeypatch.setenv("A2ATS_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setattr(calibration, "DEMO_TOKENS", 1500)
@@ -248,7 +248,7 @@ def test_ensure_demo_codebook_rebuilds_a_damaged_file(tmp_path, monkeypatch):
 def test_demo_model_keys_are_pre_rope_and_query_aware_wins():
     """The real demo model (GGUF: traditional RoPE, base 1e5): collected keys equal k_proj
     outputs; on held-out text query-aware VQ beats plain VQ."""
-    from a2ats_engine.models import demo_model_path, load_model
+    from a2ats_engine.loading.models import demo_model_path, load_model
 
     if demo_model_path() is None:
         pytest.skip("demo model not fetched (run `a2ats fetch-demo`)")
@@ -261,7 +261,7 @@ def test_demo_model_keys_are_pre_rope_and_query_aware_wins():
     np.testing.assert_allclose(
         np.asarray(data.keys[0]), np.asarray(keys)[:, 8:], rtol=1e-3, atol=1e-3
     )
-    from a2ats_engine.calibrate import fit_codebook
+    from a2ats_engine.calibration.calibrate import fit_codebook
 
     aware = fit_codebook(data, config, beta=0.0).metadata["heldout_score_error"]
     plain = fit_codebook(data, config, beta=1.0).metadata["heldout_score_error"]

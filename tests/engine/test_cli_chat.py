@@ -11,10 +11,10 @@ import sys
 import pytest
 from tiny import save_tiny_model
 
+from a2ats_engine.cache.telemetry import TokenEvent
 from a2ats_engine.cli import main
-from a2ats_engine.models import load_model
+from a2ats_engine.loading.models import load_model
 from a2ats_engine.session import ChatSession, SamplingSettings
-from a2ats_engine.telemetry import TokenEvent
 
 STATS = re.compile(
     r"^\[(\d+) prompt tokens, (\d+) generated, TTFT \d+\.\d\d s, \d+\.\d tok/s, "
@@ -94,7 +94,7 @@ def test_repl_exit_command(folder, capsys, monkeypatch):
 
 
 def test_a2ats_cache_with_codebook_file(folder, tmp_path, capsys):
-    from a2ats_engine.codebook import Codebook
+    from a2ats_engine.cache.codebook import Codebook
 
     path = tmp_path / "cb.safetensors"
     Codebook.random(2, 2, 16, 32).save(path)
@@ -128,7 +128,7 @@ def test_a2ats_cache_with_codebook_file(folder, tmp_path, capsys):
 
 
 def test_codebook_in_model_folder_is_the_default(tmp_path, capsys):
-    from a2ats_engine.codebook import Codebook
+    from a2ats_engine.cache.codebook import Codebook
 
     model_dir = save_tiny_model(tmp_path / "model", "llama")
     Codebook.random(2, 2, 16, 32).save(model_dir / "codebook.safetensors")
@@ -224,7 +224,7 @@ def test_ctrl_c_in_repl_cancels_the_reply_not_the_repl(folder):
 
 @pytest.mark.demo
 def test_demo_one_shot_names_paris(capsys):
-    from a2ats_engine.models import demo_model_path
+    from a2ats_engine.loading.models import demo_model_path
 
     if demo_model_path() is None:
         pytest.skip("the demo model is not fetched (`a2ats fetch-demo`)")

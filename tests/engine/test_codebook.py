@@ -7,8 +7,13 @@ import numpy as np
 import pytest
 from tiny import tiny_model
 
-from a2ats_engine.codebook import Codebook, model_fingerprint, query_metric, relative_score_error
-from a2ats_engine.config import A2ATSConfig
+from a2ats_engine.cache.codebook import (
+    Codebook,
+    model_fingerprint,
+    query_metric,
+    relative_score_error,
+)
+from a2ats_engine.cache.config import A2ATSConfig
 from a2ats_engine.errors import CodebookError
 
 

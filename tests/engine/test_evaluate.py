@@ -8,11 +8,7 @@ import pytest
 from mlx_lm.models.cache import KVCache
 from tiny import tiny_model
 
-from a2ats_engine import attention as att
-from a2ats_engine.cache import A2ATSCache
-from a2ats_engine.codebook import Codebook
-from a2ats_engine.config import A2ATSConfig
-from a2ats_engine.evaluate import (
+from a2ats_engine.bench.evaluate import (
     IdentityRope,
     MeasuredCache,
     OracleTopKCache,
@@ -23,7 +19,11 @@ from a2ats_engine.evaluate import (
     relative_l2_error,
     token_nll,
 )
-from a2ats_engine.rope import rope_specs
+from a2ats_engine.cache import attention as att
+from a2ats_engine.cache.a2ats_cache import A2ATSCache
+from a2ats_engine.cache.codebook import Codebook
+from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cache.rope import rope_specs
 
 # -- metric functions -------------------------------------------------------------------------
 
@@ -205,7 +205,7 @@ def test_evaluate_rejects_bad_arguments(tiny):
 
 
 def test_paired_ppl_ratio():
-    from a2ats_engine.evaluate import paired_ppl_ratio
+    from a2ats_engine.bench.evaluate import paired_ppl_ratio
 
     ref = np.array([1.0, 2.0, 3.0, 4.0])
     ratio, low, high = paired_ppl_ratio(ref + 0.1, ref)
@@ -237,7 +237,7 @@ def _lossless_setup(n=300, far_buckets=4):
 
 
 def test_exact_keys_diagnostic_equals_a2ats_with_a_lossless_codebook():
-    from a2ats_engine.evaluate import ExactKeyWRopeCache
+    from a2ats_engine.bench.evaluate import ExactKeyWRopeCache
 
     for buckets in (1, 4):
         scores = _lossless_setup(far_buckets=buckets)
@@ -245,7 +245,7 @@ def test_exact_keys_diagnostic_equals_a2ats_with_a_lossless_codebook():
 
 
 def test_exact_rope_diagnostic_equals_oracle_with_a_lossless_codebook():
-    from a2ats_engine.evaluate import CodedExactRopeCache
+    from a2ats_engine.bench.evaluate import CodedExactRopeCache
 
     scores = _lossless_setup()
     exact, coded = scores(OracleTopKCache), scores(CodedExactRopeCache)

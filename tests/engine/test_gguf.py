@@ -12,11 +12,16 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from tiny import save_tiny_tokenizer, tiny_model
 
-from a2ats_engine import _backend, gguf
+from a2ats_engine import _backend
 from a2ats_engine.errors import ModelLoadError
-from a2ats_engine.gguf_reader import DECODERS, load_tensors, mlx_layout, read_header
-from a2ats_engine.gguf_tokenizer import _PRE_TOKENIZERS, build_tokenizer, sentencepiece_merges
-from a2ats_engine.models import load_model
+from a2ats_engine.loading import gguf
+from a2ats_engine.loading.gguf_reader import DECODERS, load_tensors, mlx_layout, read_header
+from a2ats_engine.loading.gguf_tokenizer import (
+    _PRE_TOKENIZERS,
+    build_tokenizer,
+    sentencepiece_merges,
+)
+from a2ats_engine.loading.models import load_model
 
 from .gguf_fixtures import (
     BLOCKS,

@@ -15,10 +15,11 @@ from mlx.utils import tree_flatten
 from mlx_lm.utils import save_config, save_model
 from tiny import save_tiny_model, save_tiny_tokenizer, tiny_model
 
-from a2ats_engine import _backend, gguf, models
+from a2ats_engine import _backend
 from a2ats_engine.cli import main
 from a2ats_engine.errors import ModelLoadError
-from a2ats_engine.models import ModelInfo, load_model
+from a2ats_engine.loading import gguf, models
+from a2ats_engine.loading.models import ModelInfo, load_model
 
 from .gguf_fixtures import write_tiny_gguf
 

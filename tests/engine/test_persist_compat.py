@@ -7,9 +7,9 @@ from mlx_lm.models.cache import make_prompt_cache
 from tiny import tiny_model, tiny_tokenizer
 
 from a2ats_engine import KVCacheBuilder, KVCacheConfig, load_session, save_session
-from a2ats_engine.cache import A2ATSCache, make_cache
-from a2ats_engine.codebook import Codebook
-from a2ats_engine.config import A2ATSConfig
+from a2ats_engine.cache.a2ats_cache import A2ATSCache, make_cache
+from a2ats_engine.cache.codebook import Codebook
+from a2ats_engine.cache.config import A2ATSConfig
 from a2ats_engine.errors import A2ATSError
 
 

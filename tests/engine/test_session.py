@@ -13,8 +13,8 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 from tiny import save_tiny_tokenizer, tiny_model, tiny_tokenizer
 
 from a2ats_engine import SamplingSettings as ExportedSamplingSettings
+from a2ats_engine.cache.telemetry import GenerationStats, TokenEvent
 from a2ats_engine.session import ChatSession, SamplingSettings, render_prompt
-from a2ats_engine.telemetry import GenerationStats, TokenEvent
 
 GREEDY = SamplingSettings(temperature=0.0, max_tokens=10)
 
@@ -468,8 +468,8 @@ def test_sampler_greedy_picks_argmax():
 # ------------------------------------------------------------------- A2ATS cache factory
 @pytest.fixture
 def a2ats_session(tokenizer):
-    from a2ats_engine.codebook import Codebook
-    from a2ats_engine.config import A2ATSConfig
+    from a2ats_engine.cache.codebook import Codebook
+    from a2ats_engine.cache.config import A2ATSConfig
 
     model = tiny_model("llama")  # same weights as `llama`; its own copy gets the attention hook
 
@@ -482,8 +482,8 @@ def a2ats_session(tokenizer):
 
 
 def test_a2ats_session_streams_snapshots_after_each_token(a2ats_session):
-    from a2ats_engine.cache import A2ATSCache
-    from a2ats_engine.telemetry import CacheSnapshot
+    from a2ats_engine.cache.a2ats_cache import A2ATSCache
+    from a2ats_engine.cache.telemetry import CacheSnapshot
 
     events = list(a2ats_session.send("What is the capital of France?"))
     stats = events[-1]
@@ -512,7 +512,7 @@ def test_a2ats_regenerate_trims_and_repeats_greedy_reply(a2ats_session):
 
 
 def test_switching_to_full_cache_rebuilds(a2ats_session, llama, tokenizer):
-    from a2ats_engine.cache import A2ATSCache
+    from a2ats_engine.cache.a2ats_cache import A2ATSCache
 
     a2ats_session.set_cache_factory(None)
     history = a2ats_session.messages
@@ -525,7 +525,7 @@ def test_switching_to_full_cache_rebuilds(a2ats_session, llama, tokenizer):
 # ------------------------------------------------------------------------- demo model
 @pytest.fixture(scope="module")
 def demo():
-    from a2ats_engine.models import demo_model_path, load_model
+    from a2ats_engine.loading.models import demo_model_path, load_model
 
     if demo_model_path() is None:
         pytest.skip("the demo model is not fetched (`a2ats fetch-demo`)")

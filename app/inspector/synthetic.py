@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from a2ats_engine.telemetry import CacheSnapshot, LayerStats
+from a2ats_engine.cache.telemetry import CacheSnapshot, LayerStats
 
 WORDS = (
     "the",

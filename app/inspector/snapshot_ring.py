@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from a2ats_engine.telemetry import CacheSnapshot, LayerStats
+from a2ats_engine.cache.telemetry import CacheSnapshot, LayerStats
 
 from .data import retrieved_positions
 

@@ -15,9 +15,9 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from .cache import A2ATSCache
+from ..errors import A2ATSError
+from .a2ats_cache import A2ATSCache
 from .config import A2ATSConfig
-from .errors import A2ATSError
 from .rope import RopeSpec
 
 FORMAT = "a2ats-session"

@@ -87,7 +87,7 @@ class KVCacheBuilder:
     @staticmethod
     def for_model(model: nn.Module, config: KVCacheConfig) -> list:
         """A fresh cache list with the attention hook installed. Checks head_dim against the model."""
-        from .cache import make_cache
+        from .a2ats_cache import make_cache
         from .codebook import Codebook
         from .rope import model_geometry
 

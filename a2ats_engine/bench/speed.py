@@ -19,8 +19,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
-from .cache import A2ATSCache, make_cache
-from .config import A2ATSConfig
+from ..cache.a2ats_cache import A2ATSCache, make_cache
+from ..cache.config import A2ATSConfig
 
 
 @dataclass
@@ -197,7 +197,7 @@ _A2ATS_METHOD = re.compile(
 
 def fp16_bytes_per_token(model: nn.Module) -> int:
     """K+V bytes per token of an fp16 full cache for this model (all layers)."""
-    from .rope import model_geometry
+    from ..cache.rope import model_geometry
 
     geo = model_geometry(model)
     return 2 * geo["num_layers"] * geo["num_kv_heads"] * geo["head_dim"] * 2
@@ -254,7 +254,7 @@ def bench_memory(
     geometry and K/V dtype (what a cache holds does not depend on the values; A2ATS codes are
     assigned as usual), so no model forward is needed beyond one token to find the dtype.
     """
-    from .rope import model_geometry
+    from ..cache.rope import model_geometry
 
     config = config or A2ATSConfig()
     geo = model_geometry(model)

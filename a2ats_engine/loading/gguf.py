@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 
 Progress = Callable[[str, int, int], None]
 

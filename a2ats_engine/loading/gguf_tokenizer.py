@@ -19,7 +19,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 
 # llama.cpp token types (`enum llama_token_type`).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6

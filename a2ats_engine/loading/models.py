@@ -21,8 +21,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from . import gguf, paths
-from .errors import ModelLoadError
+from .. import data_dirs
+from ..errors import ModelLoadError
+from . import gguf
 
 Progress = Callable[[str, int, int], None]
 
@@ -94,7 +95,7 @@ def describe(source: str | os.PathLike, progress: Progress | None = None) -> Mod
 
     The quantization note says what `load_model` would do on this backend.
     """
-    from ._backend import is_cpu_only
+    from .._backend import is_cpu_only
 
     resolved = resolve_source(source, progress)
     model, config = _load_weights(resolved.folder, lazy=True, progress=None)
@@ -104,14 +105,14 @@ def describe(source: str | os.PathLike, progress: Progress | None = None) -> Mod
 
 def demo_model_path() -> Path | None:
     """The converted demo model folder if it was fetched, else None."""
-    from .demo import demo_model_path as _path
+    from .demo_model import demo_model_path as _path
 
     return _path()
 
 
 def fetch_demo(progress: Progress | None = None) -> Path:
     """Fetch and convert the demo model (idempotent). See `demo.fetch_demo`."""
-    from .demo import fetch_demo as _fetch
+    from .demo_model import fetch_demo as _fetch
 
     return _fetch(progress)
 
@@ -126,8 +127,8 @@ def resolve_source(source: str | os.PathLike, progress: Progress | None = None) 
     if not text:
         raise ModelLoadError("no model given (expected a folder, .gguf file, org/name or demo)")
     if text == "demo":
-        from .demo import demo_model_path as _demo_path
-        from .demo import fetch_demo as _fetch
+        from .demo_model import demo_model_path as _demo_path
+        from .demo_model import fetch_demo as _fetch
 
         folder = _demo_path() or _fetch(progress)
         return _folder_source(folder)
@@ -200,13 +201,13 @@ def _gguf_source(path: Path, progress: Progress | None) -> _Source:
 def gguf_folder(path: str | Path, progress: Progress | None = None) -> Path:
     """The converted mlx-lm folder of a GGUF file, converting it on first use.
 
-    Folders live in `paths.gguf_cache_dir()/<first 16 hex of sha256>/`. A file already hashed
+    Folders live in `data_dirs.gguf_cache_dir()/<first 16 hex of sha256>/`. A file already hashed
     (same path, size and mtime) is not hashed again.
     """
     path = Path(path).expanduser().resolve()
     gguf.check_gguf_header(path)
     digest = _cached_sha256(path, progress)
-    folder = paths.gguf_cache_dir() / digest[:16]
+    folder = data_dirs.gguf_cache_dir() / digest[:16]
     if _is_current_conversion(folder):
         return folder
     if folder.exists():
@@ -229,7 +230,7 @@ def _is_current_conversion(folder: Path) -> bool:
 
 
 def _cached_sha256(path: Path, progress: Progress | None) -> str:
-    index_file = paths.gguf_cache_dir() / "hashes.json"
+    index_file = data_dirs.gguf_cache_dir() / "hashes.json"
     stat = path.stat()
     key = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     try:
@@ -392,7 +393,7 @@ def prepare_for_backend(model, dequantize: bool | None = None) -> bool:
     from mlx.utils import tree_flatten
     from mlx_lm.utils import dequantize_model
 
-    from ._backend import is_cpu_only
+    from .._backend import is_cpu_only
 
     cpu = is_cpu_only()
     if dequantize is None:
@@ -485,7 +486,7 @@ def _quantization_text(source: _Source, config: dict, converted: bool) -> str | 
 
 
 def _model_info(source: _Source, model, config: dict, converted: bool) -> ModelInfo:
-    from .rope import model_geometry
+    from ..cache.rope import model_geometry
 
     try:
         geometry = model_geometry(model)

@@ -25,9 +25,9 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from .codebook import Codebook, model_fingerprint
-from .config import A2ATSConfig
-from .rope import model_geometry
+from ..cache.codebook import Codebook, model_fingerprint
+from ..cache.config import A2ATSConfig
+from ..cache.rope import model_geometry
 
 Progress = Callable[[str, int, int], None]
 KINDS = ("plain_vq", "paper", "no_wrope", "random")
@@ -36,7 +36,7 @@ HELDOUT = 0.1  # calibrate's default: the same chunks are held out, so the train
 
 
 def ablation_dir() -> Path:
-    from .paths import data_dir
+    from ..data_dirs import data_dir
 
     return data_dir() / "codebooks" / "ablations"
 
@@ -114,8 +114,8 @@ def ablation_codebooks(
 
 
 def _corpus_stream(tokenizer: Any, settings: dict[str, Any], progress) -> np.ndarray:
-    from .calibrate import token_stream
-    from .corpus import builtin_corpus
+    from ..calibration.calibrate import token_stream
+    from ..calibration.corpus import builtin_corpus
 
     texts = builtin_corpus(tokenizer, seed=settings["seed"], chars=8 * settings["tokens"])
     return token_stream(tokenizer, texts, settings["tokens"], progress=progress)
@@ -130,7 +130,7 @@ def _config(settings: dict[str, Any], far_buckets: int | None = None) -> A2ATSCo
 
 
 def _train(model, kind: str, stream: np.ndarray, settings: dict[str, Any], progress) -> Codebook:
-    from .calibrate import collect, default_keys_per_head, fit_codebook
+    from ..calibration.calibrate import collect, default_keys_per_head, fit_codebook
 
     config = _config(settings)
     keys_per_head = settings["keys_per_head"] or default_keys_per_head(settings["n_centroids"])
@@ -187,8 +187,8 @@ def collect_post_rope(
     """Post-RoPE keys `[n_kv, N, d]` and post-RoPE query moments `sum q^ q^T` `[n_kv, d, d]`
     per layer, collected like `calibrate.collect` (fresh context per chunk, keys past the sinks
     sampled uniformly, queries from position `sinks + window` on)."""
-    from . import hooks
-    from .calibrate import STEP_TOKENS, CaptureCache, _body
+    from ..cache import hooks
+    from ..calibration.calibrate import STEP_TOKENS, CaptureCache, _body
     from .evaluate import IdentityRope
 
     geo = model_geometry(model)

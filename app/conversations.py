@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .paths import atomic_write_text, conversations_dir
+from .app_dirs import atomic_write_text, conversations_dir
 
 FORMAT_VERSION = 1
 DEFAULT_TITLE = "New chat"

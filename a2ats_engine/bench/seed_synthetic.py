@@ -38,8 +38,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from .codebook import Codebook
-from .rope import RopeSpec, distance_buckets
+from ..cache.codebook import Codebook
+from ..cache.rope import RopeSpec, distance_buckets
 
 GEOMETRIES = ("local_recency", "long_range_dependent")
 SEQUENCES = (200, 400)

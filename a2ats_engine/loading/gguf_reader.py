@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 
 QK_K = 256
 

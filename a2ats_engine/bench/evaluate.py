@@ -44,10 +44,10 @@ import numpy as np
 from mlx_lm.models.base import quantized_scaled_dot_product_attention
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
-from . import attention as att
-from .cache import A2ATSCache
-from .config import A2ATSConfig
-from .rope import distance_buckets, model_geometry, retrieval_distances, rope_specs
+from ..cache import attention as att
+from ..cache.a2ats_cache import A2ATSCache
+from ..cache.config import A2ATSConfig
+from ..cache.rope import distance_buckets, model_geometry, retrieval_distances, rope_specs
 
 Progress = Callable[[str, int, int], None]
 
@@ -449,7 +449,7 @@ def run_method(
     Returns the result and the per-step argmax token ids `[M]`."""
     import time
 
-    from . import hooks
+    from ..cache import hooks
 
     hooks.install(model)
     specs = rope_specs(model)
@@ -502,7 +502,7 @@ def greedy_decode(
 
 def build_caches(model: nn.Module, base: list, spec: MethodSpec) -> list:
     """One cache per layer for `spec`, holding a copy of the prefill `base`; hooks installed."""
-    from . import hooks
+    from ..cache import hooks
 
     hooks.install(model)
     return [_filled(spec.factory(i, s), base, i) for i, s in enumerate(rope_specs(model))]

@@ -1,0 +1,1 @@
+"""Codebook calibration: the corpus, batched k-means and the query-aware fit."""
