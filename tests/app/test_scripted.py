@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from demo_gate import require_demo
 from PySide6.QtGui import QImage
 
 from app.settings import AppSettings, SamplingPrefs, save_settings
@@ -90,11 +91,8 @@ def test_scripted_mode_fails_cleanly_on_a_bad_codebook(app_dirs, tiny_folder, tm
 @pytest.mark.demo
 def test_scripted_mode_on_the_demo_model_with_its_default_codebook(tmp_path):
     from a2ats_engine.calibration.calibrate import demo_codebook_path
-    from a2ats_engine.loading.models import demo_model_path
 
-    if demo_model_path() is None:
-        pytest.skip("demo model not fetched (make demo)")
-    real_data = demo_model_path().parents[1]  # <data dir>/models/<name>
+    real_data = require_demo().parents[1]  # <data dir>/models/<name>
     dirs = {name: tmp_path / name for name in ("config", "data", "cache")}
     dirs["data"].mkdir()
     (dirs["data"] / "models").symlink_to(real_data / "models")

@@ -7,6 +7,7 @@ import threading
 import mlx.core as mx
 import numpy as np
 import pytest
+from demo_gate import require_demo
 from tiny import tiny_model, tiny_tokenizer
 
 from a2ats_engine.cache.codebook import Codebook
@@ -248,10 +249,9 @@ def test_ensure_demo_codebook_rebuilds_a_damaged_file(tmp_path, monkeypatch):
 def test_demo_model_keys_are_pre_rope_and_query_aware_wins():
     """The real demo model (GGUF: traditional RoPE, base 1e5): collected keys equal k_proj
     outputs; on held-out text query-aware VQ beats plain VQ."""
-    from a2ats_engine.loading.models import demo_model_path, load_model
+    from a2ats_engine.loading.models import load_model
 
-    if demo_model_path() is None:
-        pytest.skip("demo model not fetched (run `a2ats fetch-demo`)")
+    require_demo()
     model, tokenizer, _ = load_model("demo")
     config = A2ATSConfig(n_centroids=64)
     texts = builtin_corpus(tokenizer, chars=20_000)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from demo_gate import require_demo
 from tiny import save_tiny_model
 
 from a2ats_engine.cache.telemetry import TokenEvent
@@ -224,10 +225,7 @@ def test_ctrl_c_in_repl_cancels_the_reply_not_the_repl(folder):
 
 @pytest.mark.demo
 def test_demo_one_shot_names_paris(capsys):
-    from a2ats_engine.loading.models import demo_model_path
-
-    if demo_model_path() is None:
-        pytest.skip("the demo model is not fetched (`a2ats fetch-demo`)")
+    require_demo()
     question = "What is the capital of France? Answer in one sentence."
     rc = main(
         [

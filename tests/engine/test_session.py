@@ -8,6 +8,7 @@ import threading
 
 import mlx.core as mx
 import pytest
+from demo_gate import require_demo
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from tiny import save_tiny_tokenizer, tiny_model, tiny_tokenizer
@@ -525,10 +526,9 @@ def test_switching_to_full_cache_rebuilds(a2ats_session, llama, tokenizer):
 # ------------------------------------------------------------------------- demo model
 @pytest.fixture(scope="module")
 def demo():
-    from a2ats_engine.loading.models import demo_model_path, load_model
+    from a2ats_engine.loading.models import load_model
 
-    if demo_model_path() is None:
-        pytest.skip("the demo model is not fetched (`a2ats fetch-demo`)")
+    require_demo()
     model, tokenizer, _ = load_model("demo")
     return model, tokenizer
 
