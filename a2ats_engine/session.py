@@ -14,108 +14,24 @@ each decode step when the caches record telemetry, and one `GenerationStats` las
 from __future__ import annotations
 
 import copy
-import math
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import stream_generate
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
-from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
-from .cache.config import A2ATSConfig, check_int
+from .cache.config import A2ATSConfig
 from .cache.telemetry import CacheSnapshot, GenerationStats, TokenEvent
+from .records import SamplingSettings
 
 CacheFactory = Callable[[nn.Module], list]
 Event = TokenEvent | CacheSnapshot | GenerationStats
 ROLES = ("system", "user", "assistant")
-
-
-def _check_number(
-    name: str, value: Any, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False
-) -> None:
-    ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
-    if ok:
-        ok = (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
-    if not ok:
-        left, right = "(" if lo_open else "[", ")" if hi_open else "]"
-        raise ValueError(
-            f"SamplingSettings.{name}={value!r} is out of range: must be in {left}{lo}, {hi}{right}"
-        )
-
-
-def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
-    check_int("SamplingSettings", name, value, lo, hi)
-
-
-@dataclass(frozen=True)
-class SamplingSettings:
-    """How tokens are drawn. Validated at construction (`ValueError` naming field and range).
-
-    temperature:        0 = greedy (argmax); > 0 = sample from softmax(logits / temperature).
-    top_p:              nucleus sampling mass in (0, 1]; 1 = off.
-    min_p:              drop tokens below min_p x p(top token), in [0, 1); 0 = off.
-    top_k:              keep the k most likely tokens; 0 = off.
-    repetition_penalty: > 0; 1 = off, > 1 discourages the last `repetition_context_size` tokens.
-    seed:               None = unseeded; else `mx.random.seed(seed)` before every reply.
-    max_tokens:         reply length limit (stop reason "length").
-    repetition_context_size: how many previous tokens the repetition penalty looks at.
-    """
-
-    temperature: float = 0.7
-    top_p: float = 1.0
-    min_p: float = 0.0
-    top_k: int = 0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    max_tokens: int = 512
-    repetition_context_size: int = 20
-
-    def __post_init__(self) -> None:
-        _check_number("temperature", self.temperature, 0.0, 100.0)
-        _check_number("top_p", self.top_p, 0.0, 1.0, lo_open=True)
-        _check_number("min_p", self.min_p, 0.0, 1.0, hi_open=True)
-        _check_int("top_k", self.top_k, 0)
-        _check_number("repetition_penalty", self.repetition_penalty, 0.0, 100.0, lo_open=True)
-        if self.seed is not None:
-            _check_int("seed", self.seed, 0, 2**63 - 1)
-        _check_int("max_tokens", self.max_tokens, 1)
-        _check_int("repetition_context_size", self.repetition_context_size, 1)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-    def make_sampler(self) -> Callable[[mx.array], mx.array]:
-        """mlx-lm sampler: log-probs [B, vocab] -> token ids [B]."""
-        return make_sampler(
-            temp=float(self.temperature),
-            top_p=float(self.top_p),
-            min_p=float(self.min_p),
-            top_k=self.top_k,
-        )
-
-    def make_logits_processors(self) -> list[Callable[[mx.array, mx.array], mx.array]]:
-        """mlx-lm logits processors (tokens [T], logits [B, vocab]) -> logits; [] when off."""
-        if self.repetition_penalty == 1.0:
-            return []
-        return make_logits_processors(
-            repetition_penalty=float(self.repetition_penalty),
-            repetition_context_size=self.repetition_context_size,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SamplingSettings:
-        """Build from a dict, ignoring unknown keys (forward compatibility of saved settings)."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 def resolve_cache_factory(

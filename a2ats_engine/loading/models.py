@@ -17,44 +17,18 @@ import os
 import re
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import data_dirs
 from ..errors import ModelLoadError
+from ..records import ModelInfo
 from . import gguf
 
 Progress = Callable[[str, int, int], None]
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What a loaded model is, for the UI and `a2ats info`.
-
-    rope: the RoPE parameters of layer 0 (`RopeSpec.to_dict()`), or {"error": ...} when the
-    variant is one A2ATS cannot replay. quantization: the source's quantization ("Q4_1",
-    "4-bit affine, group 64"...), with a note when it was dequantized for the CPU; None when the
-    weights were never quantized. disk_bytes: size of the source on disk (GGUF file, or model
-    folder). path: the source file or folder.
-    """
-
-    name: str
-    architecture: str
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rope: dict
-    context_length: int | None
-    quantization: str | None
-    disk_bytes: int
-    path: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
