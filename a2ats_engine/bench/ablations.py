@@ -188,8 +188,8 @@ def collect_post_rope(
     per layer, collected like `calibrate.collect` (fresh context per chunk, keys past the sinks
     sampled uniformly, queries from position `sinks + window` on)."""
     from ..cache import hooks
-    from ..calibration.calibrate import STEP_TOKENS, CaptureCache, _body
-    from .evaluate import IdentityRope
+    from ..calibration.calibrate import STEP_TOKENS, CaptureCache, transformer_body
+    from .methods import IdentityRope
 
     geo = model_geometry(model)
     n_kv, d, n_layers = geo["num_kv_heads"], geo["head_dim"], geo["num_layers"]
@@ -203,7 +203,7 @@ def collect_post_rope(
     moments: list[mx.array | None] = [None] * n_layers
     was_installed = hooks.is_installed(model)
     hooks.install(model)
-    body = _body(model)
+    body = transformer_body(model)
     try:
         for start, end in bounds:
             q_start = min(sinks + window, (end - start) // 2)

@@ -253,7 +253,7 @@ def _run(
         config.window, config.far_offset, config.far_buckets, geometry.get("max_context")
     )
     n_kv = geometry["num_kv_heads"]
-    body = _body(model)
+    body = transformer_body(model)
     was_installed = hooks.is_installed(model)
     hooks.install(model)
     train = _Accumulator(len(specs))
@@ -317,8 +317,13 @@ class _Accumulator:
         return [mx.concatenate(parts, axis=1) for parts in self.keys]
 
 
-def _body(model: Any) -> Callable[..., Any]:
-    """The transformer without the LM head when it takes `cache=` (saves the vocab matmul)."""
+def transformer_body(model: Any) -> Callable[..., Any]:
+    """The model without its LM head, for passes that only need the caches filled.
+
+    Returns `model.model` when it is callable with `cache=` (mlx-lm's layout: calling it runs
+    the embeddings and every layer, so each cache sees its keys and queries, and skips the
+    `[L, vocab]` output matmul), else `model` itself. Call it as
+    `transformer_body(model)(tokens [1, L], cache=caches)`."""
     inner = getattr(model, "model", None)
     if inner is not None and callable(inner):
         try:

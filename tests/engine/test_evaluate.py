@@ -5,7 +5,7 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import KVCache, QuantizedKVCache
 from tiny import tiny_model
 
 from a2ats_engine.bench.evaluate import (
@@ -251,3 +251,39 @@ def test_exact_rope_diagnostic_equals_oracle_with_a_lossless_codebook():
     exact, coded = scores(OracleTopKCache), scores(CodedExactRopeCache)
     np.testing.assert_allclose(coded, exact, atol=2e-4)
     assert not np.allclose(scores(A2ATSCache), exact, atol=1e-2)  # buckets do approximate
+
+
+def test_method_registry_builds_each_variant_from_the_run_config():
+    from a2ats_engine.bench.methods import METHODS, method_spec
+
+    model = tiny_model("llama", hidden_size=256)
+    spec = rope_specs(model)[0]
+    base = A2ATSConfig(window=32, sinks=4, budget=0.1, far_buckets=3, rerank=3)
+    books = {name: Codebook.random(2, 2, 64, 16, seed=1) for name in ("a2ats", "plain_vq")}
+    books["no_wrope"] = Codebook.random(2, 2, 64, 16, seed=2)
+
+    def built(name, **kw):
+        return method_spec(name, model, base, books, **kw).factory(0, spec)
+
+    paper = built("a2ats_paper")
+    assert (paper.config.far_buckets, paper.config.far_offset, paper.config.rerank) == (1, 2048, 1)
+    assert paper.codebook is books["a2ats"]  # no "paper" codebook given: falls back
+    assert (paper.config.window, paper.config.sinks, paper.config.budget) == (32, 4, 0.1)
+    assert built("a2ats").config == A2ATSConfig(
+        window=32, sinks=4, budget=0.1, far_buckets=3, rerank=3, telemetry=True
+    )
+    assert built("a2ats_no_rerank").config.rerank == 1
+    assert built("a2ats_plain_vq").codebook is books["plain_vq"]
+    no_wrope = built("a2ats_no_wrope")
+    assert isinstance(no_wrope.rope, IdentityRope) and no_wrope.config.far_buckets == 1
+    window = built("window", window_budget=7)
+    assert isinstance(window, RecentWindowCache) and window.config.budget == 7
+    assert isinstance(built("oracle_topk"), OracleTopKCache)
+    assert isinstance(built("kv4"), QuantizedKVCache)
+    with pytest.raises(ValueError, match="window"):
+        built("window")
+    with pytest.raises(ValueError, match="'random' codebook"):
+        built("a2ats_random")
+    with pytest.raises(ValueError, match="unknown method 'h2o'"):
+        built("h2o")
+    assert list(METHODS)[:4] == ["full", "kv8", "kv4", "a2ats"]
