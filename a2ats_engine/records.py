@@ -6,12 +6,11 @@ them; the engine's cache settings live beside them in `cache/config.py` (also ML
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from .cache.config import check_int
+from .validation import check_int, check_number, from_known_fields
 
 
 @dataclass(frozen=True)
@@ -41,17 +40,8 @@ class ModelInfo:
         return asdict(self)
 
 
-def _check_number(
-    name: str, value: Any, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False
-) -> None:
-    ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
-    if ok:
-        ok = (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
-    if not ok:
-        left, right = "(" if lo_open else "[", ")" if hi_open else "]"
-        raise ValueError(
-            f"SamplingSettings.{name}={value!r} is out of range: must be in {left}{lo}, {hi}{right}"
-        )
+def _check_number(name: str, value: Any, lo: float, hi: float, **open_ends: bool) -> None:
+    check_number("SamplingSettings", name, value, lo, hi, **open_ends)
 
 
 def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
@@ -124,5 +114,4 @@ class SamplingSettings:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SamplingSettings:
         """Build from a dict, ignoring unknown keys (forward compatibility of saved settings)."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return from_known_fields(cls, data)

@@ -35,11 +35,6 @@ def codebooks_dir() -> Path:
     return data_dir() / "codebooks"
 
 
-def demo_default_codebook() -> Path:
-    """The codebook calibrated for the demo model (written by `ensure_demo_codebook`)."""
-    return codebooks_dir() / "demo-default.safetensors"
-
-
 def atomic_write_text(path: Path, text: str) -> None:
     """Write `text` to `path` so that a crash leaves either the old or the new file, never half.
 

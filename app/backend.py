@@ -6,30 +6,27 @@ methods (a slowed generator, say). Only the engine thread calls these methods.
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ProgressFn = Callable[[str, int, int], None]
+from a2ats_engine.progress import Progress as ProgressFn
 
 
 def sampling_settings(prefs) -> Any:
     """The engine's `SamplingSettings` from the app's `SamplingPrefs` (same field names)."""
-    from dataclasses import asdict, fields
+    from dataclasses import asdict
 
-    from a2ats_engine.session import SamplingSettings
+    from a2ats_engine.records import SamplingSettings
+    from a2ats_engine.validation import from_known_fields
 
-    names = {f.name for f in fields(SamplingSettings)}
-    return SamplingSettings(**{k: v for k, v in asdict(prefs).items() if k in names})
+    return from_known_fields(SamplingSettings, asdict(prefs))
 
 
 def file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    """Hex sha256 of a file (the engine's `files.sha256_file`)."""
+    from a2ats_engine.files import sha256_file
+
+    return sha256_file(path)
 
 
 class EngineBackend:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,8 @@ import numpy as np
 from ..cache.codebook import Codebook, model_fingerprint
 from ..cache.config import A2ATSConfig
 from ..cache.rope import model_geometry
+from ..progress import Progress
 
-Progress = Callable[[str, int, int], None]
 KINDS = ("plain_vq", "paper", "no_wrope", "random")
 DEFAULT_TOKENS = 12288
 HELDOUT = 0.1  # calibrate's default: the same chunks are held out, so the training keys match

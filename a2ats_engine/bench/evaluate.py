@@ -22,7 +22,7 @@ against oracle_topk, run only when asked for).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -35,6 +35,7 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache
 from ..cache.a2ats_cache import A2ATSCache
 from ..cache.config import A2ATSConfig
 from ..cache.rope import model_geometry, rope_specs
+from ..progress import Progress
 from .methods import (  # noqa: F401  (re-exported: the method caches are part of this API)
     BUDGET,
     DIAGNOSTIC,
@@ -50,8 +51,6 @@ from .methods import (  # noqa: F401  (re-exported: the method caches are part o
     method_names,
     method_spec,
 )
-
-Progress = Callable[[str, int, int], None]
 
 FIXED_METHODS = method_names(FIXED)  # full, kv8, kv4
 BUDGET_METHODS = method_names(BUDGET)  # a2ats, window, oracle_topk and the a2ats ablations

@@ -23,7 +23,6 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import math
 import os
 import struct
 import warnings
@@ -36,6 +35,7 @@ import numpy as np
 
 from ..calibration.kmeans import Interrupt, KMeansCallback, kmeans
 from ..errors import CodebookError
+from ..files import sha256_file
 
 FORMAT_NAME = "a2ats-codebook"
 FORMAT_VERSION = 1
@@ -130,11 +130,6 @@ class Codebook:
         """Bytes held in memory: C, C', L and the lazily built assignment matrices."""
         held = self._centroids + self._assign + self._chol + list(self._assign_weights.values())
         return int(sum(a.nbytes for a in held))
-
-    @property
-    def code_bits(self) -> int:
-        """Bits of information per code (log2 of n_centroids, rounded up)."""
-        return max(1, math.ceil(math.log2(self.n_centroids)))
 
     # -- use --------------------------------------------------------------------------------
     def _weights(self, layer: int) -> mx.array:
@@ -342,7 +337,7 @@ class Codebook:
         finally:
             if tmp.exists():
                 tmp.unlink()
-        self._sha256 = _file_sha256(path)
+        self._sha256 = sha256_file(path)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Codebook:
@@ -372,7 +367,7 @@ class Codebook:
             raise CodebookError(f"{path.name}: file is damaged ({exc})") from exc
         if (book.n_centroids, book.sub_dim) != (meta.get("n_centroids"), meta.get("sub_dim")):
             raise CodebookError(f"{path.name}: file is damaged (arrays disagree with metadata)")
-        book._sha256 = _file_sha256(path)
+        book._sha256 = sha256_file(path)
         return book
 
     @property
@@ -673,14 +668,6 @@ def _rope_mismatch(recorded: dict[str, Any], geometry: dict[str, Any]) -> str | 
         diffs.append("frequencies differ")
     detail = ", ".join(diffs) if diffs else "per-layer RoPE differs"
     return f"codebook was calibrated for a different RoPE ({detail})"
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _read_metadata(path: Path) -> dict[str, Any]:

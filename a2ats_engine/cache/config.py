@@ -3,20 +3,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
-
-def check_int(owner: str, name: str, value: Any, lo: int, hi: int | None = None) -> None:
-    """ValueError naming `owner.name`, the value and the range unless lo <= value (<= hi)."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or value < lo
-        or (hi is not None and value > hi)
-    ):
-        allowed = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
-        raise ValueError(f"{owner}.{name}={value!r} is out of range: must be {allowed}")
+from ..validation import check_int, from_known_fields
 
 
 def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
@@ -119,5 +109,4 @@ class A2ATSConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> A2ATSConfig:
         """Build from a dict, ignoring unknown keys (forward compatibility of saved settings)."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return from_known_fields(cls, data)

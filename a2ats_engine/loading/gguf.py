@@ -14,7 +14,6 @@ and keeps the weights as they are.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -22,13 +21,12 @@ import re
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..errors import ModelLoadError
-
-Progress = Callable[[str, int, int], None]
+from ..files import sha256_file  # noqa: F401  (models and demo_model hash through here)
+from ..progress import Progress
 
 CONVERTER_VERSION = 2
 """Bumped when the converted folder changes, so cached conversions are redone."""
@@ -90,12 +88,6 @@ def check_gguf_header(path: Path) -> None:
     version = int.from_bytes(head[4:8], "little")
     if version not in (2, 3):
         raise ModelLoadError(f"{path}: GGUF version {version} is not supported (only 2 and 3)")
-
-
-def read_gguf(path: str | Path) -> tuple[dict, dict]:
-    """`(tensors, metadata)` of a GGUF file. ModelLoadError on a bad file."""
-    tensors, header = _read_gguf(path)
-    return tensors, header.metadata
 
 
 def _read_gguf(path: str | Path):
@@ -358,21 +350,6 @@ def _uniform_float_dtype(weights: dict) -> dict:
 
 # ---------------------------------------------------------------------------------------------
 # Writing the folder
-
-
-def sha256_file(path: str | Path, progress: Progress | None = None, chunk: int = 1 << 22) -> str:
-    """Hex sha256 of a file, reporting `progress("hash", done_bytes, total_bytes)`."""
-    path = Path(path)
-    total = path.stat().st_size
-    digest = hashlib.sha256()
-    done = 0
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-            done += len(block)
-            if progress is not None:
-                progress("hash", done, total)
-    return digest.hexdigest()
 
 
 def _save_weights(folder: Path, weights: dict) -> None:

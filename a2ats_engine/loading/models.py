@@ -16,17 +16,15 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import data_dirs
 from ..errors import ModelLoadError
+from ..progress import Progress
 from ..records import ModelInfo
 from . import gguf
-
-Progress = Callable[[str, int, int], None]
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 

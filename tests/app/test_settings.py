@@ -22,10 +22,9 @@ def test_dirs_follow_env_overrides(app_dirs):
     assert dirs_module.config_dir() == app_dirs["config"]
     assert dirs_module.data_dir() == app_dirs["data"]
     assert settings_path() == app_dirs["config"] / "settings.json"
-    assert (
-        dirs_module.demo_default_codebook()
-        == app_dirs["data"] / "codebooks" / "demo-default.safetensors"
-    )
+    from a2ats_engine.data_dirs import demo_codebook_path  # the app reads the engine's
+
+    assert demo_codebook_path() == app_dirs["data"] / "codebooks" / "demo-default.safetensors"
 
 
 def test_round_trip(app_dirs):

