@@ -12,32 +12,110 @@ from typing import Any
 
 from .validation import check_int, check_number, from_known_fields
 
+DEFAULT_MAX_CONTEXT = 8192
+"""Context length assumed for distance-bucket planning when a model does not state one."""
+
+
+def planning_context(max_context: int | None) -> int:
+    """The context the far-distance buckets are planned for: the model's `max_context`, or
+    DEFAULT_MAX_CONTEXT when it does not state one."""
+    return int(max_context or DEFAULT_MAX_CONTEXT)
+
 
 @dataclass(frozen=True)
-class ModelInfo:
-    """What a loaded model is, for the UI and `a2ats info`.
+class ModelGeometry:
+    """The attention shape of a model, as A2ATS sees it (read by `cache.rope.model_geometry`).
 
-    rope: the RoPE parameters of layer 0 (`RopeSpec.to_dict()`), or {"error": ...} when the
-    variant is one A2ATS cannot replay. quantization: the source's quantization ("Q4_1",
-    "4-bit affine, group 64"...), with a note when it was dequantized for the CPU; None when the
-    weights were never quantized. disk_bytes: size of the source on disk (GGUF file, or model
-    folder). path: the source file or folder.
+    model_type:   mlx-lm's model type ("llama", "qwen2", ...).
+    num_layers:   attention layers; num_heads / num_kv_heads: query / key-value heads per layer.
+    head_dim:     features per head.
+    rope:         layer 0's RoPE parameters (`RopeSpec.to_dict()`), or {"error": ...} when the
+                  variant is one A2ATS cannot replay.
+    max_context:  the model's stated context length (max_position_embeddings), None if none.
     """
 
-    name: str
-    architecture: str
+    model_type: str
     num_layers: int
     num_heads: int
     num_kv_heads: int
     head_dim: int
     rope: dict
-    context_length: int | None
+    max_context: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    # Transitional mapping-style reads (`geometry["head_dim"]`, `geometry.get(...)`) for code
+    # written against the old dict; new code reads attributes.
+    def __getitem__(self, name: str) -> Any:
+        return getattr(self, name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self, name, default)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a loaded model is, for the UI and `a2ats info`.
+
+    geometry: its attention shape (`ModelGeometry`); `architecture`, `num_layers`, `num_heads`,
+    `num_kv_heads`, `head_dim`, `rope` and `context_length` read from it. quantization: the
+    source's quantization ("Q4_1", "4-bit affine, group 64"...), with a note when it was
+    dequantized for the CPU; None when the weights were never quantized. disk_bytes: size of the
+    source on disk (GGUF file, or model folder). path: the source file or folder.
+    """
+
+    name: str
+    geometry: ModelGeometry
     quantization: str | None
     disk_bytes: int
     path: str
 
+    @property
+    def architecture(self) -> str:
+        return self.geometry.model_type
+
+    @property
+    def num_layers(self) -> int:
+        return self.geometry.num_layers
+
+    @property
+    def num_heads(self) -> int:
+        return self.geometry.num_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.geometry.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.geometry.head_dim
+
+    @property
+    def rope(self) -> dict:
+        return self.geometry.rope
+
+    @property
+    def context_length(self) -> int | None:
+        return self.geometry.max_context
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Flat: name, architecture, num_layers, num_heads, num_kv_heads, head_dim, rope,
+        context_length, quantization, disk_bytes, path."""
+        g = self.geometry
+        return {
+            "name": self.name,
+            "architecture": g.model_type,
+            "num_layers": g.num_layers,
+            "num_heads": g.num_heads,
+            "num_kv_heads": g.num_kv_heads,
+            "head_dim": g.head_dim,
+            "rope": g.rope,
+            "context_length": g.max_context,
+            "quantization": self.quantization,
+            "disk_bytes": self.disk_bytes,
+            "path": self.path,
+        }
 
 
 def _check_number(name: str, value: Any, lo: float, hi: float, **open_ends: bool) -> None:

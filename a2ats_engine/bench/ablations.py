@@ -90,7 +90,7 @@ def ablation_codebooks(
         if kind == "random":
             geo = model_geometry(model)
             out[kind] = Codebook.random(
-                geo["num_layers"], geo["num_kv_heads"], geo["head_dim"],
+                geo.num_layers, geo.num_kv_heads, geo.head_dim,
                 settings["n_centroids"], sub_dim=settings["sub_dim"], seed=settings["seed"],
             )  # fmt: skip
             notes.append(f"random: standard-normal centroids ({settings['n_centroids']})")
@@ -192,7 +192,7 @@ def collect_post_rope(
     from .methods import IdentityRope
 
     geo = model_geometry(model)
-    n_kv, d, n_layers = geo["num_kv_heads"], geo["head_dim"], geo["num_layers"]
+    n_kv, d, n_layers = geo.num_kv_heads, geo.head_dim, geo.num_layers
     total = len(stream)
     bounds = [(s, min(s + chunk_len, total)) for s in range(0, total, chunk_len)]
     pool = np.concatenate([np.arange(s + min(sinks, e - s - 1), e) for s, e in bounds])

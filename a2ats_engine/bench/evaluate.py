@@ -332,7 +332,7 @@ def evicting_window_bytes(
 ) -> float:
     """Bytes per token a sinks + recent-window cache holds when it evicts everything else."""
     geo = model_geometry(model)
-    per_token = 2 * geo["num_layers"] * geo["num_kv_heads"] * geo["head_dim"] * dtype_bytes
+    per_token = 2 * geo.num_layers * geo.num_kv_heads * geo.head_dim * dtype_bytes
     return min(attended, tokens) * per_token / tokens
 
 

@@ -270,7 +270,7 @@ def method_spec(
     if method is None:
         raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
     geo = model_geometry(model)
-    hd = geo["head_dim"]
+    hd = geo.head_dim
     if method.cache is None:
         return MethodSpec(name, _mlx_lm_factory(method, hd))
     cfg = method.config(config, window_budget)
@@ -279,7 +279,7 @@ def method_spec(
         book = codebooks["a2ats"]
     if book is None:
         raise ValueError(f"method {name} needs a {method.codebook!r} codebook")
-    ctx, cls = geo.get("max_context"), method.cache
+    ctx, cls = geo.max_context, method.cache
 
     def make(i: int, spec: Any) -> A2ATSCache:
         rope = IdentityRope(hd) if method.identity_rope else spec

@@ -186,7 +186,7 @@ def fp16_bytes_per_token(model: nn.Module) -> int:
     from ..cache.rope import model_geometry
 
     geo = model_geometry(model)
-    return 2 * geo["num_layers"] * geo["num_kv_heads"] * geo["head_dim"] * 2
+    return 2 * geo.num_layers * geo.num_kv_heads * geo.head_dim * 2
 
 
 # -- memory -------------------------------------------------------------------------------------
@@ -243,7 +243,7 @@ def bench_memory(
 
     config = config or A2ATSConfig()
     geo = model_geometry(model)
-    shape = (1, geo["num_kv_heads"], 0, geo["head_dim"])
+    shape = (1, geo.num_kv_heads, 0, geo.head_dim)
     dtype = kv_dtype(model)
     key = mx.random.key(seed)
     results = []

@@ -17,6 +17,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import _BaseCache, create_attention_mask
 
+from ..records import planning_context
 from . import attention as att
 from .config import A2ATSConfig
 from .rope import RopeSpec, distance_buckets, model_geometry, retrieval_distances, rope_specs
@@ -45,7 +46,7 @@ class A2ATSCache(_BaseCache):
         self.rope = rope
         self.codebook = codebook
         self.config = config or A2ATSConfig()
-        self.max_context = int(max_context or 8192)
+        self.max_context = planning_context(max_context)
         self.keys = None
         self.values = None
         self.codes = None

@@ -640,12 +640,12 @@ def model_fingerprint(model: Any, name: str | None = None) -> dict[str, Any]:
     blob = json.dumps(config, sort_keys=True, default=str)
     return {
         "name": name,
-        "model_type": geometry["model_type"],
-        "num_layers": geometry["num_layers"],
-        "num_heads": geometry["num_heads"],
-        "num_kv_heads": geometry["num_kv_heads"],
-        "head_dim": geometry["head_dim"],
-        "rope": geometry["rope"],
+        "model_type": geometry.model_type,
+        "num_layers": geometry.num_layers,
+        "num_heads": geometry.num_heads,
+        "num_kv_heads": geometry.num_kv_heads,
+        "head_dim": geometry.head_dim,
+        "rope": geometry.rope,
         "rope_fingerprint": _rope_fingerprint([s.fingerprint() for s in rope_specs(model)]),
         "config_hash": hashlib.sha256(blob.encode()).hexdigest()[:16],
     }

@@ -92,10 +92,10 @@ class KVCacheBuilder:
         from .rope import model_geometry
 
         geo = model_geometry(model)
-        if geo["head_dim"] != config.head_dim:
+        if geo.head_dim != config.head_dim:
             raise ValueError(
                 f"KVCacheConfig.head_dim={config.head_dim} does not match the model's head dim "
-                f"{geo['head_dim']}"
+                f"{geo.head_dim}"
             )
         codebook = config.a2ats_codebook
         if isinstance(codebook, str | Path):

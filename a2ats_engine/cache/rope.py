@@ -22,6 +22,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..records import ModelGeometry, planning_context
+
 
 @dataclass(frozen=True)
 class RopeSpec:
@@ -263,21 +265,23 @@ def rope_specs(model: nn.Module) -> list[RopeSpec]:
     return [RopeSpec.from_module(a.rope, _head_dim(a)) for a in attention_modules(model)]
 
 
-def model_geometry(model: nn.Module) -> dict[str, Any]:
-    """num_layers, num_heads, num_kv_heads, head_dim, rope (dict of layer 0), max_context."""
+def model_geometry(model: nn.Module) -> ModelGeometry:
+    """The model's attention shape: layers, heads, head_dim, layer 0's RoPE, max context.
+
+    ValueError when layer 0's RoPE is a variant A2ATS cannot replay."""
     attns = attention_modules(model)
     a0 = attns[0]
     args = getattr(model, "args", None)
     max_ctx = getattr(args, "max_position_embeddings", None) if args is not None else None
-    return {
-        "model_type": getattr(args, "model_type", type(model).__module__.rsplit(".", 1)[-1]),
-        "num_layers": len(attns),
-        "num_heads": int(a0.n_heads),
-        "num_kv_heads": int(a0.n_kv_heads),
-        "head_dim": _head_dim(a0),
-        "rope": RopeSpec.from_module(a0.rope, _head_dim(a0)).to_dict(),
-        "max_context": int(max_ctx) if max_ctx else None,
-    }
+    return ModelGeometry(
+        model_type=str(getattr(args, "model_type", type(model).__module__.rsplit(".", 1)[-1])),
+        num_layers=len(attns),
+        num_heads=int(a0.n_heads),
+        num_kv_heads=int(a0.n_kv_heads),
+        head_dim=_head_dim(a0),
+        rope=RopeSpec.from_module(a0.rope, _head_dim(a0)).to_dict(),
+        max_context=int(max_ctx) if max_ctx else None,
+    )
 
 
 def distance_buckets(window: int, context: int, n_buckets: int) -> list[tuple[int, int, float]]:
@@ -303,5 +307,5 @@ def retrieval_distances(
     else each distance bucket's representative (geometric middle) distance."""
     if far_buckets == 1:
         return [far_offset]
-    plan = distance_buckets(window, int(max_context or 8192), far_buckets)
+    plan = distance_buckets(window, planning_context(max_context), far_buckets)
     return [round(mid) for _, _, mid in plan]

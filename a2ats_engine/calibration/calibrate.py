@@ -251,9 +251,9 @@ def _run(
     geometry = model_geometry(model)
     specs = rope_specs(model)
     distances = retrieval_distances(
-        config.window, config.far_offset, config.far_buckets, geometry.get("max_context")
+        config.window, config.far_offset, config.far_buckets, geometry.max_context
     )
-    n_kv = geometry["num_kv_heads"]
+    n_kv = geometry.num_kv_heads
     body = transformer_body(model)
     was_installed = hooks.is_installed(model)
     hooks.install(model)

@@ -16,14 +16,14 @@ import json
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from .. import data_dirs
 from ..errors import ModelLoadError
 from ..progress import Progress
-from ..records import ModelInfo
+from ..records import ModelGeometry, ModelInfo
 from . import gguf
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -462,33 +462,33 @@ def _model_info(source: _Source, model, config: dict, converted: bool) -> ModelI
 
     try:
         geometry = model_geometry(model)
-        rope = geometry["rope"]
     except ValueError as exc:
-        geometry = _config_geometry(model, config)
-        rope = {"error": str(exc)}
-    quantization = _quantization_text(source, config, converted)
-    context = config.get("max_position_embeddings") or geometry.get("max_context")
+        geometry = _config_geometry(model, config, {"error": str(exc)})
+    context = config.get("max_position_embeddings") or geometry.max_context
+    geometry = replace(
+        geometry,
+        model_type=str(config.get("model_type", geometry.model_type)),
+        max_context=int(context) if context else None,
+    )
     return ModelInfo(
         name=source.name,
-        architecture=str(config.get("model_type", geometry.get("model_type", "unknown"))),
-        num_layers=int(geometry["num_layers"]),
-        num_heads=int(geometry["num_heads"]),
-        num_kv_heads=int(geometry["num_kv_heads"]),
-        head_dim=int(geometry["head_dim"]),
-        rope=rope,
-        context_length=int(context) if context else None,
-        quantization=quantization,
+        geometry=geometry,
+        quantization=_quantization_text(source, config, converted),
         disk_bytes=int(source.disk_bytes),
         path=source.path,
     )
 
 
-def _config_geometry(model, config: dict) -> dict:
+def _config_geometry(model, config: dict, rope: dict) -> ModelGeometry:
+    """The geometry from config.json when the model's RoPE cannot be read (`rope` says why)."""
     heads = int(config.get("num_attention_heads", 0))
     hidden = int(config.get("hidden_size", 0))
-    return {
-        "num_layers": len(getattr(model, "layers", [])) or config.get("num_hidden_layers", 0),
-        "num_heads": heads,
-        "num_kv_heads": int(config.get("num_key_value_heads") or heads),
-        "head_dim": int(config.get("head_dim") or (hidden // heads if heads else 0)),
-    }
+    return ModelGeometry(
+        model_type="unknown",
+        num_layers=int(len(getattr(model, "layers", [])) or config.get("num_hidden_layers", 0)),
+        num_heads=heads,
+        num_kv_heads=int(config.get("num_key_value_heads") or heads),
+        head_dim=int(config.get("head_dim") or (hidden // heads if heads else 0)),
+        rope=rope,
+        max_context=None,
+    )

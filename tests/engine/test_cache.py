@@ -206,7 +206,7 @@ def test_short_context_is_exact_and_reported_as_such():
 
 def random_codebook(model, n=64):
     geo = model_geometry(model)
-    return Codebook.random(geo["num_layers"], geo["num_kv_heads"], geo["head_dim"], n, seed=0)
+    return Codebook.random(geo.num_layers, geo.num_kv_heads, geo.head_dim, n, seed=0)
 
 
 def greedy(model, prompt, cache, steps=12):

@@ -111,7 +111,7 @@ def test_collected_keys_are_pre_rope_and_queries_are_wrope(tokenizer, arch, trad
     # With distance buckets the moment averages the queries rotated to every bucket distance.
     buckets = A2ATSConfig(n_centroids=16, sinks=4, window=16, far_buckets=3)
     data = collect(model, tokenizer, texts, buckets, tokens=200, chunk_len=200, heldout=0.0)
-    distances = retrieval_distances(16, buckets.far_offset, 3, model_geometry(model)["max_context"])
+    distances = retrieval_distances(16, buckets.far_offset, 3, model_geometry(model).max_context)
     assert len(set(distances)) == 3
     want_moment = 0
     for dist in distances:
