@@ -102,18 +102,17 @@ class EngineBackend:
         """Train a codebook as `request` (CalibrationRequest) asks, save it, return it.
         `cancel` is a threading.Event; the engine raises CalibrationCancelled when it is set."""
         from a2ats_engine.calibration.calibrate import calibrate
+        from a2ats_engine.calibration.codebook_spec import CodebookSpec
         from a2ats_engine.calibration.corpus import load_texts
 
         texts = load_texts(list(request.files), tokenizer) if request.files else None
-        overrides = {"n_centroids": request.n_centroids, "beta": request.beta}
-        if request.sub_dim is not None:
-            overrides["sub_dim"] = request.sub_dim
-        config = request.cache.to_config(**overrides)
+        spec = CodebookSpec(request.n_centroids, request.sub_dim, request.beta)
         codebook = calibrate(
             model,
             tokenizer,
             texts,
-            config,
+            request.cache.to_config(),
+            spec=spec,
             tokens=request.tokens,
             progress=progress,
             cancel=cancel,

@@ -290,7 +290,6 @@ def chat_through_a2ats(model, tokenizer, codebook, tokens: int) -> str:
         window=SELFTEST_WINDOW,
         sinks=SELFTEST_SINKS,
         budget=SELFTEST_BUDGET,
-        n_centroids=codebook.n_centroids,
         far_buckets=1,
         telemetry=True,
     )

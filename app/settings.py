@@ -41,7 +41,8 @@ class CacheSettings:
     Fields mirror `A2ATSConfig` (window, far_offset, sinks, budget, kv_bits, far_buckets, rerank,
     min_k,
     fidelity_every: the inspector's shadow exact-attention check every k decode steps, 0 = off);
-    the codebook decides n_centroids / sub_dim / beta, and telemetry follows the inspector.
+    the codebook's own properties (n_centroids, sub_dim, beta) come with the codebook, and
+    telemetry follows the inspector.
     """
 
     a2ats_enabled: bool = True

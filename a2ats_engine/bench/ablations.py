@@ -28,6 +28,7 @@ import numpy as np
 from ..cache.codebook import Codebook, model_fingerprint
 from ..cache.config import A2ATSConfig
 from ..cache.rope import model_geometry
+from ..calibration.codebook_spec import CodebookSpec
 from ..progress import Progress
 
 KINDS = ("plain_vq", "paper", "no_wrope", "random")
@@ -123,10 +124,13 @@ def _corpus_stream(tokenizer: Any, settings: dict[str, Any], progress) -> np.nda
 
 def _config(settings: dict[str, Any], far_buckets: int | None = None) -> A2ATSConfig:
     return A2ATSConfig(
-        n_centroids=settings["n_centroids"], sub_dim=settings["sub_dim"],
-        beta=settings["beta"], far_offset=settings["far_offset"], sinks=settings["sinks"],
-        window=settings["window"], far_buckets=far_buckets or settings["far_buckets"],
+        far_offset=settings["far_offset"], sinks=settings["sinks"], window=settings["window"],
+        far_buckets=far_buckets or settings["far_buckets"],
     )  # fmt: skip
+
+
+def _spec(settings: dict[str, Any]) -> CodebookSpec:
+    return CodebookSpec(settings["n_centroids"], settings["sub_dim"], settings["beta"])
 
 
 def _train(model, kind: str, stream: np.ndarray, settings: dict[str, Any], progress) -> Codebook:
@@ -144,7 +148,7 @@ def _train(model, kind: str, stream: np.ndarray, settings: dict[str, Any], progr
             seed=settings["seed"], progress=progress,
         )  # fmt: skip
         return fit_codebook(
-            data, config, beta=1.0 if kind == "plain_vq" else settings["beta"],
+            data, _spec(settings), beta=1.0 if kind == "plain_vq" else settings["beta"],
             seed=settings["seed"], progress=progress, stage=f"clustering {kind}",
             metadata={**meta, "far_buckets": config.far_buckets},
         )  # fmt: skip

@@ -446,8 +446,7 @@ def make_cache(model: nn.Module, config: A2ATSConfig | None = None, codebook=Non
             geo["num_layers"],
             geo["num_kv_heads"],
             geo["head_dim"],
-            min(config.n_centroids, 256),
-            sub_dim=config.sub_dim,
+            256,
         )
     else:
         codebook.validate_for(model, config)

@@ -23,9 +23,6 @@ class A2ATSConfig:
     budget:       far tokens retrieved per query head: a fraction of the context in (0, 1],
                   or an int token count >= 1.
     min_k:        lower bound on the retrieved count when `budget` is a fraction.
-    n_centroids:  codebook size (2..65536; codes are uint16).
-    sub_dim:      None = full head-dim VQ; else product VQ over head_dim / sub_dim subspaces.
-    beta:         0 = fully query-aware VQ, 1 = plain nearest-centroid VQ.
     far_buckets:  1 = the paper's single distance b; m > 1 = m log-spaced distance buckets.
     rerank:       1 = keep the top-K of the approximate scores (the paper); r > 1 = take the
                   top r*K candidates by approximate score, then keep the K with the highest
@@ -37,6 +34,10 @@ class A2ATSConfig:
     telemetry:    record LayerStats after every decode step (costs a host sync per step).
     fidelity_every: with telemetry, every k-th decode step also runs a shadow exact attention
                   and records the attention mass recalled per KV head (0 = off).
+
+    What the codebook is (centroids, product-VQ split, beta) is not a cache setting: the cache
+    reads it from the codebook it is given, and calibration takes a `CodebookSpec`
+    (`calibration/codebook_spec.py`).
     """
 
     window: int = 64
@@ -44,9 +45,6 @@ class A2ATSConfig:
     sinks: int = 8
     budget: float | int = 0.03
     min_k: int = 16
-    n_centroids: int = 4096
-    sub_dim: int | None = None
-    beta: float = 0.0
     far_buckets: int = 4
     rerank: int = 2
     kv_bits: int | None = None
@@ -59,7 +57,6 @@ class A2ATSConfig:
         _check_int("far_offset", self.far_offset, 1)
         _check_int("sinks", self.sinks, 0)
         _check_int("min_k", self.min_k, 1)
-        _check_int("n_centroids", self.n_centroids, 2, 65536)
         _check_int("far_buckets", self.far_buckets, 1, 64)
         _check_int("rerank", self.rerank, 1, 64)
         b = self.budget
@@ -76,14 +73,6 @@ class A2ATSConfig:
             raise ValueError(
                 f"A2ATSConfig.budget={b!r} is out of range: a fractional budget must be in (0, 1]"
             )
-        if self.sub_dim is not None:
-            _check_int("sub_dim", self.sub_dim, 1)
-        if (
-            isinstance(self.beta, bool)
-            or not isinstance(self.beta, int | float)
-            or not 0.0 <= float(self.beta) <= 1.0
-        ):
-            raise ValueError(f"A2ATSConfig.beta={self.beta!r} is out of range: must be in [0, 1]")
         if self.kv_bits not in (None, 4, 8):
             raise ValueError(
                 f"A2ATSConfig.kv_bits={self.kv_bits!r} is out of range: must be None, 8 or 4"

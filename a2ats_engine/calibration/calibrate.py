@@ -40,6 +40,7 @@ from ..data_dirs import DEMO_CODEBOOK_NAME, demo_codebook_path  # noqa: F401  (r
 from ..errors import A2ATSError
 from ..progress import Progress
 from ..validation import check_int
+from .codebook_spec import CodebookSpec
 
 STEP_TOKENS = 128  # forward step between cancel checks: cancel took 1.7 s on the demo model
 # with the 2-core CPU 4x oversubscribed, so well under a second on an idle one
@@ -142,6 +143,7 @@ def collect(
     texts: Sequence[str],
     config: A2ATSConfig | None = None,
     *,
+    spec: CodebookSpec | None = None,
     tokens: int = 65536,
     keys_per_head: int | None = None,
     chunk_len: int = DEFAULT_CHUNK_LEN,
@@ -154,14 +156,16 @@ def collect(
     start a fresh context) and collect keys and query moments (see the module docstring).
 
     A share `heldout` of the chunks (evenly spread; none when there is a single chunk) goes to
-    held-out data for evaluation. Raises CalibrationCancelled when `cancel` is set."""
+    held-out data for evaluation. `config` gives sinks, window and the far distances the
+    queries are rotated to; `spec` (its n_centroids) sizes the default `keys_per_head`.
+    Raises CalibrationCancelled when `cancel` is set."""
     config = config or A2ATSConfig()
+    spec = spec or CodebookSpec()
     _check_positive("tokens", tokens, 2)
     _check_positive("chunk_len", chunk_len, 2)
     if not 0.0 <= heldout < 1.0:
         raise ValueError(f"heldout={heldout!r} is out of range: must be in [0, 1)")
-    n_centroids = config.n_centroids
-    keys_per_head = keys_per_head or default_keys_per_head(n_centroids)
+    keys_per_head = keys_per_head or default_keys_per_head(spec.n_centroids)
     _check_positive("keys_per_head", keys_per_head, 1)
     stream = token_stream(tokenizer, texts, tokens, progress=progress, cancel=cancel)
     chunks = _chunks(len(stream), chunk_len)
@@ -342,7 +346,7 @@ def _check_cancel(cancel: CancelFlag | None) -> None:
 
 def fit_codebook(
     data: CalibrationData,
-    config: A2ATSConfig | None = None,
+    spec: CodebookSpec | None = None,
     *,
     beta: float | None = None,
     seed: int = 0,
@@ -353,10 +357,10 @@ def fit_codebook(
     stage: str = "clustering",
     metadata: dict[str, Any] | None = None,
 ) -> Codebook:
-    """Train a codebook on collected data with `config`'s n_centroids, sub_dim and beta
-    (`beta` overrides the config's). Held-out score error goes into the metadata."""
-    config = config or A2ATSConfig()
-    beta = config.beta if beta is None else beta
+    """Train a codebook on collected data with `spec`'s n_centroids, sub_dim and beta
+    (`beta` overrides the spec's). Held-out score error goes into the metadata."""
+    spec = spec or CodebookSpec()
+    beta = spec.beta if beta is None else beta
 
     def callback(it: int, total: int) -> None:
         if progress is not None:
@@ -364,9 +368,9 @@ def fit_codebook(
 
     book = Codebook.fit(
         data.keys,
-        n_centroids=config.n_centroids,
+        n_centroids=spec.n_centroids,
         query_moments=data.moments if data.moments else None,
-        sub_dim=config.sub_dim,
+        sub_dim=spec.sub_dim,
         beta=beta,
         seed=seed,
         max_iters=max_iters,
@@ -388,6 +392,7 @@ def calibrate(
     texts: Sequence[str] | None,
     config: A2ATSConfig | None = None,
     *,
+    spec: CodebookSpec | None = None,
     tokens: int = 65536,
     progress: Progress | None = None,
     cancel: CancelFlag | None = None,
@@ -402,7 +407,8 @@ def calibrate(
 ) -> Codebook:
     """Calibrate a codebook for `model` on `texts` (None: the built-in corpus).
 
-    n_centroids, sub_dim, beta, far_offset (b), sinks and window come from `config`.
+    The codebook's n_centroids, sub_dim and beta come from `spec` (default `CodebookSpec()`);
+    far_offset (b), far_buckets, sinks and window from `config` (recorded in the metadata).
     With `compare_plain` a plain-VQ (beta = 1) codebook is also fit on the same keys and its
     held-out score error stored as `heldout_score_error_plain` (for the CLI summary).
     Deterministic for a seed. Raises CalibrationCancelled when `cancel` is set (nothing saved).
@@ -412,12 +418,13 @@ def calibrate(
     from .corpus import builtin_corpus, builtin_description
 
     config = config or A2ATSConfig()
+    spec = spec or CodebookSpec()
     began = time.perf_counter()
     if texts is None:
         texts = builtin_corpus(tokenizer, seed=seed, chars=8 * tokens)
         corpus = corpus or builtin_description()
     data = collect(
-        model, tokenizer, texts, config, tokens=tokens, keys_per_head=keys_per_head,
+        model, tokenizer, texts, config, spec=spec, tokens=tokens, keys_per_head=keys_per_head,
         chunk_len=chunk_len, heldout=heldout, seed=seed, progress=progress, cancel=cancel,
     )  # fmt: skip
     metadata = {
@@ -431,12 +438,12 @@ def calibrate(
         "chunk_len": data.chunk_len,
     }
     book = fit_codebook(
-        data, config, seed=seed, max_iters=max_iters, progress=progress, cancel=cancel,
+        data, spec, seed=seed, max_iters=max_iters, progress=progress, cancel=cancel,
         metadata=metadata,
     )  # fmt: skip
-    if compare_plain and config.beta < 1.0:
+    if compare_plain and spec.beta < 1.0:
         plain = fit_codebook(
-            data, config, beta=1.0, seed=seed, max_iters=max_iters, progress=progress,
+            data, spec, beta=1.0, seed=seed, max_iters=max_iters, progress=progress,
             cancel=cancel, stage="clustering plain VQ",
         )  # fmt: skip
         if "heldout_score_error" in plain.metadata:
@@ -494,7 +501,7 @@ def ensure_demo_codebook(
             pass  # damaged: rebuild below
     model, tokenizer, info = load_model(str(model_source), progress=progress)
     book = calibrate(
-        model, tokenizer, None, A2ATSConfig(n_centroids=DEMO_CENTROIDS), tokens=DEMO_TOKENS,
+        model, tokenizer, None, A2ATSConfig(), spec=CodebookSpec(DEMO_CENTROIDS), tokens=DEMO_TOKENS,
         progress=progress, cancel=cancel, model_name=info.name,
     )  # fmt: skip
     book.save(path)

@@ -167,11 +167,7 @@ def _a2ats(args: argparse.Namespace, model: Any, path: Path) -> tuple:
     knobs = {"budget": args.budget, "window": args.window}
     if codebook.metadata.get("far_offset") is not None:  # use the b it was calibrated with
         knobs["far_offset"] = int(codebook.metadata["far_offset"])
-    config = A2ATSConfig(
-        n_centroids=codebook.n_centroids,
-        sub_dim=None if codebook.sub_dim == codebook.head_dim else codebook.sub_dim,
-        **{k: v for k, v in knobs.items() if v is not None},
-    )
+    config = A2ATSConfig(**{k: v for k, v in knobs.items() if v is not None})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # printed once below, not as Python warnings
         notes = list(codebook.validate_for(model, config) or [])

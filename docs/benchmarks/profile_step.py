@@ -39,7 +39,7 @@ def main(n: int) -> None:
     rope = RopeSpec.from_module(initialize_rope(64, 100000.0, True, None, 8192), 64)
     book = Codebook.random(1, 3, 64, 512, seed=0)
     for rerank in (1, 2):
-        config = A2ATSConfig(n_centroids=512, rerank=rerank)
+        config = A2ATSConfig(rerank=rerank)
         cache = A2ATSCache(0, rope, book, config, max_context=8192)
         keys, values = mx.random.normal((1, 3, n, 64)), mx.random.normal((1, 3, n, 64))
         cache.update_and_fetch(keys, values)

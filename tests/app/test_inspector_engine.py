@@ -25,9 +25,7 @@ def tiny_run(tmp_path_factory):
     """(session, events) of one reply with telemetry and a fidelity pass every 2 steps."""
     tokenizer = tiny_tokenizer(tmp_path_factory.mktemp("tok"))
     model = tiny_model("llama")
-    config = A2ATSConfig(
-        window=8, sinks=2, budget=4, n_centroids=32, telemetry=True, fidelity_every=2
-    )
+    config = A2ATSConfig(window=8, sinks=2, budget=4, telemetry=True, fidelity_every=2)
     codebook = Codebook.random(2, 2, 16, 32, seed=3)
     sampling = SamplingSettings(temperature=0.0, max_tokens=8)
     with pytest.warns(UserWarning):  # a random codebook carries no model fingerprint

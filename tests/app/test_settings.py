@@ -98,6 +98,6 @@ def test_bad_values_name_the_field(kind, field, value):
 
 
 def test_cache_settings_build_engine_config():
-    config = CacheSettings(window=16, sinks=4, budget=0.1).to_config(telemetry=True, n_centroids=64)
-    assert (config.window, config.sinks, config.budget, config.n_centroids) == (16, 4, 0.1, 64)
+    config = CacheSettings(window=16, sinks=4, budget=0.1).to_config(telemetry=True, rerank=3)
+    assert (config.window, config.sinks, config.budget, config.rerank) == (16, 4, 0.1, 3)
     assert config.telemetry is True

@@ -150,7 +150,7 @@ def test_evaluate_metrics_are_consistent(tiny):
     )  # fmt: skip
     (run,) = evaluate(
         model, ids, context=300, decode=5, budgets=[0.05], codebooks=books,
-        config=A2ATSConfig(n_centroids=32), methods=methods,
+        config=A2ATSConfig(), methods=methods,
     )  # fmt: skip
     m = run.methods
     assert list(m) == list(methods)
@@ -184,7 +184,7 @@ def test_evaluate_with_nothing_to_drop_equals_full(tiny):
     model, book, ids = tiny
     (run,) = evaluate(
         model, ids, context=60, decode=4, budgets=[1.0], codebooks={"a2ats": book},
-        config=A2ATSConfig(n_centroids=32), methods=("full", "a2ats", "oracle_topk"),
+        config=A2ATSConfig(), methods=("full", "a2ats", "oracle_topk"),
     )  # fmt: skip
     full, a2 = run.methods["full"], run.methods["a2ats"]
     assert a2.recall == pytest.approx(1.0)
@@ -224,7 +224,7 @@ def _lossless_setup(n=300, far_buckets=4):
     post = spec.rotate(mx.random.normal((1, 2, n, 16)), 0)
     pre = spec.unrotate(post, 0)
     book = Codebook([pre[0][:, None]])  # [n_kv, S=1, K=n, d]: centroid j = key j
-    config = A2ATSConfig(budget=8, window=16, sinks=4, far_buckets=far_buckets, n_centroids=n)
+    config = A2ATSConfig(budget=8, window=16, sinks=4, far_buckets=far_buckets)
     query = mx.random.normal((1, 4, 1, 16))
     lay = att.layout(n, 16, 4, 8)
 

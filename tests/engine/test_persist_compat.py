@@ -67,8 +67,14 @@ def test_seed_style_builder_works_with_stream_generate():
         a2ats_retrieval_fraction=0.2,
         a2ats_codebook=Codebook.random(2, 2, 16, 64, sub_dim=8, seed=0),
     )
-    a2 = config.to_a2ats()
-    assert (a2.n_centroids, a2.sub_dim, a2.window, a2.beta, a2.budget) == (64, 8, 16, 1.0, 0.2)
+    a2, spec = config.to_a2ats(), config.codebook_spec()
+    assert (spec.n_centroids, spec.sub_dim, a2.window, spec.beta, a2.budget) == (
+        64,
+        8,
+        16,
+        1.0,
+        0.2,
+    )
     caches = KVCacheBuilder.for_model(model, config)
     assert len(caches) == 2 and all(isinstance(c, A2ATSCache) for c in caches)
     prompt = tok.encode("The quick brown fox jumps over the lazy dog. " * 8)

@@ -474,7 +474,7 @@ def a2ats_session(tokenizer):
 
     model = tiny_model("llama")  # same weights as `llama`; its own copy gets the attention hook
 
-    config = A2ATSConfig(window=8, sinks=2, budget=4, n_centroids=32, telemetry=True)
+    config = A2ATSConfig(window=8, sinks=2, budget=4, telemetry=True)
     codebook = Codebook.random(2, 2, 16, 32, seed=1)
     with pytest.warns(UserWarning):  # a random codebook carries no model fingerprint
         session = ChatSession(model, tokenizer, sampling=GREEDY, a2ats=config, codebook=codebook)
