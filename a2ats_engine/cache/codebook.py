@@ -44,6 +44,10 @@ DEFAULT_RIDGE = 1e-3
 _MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 _ASSIGN_BLOCK_ELEMENTS = 1 << 24  # bound on a [.., N_chunk, K] distance block in `assign`
 
+# A2ATSConfig fields calibration records in the metadata that shape the query moments (the
+# distances queries are rotated to): a cache that changes one gets a warning.
+CALIBRATED_SETTINGS = ("far_offset", "far_buckets", "window")
+
 
 class Codebook:
     """Query-aware VQ codebook for every attention layer of one model (see module docstring)."""
@@ -385,10 +389,10 @@ class Codebook:
         """Check that this codebook fits `model` (and `config`, an A2ATSConfig).
 
         Raises CodebookError naming the first hard mismatch (layers, KV heads, head dim, RoPE).
-        Returns warnings for soft ones (the config's far_offset differs from the one the codebook
-        was calibrated with; a different model with the same geometry); each is also issued with
-        `warnings.warn`. The codebook's own n_centroids and sub_dim are what a cache uses, so the
-        config's values of those are not compared."""
+        Returns warnings for soft ones (the config's far_offset, far_buckets or window differs
+        from the one the codebook was calibrated with: they set the distances its query moments
+        were rotated to; a different model with the same geometry); each is also issued with
+        `warnings.warn`. The codebook's own n_centroids and sub_dim are what a cache uses."""
         geometry = model_fingerprint(model)
         self._check_geometry(geometry)
         found = []
@@ -428,13 +432,15 @@ class Codebook:
             )
 
     def _config_warnings(self, config: Any) -> list[str]:
+        """One warning per calibration setting (recorded in the metadata) the config changes."""
         found = []
-        b = self.metadata.get("far_offset")
-        if b is not None and b != config.far_offset:
-            found.append(
-                f"codebook was calibrated with far_offset {b}, the cache uses "
-                f"{config.far_offset}; retrieval may be less accurate"
-            )
+        for name in CALIBRATED_SETTINGS:
+            calibrated = self.metadata.get(name)
+            if calibrated is not None and calibrated != getattr(config, name):
+                found.append(
+                    f"codebook was calibrated with {name} {calibrated}, the cache uses "
+                    f"{getattr(config, name)}; retrieval may be less accurate"
+                )
         return found
 
     def summary(self) -> str:

@@ -19,11 +19,13 @@ class A2ATSConfig:
 
     window:       trailing tokens (the current one included) scored with exact RoPE.
     far_offset:   b, the distance every far token is treated as sitting at (paper: 2048).
+                  Used only when far_buckets = 1; ignored otherwise (`unused_settings`).
     sinks:        leading tokens always attended.
     budget:       far tokens retrieved per query head: a fraction of the context in (0, 1],
                   or an int token count >= 1.
     min_k:        lower bound on the retrieved count when `budget` is a fraction.
-    far_buckets:  1 = the paper's single distance b; m > 1 = m log-spaced distance buckets.
+    far_buckets:  1 = the paper's single distance b; m > 1 = m log-spaced distance buckets,
+                  each far token scored at its bucket's own distance (far_offset unused).
     rerank:       1 = keep the top-K of the approximate scores (the paper); r > 1 = take the
                   top r*K candidates by approximate score, then keep the K with the highest
                   exact scores among them (their stored keys are gathered and scored exactly).
@@ -91,6 +93,16 @@ class A2ATSConfig:
         if isinstance(self.budget, int):
             return self.budget
         return max(self.min_k, math.ceil(self.budget * context))
+
+    def unused_settings(self) -> dict[str, str]:
+        """{field: why} for the fields this configuration ignores: far_offset when
+        far_buckets > 1 (for CLI notes; the app's settings dialog disables it)."""
+        if self.far_buckets > 1:
+            return {
+                "far_offset": f"ignored with far_buckets = {self.far_buckets}: far tokens are "
+                "scored at their distance bucket's own distance (b applies to far_buckets = 1)"
+            }
+        return {}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

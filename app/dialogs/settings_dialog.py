@@ -33,6 +33,11 @@ KV_BITS = [
     ("8-bit (mx.quantize)", 8),
     ("4-bit (mx.quantize)", 4),
 ]
+FAR_OFFSET_TIP = "Far offset b (tokens): the one distance far tokens are scored at"
+FAR_OFFSET_IGNORED_TIP = (
+    "Not used with more than one distance bucket: far tokens are then scored at their "
+    "bucket's own distance. Set Distance buckets to 1 to use b."
+)
 
 
 @dataclass(frozen=True)
@@ -109,7 +114,7 @@ class SettingsDialog(QDialog):
         self.a2ats.setChecked(cache.a2ats_enabled)
         self.a2ats.setAccessibleName("Use the A2ATS cache")
         self.window = _spin(1, 1 << 20, cache.window, "Exact-RoPE window (tokens)")
-        self.far_offset = _spin(1, 1 << 24, cache.far_offset, "Far offset b (tokens)")
+        self.far_offset = _spin(1, 1 << 24, cache.far_offset, FAR_OFFSET_TIP)
         self.sinks = _spin(0, 1 << 16, cache.sinks, "Attention sinks (tokens)")
         self.budget = _dspin(
             0.001,
@@ -121,6 +126,8 @@ class SettingsDialog(QDialog):
         )
         self.min_k = _spin(1, 1 << 20, cache.min_k, "Minimum retrieved tokens")
         self.far_buckets = _spin(1, 64, cache.far_buckets, "Far distance buckets")
+        self.far_buckets.valueChanged.connect(self._on_far_buckets_changed)
+        self._on_far_buckets_changed(cache.far_buckets)
         self.rerank = _spin(1, 64, cache.rerank, "Rerank candidates per retrieved token")
         self.rerank.setToolTip(
             "1 = keep the top-K of the codebook scores (the paper). r > 1 = take the top r*K by "
@@ -161,6 +168,11 @@ class SettingsDialog(QDialog):
         layout.addWidget(note)
         layout.addStretch(1)
         return page
+
+    def _on_far_buckets_changed(self, buckets: int) -> None:
+        """b is used only with one distance bucket: disable it (and say why) otherwise."""
+        self.far_offset.setEnabled(buckets == 1)
+        self.far_offset.setToolTip(FAR_OFFSET_TIP if buckets == 1 else FAR_OFFSET_IGNORED_TIP)
 
     def _sampling_tab(self, sampling: SamplingPrefs) -> QWidget:
         page = QWidget()

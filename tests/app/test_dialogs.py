@@ -111,3 +111,16 @@ def test_every_control_of_the_main_window_is_named(make_window):
     assert unnamed == []
     assert window.composer.edit.accessibleName() == "Message input"
     assert window.chat_view.scroll.accessibleName() == "Conversation transcript"
+
+
+def test_settings_dialog_disables_far_offset_when_buckets_ignore_it(qtbot):
+    dialog = SettingsDialog(CacheSettings(far_buckets=4), SamplingPrefs(), "system", "")
+    qtbot.addWidget(dialog)
+    assert not dialog.far_offset.isEnabled()
+    assert "Not used with more than one distance bucket" in dialog.far_offset.toolTip()
+    dialog.far_buckets.setValue(1)
+    assert dialog.far_offset.isEnabled() and "Not used" not in dialog.far_offset.toolTip()
+    dialog.far_offset.setValue(1024)
+    dialog.far_buckets.setValue(2)
+    assert not dialog.far_offset.isEnabled()
+    assert dialog.values().cache.far_offset == 1024  # kept, just not used

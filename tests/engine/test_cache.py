@@ -366,3 +366,9 @@ def test_config_validation_names_field_value_and_range():
         with pytest.raises(ValueError, match=rf"A2ATSConfig\.{field}=.*out of range"):
             A2ATSConfig(**kwargs)
     assert A2ATSConfig.from_dict({**A2ATSConfig().to_dict(), "unknown": 1}) == A2ATSConfig()
+
+
+def test_config_names_the_settings_it_ignores():
+    assert A2ATSConfig(far_buckets=1).unused_settings() == {}
+    unused = A2ATSConfig(far_buckets=4, far_offset=1024).unused_settings()
+    assert list(unused) == ["far_offset"] and "far_buckets = 4" in unused["far_offset"]

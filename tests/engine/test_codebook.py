@@ -232,3 +232,18 @@ def test_random_codebook_geometry_and_bad_settings():
         Codebook.fit(keys, queries, n_centroids=8, sub_dim=3)
     with pytest.raises(ValueError, match="keys"):
         book.assign(0, mx.zeros((1, 2, 4, 8)))
+
+
+def test_changed_buckets_or_window_warn_like_far_offset():
+    """far_buckets and window set the distances the query moments were rotated to."""
+    model = tiny_model("llama")
+    book = _fitted_for(model, far_buckets=4, window=64)
+    with pytest.warns(UserWarning, match="far_buckets 4, the cache uses 2"):
+        found = book.validate_for(model, A2ATSConfig(far_buckets=2))
+    assert len(found) == 1
+    with pytest.warns(UserWarning, match="window 64, the cache uses 32"):
+        found = book.validate_for(model, A2ATSConfig(window=32))
+    assert len(found) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert book.validate_for(model, A2ATSConfig(window=64, far_buckets=4)) == []
