@@ -1,7 +1,7 @@
 """MainWindow: conversations, chat, model/codebook controls, settings, status bar, inspector.
 
-Data flow (DESIGN.md section 5): user actions become requests to the `EngineThread` (queued
-to the worker on the "engine" thread); the worker's past-tense signals update the widgets.
+Data flow (docs/ARCHITECTURE.md, "The app"): user actions become requests to the `EngineThread`
+(queued to the worker on the "engine" thread); the worker's past-tense signals update the widgets.
 Stop and calibration cancel are direct calls because the worker is busy when they matter.
 The window never calls MLX.
 """

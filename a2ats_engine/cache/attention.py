@@ -1,5 +1,5 @@
 """Retrieval attention for one decode step: lookup-table scores, top-K, exact attention on the
-selection (DESIGN.md section 2). Pure functions of arrays; `cache.py` holds the state.
+selection (docs/ARCHITECTURE.md, "The method"). Pure functions; `cache.py` holds the state.
 
 Shapes: B batch, n_q query heads, n_kv KV heads, G = n_q / n_kv (GQA group), d head dim,
 N tokens in the cache, S product-VQ subspaces, C centroids, m distance buckets.
@@ -237,7 +237,7 @@ def gather_rows(storage: Storage, positions: mx.array, capacity: int, group_size
     """Rows of [B, n_kv, capacity, d] storage at `positions` [B, n_kv, M] -> [B, n_kv, M, d].
 
     A flat `mx.take` on [B * n_kv * capacity, ...] (10-20x faster than take_along_axis with a
-    broadcast index, DESIGN.md performance notes). Quantized storage is dequantized after.
+    broadcast index; docs/ARCHITECTURE.md, "The method"). Quantized storage is dequantized after.
     """
     B, n_kv, M = positions.shape
     flat = (positions + _row_base(B, n_kv, capacity)).reshape(-1)

@@ -1,9 +1,9 @@
 """Codebook: query-aware VQ centroids per layer x KV head, its file format and model validation.
 
-Math (DESIGN.md section 2). Keys are row vectors in the pre-RoPE frame. The score error of a
-code is `E_q[(q~ . (k - c))^2] = (k - c)^T H (k - c)` with `H = E[q~ q~^T]` over the WRoPE queries
-of the KV head's GQA group. With `H = L L^T` (Cholesky) that is `||(k - c) L||^2`, so k-means on
-`kL` minimises it. Per layer we hold
+Math (docs/ARCHITECTURE.md, "The method"). Keys are row vectors in the pre-RoPE frame. The score
+error of a code is `E_q[(q~ . (k - c))^2] = (k - c)^T H (k - c)` with `H = E[q~ q~^T]` over the
+WRoPE queries of the KV head's GQA group. With `H = L L^T` (Cholesky) that is `||(k - c) L||^2`, so
+k-means on `kL` minimises it. Per layer we hold
 
     C  = centroids         [n_kv, S, K, sub_dim]   key space: score tables `q . C_j`
     C' = assign_centroids  [n_kv, S, K, sub_dim]   `C' = C L`: assignment `argmin ||kL - C'_j||`
@@ -12,9 +12,10 @@ of the KV head's GQA group. With `H = L L^T` (Cholesky) that is `||(k - c) L||^2
 S = head_dim // sub_dim subspaces (S = 1: full-dim VQ; S > 1: product VQ, H restricted to its
 diagonal blocks, per-subspace tables summed by the user of `score_tables`).
 
-File format (DESIGN.md section 4): one safetensors file, arrays `layers.{l}.centroids`,
+File format: one safetensors file, arrays `layers.{l}.centroids`,
 `layers.{l}.assign_centroids`, `layers.{l}.chol`, and one string metadata entry `a2ats` holding a
 JSON object: format name, format version, model fingerprint, n_centroids, sub_dim, beta, far_offset,
+far_buckets, window (the calibration settings `validate_for` compares with a cache's config),
 corpus description, token count, creation time.
 """
 

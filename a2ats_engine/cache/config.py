@@ -15,7 +15,7 @@ def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
 
 @dataclass(frozen=True)
 class A2ATSConfig:
-    """Settings of the A2ATS cache (DESIGN.md section 2).
+    """Settings of the A2ATS cache (docs/ARCHITECTURE.md, "The method").
 
     window:       trailing tokens (the current one included) scored with exact RoPE.
     far_offset:   b, the distance every far token is treated as sitting at (paper: 2048).

@@ -1,5 +1,5 @@
 """Codebook calibration: run the model over a corpus, collect pre-RoPE keys and WRoPE queries,
-train a query-aware codebook (DESIGN.md section 2).
+train a query-aware codebook (docs/ARCHITECTURE.md, "The method").
 
 How the data is captured. Every attention layer gets a `CaptureCache` (mlx-lm's `KVCache` plus
 an `attend` method); `hooks.install(model)` routes the layer's attention call to `attend`, which
@@ -501,8 +501,8 @@ def ensure_demo_codebook(
             pass  # damaged: rebuild below
     model, tokenizer, info = load_model(str(model_source), progress=progress)
     book = calibrate(
-        model, tokenizer, None, A2ATSConfig(), spec=CodebookSpec(DEMO_CENTROIDS), tokens=DEMO_TOKENS,
-        progress=progress, cancel=cancel, model_name=info.name,
+        model, tokenizer, None, A2ATSConfig(), spec=CodebookSpec(DEMO_CENTROIDS),
+        tokens=DEMO_TOKENS, progress=progress, cancel=cancel, model_name=info.name,
     )  # fmt: skip
     book.save(path)
     return path
