@@ -20,7 +20,9 @@ from mlx_lm.models.cache import _BaseCache, create_attention_mask
 from . import attention as att
 from .config import A2ATSConfig
 from .rope import RopeSpec, distance_buckets, model_geometry, retrieval_distances, rope_specs
+from .storage import RowStorage
 from .telemetry import CacheSnapshot, LayerStats
+from .topk import choose_top_k
 
 _STEP = 256
 
@@ -51,8 +53,7 @@ class A2ATSCache(_BaseCache):
         self.codes = None
         self.offset = 0
         self.tokens_seen = 0
-        self._retrieved = mx.array(0, dtype=mx.int32)  # counted by MLX (Metal path)
-        self._retrieved_host = 0  # counted on the host (NumPy top-K path)
+        self.top_k = choose_top_k()  # NumPy or MLX top-K, decided once (topk.py)
         self._step = 0
         self._code_counts: np.ndarray | None = None
         self.last_stats: LayerStats | None = None
@@ -67,6 +68,7 @@ class A2ATSCache(_BaseCache):
                 f"A2ATSConfig.kv_bits={self.config.kv_bits} needs head_dim ({hd}) divisible by "
                 f"a quantization group of 32, 64 or 128"
             )
+        self.storage = RowStorage(self.config.kv_bits, self.group_size)
 
     # -- configuration ----------------------------------------------------------------------
     def _bucket_plan(self) -> tuple[list[int], tuple[int, ...] | None]:
@@ -90,37 +92,6 @@ class A2ATSCache(_BaseCache):
         return min(self.config.kv_group_size, self.rope.head_dim)
 
     # -- storage ----------------------------------------------------------------------------
-    def _store(self, x: mx.array):
-        if self.kv_bits is None:
-            return x
-        return tuple(mx.quantize(x, group_size=self.group_size, bits=self.kv_bits))
-
-    @staticmethod
-    def _alloc_like(stored, B: int, n_kv: int, size: int):
-        if isinstance(stored, tuple):
-            return tuple(mx.zeros((B, n_kv, size, a.shape[-1]), a.dtype) for a in stored)
-        return mx.zeros((B, n_kv, size, stored.shape[-1]), stored.dtype)
-
-    @staticmethod
-    def _slice(stored, end: int):
-        if isinstance(stored, tuple):
-            return tuple(a[..., :end, :] for a in stored)
-        return stored[..., :end, :]
-
-    @staticmethod
-    def _concat(a, b):
-        if isinstance(a, tuple):
-            return tuple(mx.concatenate([x, y], axis=2) for x, y in zip(a, b, strict=True))
-        return mx.concatenate([a, b], axis=2)
-
-    @staticmethod
-    def _write(dst, src, start: int, end: int) -> None:
-        if isinstance(dst, tuple):
-            for d, s in zip(dst, src, strict=True):
-                d[..., start:end, :] = s
-        else:
-            dst[..., start:end, :] = src
-
     @property
     def capacity(self) -> int:
         return 0 if self.codes is None else self.codes.shape[2]
@@ -131,17 +102,18 @@ class A2ATSCache(_BaseCache):
             return
         B, n_kv = codes.shape[:2]
         size = ((L + self.step - 1) // self.step) * self.step
-        new_k = self._alloc_like(keys, B, n_kv, size)
-        new_v = self._alloc_like(values, B, n_kv, size)
+        new_k = self.storage.zeros_like(keys, B, n_kv, size)
+        new_v = self.storage.zeros_like(values, B, n_kv, size)
         new_c = mx.zeros((B, n_kv, size, codes.shape[-1]), mx.uint16)
         if self.codes is None:
             self.keys, self.values, self.codes = new_k, new_v, new_c
             return
         if prev % self.step:
-            self.keys, self.values = self._slice(self.keys, prev), self._slice(self.values, prev)
+            rows = self.storage.rows
+            self.keys, self.values = rows(self.keys, prev), rows(self.values, prev)
             self.codes = self.codes[..., :prev, :]
-        self.keys = self._concat(self.keys, new_k)
-        self.values = self._concat(self.values, new_v)
+        self.keys = self.storage.concat(self.keys, new_k)
+        self.values = self.storage.concat(self.values, new_v)
         self.codes = mx.concatenate([self.codes, new_c], axis=2)
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
@@ -154,25 +126,26 @@ class A2ATSCache(_BaseCache):
         L = keys.shape[2]
         pre_rope = self.rope.unrotate(keys.astype(mx.float32), self.offset)
         codes = self.codebook.assign(self.layer, pre_rope)  # [B, n_kv, L, S]
-        k_store, v_store = self._store(keys), self._store(values)
+        k_store, v_store = self.storage.encode(keys), self.storage.encode(values)
         self._grow(k_store, v_store, codes, L)
         prev = self.offset
         self.offset += L
-        self._write(self.keys, k_store, prev, self.offset)
-        self._write(self.values, v_store, prev, self.offset)
+        self.storage.write(self.keys, k_store, prev, self.offset)
+        self.storage.write(self.values, v_store, prev, self.offset)
         self.codes[..., prev : self.offset, :] = codes
         self.tokens_seen += L
         if self.config.telemetry:
             self._count_codes(codes)
         if self.kv_bits is None:
-            return self._slice(self.keys, self.offset), self._slice(self.values, self.offset)
+            rows = self.storage.rows
+            return rows(self.keys, self.offset), rows(self.values, self.offset)
         return self._float_with(self.keys, keys, prev), self._float_with(self.values, values, prev)
 
     def _float_with(self, stored, fresh: mx.array, prev: int) -> mx.array:
         """Dequantized stored rows [0, prev) followed by the fresh rows: [B, n_kv, prev + L, d]."""
         if prev == 0:
             return fresh
-        past = self._dequantized(self._slice(stored, prev)).astype(fresh.dtype)
+        past = self.storage.dequantize(self.storage.rows(stored, prev)).astype(fresh.dtype)
         return mx.concatenate([past, fresh], axis=2)
 
     # -- attention --------------------------------------------------------------------------
@@ -217,23 +190,14 @@ class A2ATSCache(_BaseCache):
         n_kv = self.codes.shape[1]
         group = queries.reshape(B, n_kv, n_q // n_kv, d)
         scores = self.far_token_scores(queries, lay)
-        cap, bits, gs = self.capacity, self.kv_bits, self.group_size
         candidates = min(self.config.rerank * lay.k, lay.n_far) if self.reranks else lay.k
-        host = att.host_top_k()
         if candidates > lay.k:
-            top = att.rerank(group, scores, lay, candidates, self.keys, cap, gs, bits, host)
-        elif host:
-            top = att.top_far_host(np.asarray(scores), lay.k)
+            top = att.rerank(group, scores, lay, candidates, self.keys, self.storage, self.top_k)
         else:
-            top = None
-        if host:
-            positions, repeat, n_union = att.select_host(top, lay)
-            self._retrieved_host += n_union
-        else:
-            positions, repeat = att.select(scores, lay, top)
-            self._retrieved = self._retrieved + att.count_union(positions, repeat, lay)
-        k_sel = att.gather_rows(self.keys, positions, cap, gs, bits)
-        v_sel = att.gather_rows(self.values, positions, cap, gs, bits)
+            top = self.top_k.top(scores, lay.k)
+        positions, repeat = self.top_k.select(top, lay)
+        k_sel = att.gather_rows(self.keys, positions, self.storage)
+        v_sel = att.gather_rows(self.values, positions, self.storage)
         out = att.selected_attention(group, k_sel, v_sel, repeat, scale)
         self._after_step(lay, positions, repeat, queries)
         return out.reshape(B, n_q, 1, d)
@@ -296,9 +260,8 @@ class A2ATSCache(_BaseCache):
         return tuple(float(probs[h][:, selected[h]].sum(-1).mean()) for h in range(n_kv))
 
     def _dequantized(self, stored):
-        if isinstance(stored, tuple):
-            return mx.dequantize(*stored, group_size=self.group_size, bits=self.kv_bits)
-        return stored
+        """Float rows of a stored value (for the evaluation caches in bench/)."""
+        return self.storage.dequantize(stored)
 
     # -- protocol ---------------------------------------------------------------------------
     def size(self) -> int:
@@ -324,9 +287,8 @@ class A2ATSCache(_BaseCache):
     def state(self):
         if self.codes is None:
             return []
-        k, v = self._slice(self.keys, self.offset), self._slice(self.values, self.offset)
-        k = list(k) if isinstance(k, tuple) else [k]
-        v = list(v) if isinstance(v, tuple) else [v]
+        rows, arrays = self.storage.rows, self.storage.arrays
+        k, v = arrays(rows(self.keys, self.offset)), arrays(rows(self.values, self.offset))
         return [*k, *v, self.codes[..., : self.offset, :]]
 
     @state.setter
@@ -336,12 +298,11 @@ class A2ATSCache(_BaseCache):
             self.keys = self.values = self.codes = None
             self.offset = 0
             return
-        per = 3 if self.kv_bits is not None else 1
+        per = self.storage.n_arrays
         if len(arrays) != 2 * per + 1:
             raise ValueError(f"A2ATSCache state has {len(arrays)} arrays, expected {2 * per + 1}")
-        k, v = arrays[:per], arrays[per : 2 * per]
-        self.keys = tuple(k) if per == 3 else k[0]
-        self.values = tuple(v) if per == 3 else v[0]
+        self.keys = self.storage.from_arrays(arrays[:per])
+        self.values = self.storage.from_arrays(arrays[per : 2 * per])
         self.codes = arrays[-1].astype(mx.uint16)
         self.offset = self.codes.shape[2]
         if self.config.telemetry:
@@ -358,22 +319,14 @@ class A2ATSCache(_BaseCache):
         )
 
     # -- byte accounting (what is actually held) --------------------------------------------
-    @staticmethod
-    def _bytes(stored) -> int:
-        if stored is None:
-            return 0
-        if isinstance(stored, tuple):
-            return sum(a.nbytes for a in stored)
-        return stored.nbytes
-
     @property
     def compressed_key_bytes(self) -> int:
         """Key storage (full keys for exact attention on the selection) plus the codes."""
-        return self._bytes(self.keys) + self._bytes(self.codes)
+        return RowStorage.nbytes(self.keys) + RowStorage.nbytes(self.codes)
 
     @property
     def compressed_value_bytes(self) -> int:
-        return self._bytes(self.values)
+        return RowStorage.nbytes(self.values)
 
     def _fp16_bytes(self) -> int:
         if self.codes is None:
@@ -417,7 +370,7 @@ class A2ATSCache(_BaseCache):
     @property
     def tokens_retrieved(self) -> int:
         """Far tokens selected (union over KV heads), summed over decode steps."""
-        return int(self._retrieved.item()) + self._retrieved_host
+        return self.top_k.retrieved
 
 
 # -- model-level helpers ----------------------------------------------------------------------

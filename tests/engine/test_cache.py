@@ -15,6 +15,7 @@ from a2ats_engine.cache.a2ats_cache import A2ATSCache, make_cache, snapshot
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig
 from a2ats_engine.cache.rope import RopeSpec, distance_buckets, model_geometry
+from a2ats_engine.cache.topk import MlxTopK, NumpyTopK, choose_top_k
 
 D = 32
 
@@ -174,12 +175,35 @@ def test_host_select_matches_the_mlx_select():
         axis=2,
     )
     top = top.astype(np.int32)
-    pos_h, rep_h, n_union = att.select_host(top, lay)
-    pos_m, rep_m = att.select(None, lay, mx.array(top))
+    host, device = NumpyTopK(), MlxTopK()
+    pos_h, rep_h = host.select(top, lay)
+    pos_m, rep_m = device.select(mx.array(top), lay)
     assert np.array_equal(np.array(pos_h), np.array(pos_m))
     assert np.array_equal(np.array(rep_h), np.array(rep_m))
-    assert n_union == int(att.count_union(pos_m, rep_m, lay).item())
+    n_union = host.retrieved
+    assert n_union == device.retrieved
     assert n_union < top.size  # the overlap was counted once
+    # top-K and the rerank pick agree too (distinct scores: no ties)
+    scores = rng.permuted(np.tile(np.arange(300, dtype=np.float32), (2, 3, 3, 1)), axis=-1)
+    best_h = np.sort(host.top(scores, 12), axis=-1)
+    best_m = np.sort(np.array(device.top(mx.array(scores), 12)), axis=-1)
+    assert np.array_equal(best_h, best_m)
+    exact = mx.array(rng.standard_normal((2, 3, 3, 40)).astype(np.float32))
+    cand = top[..., :1].repeat(40, axis=-1) + np.arange(40, dtype=np.int32)
+    picked_h = np.sort(host.pick(cand, exact, 5), axis=-1)
+    picked_m = np.sort(np.array(device.pick(mx.array(cand), exact, 5)), axis=-1)
+    assert np.array_equal(picked_h, picked_m)
+
+
+def test_top_k_strategy_is_chosen_once_per_cache(monkeypatch):
+    monkeypatch.setenv("A2ATS_TOPK", "numpy")
+    cache, _, rope = filled_cache(n=300, config=A2ATSConfig(window=16, sinks=4, budget=8))
+    assert isinstance(cache.top_k, NumpyTopK)
+    monkeypatch.setenv("A2ATS_TOPK", "mlx")  # read when the cache was made, not per step
+    _, q_post = decode_query(rope, 1, 299)
+    cache.attend(q_post, None, None, scale=D**-0.5)
+    assert isinstance(cache.top_k, NumpyTopK) and cache.tokens_retrieved > 0
+    assert isinstance(choose_top_k(), MlxTopK)
 
 
 def test_budget_fraction_and_int():
