@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import time
 import warnings
+import weakref
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import _BaseCache, create_attention_mask
 
+from ..errors import A2ATSError
 from . import attention as att
 from .config import A2ATSConfig
 from .rope import RopeSpec, distance_buckets, model_geometry, retrieval_distances, rope_specs
@@ -25,6 +27,8 @@ from .telemetry import CacheSnapshot, LayerStats
 from .topk import choose_top_k
 
 _STEP = 256
+# codebooks of caches whose meta_state was taken, by sha256 (weak: dropped with their caches)
+_CODEBOOKS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 class A2ATSCache(_BaseCache):
@@ -43,20 +47,20 @@ class A2ATSCache(_BaseCache):
         config: A2ATSConfig | None = None,
         max_context: int | None = None,
     ) -> None:
+        self._configure(layer, rope, codebook, config or A2ATSConfig(), max_context)
+        self._clear()
+
+    # -- configuration ----------------------------------------------------------------------
+    def _configure(
+        self, layer: int, rope: RopeSpec, codebook, config: A2ATSConfig, max_context: int | None
+    ) -> None:
+        """Everything fixed for the cache's life (what `meta_state` records), and what follows."""
         self.layer = layer
         self.rope = rope
         self.codebook = codebook
-        self.config = config or A2ATSConfig()
+        self.config = config
         self.max_context = int(max_context or 8192)
-        self.keys = None
-        self.values = None
-        self.codes = None
-        self.offset = 0
-        self.tokens_seen = 0
         self.top_k = choose_top_k()  # NumPy or MLX top-K, decided once (topk.py)
-        self._step = 0
-        self._code_counts: np.ndarray | None = None
-        self.last_stats: LayerStats | None = None
         self._buckets = self._bucket_plan()
         # [d, m * d]: rotation to each far distance (the retrieval queries' frames), built once
         self._rotations = mx.concatenate(
@@ -70,7 +74,17 @@ class A2ATSCache(_BaseCache):
             )
         self.storage = RowStorage(self.config.kv_bits, self.group_size)
 
-    # -- configuration ----------------------------------------------------------------------
+    def _clear(self) -> None:
+        """No tokens held: the state of a fresh cache."""
+        self.keys = None
+        self.values = None
+        self.codes = None
+        self.offset = 0
+        self.tokens_seen = 0
+        self._step = 0
+        self._code_counts: np.ndarray | None = None
+        self.last_stats: LayerStats | None = None
+
     def _bucket_plan(self) -> tuple[list[int], tuple[int, ...] | None]:
         """Retrieval distances and the lower edges of buckets 1..m-1 (None for one b)."""
         cfg = self.config
@@ -294,6 +308,9 @@ class A2ATSCache(_BaseCache):
     @state.setter
     def state(self, arrays) -> None:
         arrays = list(arrays)
+        if not hasattr(self, "config"):  # `from_state` of an mlx-lm that sets state first
+            self._pending_state = arrays
+            return
         if not arrays:
             self.keys = self.values = self.codes = None
             self.offset = 0
@@ -309,14 +326,55 @@ class A2ATSCache(_BaseCache):
             self._recount_codes()
 
     @property
-    def meta_state(self):
+    def meta_state(self) -> tuple[str, ...]:
+        """What rebuilds this cache around `state`, as strings (mlx-lm's convention):
+        (layer, config JSON, RoPE spec JSON, max_context, tokens_seen, codebook sha256)."""
+        _CODEBOOKS[self.codebook.sha256] = self.codebook  # so `from_state` can find it again
         return (
             str(self.layer),
             json.dumps(self.config.to_dict()),
             json.dumps(self.rope.to_dict()),
             str(self.max_context),
             str(self.tokens_seen),
+            self.codebook.sha256,
         )
+
+    @meta_state.setter
+    def meta_state(self, values) -> None:
+        """Configure the cache from `meta_state` strings; the codebook is the one already set
+        (`from_state(..., codebook=)`) or the loaded codebook with the recorded sha256."""
+        values = tuple(values)
+        if len(values) not in (5, 6):
+            raise ValueError(f"A2ATSCache meta_state has {len(values)} entries, expected 6")
+        layer, config, rope, max_context, tokens_seen = values[:5]
+        codebook = getattr(self, "codebook", None)
+        if codebook is None:
+            sha = values[5] if len(values) == 6 else None
+            codebook = _CODEBOOKS.get(sha) if sha else None
+            if codebook is None:
+                raise A2ATSError(
+                    f"the codebook of this A2ATS cache (sha256 {str(sha)[:16]}) is not loaded; "
+                    "load it first or pass it to from_state"
+                )
+        spec = RopeSpec.from_dict(json.loads(rope))
+        cfg = A2ATSConfig.from_dict(json.loads(config))
+        self._configure(int(layer), spec, codebook, cfg, int(max_context))
+        if not hasattr(self, "codes"):
+            self._clear()
+        pending = self.__dict__.pop("_pending_state", None)
+        if pending is not None:
+            self.state = pending
+        self.tokens_seen = int(tokens_seen)
+
+    @classmethod
+    def from_state(cls, state, meta_state, codebook=None) -> A2ATSCache:
+        """Rebuild a cache from `state` and `meta_state` (mlx-lm's `from_state`, plus the
+        codebook, which is not a string: given here, or found among loaded codebooks)."""
+        obj = cls.__new__(cls)
+        obj.codebook = codebook
+        obj.meta_state = meta_state
+        obj.state = state
+        return obj
 
     # -- byte accounting (what is actually held) --------------------------------------------
     @property
