@@ -12,6 +12,7 @@ import json
 import time
 import warnings
 import weakref
+from dataclasses import replace
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -82,8 +83,9 @@ class A2ATSCache(_BaseCache):
         self.offset = 0
         self.tokens_seen = 0
         self._step = 0
-        self._code_counts: np.ndarray | None = None
+        self._reported: int | None = None  # tokens the last snapshot covered; None: keyframe
         self.last_stats: LayerStats | None = None
+        self._stats_final = False  # last_stats already carries its codes (`take_stats`)
 
     def _bucket_plan(self) -> tuple[list[int], tuple[int, ...] | None]:
         """Retrieval distances and the lower edges of buckets 1..m-1 (None for one b)."""
@@ -148,8 +150,8 @@ class A2ATSCache(_BaseCache):
         self.storage.write(self.values, v_store, prev, self.offset)
         self.codes[..., prev : self.offset, :] = codes
         self.tokens_seen += L
-        if self.config.telemetry:
-            self._count_codes(codes)
+        if L > 1:
+            self._reported = None  # a prefill: the next snapshot sends full histograms
         if self.kv_bits is None:
             rows = self.storage.rows
             return rows(self.keys, self.offset), rows(self.values, self.offset)
@@ -217,19 +219,6 @@ class A2ATSCache(_BaseCache):
         return out.reshape(B, n_q, 1, d)
 
     # -- telemetry --------------------------------------------------------------------------
-    def _count_codes(self, codes: mx.array) -> None:
-        first = np.array(codes[0, :, :, 0]).astype(np.int64)  # [n_kv, L]
-        n_kv, C = first.shape[0], self.codebook.n_centroids
-        if self._code_counts is None:
-            self._code_counts = np.zeros((n_kv, C), np.int64)
-        for h in range(n_kv):  # telemetry only; n_kv is small
-            self._code_counts[h] += np.bincount(first[h], minlength=C)
-
-    def _recount_codes(self) -> None:
-        self._code_counts = None
-        if self.codes is not None and self.offset:
-            self._count_codes(self.codes[:, :, : self.offset, :])
-
     def _after_step(self, lay: att.Layout, positions, repeat, queries) -> None:
         step = self._step
         self._step += 1
@@ -247,15 +236,14 @@ class A2ATSCache(_BaseCache):
             start = time.perf_counter()
             recall = self._recall(queries, selected)
             recall_ms = (time.perf_counter() - start) * 1e3
-        counts = self._code_counts
-        code_counts = tuple(counts[h].copy() for h in range(n_kv)) if counts is not None else ()
+        self._stats_final = False
         self.last_stats = LayerStats(
             step=step,
             offset=lay.n,
             window_start=lay.window_start,
             sinks=lay.n_sinks,
             selected=selected,
-            code_counts=code_counts,
+            code_counts=(),
             bytes_held=self.nbytes,
             bytes_fp16=self.fp16_key_bytes + self.fp16_value_bytes,
             exact=positions is None,
@@ -263,6 +251,33 @@ class A2ATSCache(_BaseCache):
             recall=recall,
             recall_ms=recall_ms,
         )
+
+    def take_stats(self) -> LayerStats | None:
+        """The last step's LayerStats with its codes, for a snapshot (telemetry only).
+
+        A keyframe (full per-head histograms of the tokens cached at that step) when nothing was
+        reported since the cache was made, prefilled, trimmed or restored; else the codes
+        appended since the previous snapshot (`new_codes`). Computed here, when the snapshot is
+        taken, so a step whose stats nobody took (mlx-lm runs one step ahead) loses nothing.
+        """
+        stats = self.last_stats
+        if stats is None or self._stats_final:
+            return stats
+        first = self.codes[0, :, :, 0]  # [n_kv, capacity]: first subspace, batch 0
+        end, since = stats.offset, self._reported
+        if since is None or since > end:
+            codes = np.array(first[:, :end]).astype(np.int64)  # [n_kv, end]
+            n_kv, C = codes.shape[0], self.codebook.n_centroids
+            flat = (codes + (np.arange(n_kv) * C)[:, None]).reshape(-1)
+            counts = np.bincount(flat, minlength=n_kv * C).reshape(n_kv, C)
+            stats = replace(stats, code_counts=tuple(counts))
+        else:
+            new = np.array(first[:, since:end]).astype(np.uint16)  # [n_kv, end - since]
+            stats = replace(stats, new_codes=tuple(new))
+        self._reported = end
+        self._stats_final = True
+        self.last_stats = stats
+        return stats
 
     def _recall(self, queries: mx.array, selected: tuple[np.ndarray, ...]) -> tuple[float, ...]:
         """Shadow exact attention: attention mass on the selection per KV head (batch 0)."""
@@ -290,8 +305,7 @@ class A2ATSCache(_BaseCache):
     def trim(self, n: int) -> int:
         n = min(self.offset, n)
         self.offset -= n
-        if self.config.telemetry:
-            self._recount_codes()
+        self._reported = None  # the next snapshot sends full histograms
         return n
 
     def make_mask(self, *args, **kwargs):
@@ -314,6 +328,7 @@ class A2ATSCache(_BaseCache):
         if not arrays:
             self.keys = self.values = self.codes = None
             self.offset = 0
+            self._reported = None
             return
         per = self.storage.n_arrays
         if len(arrays) != 2 * per + 1:
@@ -322,8 +337,7 @@ class A2ATSCache(_BaseCache):
         self.values = self.storage.from_arrays(arrays[per : 2 * per])
         self.codes = arrays[-1].astype(mx.uint16)
         self.offset = self.codes.shape[2]
-        if self.config.telemetry:
-            self._recount_codes()
+        self._reported = None
 
     @property
     def meta_state(self) -> tuple[str, ...]:
@@ -470,7 +484,7 @@ def make_cache(model: nn.Module, config: A2ATSConfig | None = None, codebook=Non
 def snapshot(caches: list, token_id: int | None = None) -> CacheSnapshot | None:
     """Gather the last step's LayerStats of every A2ATS cache (None when there are none)."""
     layers = tuple(
-        c.last_stats for c in caches if isinstance(c, A2ATSCache) and c.last_stats is not None
+        c.take_stats() for c in caches if isinstance(c, A2ATSCache) and c.last_stats is not None
     )
     if not layers:
         return None

@@ -392,3 +392,45 @@ def test_config_validation_names_field_value_and_range():
         with pytest.raises(ValueError, match=rf"A2ATSConfig\.{field}=.*out of range"):
             A2ATSConfig(**kwargs)
     assert A2ATSConfig.from_dict({**A2ATSConfig().to_dict(), "unknown": 1}) == A2ATSConfig()
+
+
+def test_telemetry_sends_a_keyframe_then_only_the_new_codes():
+    model = tiny_model("llama")
+    config = A2ATSConfig(window=16, sinks=4, budget=8, telemetry=True)
+    cache = make_cache(model, config, random_codebook(model))
+    hist = None
+
+    def check(snap, keyframe):
+        nonlocal hist
+        for layer, c in zip(snap.layers, cache, strict=True):
+            codes = np.array(c.codes[0, :, : layer.offset, 0])
+            want = np.stack([np.bincount(h, minlength=64) for h in codes])
+            if keyframe:
+                assert layer.new_codes is None and len(layer.code_counts) == 2
+                got = np.stack(layer.code_counts)
+            else:
+                assert layer.code_counts == () and [len(n) for n in layer.new_codes] == [1, 1]
+                got = hist[layer.layer] + np.stack(
+                    [np.bincount(n, minlength=64) for n in layer.new_codes]
+                )
+            assert np.array_equal(got, want)
+            hist[layer.layer] = got
+
+    model(mx.array([list(range(3, 203))]), cache=cache)  # prefill
+    hist = {}
+    for i, keyframe in enumerate([True, False, False]):
+        model(mx.array([[5 + i]]), cache=cache)
+        check(snapshot(cache), keyframe)
+    assert snapshot(cache).layers[0] is cache[0].last_stats  # taking it twice: the same record
+    for c in cache:
+        c.trim(3)
+    model(mx.array([[9]]), cache=cache)
+    check(snapshot(cache), keyframe=True)  # after a trim: a keyframe
+    model(mx.array([[10]]), cache=cache)
+    model(mx.array([[11]]), cache=cache)  # a step nobody took: its code comes with the next
+    snap = snapshot(cache)
+    assert [len(n) for n in snap.layers[0].new_codes] == [2, 2]
+    for c in cache:
+        c.state = c.state
+    model(mx.array([[12]]), cache=cache)
+    check(snapshot(cache), keyframe=True)  # after a restore: a keyframe
