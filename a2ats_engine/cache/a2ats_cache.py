@@ -176,7 +176,7 @@ class A2ATSCache(_BaseCache):
         if L > 1 or lay.exact:
             out = att.exact_attention(queries, keys, values, scale, mask)
             if L == 1:
-                self._after_step(lay, None, None, queries)
+                self._after_step(lay, None, None, queries, scale)
             return out
         return self._retrieve(queries, lay, scale)
 
@@ -215,11 +215,11 @@ class A2ATSCache(_BaseCache):
         k_sel = att.gather_rows(self.keys, positions, self.storage)
         v_sel = att.gather_rows(self.values, positions, self.storage)
         out = att.selected_attention(group, k_sel, v_sel, repeat, scale)
-        self._after_step(lay, positions, repeat, queries)
+        self._after_step(lay, positions, repeat, queries, scale)
         return out.reshape(B, n_q, 1, d)
 
     # -- telemetry --------------------------------------------------------------------------
-    def _after_step(self, lay: att.Layout, positions, repeat, queries) -> None:
+    def _after_step(self, lay: att.Layout, positions, repeat, queries, scale: float) -> None:
         step = self._step
         self._step += 1
         if not self.config.telemetry:
@@ -234,7 +234,7 @@ class A2ATSCache(_BaseCache):
         every = self.config.fidelity_every
         if every and positions is not None and step % every == 0:
             start = time.perf_counter()
-            recall = self._recall(queries, selected)
+            recall = self._recall(queries, positions, repeat, scale)
             recall_ms = (time.perf_counter() - start) * 1e3
         self._stats_final = False
         self.last_stats = LayerStats(
@@ -279,14 +279,25 @@ class A2ATSCache(_BaseCache):
         self.last_stats = stats
         return stats
 
-    def _recall(self, queries: mx.array, selected: tuple[np.ndarray, ...]) -> tuple[float, ...]:
-        """Shadow exact attention: attention mass on the selection per KV head (batch 0)."""
-        n, n_q = self.offset, queries.shape[1]
-        keys = self._dequantized(self.keys)[0, :, :n, :].astype(mx.float32)  # [n_kv, n, d]
-        n_kv, _, d = keys.shape
-        q = queries[0, :, 0, :].astype(mx.float32).reshape(n_kv, n_q // n_kv, d)
-        probs = np.array(mx.softmax((q @ keys.swapaxes(-1, -2)) * (d**-0.5), axis=-1))
-        return tuple(float(probs[h][:, selected[h]].sum(-1).mean()) for h in range(n_kv))
+    def _recall(
+        self, queries: mx.array, positions: mx.array, repeat: mx.array, scale: float
+    ) -> tuple[float, ...]:
+        """Shadow exact attention: per KV head, the attention mass on the selection.
+
+        queries post-RoPE [B, n_q, 1, d]; positions / repeat [B, n_kv, M] as `select` returns
+        them; scale: the layer's own attention scale (what `attend` received). The mass is
+        averaged over the GQA group's query heads and every batch row.
+        """
+        n, (B, n_q, _, d) = self.offset, queries.shape
+        keys = self.storage.dequantize(self.storage.rows(self.keys, n)).astype(mx.float32)
+        n_kv, M = keys.shape[1], positions.shape[-1]
+        G = n_q // n_kv
+        q = queries[:, :, 0, :].astype(mx.float32).reshape(B, n_kv, G, d)
+        probs = mx.softmax((q @ keys.swapaxes(-1, -2)) * scale, axis=-1)  # [B, n_kv, G, n]
+        index = mx.broadcast_to(positions[:, :, None, :], (B, n_kv, G, M))
+        picked = mx.take_along_axis(probs, index, axis=-1) * (~repeat)[:, :, None, :]
+        mass = np.array(picked.sum(axis=-1).mean(axis=(0, 2)))  # [n_kv]
+        return tuple(float(m) for m in mass)
 
     def _dequantized(self, stored):
         """Float rows of a stored value (for the evaluation caches in bench/)."""

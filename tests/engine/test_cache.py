@@ -434,3 +434,33 @@ def test_telemetry_sends_a_keyframe_then_only_the_new_codes():
         c.state = c.state
     model(mx.array([[12]]), cache=cache)
     check(snapshot(cache), keyframe=True)  # after a restore: a keyframe
+
+
+def test_fidelity_uses_the_layers_scale_and_every_batch_row():
+    config = A2ATSConfig(window=16, sinks=4, budget=8, telemetry=True, fidelity_every=1)
+    scale = 0.05  # not head_dim ** -0.5, as for Gemma's query_pre_attn_scalar
+    cache, _, rope = filled_cache(n=300, config=config)
+    _, q_post = decode_query(rope, 2, 299, seed=3)
+    cache.attend(q_post, None, None, scale=scale)
+    stats = cache.last_stats
+    keys = np.array(cache.keys[0, 0, :300, :])
+    logits = np.array(q_post[0, :, 0, :]) @ keys.T * scale  # [2, 300]
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    want = probs[:, stats.selected[0]].sum(-1).mean()
+    assert stats.recall[0] == pytest.approx(want, rel=1e-5)
+
+    # two batch rows with other queries: the mean of each row's own recall
+    rows = [decode_query(rope, 2, 299, seed=s)[1] for s in (3, 4)]
+    single = []
+    for q in rows:
+        one, _, _ = filled_cache(n=300, config=config)
+        one.attend(q, None, None, scale=scale)
+        single.append(one.last_stats.recall[0])
+    assert abs(single[0] - single[1]) > 1e-3
+    one, _, _ = filled_cache(n=300, config=config)
+    k, v = one.keys[..., :300, :], one.values[..., :300, :]
+    both = A2ATSCache(0, rope, one.codebook, config, max_context=8192)
+    both.update_and_fetch(mx.concatenate([k, k]), mx.concatenate([v, v]))
+    both.attend(mx.concatenate(rows), None, None, scale=scale)
+    assert both.last_stats.recall[0] == pytest.approx(np.mean(single), rel=1e-5)
