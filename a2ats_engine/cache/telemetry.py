@@ -30,7 +30,8 @@ class LayerStats:
     exact:         True when nothing could be dropped and exact attention was used.
     layer:         layer index in the model.
     recall:        optional per-KV-head attention mass recalled vs exact attention (fidelity
-                   shadow pass), else None.
+                   shadow pass with the layer's own attention scale; mean over the group's
+                   query heads and every batch row), else None.
     recall_ms:     wall time of that shadow pass in milliseconds (its cost), else None.
     new_codes:     None for a keyframe (code_counts holds the histograms); else one uint16
                    array per KV head of the codes appended since this layer's previous snapshot

@@ -29,7 +29,7 @@ MIN_KEPT = 2
 # ragged or empty, or None when unknown (new codes arrived without a keyframe before them).
 Histograms = np.ndarray | tuple | None
 # How one layer's histograms changed from the previous kept step:
-#   ("codes", per-head code arrays)  one count more for each code
+#   ("codes", flat indices)          one count more at each [H, C] flat index (h * C + code)
 #   ("sparse", flat indices, values) added at those [H, C] flat indices
 #   ("full", histograms)             replaced (shape change or unknown before)
 Change = tuple
@@ -77,11 +77,9 @@ def _stacked(counts: tuple) -> Histograms:
     return np.stack(counts).astype(np.int64)
 
 
-def _add_codes(hist: np.ndarray, codes: tuple) -> None:
-    """hist [H, C] += one count per code of each head's `codes`, in place."""
-    H, C = hist.shape
-    flat = np.concatenate([np.asarray(c, np.int64) + h * C for h, c in enumerate(codes)])
-    hist.reshape(-1)[:] += np.bincount(flat, minlength=H * C)
+def _flat_codes(codes: tuple, n_codes: int) -> np.ndarray:
+    """Each head's codes as flat indices into [H, C]: int32 h * C + code."""
+    return np.concatenate([np.asarray(c, np.int32) + h * n_codes for h, c in enumerate(codes)])
 
 
 def _advance(before: Histograms, layer: LayerStats) -> tuple[Histograms, Change]:
@@ -91,8 +89,9 @@ def _advance(before: Histograms, layer: LayerStats) -> tuple[Histograms, Change]
     if layer.new_codes is not None:  # the engine's delta: the codes appended this step
         if not isinstance(before, np.ndarray) or before.shape[0] != len(layer.new_codes):
             return None, ("full", None)
-        _add_codes(before, layer.new_codes)
-        return before, ("codes", layer.new_codes)
+        flat = _flat_codes(layer.new_codes, before.shape[1])
+        np.add.at(before.reshape(-1), flat, 1)
+        return before, ("codes", flat)
     after = _stacked(layer.code_counts)
     same = isinstance(after, np.ndarray) and isinstance(before, np.ndarray)
     if same and after.shape == before.shape:
@@ -111,10 +110,28 @@ def _apply(hist: Histograms, change: Change) -> Histograms:
     if not isinstance(hist, np.ndarray):
         return None
     if kind == "codes":
-        _add_codes(hist, change[1])
+        np.add.at(hist.reshape(-1), change[1], 1)
     else:
         hist.reshape(-1)[change[1]] += change[2]
     return hist
+
+
+def _replay(hist: Histograms, changes: list[Change]) -> Histograms:
+    """A new array: `hist` plus every "codes" / "sparse" change, in one scatter-add."""
+    if not isinstance(hist, np.ndarray):
+        return hist if not changes else None
+    out = hist.copy()
+    if not changes:
+        return out
+    flat = out.reshape(-1)
+    codes = [c[1] for c in changes if c[0] == "codes"]
+    if codes:
+        np.add.at(flat, np.concatenate(codes), 1)
+    sparse = [c for c in changes if c[0] == "sparse"]
+    if sparse:
+        index = np.concatenate([c[1] for c in sparse])
+        np.add.at(flat, index, np.concatenate([c[2] for c in sparse]))
+    return out
 
 
 def _change_bytes(change: Change) -> int:
@@ -344,14 +361,22 @@ class SnapshotRing:
         return restored
 
     def _histograms_at(self, index: int) -> list[Histograms]:
-        """Every layer's histograms at the entry at ring position `index` (from the base)."""
-        hists = [h.copy() if isinstance(h, np.ndarray) else h for h in self._base]
+        """Every layer's histograms at the entry at ring position `index` (from the base).
+
+        Per layer, the changes after its last replacement are added in one `np.add.at`, so
+        scrubbing far back costs O(layers) NumPy calls, not O(steps x layers)."""
+        hists = list(self._base)
+        pending: list[list[Change]] = [[] for _ in hists]
         for entry in list(self._entries)[1 : index + 1]:
             changes = self._changes[entry.seq]
             if len(changes) != len(hists):
-                hists = [None] * len(changes)
-            hists = [_apply(h, c) for h, c in zip(hists, changes, strict=True)]
-        return hists
+                hists, pending = [None] * len(changes), [[] for _ in changes]
+            for row, change in enumerate(changes):
+                if change[0] == "full":
+                    hists[row], pending[row] = change[1], []
+                else:
+                    pending[row].append(change)
+        return [_replay(h, p) for h, p in zip(hists, pending, strict=True)]
 
     def restored_entries(self) -> list[Entry]:
         """Every kept entry with its histograms, oldest first (one forward pass)."""
