@@ -2,8 +2,10 @@
 
 Every key that enters the cache is un-rotated to its pre-RoPE frame and coded against the
 layer's codebook (uint16 per token per KV head and subspace). Full post-RoPE keys and values are
-kept (model dtype, or `mx.quantize`d with kv_bits) for exact attention on the selection.
+kept (model dtype, or `mx.quantize`d with kv_bits: `storage.py`) for exact attention on the
+selection, chosen by the cache's top-K strategy (`topk.py`, picked once when the cache is made).
 Attention reaches `attend` through the hook in `hooks.py` (which gives us the true query).
+`state` / `meta_state` / `from_state` follow mlx-lm's cache protocol (see docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations
