@@ -318,11 +318,7 @@ class Codebook:
     def save(self, path: str | os.PathLike) -> None:
         """Write one safetensors file (atomically: a temporary file renamed into place)."""
         path = Path(path)
-        arrays = {}
-        for i in range(self.num_layers):
-            arrays[f"layers.{i}.centroids"] = self._centroids[i]
-            arrays[f"layers.{i}.assign_centroids"] = self._assign[i]
-            arrays[f"layers.{i}.chol"] = self._chol[i]
+        arrays = self.to_arrays()
         meta = dict(self.metadata)
         meta.setdefault("format", FORMAT_NAME)
         meta["format_version"] = FORMAT_VERSION
@@ -344,6 +340,44 @@ class Codebook:
                 tmp.unlink()
         self._sha256 = sha256_file(path)
 
+    def to_arrays(self, prefix: str = "") -> dict[str, mx.array]:
+        """The codebook's arrays under the one layout codebook and session files share:
+        `{prefix}layers.{l}.centroids`, `.assign_centroids`, `.chol` for every layer l."""
+        arrays = {}
+        for i in range(self.num_layers):
+            arrays[f"{prefix}layers.{i}.centroids"] = self._centroids[i]
+            arrays[f"{prefix}layers.{i}.assign_centroids"] = self._assign[i]
+            arrays[f"{prefix}layers.{i}.chol"] = self._chol[i]
+        return arrays
+
+    @classmethod
+    def from_arrays(
+        cls,
+        arrays: dict[str, mx.array],
+        metadata: dict[str, Any],
+        num_layers: Any,
+        prefix: str = "",
+        where: str = "codebook",
+    ) -> Codebook:
+        """The inverse of `to_arrays`. CodebookError naming `where` for a missing or bad array."""
+        if not isinstance(num_layers, int) or num_layers < 1:
+            raise CodebookError(f"{where}: file is damaged (no layer count in its metadata)")
+        parts = []
+        for name in ("centroids", "assign_centroids", "chol"):
+            layer_arrays = []
+            for i in range(num_layers):
+                arr = arrays.get(f"{prefix}layers.{i}.{name}")
+                if arr is None:
+                    raise CodebookError(
+                        f"{where}: file is damaged ({prefix}layers.{i}.{name} missing)"
+                    )
+                layer_arrays.append(arr)
+            parts.append(layer_arrays)
+        try:
+            return cls(parts[0], parts[2], metadata, assign_centroids=parts[1])
+        except ValueError as exc:
+            raise CodebookError(f"{where}: file is damaged ({exc})") from exc
+
     @classmethod
     def load(cls, path: str | os.PathLike) -> Codebook:
         """Read a codebook file. CodebookError (one line) for a missing, foreign, truncated,
@@ -354,22 +388,7 @@ class Codebook:
             arrays = mx.load(str(path), format="safetensors")
         except Exception as exc:  # MLX raises plain RuntimeError/ValueError on bad content
             raise CodebookError(f"{path.name}: file is damaged ({exc})") from exc
-        n_layers = meta.get("num_layers")
-        if not isinstance(n_layers, int) or n_layers < 1:
-            raise CodebookError(f"{path.name}: file is damaged (no layer count in its metadata)")
-        parts = []
-        for name in ("centroids", "assign_centroids", "chol"):
-            layer_arrays = []
-            for i in range(n_layers):
-                arr = arrays.get(f"layers.{i}.{name}")
-                if arr is None:
-                    raise CodebookError(f"{path.name}: file is damaged (layers.{i}.{name} missing)")
-                layer_arrays.append(arr)
-            parts.append(layer_arrays)
-        try:
-            book = cls(parts[0], parts[2], meta, assign_centroids=parts[1])
-        except ValueError as exc:
-            raise CodebookError(f"{path.name}: file is damaged ({exc})") from exc
+        book = cls.from_arrays(arrays, meta, meta.get("num_layers"), where=path.name)
         if (book.n_centroids, book.sub_dim) != (meta.get("n_centroids"), meta.get("sub_dim")):
             raise CodebookError(f"{path.name}: file is damaged (arrays disagree with metadata)")
         book._sha256 = sha256_file(path)
