@@ -63,6 +63,7 @@ from .events import (
     ModelLoaded,
     Progress,
 )
+from .inert_text import plain_labels, plain_message_box, rich_from_plain
 from .settings import AppSettings, save_settings
 from .theme import app_icon, bind_icon, theme
 from .units import human_bytes
@@ -111,6 +112,7 @@ class StatusBar(QStatusBar):
         label = QLabel(text)
         label.setObjectName(name)
         label.setAccessibleName(accessible)
+        plain_labels(label)  # the model's name is untrusted
         return label
 
     def set_model(self, text: str) -> None:
@@ -319,6 +321,7 @@ class MainWindow(QMainWindow):
         self.chat_title.setObjectName("ChatTitle")
         self.chat_subtitle = QLabel("")
         self.chat_subtitle.setObjectName("ChatSubtitle")
+        plain_labels(self.chat_title, self.chat_subtitle)  # chat titles are untrusted
         titles.addWidget(self.chat_title)
         titles.addWidget(self.chat_subtitle)
         layout.addLayout(titles, 1)
@@ -651,7 +654,7 @@ class MainWindow(QMainWindow):
             answer = QMessageBox.question(
                 self,
                 "Delete chat",
-                f"Delete \u201c{conversation.title}\u201d? This cannot be undone.",
+                rich_from_plain(f"Delete \u201c{conversation.title}\u201d? This cannot be undone."),
             )
             if answer != QMessageBox.StandardButton.Yes:
                 return
@@ -691,7 +694,9 @@ class MainWindow(QMainWindow):
             Path(path).write_text(text(conversation), encoding="utf-8")
         except OSError as exc:
             QMessageBox.warning(
-                self, "Export failed", f"Could not write {path}: {exc.strerror or exc}"
+                self,
+                "Export failed",
+                rich_from_plain(f"Could not write {path}: {exc.strerror or exc}"),
             )
             return None
         self.statusBar().showMessage(f"Exported to {path}", 5000)
@@ -768,7 +773,7 @@ class MainWindow(QMainWindow):
         info = loaded.info
         label = model_label(loaded.source, info)
         self.model_button.setText(f"{label}  \u25be")
-        self.model_button.setToolTip(self._model_tooltip(loaded))
+        self.model_button.setToolTip(rich_from_plain(self._model_tooltip(loaded)))
         self.status.set_model(label)
         self.status.set_context(0, getattr(info, "context_length", None))
         self._show_codebook_state()
@@ -820,7 +825,7 @@ class MainWindow(QMainWindow):
                     theme().icon("file" if source.endswith(".gguf") else "folder"),
                     _short_source(source),
                 )
-                action.setToolTip(source)
+                action.setToolTip(rich_from_plain(source))
                 action.triggered.connect(lambda _c=False, s=source: self.load_model(s))
                 action.setEnabled(not busy)
         menu.addSeparator()
@@ -898,7 +903,9 @@ class MainWindow(QMainWindow):
             )
             return
         self.codebook_button.setText(f"{Path(info.name).stem} \u00b7 {info.n_centroids}c  \u25be")
-        self.codebook_button.setToolTip("\n".join(f"{k}: {v}" for k, v in codebook_rows(info)))
+        self.codebook_button.setToolTip(
+            rich_from_plain("\n".join(f"{k}: {v}" for k, v in codebook_rows(info)))
+        )
 
     def _fill_codebook_menu(self) -> None:
         menu = self.codebook_menu
@@ -1288,6 +1295,7 @@ class MainWindow(QMainWindow):
         box = QMessageBox(
             QMessageBox.Icon.Warning, title, text, QMessageBox.StandardButton.Ok, self
         )
+        plain_message_box(box)  # error texts quote file names and model output
         if report.detail:
             box.setDetailedText(report.detail)
         if self.scripted:

@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
 )
 
 from ..conversations import Message
+from ..inert_text import plain_labels, rich_from_plain
 from ..theme import bind_icon
 from .markdown_view import MarkdownView
 
@@ -95,6 +96,7 @@ class MessageWidget(QFrame):
         self.note = QLabel()
         self.note.setObjectName("NoteLabel")
         self.note.setWordWrap(True)
+        plain_labels(self.stats, self.note)  # provenance and error notes are untrusted
         self.stats.hide()
         self.note.hide()
 
@@ -184,7 +186,7 @@ class MessageWidget(QFrame):
         self.stats.setVisible(bool(text))
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.message.created))
         details = provenance_tooltip(provenance)
-        self.stats.setToolTip(f"{created}\n{details}" if details else created)
+        self.stats.setToolTip(rich_from_plain(f"{created}\n{details}" if details else created))
 
     def set_note(self, text: str, error: bool = False) -> None:
         self.note.setObjectName("ErrorLabel" if error else "NoteLabel")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -84,6 +85,7 @@ class SettingsDialog(QDialog):
         tabs.addTab(self._appearance_tab(theme_mode, default_system_prompt), "Appearance")
         self.error = QLabel()
         self.error.setObjectName("ErrorLabel")
+        self.error.setTextFormat(Qt.TextFormat.PlainText)
         self.error.setWordWrap(True)
         self.error.hide()
         buttons = QDialogButtonBox(

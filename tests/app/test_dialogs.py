@@ -111,3 +111,71 @@ def test_every_control_of_the_main_window_is_named(make_window):
     assert unnamed == []
     assert window.composer.edit.accessibleName() == "Message input"
     assert window.chat_view.scroll.accessibleName() == "Conversation transcript"
+
+
+# ----- untrusted strings stay inert ----------------------------------------------------------
+
+HOSTILE = '<img src="file:///etc/passwd"> <b>bold</b> & <a href="smb://x">y</a>\nline two'
+
+
+def _shown_text(rich_or_plain: str) -> str:
+    """What Qt displays for a tooltip / message text (it guesses rich text like this)."""
+    from PySide6.QtGui import Qt, QTextDocument
+
+    doc = QTextDocument()
+    if Qt.mightBeRichText(rich_or_plain):
+        doc.setHtml(rich_or_plain)
+    else:
+        doc.setPlainText(rich_or_plain)
+    return doc.toPlainText()
+
+
+def test_rich_from_plain_shows_markup_verbatim():
+    from app.inert_text import rich_from_plain
+
+    assert _shown_text(HOSTILE) != HOSTILE  # what Qt would do with the raw string
+    assert _shown_text(rich_from_plain(HOSTILE)) == HOSTILE
+    assert rich_from_plain("") == ""
+
+
+def test_message_stats_and_tooltip_are_plain(qtbot):
+    from PySide6.QtCore import Qt
+
+    from app.chat.message_widget import MessageWidget
+    from app.conversations import Message
+
+    provenance = {"model": {"name": HOSTILE}, "cache": {"a2ats_enabled": True}}
+    widget = MessageWidget(Message("assistant", "hi", provenance=provenance))
+    qtbot.addWidget(widget)
+    assert widget.stats.textFormat() == Qt.TextFormat.PlainText
+    assert widget.note.textFormat() == Qt.TextFormat.PlainText
+    assert HOSTILE in _shown_text(widget.stats.toolTip())
+
+
+def test_conversation_list_tooltip_shows_the_title_verbatim(qtbot):
+    from app.chat.conversation_list import ConversationList
+    from app.conversations import Conversation
+
+    widget = ConversationList()
+    qtbot.addWidget(widget)
+    widget.set_conversations([Conversation(title=HOSTILE)], None)
+    assert _shown_text(widget.list.item(0).toolTip()) == HOSTILE
+
+
+def test_codebook_info_and_progress_labels_are_plain(qtbot):
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QLabel
+
+    from app.dialogs.codebook_info import CodebookInfoDialog
+    from app.dialogs.progress import ProgressPanel
+    from app.events import CodebookLoaded
+
+    info = CodebookLoaded(HOSTILE, HOSTILE, "0" * 64, 16, 8, None, 2, 1, {"corpus": HOSTILE})
+    dialog = CodebookInfoDialog(info)
+    qtbot.addWidget(dialog)
+    labels = [w for w in dialog.findChildren(QLabel) if w.text() == HOSTILE]
+    assert len(labels) == 2
+    assert all(label.textFormat() == Qt.TextFormat.PlainText for label in labels)
+    panel = ProgressPanel()
+    qtbot.addWidget(panel)
+    assert panel.stage.textFormat() == Qt.TextFormat.PlainText
