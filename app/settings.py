@@ -2,6 +2,8 @@
 
 A corrupt or unreadable settings file never stops the app: it is moved aside
 (`settings.json.corrupt-<time>`), defaults are used, and the caller shows a status-bar message.
+"Corrupt" includes a value of the wrong type (`{"window_geometry": 5}`): every field's type is
+checked (`FIELD_TYPES`) when the settings are built, so a bad file never reaches the window.
 """
 
 from __future__ import annotations
@@ -114,10 +116,12 @@ class AppSettings:
     last_conversation_id: str | None = None
 
     def __post_init__(self) -> None:
+        for name, (check, expected) in FIELD_TYPES.items():
+            value = getattr(self, name)
+            if not check(value):
+                raise ValueError(f"AppSettings.{name}={value!r} must be {expected}")
         if self.theme not in THEMES:
             raise ValueError(f"AppSettings.theme={self.theme!r} must be one of {THEMES}")
-        if not isinstance(self.model_source, str):
-            raise ValueError(f"AppSettings.model_source={self.model_source!r} must be a string")
 
     def remember_model(self, source: str) -> None:
         """Put `source` first in the recent-models list (deduplicated, capped)."""
@@ -133,34 +137,61 @@ class AppSettings:
         if not isinstance(data, dict):
             raise ValueError("settings file does not hold a JSON object")
         version = data.get("schema_version", SCHEMA_VERSION)
-        if not isinstance(version, int) or version < 1:
+        if not _is_int(version) or version < 1:
             raise ValueError(f"AppSettings.schema_version={version!r} is not a valid version")
         names = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in names}
         values["schema_version"] = SCHEMA_VERSION  # older versions migrate by defaulting fields
         if "cache" in values:
-            values["cache"] = _sub(CacheSettings, values["cache"])
+            values["cache"] = _sub("cache", CacheSettings, values["cache"])
         if "sampling" in values:
-            values["sampling"] = _sub(SamplingPrefs, values["sampling"])
-        settings = cls(**values)
-        _check_types(settings)
-        return settings
+            values["sampling"] = _sub("sampling", SamplingPrefs, values["sampling"])
+        return cls(**values)
 
 
-def _sub(kind: type, data: Any):
+def _sub(name: str, kind: type, data: Any):
     if not isinstance(data, dict):
-        raise ValueError(f"{kind.__name__} must be a JSON object, got {data!r}")
+        raise ValueError(f"AppSettings.{name}={data!r} must be a JSON object")
     names = {f.name for f in fields(kind)}
     return kind(**{k: v for k, v in data.items() if k in names})
 
 
-def _check_types(settings: AppSettings) -> None:
-    if not all(isinstance(m, str) for m in settings.recent_models):
-        raise ValueError("AppSettings.recent_models must be a list of strings")
-    if not isinstance(settings.codebook_for_model, dict):
-        raise ValueError("AppSettings.codebook_for_model must be an object")
-    if not all(isinstance(s, int) for s in settings.splitter_sizes):
-        raise ValueError("AppSettings.splitter_sizes must be a list of integers")
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _list_of(check):
+    return lambda value: isinstance(value, list) and all(check(item) for item in value)
+
+
+def _is_str(value: object) -> bool:
+    return isinstance(value, str)
+
+
+def _is_bool(value: object) -> bool:
+    return isinstance(value, bool)
+
+
+FIELD_TYPES = {
+    "schema_version": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "model_source": (_is_str, "a string"),
+    "recent_models": (_list_of(_is_str), "a list of strings"),
+    "codebook_for_model": (
+        lambda v: isinstance(v, dict) and all(_is_str(k) and _is_str(x) for k, x in v.items()),
+        "an object of strings",
+    ),
+    "auto_load_demo_codebook": (_is_bool, "true or false"),
+    "cache": (lambda v: isinstance(v, CacheSettings), "a cache settings object"),
+    "sampling": (lambda v: isinstance(v, SamplingPrefs), "a sampling settings object"),
+    "default_system_prompt": (_is_str, "a string"),
+    "theme": (_is_str, "a string"),
+    "window_geometry": (_is_str, "a string"),
+    "window_state": (_is_str, "a string"),
+    "splitter_sizes": (_list_of(lambda v: _is_int(v) and v >= 0), "a list of integers >= 0"),
+    "inspector_visible": (_is_bool, "true or false"),
+    "last_conversation_id": (lambda v: v is None or _is_str(v), "a string or null"),
+}
+"""Every AppSettings field: (check, what it must be). A test keeps this in step with the fields."""
 
 
 def settings_path() -> Path:

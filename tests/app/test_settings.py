@@ -74,6 +74,62 @@ def test_corrupt_file_is_backed_up_and_defaults_used(app_dirs, content):
     assert not path.exists()
 
 
+WRONG_TYPES = [
+    {"window_geometry": 5},
+    {"window_state": ["x"]},
+    {"recent_models": "demo"},
+    {"recent_models": ["demo", 3]},
+    {"codebook_for_model": {"demo": 7}},
+    {"codebook_for_model": []},
+    {"auto_load_demo_codebook": "yes"},
+    {"default_system_prompt": None},
+    {"theme": 1},
+    {"splitter_sizes": "200,800"},
+    {"splitter_sizes": [True, 5]},
+    {"inspector_visible": 1},
+    {"last_conversation_id": 12},
+    {"model_source": None},
+    {"schema_version": True},
+    {"cache": "on"},
+    {"sampling": [0.7]},
+]
+
+
+@pytest.mark.parametrize("bad", WRONG_TYPES, ids=lambda bad: next(iter(bad)))
+def test_a_wrongly_typed_value_sends_the_file_down_the_backup_path(app_dirs, bad):
+    path = settings_path()
+    path.parent.mkdir(parents=True)
+    content = json.dumps({"schema_version": 1, "theme": "dark", **bad})
+    path.write_text(content)
+    settings, message = load_settings()
+    assert settings == AppSettings()
+    assert message is not None and next(iter(bad)) in message and "backed up" in message
+    (backup,) = path.parent.glob("settings.json.corrupt-*")
+    assert backup.read_text() == content
+
+
+def test_every_field_has_a_type_check():
+    from dataclasses import fields
+
+    from app.settings import FIELD_TYPES
+
+    assert set(FIELD_TYPES) == {f.name for f in fields(AppSettings)}
+    for f in fields(AppSettings):
+        check, _ = FIELD_TYPES[f.name]
+        assert check(getattr(AppSettings(), f.name)), f.name
+
+
+@pytest.mark.parametrize("bad", [{"window_geometry": 5}, {"recent_models": "demo"}])
+def test_the_window_starts_over_a_wrongly_typed_settings_file(make_window, app_dirs, bad):
+    from .fakes import FakeBackend
+
+    path = settings_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(bad))
+    window = make_window(FakeBackend())
+    assert "defaults restored" in window.statusBar().currentMessage()
+
+
 def test_unknown_keys_ignored_and_old_schema_migrates(app_dirs):
     path = settings_path()
     path.parent.mkdir(parents=True)
