@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .app_dirs import atomic_write_text, conversations_dir
+from .app_dirs import atomic_write_text, conversations_dir, remove_stale_temp_files
 
 FORMAT_VERSION = 1
 DEFAULT_TITLE = "New chat"
@@ -203,6 +203,7 @@ class HistoryStore:
         conversations = []
         if not self.folder.is_dir():
             return conversations
+        remove_stale_temp_files(self.folder)
         for path in sorted(self.folder.glob("*.json")):
             try:
                 data = json.loads(path.read_text("utf-8"))

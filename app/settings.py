@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .app_dirs import atomic_write_text, config_dir
+from .app_dirs import atomic_write_text, config_dir, remove_stale_temp_files
 
 SCHEMA_VERSION = 1
 MAX_RECENT_MODELS = 8
@@ -202,6 +202,7 @@ def load_settings(path: Path | None = None) -> tuple[AppSettings, str | None]:
     """Read the settings file. Returns (settings, message); `message` is set when the file was
     corrupt and has been backed up (defaults are returned then)."""
     path = path or settings_path()
+    remove_stale_temp_files(path.parent)
     if not path.exists():
         return AppSettings(), None
     try:
