@@ -22,7 +22,9 @@ class ModelInfo:
     variant is one A2ATS cannot replay. quantization: the source's quantization ("Q4_1",
     "4-bit affine, group 64"...), with a note when it was dequantized for the CPU; None when the
     weights were never quantized. disk_bytes: size of the source on disk (GGUF file, or model
-    folder). path: the source file or folder.
+    folder). path: the source file or folder. recommended_sampling: what the model's authors
+    recommend (its generation_config.json, a GGUF's `general.sampling.*` keys, or the demo's
+    preset), None when they say nothing; only `MODEL_SAMPLING_FIELDS` come from the model.
     """
 
     name: str
@@ -36,6 +38,7 @@ class ModelInfo:
     quantization: str | None
     disk_bytes: int
     path: str
+    recommended_sampling: SamplingSettings | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -56,6 +59,10 @@ def _check_number(
 
 def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
     check_int("SamplingSettings", name, value, lo, hi)
+
+
+MODEL_SAMPLING_FIELDS = ("temperature", "top_p", "min_p", "top_k", "repetition_penalty")
+"""The sampling fields a model may recommend (max_tokens, seed, ... are the user's)."""
 
 
 @dataclass(frozen=True)
@@ -126,3 +133,28 @@ class SamplingSettings:
         """Build from a dict, ignoring unknown keys (forward compatibility of saved settings)."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def sampling_from_generation_config(config: object) -> SamplingSettings | None:
+    """The sampling a Hugging Face `generation_config.json` recommends, or None when it names
+    none of `MODEL_SAMPLING_FIELDS`. The file is untrusted: a value of the wrong type or out of
+    range is ignored. `"do_sample": false` means greedy (temperature 0); a file that names other
+    fields but no temperature gets Hugging Face's default temperature, 1.0."""
+    if not isinstance(config, dict):
+        return None
+    values: dict[str, Any] = {}
+    for name in MODEL_SAMPLING_FIELDS:
+        value = config.get(name)
+        if isinstance(value, float) and name == "top_k" and value.is_integer():
+            value = int(value)
+        try:
+            SamplingSettings(**{name: value})
+        except (TypeError, ValueError):
+            continue
+        values[name] = value
+    if config.get("do_sample") is False:
+        values["temperature"] = 0.0
+    if not values:
+        return None
+    values.setdefault("temperature", 1.0)
+    return SamplingSettings(**values)

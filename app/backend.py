@@ -14,16 +14,6 @@ from typing import Any
 ProgressFn = Callable[[str, int, int], None]
 
 
-def sampling_settings(prefs) -> Any:
-    """The engine's `SamplingSettings` from the app's `SamplingPrefs` (same field names)."""
-    from dataclasses import asdict, fields
-
-    from a2ats_engine.session import SamplingSettings
-
-    names = {f.name for f in fields(SamplingSettings)}
-    return SamplingSettings(**{k: v for k, v in asdict(prefs).items() if k in names})
-
-
 def file_sha256(path: str | Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -67,7 +57,7 @@ class EngineBackend:
             model,
             tokenizer,
             system_prompt=system_prompt or None,
-            sampling=sampling_settings(sampling),
+            sampling=sampling,
             a2ats=a2ats,
             codebook=codebook,
         )
@@ -80,7 +70,7 @@ class EngineBackend:
             session.set_cache_factory(a2ats=a2ats, codebook=codebook)
 
     def set_sampling(self, session, sampling) -> None:
-        session.set_sampling(sampling_settings(sampling))
+        session.set_sampling(sampling)
 
     def context_token_ids(self, session, *, streaming: bool) -> list[int]:
         """Token ids of the session's context in position order. While a reply streams the

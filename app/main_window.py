@@ -971,22 +971,29 @@ class MainWindow(QMainWindow):
     # =========================================================================================
 
     def open_settings(self) -> None:
+        info = self.model.info if self.model is not None else None
         dialog = SettingsDialog(
             self.settings.cache,
             self.settings.sampling,
             self.settings.theme,
             self.settings.default_system_prompt,
             self,
+            model_sampling=info.recommended_sampling if info is not None else None,
+            use_model_sampling=self.settings.use_model_sampling,
+            model_name=info.name if info is not None else "",
         )
         if dialog.exec() and dialog.result_value is not None:
             self.apply_settings(dialog.result_value)
 
     def apply_settings(self, result) -> None:
         changed_cache = (
-            result.cache != self.settings.cache or result.sampling != self.settings.sampling
+            result.cache != self.settings.cache
+            or result.sampling != self.settings.sampling
+            or result.use_model_sampling != self.settings.use_model_sampling
         )
         self.settings.cache = result.cache
         self.settings.sampling = result.sampling
+        self.settings.use_model_sampling = result.use_model_sampling
         self._update_fidelity_info()
         self.settings.default_system_prompt = result.default_system_prompt
         if result.theme != self.settings.theme:
@@ -1109,7 +1116,7 @@ class MainWindow(QMainWindow):
             text=text,
             history=tuple((m["role"], m["content"]) for m in history),
             system_prompt=conversation.system_prompt,
-            sampling=self.settings.sampling,
+            sampling=self.settings.sampling_for(self.model.info if self.model else None),
             cache=self.settings.cache,
             telemetry=self.telemetry_enabled(),
         )

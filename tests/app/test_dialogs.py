@@ -5,18 +5,19 @@ from __future__ import annotations
 import pytest
 from PySide6.QtWidgets import QAbstractButton
 
+from a2ats_engine.records import SamplingSettings
 from app.dialogs.calibrate_dialog import CalibrateDialog, default_codebook_path
 from app.dialogs.hf_dialog import HuggingFaceDialog, valid_repo_id
 from app.dialogs.progress import EtaTracker, format_eta
 from app.dialogs.settings_dialog import SettingsDialog
-from app.settings import CacheSettings, SamplingPrefs
+from app.settings import CacheSettings
 from app.theme import DARK, LIGHT, resources_dir, theme
 
 
 def test_settings_dialog_round_trips_and_restores_defaults(qtbot):
     cache = CacheSettings(a2ats_enabled=False, window=32, far_offset=1024, sinks=4,
                           budget=0.05, min_k=8, far_buckets=2, rerank=3, kv_bits=8)  # fmt: skip
-    sampling = SamplingPrefs(temperature=0.2, top_p=0.9, top_k=40, seed=11, max_tokens=99)
+    sampling = SamplingSettings(temperature=0.2, top_p=0.9, top_k=40, seed=11, max_tokens=99)
     dialog = SettingsDialog(cache, sampling, "dark", "Be brief.")
     qtbot.addWidget(dialog)
     values = dialog.values()
@@ -24,14 +25,14 @@ def test_settings_dialog_round_trips_and_restores_defaults(qtbot):
     assert values.theme == "dark" and values.default_system_prompt == "Be brief."
     dialog.restore_defaults()
     assert dialog.values().cache == CacheSettings()
-    assert dialog.values().sampling == SamplingPrefs()
+    assert dialog.values().sampling == SamplingSettings()
 
 
 def test_settings_dialog_keeps_open_on_invalid_values(qtbot):
-    dialog = SettingsDialog(CacheSettings(), SamplingPrefs(), "system", "")
+    dialog = SettingsDialog(CacheSettings(), SamplingSettings(), "system", "")
     qtbot.addWidget(dialog)
     dialog.top_p.setMaximum(5.0)
-    dialog.top_p.setValue(3.0)  # outside SamplingPrefs' range
+    dialog.top_p.setValue(3.0)  # outside SamplingSettings' range
     dialog.accept()
     assert dialog.result_value is None and "top_p" in dialog.error.text()
     dialog.top_p.setValue(0.5)
@@ -179,3 +180,53 @@ def test_codebook_info_and_progress_labels_are_plain(qtbot):
     panel = ProgressPanel()
     qtbot.addWidget(panel)
     assert panel.stage.textFormat() == Qt.TextFormat.PlainText
+
+
+# ----- sampling: the engine's SamplingSettings, the model's defaults ---------------------------
+
+
+def test_the_dialog_never_accepts_what_the_engine_refuses(qtbot):
+    dialog = SettingsDialog(CacheSettings(), SamplingSettings(), "system", "")
+    qtbot.addWidget(dialog)
+    assert dialog.top_p.minimum() > 0 and dialog.min_p.maximum() < 1  # the widgets' ranges
+    dialog.use_model.setChecked(False)
+    for spin, value, field in ((dialog.top_p, 0.0, "top_p"), (dialog.min_p, 1.0, "min_p")):
+        spin.setRange(0.0, 1.0)
+        spin.setValue(value)
+        dialog.accept()
+        assert dialog.result_value is None and field in dialog.error.text()
+        spin.setValue(0.5)
+    dialog.accept()
+    assert isinstance(dialog.result_value.sampling, SamplingSettings)
+
+
+def test_the_dialog_shows_the_models_default_and_lets_the_user_override_it(qtbot):
+    own = SamplingSettings(temperature=0.8, top_p=0.7, max_tokens=77)
+    model = SamplingSettings(temperature=0.0, top_k=20)
+    dialog = SettingsDialog(CacheSettings(), own, "system", "", model_sampling=model,
+                            use_model_sampling=True, model_name="<b>Tiny</b>")  # fmt: skip
+    qtbot.addWidget(dialog)
+    text = dialog.model_default.text()
+    assert "<b>Tiny</b>" in text and "temperature 0 (greedy)" in text and "top k 20" in text
+    assert dialog.temperature.value() == 0.0 and not dialog.temperature.isEnabled()
+    assert dialog.top_k.value() == 20
+    values = dialog.values()
+    assert values.use_model_sampling and values.sampling == own  # the user's values kept aside
+    dialog.use_model.setChecked(False)  # override
+    assert dialog.temperature.isEnabled() and dialog.temperature.value() == 0.8
+    dialog.temperature.setValue(1.2)
+    values = dialog.values()
+    assert not values.use_model_sampling
+    assert values.sampling == SamplingSettings(temperature=1.2, top_p=0.7, max_tokens=77)
+    dialog.restore_defaults()  # "use the model's defaults" again
+    assert dialog.use_model.isChecked() and dialog.temperature.value() == 0.0
+    assert dialog.values().use_model_sampling
+
+
+def test_without_a_recommendation_the_users_values_are_editable(qtbot):
+    own = SamplingSettings(temperature=0.4)
+    dialog = SettingsDialog(CacheSettings(), own, "system", "", model_name="Plain")
+    qtbot.addWidget(dialog)
+    assert "Plain recommends no sampling" in dialog.model_default.text()
+    assert dialog.temperature.isEnabled() and dialog.temperature.value() == 0.4
+    assert dialog.values().sampling == own

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
+from a2ats_engine.records import SamplingSettings
 from app import app_dirs as dirs_module
 from app.settings import (
     SCHEMA_VERSION,
     AppSettings,
     CacheSettings,
-    SamplingPrefs,
     load_settings,
     save_settings,
     settings_path,
@@ -32,7 +32,7 @@ def test_round_trip(app_dirs):
     settings = AppSettings(
         model_source="/models/x",
         cache=CacheSettings(a2ats_enabled=False, window=32, budget=0.05, kv_bits=8),
-        sampling=SamplingPrefs(temperature=0.2, seed=7, max_tokens=64),
+        sampling=SamplingSettings(temperature=0.2, seed=7, max_tokens=64),
         theme="dark",
         default_system_prompt="Be brief.",
     )
@@ -144,9 +144,9 @@ def test_unknown_keys_ignored_and_old_schema_migrates(app_dirs):
         (CacheSettings, "window", 0),
         (CacheSettings, "budget", 1.5),
         (CacheSettings, "kv_bits", 3),
-        (SamplingPrefs, "temperature", -1.0),
-        (SamplingPrefs, "max_tokens", 0),
-        (SamplingPrefs, "top_k", 1.5),
+        (SamplingSettings, "temperature", -1.0),
+        (SamplingSettings, "max_tokens", 0),
+        (SamplingSettings, "top_k", 1.5),
     ],
 )
 def test_bad_values_name_the_field(kind, field, value):
@@ -158,3 +158,66 @@ def test_cache_settings_build_engine_config():
     config = CacheSettings(window=16, sinks=4, budget=0.1).to_config(telemetry=True, n_centroids=64)
     assert (config.window, config.sinks, config.budget, config.n_centroids) == (16, 4, 0.1, 64)
     assert config.telemetry is True
+
+
+# ----- sampling: the model's recommendation is the default -------------------------------------
+
+
+def _info(recommended):
+    from a2ats_engine.records import ModelInfo
+
+    return ModelInfo("m", "llama", 2, 4, 2, 16, {}, 4096, None, 1, "/m", recommended)
+
+
+def test_sampling_for_takes_the_models_recommendation_unless_overridden():
+    own = SamplingSettings(temperature=0.9, top_p=0.5, top_k=7, max_tokens=64, seed=3)
+    model = SamplingSettings(temperature=0.0, top_p=0.95, min_p=0.05, top_k=20,
+                             repetition_penalty=1.1, max_tokens=9999, seed=42)  # fmt: skip
+    settings = AppSettings(sampling=own)
+    chosen = settings.sampling_for(_info(model))
+    assert (chosen.temperature, chosen.top_p, chosen.min_p, chosen.top_k) == (0.0, 0.95, 0.05, 20)
+    assert chosen.repetition_penalty == 1.1
+    assert (chosen.max_tokens, chosen.seed) == (64, 3)  # never the model's
+    assert settings.sampling_for(_info(None)) == own  # the model recommends nothing
+    assert settings.sampling_for(None) == own  # no model loaded
+    settings.use_model_sampling = False  # the user's explicit override
+    assert settings.sampling_for(_info(model)) == own
+
+
+def test_the_override_survives_a_restart(app_dirs):
+    settings = AppSettings(sampling=SamplingSettings(temperature=0.3), use_model_sampling=False)
+    save_settings(settings)
+    loaded, message = load_settings()
+    assert message is None and loaded == settings
+    assert isinstance(loaded.sampling, SamplingSettings)
+
+
+@pytest.mark.parametrize("bad", [{"top_p": 0.0}, {"min_p": 1.0}, {"max_tokens": "9"}])
+def test_sampling_the_engine_would_refuse_never_loads(app_dirs, bad):
+    path = settings_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"schema_version": 1, "sampling": bad}))
+    settings, message = load_settings()
+    assert settings == AppSettings() and "backed up" in message
+
+
+def test_a_reply_uses_the_loaded_models_recommended_sampling(make_window, qtbot, app_dirs):
+    from dataclasses import replace
+
+    from .fakes import FakeBackend
+    from .helpers import load, reply
+
+    settings = AppSettings(sampling=SamplingSettings(temperature=0.9, max_tokens=5, seed=1))
+    window = make_window(FakeBackend(), settings=settings)
+    load(qtbot, window)
+    recommended = SamplingSettings(temperature=0.0, top_k=20)
+    window.model = replace(
+        window.model, info=replace(window.model.info, recommended_sampling=recommended)
+    )
+    reply(qtbot, window, "hello")
+    used = window.current.messages[-1].provenance["sampling"]
+    assert (used["temperature"], used["top_k"], used["max_tokens"]) == (0.0, 20, 5)
+    window.settings.use_model_sampling = False
+    reply(qtbot, window, "again")
+    used = window.current.messages[-1].provenance["sampling"]
+    assert (used["temperature"], used["top_k"]) == (0.9, 0)

@@ -201,12 +201,12 @@ def _needs_demo():
 
 
 @pytest.mark.demo
-def test_demo_answers_paris_greedily():
+def test_demo_answers_paris_with_its_own_recommended_sampling():
     _needs_demo()
     from mlx_lm import stream_generate
-    from mlx_lm.sample_utils import make_sampler
 
     model, tokenizer, info = load_model("demo")
+    assert info.recommended_sampling == demo_model.DEMO_SAMPLING  # greedy: the app's default
     assert (info.num_layers, info.num_heads, info.num_kv_heads, info.head_dim) == (30, 9, 3, 64)
     assert info.quantization.startswith("Q4_1")
     prompt = tokenizer.apply_chat_template(
@@ -215,7 +215,11 @@ def test_demo_answers_paris_greedily():
     reply = "".join(
         r.text
         for r in stream_generate(
-            model, tokenizer, prompt, max_tokens=40, sampler=make_sampler(temp=0.0)
+            model,
+            tokenizer,
+            prompt,
+            max_tokens=40,
+            sampler=info.recommended_sampling.make_sampler(),
         )
     )
     assert "Paris" in reply
