@@ -322,6 +322,8 @@ class MainWindow(QMainWindow):
         self.chat_subtitle = QLabel("")
         self.chat_subtitle.setObjectName("ChatSubtitle")
         plain_labels(self.chat_title, self.chat_subtitle)  # chat titles are untrusted
+        for label in (self.chat_title, self.chat_subtitle):  # a long title must not squeeze
+            label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         titles.addWidget(self.chat_title)
         titles.addWidget(self.chat_subtitle)
         layout.addLayout(titles, 1)
@@ -399,6 +401,10 @@ class MainWindow(QMainWindow):
             holder.setFrameShape(QFrame.Shape.NoFrame)
             holder.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
             holder.setWidget(self.inspector)
+            # The scroll area's own minimum is a scroll bar (~70 px): keep the panels readable.
+            holder.setMinimumWidth(
+                self.inspector.minimumWidth() + holder.verticalScrollBar().sizeHint().width()
+            )
             self.dock.setWidget(holder)
         else:
             placeholder = QLabel("The cache inspector is not available in this build.\n" + reason)

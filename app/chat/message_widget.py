@@ -98,6 +98,7 @@ class MessageWidget(QFrame):
         self.note.setObjectName("NoteLabel")
         self.note.setWordWrap(True)
         plain_labels(self.stats, self.note)  # provenance and error notes are untrusted
+        self.stats.setMinimumWidth(80)  # clip the stats line rather than widen the transcript
         self.stats.hide()
         self.note.hide()
 
