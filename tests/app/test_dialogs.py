@@ -230,3 +230,12 @@ def test_without_a_recommendation_the_users_values_are_editable(qtbot):
     assert "Plain recommends no sampling" in dialog.model_default.text()
     assert dialog.temperature.isEnabled() and dialog.temperature.value() == 0.4
     assert dialog.values().sampling == own
+
+
+def test_inspector_status_line_tooltip_shows_token_text_verbatim(qtbot):
+    from app.inspector.widgets import StatusLine
+
+    line = StatusLine()
+    qtbot.addWidget(line)
+    line.setText(HOSTILE)
+    assert line.text() == HOSTILE and _shown_text(line.toolTip()) == HOSTILE

@@ -168,3 +168,12 @@ def test_web_link_opens_only_after_confirming_the_real_address(view, monkeypatch
     assert opened == [QUrl("https://evil.example/login")]
     view.anchorClicked.emit(QUrl("smb://host/share"))  # never opened, never asked
     assert len(opened) == 1 and len(asked) == 2
+
+
+def test_highlights_map_through_html_shown_as_text(view):
+    source = "Before <!-- note --> after <span>x</span> end"
+    view.set_markdown(source)
+    for word in ("note", "after", "span", "end"):
+        start = source.index(word)
+        view.highlight_source_ranges([(start, start + len(word))])
+        assert view.highlighted_text() == [word]
