@@ -111,12 +111,20 @@ def _text_format(fmt: QTextCharFormat) -> QTextCharFormat:
     return plain
 
 
+def link_address_text(url: QUrl) -> str:
+    """The address a link really opens, as shown before opening it: the readable form, plus the
+    encoded one when they differ (a look-alike Unicode host shows its punycode)."""
+    shown = url.toDisplayString()
+    encoded = bytes(url.toEncoded().data()).decode("ascii", "replace")
+    return shown if encoded == shown else f"{shown}\n(encoded: {encoded})"
+
+
 def confirm_open_link(parent: QWidget | None, url: QUrl) -> bool:
     """Ask before opening a web link; the box shows the real address as plain text."""
     box = QMessageBox(
         QMessageBox.Icon.Question,
         "Open link",
-        "Open this address in your browser?\n\n" + url.toString(),
+        "Open this address in your browser?\n\n" + link_address_text(url),
         QMessageBox.StandardButton.Open | QMessageBox.StandardButton.Cancel,
         parent,
     )

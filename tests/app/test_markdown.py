@@ -177,3 +177,13 @@ def test_highlights_map_through_html_shown_as_text(view):
         start = source.index(word)
         view.highlight_source_ranges([(start, start + len(word))])
         assert view.highlighted_text() == [word]
+
+
+def test_the_confirmation_reveals_a_look_alike_host():
+    from PySide6.QtCore import QUrl
+
+    from app.chat.markdown_view import link_address_text
+
+    assert link_address_text(QUrl("https://example.com/a")) == "https://example.com/a"
+    text = link_address_text(QUrl("https://p\u0430ypal.com/login"))  # Cyrillic "а"
+    assert "xn--" in text and "p\u0430ypal.com" in text
