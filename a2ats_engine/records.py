@@ -63,6 +63,8 @@ class ModelInfo:
     source's quantization ("Q4_1", "4-bit affine, group 64"...), with a note when it was
     dequantized for the CPU; None when the weights were never quantized. disk_bytes: size of the
     source on disk (GGUF file, or model folder). path: the source file or folder.
+    recommended_sampling: what the model's authors recommend (its generation_config.json, a GGUF's `general.sampling.*` keys, or the demo's
+    preset), None when they say nothing; only `MODEL_SAMPLING_FIELDS` come from the model.
     """
 
     name: str
@@ -70,6 +72,7 @@ class ModelInfo:
     quantization: str | None
     disk_bytes: int
     path: str
+    recommended_sampling: SamplingSettings | None = None
 
     @property
     def architecture(self) -> str:
@@ -101,7 +104,7 @@ class ModelInfo:
 
     def to_dict(self) -> dict[str, Any]:
         """Flat: name, architecture, num_layers, num_heads, num_kv_heads, head_dim, rope,
-        context_length, quantization, disk_bytes, path."""
+        context_length, quantization, disk_bytes, path, recommended_sampling (a dict or None)."""
         g = self.geometry
         return {
             "name": self.name,
@@ -115,6 +118,9 @@ class ModelInfo:
             "quantization": self.quantization,
             "disk_bytes": self.disk_bytes,
             "path": self.path,
+            "recommended_sampling": (
+                None if self.recommended_sampling is None else self.recommended_sampling.to_dict()
+            ),
         }
 
 
@@ -124,6 +130,10 @@ def _check_number(name: str, value: Any, lo: float, hi: float, **open_ends: bool
 
 def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
     check_int("SamplingSettings", name, value, lo, hi)
+
+
+MODEL_SAMPLING_FIELDS = ("temperature", "top_p", "min_p", "top_k", "repetition_penalty")
+"""The sampling fields a model may recommend (max_tokens, seed, ... are the user's)."""
 
 
 @dataclass(frozen=True)
@@ -193,3 +203,28 @@ class SamplingSettings:
     def from_dict(cls, data: dict[str, Any]) -> SamplingSettings:
         """Build from a dict, ignoring unknown keys (forward compatibility of saved settings)."""
         return from_known_fields(cls, data)
+
+
+def sampling_from_generation_config(config: object) -> SamplingSettings | None:
+    """The sampling a Hugging Face `generation_config.json` recommends, or None when it names
+    none of `MODEL_SAMPLING_FIELDS`. The file is untrusted: a value of the wrong type or out of
+    range is ignored. `"do_sample": false` means greedy (temperature 0); a file that names other
+    fields but no temperature gets Hugging Face's default temperature, 1.0."""
+    if not isinstance(config, dict):
+        return None
+    values: dict[str, Any] = {}
+    for name in MODEL_SAMPLING_FIELDS:
+        value = config.get(name)
+        if isinstance(value, float) and name == "top_k" and value.is_integer():
+            value = int(value)
+        try:
+            SamplingSettings(**{name: value})
+        except (TypeError, ValueError):
+            continue
+        values[name] = value
+    if config.get("do_sample") is False:
+        values["temperature"] = 0.0
+    if not values:
+        return None
+    values.setdefault("temperature", 1.0)
+    return SamplingSettings(**values)

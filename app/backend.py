@@ -12,16 +12,6 @@ from typing import Any
 from a2ats_engine.progress import Progress as ProgressFn
 
 
-def sampling_settings(prefs) -> Any:
-    """The engine's `SamplingSettings` from the app's `SamplingPrefs` (same field names)."""
-    from dataclasses import asdict
-
-    from a2ats_engine.records import SamplingSettings
-    from a2ats_engine.validation import from_known_fields
-
-    return from_known_fields(SamplingSettings, asdict(prefs))
-
-
 def file_sha256(path: str | Path) -> str:
     """Hex sha256 of a file (the engine's `files.sha256_file`)."""
     from a2ats_engine.files import sha256_file
@@ -64,7 +54,7 @@ class EngineBackend:
             model,
             tokenizer,
             system_prompt=system_prompt or None,
-            sampling=sampling_settings(sampling),
+            sampling=sampling,
             a2ats=a2ats,
             codebook=codebook,
         )
@@ -77,7 +67,7 @@ class EngineBackend:
             session.set_cache_factory(a2ats=a2ats, codebook=codebook)
 
     def set_sampling(self, session, sampling) -> None:
-        session.set_sampling(sampling_settings(sampling))
+        session.set_sampling(sampling)
 
     def context_token_ids(self, session, *, streaming: bool) -> list[int]:
         """Token ids of the session's context in position order. While a reply streams the

@@ -94,7 +94,7 @@ class GenerationRequest:
     text: str  # the new user message ("send", "edit"); ignored for "regenerate"
     history: tuple[tuple[str, str], ...]  # (role, content) pairs, no system message
     system_prompt: str
-    sampling: Any  # app.settings.SamplingPrefs
+    sampling: Any  # a2ats_engine.records.SamplingSettings
     cache: Any  # app.settings.CacheSettings
     telemetry: bool = False
 

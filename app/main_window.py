@@ -63,6 +63,7 @@ from .events import (
     ModelLoaded,
     Progress,
 )
+from .inert_text import plain_labels, plain_message_box, rich_from_plain
 from .settings import AppSettings, save_settings
 from .theme import app_icon, bind_icon, theme
 from .units import human_bytes
@@ -111,6 +112,7 @@ class StatusBar(QStatusBar):
         label = QLabel(text)
         label.setObjectName(name)
         label.setAccessibleName(accessible)
+        plain_labels(label)  # the model's name is untrusted
         return label
 
     def set_model(self, text: str) -> None:
@@ -319,6 +321,9 @@ class MainWindow(QMainWindow):
         self.chat_title.setObjectName("ChatTitle")
         self.chat_subtitle = QLabel("")
         self.chat_subtitle.setObjectName("ChatSubtitle")
+        plain_labels(self.chat_title, self.chat_subtitle)  # chat titles are untrusted
+        for label in (self.chat_title, self.chat_subtitle):  # a long title must not squeeze
+            label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         titles.addWidget(self.chat_title)
         titles.addWidget(self.chat_subtitle)
         layout.addLayout(titles, 1)
@@ -396,6 +401,10 @@ class MainWindow(QMainWindow):
             holder.setFrameShape(QFrame.Shape.NoFrame)
             holder.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
             holder.setWidget(self.inspector)
+            # The scroll area's own minimum is a scroll bar (~70 px): keep the panels readable.
+            holder.setMinimumWidth(
+                self.inspector.minimumWidth() + holder.verticalScrollBar().sizeHint().width()
+            )
             self.dock.setWidget(holder)
         else:
             placeholder = QLabel("The cache inspector is not available in this build.\n" + reason)
@@ -651,7 +660,7 @@ class MainWindow(QMainWindow):
             answer = QMessageBox.question(
                 self,
                 "Delete chat",
-                f"Delete \u201c{conversation.title}\u201d? This cannot be undone.",
+                rich_from_plain(f"Delete \u201c{conversation.title}\u201d? This cannot be undone."),
             )
             if answer != QMessageBox.StandardButton.Yes:
                 return
@@ -691,7 +700,9 @@ class MainWindow(QMainWindow):
             Path(path).write_text(text(conversation), encoding="utf-8")
         except OSError as exc:
             QMessageBox.warning(
-                self, "Export failed", f"Could not write {path}: {exc.strerror or exc}"
+                self,
+                "Export failed",
+                rich_from_plain(f"Could not write {path}: {exc.strerror or exc}"),
             )
             return None
         self.statusBar().showMessage(f"Exported to {path}", 5000)
@@ -768,7 +779,7 @@ class MainWindow(QMainWindow):
         info = loaded.info
         label = model_label(loaded.source, info)
         self.model_button.setText(f"{label}  \u25be")
-        self.model_button.setToolTip(self._model_tooltip(loaded))
+        self.model_button.setToolTip(rich_from_plain(self._model_tooltip(loaded)))
         self.status.set_model(label)
         self.status.set_context(0, getattr(info, "context_length", None))
         self._show_codebook_state()
@@ -820,7 +831,7 @@ class MainWindow(QMainWindow):
                     theme().icon("file" if source.endswith(".gguf") else "folder"),
                     _short_source(source),
                 )
-                action.setToolTip(source)
+                action.setToolTip(rich_from_plain(source))
                 action.triggered.connect(lambda _c=False, s=source: self.load_model(s))
                 action.setEnabled(not busy)
         menu.addSeparator()
@@ -898,7 +909,9 @@ class MainWindow(QMainWindow):
             )
             return
         self.codebook_button.setText(f"{Path(info.name).stem} \u00b7 {info.n_centroids}c  \u25be")
-        self.codebook_button.setToolTip("\n".join(f"{k}: {v}" for k, v in codebook_rows(info)))
+        self.codebook_button.setToolTip(
+            rich_from_plain("\n".join(f"{k}: {v}" for k, v in codebook_rows(info)))
+        )
 
     def _fill_codebook_menu(self) -> None:
         menu = self.codebook_menu
@@ -964,22 +977,29 @@ class MainWindow(QMainWindow):
     # =========================================================================================
 
     def open_settings(self) -> None:
+        info = self.model.info if self.model is not None else None
         dialog = SettingsDialog(
             self.settings.cache,
             self.settings.sampling,
             self.settings.theme,
             self.settings.default_system_prompt,
             self,
+            model_sampling=info.recommended_sampling if info is not None else None,
+            use_model_sampling=self.settings.use_model_sampling,
+            model_name=info.name if info is not None else "",
         )
         if dialog.exec() and dialog.result_value is not None:
             self.apply_settings(dialog.result_value)
 
     def apply_settings(self, result) -> None:
         changed_cache = (
-            result.cache != self.settings.cache or result.sampling != self.settings.sampling
+            result.cache != self.settings.cache
+            or result.sampling != self.settings.sampling
+            or result.use_model_sampling != self.settings.use_model_sampling
         )
         self.settings.cache = result.cache
         self.settings.sampling = result.sampling
+        self.settings.use_model_sampling = result.use_model_sampling
         self._update_fidelity_info()
         self.settings.default_system_prompt = result.default_system_prompt
         if result.theme != self.settings.theme:
@@ -1102,7 +1122,7 @@ class MainWindow(QMainWindow):
             text=text,
             history=tuple((m["role"], m["content"]) for m in history),
             system_prompt=conversation.system_prompt,
-            sampling=self.settings.sampling,
+            sampling=self.settings.sampling_for(self.model.info if self.model else None),
             cache=self.settings.cache,
             telemetry=self.telemetry_enabled(),
         )
@@ -1288,6 +1308,7 @@ class MainWindow(QMainWindow):
         box = QMessageBox(
             QMessageBox.Icon.Warning, title, text, QMessageBox.StandardButton.Ok, self
         )
+        plain_message_box(box)  # error texts quote file names and model output
         if report.detail:
             box.setDetailedText(report.detail)
         if self.scripted:

@@ -371,7 +371,7 @@ def _save_weights(folder: Path, weights: dict) -> None:
 
 
 def _write_folder(folder: Path, tensors: dict, header, source: dict) -> None:
-    from .gguf_tokenizer import build_tokenizer, tokenizer_config
+    from .gguf_tokenizer import build_tokenizer, generation_config, tokenizer_config
 
     metadata = header.metadata
     config = model_config(metadata, tensors)
@@ -384,6 +384,9 @@ def _write_folder(folder: Path, tensors: dict, header, source: dict) -> None:
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     tokenizer.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
+    sampling = generation_config(metadata)
+    if sampling:
+        (folder / "generation_config.json").write_text(json.dumps(sampling, indent=2))
     (folder / SOURCE_FILE).write_text(json.dumps(source, indent=2))
 
 

@@ -23,7 +23,7 @@ from typing import Any
 from .. import data_dirs
 from ..errors import ModelLoadError
 from ..progress import Progress
-from ..records import ModelGeometry, ModelInfo
+from ..records import ModelGeometry, ModelInfo, SamplingSettings, sampling_from_generation_config
 from . import gguf
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -476,7 +476,28 @@ def _model_info(source: _Source, model, config: dict, converted: bool) -> ModelI
         quantization=_quantization_text(source, config, converted),
         disk_bytes=int(source.disk_bytes),
         path=source.path,
+        recommended_sampling=recommended_sampling(source.folder),
     )
+
+
+def recommended_sampling(folder: Path) -> SamplingSettings | None:
+    """The model's own recommended sampling: its generation_config.json (a converted GGUF's
+    holds the GGUF's `general.sampling.*` keys), else the demo's preset for the demo folder,
+    else None. An unreadable generation_config.json counts as saying nothing."""
+    try:
+        config = json.loads((Path(folder) / "generation_config.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        config = None
+    found = sampling_from_generation_config(config)
+    if found is not None:
+        return found
+    from .demo_model import DEMO_SAMPLING, demo_folder
+
+    try:
+        is_demo = Path(folder).resolve() == demo_folder().resolve()
+    except OSError:
+        is_demo = False
+    return DEMO_SAMPLING if is_demo else None
 
 
 def _config_geometry(model, config: dict, rope: dict) -> ModelGeometry:
