@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from .cache.config import check_int
+from .cache.layer_plan import LayerPlan
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,8 @@ class ModelInfo:
     variant is one A2ATS cannot replay. quantization: the source's quantization ("Q4_1",
     "4-bit affine, group 64"...), with a note when it was dequantized for the CPU; None when the
     weights were never quantized. disk_bytes: size of the source on disk (GGUF file, or model
-    folder). path: the source file or folder.
+    folder). path: the source file or folder. layer_plan: which layers get A2ATS and why the
+    others keep the model's own cache (None when the model could not be probed).
     """
 
     name: str
@@ -36,6 +38,7 @@ class ModelInfo:
     quantization: str | None
     disk_bytes: int
     path: str
+    layer_plan: LayerPlan | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -17,9 +17,10 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import _BaseCache, create_attention_mask
 
+from ..errors import ModelNotSupportedError
 from . import attention as att
 from .config import A2ATSConfig
-from .rope import RopeSpec, distance_buckets, model_geometry, retrieval_distances, rope_specs
+from .rope import RopeSpec, distance_buckets, model_geometry, retrieval_distances
 from .telemetry import CacheSnapshot, LayerStats
 
 _STEP = 256
@@ -56,6 +57,7 @@ class A2ATSCache(_BaseCache):
         self._step = 0
         self._code_counts: np.ndarray | None = None
         self.last_stats: LayerStats | None = None
+        self._unattended = False  # a decode step stored keys and `attend` has not run yet
         self._buckets = self._bucket_plan()
         # [d, m * d]: rotation to each far distance (the retrieval queries' frames), built once
         self._rotations = mx.concatenate(
@@ -152,6 +154,12 @@ class A2ATSCache(_BaseCache):
         a plain (fast) attention; MLX evaluates them only if exact attention uses them.
         """
         L = keys.shape[2]
+        if self._unattended:
+            raise ModelNotSupportedError(
+                f"layer {self.layer}: the last decode step did not attend through A2ATS (the "
+                "model computed attention itself); refusing to run full attention as A2ATS"
+            )
+        self._unattended = L == 1
         pre_rope = self.rope.unrotate(keys.astype(mx.float32), self.offset)
         codes = self.codebook.assign(self.layer, pre_rope)  # [B, n_kv, L, S]
         k_store, v_store = self._store(keys), self._store(values)
@@ -176,20 +184,24 @@ class A2ATSCache(_BaseCache):
         return mx.concatenate([past, fresh], axis=2)
 
     # -- attention --------------------------------------------------------------------------
-    def attend(self, queries: mx.array, keys, values, *, scale: float, mask=None) -> mx.array:
+    def attend(
+        self, queries: mx.array, keys, values, *, scale: float, mask=None, sinks=None
+    ) -> mx.array:
         """Attention for this layer. queries: post-RoPE [B, n_q, L, d] -> [B, n_q, L, d].
 
         Prefill (L > 1) and short contexts use exact attention; a decode step retrieves.
+        sinks: optional per-query-head sink logits [n_q] (gpt_oss), honoured on both paths.
         """
+        self._unattended = False
         cfg = self.config
         L = queries.shape[2]
         lay = att.layout(self.offset, cfg.window, cfg.sinks, cfg.top_k(self.offset))
         if L > 1 or lay.exact:
-            out = att.exact_attention(queries, keys, values, scale, mask)
+            out = att.exact_attention(queries, keys, values, scale, mask, sinks)
             if L == 1:
                 self._after_step(lay, None, None, queries)
             return out
-        return self._retrieve(queries, lay, scale)
+        return self._retrieve(queries, lay, scale, sinks)
 
     def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
         """Approximate windowed-RoPE scores of the far tokens for a decode query.
@@ -212,7 +224,7 @@ class A2ATSCache(_BaseCache):
             bucket_ids = att.bucket_ids(lay.n, lay.n_sinks, lay.window_start, lower_edges)
         return att.far_scores(tables, far_codes, bucket_ids, self.codebook.n_centroids)
 
-    def _retrieve(self, queries: mx.array, lay: att.Layout, scale: float) -> mx.array:
+    def _retrieve(self, queries: mx.array, lay: att.Layout, scale: float, sinks=None) -> mx.array:
         B, n_q, _, d = queries.shape
         n_kv = self.codes.shape[1]
         group = queries.reshape(B, n_kv, n_q // n_kv, d)
@@ -234,7 +246,7 @@ class A2ATSCache(_BaseCache):
             self._retrieved = self._retrieved + att.count_union(positions, repeat, lay)
         k_sel = att.gather_rows(self.keys, positions, cap, gs, bits)
         v_sel = att.gather_rows(self.values, positions, cap, gs, bits)
-        out = att.selected_attention(group, k_sel, v_sel, repeat, scale)
+        out = att.selected_attention(group, k_sel, v_sel, repeat, scale, sinks)
         self._after_step(lay, positions, repeat, queries)
         return out.reshape(B, n_q, 1, d)
 
@@ -311,6 +323,7 @@ class A2ATSCache(_BaseCache):
         return True
 
     def trim(self, n: int) -> int:
+        self._unattended = False
         n = min(self.offset, n)
         self.offset -= n
         if self.config.telemetry:
@@ -424,13 +437,19 @@ class A2ATSCache(_BaseCache):
 
 
 def make_cache(model: nn.Module, config: A2ATSConfig | None = None, codebook=None) -> list:
-    """One A2ATSCache per layer of `model`, with the attention hook installed.
+    """The model's cache list built from its layer plan, with the attention hook installed.
+
+    An A2ATSCache for every layer the plan (`layer_plan.py`) marks `a2ats`; the model's own
+    cache (mlx-lm's `make_prompt_cache` entry: RotatingKVCache, ArraysCache...) everywhere else.
+    Raises ModelNotSupportedError (one line) for a model the plan refuses.
 
     `codebook=None` falls back to a random codebook with a loud warning: retrieval is then
     near random (wiring and tests only; calibrate one with `a2ats calibrate`).
     """
     from . import hooks
+    from .layer_plan import A2ATS, native_caches, plan_for, rope_spec_of
 
+    plan = plan_for(model).require()
     config = config or A2ATSConfig()
     geo = model_geometry(model)
     if codebook is None:
@@ -450,10 +469,15 @@ def make_cache(model: nn.Module, config: A2ATSConfig | None = None, codebook=Non
         )
     else:
         codebook.validate_for(model, config)
-    hooks.install(model)
-    specs = rope_specs(model)
+    if not hooks.install(model):
+        raise ModelNotSupportedError(f"{plan.model_type}: the attention hook patched no module")
     ctx = geo.get("max_context")
-    return [A2ATSCache(i, spec, codebook, config, ctx) for i, spec in enumerate(specs)]
+    caches = native_caches(model)
+    for choice in plan.layers:
+        if choice.kind == A2ATS:
+            spec = rope_spec_of(model, choice)
+            caches[choice.layer] = A2ATSCache(choice.layer, spec, codebook, config, ctx)
+    return caches
 
 
 def snapshot(caches: list, token_id: int | None = None) -> CacheSnapshot | None:

@@ -3,6 +3,9 @@
 mlx-lm's `load_prompt_cache` can only rebuild classes from its own module, and an A2ATSCache
 also needs its RoPE spec and codebook, so sessions get their own format: per-layer state arrays,
 the codebook's arrays (once), and JSON metadata (config, RoPE specs, offsets, user metadata).
+Layers the layer plan leaves to the model's own cache (RotatingKVCache for sliding windows,
+ArraysCache for linear attention / conv state) are saved as their mlx-lm state: arrays plus the
+scalar leaves in the JSON, rebuilt by class name from an allow-list.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.models import cache as mlx_cache
 from mlx_lm.models.cache import KVCache
 
 from ..errors import A2ATSError
@@ -22,6 +27,32 @@ from .rope import RopeSpec
 
 FORMAT = "a2ats-session"
 VERSION = 1
+NATIVE_CLASSES = ("RotatingKVCache", "ArraysCache")  # model-owned caches a session may hold
+
+
+def _native_state(cache) -> tuple[list[mx.array], list[dict[str, Any]]]:
+    """A native cache's state leaves: its arrays, and per leaf {key, array index | value}."""
+    arrays, leaves = [], []
+    for key, leaf in tree_flatten(cache.state):
+        if isinstance(leaf, mx.array):
+            leaves.append({"key": key, "array": len(arrays)})
+            arrays.append(leaf)
+        elif leaf is None or isinstance(leaf, bool | int | float | str):
+            leaves.append({"key": key, "value": leaf})
+        else:
+            raise ValueError(f"save_session: {type(cache).__name__} state holds a {type(leaf)}")
+    return arrays, leaves
+
+
+def _native_cache(entry: dict[str, Any], state: list[mx.array]):
+    name = entry.get("class")
+    if name not in NATIVE_CLASSES:
+        raise A2ATSError(f"session file names an unknown cache class {name!r}")
+    leaves = [
+        (leaf["key"], state[leaf["array"]] if "array" in leaf else leaf.get("value"))
+        for leaf in entry["leaves"]
+    ]
+    return getattr(mlx_cache, name).from_state(tree_unflatten(leaves))
 
 
 def save_session(path: str | os.PathLike, caches: list, metadata: dict | None = None) -> None:
@@ -31,7 +62,10 @@ def save_session(path: str | os.PathLike, caches: list, metadata: dict | None = 
     layers: list[dict[str, Any]] = []
     codebook = None
     for i, cache in enumerate(caches):
-        if cache.empty():
+        native = type(cache).__name__ in NATIVE_CLASSES
+        if native:
+            state, leaves = _native_state(cache)
+        elif cache.empty():
             state = []
         elif isinstance(cache, KVCache):
             state = [a[..., : cache.offset, :] for a in (cache.keys, cache.values)]
@@ -39,8 +73,10 @@ def save_session(path: str | os.PathLike, caches: list, metadata: dict | None = 
             state = list(cache.state)
         for j, arr in enumerate(state):
             arrays[f"layers.{i}.{j}"] = arr
-        entry: dict[str, Any] = {"n_arrays": len(state), "offset": int(cache.offset)}
-        if isinstance(cache, A2ATSCache):
+        entry: dict[str, Any] = {"n_arrays": len(state), "offset": int(getattr(cache, "offset", 0))}
+        if native:
+            entry.update(kind="native", leaves=leaves, **{"class": type(cache).__name__})
+        elif isinstance(cache, A2ATSCache):
             codebook = codebook or cache.codebook
             if cache.codebook is not codebook:
                 raise ValueError("save_session: all A2ATS layers must share one codebook")
@@ -108,6 +144,9 @@ def load_session(path: str | os.PathLike, model=None) -> tuple[list, dict]:
                 entry["max_context"],
             )
             cache.tokens_seen = entry["tokens_seen"]
+        elif entry["kind"] == "native":
+            caches.append(_native_cache(entry, state))
+            continue
         else:
             cache = KVCache()
         if state:

@@ -96,10 +96,12 @@ class CaptureCache(KVCache):
         self.query_count = 0
         self.collect_queries = True
 
-    def attend(self, queries, keys, values, *, scale, mask):
+    def attend(self, queries, keys, values, *, scale, mask, sinks=None):
         """Exact attention (the model's forward is unchanged) + the query moment update.
         queries `[B, n_q, L, d]` post-RoPE at positions `offset - L ... offset - 1`."""
-        out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+        out = mx.fast.scaled_dot_product_attention(
+            queries, keys, values, scale=scale, mask=mask, sinks=sinks
+        )
         if self.collect_queries:
             self._accumulate(queries)
         return out

@@ -470,6 +470,12 @@ def _model_info(source: _Source, model, config: dict, converted: bool) -> ModelI
         rope = {"error": str(exc)}
     quantization = _quantization_text(source, config, converted)
     context = config.get("max_position_embeddings") or geometry.get("max_context")
+    from ..cache.layer_plan import plan_for
+
+    try:
+        plan = plan_for(model)
+    except Exception:  # a model the probe cannot run: info still describes it
+        plan = None
     return ModelInfo(
         name=source.name,
         architecture=str(config.get("model_type", geometry.get("model_type", "unknown"))),
@@ -482,6 +488,7 @@ def _model_info(source: _Source, model, config: dict, converted: bool) -> ModelI
         quantization=quantization,
         disk_bytes=int(source.disk_bytes),
         path=source.path,
+        layer_plan=plan,
     )
 
 
