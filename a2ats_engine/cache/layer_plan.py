@@ -185,7 +185,8 @@ def _is_kv_cache(cache: Any) -> bool:
 def _choose(i: int, native, attn, first, second, mx) -> LayerChoice:
     kind = type(native).__name__
     if kind == "RotatingKVCache":
-        return LayerChoice(i, NATIVE, f"sliding window {native.max_size}")
+        hd, n_kv = _key_shape(first)
+        return LayerChoice(i, NATIVE, f"sliding window {native.max_size}", hd, n_kv)
     if not _is_kv_cache(native):
         return LayerChoice(i, NATIVE, f"linear attention / SSM / conv state ({kind})")
     if attn is not None and hasattr(attn, "kv_lora_rank"):
@@ -212,6 +213,13 @@ def _choose(i: int, native, attn, first, second, mx) -> LayerChoice:
             i, NATIVE, "keys are not rotated the way its .rope says (not invertible)", hd, n_kv
         )
     return LayerChoice(i, A2ATS, "", hd, n_kv)
+
+
+def _key_shape(probe) -> tuple[int, int]:
+    """(head_dim, n_kv_heads) of the keys a probe saw, (0, 0) when it saw none."""
+    if probe is None or probe.keys is None:
+        return 0, 0
+    return int(probe.keys.shape[-1]), int(probe.keys.shape[1])
 
 
 class _ProbeCache:
