@@ -202,3 +202,38 @@ def test_cli_info_prints_the_plan(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     kinds = [layer["kind"] for layer in data["layer_plan"]["layers"]]
     assert kinds == [NATIVE, A2ATS, NATIVE, A2ATS]
+
+
+def test_chat_session_on_a_sliding_window_model_matches_its_own_cache(tmp_path):
+    """Two turns and a regenerate through ChatSession: the sliding layers' RotatingKVCache cannot
+    be trimmed once the window has passed, so the session rebuilds; replies stay identical."""
+    from tiny import tiny_model, tiny_tokenizer
+
+    from a2ats_engine.session import ChatSession, SamplingSettings
+
+    model = tiny_model(
+        "gemma3_text",
+        num_hidden_layers=4,
+        head_dim=16,
+        sliding_window=8,
+        sliding_window_pattern=2,
+        query_pre_attn_scalar=16,
+    )
+    tok = tiny_tokenizer(tmp_path)
+    tok.eos_token_ids = []
+    greedy_settings = SamplingSettings(temperature=0.0, max_tokens=6)
+    config = A2ATSConfig(window=4, sinks=2, budget=4096, n_centroids=16)
+
+    def replies(session) -> list[str]:
+        out = []
+        for step in ("Hello! How are you today?", "Tell me more.", None):
+            events = session.send(step) if step else session.regenerate()
+            out.append("".join(e.text for e in list(events)[:-1] if hasattr(e, "text")))
+        return out
+
+    ours = ChatSession(
+        model, tok, sampling=greedy_settings, a2ats=config, codebook=codebook_for(model)
+    )
+    theirs = ChatSession(model, tok, sampling=greedy_settings)
+    mine = replies(ours)
+    assert mine == replies(theirs) and all(mine)
