@@ -137,17 +137,32 @@ def test_runtime_guard_raises_when_attend_is_skipped():
         caches[0].update_and_fetch(k, k)
 
 
-def test_attention_sinks_are_honoured_on_the_retrieval_path(monkeypatch):
+def test_attention_sinks_reach_the_a2ats_cache():
     model = tiny_family_model("gpt_oss")
     for layer in model.model.layers:  # nonzero sinks, so ignoring them would show
         layer.self_attn.sinks = mx.full(layer.self_attn.sinks.shape, 2.0)
     ref_tokens, ref_logits = greedy(model, make_prompt_cache(model))
-    budget = len(PROMPT) - 4 - 2 + 5  # every far token of every step: the retrieval path
-    config = A2ATSConfig(window=4, sinks=2, budget=budget, n_centroids=16)
-    caches = make_cache(model, config, codebook_for(model))
-    tokens, logits = greedy(model, caches)
+    tokens, logits = greedy(model, make_cache(model, EXACT, codebook_for(model)))
     assert tokens == ref_tokens
     assert float(mx.abs(logits - ref_logits).max()) < 1e-4
+
+
+def test_selected_attention_with_sinks_equals_mlx_attention_with_sinks():
+    """The retrieval path's softmax over a selection that holds every token, sinks included,
+    is MLX's own attention with sinks (and differs from it without them)."""
+    from a2ats_engine.cache.attention import selected_attention
+
+    n_kv, G, M, d = 2, 3, 20, 16
+    q, k, v = (mx.random.normal(s, key=mx.random.key(i)) for i, s in
+               enumerate([(1, n_kv, G, d), (1, n_kv, M, d), (1, n_kv, M, d)]))  # fmt: skip
+    sinks = mx.array([0.5, 2.0, -1.0, 3.0, 0.0, 1.5])  # one per query head [n_kv * G]
+    repeat = mx.zeros((1, n_kv, M), dtype=mx.bool_)
+    ours = selected_attention(q, k, v, repeat, 0.25, sinks)
+    ref = mx.fast.scaled_dot_product_attention(
+        q.reshape(1, n_kv * G, 1, d), k, v, scale=0.25, sinks=sinks
+    ).reshape(1, n_kv, G, d)
+    assert float(mx.abs(ours - ref).max()) < 1e-5
+    assert float(mx.abs(selected_attention(q, k, v, repeat, 0.25) - ref).max()) > 1e-3
 
 
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
@@ -237,3 +252,31 @@ def test_chat_session_on_a_sliding_window_model_matches_its_own_cache(tmp_path):
     theirs = ChatSession(model, tok, sampling=greedy_settings)
     mine = replies(ours)
     assert mine == replies(theirs) and all(mine)
+
+
+class _Bytes:
+    """Bytes modulo the tiny vocabulary: a token stream for calibration."""
+
+    eos_token_id = None
+
+    def encode(self, text: str) -> list[int]:
+        return [3 + b % 120 for b in text.encode("utf-8")]
+
+
+@pytest.mark.parametrize("family", ["smollm3", "lfm2", "qwen3_next", "gemma4_text", "gpt_oss"])
+def test_calibration_captures_the_a2ats_layers_only(family):
+    """NoPE, conv / linear-attention and wider-global-head layers keep the model's own caches
+    while calibrating; the codebook is indexed by model layer and serves make_cache."""
+    from a2ats_engine.calibration.calibrate import calibrate
+
+    model = tiny_family_model(family)
+    plan = plan_for(model)
+    config = A2ATSConfig(window=4, sinks=2, budget=3, n_centroids=16, telemetry=True)
+    text = "The quick brown fox jumps over the lazy dog; 0123456789. " * 20
+    book = calibrate(model, _Bytes(), [text], config, tokens=600, chunk_len=200, max_iters=2)
+    assert book.num_layers == plan.num_layers
+    assert book.metadata["a2ats_layers"] == list(plan.a2ats_layers)
+    assert book.metadata["model"]["model_type"] == plan.model_type
+    caches = make_cache(model, config, book)  # validates the codebook against the model
+    greedy(model, caches, steps=2)
+    assert all(c.tokens_retrieved > 0 for c in caches if isinstance(c, A2ATSCache))
