@@ -52,11 +52,16 @@ class LayerChoice:
 
 @dataclass(frozen=True)
 class LayerPlan:
-    """Every cache slot's choice, and the reason the model is refused (None when it is not)."""
+    """Every cache slot's choice, and the reason the model is refused (None when it is not).
+
+    shared_layers: decoder layers without a cache slot of their own (Gemma 4 reuses earlier
+    layers' K/V in its last layers); they attend with the model's own attention.
+    """
 
     model_type: str
     layers: tuple[LayerChoice, ...]
     refused: str | None = None
+    shared_layers: int = 0
 
     @property
     def a2ats_layers(self) -> tuple[int, ...]:
@@ -83,6 +88,8 @@ class LayerPlan:
             lines.append(f"  a2ats   {len(self.a2ats_layers):3d}  global RoPE attention")
         for reason, count in self.native_reasons().items():
             lines.append(f"  native  {count:3d}  {reason}")
+        if self.shared_layers:
+            lines.append(f"  shared  {self.shared_layers:3d}  reuse an earlier layer's K/V")
         return lines
 
     def require(self) -> LayerPlan:
@@ -171,7 +178,8 @@ def decide(model: Any) -> LayerPlan:
     elif not any(c.kind == A2ATS for c in choices):
         reasons = "; ".join(f"{r} on {n}" for r, n in Counter(c.reason for c in choices).items())
         refused = f"no layer is global RoPE attention A2ATS can serve ({reasons})"
-    return LayerPlan(name, tuple(choices), refused)
+    shared = max(len(layers) - len(natives), 0)
+    return LayerPlan(name, tuple(choices), refused, shared)
 
 
 def _span(indices: list[int]) -> str:

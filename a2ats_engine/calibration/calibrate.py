@@ -316,12 +316,12 @@ def spread_to_layers(book: Codebook, model: Any) -> Codebook:
     when every layer is an A2ATS layer."""
     from ..cache.layer_plan import A2ATS, plan_for
 
-    plan = plan_for(model)
-    served = [c.layer for c in plan.layers if c.kind == A2ATS]
-    if len(served) == plan.num_layers:
+    served = [c.layer for c in plan_for(model).layers if c.kind == A2ATS]
+    total = model_geometry(model)["num_layers"]  # decoder layers, as validate_for counts them
+    if len(served) == total:
         return book
     index = {layer: i for i, layer in enumerate(served)}
-    pick = [index.get(layer, 0) for layer in range(plan.num_layers)]
+    pick = [index.get(layer, 0) for layer in range(total)]
     return Codebook(
         [book.centroids[i] for i in pick],
         [book.chol[i] for i in pick],

@@ -34,9 +34,11 @@ MAC_FAMILIES = ["llama", "qwen3", "gemma3_text", "qwen3_next", "smollm3", "gpt_o
 
 
 def codebook_for(model, n_centroids: int = 16) -> Codebook:
-    plan = plan_for(model)
-    first = next(c for c in plan.layers if c.kind == A2ATS)
-    return Codebook.random(plan.num_layers, first.n_kv_heads, first.head_dim, n_centroids, seed=1)
+    from a2ats_engine.cache.rope import model_geometry
+
+    first = next(c for c in plan_for(model).layers if c.kind == A2ATS)
+    layers = model_geometry(model)["num_layers"]  # decoder layers (KV-shared ones included)
+    return Codebook.random(layers, first.n_kv_heads, first.head_dim, n_centroids, seed=1)
 
 
 def greedy(model, caches, steps: int = 5) -> tuple[list[int], mx.array]:
@@ -274,9 +276,27 @@ def test_calibration_captures_the_a2ats_layers_only(family):
     config = A2ATSConfig(window=4, sinks=2, budget=3, n_centroids=16, telemetry=True)
     text = "The quick brown fox jumps over the lazy dog; 0123456789. " * 20
     book = calibrate(model, _Bytes(), [text], config, tokens=600, chunk_len=200, max_iters=2)
-    assert book.num_layers == plan.num_layers
+    assert book.num_layers == plan.num_layers + plan.shared_layers
     assert book.metadata["a2ats_layers"] == list(plan.a2ats_layers)
     assert book.metadata["model"]["model_type"] == plan.model_type
     caches = make_cache(model, config, book)  # validates the codebook against the model
     greedy(model, caches, steps=2)
     assert all(c.tokens_retrieved > 0 for c in caches if isinstance(c, A2ATSCache))
+
+
+def test_gemma4_kv_shared_layers_are_counted_and_decode_like_the_model():
+    from mlx_lm.utils import _get_classes
+
+    from a2ats_engine.cache.model_matrix import family_config
+
+    config = {**family_config("gemma4_text"), "num_hidden_layers": 6, "num_kv_shared_layers": 2}
+    config["layer_types"] = ["sliding_attention", "full_attention"] * 3
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    mx.eval(model.parameters())
+    plan = plan_for(model)
+    assert (plan.summary(), plan.shared_layers) == ("A2ATS on 2 of 4 layers", 2)
+    assert "  shared    2  reuse an earlier layer's K/V" in plan.describe()
+    ref_tokens, ref_logits = greedy(model, make_prompt_cache(model))
+    tokens, logits = greedy(model, make_cache(model, EXACT, codebook_for(model)))
+    assert tokens == ref_tokens and float(mx.abs(logits - ref_logits).max()) < 1e-4
