@@ -155,8 +155,6 @@ def rope_spec_of(model: Any, choice: LayerChoice):
 
 def decide(model: Any) -> LayerPlan:
     """Probe the model and decide every cache slot (see the module docstring)."""
-    import mlx.core as mx
-
     name = model_type(model)
     natives = native_caches(model)
     kv_slots = [i for i, c in enumerate(natives) if _is_kv_cache(c)]
@@ -168,7 +166,7 @@ def decide(model: Any) -> LayerPlan:
         if first is not None and first.keys is not None and not first.attended:
             unrouted.append(i)
         attn = attention_of(layers[i]) if i < len(layers) else None
-        choices.append(_choose(i, native, attn, first, second, mx))
+        choices.append(_choose(i, native, attn, first, second))
     refused = None
     if unrouted:
         refused = (
@@ -190,7 +188,10 @@ def _is_kv_cache(cache: Any) -> bool:
     return type(cache).__name__ in ("KVCache", "RotatingKVCache", "QuantizedKVCache")
 
 
-def _choose(i: int, native, attn, first, second, mx) -> LayerChoice:
+def _choose(i: int, native, attn, first, second) -> LayerChoice:
+    """One cache slot's choice from its native cache, attention module and two probes."""
+    import mlx.core as mx
+
     kind = type(native).__name__
     if kind == "RotatingKVCache":
         hd, n_kv = _key_shape(first)
