@@ -158,7 +158,12 @@ def decide(model: Any) -> LayerPlan:
     name = model_type(model)
     natives = native_caches(model)
     kv_slots = [i for i, c in enumerate(natives) if _is_kv_cache(c)]
-    runs = [_probe(model, kv_slots, offset) for offset in (0, PROBE_OFFSET)]
+    try:
+        runs = [_probe(model, kv_slots, offset) for offset in (0, PROBE_OFFSET)]
+    except Exception as exc:  # an architecture the probe cannot drive: refuse it, by name
+        detail = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+        reason = f"the layer-plan probe could not run it ({type(exc).__name__}: {detail})"
+        return LayerPlan(name, (), reason)
     layers = decoder_layers(model)
     choices, unrouted = [], []
     for i, native in enumerate(natives):

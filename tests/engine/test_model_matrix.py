@@ -300,3 +300,18 @@ def test_gemma4_kv_shared_layers_are_counted_and_decode_like_the_model():
     ref_tokens, ref_logits = greedy(model, make_prompt_cache(model))
     tokens, logits = greedy(model, make_cache(model, EXACT, codebook_for(model)))
     assert tokens == ref_tokens and float(mx.abs(logits - ref_logits).max()) < 1e-4
+
+
+def test_a_model_the_probe_cannot_run_is_refused_in_one_line(monkeypatch):
+    model = tiny_family_model("qwen2")
+    attn_class = type(model.model.layers[0].self_attn)
+
+    def broken(self, x, mask=None, cache=None):
+        raise RuntimeError("unexpected cache type\nsecond line")
+
+    monkeypatch.setattr(attn_class, "__call__", broken)
+    plan = plan_for(model)
+    assert plan.refused.startswith("the layer-plan probe could not run it (RuntimeError: ")
+    with pytest.raises(ModelNotSupportedError) as err:
+        make_cache(model, SMALL, None)
+    assert "\n" not in str(err.value) and str(err.value).startswith("qwen2: ")
