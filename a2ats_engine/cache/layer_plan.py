@@ -36,6 +36,15 @@ PROBE_OFFSET = 37  # the second probe position (any offset > 0 with distinct ang
 _ATTENTION_NAMES = ("self_attn", "attention", "attn")
 
 
+# native cache class -> why the layer keeps it (KV caches are decided by the probe instead)
+_STATE_REASONS = {
+    "ArraysCache": "linear attention / SSM / conv state (ArraysCache)",
+    "MambaCache": "SSM state (MambaCache)",
+    "ChunkedKVCache": "chunked attention (ChunkedKVCache)",
+    "CacheList": "several caches in one layer (CacheList)",
+}
+
+
 @dataclass(frozen=True)
 class LayerChoice:
     """One cache slot of a model: A2ATS or the model's own cache (with the reason).
@@ -202,7 +211,7 @@ def _choose(i: int, native, attn, first, second) -> LayerChoice:
         hd, n_kv = _key_shape(first)
         return LayerChoice(i, NATIVE, f"sliding window {native.max_size}", hd, n_kv)
     if not _is_kv_cache(native):
-        return LayerChoice(i, NATIVE, f"linear attention / SSM / conv state ({kind})")
+        return LayerChoice(i, NATIVE, _STATE_REASONS.get(kind, f"the model's own {kind}"))
     if attn is not None and hasattr(attn, "kv_lora_rank"):
         return LayerChoice(i, NATIVE, LATENT)
     if first is None or first.keys is None:
