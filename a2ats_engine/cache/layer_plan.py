@@ -81,7 +81,7 @@ class LayerPlan:
         return len(self.layers)
 
     def summary(self) -> str:
-        """'A2ATS on 5 of 26 layers' (or the refusal)."""
+        """'A2ATS on 4 of 26 layers' (or the refusal)."""
         if self.refused:
             return f"not supported: {self.refused}"
         return f"A2ATS on {len(self.a2ats_layers)} of {self.num_layers} layers"
