@@ -48,6 +48,11 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], str]] = {
         },
         "Llama 3.x RoPE scaling",
     ),
+    "llama_sliding": (
+        "llama",
+        {"layer_types": _ALTERNATING, "sliding_window": 8},
+        "Llama file with sliding layers (`layer_types`)",
+    ),
     "ministral3": (
         "ministral3",
         {
