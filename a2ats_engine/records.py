@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .cache.layer_plan import LayerPlan
 from .validation import check_int, check_number, from_known_fields
 
 DEFAULT_MAX_CONTEXT = 8192
@@ -63,8 +64,10 @@ class ModelInfo:
     source's quantization ("Q4_1", "4-bit affine, group 64"...), with a note when it was
     dequantized for the CPU; None when the weights were never quantized. disk_bytes: size of the
     source on disk (GGUF file, or model folder). path: the source file or folder.
-    recommended_sampling: what the model's authors recommend (its generation_config.json, a GGUF's `general.sampling.*` keys, or the demo's
-    preset), None when they say nothing; only `MODEL_SAMPLING_FIELDS` come from the model.
+    recommended_sampling: what the model's authors recommend (its generation_config.json, a
+    GGUF's `general.sampling.*` keys, or the demo's preset), None when they say nothing; only `MODEL_SAMPLING_FIELDS` come from the model.
+    layer_plan: which layers get A2ATS and why the others keep the model's own cache (None
+    when the model could not be probed).
     """
 
     name: str
@@ -73,6 +76,7 @@ class ModelInfo:
     disk_bytes: int
     path: str
     recommended_sampling: SamplingSettings | None = None
+    layer_plan: LayerPlan | None = None
 
     @property
     def architecture(self) -> str:
@@ -104,7 +108,7 @@ class ModelInfo:
 
     def to_dict(self) -> dict[str, Any]:
         """Flat: name, architecture, num_layers, num_heads, num_kv_heads, head_dim, rope,
-        context_length, quantization, disk_bytes, path, recommended_sampling (a dict or None)."""
+        context_length, quantization, disk_bytes, path, recommended_sampling and layer_plan (dicts or None)."""
         g = self.geometry
         return {
             "name": self.name,
@@ -121,6 +125,7 @@ class ModelInfo:
             "recommended_sampling": (
                 None if self.recommended_sampling is None else self.recommended_sampling.to_dict()
             ),
+            "layer_plan": None if self.layer_plan is None else asdict(self.layer_plan),
         }
 
 

@@ -21,16 +21,17 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import _BaseCache, create_attention_mask
 
-from ..errors import A2ATSError
+from ..errors import A2ATSError, ModelNotSupportedError
 from ..records import planning_context
 from . import attention as att
 from .config import A2ATSConfig
-from .rope import RopeSpec, distance_buckets, model_geometry, retrieval_distances, rope_specs
+from .rope import RopeSpec, distance_buckets, model_geometry, retrieval_distances
 from .storage import RowStorage
 from .telemetry import CacheSnapshot, LayerStats
 from .topk import choose_top_k
 
 _STEP = 256
+RANDOM_CENTROIDS = 256  # the stand-in codebook's size when none is given (wiring, timing)
 # codebooks of caches whose meta_state was taken, by sha256 (weak: dropped with their caches)
 _CODEBOOKS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
@@ -89,6 +90,7 @@ class A2ATSCache(_BaseCache):
         self._reported: int | None = None  # tokens the last snapshot covered; None: keyframe
         self.last_stats: LayerStats | None = None
         self._stats_final = False  # last_stats already carries its codes (`take_stats`)
+        self._unattended = False  # a decode step stored keys and `attend` has not run yet
 
     def _bucket_plan(self) -> tuple[list[int], tuple[int, ...] | None]:
         """Retrieval distances and the lower edges of buckets 1..m-1 (None for one b)."""
@@ -143,6 +145,12 @@ class A2ATSCache(_BaseCache):
         a plain (fast) attention; MLX evaluates them only if exact attention uses them.
         """
         L = keys.shape[2]
+        if self._unattended:
+            raise ModelNotSupportedError(
+                f"layer {self.layer}: the last decode step did not attend through A2ATS (the "
+                "model computed attention itself); refusing to run full attention as A2ATS"
+            )
+        self._unattended = L == 1
         pre_rope = self.rope.unrotate(keys.astype(mx.float32), self.offset)
         codes = self.codebook.assign(self.layer, pre_rope)  # [B, n_kv, L, S]
         k_store, v_store = self.storage.encode(keys), self.storage.encode(values)
@@ -168,20 +176,24 @@ class A2ATSCache(_BaseCache):
         return mx.concatenate([past, fresh], axis=2)
 
     # -- attention --------------------------------------------------------------------------
-    def attend(self, queries: mx.array, keys, values, *, scale: float, mask=None) -> mx.array:
+    def attend(
+        self, queries: mx.array, keys, values, *, scale: float, mask=None, sinks=None
+    ) -> mx.array:
         """Attention for this layer. queries: post-RoPE [B, n_q, L, d] -> [B, n_q, L, d].
 
         Prefill (L > 1) and short contexts use exact attention; a decode step retrieves.
+        sinks: optional per-query-head sink logits [n_q] (gpt_oss), honoured on both paths.
         """
+        self._unattended = False
         cfg = self.config
         L = queries.shape[2]
         lay = att.layout(self.offset, cfg.window, cfg.sinks, cfg.top_k(self.offset))
         if L > 1 or lay.exact:
-            out = att.exact_attention(queries, keys, values, scale, mask)
+            out = att.exact_attention(queries, keys, values, scale, mask, sinks)
             if L == 1:
                 self._after_step(lay, None, None, queries, scale)
             return out
-        return self._retrieve(queries, lay, scale)
+        return self._retrieve(queries, lay, scale, sinks)
 
     def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
         """Approximate windowed-RoPE scores of the far tokens for a decode query.
@@ -204,7 +216,7 @@ class A2ATSCache(_BaseCache):
             bucket_ids = att.bucket_ids(lay.n, lay.n_sinks, lay.window_start, lower_edges)
         return att.far_scores(tables, far_codes, bucket_ids, self.codebook.n_centroids)
 
-    def _retrieve(self, queries: mx.array, lay: att.Layout, scale: float) -> mx.array:
+    def _retrieve(self, queries: mx.array, lay: att.Layout, scale: float, sinks=None) -> mx.array:
         B, n_q, _, d = queries.shape
         n_kv = self.codes.shape[1]
         group = queries.reshape(B, n_kv, n_q // n_kv, d)
@@ -217,7 +229,7 @@ class A2ATSCache(_BaseCache):
         positions, repeat = self.top_k.select(top, lay)
         k_sel = att.gather_rows(self.keys, positions, self.storage)
         v_sel = att.gather_rows(self.values, positions, self.storage)
-        out = att.selected_attention(group, k_sel, v_sel, repeat, scale)
+        out = att.selected_attention(group, k_sel, v_sel, repeat, scale, sinks)
         self._after_step(lay, positions, repeat, queries, scale)
         return out.reshape(B, n_q, 1, d)
 
@@ -317,6 +329,7 @@ class A2ATSCache(_BaseCache):
         return True
 
     def trim(self, n: int) -> int:
+        self._unattended = False
         n = min(self.offset, n)
         self.offset -= n
         self._reported = None  # the next snapshot sends full histograms
@@ -463,13 +476,19 @@ class A2ATSCache(_BaseCache):
 
 
 def make_cache(model: nn.Module, config: A2ATSConfig | None = None, codebook=None) -> list:
-    """One A2ATSCache per layer of `model`, with the attention hook installed.
+    """The model's cache list built from its layer plan, with the attention hook installed.
+
+    An A2ATSCache for every layer the plan (`layer_plan.py`) marks `a2ats`; the model's own
+    cache (mlx-lm's `make_prompt_cache` entry: RotatingKVCache, ArraysCache...) everywhere else.
+    Raises ModelNotSupportedError (one line) for a model the plan refuses.
 
     `codebook=None` falls back to a random codebook with a loud warning: retrieval is then
     near random (wiring and tests only; calibrate one with `a2ats calibrate`).
     """
     from . import hooks
+    from .layer_plan import A2ATS, native_caches, plan_for, rope_spec_of
 
+    plan = plan_for(model).require()
     config = config or A2ATSConfig()
     geo = model_geometry(model)
     if codebook is None:
@@ -480,18 +499,18 @@ def make_cache(model: nn.Module, config: A2ATSConfig | None = None, codebook=Non
             "Calibrate one (`a2ats calibrate`) for real use.",
             stacklevel=2,
         )
-        codebook = Codebook.random(
-            geo["num_layers"],
-            geo["num_kv_heads"],
-            geo["head_dim"],
-            256,
-        )
+        codebook = Codebook.random(geo.num_layers, geo.num_kv_heads, geo.head_dim, RANDOM_CENTROIDS)
     else:
         codebook.validate_for(model, config)
-    hooks.install(model)
-    specs = rope_specs(model)
-    ctx = geo.get("max_context")
-    return [A2ATSCache(i, spec, codebook, config, ctx) for i, spec in enumerate(specs)]
+    if not hooks.install(model):
+        raise ModelNotSupportedError(f"{plan.model_type}: the attention hook patched no module")
+    ctx = geo.max_context
+    caches = native_caches(model)
+    for choice in plan.layers:
+        if choice.kind == A2ATS:
+            spec = rope_spec_of(model, choice)
+            caches[choice.layer] = A2ATSCache(choice.layer, spec, codebook, config, ctx)
+    return caches
 
 
 def snapshot(caches: list, token_id: int | None = None) -> CacheSnapshot | None:

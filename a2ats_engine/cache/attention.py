@@ -80,9 +80,15 @@ def layout(n: int, window: int, sinks: int, k: int) -> Layout:
     return Layout(n, min(sinks, window_start), window_start, k)
 
 
-def exact_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask):
-    """Plain attention over the whole cache. queries [B, n_q, L, d] -> [B, n_q, L, d]."""
-    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+def exact_attention(
+    queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask, sinks=None
+):
+    """Plain attention over the whole cache. queries [B, n_q, L, d] -> [B, n_q, L, d].
+
+    sinks: optional per-query-head logits [n_q] that join every softmax (gpt_oss)."""
+    return mx.fast.scaled_dot_product_attention(
+        queries, keys, values, scale=scale, mask=mask, sinks=sinks
+    )
 
 
 def retrieval_tables(
@@ -166,14 +172,25 @@ def gather_rows(stored: Stored, positions: mx.array, storage: RowStorage) -> mx.
 
 
 def selected_attention(
-    queries: mx.array, keys: mx.array, values: mx.array, repeat: mx.array, scale: float
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    repeat: mx.array,
+    scale: float,
+    sinks: mx.array | None = None,
 ) -> mx.array:
     """Exact softmax attention of each query head over its group's selection.
 
     queries [B, n_kv, G, d], keys/values [B, n_kv, M, d], repeat [B, n_kv, M] -> [B, n_kv, G, d].
+    sinks: optional per-query-head logits [n_kv * G] that join the softmax with no value (gpt_oss).
     """
     q = queries.astype(mx.float32) * scale
     s = q @ keys.astype(mx.float32).swapaxes(-1, -2)
     s = mx.where(repeat[:, :, None, :], mx.array(-mx.inf, mx.float32), s)
-    p = mx.softmax(s, axis=-1)
+    if sinks is None:
+        p = mx.softmax(s, axis=-1)
+    else:
+        B, n_kv, G, _ = s.shape
+        sink = mx.broadcast_to(sinks.astype(mx.float32).reshape(1, n_kv, G, 1), (B, n_kv, G, 1))
+        p = mx.softmax(mx.concatenate([s, sink], axis=-1), axis=-1)[..., :-1]
     return (p @ values.astype(mx.float32)).astype(queries.dtype)

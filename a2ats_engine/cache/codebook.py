@@ -658,7 +658,7 @@ def relative_score_error_from_moments(
 
 def model_fingerprint(model: Any, name: str | None = None) -> dict[str, Any]:
     """What a codebook records about its model: geometry, RoPE spec and a hash of the config."""
-    from .rope import model_geometry, rope_specs
+    from .rope import model_geometry
 
     geometry = model_geometry(model)
     args = getattr(model, "args", None)
@@ -672,9 +672,16 @@ def model_fingerprint(model: Any, name: str | None = None) -> dict[str, Any]:
         "num_kv_heads": geometry.num_kv_heads,
         "head_dim": geometry.head_dim,
         "rope": geometry.rope,
-        "rope_fingerprint": _rope_fingerprint([s.fingerprint() for s in rope_specs(model)]),
+        "rope_fingerprint": _rope_fingerprint([s.fingerprint() for s in _a2ats_specs(model)]),
         "config_hash": hashlib.sha256(blob.encode()).hexdigest()[:16],
     }
+
+
+def _a2ats_specs(model: Any) -> list:
+    """RopeSpecs of the layers the layer plan serves with A2ATS (what codes depend on)."""
+    from .layer_plan import A2ATS, plan_for, rope_spec_of
+
+    return [rope_spec_of(model, c) for c in plan_for(model).layers if c.kind == A2ATS]
 
 
 def _rope_fingerprint(per_layer: list[str]) -> str:

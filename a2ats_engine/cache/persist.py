@@ -5,6 +5,9 @@ also needs its codebook, so sessions get their own format: per-layer `state` arr
 layer's `meta_state` strings (rebuilt with `A2ATSCache.from_state`), the codebook's arrays once
 (`codebook.` + the codebook file's own layout, `Codebook.to_arrays`), and JSON metadata.
 Version 1 files (codebook arrays under `codebook.{l}.*`, per-layer fields spelled out) still load.
+Layers the layer plan leaves to the model's own cache (RotatingKVCache for sliding windows,
+ArraysCache for linear attention / conv state) are saved as their mlx-lm state: arrays plus the
+scalar leaves in the JSON, rebuilt by class name from an allow-list.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.models import cache as mlx_cache
 from mlx_lm.models.cache import KVCache
 
 from ..errors import A2ATSError
@@ -24,6 +29,32 @@ from .rope import RopeSpec
 FORMAT = "a2ats-session"
 VERSION = 2
 CODEBOOK_PREFIX = "codebook."
+NATIVE_CLASSES = ("RotatingKVCache", "ArraysCache")  # model-owned caches a session may hold
+
+
+def _native_state(cache) -> tuple[list[mx.array], list[dict[str, Any]]]:
+    """A native cache's state leaves: its arrays, and per leaf {key, array index | value}."""
+    arrays, leaves = [], []
+    for key, leaf in tree_flatten(cache.state):
+        if isinstance(leaf, mx.array):
+            leaves.append({"key": key, "array": len(arrays)})
+            arrays.append(leaf)
+        elif leaf is None or isinstance(leaf, bool | int | float | str):
+            leaves.append({"key": key, "value": leaf})
+        else:
+            raise ValueError(f"save_session: {type(cache).__name__} state holds a {type(leaf)}")
+    return arrays, leaves
+
+
+def _native_cache(entry: dict[str, Any], state: list[mx.array]):
+    name = entry.get("class")
+    if name not in NATIVE_CLASSES:
+        raise A2ATSError(f"session file names an unknown cache class {name!r}")
+    leaves = [
+        (leaf["key"], state[leaf["array"]] if "array" in leaf else leaf.get("value"))
+        for leaf in entry["leaves"]
+    ]
+    return getattr(mlx_cache, name).from_state(tree_unflatten(leaves))
 
 
 def save_session(path: str | os.PathLike, caches: list, metadata: dict | None = None) -> None:
@@ -33,7 +64,10 @@ def save_session(path: str | os.PathLike, caches: list, metadata: dict | None = 
     layers: list[dict[str, Any]] = []
     codebook = None
     for i, cache in enumerate(caches):
-        if cache.empty():
+        native = type(cache).__name__ in NATIVE_CLASSES
+        if native:
+            state, leaves = _native_state(cache)
+        elif cache.empty():
             state = []
         elif isinstance(cache, KVCache):
             state = [a[..., : cache.offset, :] for a in (cache.keys, cache.values)]
@@ -41,8 +75,10 @@ def save_session(path: str | os.PathLike, caches: list, metadata: dict | None = 
             state = list(cache.state)
         for j, arr in enumerate(state):
             arrays[f"layers.{i}.{j}"] = arr
-        entry: dict[str, Any] = {"n_arrays": len(state), "offset": int(cache.offset)}
-        if isinstance(cache, A2ATSCache):
+        entry: dict[str, Any] = {"n_arrays": len(state), "offset": int(getattr(cache, "offset", 0))}
+        if native:
+            entry.update(kind="native", leaves=leaves, **{"class": type(cache).__name__})
+        elif isinstance(cache, A2ATSCache):
             codebook = codebook or cache.codebook
             if cache.codebook is not codebook:
                 raise ValueError("save_session: all A2ATS layers must share one codebook")
@@ -98,6 +134,9 @@ def load_session(path: str | os.PathLike, model=None, codebook=None) -> tuple[li
         state = [arrays[f"layers.{i}.{j}"] for j in range(entry["n_arrays"])]
         if entry["kind"] == "a2ats":
             cache = A2ATSCache.from_state(state, _meta_state(entry), codebook=book)
+        elif entry["kind"] == "native":
+            caches.append(_native_cache(entry, state))
+            continue
         else:
             cache = KVCache()
             if state:
@@ -153,14 +192,14 @@ def _check_codebook(name: str, meta: dict, codebook) -> None:
 def _check_model(name: str, meta: dict, book, model) -> None:
     """A2ATSError when the session does not fit `model` (layers, RoPE, codebook)."""
     from .codebook import model_fingerprint
-    from .rope import rope_specs
+    from .layer_plan import attention_of, decoder_layers
 
-    specs = rope_specs(model)
+    decoders = decoder_layers(model)
     layers = meta["layers"]
-    if len(layers) != len(specs):
+    if len(layers) != len(decoders):
         raise A2ATSError(
             f"{name}: session was saved for a model with {len(layers)} layers, "
-            f"this one has {len(specs)}"
+            f"this one has {len(decoders)}"
         )
     if book is not None:
         try:
@@ -172,11 +211,21 @@ def _check_model(name: str, meta: dict, book, model) -> None:
             continue
         state = _meta_state(entry)
         layer, saved = int(state[0]), RopeSpec.from_dict(json.loads(state[2]))
-        if saved.fingerprint() != specs[layer].fingerprint():
+        current = _layer_rope(attention_of(decoders[layer]), saved.head_dim or saved.dims)
+        if current is None or saved.fingerprint() != current.fingerprint():
+            difference = "no RoPE" if current is None else _rope_difference(saved, current)
             raise A2ATSError(
                 f"{name}: session was saved for another RoPE (layer {layer}: "
-                f"{_rope_difference(saved, specs[layer])}); start a new conversation"
+                f"{difference}); start a new conversation"
             )
+
+
+def _layer_rope(attn, head_dim: int) -> RopeSpec | None:
+    """The RoPE of a layer's attention module now, None when it has none A2ATS can replay."""
+    try:
+        return RopeSpec.from_module(attn.rope, head_dim)
+    except (AttributeError, ValueError):
+        return None
 
 
 def _rope_difference(saved: RopeSpec, current: RopeSpec) -> str:

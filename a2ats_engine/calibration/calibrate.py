@@ -35,7 +35,7 @@ from mlx_lm.models.cache import KVCache
 
 from ..cache.codebook import Codebook, model_fingerprint, relative_score_error_from_moments
 from ..cache.config import A2ATSConfig
-from ..cache.rope import RopeSpec, model_geometry, retrieval_distances, rope_specs
+from ..cache.rope import RopeSpec, model_geometry, retrieval_distances
 from ..data_dirs import DEMO_CODEBOOK_NAME, demo_codebook_path  # noqa: F401  (re-exported)
 from ..errors import A2ATSError
 from ..progress import Progress
@@ -99,10 +99,12 @@ class CaptureCache(KVCache):
         self.query_count = 0
         self.collect_queries = True
 
-    def attend(self, queries, keys, values, *, scale, mask):
+    def attend(self, queries, keys, values, *, scale, mask, sinks=None):
         """Exact attention (the model's forward is unchanged) + the query moment update.
         queries `[B, n_q, L, d]` post-RoPE at positions `offset - L ... offset - 1`."""
-        out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+        out = mx.fast.scaled_dot_product_attention(
+            queries, keys, values, scale=scale, mask=mask, sinks=sinks
+        )
         if self.collect_queries:
             self._accumulate(queries)
         return out
@@ -251,13 +253,14 @@ def _run(
     cancel: CancelFlag | None,
 ) -> CalibrationData:
     from ..cache import hooks
+    from ..cache.layer_plan import native_caches, rope_spec_of
 
     geometry = model_geometry(model)
-    specs = rope_specs(model)
+    served = _served_layers(model)
+    specs = [rope_spec_of(model, c) for c in served]
     distances = retrieval_distances(
         config.window, config.far_offset, config.far_buckets, geometry.max_context
     )
-    n_kv = geometry.num_kv_heads
     body = transformer_body(model)
     was_installed = hooks.is_installed(model)
     hooks.install(model)
@@ -268,18 +271,25 @@ def _run(
         for index, (start, end) in enumerate(chunks):
             acc, positions = (held, out_pos) if index in heldout_ids else (train, train_pos)
             query_start = min(config.sinks + config.window, (end - start) // 2)
-            caches = [CaptureCache(s, distances, n_kv, query_start) for s in specs]
+            captures = [
+                CaptureCache(s, distances, c.n_kv_heads, query_start)
+                for s, c in zip(specs, served, strict=True)
+            ]
+            caches = native_caches(model)  # the model's own caches on the layers A2ATS leaves
+            for choice, capture in zip(served, captures, strict=True):
+                caches[choice.layer] = capture
             tokens = mx.array(stream[start:end])[None]
             for s in range(0, end - start, STEP_TOKENS):
                 _check_cancel(cancel)
                 body(tokens[:, s : s + STEP_TOKENS], cache=caches)
                 mx.eval(
-                    [c.keys for c in caches] + [c.moment for c in caches if c.moment is not None]
+                    [c.keys for c in captures]
+                    + [c.moment for c in captures if c.moment is not None]
                 )
                 if progress is not None:
                     progress("collecting", start + min(s + STEP_TOKENS, end - start), total)
             local = positions[(positions >= start) & (positions < end)] - start
-            acc.add(caches, mx.array(local.astype(np.int32)))
+            acc.add(captures, mx.array(local.astype(np.int32)))
     finally:
         if not was_installed:
             hooks.uninstall(model)
@@ -293,6 +303,35 @@ def _run(
         tokens=total,
         queries=train.queries,
         chunk_len=chunks[0][1] - chunks[0][0],
+    )
+
+
+def _served_layers(model: Any) -> list:
+    """The layer plan's `a2ats` layers (LayerChoice): the only ones calibration captures."""
+    from ..cache.layer_plan import A2ATS, plan_for
+
+    return [c for c in plan_for(model).require().layers if c.kind == A2ATS]
+
+
+def spread_to_layers(book: Codebook, model: Any) -> Codebook:
+    """A codebook fit on the plan's A2ATS layers, indexed by model layer: each layer the plan
+    leaves native (sliding window, NoPE, linear attention) reuses the first A2ATS layer's
+    arrays (never used by a cache; they keep `codebook.assign(layer, ...)` indexing by model
+    layer). Metadata `a2ats_layers` lists the layers that were really calibrated. Unchanged
+    when every layer is an A2ATS layer."""
+    from ..cache.layer_plan import A2ATS, plan_for
+
+    served = [c.layer for c in plan_for(model).layers if c.kind == A2ATS]
+    total = model_geometry(model).num_layers  # decoder layers, as validate_for counts them
+    if len(served) == total:
+        return book
+    index = {layer: i for i, layer in enumerate(served)}
+    pick = [index.get(layer, 0) for layer in range(total)]
+    return Codebook(
+        [book.centroids[i] for i in pick],
+        [book.chol[i] for i in pick],
+        {**book.metadata, "a2ats_layers": served},
+        assign_centroids=[book.assign_centroids[i] for i in pick],
     )
 
 
@@ -441,6 +480,7 @@ def calibrate(
         data, spec, seed=seed, max_iters=max_iters, progress=progress, cancel=cancel,
         metadata=metadata,
     )  # fmt: skip
+    book = spread_to_layers(book, model)
     if compare_plain and spec.beta < 1.0:
         plain = fit_codebook(
             data, spec, beta=1.0, seed=seed, max_iters=max_iters, progress=progress,

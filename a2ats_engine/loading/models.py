@@ -470,6 +470,12 @@ def _model_info(source: _Source, model, config: dict, converted: bool) -> ModelI
         model_type=str(config.get("model_type", geometry.model_type)),
         max_context=int(context) if context else None,
     )
+    from ..cache.layer_plan import plan_for
+
+    try:
+        plan = plan_for(model)
+    except Exception:  # a model the probe cannot run: info still describes it
+        plan = None
     return ModelInfo(
         name=source.name,
         geometry=geometry,
@@ -477,6 +483,7 @@ def _model_info(source: _Source, model, config: dict, converted: bool) -> ModelI
         disk_bytes=int(source.disk_bytes),
         path=source.path,
         recommended_sampling=recommended_sampling(source.folder),
+        layer_plan=plan,
     )
 
 

@@ -45,7 +45,7 @@ def test_model_geometry_is_a_record_model_info_reads():
     )  # fmt: skip
     assert list(info.to_dict()) == [
         "name", "architecture", "num_layers", "num_heads", "num_kv_heads", "head_dim", "rope",
-        "context_length", "quantization", "disk_bytes", "path", "recommended_sampling",
+        "context_length", "quantization", "disk_bytes", "path", "recommended_sampling", "layer_plan",
     ]  # fmt: skip
 
 
