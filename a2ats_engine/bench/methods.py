@@ -202,6 +202,13 @@ METHODS: dict[str, Method] = {
             knobs={"rerank": 1},
         ),
         Method(
+            "a2ats_estimate",
+            BUDGET,
+            "A2ATS with estimate_missed: the far tokens not retrieved enter the softmax "
+            "through their (bucket, code) slot's centroid score, count and value sum",
+            knobs={"estimate_missed": True},
+        ),
+        Method(
             "a2ats_plain_vq", BUDGET, "A2ATS with a plain (beta = 1) codebook", codebook="plain_vq"
         ),
         Method(

@@ -78,6 +78,12 @@ class A2ATSCache(_BaseCache):
                 f"a quantization group of 32, 64 or 128"
             )
         self.storage = RowStorage(self.config.kv_bits, self.group_size)
+        if self.config.estimate_missed and codebook.num_subspaces > 1:
+            raise ValueError(
+                "A2ATSConfig.estimate_missed=True needs a full-dimension codebook (one code per "
+                f"token and KV head); this codebook has {codebook.num_subspaces} subspaces"
+            )
+        self.n_slots = len(self._buckets[0]) * codebook.n_centroids  # (bucket, code) pairs
 
     def _clear(self) -> None:
         """No tokens held: the state of a fresh cache."""
@@ -91,6 +97,7 @@ class A2ATSCache(_BaseCache):
         self.last_stats: LayerStats | None = None
         self._stats_final = False  # last_stats already carries its codes (`take_stats`)
         self._unattended = False  # a decode step stored keys and `attend` has not run yet
+        self._forget_missed()
 
     def _bucket_plan(self) -> tuple[list[int], tuple[int, ...] | None]:
         """Retrieval distances and the lower edges of buckets 1..m-1 (None for one b)."""
@@ -163,6 +170,7 @@ class A2ATSCache(_BaseCache):
         self.tokens_seen += L
         if L > 1:
             self._reported = None  # a prefill: the next snapshot sends full histograms
+            self._forget_missed()
         if self.kv_bits is None:
             rows = self.storage.rows
             return rows(self.keys, self.offset), rows(self.values, self.offset)
@@ -203,18 +211,23 @@ class A2ATSCache(_BaseCache):
         to its distance bucket's representative distance (the single distance b when
         far_buckets = 1): table lookups `(R_D q) . C[code]`, never the keys themselves.
         """
-        B, n_q, _, d = queries.shape
-        n_kv = self.codes.shape[1]
-        group = queries.reshape(B, n_kv, n_q // n_kv, d)
+        tables = self.slot_scores(queries, lay)
         _, lower_edges = self._buckets
-        tables = att.retrieval_tables(
-            group, self.rope, lay.n - 1, self._rotations, self.codebook, self.layer
-        )
         far_codes = self.codes[..., lay.n_sinks : lay.window_start, :]
         bucket_ids = None
         if lower_edges is not None:
             bucket_ids = att.bucket_ids(lay.n, lay.n_sinks, lay.window_start, lower_edges)
         return att.far_scores(tables, far_codes, bucket_ids, self.codebook.n_centroids)
+
+    def slot_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
+        """The step's lookup tables: post-RoPE queries [B, n_q, 1, d] -> [B, n_kv, G, m * S * C]
+        (`attention.retrieval_tables`); with S = 1, the score of every (bucket, code) slot."""
+        B, n_q, _, d = queries.shape
+        n_kv = self.codes.shape[1]
+        group = queries.reshape(B, n_kv, n_q // n_kv, d)
+        return att.retrieval_tables(
+            group, self.rope, lay.n - 1, self._rotations, self.codebook, self.layer
+        )
 
     def _retrieve(self, queries: mx.array, lay: att.Layout, scale: float, sinks=None) -> mx.array:
         B, n_q, _, d = queries.shape
@@ -229,9 +242,100 @@ class A2ATSCache(_BaseCache):
         positions, repeat = self.top_k.select(top, lay)
         k_sel = att.gather_rows(self.keys, positions, self.storage)
         v_sel = att.gather_rows(self.values, positions, self.storage)
-        out = att.selected_attention(group, k_sel, v_sel, repeat, scale, sinks)
+        if self.config.estimate_missed:
+            missed = self._missed_estimate(queries, lay, positions, repeat)
+            out, self._missed_share = att.selected_attention_with_estimate(
+                group, k_sel, v_sel, repeat, scale, missed, sinks
+            )
+        else:
+            out = att.selected_attention(group, k_sel, v_sel, repeat, scale, sinks)
         self._after_step(lay, positions, repeat, queries, scale)
         return out.reshape(B, n_q, 1, d)
+
+    # -- estimated missed attention ---------------------------------------------------------
+    def _forget_missed(self) -> None:
+        """Drop the per-slot sums: the next decode step rebuilds them from codes and values."""
+        self._missed_sums = None  # (counts [B, n_kv, slots], value sums [B, n_kv, slots, d])
+        self._missed_n: int | None = None  # the context length the sums describe
+        self._missed_share = None  # the last step's estimated mass [B, n_kv, G]
+
+    def _bucket_of(self, n: int, position: int) -> int:
+        """Distance bucket of a far token at `position` when the current token is n - 1."""
+        _, lower_edges = self._buckets
+        return sum((n - 1) - position >= lo for lo in lower_edges or ())
+
+    def _slot_rows(self, positions: mx.array, buckets, weights: mx.array):
+        """Signed per-slot sums of the tokens at `positions` [r] in distance buckets `buckets`."""
+        B, n_kv = self.codes.shape[:2]
+        pos = mx.broadcast_to(positions.astype(mx.int32), (B, n_kv, positions.shape[0]))
+        codes = mx.take(self.codes[..., 0], positions.astype(mx.int32), axis=2)  # [B, n_kv, r]
+        rows = att.gather_rows(self.values, pos, self.storage)  # [B, n_kv, r, d]
+        slots = att.slots_of(codes, buckets, self.codebook.n_centroids)
+        return att.slot_sums(slots, rows, weights, self.n_slots)
+
+    def _sync_missed(self, lay: att.Layout) -> None:
+        """Per-slot count and value sum of the far region [n_sinks, window_start) at this step.
+
+        After one appended token only the tokens that changed region or bucket move (the one
+        leaving the window, one per bucket edge); anything else (prefill, trim, restore)
+        rebuilds the sums from the stored codes and values, so they are never saved.
+        """
+        n, cfg = lay.n, self.config
+        if self._missed_n is not None and self._missed_n == n - 1:
+            old = att.layout(n - 1, cfg.window, cfg.sinks, lay.k)
+            _, lower_edges = self._buckets
+            candidates = {*range(old.window_start, lay.window_start)}
+            candidates |= {*range(old.n_sinks, lay.n_sinks)}
+            candidates |= {(n - 1) - lo for lo in lower_edges or ()}
+            moves: list[tuple[int, int, float]] = []
+            for p in sorted(candidates):
+                was = self._bucket_of(n - 1, p) if old.n_sinks <= p < old.window_start else None
+                now = self._bucket_of(n, p) if lay.n_sinks <= p < lay.window_start else None
+                if was != now:
+                    moves += [(p, b, w) for b, w in ((was, -1.0), (now, 1.0)) if b is not None]
+            if moves:
+                pos, buckets, weights = (mx.array(list(col)) for col in zip(*moves, strict=True))
+                counts, sums = self._slot_rows(pos, buckets, weights)
+                self._missed_sums = (self._missed_sums[0] + counts, self._missed_sums[1] + sums)
+        else:
+            pos = mx.arange(lay.n_sinks, lay.window_start, dtype=mx.int32)
+            _, lower_edges = self._buckets
+            buckets = 0
+            if lower_edges is not None and lay.n_far:
+                buckets = att.bucket_ids(n, lay.n_sinks, lay.window_start, lower_edges)
+            self._missed_sums = self._slot_rows(pos, buckets, mx.ones((lay.n_far,), mx.float32))
+        self._missed_n = n
+
+    def _missed_estimate(
+        self, queries: mx.array, lay: att.Layout, positions: mx.array, repeat: mx.array
+    ) -> att.MissedEstimate:
+        """What `attention.selected_attention_with_estimate` needs for this step.
+
+        positions / repeat: [B, n_kv, M] as the top-K strategy's `select` returns them.
+        """
+        self._sync_missed(lay)
+        tables = self.slot_scores(queries, lay)  # [B, n_kv, G, slots]
+        B, n_kv, G, _ = tables.shape
+        M = positions.shape[-1]
+        codes = att.gather_rows(self.codes[..., :1], positions, RowStorage())[..., 0]
+        _, lower_edges = self._buckets
+        slots = codes.astype(mx.int32)
+        if lower_edges is not None:
+            dist = (lay.n - 1) - positions
+            edges = mx.array(lower_edges, dtype=mx.int32)
+            bucket = (dist[..., None] >= edges).sum(axis=-1).astype(mx.int32)
+            slots = slots + bucket * self.codebook.n_centroids
+        index = mx.broadcast_to(slots[:, :, None, :], (B, n_kv, G, M))
+        far = (positions >= lay.n_sinks) & (positions < lay.window_start) & ~repeat
+        counts, sums = self._missed_sums
+        return att.MissedEstimate(
+            tables, counts, sums, mx.take_along_axis(tables, index, axis=-1), far
+        )
+
+    @property
+    def estimate_bytes(self) -> int:
+        """Bytes of the per-slot count and value sums (0 when estimate_missed is off)."""
+        return sum(a.nbytes for a in self._missed_sums or ())
 
     # -- telemetry --------------------------------------------------------------------------
     def _after_step(self, lay: att.Layout, positions, repeat, queries, scale: float) -> None:
@@ -265,7 +369,15 @@ class A2ATSCache(_BaseCache):
             layer=self.layer,
             recall=recall,
             recall_ms=recall_ms,
+            missed_mass=self._missed_mass(positions),
         )
+
+    def _missed_mass(self, positions) -> tuple[float, ...] | None:
+        """Per KV head, the estimated share of the softmax mass (mean over the GQA group,
+        batch row 0), None on exact steps or with estimate_missed off."""
+        if positions is None or self._missed_share is None:
+            return None
+        return tuple(float(m) for m in np.array(self._missed_share[0].mean(axis=-1)))
 
     def take_stats(self) -> LayerStats | None:
         """The last step's LayerStats with its codes, for a snapshot (telemetry only).
@@ -333,6 +445,7 @@ class A2ATSCache(_BaseCache):
         n = min(self.offset, n)
         self.offset -= n
         self._reported = None  # the next snapshot sends full histograms
+        self._forget_missed()
         return n
 
     def make_mask(self, *args, **kwargs):
@@ -356,6 +469,7 @@ class A2ATSCache(_BaseCache):
             self.keys = self.values = self.codes = None
             self.offset = 0
             self._reported = None
+            self._forget_missed()
             return
         per = self.storage.n_arrays
         if len(arrays) != 2 * per + 1:
@@ -365,6 +479,7 @@ class A2ATSCache(_BaseCache):
         self.codes = arrays[-1].astype(mx.uint16)
         self.offset = self.codes.shape[2]
         self._reported = None
+        self._forget_missed()
 
     @property
     def meta_state(self) -> tuple[str, ...]:
@@ -444,7 +559,7 @@ class A2ATSCache(_BaseCache):
 
     @property
     def nbytes(self) -> int:
-        return self.compressed_key_bytes + self.compressed_value_bytes
+        return self.compressed_key_bytes + self.compressed_value_bytes + self.estimate_bytes
 
     @property
     def compression_ratio(self) -> float:

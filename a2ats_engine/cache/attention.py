@@ -194,3 +194,98 @@ def selected_attention(
         sink = mx.broadcast_to(sinks.astype(mx.float32).reshape(1, n_kv, G, 1), (B, n_kv, G, 1))
         p = mx.softmax(mx.concatenate([s, sink], axis=-1), axis=-1)[..., :-1]
     return (p @ values.astype(mx.float32)).astype(queries.dtype)
+
+
+# -- estimated missed attention (docs/ARCHITECTURE.md, "The method") ----------------------------
+
+
+@dataclass(frozen=True)
+class MissedEstimate:
+    """What one decode step knows about the far tokens it did not retrieve.
+
+    A slot is one (distance bucket, code) pair: slot = bucket * C + code (C centroids).
+    slot_scores:  approximate scores q . c of every slot, unscaled [B, n_kv, G, slots]
+                  (the step's lookup tables).
+    counts:       far tokens per slot [B, n_kv, slots] float32.
+    value_sums:   sum of those tokens' values per slot [B, n_kv, slots, d] float32.
+    sel_scores:   the slot score of each attended position, unscaled [B, n_kv, G, M].
+    sel_far:      [B, n_kv, M] bool: the position is a retrieved far token counted once (not a
+                  sink, not the window, not a repeat of the GQA union): its slot share is
+                  removed from the estimate, since it is attended exactly.
+    """
+
+    slot_scores: mx.array
+    counts: mx.array
+    value_sums: mx.array
+    sel_scores: mx.array
+    sel_far: mx.array
+
+
+def slot_sums(slots: mx.array, rows: mx.array, weights: mx.array, n_slots: int):
+    """Per-slot token count and value sum of some rows, signed.
+
+    slots: int32 [B, n_kv, r] slot of each row; rows: float [B, n_kv, r, d] values;
+    weights: float32 [r] or [B, n_kv, r] (+1 adds a row, -1 removes it).
+    Returns (counts [B, n_kv, n_slots], value_sums [B, n_kv, n_slots, d]), both float32: a
+    scatter-add on flat `[B * n_kv * n_slots]` rows (no loop over heads or tokens).
+    """
+    B, n_kv, r = slots.shape
+    d = rows.shape[-1]
+    base = (mx.arange(B * n_kv, dtype=mx.int32) * n_slots).reshape(B, n_kv, 1)
+    flat = (slots.astype(mx.int32) + base).reshape(-1)
+    w = mx.broadcast_to(weights.astype(mx.float32), (B, n_kv, r)).reshape(-1)
+    counts = mx.zeros((B * n_kv * n_slots,), mx.float32).at[flat].add(w)
+    vals = rows.astype(mx.float32).reshape(-1, d) * w[:, None]
+    sums = mx.zeros((B * n_kv * n_slots, d), mx.float32).at[flat].add(vals)
+    return counts.reshape(B, n_kv, n_slots), sums.reshape(B, n_kv, n_slots, d)
+
+
+def slots_of(codes: mx.array, buckets: mx.array | int, n_centroids: int) -> mx.array:
+    """Slot of tokens: codes [B, n_kv, r] (full-dimension VQ), buckets [r] int32 or an int
+    -> int32 [B, n_kv, r] = bucket * C + code."""
+    return codes.astype(mx.int32) + mx.array(buckets, dtype=mx.int32) * n_centroids
+
+
+def selected_attention_with_estimate(
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    repeat: mx.array,
+    scale: float,
+    missed: MissedEstimate,
+    sinks: mx.array | None = None,
+) -> tuple[mx.array, mx.array]:
+    """`selected_attention` with the far tokens that were not retrieved folded into the softmax.
+
+    Each slot c adds `n_c exp(s_c)` to the denominator and `exp(s_c) V_c` to the numerator
+    (n_c, V_c: the slot's count and value sum, s_c its scaled centroid score), minus the share
+    of the retrieved far tokens (their own slot score, their exact values), which are attended
+    exactly. With a lossless codebook (every key its own centroid, exact distances) this is
+    exact attention over the whole cache.
+    queries [B, n_kv, G, d], keys/values [B, n_kv, M, d], repeat [B, n_kv, M] ->
+    (output [B, n_kv, G, d], estimated share of the softmax mass [B, n_kv, G] float32).
+    """
+    q = queries.astype(mx.float32) * scale
+    neg = mx.array(-mx.inf, mx.float32)
+    s = q @ keys.astype(mx.float32).swapaxes(-1, -2)  # [B, n_kv, G, M]
+    s = mx.where(repeat[:, :, None, :], neg, s)
+    t = missed.slot_scores.astype(mx.float32) * scale  # [B, n_kv, G, slots]
+    t = mx.where((missed.counts > 0)[:, :, None, :], t, neg)
+    top = mx.maximum(s.max(axis=-1, keepdims=True), t.max(axis=-1, keepdims=True))
+    if sinks is not None:
+        B, n_kv, G, _ = s.shape
+        sink = mx.broadcast_to(sinks.astype(mx.float32).reshape(1, n_kv, G, 1), (B, n_kv, G, 1))
+        top = mx.maximum(top, sink)
+    p = mx.exp(s - top)  # [B, n_kv, G, M]
+    e = mx.exp(t - top)  # [B, n_kv, G, slots]
+    v = values.astype(mx.float32)
+    # the retrieved far tokens' share of their slots: exp(s_slot) each, with their own values
+    own = mx.exp(missed.sel_scores.astype(mx.float32) * scale - top)
+    own = mx.where(missed.sel_far[:, :, None, :], own, mx.array(0.0, mx.float32))
+    est_den = mx.maximum((e @ missed.counts[..., None])[..., 0] - own.sum(axis=-1), 0.0)
+    est_num = e @ missed.value_sums - own @ v  # [B, n_kv, G, d]
+    den = p.sum(axis=-1) + est_den
+    if sinks is not None:
+        den = den + mx.exp(sink - top)[..., 0]
+    out = (p @ v + est_num) / den[..., None]
+    return out.astype(queries.dtype), est_den / den

@@ -31,6 +31,11 @@ class A2ATSConfig:
                   exact scores among them (their stored keys are gathered and scored exactly).
                   Default 2: recall 0.899 -> 0.915 of the attention mass, ppl 1.044x -> 1.026x
                   full at 4K / budget 0.03 on the demo model (docs/BENCHMARKS.md).
+    estimate_missed: fold the far tokens that were not retrieved into the softmax through
+                  their centroid scores: per (distance bucket, code) slot the cache keeps the
+                  token count and value sum, and each step adds `n_c exp(s_c)` to the
+                  denominator and `exp(s_c) V_c` to the numerator (minus the retrieved tokens'
+                  share). Needs a full-dimension codebook (sub_dim = head_dim).
     kv_bits:      None = full K/V in the model dtype; 8 or 4 = stored with mx.quantize.
     kv_group_size: group size for kv_bits quantization (32, 64 or 128).
     telemetry:    record LayerStats after every decode step (costs a host sync per step).
@@ -49,6 +54,7 @@ class A2ATSConfig:
     min_k: int = 16
     far_buckets: int = 4
     rerank: int = 2
+    estimate_missed: bool = False
     kv_bits: int | None = None
     kv_group_size: int = 64
     telemetry: bool = False
@@ -85,6 +91,10 @@ class A2ATSConfig:
                 "must be 32, 64 or 128"
             )
         _check_int("fidelity_every", self.fidelity_every, 0)
+        if not isinstance(self.estimate_missed, bool):
+            raise ValueError(
+                f"A2ATSConfig.estimate_missed={self.estimate_missed!r} must be True or False"
+            )
         if not isinstance(self.telemetry, bool):
             raise ValueError(f"A2ATSConfig.telemetry={self.telemetry!r} must be True or False")
 

@@ -37,6 +37,9 @@ class LayerStats:
                    array per KV head of the codes appended since this layer's previous snapshot
                    (usually one token): histograms = previous histograms + these codes. The
                    inspector's ring (app/inspector/snapshot_ring.py) accumulates them.
+    missed_mass:   with estimate_missed, per KV head the share of the softmax mass the step
+                   gave to the estimate of the far tokens it did not retrieve (mean over the
+                   GQA group's query heads, batch row 0); None on exact steps or when off.
     """
 
     step: int
@@ -52,6 +55,7 @@ class LayerStats:
     recall: tuple[float, ...] | None = None
     recall_ms: float | None = None
     new_codes: tuple[np.ndarray, ...] | None = None
+    missed_mass: tuple[float, ...] | None = None
 
     @property
     def retrieved(self) -> tuple[np.ndarray, ...]:

@@ -1,0 +1,143 @@
+"""estimate_missed: the far tokens not retrieved, folded into the softmax through their slots."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.rope_utils import initialize_rope
+from tiny import tiny_model
+
+from a2ats_engine.bench.methods import METHODS, IdentityRope
+from a2ats_engine.cache.a2ats_cache import A2ATSCache, make_cache
+from a2ats_engine.cache.codebook import Codebook
+from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cache.rope import RopeSpec, model_geometry
+
+D = 32
+
+
+def lossless_cache(config: A2ATSConfig, keys: np.ndarray) -> A2ATSCache:
+    """A cache whose codebook holds every key as its own centroid and whose RoPE is the identity:
+    every far token's slot score is its exact score, at every distance bucket."""
+    book = Codebook([mx.array(keys[:, None])])  # [n_kv, 1, N, d]
+    return A2ATSCache(0, IdentityRope(D), book, config, max_context=8192)
+
+
+def exact(q: mx.array, keys: np.ndarray, values: np.ndarray, m: int, sinks=None) -> np.ndarray:
+    """Exact attention of q [1, n_q, 1, d] over the first m tokens (GQA heads repeated)."""
+    group = q.shape[1] // keys.shape[0]
+    k = mx.repeat(mx.array(keys[None, :, :m]), group, axis=1)
+    v = mx.repeat(mx.array(values[:, :, :m]), group, axis=1)
+    return np.array(mx.fast.scaled_dot_product_attention(q, k, v, scale=D**-0.5, sinks=sinks))
+
+
+def random_kv(n_kv: int, n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    keys = rng.standard_normal((n_kv, n, D)).astype(np.float32)
+    values = rng.standard_normal((1, n_kv, n, D)).astype(np.float32)
+    return rng, keys, values
+
+
+@pytest.mark.parametrize("far_buckets", [1, 3])
+def test_lossless_codebook_makes_the_estimate_exact_attention(far_buckets):
+    """With every key its own centroid the estimate is the dropped tokens' exact share, so the
+    output equals exact attention over the whole cache, step after step (incremental sums)."""
+    n, steps = 300, 6
+    rng, keys, values = random_kv(2, n + steps)
+    config = A2ATSConfig(
+        window=16, sinks=4, budget=6, far_buckets=far_buckets, estimate_missed=True, telemetry=True
+    )
+    cache = lossless_cache(config, keys)
+    off = lossless_cache(replace_estimate(config, False), keys)
+    for c in (cache, off):
+        c.update_and_fetch(mx.array(keys[None, :, :n]), mx.array(values[:, :, :n]))
+    for step in range(steps):
+        m = n + step
+        if step:
+            for c in (cache, off):
+                c.update_and_fetch(
+                    mx.array(keys[None, :, m - 1 : m]), mx.array(values[:, :, m - 1 : m])
+                )
+        q = mx.array(rng.standard_normal((1, 4, 1, D)).astype(np.float32))
+        want = exact(q, keys, values, m)
+        got = np.array(cache.attend(q, None, None, scale=D**-0.5))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5)
+        dropped = np.array(off.attend(q, None, None, scale=D**-0.5))
+        assert np.abs(dropped - want).max() > 1e-3  # without the estimate it is not exact
+        mass = cache.last_stats.missed_mass
+        assert len(mass) == 2 and all(0.0 < x < 1.0 for x in mass)
+        assert off.last_stats.missed_mass is None
+
+
+def replace_estimate(config: A2ATSConfig, on: bool) -> A2ATSConfig:
+    from dataclasses import replace
+
+    return replace(config, estimate_missed=on)
+
+
+def test_estimate_with_attention_sinks_is_exact_too():
+    n = 200
+    rng, keys, values = random_kv(1, n, seed=4)
+    config = A2ATSConfig(window=8, sinks=2, budget=5, far_buckets=2, estimate_missed=True)
+    cache = lossless_cache(config, keys)
+    cache.update_and_fetch(mx.array(keys[None]), mx.array(values))
+    q = mx.array(rng.standard_normal((1, 2, 1, D)).astype(np.float32))
+    sinks = mx.array([0.5, 3.0], dtype=mx.float32)
+    got = np.array(cache.attend(q, None, None, scale=D**-0.5, sinks=sinks))
+    np.testing.assert_allclose(got, exact(q, keys, values, n, sinks), rtol=1e-4, atol=2e-5)
+
+
+def test_incremental_sums_equal_a_rebuild_across_bucket_edges_trim_and_restore():
+    """The per-slot sums kept step by step equal the sums rebuilt from codes and values, also
+    after tokens crossed bucket edges, after a trim and after `from_state` (never saved)."""
+    n = 150
+    rng, keys, values = random_kv(2, n + 80, seed=2)
+    config = A2ATSConfig(window=8, sinks=3, budget=4, far_buckets=4, estimate_missed=True)
+    rope = RopeSpec.from_module(initialize_rope(D, 10000.0, False, None, 8192), D)
+    book = Codebook([mx.array(keys[:, None, :64])])  # 64 centroids: slots hold many tokens
+    cache = A2ATSCache(0, rope, book, config, max_context=8192)
+    cache.update_and_fetch(mx.array(keys[None, :, :n]), mx.array(values[:, :, :n]))
+
+    def step(c: A2ATSCache) -> None:
+        m = c.offset
+        c.update_and_fetch(mx.array(keys[None, :, m : m + 1]), mx.array(values[:, :, m : m + 1]))
+        c.attend(mx.array(rng.standard_normal((1, 2, 1, D)), mx.float32), None, None, scale=0.2)
+
+    def rebuilt(c: A2ATSCache):
+        fresh = A2ATSCache.from_state(c.state, c.meta_state, codebook=c.codebook)
+        fresh.attend(mx.zeros((1, 2, 1, D)), None, None, scale=0.2)  # first step: a rebuild
+        return fresh._missed_sums
+
+    def assert_same(c: A2ATSCache) -> None:
+        for kept, fresh in zip(c._missed_sums, rebuilt(c), strict=True):
+            np.testing.assert_allclose(np.array(kept), np.array(fresh), atol=1e-4)
+
+    for _ in range(70):  # crosses several bucket edges (lower edges grow log-spaced)
+        step(cache)
+    assert cache._missed_n == cache.offset
+    assert_same(cache)
+    cache.trim(5)
+    step(cache)
+    assert_same(cache)
+    assert cache.estimate_bytes > 0 and cache.nbytes > cache.compressed_value_bytes * 2
+
+
+def test_estimate_runs_on_a_model_and_reports_its_mass():
+    model = tiny_model("llama")
+    geo = model_geometry(model)
+    book = Codebook.random(geo.num_layers, geo.num_kv_heads, geo.head_dim, 64, seed=0)
+    config = A2ATSConfig(window=16, sinks=4, budget=8, estimate_missed=True, telemetry=True)
+    cache = make_cache(model, config, book)
+    model(mx.array([list(range(3, 203))]), cache=cache)
+    logits = model(mx.array([[21]]), cache=cache)
+    assert bool(mx.isfinite(logits).all())
+    stats = cache[0].last_stats
+    assert not stats.exact and all(0.0 < x < 1.0 for x in stats.missed_mass)
+    assert METHODS["a2ats_estimate"].config(A2ATSConfig()).estimate_missed
+
+
+def test_estimate_setting_is_validated_and_needs_a_full_dimension_codebook():
+    with pytest.raises(ValueError, match=r"A2ATSConfig\.estimate_missed=1"):
+        A2ATSConfig(estimate_missed=1)
+    book = Codebook([mx.zeros((1, 2, 4, D // 2))])  # product VQ: 2 subspaces
+    with pytest.raises(ValueError, match="estimate_missed=True needs a full-dimension codebook"):
+        A2ATSCache(0, IdentityRope(D), book, A2ATSConfig(estimate_missed=True), max_context=512)
