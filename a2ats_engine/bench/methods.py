@@ -209,6 +209,13 @@ METHODS: dict[str, Method] = {
             knobs={"estimate_missed": True},
         ),
         Method(
+            "a2ats_auto",
+            DIAGNOSTIC,
+            "A2ATS with the measured exact_below crossover (crossover.py): exact attention "
+            "below it, as the app decodes",
+            knobs={"exact_below": None},
+        ),
+        Method(
             "a2ats_plain_vq", BUDGET, "A2ATS with a plain (beta = 1) codebook", codebook="plain_vq"
         ),
         Method(
@@ -307,15 +314,18 @@ def _mlx_lm_factory(method: Method, head_dim: int) -> Callable[[int, Any], Any]:
 
 # -- decode-benchmark names ---------------------------------------------------------------------
 
-# a2ats, a2ats_kv4, a2ats_rr2 (rerank 2), a2ats_kv4_rr2, a2ats_telemetry, ...
+# a2ats, a2ats_kv4, a2ats_rr2 (rerank 2), a2ats_kv4_rr2, a2ats_eb0 (exact_below 0: retrieval
+# from the start, the crossover probe), a2ats_telemetry, ...
 _DECODE_VARIANT = re.compile(
-    r"a2ats(?:_kv(?P<bits>4|8))?(?:_rr(?P<rerank>\d+))?(?P<telemetry>_telemetry)?"
+    r"a2ats(?:_kv(?P<bits>4|8))?(?:_rr(?P<rerank>\d+))?(?:_eb(?P<exact_below>\d+))?"
+    r"(?P<telemetry>_telemetry)?"
 )
 
 
 def decode_variant_knobs(name: str) -> dict[str, Any] | None:
     """A2ATSConfig fields spelled in an `a2ats bench decode` method name, None if it is not one:
-    `a2ats_kv4_rr2_telemetry` -> {"kv_bits": 4, "rerank": 2, "telemetry": True}."""
+    `a2ats_kv4_rr2_eb0_telemetry` -> {"kv_bits": 4, "rerank": 2, "exact_below": 0,
+    "telemetry": True}."""
     match = _DECODE_VARIANT.fullmatch(name)
     if match is None:
         return None
@@ -324,6 +334,8 @@ def decode_variant_knobs(name: str) -> dict[str, Any] | None:
         knobs["kv_bits"] = int(match["bits"])
     if match["rerank"]:
         knobs["rerank"] = int(match["rerank"])
+    if match["exact_below"]:
+        knobs["exact_below"] = int(match["exact_below"])
     if match["telemetry"]:
         knobs["telemetry"] = True
     return knobs

@@ -25,6 +25,7 @@ from ..errors import A2ATSError, ModelNotSupportedError
 from ..records import planning_context
 from . import attention as att
 from .config import A2ATSConfig
+from .crossover import measured_crossover
 from .rope import RopeSpec, distance_buckets, model_geometry, retrieval_distances
 from .storage import RowStorage
 from .telemetry import CacheSnapshot, LayerStats
@@ -84,6 +85,10 @@ class A2ATSCache(_BaseCache):
                 f"token and KV head); this codebook has {codebook.num_subspaces} subspaces"
             )
         self.n_slots = len(self._buckets[0]) * codebook.n_centroids  # (bucket, code) pairs
+        self.exact_below = config.exact_below
+        if self.exact_below is None:  # the measured crossover (crossover.py)
+            book = codebook
+            self.exact_below = measured_crossover(book.num_layers, book.num_kv_heads, hd)
 
     def _clear(self) -> None:
         """No tokens held: the state of a fresh cache."""
@@ -189,14 +194,15 @@ class A2ATSCache(_BaseCache):
     ) -> mx.array:
         """Attention for this layer. queries: post-RoPE [B, n_q, L, d] -> [B, n_q, L, d].
 
-        Prefill (L > 1) and short contexts use exact attention; a decode step retrieves.
+        Prefill (L > 1), short contexts and contexts below `exact_below` use exact attention;
+        a decode step retrieves.
         sinks: optional per-query-head sink logits [n_q] (gpt_oss), honoured on both paths.
         """
         self._unattended = False
         cfg = self.config
         L = queries.shape[2]
         lay = att.layout(self.offset, cfg.window, cfg.sinks, cfg.top_k(self.offset))
-        if L > 1 or lay.exact:
+        if L > 1 or lay.exact or lay.n < self.exact_below:
             out = att.exact_attention(queries, keys, values, scale, mask, sinks)
             if L == 1:
                 self._after_step(lay, None, None, queries, scale)
@@ -366,6 +372,7 @@ class A2ATSCache(_BaseCache):
             bytes_held=self.nbytes,
             bytes_fp16=self.fp16_key_bytes + self.fp16_value_bytes,
             exact=positions is None,
+            exact_until=self.exact_below,
             layer=self.layer,
             recall=recall,
             recall_ms=recall_ms,

@@ -36,6 +36,11 @@ class A2ATSConfig:
                   token count and value sum, and each step adds `n_c exp(s_c)` to the
                   denominator and `exp(s_c) V_c` to the numerator (minus the retrieved tokens'
                   share). Needs a full-dimension codebook (sub_dim = head_dim).
+    exact_below:  decode steps at a context shorter than this many tokens attend exactly (keys
+                  are still coded): below the crossover exact attention is faster than
+                  retrieval. None = the measured crossover for the backend and model geometry
+                  (`crossover.py`; 0 where none was measured), 0 = retrieve as soon as
+                  anything can be dropped.
     kv_bits:      None = full K/V in the model dtype; 8 or 4 = stored with mx.quantize.
     kv_group_size: group size for kv_bits quantization (32, 64 or 128).
     telemetry:    record LayerStats after every decode step (costs a host sync per step).
@@ -55,6 +60,7 @@ class A2ATSConfig:
     far_buckets: int = 4
     rerank: int = 2
     estimate_missed: bool = False
+    exact_below: int | None = None
     kv_bits: int | None = None
     kv_group_size: int = 64
     telemetry: bool = False
@@ -91,6 +97,8 @@ class A2ATSConfig:
                 "must be 32, 64 or 128"
             )
         _check_int("fidelity_every", self.fidelity_every, 0)
+        if self.exact_below is not None:
+            _check_int("exact_below", self.exact_below, 0)
         if not isinstance(self.estimate_missed, bool):
             raise ValueError(
                 f"A2ATSConfig.estimate_missed={self.estimate_missed!r} must be True or False"

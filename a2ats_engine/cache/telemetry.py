@@ -27,7 +27,10 @@ class LayerStats:
                    () on the other steps, which send `new_codes` instead.
     bytes_held:    bytes this layer's cache actually holds (K/V storage + codes).
     bytes_fp16:    bytes an fp16 full K/V cache of the same length would hold.
-    exact:         True when nothing could be dropped and exact attention was used.
+    exact:         True when exact attention was used: nothing could be dropped, or the
+                   context was below the cache's `exact_below` crossover.
+    exact_until:   the cache's exact_below: decode steps attend exactly until the context
+                   reaches this many tokens (0: retrieval whenever something can be dropped).
     layer:         layer index in the model.
     recall:        optional per-KV-head attention mass recalled vs exact attention (fidelity
                    shadow pass with the layer's own attention scale; mean over the group's
@@ -56,6 +59,7 @@ class LayerStats:
     recall_ms: float | None = None
     new_codes: tuple[np.ndarray, ...] | None = None
     missed_mass: tuple[float, ...] | None = None
+    exact_until: int = 0
 
     @property
     def retrieved(self) -> tuple[np.ndarray, ...]:

@@ -29,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--methods",
         default="full,a2ats,a2ats_kv4",
         help="comma list of: full, kv8, kv4, a2ats, a2ats_kv8, a2ats_kv4, a2ats_telemetry; "
-        "a2ats_rr<N> = a2ats with rerank N (combines: a2ats_kv4_rr2)",
+        "a2ats_rr<N> = a2ats with rerank N, a2ats_eb<N> = exact_below N (a2ats_eb0: retrieval "
+        "from the start, the crossover probe; combines: a2ats_kv4_rr2_eb0)",
     )
     d.add_argument("--rerank", type=int, default=None, help="A2ATS rerank factor (default 1)")
     d.add_argument(
@@ -326,7 +327,9 @@ def run_passkey(args: argparse.Namespace) -> int:
 
     model, tokenizer, info = load_model(args.model)
     codebook, desc = find_codebook(args.codebook, args.model, info.path, required=True)
-    config = a2ats_config(codebook, model, budget=parse_budget(args.budget), rerank=args.rerank)
+    config = a2ats_config(  # exact_below 0: the pass-key test measures retrieval
+        codebook, model, budget=parse_budget(args.budget), rerank=args.rerank, exact_below=0
+    )
     trials = bench_passkey(
         model, tokenizer, parse_list(args.contexts), parse_list(args.depths, float),
         codebook=codebook, config=config, methods=tuple(m for m in args.methods.split(",") if m),

@@ -103,7 +103,10 @@ def run_eval(args: argparse.Namespace) -> int:
     progress = stderr_progress(True)
     model, tokenizer, info = load_model(args.model)
     codebook, codebook_desc = find_codebook(args.codebook, args.model, info.path, required=True)
-    config = a2ats_config(codebook, model, far_buckets=args.far_buckets, rerank=args.rerank)
+    # exact_below 0: the methods measure retrieval (a2ats_auto runs the measured crossover)
+    config = a2ats_config(
+        codebook, model, far_buckets=args.far_buckets, rerank=args.rerank, exact_below=0
+    )
     if args.text:
         text, text_desc = Path(args.text).read_text(encoding="utf-8"), args.text
     else:

@@ -1,0 +1,88 @@
+"""exact_below: exact attention below the crossover context, retrieval from it on."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from a2ats_engine.bench.methods import METHODS, decode_variant_knobs
+from a2ats_engine.cache import crossover
+from a2ats_engine.cache.a2ats_cache import A2ATSCache
+from a2ats_engine.cache.codebook import Codebook
+from a2ats_engine.cache.config import A2ATSConfig
+
+from .test_cache import D, decode_query, filled_cache
+
+
+def step(cache: A2ATSCache, rng: np.random.Generator) -> mx.array:
+    """Append one random token and attend with a random query: the step's output."""
+    kv = [mx.array(rng.standard_normal((1, 1, 1, D)).astype(np.float32)) for _ in range(2)]
+    cache.update_and_fetch(*kv)
+    n = cache.offset
+    _, q = decode_query(cache.rope, 2, n - 1, seed=n)
+    keys, values = cache.keys[..., :n, :], cache.values[..., :n, :]
+    return cache.attend(q, keys, values, scale=D**-0.5), q, keys, values
+
+
+def test_steps_below_exact_below_are_exact_then_retrieval_starts():
+    config = A2ATSConfig(window=16, sinks=4, budget=8, exact_below=203, telemetry=True)
+    cache, _, _ = filled_cache(n=200, config=config)
+    rng = np.random.default_rng(0)
+    for n in (201, 202):  # context below 203: exact attention over everything
+        out, q, keys, values = step(cache, rng)
+        ref = mx.fast.scaled_dot_product_attention(q, keys, values, scale=D**-0.5)
+        assert float(mx.abs(out - ref).max()) == 0.0
+        stats = cache.last_stats
+        assert stats.exact and stats.offset == n and stats.exact_until == 203
+        assert len(stats.selected[0]) == n
+    step(cache, rng)  # context 203: retrieval
+    stats = cache.last_stats
+    assert not stats.exact and len(stats.retrieved[0]) > 0
+    assert len(stats.selected[0]) < stats.offset
+
+
+def test_default_is_the_measured_crossover_for_the_backend_and_geometry(monkeypatch):
+    geometry = (3, 2, D)  # layers, KV heads, head dim of the codebook below
+    book = Codebook.random(*geometry, 16, seed=0)
+    monkeypatch.setattr(crossover, "backend", lambda: "metal")
+    monkeypatch.setitem(crossover.MEASURED, ("metal", *geometry), crossover.Crossover(900, "t"))
+    rope = filled_cache(n=1)[2]
+    assert A2ATSCache(0, rope, book, A2ATSConfig(), 8192).exact_below == 900
+    assert A2ATSCache(0, rope, book, A2ATSConfig(exact_below=5), 8192).exact_below == 5
+    monkeypatch.setattr(crossover, "backend", lambda: "cpu")  # nobody measured it: 0
+    assert A2ATSCache(0, rope, book, A2ATSConfig(), 8192).exact_below == 0
+    assert crossover.measured_crossover(30, 3, 64) == 4608  # the demo model on the CPU
+
+
+def test_exact_below_validated_and_spelled_in_method_names():
+    with pytest.raises(ValueError, match=r"A2ATSConfig\.exact_below=-1.*out of range"):
+        A2ATSConfig(exact_below=-1)
+    assert decode_variant_knobs("a2ats_kv4_rr2_eb0") == {
+        "kv_bits": 4,
+        "rerank": 2,
+        "exact_below": 0,
+    }
+    # `a2ats eval` runs its methods with exact_below 0 (they measure retrieval); a2ats_auto
+    # restores the measured default
+    assert METHODS["a2ats"].config(A2ATSConfig(exact_below=0)).exact_below == 0
+    assert METHODS["a2ats_auto"].config(A2ATSConfig(exact_below=0)).exact_below is None
+
+
+def test_eval_measures_retrieval_even_below_the_crossover(tmp_path, monkeypatch, capsys):
+    """`a2ats eval` runs its methods with exact_below 0; a2ats_auto runs the measured default."""
+    import json
+
+    from tiny import save_tiny_model
+
+    from a2ats_engine.cli import main
+
+    folder = save_tiny_model(tmp_path / "m", "llama", hidden_size=256)  # 2 layers, 2 KV, d 64
+    book = tmp_path / "cb.safetensors"
+    Codebook.random(2, 2, 64, 32, seed=1).save(book)
+    row = crossover.Crossover(100_000, "test")
+    monkeypatch.setitem(crossover.MEASURED, (crossover.backend(), 2, 2, 64), row)
+    argv = ["eval", "--model", str(folder), "--codebook", str(book), "--context", "200",
+            "--decode", "2", "--budget", "0.05", "--methods", "full,a2ats,a2ats_auto", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["methods"]
+    assert rows["a2ats"]["recall"] < 1.0  # retrieval, although 200 < the crossover
+    assert rows["a2ats_auto"]["recall"] == 1.0  # below the crossover: exact
