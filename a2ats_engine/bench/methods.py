@@ -175,6 +175,8 @@ class Method:
         return replace(base, **knobs)
 
 
+COVERAGE_SWEEP = (0.8, 0.9, 0.95, 0.99)  # the adaptive-budget methods a2ats_cov<p>
+
 METHODS: dict[str, Method] = {
     m.name: m
     for m in (
@@ -214,6 +216,16 @@ METHODS: dict[str, Method] = {
             "A2ATS with the measured exact_below crossover (crossover.py): exact attention "
             "below it, as the app decodes",
             knobs={"exact_below": None},
+        ),
+        *(
+            Method(
+                f"a2ats_cov{round(share * 100)}",
+                DIAGNOSTIC,
+                f"A2ATS with an adaptive budget per head: the fewest of the K best reranked "
+                f"candidates covering {share:.0%} of their attention (floor 16)",
+                knobs={"coverage": share},
+            )
+            for share in COVERAGE_SWEEP
         ),
         Method(
             "a2ats_plain_vq", BUDGET, "A2ATS with a plain (beta = 1) codebook", codebook="plain_vq"

@@ -241,7 +241,13 @@ class A2ATSCache(_BaseCache):
         group = queries.reshape(B, n_kv, n_q // n_kv, d)
         scores = self.far_token_scores(queries, lay)
         candidates = min(self.config.rerank * lay.k, lay.n_far) if self.reranks else lay.k
-        if candidates > lay.k:
+        self._budget_used = None
+        if candidates > lay.k and self.config.coverage is not None:
+            cover = (scale, self.config.coverage, min(self.config.coverage_floor, lay.k))
+            top, self._budget_used = att.rerank(
+                group, scores, lay, candidates, self.keys, self.storage, self.top_k, cover
+            )
+        elif candidates > lay.k:
             top = att.rerank(group, scores, lay, candidates, self.keys, self.storage, self.top_k)
         else:
             top = self.top_k.top(scores, lay.k)
@@ -264,6 +270,7 @@ class A2ATSCache(_BaseCache):
         self._missed_sums = None  # (counts [B, n_kv, slots], value sums [B, n_kv, slots, d])
         self._missed_n: int | None = None  # the context length the sums describe
         self._missed_share = None  # the last step's estimated mass [B, n_kv, G]
+        self._budget_used = None  # the last step's kept far tokens per query head [B, n_kv, G]
 
     def _bucket_of(self, n: int, position: int) -> int:
         """Distance bucket of a far token at `position` when the current token is n - 1."""
@@ -377,7 +384,15 @@ class A2ATSCache(_BaseCache):
             recall=recall,
             recall_ms=recall_ms,
             missed_mass=self._missed_mass(positions),
+            budget_used=self._budget_per_head(positions),
         )
+
+    def _budget_per_head(self, positions) -> tuple[np.ndarray, ...] | None:
+        """Per KV head, the far tokens each query head kept (int32 [G], batch row 0) with an
+        adaptive budget (`coverage`); None on exact steps or without it."""
+        if positions is None or self._budget_used is None:
+            return None
+        return tuple(np.asarray(self._budget_used[0]).astype(np.int32))
 
     def _missed_mass(self, positions) -> tuple[float, ...] | None:
         """Per KV head, the estimated share of the softmax mass (mean over the GQA group,

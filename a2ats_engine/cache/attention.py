@@ -144,8 +144,12 @@ def rerank(
     keys: Stored,
     storage: RowStorage,
     top_k,
+    coverage: tuple[float, float, int] | None = None,
 ):
     """Top-K far tokens per query head by exact score among the top `candidates` approximate ones.
+
+    coverage: None, or (scale, share, floor) for an adaptive per-head budget (`topk.covering`):
+    then returns (top, used [B, n_kv, G] kept counts) instead of top alone.
 
     queries: post-RoPE [B, n_kv, G, d]; scores: approximate [B, n_kv, G, F]; keys: the stored
     post-RoPE keys in `storage`'s format; top_k: the cache's strategy (`topk.py`). Returns far
@@ -157,7 +161,9 @@ def rerank(
     rows = gather_rows(keys, positions, storage)
     keys_f = rows.reshape(B, n_kv, G, candidates, d).astype(mx.float32)
     exact = (keys_f @ queries.astype(mx.float32)[..., None])[..., 0]  # [B, n_kv, G, c]
-    return top_k.pick(cand, exact, lay.k)
+    if coverage is None:
+        return top_k.pick(cand, exact, lay.k)
+    return top_k.pick_covering(cand, exact, lay.k, *coverage)
 
 
 def gather_rows(stored: Stored, positions: mx.array, storage: RowStorage) -> mx.array:

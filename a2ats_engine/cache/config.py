@@ -36,6 +36,11 @@ class A2ATSConfig:
                   token count and value sum, and each step adds `n_c exp(s_c)` to the
                   denominator and `exp(s_c) V_c` to the numerator (minus the retrieved tokens'
                   share). Needs a full-dimension codebook (sub_dim = head_dim).
+    coverage:     None = every query head keeps its K far tokens; p in (0, 1) = an adaptive
+                  budget: of the rerank's candidates (exact scores) each head keeps the fewest
+                  of its best K whose softmax mass covers p of all candidates' mass, at least
+                  `coverage_floor` (the rest are masked: fixed shapes). Needs rerank > 1.
+    coverage_floor: fewest far tokens a head keeps with `coverage`.
     exact_below:  decode steps at a context shorter than this many tokens attend exactly (keys
                   are still coded): below the crossover exact attention is faster than
                   retrieval. None = the measured crossover for the backend and model geometry
@@ -61,6 +66,8 @@ class A2ATSConfig:
     rerank: int = 2
     estimate_missed: bool = False
     exact_below: int | None = None
+    coverage: float | None = None
+    coverage_floor: int = 16
     kv_bits: int | None = None
     kv_group_size: int = 64
     telemetry: bool = False
@@ -97,6 +104,14 @@ class A2ATSConfig:
                 "must be 32, 64 or 128"
             )
         _check_int("fidelity_every", self.fidelity_every, 0)
+        c = self.coverage
+        if c is not None and (
+            isinstance(c, bool) or not isinstance(c, int | float) or not 0.0 < c < 1.0
+        ):
+            raise ValueError(
+                f"A2ATSConfig.coverage={c!r} is out of range: must be None or a share in (0, 1)"
+            )
+        _check_int("coverage_floor", self.coverage_floor, 1)
         if self.exact_below is not None:
             _check_int("exact_below", self.exact_below, 0)
         if not isinstance(self.estimate_missed, bool):
@@ -114,13 +129,18 @@ class A2ATSConfig:
 
     def unused_settings(self) -> dict[str, str]:
         """{field: why} for the fields this configuration ignores: far_offset when
-        far_buckets > 1 (for CLI notes; the app's settings dialog disables it)."""
+        far_buckets > 1, coverage when rerank = 1 (for CLI notes; the app's settings dialog
+        disables them)."""
+        notes: dict[str, str] = {}
+        if self.coverage is not None and self.rerank == 1:
+            notes["coverage"] = "ignored with rerank = 1: the adaptive budget needs exact scores"
         if self.far_buckets > 1:
             return {
+                **notes,
                 "far_offset": f"ignored with far_buckets = {self.far_buckets}: far tokens are "
-                "scored at their distance bucket's own distance (b applies to far_buckets = 1)"
+                "scored at their distance bucket's own distance (b applies to far_buckets = 1)",
             }
-        return {}
+        return notes
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

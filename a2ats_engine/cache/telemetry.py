@@ -29,6 +29,8 @@ class LayerStats:
     bytes_fp16:    bytes an fp16 full K/V cache of the same length would hold.
     exact:         True when exact attention was used: nothing could be dropped, or the
                    context was below the cache's `exact_below` crossover.
+    budget_used:   with an adaptive budget (`coverage`), per KV head the far tokens each query
+                   head of its GQA group kept (int32 [G], batch row 0); None otherwise.
     exact_until:   the cache's exact_below: decode steps attend exactly until the context
                    reaches this many tokens (0: retrieval whenever something can be dropped).
     layer:         layer index in the model.
@@ -60,6 +62,7 @@ class LayerStats:
     new_codes: tuple[np.ndarray, ...] | None = None
     missed_mass: tuple[float, ...] | None = None
     exact_until: int = 0
+    budget_used: tuple[np.ndarray, ...] | None = None
 
     @property
     def retrieved(self) -> tuple[np.ndarray, ...]:

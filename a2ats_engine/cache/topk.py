@@ -10,6 +10,9 @@ overrides (read when the cache is made, never per step).
 Both strategies have the same operations and agree exactly:
     top(scores [..., F], k)       -> far indices [..., k] int32 (unordered)
     pick(cand, exact, k)          -> the k of `cand` [..., c] with the highest `exact` [..., c]
+    pick_covering(cand, exact, k, scale, share, floor)
+                                  -> (the fewest of those k covering `share` of the candidates'
+                                      softmax, cut entries repeating the best; used count [...])
     to_mx(indices)                -> the indices as an mx.array (for gathers)
     select(top [B, n_kv, G, k], lay) -> (positions, repeat) mx.arrays (see `select`), and
                                     adds the step's distinct far tokens to `retrieved`
@@ -57,6 +60,10 @@ class MlxTopK:
         """cand [..., c] far indices, exact [..., c] their scores -> the best k [..., k]."""
         return mx.take_along_axis(cand, self.top(exact, k), axis=-1)
 
+    def pick_covering(self, cand, exact, k: int, scale: float, share: float, floor: int):
+        """`pick` with an adaptive per-head budget (`covering`, on the device)."""
+        return covering(mx, cand, exact, k, scale, share, floor)
+
     @staticmethod
     def to_mx(indices: mx.array) -> mx.array:
         return indices
@@ -102,6 +109,11 @@ class NumpyTopK:
     def pick(self, cand: np.ndarray, exact: mx.array, k: int) -> np.ndarray:
         return np.take_along_axis(cand, self.top(exact, k), axis=-1)
 
+    def pick_covering(self, cand, exact, k: int, scale: float, share: float, floor: int):
+        """`pick` with an adaptive per-head budget (`covering`, on the host: the same one pull
+        of the exact scores as `pick`)."""
+        return covering(np, cand, np.asarray(exact), k, scale, share, floor)
+
     @staticmethod
     def to_mx(indices: np.ndarray) -> mx.array:
         return mx.array(indices)
@@ -139,3 +151,25 @@ def count_union(positions: mx.array, lay: Layout) -> mx.array:
     allpos = mx.sort(far.reshape(B, -1), axis=-1)
     distinct = 1 + (allpos[:, 1:] != allpos[:, :-1]).sum(axis=-1)
     return distinct.sum()
+
+
+def covering(xp, cand, exact, k: int, scale: float, share: float, floor: int):
+    """Adaptive budget per query head: the fewest of the best k candidates whose softmax mass
+    covers `share` of all candidates' mass, at least `floor` of them (fixed shapes).
+
+    xp: the array library (`numpy` or `mlx.core`: the same code for both strategies).
+    cand [..., c] far indices; exact [..., c] their exact scores (unscaled q . k); the softmax is
+    over `scale * exact` of the c candidates. Returns (top [..., k] int32, used [...] int32):
+    the best k in descending score, the entries past each head's cut replaced by that head's
+    best index (so `select` masks them as repeats of the GQA union), and the kept count.
+    """
+    s = exact.astype(xp.float32) * scale
+    order = xp.argsort(-s, axis=-1)[..., :k]
+    top_s = s.max(axis=-1, keepdims=True)
+    total = xp.exp(s - top_s).sum(axis=-1, keepdims=True)
+    best = xp.exp(xp.take_along_axis(s, order, axis=-1) - top_s)  # [..., k] descending
+    before = xp.cumsum(best, axis=-1) - best  # mass of the better ones
+    keep = (before < share * total) | (xp.arange(k) < floor)
+    idx = xp.take_along_axis(cand, order.astype(xp.int32), axis=-1).astype(xp.int32)
+    top = xp.where(keep, idx, idx[..., :1])
+    return top, keep.astype(xp.int32).sum(axis=-1)
