@@ -219,6 +219,16 @@ METHODS: dict[str, Method] = {
         ),
         *(
             Method(
+                f"a2ats_rr{r}g",
+                DIAGNOSTIC,
+                f"A2ATS with rerank {r} over candidates shared by the GQA group (rerank_shared): "
+                f"G times fewer key rows gathered",
+                knobs={"rerank": r, "rerank_shared": True},
+            )
+            for r in (2, 4)
+        ),
+        *(
+            Method(
                 f"a2ats_cov{round(share * 100)}",
                 DIAGNOSTIC,
                 f"A2ATS with an adaptive budget per head: the fewest of the K best reranked "
@@ -326,10 +336,11 @@ def _mlx_lm_factory(method: Method, head_dim: int) -> Callable[[int, Any], Any]:
 
 # -- decode-benchmark names ---------------------------------------------------------------------
 
-# a2ats, a2ats_kv4, a2ats_rr2 (rerank 2), a2ats_kv4_rr2, a2ats_eb0 (exact_below 0: retrieval
-# from the start, the crossover probe), a2ats_telemetry, ...
+# a2ats, a2ats_kv4, a2ats_rr2 (rerank 2), a2ats_rr2g (candidates shared by the GQA group),
+# a2ats_kv4_rr2, a2ats_eb0 (exact_below 0: retrieval from the start, the crossover probe),
+# a2ats_telemetry, ...
 _DECODE_VARIANT = re.compile(
-    r"a2ats(?:_kv(?P<bits>4|8))?(?:_rr(?P<rerank>\d+))?(?:_eb(?P<exact_below>\d+))?"
+    r"a2ats(?:_kv(?P<bits>4|8))?(?:_rr(?P<rerank>\d+)(?P<shared>g)?)?(?:_eb(?P<exact_below>\d+))?"
     r"(?P<telemetry>_telemetry)?"
 )
 
@@ -346,6 +357,8 @@ def decode_variant_knobs(name: str) -> dict[str, Any] | None:
         knobs["kv_bits"] = int(match["bits"])
     if match["rerank"]:
         knobs["rerank"] = int(match["rerank"])
+    if match["shared"]:
+        knobs["rerank_shared"] = True
     if match["exact_below"]:
         knobs["exact_below"] = int(match["exact_below"])
     if match["telemetry"]:

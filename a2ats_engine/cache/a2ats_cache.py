@@ -242,13 +242,16 @@ class A2ATSCache(_BaseCache):
         scores = self.far_token_scores(queries, lay)
         candidates = min(self.config.rerank * lay.k, lay.n_far) if self.reranks else lay.k
         self._budget_used = None
+        shared = self.config.rerank_shared
         if candidates > lay.k and self.config.coverage is not None:
             cover = (scale, self.config.coverage, min(self.config.coverage_floor, lay.k))
             top, self._budget_used = att.rerank(
-                group, scores, lay, candidates, self.keys, self.storage, self.top_k, cover
+                group, scores, lay, candidates, self.keys, self.storage, self.top_k, cover, shared
             )
         elif candidates > lay.k:
-            top = att.rerank(group, scores, lay, candidates, self.keys, self.storage, self.top_k)
+            top = att.rerank(
+                group, scores, lay, candidates, self.keys, self.storage, self.top_k, None, shared
+            )
         else:
             top = self.top_k.top(scores, lay.k)
         positions, repeat = self.top_k.select(top, lay)

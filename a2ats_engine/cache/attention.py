@@ -145,8 +145,13 @@ def rerank(
     storage: RowStorage,
     top_k,
     coverage: tuple[float, float, int] | None = None,
+    shared: bool = False,
 ):
     """Top-K far tokens per query head by exact score among the top `candidates` approximate ones.
+
+    shared: the candidates are the top `candidates` of the GQA group's best approximate score
+    (max over its query heads), gathered once per KV head and scored exactly by every head of
+    the group: G times fewer key rows than per-head candidates.
 
     coverage: None, or (scale, share, floor) for an adaptive per-head budget (`topk.covering`):
     then returns (top, used [B, n_kv, G] kept counts) instead of top alone.
@@ -156,11 +161,18 @@ def rerank(
     indices [B, n_kv, G, k] int32 (k = lay.k) in the strategy's array type, for its `select`.
     """
     B, n_kv, G, d = queries.shape
-    cand = top_k.top(scores, candidates)  # [B, n_kv, G, c]
-    positions = (top_k.to_mx(cand) + lay.n_sinks).reshape(B, n_kv, G * candidates)
-    rows = gather_rows(keys, positions, storage)
-    keys_f = rows.reshape(B, n_kv, G, candidates, d).astype(mx.float32)
-    exact = (keys_f @ queries.astype(mx.float32)[..., None])[..., 0]  # [B, n_kv, G, c]
+    q = queries.astype(mx.float32)
+    if shared:
+        cand = top_k.top(scores.max(axis=2, keepdims=True), candidates)  # [B, n_kv, 1, c]
+        positions = (top_k.to_mx(cand) + lay.n_sinks).reshape(B, n_kv, candidates)
+        rows = gather_rows(keys, positions, storage).astype(mx.float32)  # [B, n_kv, c, d]
+        exact = q @ rows.swapaxes(-1, -2)  # [B, n_kv, G, c]
+    else:
+        cand = top_k.top(scores, candidates)  # [B, n_kv, G, c]
+        positions = (top_k.to_mx(cand) + lay.n_sinks).reshape(B, n_kv, G * candidates)
+        rows = gather_rows(keys, positions, storage)
+        keys_f = rows.reshape(B, n_kv, G, candidates, d).astype(mx.float32)
+        exact = (keys_f @ q[..., None])[..., 0]  # [B, n_kv, G, c]
     if coverage is None:
         return top_k.pick(cand, exact, lay.k)
     return top_k.pick_covering(cand, exact, lay.k, *coverage)

@@ -31,6 +31,9 @@ class A2ATSConfig:
                   exact scores among them (their stored keys are gathered and scored exactly).
                   Default 2: recall 0.899 -> 0.915 of the attention mass, ppl 1.044x -> 1.026x
                   full at 4K / budget 0.03 on the demo model (docs/BENCHMARKS.md).
+    rerank_shared: with rerank > 1, the candidates are the top rerank*K of the GQA group's best
+                  approximate score (max over its query heads), gathered once per KV head and
+                  scored exactly by every head: G times fewer key rows than per-head candidates.
     estimate_missed: fold the far tokens that were not retrieved into the softmax through
                   their centroid scores: per (distance bucket, code) slot the cache keeps the
                   token count and value sum, and each step adds `n_c exp(s_c)` to the
@@ -64,6 +67,7 @@ class A2ATSConfig:
     min_k: int = 16
     far_buckets: int = 4
     rerank: int = 2
+    rerank_shared: bool = False
     estimate_missed: bool = False
     exact_below: int | None = None
     coverage: float | None = None
@@ -114,6 +118,10 @@ class A2ATSConfig:
         _check_int("coverage_floor", self.coverage_floor, 1)
         if self.exact_below is not None:
             _check_int("exact_below", self.exact_below, 0)
+        if not isinstance(self.rerank_shared, bool):
+            raise ValueError(
+                f"A2ATSConfig.rerank_shared={self.rerank_shared!r} must be True or False"
+            )
         if not isinstance(self.estimate_missed, bool):
             raise ValueError(
                 f"A2ATSConfig.estimate_missed={self.estimate_missed!r} must be True or False"
