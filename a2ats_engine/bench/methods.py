@@ -204,11 +204,11 @@ METHODS: dict[str, Method] = {
             knobs={"rerank": 1},
         ),
         Method(
-            "a2ats_estimate",
+            "a2ats_no_estimate",
             BUDGET,
-            "A2ATS with estimate_missed: the far tokens not retrieved enter the softmax "
-            "through their (bucket, code) slot's centroid score, count and value sum",
-            knobs={"estimate_missed": True},
+            "A2ATS with estimate_missed off: the far tokens not retrieved are dropped from the "
+            "softmax (the paper; a2ats adds their (bucket, code) slot estimate)",
+            knobs={"estimate_missed": False},
         ),
         Method(
             "a2ats_auto",
@@ -338,10 +338,10 @@ def _mlx_lm_factory(method: Method, head_dim: int) -> Callable[[int, Any], Any]:
 
 # a2ats, a2ats_kv4, a2ats_rr2 (rerank 2), a2ats_rr2g (candidates shared by the GQA group),
 # a2ats_kv4_rr2, a2ats_eb0 (exact_below 0: retrieval from the start, the crossover probe),
-# a2ats_telemetry, ...
+# a2ats_noest (estimate_missed off), a2ats_telemetry, ...
 _DECODE_VARIANT = re.compile(
     r"a2ats(?:_kv(?P<bits>4|8))?(?:_rr(?P<rerank>\d+)(?P<shared>g)?)?(?:_eb(?P<exact_below>\d+))?"
-    r"(?P<telemetry>_telemetry)?"
+    r"(?:_(?P<estimate>est|noest))?(?P<telemetry>_telemetry)?"
 )
 
 
@@ -361,6 +361,8 @@ def decode_variant_knobs(name: str) -> dict[str, Any] | None:
         knobs["rerank_shared"] = True
     if match["exact_below"]:
         knobs["exact_below"] = int(match["exact_below"])
+    if match["estimate"]:
+        knobs["estimate_missed"] = match["estimate"] == "est"
     if match["telemetry"]:
         knobs["telemetry"] = True
     return knobs

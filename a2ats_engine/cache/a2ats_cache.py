@@ -79,10 +79,13 @@ class A2ATSCache(_BaseCache):
                 f"a quantization group of 32, 64 or 128"
             )
         self.storage = RowStorage(self.config.kv_bits, self.group_size)
-        if self.config.estimate_missed and codebook.num_subspaces > 1:
-            raise ValueError(
-                "A2ATSConfig.estimate_missed=True needs a full-dimension codebook (one code per "
-                f"token and KV head); this codebook has {codebook.num_subspaces} subspaces"
+        # the estimate needs one code per token and KV head (a full-dimension codebook)
+        self.estimates = self.config.estimate_missed and codebook.num_subspaces == 1
+        if self.config.estimate_missed and not self.estimates:
+            warnings.warn(
+                f"A2ATS: estimate_missed is off for this codebook: it needs a full-dimension "
+                f"codebook, this one has {codebook.num_subspaces} subspaces (product VQ)",
+                stacklevel=3,
             )
         self.n_slots = len(self._buckets[0]) * codebook.n_centroids  # (bucket, code) pairs
         self.exact_below = config.exact_below
@@ -257,7 +260,7 @@ class A2ATSCache(_BaseCache):
         positions, repeat = self.top_k.select(top, lay)
         k_sel = att.gather_rows(self.keys, positions, self.storage)
         v_sel = att.gather_rows(self.values, positions, self.storage)
-        if self.config.estimate_missed:
+        if self.estimates:
             missed = self._missed_estimate(queries, lay, positions, repeat)
             out, self._missed_share = att.selected_attention_with_estimate(
                 group, k_sel, v_sel, repeat, scale, missed, sinks

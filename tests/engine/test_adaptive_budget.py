@@ -54,7 +54,7 @@ def test_cache_attends_each_heads_covering_set_and_reports_the_budget(monkeypatc
     window, sinks, k, share, floor = 16, 4, 20, 0.6, 3
     config = A2ATSConfig(
         window=window, sinks=sinks, budget=k, rerank=64, far_buckets=1, coverage=share,
-        coverage_floor=floor, telemetry=True,
+        coverage_floor=floor, telemetry=True, estimate_missed=False,
     )  # fmt: skip
     cache, _, rope = filled_cache(n=300, config=config)
     n = cache.offset

@@ -111,7 +111,9 @@ def test_selection_top_k_union_sinks_window():
 
 
 def test_decode_output_is_exact_attention_over_the_selection():
-    config = A2ATSConfig(window=16, sinks=4, budget=6, far_buckets=1, telemetry=True)
+    config = A2ATSConfig(
+        window=16, sinks=4, budget=6, far_buckets=1, telemetry=True, estimate_missed=False
+    )
     cache, pre, rope = filled_cache(n=300, n_kv=2, config=config)
     n = cache.offset
     _, q_post = decode_query(rope, 4, n - 1)

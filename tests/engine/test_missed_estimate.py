@@ -6,7 +6,7 @@ import pytest
 from mlx_lm.models.rope_utils import initialize_rope
 from tiny import tiny_model
 
-from a2ats_engine.bench.methods import METHODS, IdentityRope
+from a2ats_engine.bench.methods import METHODS, IdentityRope, decode_variant_knobs
 from a2ats_engine.cache.a2ats_cache import A2ATSCache, make_cache
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig
@@ -132,12 +132,16 @@ def test_estimate_runs_on_a_model_and_reports_its_mass():
     assert bool(mx.isfinite(logits).all())
     stats = cache[0].last_stats
     assert not stats.exact and all(0.0 < x < 1.0 for x in stats.missed_mass)
-    assert METHODS["a2ats_estimate"].config(A2ATSConfig()).estimate_missed
+    assert A2ATSConfig().estimate_missed  # the default
+    assert not METHODS["a2ats_no_estimate"].config(A2ATSConfig()).estimate_missed
 
 
-def test_estimate_setting_is_validated_and_needs_a_full_dimension_codebook():
+def test_estimate_setting_is_validated_and_off_with_a_product_vq_codebook():
     with pytest.raises(ValueError, match=r"A2ATSConfig\.estimate_missed=1"):
         A2ATSConfig(estimate_missed=1)
+    assert decode_variant_knobs("a2ats_noest") == {"estimate_missed": False}
     book = Codebook([mx.zeros((1, 2, 4, D // 2))])  # product VQ: 2 subspaces
-    with pytest.raises(ValueError, match="estimate_missed=True needs a full-dimension codebook"):
-        A2ATSCache(0, IdentityRope(D), book, A2ATSConfig(estimate_missed=True), max_context=512)
+    with pytest.warns(UserWarning, match="estimate_missed is off for this codebook"):
+        cache = A2ATSCache(0, IdentityRope(D), book, A2ATSConfig(), max_context=512)
+    assert not cache.estimates
+    assert lossless_cache(A2ATSConfig(), np.zeros((1, 4, D), np.float32)).estimates
