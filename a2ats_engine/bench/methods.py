@@ -189,13 +189,16 @@ METHODS: dict[str, Method] = {
             BUDGET,
             "sinks + the most recent tokens; as many as A2ATS attends on average",
             cache=RecentWindowCache,
+            knobs={"estimate_missed": False},
             window_budget=True,
         ),
         Method(
             "oracle_topk",
             BUDGET,
-            "A2ATS's structure and budget, far tokens ranked by exact scores (the ceiling)",
+            "A2ATS's structure and budget, far tokens ranked by exact scores (the ceiling of "
+            "plain top-K: without the estimate)",
             cache=OracleTopKCache,
+            knobs={"estimate_missed": False},
         ),
         Method(
             "a2ats_no_rerank",

@@ -145,3 +145,10 @@ def test_estimate_setting_is_validated_and_off_with_a_product_vq_codebook():
         cache = A2ATSCache(0, IdentityRope(D), book, A2ATSConfig(), max_context=512)
     assert not cache.estimates
     assert lossless_cache(A2ATSConfig(), np.zeros((1, 4, D), np.float32)).estimates
+
+
+def test_the_reference_methods_stay_plain_top_k():
+    """oracle_topk (the ceiling of plain top-K) and window keep dropping what they miss."""
+    for name in ("oracle_topk", "window"):
+        assert not METHODS[name].config(A2ATSConfig(), window_budget=9).estimate_missed
+    assert METHODS["a2ats_plain_vq"].config(A2ATSConfig()).estimate_missed  # ablations inherit
