@@ -1,6 +1,7 @@
 """Print the Markdown tables of docs/BENCHMARKS.md from the JSON results in this folder.
 
-    .venv/bin/python docs/benchmarks/tables.py [eval|diag|sweep|passkey|decode|memory|seed]...
+    .venv/bin/python docs/benchmarks/tables.py [eval|diag|sweep|passkey|decode|memory|seed|
+                                                estimate|ladder|b001]...
 
 No argument prints every table whose JSON file exists. The numbers in BENCHMARKS.md are pasted
 from this output, so they are the measured ones.
@@ -148,7 +149,10 @@ def seed_table(data: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    wanted = set(argv) or {"eval", "diag", "sweep", "passkey", "decode", "memory", "seed"}
+    wanted = set(argv) or {
+        "eval", "diag", "sweep", "passkey", "decode", "memory", "seed",
+        "estimate", "ladder", "b001",
+    }  # fmt: skip
     sections = [
         ("eval", "eval_4k_b003.json", eval_table),
         ("diag", "eval_diagnostics.json", eval_table),
@@ -156,6 +160,9 @@ def main(argv: list[str]) -> int:
         ("passkey", "passkey.json", passkey_table),
         ("memory", "memory.json", memory_table),
         ("seed", "seed_synthetic.json", seed_table),
+        ("estimate", "eval_estimate_4k_b003.json", eval_table),
+        ("ladder", "eval_beyond_ladder.json", eval_table),
+        ("b001", "eval_beyond_b001.json", eval_table),
     ]
     for key, fname, fn in sections:
         data = _load(fname) if key in wanted else None
