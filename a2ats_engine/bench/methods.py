@@ -232,6 +232,16 @@ METHODS: dict[str, Method] = {
         ),
         *(
             Method(
+                f"a2ats_reuse{round(cos * 100)}",
+                DIAGNOSTIC,
+                f"A2ATS reusing the previous step's far selection while every query head's "
+                f"pre-RoPE query keeps a cosine >= {cos} with the one it was made for",
+                knobs={"reuse_selection": cos},
+            )
+            for cos in (0.9, 0.95, 0.98)
+        ),
+        *(
+            Method(
                 f"a2ats_cov{round(share * 100)}",
                 DIAGNOSTIC,
                 f"A2ATS with an adaptive budget per head: the fewest of the K best reranked "

@@ -242,6 +242,50 @@ class A2ATSCache(_BaseCache):
         B, n_q, _, d = queries.shape
         n_kv = self.codes.shape[1]
         group = queries.reshape(B, n_kv, n_q // n_kv, d)
+        top = self._reusable_selection(group, lay)
+        if top is None:
+            top = self._far_selection(queries, group, lay, scale)
+        positions, repeat = self.top_k.select(top, lay)
+        k_sel = att.gather_rows(self.keys, positions, self.storage)
+        v_sel = att.gather_rows(self.values, positions, self.storage)
+        if self.estimates:
+            missed = self._missed_estimate(queries, lay, positions, repeat)
+            out, self._missed_share = att.selected_attention_with_estimate(
+                group, k_sel, v_sel, repeat, scale, missed, sinks
+            )
+        else:
+            out = att.selected_attention(group, k_sel, v_sel, repeat, scale, sinks)
+        self._after_step(lay, positions, repeat, queries, scale)
+        return out.reshape(B, n_q, 1, d)
+
+    def _reusable_selection(self, group: mx.array, lay: att.Layout):
+        """With `reuse_selection`: the far indices chosen at an earlier step, if this is the next
+        step and every query head's pre-RoPE query is still within the threshold's cosine of the
+        query they were chosen for; else None (and the step selects afresh).
+
+        group: post-RoPE queries [B, n_kv, G, d]. One host sync per layer and step (opt-in).
+        """
+        threshold, anchor = self.config.reuse_selection, self._anchor
+        self._reused = False
+        if threshold is None:
+            return None
+        pre = self.rope.unrotate(group.astype(mx.float32)[..., None, :], lay.n - 1)[..., 0, :]
+        fresh = anchor is None or anchor[0] != lay.k or anchor[1] != lay.n - 1
+        if not fresh:
+            q0 = anchor[2]
+            cos = (pre * q0).sum(axis=-1) / (
+                mx.linalg.norm(pre, axis=-1) * mx.linalg.norm(q0, axis=-1) + 1e-12
+            )
+            if float(cos.min()) >= threshold:
+                self._reused = True
+                self._anchor = (lay.k, lay.n, q0, anchor[3])
+                return anchor[3]
+        self._anchor = (lay.k, lay.n, pre, None)  # the selection is filled in by the caller
+        return None
+
+    def _far_selection(self, queries: mx.array, group: mx.array, lay: att.Layout, scale: float):
+        """This step's far indices [B, n_kv, G, k] (the top-K strategy's array type): top-K of
+        the approximate scores, reranked by exact scores when rerank > 1."""
         scores = self.far_token_scores(queries, lay)
         candidates = min(self.config.rerank * lay.k, lay.n_far) if self.reranks else lay.k
         self._budget_used = None
@@ -257,18 +301,9 @@ class A2ATSCache(_BaseCache):
             )
         else:
             top = self.top_k.top(scores, lay.k)
-        positions, repeat = self.top_k.select(top, lay)
-        k_sel = att.gather_rows(self.keys, positions, self.storage)
-        v_sel = att.gather_rows(self.values, positions, self.storage)
-        if self.estimates:
-            missed = self._missed_estimate(queries, lay, positions, repeat)
-            out, self._missed_share = att.selected_attention_with_estimate(
-                group, k_sel, v_sel, repeat, scale, missed, sinks
-            )
-        else:
-            out = att.selected_attention(group, k_sel, v_sel, repeat, scale, sinks)
-        self._after_step(lay, positions, repeat, queries, scale)
-        return out.reshape(B, n_q, 1, d)
+        if self._anchor is not None and self._anchor[3] is None:
+            self._anchor = (*self._anchor[:3], top)
+        return top
 
     # -- estimated missed attention ---------------------------------------------------------
     def _forget_missed(self) -> None:
@@ -277,6 +312,10 @@ class A2ATSCache(_BaseCache):
         self._missed_n: int | None = None  # the context length the sums describe
         self._missed_share = None  # the last step's estimated mass [B, n_kv, G]
         self._budget_used = None  # the last step's kept far tokens per query head [B, n_kv, G]
+        # reuse_selection: (k, context, pre-RoPE query [B, n_kv, G, d], far indices) of the
+        # selection last computed, and whether the last step reused it
+        self._anchor: tuple | None = None
+        self._reused = False
 
     def _bucket_of(self, n: int, position: int) -> int:
         """Distance bucket of a far token at `position` when the current token is n - 1."""
@@ -391,6 +430,7 @@ class A2ATSCache(_BaseCache):
             recall_ms=recall_ms,
             missed_mass=self._missed_mass(positions),
             budget_used=self._budget_per_head(positions),
+            reused=self._reused and positions is not None,
         )
 
     def _budget_per_head(self, positions) -> tuple[np.ndarray, ...] | None:

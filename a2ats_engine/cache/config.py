@@ -34,6 +34,10 @@ class A2ATSConfig:
     rerank_shared: with rerank > 1, the candidates are the top rerank*K of the GQA group's best
                   approximate score (max over its query heads), gathered once per KV head and
                   scored exactly by every head: G times fewer key rows than per-head candidates.
+    reuse_selection: None = select far tokens afresh every step; c in (0, 1] = reuse the far
+                  selection made at an earlier step while every query head's pre-RoPE query
+                  keeps a cosine >= c with the query it was made for (next step only; one host
+                  sync per layer and step for the test).
     estimate_missed: fold the far tokens that were not retrieved into the softmax through
                   their centroid scores: per (distance bucket, code) slot the cache keeps the
                   token count and value sum, and each step adds `n_c exp(s_c)` to the
@@ -71,6 +75,7 @@ class A2ATSConfig:
     far_buckets: int = 4
     rerank: int = 2
     rerank_shared: bool = False
+    reuse_selection: float | None = None
     estimate_missed: bool = True
     exact_below: int | None = None
     coverage: float | None = None
@@ -119,6 +124,14 @@ class A2ATSConfig:
                 f"A2ATSConfig.coverage={c!r} is out of range: must be None or a share in (0, 1)"
             )
         _check_int("coverage_floor", self.coverage_floor, 1)
+        r = self.reuse_selection
+        if r is not None and (
+            isinstance(r, bool) or not isinstance(r, int | float) or not 0.0 < r <= 1.0
+        ):
+            raise ValueError(
+                f"A2ATSConfig.reuse_selection={r!r} is out of range: must be None or a cosine "
+                "in (0, 1]"
+            )
         if self.exact_below is not None:
             _check_int("exact_below", self.exact_below, 0)
         if not isinstance(self.rerank_shared, bool):

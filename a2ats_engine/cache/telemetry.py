@@ -31,6 +31,8 @@ class LayerStats:
                    context was below the cache's `exact_below` crossover.
     budget_used:   with an adaptive budget (`coverage`), per KV head the far tokens each query
                    head of its GQA group kept (int32 [G], batch row 0); None otherwise.
+    reused:        with `reuse_selection`, True when the step reused an earlier step's far
+                   selection (the query had barely moved) instead of selecting afresh.
     exact_until:   the cache's exact_below: decode steps attend exactly until the context
                    reaches this many tokens (0: retrieval whenever something can be dropped).
     layer:         layer index in the model.
@@ -63,6 +65,7 @@ class LayerStats:
     missed_mass: tuple[float, ...] | None = None
     exact_until: int = 0
     budget_used: tuple[np.ndarray, ...] | None = None
+    reused: bool = False
 
     @property
     def retrieved(self) -> tuple[np.ndarray, ...]:
