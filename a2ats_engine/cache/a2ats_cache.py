@@ -230,13 +230,19 @@ class A2ATSCache(_BaseCache):
 
     def slot_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
         """The step's lookup tables: post-RoPE queries [B, n_q, 1, d] -> [B, n_kv, G, m * S * C]
-        (`attention.retrieval_tables`); with S = 1, the score of every (bucket, code) slot."""
+        (`attention.retrieval_tables`); with S = 1, the score of every (bucket, code) slot.
+        Built once per step: the far scores and the missed-attention estimate share them."""
+        memo = self._step_tables
+        if memo is not None and memo[0] is queries and memo[1] == lay.n:
+            return memo[2]
         B, n_q, _, d = queries.shape
         n_kv = self.codes.shape[1]
         group = queries.reshape(B, n_kv, n_q // n_kv, d)
-        return att.retrieval_tables(
+        tables = att.retrieval_tables(
             group, self.rope, lay.n - 1, self._rotations, self.codebook, self.layer
         )
+        self._step_tables = (queries, lay.n, tables)
+        return tables
 
     def _retrieve(self, queries: mx.array, lay: att.Layout, scale: float, sinks=None) -> mx.array:
         B, n_q, _, d = queries.shape
@@ -255,6 +261,7 @@ class A2ATSCache(_BaseCache):
             )
         else:
             out = att.selected_attention(group, k_sel, v_sel, repeat, scale, sinks)
+        self._step_tables = None  # the step's tables are not kept past it
         self._after_step(lay, positions, repeat, queries, scale)
         return out.reshape(B, n_q, 1, d)
 
@@ -316,6 +323,7 @@ class A2ATSCache(_BaseCache):
         # selection last computed, and whether the last step reused it
         self._anchor: tuple | None = None
         self._reused = False
+        self._step_tables = None  # (queries, context, tables) of the step being attended
 
     def _bucket_of(self, n: int, position: int) -> int:
         """Distance bucket of a far token at `position` when the current token is n - 1."""
