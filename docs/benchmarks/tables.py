@@ -1,7 +1,7 @@
 """Print the Markdown tables of docs/BENCHMARKS.md from the JSON results in this folder.
 
     .venv/bin/python docs/benchmarks/tables.py [eval|diag|sweep|passkey|decode|memory|seed|
-                                                estimate|ladder|b001]...
+                                                estimate|ladder|b001|reuse]...
 
 No argument prints every table whose JSON file exists. The numbers in BENCHMARKS.md are pasted
 from this output, so they are the measured ones.
@@ -151,7 +151,7 @@ def seed_table(data: dict) -> str:
 def main(argv: list[str]) -> int:
     wanted = set(argv) or {
         "eval", "diag", "sweep", "passkey", "decode", "memory", "seed",
-        "estimate", "ladder", "b001",
+        "estimate", "ladder", "b001", "reuse",
     }  # fmt: skip
     sections = [
         ("eval", "eval_4k_b003.json", eval_table),
@@ -163,6 +163,7 @@ def main(argv: list[str]) -> int:
         ("estimate", "eval_estimate_4k_b003.json", eval_table),
         ("ladder", "eval_beyond_ladder.json", eval_table),
         ("b001", "eval_beyond_b001.json", eval_table),
+        ("reuse", "eval_beyond_reuse.json", eval_table),
     ]
     for key, fname, fn in sections:
         data = _load(fname) if key in wanted else None
