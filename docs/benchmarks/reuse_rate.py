@@ -4,11 +4,10 @@ Demo model, 1K tokens of the built-in evaluation text prefilled, 48 teacher-forc
     PYTHONPATH=. python docs/benchmarks/reuse_rate.py
 """
 
-import sys
 import mlx.core as mx
+
 from a2ats_engine.bench.evaluate import default_text
 from a2ats_engine.cache.a2ats_cache import A2ATSCache, make_cache
-from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig
 from a2ats_engine.commands._bench_common import find_codebook
 from a2ats_engine.loading.models import load_model
