@@ -12,7 +12,9 @@ attention hook, computes exact attention over the full K/V, lets the method atte
   averaged over layers and steps;
 then returns the method's own output, so `ppl` (perplexity of the `decode` teacher-forced
 tokens) is what that method really produces. With `full` evaluated too, `ppl_vs_full` is the
-paired ratio on the same tokens with a 95% interval (`paired_ppl_ratio`).
+paired ratio on the same tokens with a 95% interval (`paired_ppl_ratio`). With
+`A2ATSConfig.kv_bits`, the A2ATS-structured methods store K/V quantized and are still measured
+against exact attention over the float K/V (a shadow float cache).
 
 Methods (DESIGN.md section 2 for the A2ATS ones):
   full            mlx-lm KVCache (exact; the reference)
@@ -240,7 +242,9 @@ class MeasuredCache:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.quantized = isinstance(inner, QuantizedKVCache)
-        self.shadow = KVCache() if self.quantized else None
+        # quantized storage (kv8/kv4, A2ATS with kv_bits) is measured against exact float K/V
+        stores_quantized = self.quantized or getattr(inner, "kv_bits", None) is not None
+        self.shadow = KVCache() if stores_quantized else None
         self.record = StepRecord()
 
     def __getattr__(self, name: str) -> Any:

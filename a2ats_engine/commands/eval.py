@@ -38,6 +38,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--far-buckets", type=int, default=None, help="A2ATS distance buckets")
     p.add_argument("--rerank", type=int, default=None, help="A2ATS rerank factor")
+    p.add_argument(
+        "--kv-bits",
+        type=int,
+        choices=(8, 4),
+        default=None,
+        help="store K/V of the A2ATS methods (a2ats, window, oracle_topk, ablations) quantized "
+        "to 8 or 4 bits; recall and output error stay against the exact float reference",
+    )
     p.add_argument("--plain-vq-codebook", help="beta = 1 codebook for a2ats_plain_vq")
     p.add_argument("--paper-codebook", help="codebook calibrated for one distance b (a2ats_paper)")
     p.add_argument("--no-wrope-codebook", help="post-RoPE codebook for a2ats_no_wrope")
@@ -103,7 +111,9 @@ def run_eval(args: argparse.Namespace) -> int:
     progress = stderr_progress(True)
     model, tokenizer, info = load_model(args.model)
     codebook, codebook_desc = find_codebook(args.codebook, args.model, info.path, required=True)
-    config = a2ats_config(codebook, model, far_buckets=args.far_buckets, rerank=args.rerank)
+    config = a2ats_config(
+        codebook, model, far_buckets=args.far_buckets, rerank=args.rerank, kv_bits=args.kv_bits
+    )
     if args.text:
         text, text_desc = Path(args.text).read_text(encoding="utf-8"), args.text
     else:
@@ -120,6 +130,7 @@ def run_eval(args: argparse.Namespace) -> int:
         "n_centroids": codebook.n_centroids,
         "far_buckets": config.far_buckets,
         "rerank": config.rerank,
+        "kv_bits": config.kv_bits,
         "text": text_desc,
         "machine": machine(),
         "notes": notes + _method_notes(),
@@ -138,7 +149,8 @@ def run_eval(args: argparse.Namespace) -> int:
         print(json.dumps(out))
         return 0
     print(f"model {info.name}; codebook {codebook_desc}; text {text_desc}")
-    print(f"context {args.context}, decode {args.decode}; {meta['machine']}")
+    kv = "float" if config.kv_bits is None else f"{config.kv_bits}-bit"
+    print(f"context {args.context}, decode {args.decode}; A2ATS K/V {kv}; {meta['machine']}")
     for note in meta["notes"]:
         print(f"note: {note}")
     for run in runs:

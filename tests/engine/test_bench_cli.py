@@ -61,6 +61,24 @@ def test_eval_budget_sweep_json(tiny_folder, capsys):
     assert high > low
 
 
+def test_eval_kv_bits_json(tiny_folder, capsys):
+    folder, book = tiny_folder
+    base = ["eval", "--model", str(folder), "--codebook", str(book), "--context", "200",
+            "--decode", "2", "--methods", "full,a2ats", "--json"]  # fmt: skip
+    assert main(base) == 0
+    plain = _json(capsys)
+    assert main(base + ["--kv-bits", "4"]) == 0
+    kv4 = _json(capsys)
+    assert plain["kv_bits"] is None and kv4["kv_bits"] == 4
+    assert kv4["methods"]["full"] == plain["methods"]["full"]  # full keeps float K/V
+    a, b = plain["methods"]["a2ats"], kv4["methods"]["a2ats"]
+    assert b["bytes_per_token"] < a["bytes_per_token"]
+    assert b["output_rel_error"] > a["output_rel_error"]
+    with pytest.raises(SystemExit):  # argparse rejects anything but 8 or 4
+        main(base + ["--kv-bits", "3"])
+    assert "--kv-bits" in capsys.readouterr().err
+
+
 def test_eval_needs_a_codebook(tiny_folder, capsys):
     folder, _ = tiny_folder
     assert main(["eval", "--model", str(folder), "--json"]) == 1

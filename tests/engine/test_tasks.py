@@ -90,7 +90,7 @@ def test_variable_tracking_chain_is_in_order(tokenizer, sentences):
     spots = [text.index(f"VAR {names[0]} = ")]
     spots += [text.index(f"VAR {b} = VAR {a}.") for a, b in zip(names, names[1:], strict=False)]
     assert spots == sorted(spots)
-    value = text[spots[0]:].split("= ")[1].split(".")[0]
+    value = text[spots[0] :].split("= ")[1].split(".")[0]
     assert f"value {value}" in text[text.rindex("\n") :]
 
 
