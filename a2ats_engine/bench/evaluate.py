@@ -10,6 +10,9 @@ attention hook, computes exact attention over the full K/V, lets the method atte
   over query heads, layers and steps);
 - output_rel_error: `||o_method - o_exact|| / ||o_exact||` over all query heads of a layer,
   averaged over layers and steps;
+- attended_fraction and bytes_read per decode step (codes scanned, centroids, full keys scored
+  or reranked, K/V rows attended; sinks, window and the GQA union included): the cost of the
+  step, counted by `accounting.py`, so methods can be compared at equal cost;
 then returns the method's own output, so `ppl` (perplexity of the `decode` teacher-forced
 tokens) is what that method really produces. With `full` evaluated too, `ppl_vs_full` is the
 paired ratio on the same tokens with a 95% interval (`paired_ppl_ratio`). With
@@ -50,6 +53,7 @@ from ..cache import attention as att
 from ..cache.a2ats_cache import A2ATSCache
 from ..cache.config import A2ATSConfig
 from ..cache.rope import distance_buckets, model_geometry, retrieval_distances, rope_specs
+from .accounting import StepCost, cache_step_cost
 
 Progress = Callable[[str, int, int], None]
 
@@ -129,6 +133,7 @@ class OracleTopKCache(A2ATSCache):
     ranked by their exact post-RoPE scores: the ceiling for any top-K retrieval at this budget."""
 
     reranks = False  # its scores are exact already
+    scoring = "keys"  # reads every far key (accounting.py)
 
     def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
         """queries post-RoPE `[B, n_q, 1, d]` -> exact scores `[B, n_kv, G, F]` of far tokens."""
@@ -144,6 +149,7 @@ class RecentWindowCache(A2ATSCache):
     the K latest ones before the window, so the attended set is contiguous with the window."""
 
     reranks = False  # recency, not relevance
+    scoring = "none"  # reads nothing to rank (accounting.py)
 
     def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
         """Scores that rank far tokens by recency: `[B, n_kv, G, F]` (later = higher)."""
@@ -156,6 +162,8 @@ class RecentWindowCache(A2ATSCache):
 class ExactKeyWRopeCache(A2ATSCache):
     """Diagnostic: A2ATS's windowed-RoPE distance buckets, but far tokens scored with their
     exact pre-RoPE keys instead of codes (`(R_D q) . k_n`): isolates the bucket approximation."""
+
+    scoring = "keys"  # reads every far key (accounting.py)
 
     def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
         """queries post-RoPE `[B, n_q, 1, d]` -> `[B, n_kv, G, F]`."""
@@ -230,6 +238,7 @@ class StepRecord:
     output_error: list[float] = field(default_factory=list)
     attended: list[float] = field(default_factory=list)  # attended positions per KV head
     retrieved: list[float] = field(default_factory=list)  # far tokens attended per KV head
+    cost: list[StepCost] = field(default_factory=list)  # attended share and bytes read
 
 
 class MeasuredCache:
@@ -302,6 +311,10 @@ class MeasuredCache:
         self.record.recall.append(attention_recall(probs_np, mask[:, None, :]))
         self.record.output_error.append(relative_l2_error(method_np, exact_np))
         self.record.attended.append(float(mask.sum(axis=-1).mean()))
+        scoring = getattr(self.inner, "scoring", "codes")
+        self.record.cost.append(
+            cache_step_cost(self.inner, mask.sum(axis=-1), n, n_q, keys.dtype.size, scoring)
+        )
         stats = getattr(self.inner, "last_stats", None)
         if stats is not None and not stats.exact:
             self.record.retrieved.append(float(np.mean([len(r) for r in stats.retrieved])))
@@ -422,6 +435,8 @@ class MethodResult:
     nll: np.ndarray | None = None  # per-token NLL [M] (not serialized)
     ppl_vs_full: float | None = None
     ppl_vs_full_ci95: tuple[float, float] | None = None
+    attended_fraction: float | None = None
+    bytes_read: dict[str, float] | None = None  # per decode step, all layers (accounting.py)
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -433,6 +448,11 @@ class MethodResult:
         }
         if self.retrieved_per_head is not None:
             out["retrieved_per_head"] = round(self.retrieved_per_head, 1)
+        if self.attended_fraction is not None:
+            out["attended_fraction"] = round(self.attended_fraction, 5)
+        if self.bytes_read is not None:
+            out["bytes_read_per_step"] = round(self.bytes_read["total"])
+            out["bytes_read"] = {k: round(v) for k, v in self.bytes_read.items() if k != "total"}
         if self.argmax_agreement is not None:
             out["argmax_agreement"] = round(self.argmax_agreement, 4)
         if self.ppl_vs_full is not None:
@@ -481,8 +501,23 @@ def run_method(
         retrieved_per_head=float(np.mean(retrieved)) if retrieved else None,
         seconds=seconds,
         nll=np.asarray(nll),
+        attended_fraction=float(np.mean([c.attended_fraction for r in records for c in r.cost])),
+        bytes_read=bytes_read_per_step(records),
     )
     return result, np.asarray(argmax)
+
+
+def bytes_read_per_step(records: Sequence[StepRecord]) -> dict[str, float]:
+    """Bytes read per decode step summed over layers, averaged over steps: {"codes",
+    "centroids", "keys_scored", "rows", "total"} (accounting.py)."""
+    parts = ("codes", "centroids", "keys_scored", "rows")
+    steps = min(len(r.cost) for r in records)
+    out = {
+        part: float(np.mean([sum(getattr(r.cost[s], part) for r in records) for s in range(steps)]))
+        for part in parts
+    }
+    out["total"] = sum(out.values())
+    return out
 
 
 def greedy_decode(

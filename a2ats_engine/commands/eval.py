@@ -173,7 +173,7 @@ def format_table(run) -> str:
     lines = [
         f"budget {run.budget}",
         f"{'method':<16} {'recall':>8} {'out err':>8} {'ppl':>9} {'ppl/full (95% CI)':>24} "
-        f"{'B/token':>9} {'attended':>9} {'argmax=':>8}",
+        f"{'B/token':>9} {'attended':>9} {'att. %':>7} {'read KB':>8} {'argmax=':>8}",
     ]
     for name, r in run.methods.items():
         agree = "" if r.argmax_agreement is None else f"{r.argmax_agreement:.3f}"
@@ -183,6 +183,8 @@ def format_table(run) -> str:
             ratio = f"{r.ppl_vs_full:.4f} ({low:.3f}-{high:.3f})"
         lines.append(
             f"{name:<16} {r.recall:>8.4f} {r.output_rel_error:>8.4f} {r.ppl:>9.3f} {ratio:>24} "
-            f"{r.bytes_per_token:>9.0f} {r.attended_per_head:>9.1f} {agree:>8}"
+            f"{r.bytes_per_token:>9.0f} {r.attended_per_head:>9.1f} "
+            f"{100 * (r.attended_fraction or 0):>7.2f} {(r.bytes_read or {}).get('total', 0) / 1e3:>8.1f} "
+            f"{agree:>8}"
         )
     return "\n".join(lines)

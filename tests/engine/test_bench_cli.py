@@ -38,6 +38,15 @@ def test_eval_json_has_the_issue_shape(tiny_folder, tmp_path, monkeypatch, capsy
         for key in ("recall", "output_rel_error", "ppl", "bytes_per_token"):
             assert isinstance(row[key], float | int), (name, key)
     assert out["methods"]["full"]["recall"] == 1.0
+    # equal-cost accounting: attended share and bytes read per decode step, every method
+    for name, row in out["methods"].items():
+        assert 0.0 < row["attended_fraction"] <= 1.0, name
+        parts = row["bytes_read"]
+        assert set(parts) == {"codes", "centroids", "keys_scored", "rows"}
+        assert abs(sum(parts.values()) - row["bytes_read_per_step"]) <= 4, name
+    a2, full = out["methods"]["a2ats"], out["methods"]["full"]
+    assert a2["attended_fraction"] < 1.0 == full["attended_fraction"]
+    assert a2["bytes_read"]["codes"] > 0 == full["bytes_read"]["codes"]
     notes = " ".join(out["notes"])
     assert "plain_vq: trained now" in notes and "no_wrope: trained now" in notes
     assert "paper: trained now" in notes

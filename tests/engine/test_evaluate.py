@@ -208,6 +208,10 @@ def test_kv_bits_are_measured_against_the_exact_float_reference(tiny, bits):
     assert (1e-4 if bits == 8 else 2e-3) < a2.output_rel_error < (0.02 if bits == 8 else 0.3)
     assert a2.bytes_per_token < full.bytes_per_token
     assert a2.ppl_vs_full is not None
+    # the same rows are read, in the stored format: bits/8 per element + fp32 scale, bias
+    assert a2.attended_fraction == full.attended_fraction == 1.0
+    ratio = (64 * bits // 8 + 2 * 4) / (64 * 4)
+    assert a2.bytes_read["rows"] / full.bytes_read["rows"] == pytest.approx(ratio)
 
 
 def test_evaluate_kv_bits_4_is_worse_than_8(tiny):
