@@ -59,7 +59,7 @@ DEFAULT_DEPTHS = (0.1, 0.5, 0.9)
 ANSWER_TOKENS = {
     "niah_number": 12,
     "niah_word": 12,
-    "niah_uuid": 32,
+    "niah_uuid": 48,
     "niah_multikey": 12,
     "niah_multivalue": 40,
     "variable_tracking": 24,
@@ -236,7 +236,7 @@ def _needle(kind: str, key: str, value: str) -> str:
 def _niah_question(kind: str, key: str) -> str:
     return (
         f"\nWhat is the special magic {kind} for {key} mentioned in the text above? "
-        f"The special magic {kind} for {key} mentioned in the text above is:"
+        f"The special magic {kind} for {key} mentioned in the text above is"
     )
 
 
@@ -262,7 +262,7 @@ def _niah(task: str, rng: random.Random, depth: float):
         references = tuple(values)
         question = (
             f"\nWhat are all the special magic {kind}s for {key} mentioned in the text above? "
-            f"The special magic {kind}s for {key} mentioned in the text above are:"
+            f"The special magic {kind}s for {key} mentioned in the text above are"
         )
         return needles, question, references
     return needles, _niah_question(kind, key), references
@@ -293,7 +293,8 @@ def _variable_tracking(rng: random.Random, depth: float):
     ]
     question = (
         f"\nFind all variables that are assigned the value {value} in the text above. "
-        f"Answer: the variables assigned the value {value} are:"
+        f"Answer: according to the chain of variables assigned in the text above, "
+        f"{hops + 1} variables are assigned the value {value}, they are: VAR"
     )
     return needles, question, tuple(chain)
 

@@ -76,7 +76,7 @@ def test_the_answer_is_in_the_needle_at_the_stated_depth(tokenizer, sentences, t
     # ... and that is where it is in the prompt: after the intro, that filler and other needles
     intro = len(tokenizer.encode(tk.INTRO))
     assert 0 <= p.needle_at - intro - p.filler_before <= len(p.ids) - intro - p.filler_tokens
-    assert p.filler_tokens > 0.8 * (context - intro - 200)
+    assert context - longest < len(p.ids) <= context  # filled up to less than one sentence
     text = tokenizer.decode(list(p.ids))
     for ref in p.references:  # every reference is in the prompt, before the question
         assert ref in text[: text.rindex("\n")]
