@@ -15,7 +15,7 @@ attention hook, computes exact attention over the full K/V, lets the method atte
   step, counted by `accounting.py`, so methods can be compared at equal cost;
 then returns the method's own output, so `ppl` (perplexity of the `decode` teacher-forced
 tokens) is what that method really produces. With `full` evaluated too, `ppl_vs_full` is the
-paired ratio on the same tokens with a 95% interval (`paired_ppl_ratio`). With
+paired ratio on the same tokens with a 95% block-bootstrap interval (`paired_ppl_ratio`). With
 `A2ATSConfig.kv_bits`, the A2ATS-structured methods store K/V quantized and are still measured
 against exact attention over the float K/V (a shadow float cache).
 
@@ -54,6 +54,7 @@ from ..cache.a2ats_cache import A2ATSCache
 from ..cache.config import A2ATSConfig
 from ..cache.rope import distance_buckets, model_geometry, retrieval_distances, rope_specs
 from .accounting import StepCost, cache_step_cost
+from .stats import RESAMPLES, block_bootstrap_ci, default_block
 
 Progress = Callable[[str, int, int], None]
 
@@ -113,16 +114,18 @@ def perplexity(logits: np.ndarray, targets: np.ndarray) -> float:
     return float(np.exp(token_nll(logits, targets).mean()))
 
 
-def paired_ppl_ratio(nll: np.ndarray, reference_nll: np.ndarray) -> tuple[float, float, float]:
+def paired_ppl_ratio(
+    nll: np.ndarray, reference_nll: np.ndarray, block: int | None = None
+) -> tuple[float, float, float]:
     """ppl(method) / ppl(reference) on the same tokens, with a 95% interval.
 
-    nll, reference_nll: per-token NLL `[M]` of the same targets. The ratio is
-    `exp(mean(nll - reference_nll))`; the interval is `exp(mean +- 1.96 * sd / sqrt(M))` of the
-    paired per-token differences. Returns (ratio, low, high)."""
+    nll, reference_nll: per-token NLL `[M]` of the same consecutive targets. The ratio is
+    `exp(mean(nll - reference_nll))`; the interval is exp of the circular block bootstrap
+    interval of that mean (`stats.block_bootstrap_ci`, blocks of `block` tokens, default
+    floor(M^(1/3))): neighbouring tokens are not independent. Returns (ratio, low, high)."""
     delta = np.asarray(nll, dtype=np.float64) - np.asarray(reference_nll, dtype=np.float64)
-    mean = float(delta.mean())
-    half = 1.96 * float(delta.std(ddof=1)) / math.sqrt(len(delta)) if len(delta) > 1 else 0.0
-    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+    mean, low, high = block_bootstrap_ci(delta, block=block)
+    return math.exp(mean), math.exp(low), math.exp(high)
 
 
 # -- method caches ------------------------------------------------------------------------------
@@ -446,6 +449,8 @@ class MethodResult:
             "bytes_per_token": round(self.bytes_per_token, 1),
             "attended_per_head": round(self.attended_per_head, 1),
         }
+        if self.nll is not None:
+            out["tokens"] = len(self.nll)
         if self.retrieved_per_head is not None:
             out["retrieved_per_head"] = round(self.retrieved_per_head, 1)
         if self.attended_fraction is not None:
@@ -573,8 +578,41 @@ class EvalRun:
             "context": self.context,
             "decode": self.decode,
             "budget": self.budget,
+            "rests_on": rests_on(self.decode),
             "methods": {name: r.to_dict() for name, r in self.methods.items()},
         }
+
+
+def rests_on(tokens: int, texts: int = 1) -> dict[str, Any]:
+    """What the figures of a run rest on: teacher-forced tokens (ppl, ratios), decode steps
+    (recall, output error, cost; each averaged over layers) and how the interval is made."""
+    return {
+        "tokens": tokens,
+        "texts": texts,
+        "ci95": f"circular block bootstrap over tokens, blocks of {default_block(tokens // texts)}"
+        f" tokens, {RESAMPLES} resamples" + (", stratified by text" if texts > 1 else ""),
+    }
+
+
+def pooled_figures(runs: Sequence[EvalRun]) -> dict[str, dict[str, Any]]:
+    """Figures of the same methods and budget over several texts (one EvalRun per text):
+    {method: {recall, output_rel_error (means over texts, equal decode steps each), ppl_vs_full
+    and its interval (tokens pooled, bootstrap stratified by text), tokens}}."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in runs[0].methods:
+        rows = [run.methods[name] for run in runs]
+        pooled: dict[str, Any] = {
+            "recall": round(float(np.mean([r.recall for r in rows])), 5),
+            "output_rel_error": round(float(np.mean([r.output_rel_error for r in rows])), 5),
+            "tokens": int(sum(len(r.nll) for r in rows if r.nll is not None)),
+        }
+        if "full" in runs[0].methods and all(r.nll is not None for r in rows):
+            deltas = [r.nll - run.methods["full"].nll for r, run in zip(rows, runs, strict=True)]
+            mean, low, high = block_bootstrap_ci(deltas)
+            pooled["ppl_vs_full"] = round(math.exp(mean), 4)
+            pooled["ppl_vs_full_ci95"] = [round(math.exp(low), 4), round(math.exp(high), 4)]
+        out[name] = pooled
+    return out
 
 
 def evaluate(
@@ -668,6 +706,15 @@ def _check_eval_args(ids, context: int, decode: int, methods, budgets) -> None:
         raise ValueError("budgets is empty: give at least one budget")
     for b in budgets:
         A2ATSConfig(budget=b)  # validates
+
+
+def builtin_texts() -> dict[str, tuple[str, str]]:
+    """{name: (text, description)} of the evaluation texts shipped or found offline, none in
+    the calibration corpus: "code" (`default_text`), "prose" (public-domain U.S. documents in
+    resources/texts/, about 3K tokens: enough for contexts up to about 2.5K)."""
+    from .tasks import default_haystack
+
+    return {"code": default_text(), "prose": default_haystack()}
 
 
 def default_text() -> tuple[str, str]:

@@ -23,7 +23,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", default="demo", help="model source (default: demo)")
     p.add_argument("--codebook", help="codebook file (default: the model's default codebook)")
-    p.add_argument("--text", help="text file (default: Python's http/client.py source)")
+    p.add_argument(
+        "--text",
+        action="append",
+        help="text file (default: Python's http/client.py source); repeat for several texts",
+    )
+    p.add_argument(
+        "--texts",
+        help="comma list of built-in texts: code (http/client.py), prose (public-domain U.S. "
+        "documents, about 3K tokens); with --text, the files come after these",
+    )
     p.add_argument("--context", type=int, default=4096, help="prefill tokens N (default 4096)")
     p.add_argument("--decode", type=int, default=64, help="teacher-forced tokens M (default 64)")
     p.add_argument("--budget", default="0.03", help="retrieval budget: fraction or token count")
@@ -103,7 +112,7 @@ def _codebooks(args, model, tokenizer, codebook, methods, progress) -> tuple[dic
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from ..bench.evaluate import default_text, evaluate
+    from ..bench.evaluate import evaluate
     from ..loading.models import load_model
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -114,16 +123,26 @@ def run_eval(args: argparse.Namespace) -> int:
     config = a2ats_config(
         codebook, model, far_buckets=args.far_buckets, rerank=args.rerank, kv_bits=args.kv_bits
     )
-    if args.text:
-        text, text_desc = Path(args.text).read_text(encoding="utf-8"), args.text
-    else:
-        text, text_desc = default_text()
-    ids = tokenizer.encode(text)
+    texts = _texts(args)
     books, notes = _codebooks(args, model, tokenizer, codebook, methods, progress)
-    runs = evaluate(
-        model, ids, context=args.context, decode=args.decode, budgets=budgets,
-        codebooks=books, config=config, methods=methods, progress=progress,
-    )  # fmt: skip
+    per_text = [
+        evaluate(
+            model,
+            tokenizer.encode(text),
+            context=args.context,
+            decode=args.decode,
+            budgets=budgets,
+            codebooks=books,
+            config=config,
+            methods=methods,
+            progress=progress,
+        )  # fmt: skip
+        for text, _ in texts
+    ]
+    if len(texts) > 1:
+        return _print_texts(args, texts, per_text, budgets, info, codebook_desc, config, notes)
+    runs = per_text[0]
+    text_desc = texts[0][1]
     meta = {
         "model": info.name,
         "codebook": codebook_desc,
@@ -155,6 +174,70 @@ def run_eval(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     for run in runs:
         print(format_table(run))
+    return 0
+
+
+def _texts(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """[(text, description)] from --texts (built-in names) then --text files; the default
+    text when neither is given."""
+    from ..bench.evaluate import builtin_texts, default_text
+
+    out = []
+    if args.texts:
+        known = builtin_texts()
+        for name in (n.strip() for n in args.texts.split(",") if n.strip()):
+            if name not in known:
+                raise ValueError(f"--texts {name!r} is unknown: must be among {', '.join(known)}")
+            out.append(known[name])
+    for path in args.text or []:
+        out.append((Path(path).read_text(encoding="utf-8"), Path(path).name))
+    return out or [default_text()]
+
+
+def _print_texts(args, texts, per_text, budgets, info, codebook_desc, config, notes) -> int:
+    """Several texts: each text's runs, and per budget the figures pooled over the texts."""
+    from ..bench.evaluate import pooled_figures, rests_on
+
+    pooled = [
+        {
+            "budget": budget,
+            "rests_on": rests_on(args.decode * len(texts), len(texts)),
+            "methods": pooled_figures([runs[i] for runs in per_text]),
+        }
+        for i, budget in enumerate(budgets)
+    ]
+    out = {
+        "context": args.context,
+        "decode": args.decode,
+        "budgets": budgets,
+        "texts": [
+            {"text": desc, "runs": [r.to_dict() for r in runs]}
+            for (_, desc), runs in zip(texts, per_text, strict=True)
+        ],
+        "pooled": pooled,
+        "model": info.name,
+        "codebook": codebook_desc,
+        "n_centroids": config.n_centroids,
+        "far_buckets": config.far_buckets,
+        "rerank": config.rerank,
+        "kv_bits": config.kv_bits,
+        "machine": machine(),
+        "notes": notes + _method_notes(),
+    }
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    for (_, desc), runs in zip(texts, per_text, strict=True):
+        print(f"text {desc}")
+        for run in runs:
+            print(format_table(run))
+    for row in pooled:
+        print(f"pooled over {len(texts)} texts, budget {row['budget']} ({row['rests_on']['ci95']})")
+        for name, fig in row["methods"].items():
+            ratio = fig.get("ppl_vs_full")
+            ci = fig.get("ppl_vs_full_ci95") or ["", ""]
+            print(f"  {name:<16} recall {fig['recall']:.4f} out err {fig['output_rel_error']:.4f} "
+                  f"ppl/full {ratio} ({ci[0]}-{ci[1]}) over {fig['tokens']} tokens")  # fmt: skip
     return 0
 
 

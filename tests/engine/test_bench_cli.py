@@ -88,6 +88,33 @@ def test_eval_kv_bits_json(tiny_folder, capsys):
     assert "--kv-bits" in capsys.readouterr().err
 
 
+def test_eval_several_texts_json(tiny_folder, tmp_path, capsys):
+    folder, book = tiny_folder
+    texts = []
+    for i, body in enumerate(("The cat sat on the mat. ", "def f(x):\n    return x + 1\n")):
+        texts += ["--text", str(tmp_path / f"t{i}.txt")]
+        (tmp_path / f"t{i}.txt").write_text(body * 80)
+    argv = ["eval", "--model", str(folder), "--codebook", str(book), "--context", "150",
+            "--decode", "6", "--methods", "full,a2ats", *texts, "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = _json(capsys)
+    assert [t["text"] for t in out["texts"]] == ["t0.txt", "t1.txt"]
+    for t in out["texts"]:
+        assert t["runs"][0]["rests_on"]["tokens"] == 6
+        assert t["runs"][0]["methods"]["a2ats"]["tokens"] == 6
+    (pooled,) = out["pooled"]
+    assert pooled["rests_on"]["tokens"] == 12 and pooled["rests_on"]["texts"] == 2
+    assert "stratified by text" in pooled["rests_on"]["ci95"]
+    full, a2 = pooled["methods"]["full"], pooled["methods"]["a2ats"]
+    assert full["ppl_vs_full"] == 1.0 and full["tokens"] == a2["tokens"] == 12
+    low, high = a2["ppl_vs_full_ci95"]
+    assert low <= a2["ppl_vs_full"] <= high
+    recalls = [t["runs"][0]["methods"]["a2ats"]["recall"] for t in out["texts"]]
+    assert a2["recall"] == pytest.approx(sum(recalls) / 2, abs=1e-5)
+    assert main(argv[:-1] + ["--texts", "nope", "--json"]) == 1
+    assert "--texts" in capsys.readouterr().err
+
+
 def test_eval_needs_a_codebook(tiny_folder, capsys):
     folder, _ = tiny_folder
     assert main(["eval", "--model", str(folder), "--json"]) == 1
