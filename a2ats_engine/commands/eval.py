@@ -145,7 +145,7 @@ def run_eval(args: argparse.Namespace) -> int:
     text_desc = texts[0][1]
     meta = {
         "model": info.name,
-        "codebook": codebook_desc,
+        "codebook": Path(codebook_desc).name,  # the file name: paths are machine-specific
         "n_centroids": codebook.n_centroids,
         "far_buckets": config.far_buckets,
         "rerank": config.rerank,
@@ -216,7 +216,7 @@ def _print_texts(args, texts, per_text, budgets, info, codebook_desc, config, no
         ],
         "pooled": pooled,
         "model": info.name,
-        "codebook": codebook_desc,
+        "codebook": Path(codebook_desc).name,  # the file name: paths are machine-specific
         "n_centroids": config.n_centroids,
         "far_buckets": config.far_buckets,
         "rerank": config.rerank,

@@ -291,6 +291,30 @@ def tasks_table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def kv_bits_table(runs: list[dict]) -> str:
+    """`a2ats eval --kv-bits 8|4` next to each other: the A2ATS methods over quantized K/V,
+    measured against exact float attention (`full` is float in every run)."""
+    lines = [
+        "| A2ATS K/V | method | recall | output rel. error | ppl / full (95% CI) | bytes / token "
+        "| attended share | KB read / step | tokens |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for data in runs:
+        storage = "float" if data.get("kv_bits") is None else f"{data['kv_bits']}-bit"
+        for name, r in data["methods"].items():
+            low, high = r["ppl_vs_full_ci95"]
+            lines.append(
+                f"| {storage} | {name} | {r['recall']:.4f} | {r['output_rel_error']:.4f} | "
+                f"{r['ppl_vs_full']:.3f} ({low:.3f}-{high:.3f}) | {r['bytes_per_token']:.0f} | "
+                f"{r['attended_fraction']:.3f} | {r['bytes_read_per_step'] / 1e3:,.0f} | "
+                f"{r['tokens']} |"
+            )
+    first = runs[0]
+    lines += ["", f"Context {first['context']}, {first['decode']} teacher-forced tokens of "
+              f"{first['text']}; budget {first['budget']}; {first['rests_on']['ci95']}."]  # fmt: skip
+    return "\n".join(lines)
+
+
 def blocks() -> dict[str, str]:
     """{KEY: generated text} for every table whose JSON is recorded here."""
     ev, mem = _load("eval_4k_b003.json"), _load("memory.json")
@@ -312,6 +336,9 @@ def blocks() -> dict[str, str]:
     for key, fname, fn in simple:
         if (data := _load(fname)) is not None:
             out[key] = fn(data)
+    kv_runs = [_load(f) for f in ("eval_4k_kv_float.json", "eval_4k_kv8.json", "eval_4k_kv4.json")]
+    if all(r is not None for r in kv_runs):
+        out["kv-bits"] = kv_bits_table(kv_runs)
     if decode is not None:
         out["decode"] = decode_table(decode, decode_1)
     if None not in (ev, passkey, decode, mem):
