@@ -143,3 +143,11 @@ def test_bench_tasks_json(tmp_path, capsys):
     assert all(r["agrees_with_full"] == 1.0 for r in full)
     assert data["haystack"] == "hay.txt" and data["seeds"] == 2
     assert data["command"].startswith("a2ats bench tasks --contexts 500")
+
+
+def test_the_default_haystack_is_not_calibration_text(sentences):
+    from a2ats_engine.calibration.corpus import builtin_corpus
+
+    corpus = "".join(builtin_corpus())
+    assert len(sentences) > 100
+    assert not [s for s in sentences if len(s) > 40 and s.strip() in corpus]
