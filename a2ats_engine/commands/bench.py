@@ -371,6 +371,8 @@ def _tasks_command(args: argparse.Namespace) -> str:
             parts.append(f"{flag} {Path(value).name}")
     if args.model != "demo":
         parts.append("--model MODEL")
+    if args.trials:
+        parts.append("--trials")
     return " ".join(parts + ["--json"])
 
 

@@ -315,6 +315,22 @@ def kv_bits_table(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def readme_tasks_line(data: dict) -> str:
+    """README's one-line summary of `a2ats bench tasks`: mean score per method and context."""
+    rows = data["results"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    parts = []
+    for ctx in dict.fromkeys(r["context"] for r in rows):
+        here = [r for r in rows if r["context"] == ctx]
+        tasks = len({r["task"] for r in here})
+        prompts = here[0]["n"]
+        means = ", ".join(
+            f"{m} {sum(r['score'] for r in here if r['method'] == m) / tasks:.2f}" for m in methods
+        )
+        parts.append(f"at {ctx} tokens, {tasks} tasks x {prompts} prompts: {means}")
+    return "RULER-style tasks (`a2ats bench tasks`), mean score " + "; ".join(parts) + "."
+
+
 def blocks() -> dict[str, str]:
     """{KEY: generated text} for every table whose JSON is recorded here."""
     ev, mem = _load("eval_4k_b003.json"), _load("memory.json")
@@ -336,6 +352,8 @@ def blocks() -> dict[str, str]:
     for key, fname, fn in simple:
         if (data := _load(fname)) is not None:
             out[key] = fn(data)
+    if (tasks := _load("tasks.json")) is not None:
+        out["readme-tasks"] = readme_tasks_line(tasks)
     kv_runs = [_load(f) for f in ("eval_4k_kv_float.json", "eval_4k_kv8.json", "eval_4k_kv4.json")]
     if all(r is not None for r in kv_runs):
         out["kv-bits"] = kv_bits_table(kv_runs)
