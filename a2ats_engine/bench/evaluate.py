@@ -584,8 +584,9 @@ class EvalRun:
 
 
 def rests_on(tokens: int, texts: int = 1) -> dict[str, Any]:
-    """What the figures of a run rest on: teacher-forced tokens (ppl, ratios), decode steps
-    (recall, output error, cost; each averaged over layers) and how the interval is made."""
+    """What the figures of a run rest on: `tokens` teacher-forced tokens over `texts` texts
+    (ppl and ratios over those tokens; recall, output error and cost averaged over as many
+    decode steps and every layer) and how the 95% interval is made."""
     return {
         "tokens": tokens,
         "texts": texts,
