@@ -331,6 +331,26 @@ def readme_tasks_line(data: dict) -> str:
     return "RULER-style tasks (`a2ats bench tasks`), mean score " + "; ".join(parts) + "."
 
 
+def readme_kv_line(runs: list[dict]) -> str:
+    """README's one-line summary of the kv_bits runs: A2ATS at each K/V storage."""
+    parts = []
+    for data in runs:
+        r = data["methods"]["a2ats"]
+        storage = "float" if data.get("kv_bits") is None else f"{data['kv_bits']}-bit"
+        low, high = r["ppl_vs_full_ci95"]
+        parts.append(
+            f"{storage} K/V: recall {r['recall']:.3f}, ppl {r['ppl_vs_full']:.3f}x full "
+            f"({low:.3f}-{high:.3f}), {r['bytes_per_token']:,.0f} bytes per token, "
+            f"{r['bytes_read_per_step'] / 1e6:.0f} MB read per step"
+        )
+    full = runs[0]["methods"]["full"]
+    return (
+        f"A2ATS by K/V storage (`a2ats eval --kv-bits 8|4`, {runs[0]['decode']} tokens): "
+        + "; ".join(parts)
+        + f" (full attention: {full['bytes_read_per_step'] / 1e6:.0f} MB read per step)."
+    )
+
+
 def blocks() -> dict[str, str]:
     """{KEY: generated text} for every table whose JSON is recorded here."""
     ev, mem = _load("eval_4k_b003.json"), _load("memory.json")
@@ -357,6 +377,7 @@ def blocks() -> dict[str, str]:
     kv_runs = [_load(f) for f in ("eval_4k_kv_float.json", "eval_4k_kv8.json", "eval_4k_kv4.json")]
     if all(r is not None for r in kv_runs):
         out["kv-bits"] = kv_bits_table(kv_runs)
+        out["readme-kv"] = readme_kv_line(kv_runs)
     if decode is not None:
         out["decode"] = decode_table(decode, decode_1)
     if None not in (ev, passkey, decode, mem):
