@@ -351,6 +351,31 @@ def readme_kv_line(runs: list[dict]) -> str:
     )
 
 
+def cost_sweep_table(data: dict) -> str:
+    """A budget sweep with the cost accounting: per budget and method, the attended share, the
+    MB one decode step reads (all layers), recall and ppl / full."""
+    runs = sorted(data["runs"], key=lambda r: r["budget"])
+    lines = [
+        "| budget | method | attended share | MB read / step | recall | ppl / full (95% CI) |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for run in runs:
+        for name, r in run["methods"].items():
+            if name == "full" and run is not runs[0]:
+                continue
+            low, high = r["ppl_vs_full_ci95"]
+            budget = "-" if name == "full" else run["budget"]
+            lines.append(
+                f"| {budget} | {name} | {r['attended_fraction']:.3f} | "
+                f"{r['bytes_read_per_step'] / 1e6:.1f} | {r['recall']:.4f} | "
+                f"{r['ppl_vs_full']:.3f} ({low:.3f}-{high:.3f}) |"
+            )
+    rests = runs[0]["rests_on"]
+    lines += ["", f"Context {data['context']}, {rests['tokens']} teacher-forced tokens of "
+              f"{data['text']}; {rests['ci95']}."]  # fmt: skip
+    return "\n".join(lines)
+
+
 def blocks() -> dict[str, str]:
     """{KEY: generated text} for every table whose JSON is recorded here."""
     ev, mem = _load("eval_4k_b003.json"), _load("memory.json")
@@ -368,6 +393,7 @@ def blocks() -> dict[str, str]:
         ("memory", "memory.json", memory_table),
         ("seed", "seed_synthetic.json", seed_table),
         ("tasks", "tasks.json", tasks_table),
+        ("cost-sweep", "eval_cost_sweep.json", cost_sweep_table),
     )
     for key, fname, fn in simple:
         if (data := _load(fname)) is not None:
