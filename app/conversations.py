@@ -28,6 +28,7 @@ class Message:
     content: str
     created: float = field(default_factory=time.time)
     provenance: dict[str, Any] | None = None
+    interrupted: bool = False  # a partial reply checkpointed while it streamed (app closed)
 
     def as_chat(self) -> dict[str, str]:
         """The {"role", "content"} form the engine's ChatSession uses."""
@@ -44,6 +45,7 @@ class Conversation:
     messages: list[Message] = field(default_factory=list)
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
+    draft: str = ""  # the composer's unsent text for this chat
 
     def chat_messages(self) -> list[dict[str, str]]:
         return [m.as_chat() for m in self.messages]
@@ -69,6 +71,7 @@ class Conversation:
                 content=str(m["content"]),
                 created=float(m.get("created", 0.0)),
                 provenance=m.get("provenance"),
+                interrupted=m.get("interrupted") is True,
             )
             for m in data.get("messages", [])
         ]
@@ -79,6 +82,7 @@ class Conversation:
             messages=messages,
             created=float(data.get("created", 0.0)),
             updated=float(data.get("updated", 0.0)),
+            draft=draft if isinstance(draft := data.get("draft", ""), str) else "",
         )
 
 

@@ -139,6 +139,11 @@ class Composer(QWidget):
     def text(self) -> str:
         return self.edit.toPlainText()
 
+    def draft(self) -> str:
+        """The unsent text kept per chat ("" while editing the last message: that text is
+        the message, not a draft)."""
+        return "" if self.editing else self.text()
+
     def set_text(self, text: str) -> None:
         self.edit.setPlainText(text)
         cursor = self.edit.textCursor()

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
+from a2ats_engine import ModelInfo
 from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats, LayerStats, TokenEvent
 from a2ats_engine.errors import CodebookError, ModelLoadError
-from a2ats_engine.loading.models import ModelInfo
+from app.events import ReplyMode
 
 SPECIAL = {"<|im_start|>": 1, "<|im_end|>": 2}
 
@@ -61,6 +62,7 @@ class FakeSession:
     calls: list[str] = field(default_factory=list)
     a2ats: object = None
     codebook: object = None
+    sampling: object = None  # SamplingSettings: the reply stops at its max_tokens
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -73,8 +75,9 @@ class FakeSession:
     def cached_token_ids(self) -> list[int]:
         return list(self.cached)
 
-    def prompt_token_ids(self) -> list[int]:
-        return self.tokenizer.encode(render(self.messages_, self.system_prompt))
+    def prompt_token_ids(self, messages=None) -> list[int]:
+        messages = self.messages_ if messages is None else messages
+        return self.tokenizer.encode(render(messages, self.system_prompt))
 
     def set_system_prompt(self, text):
         self.calls.append("set_system_prompt")
@@ -82,6 +85,7 @@ class FakeSession:
 
     def set_sampling(self, sampling):
         self.calls.append("set_sampling")
+        self.sampling = sampling
 
     def set_cache_factory(self, factory=None, *, a2ats=None, codebook=None):
         self.calls.append("set_cache_factory")
@@ -116,8 +120,11 @@ class FakeSession:
         reply = self.reply_fn(messages)
         if isinstance(reply, Exception):
             raise reply
+        limited = self.sampling is not None and len(reply) > self.sampling.max_tokens
+        if limited:
+            reply = reply[: self.sampling.max_tokens]
         start = time.perf_counter()
-        text, received, reason = [], [], "stop"
+        text, received, reason = [], [], "length" if limited else "stop"
         for index, char in enumerate(reply):
             if self._stop.is_set():
                 reason = "cancelled"
@@ -180,7 +187,10 @@ class FakeBackend:
         reply_fn=default_reply,
         snapshots: bool = False,
         load_seconds: float = 0.0,
+        context_length: int = 4096,
     ):
+        self.context_length = context_length
+        self.demo_steps: list[str] = []
         self.delay = delay
         self.load_seconds = load_seconds
         self.reply_fn = reply_fn
@@ -203,7 +213,7 @@ class FakeBackend:
             progress("load", 1, 1)
         info = ModelInfo(
             name="FakeLM-1M", architecture="llama", num_layers=2, num_heads=4, num_kv_heads=2,
-            head_dim=16, rope={}, context_length=4096, quantization=None, disk_bytes=1,
+            head_dim=16, rope={}, context_length=self.context_length, quantization=None, disk_bytes=1,
             path=str(source),
         )  # fmt: skip
         return object(), CharTokenizer(), info
@@ -212,7 +222,18 @@ class FakeBackend:
         return Path("/fake/demo")
 
     def fetch_demo(self, progress=None):
+        self.demo_steps.append("fetch")
+        if progress:
+            progress("download", 1, 1)
         return Path("/fake/demo")
+
+    def ensure_demo_codebook(self, folder, progress=None):
+        self.demo_steps.append(f"codebook:{folder}")
+        if progress:
+            progress("collecting", 1, 1)
+        self.demo_codebook.parent.mkdir(parents=True, exist_ok=True)
+        self.demo_codebook.write_text("fake codebook layers=2\n")
+        return self.demo_codebook
 
     def demo_codebook_path(self):
         return self.demo_codebook
@@ -237,6 +258,7 @@ class FakeBackend:
             self.snapshots,
             a2ats=a2ats,
             codebook=codebook,
+            sampling=sampling,
         )
         self.sessions.append(session)
         return session
@@ -246,6 +268,28 @@ class FakeBackend:
 
     def set_sampling(self, session, sampling):
         session.set_sampling(sampling)
+
+    def set_system_prompt(self, session, text):
+        session.set_system_prompt(text)
+
+    def session_turns(self, session):
+        return [(m["role"], m["content"]) for m in session.messages]
+
+    def load_turns(self, session, turns):
+        session.load_messages([{"role": r, "content": c} for r, c in turns])
+
+    def prompt_length(self, session, turns):
+        return len(session.prompt_token_ids([{"role": r, "content": c} for r, c in turns]))
+
+    def reply(self, session, mode, text):
+        if mode == ReplyMode.SEND:
+            return session.send(text)
+        if mode == ReplyMode.REGENERATE:
+            return session.regenerate()
+        return session.edit_last_user_message(text)
+
+    def stop(self, session):
+        session.stop()
 
     def context_token_ids(self, session, *, streaming):
         return session.prompt_token_ids() if streaming else session.cached_token_ids

@@ -10,11 +10,12 @@ from PySide6.QtCore import QElapsedTimer, Qt, QTimer
 from PySide6.QtTest import QTest
 
 from app.context_text import ContextMap
+from app.controller import Task
 from app.conversations import HistoryStore
 from app.settings import CacheSettings, SamplingPrefs, load_settings, settings_path
 
 from .fakes import FakeBackend
-from .helpers import load, reply
+from .helpers import load, reply, streamed
 
 
 def counting_reply(prefix="Answer"):
@@ -57,7 +58,7 @@ def test_send_streams_renders_and_saves(make_window, qtbot):
     )
     assert provenance["stats"]["stop_reason"] == "stop"
     assert provenance["stats"]["generation_tokens"] == len("Hello **world**, `x = 1`.")
-    saved = json.loads(window.store.path_for(conversation.id).read_text())
+    saved = json.loads(window.controller.store.path_for(conversation.id).read_text())
     assert saved["messages"][1]["provenance"]["stats"]["stop_reason"] == "stop"
     assert "tok/s" in window.status.speed.text() and "ctx" in window.status.context.text()
     assert window.status.ttft.text().startswith("TTFT")
@@ -85,7 +86,7 @@ def test_stop_keeps_the_partial_reply(make_window, qtbot, how):
     window = make_window(FakeBackend(delay=0.01, reply_fn=long_once))
     load(qtbot, window)
     window.send("go")
-    qtbot.waitUntil(lambda: window.reply_tokens >= 5, timeout=10000)
+    qtbot.waitUntil(lambda: streamed(window) >= 5, timeout=10000)
     with qtbot.waitSignal(window.reply_finished, timeout=10000) as blocker:
         if how == "escape":
             QTest.keyClick(window.composer.edit, Qt.Key.Key_Escape)
@@ -156,10 +157,10 @@ def test_switching_chats_while_a_reply_streams(make_window, qtbot):
     load(qtbot, window)
     window.send("long")
     streaming = window.current
-    qtbot.waitUntil(lambda: window.reply_tokens >= 5, timeout=10000)
+    qtbot.waitUntil(lambda: streamed(window) >= 5, timeout=10000)
     window.new_chat()
     assert window.chat_view.widgets == []  # the other chat shows nothing of the reply
-    qtbot.waitUntil(lambda: window.reply_tokens >= 20, timeout=10000)
+    qtbot.waitUntil(lambda: streamed(window) >= 20, timeout=10000)
     with qtbot.waitSignal(window.reply_finished, timeout=20000):
         window.select_conversation(streaming.id)  # back while it still streams
         assert window.chat_view.last_widget().streaming
@@ -175,7 +176,7 @@ def test_deleting_the_streaming_chat_stops_it_and_keeps_it_deleted(
     load(qtbot, window)
     window.send("doomed")
     doomed = window.current.id
-    qtbot.waitUntil(lambda: window.reply_tokens >= 3, timeout=10000)
+    qtbot.waitUntil(lambda: streamed(window) >= 3, timeout=10000)
     with qtbot.waitSignal(window.reply_finished, timeout=10000) as blocker:
         window.delete_conversation(doomed)
     assert blocker.args[0].stop_reason == "cancelled"
@@ -202,7 +203,7 @@ def measure_event_loop(qtbot, window, text, *, reply_timeout=120000):
         started = time.perf_counter()
         clock.start()
         timer.start()
-        qtbot.waitUntil(lambda: window.reply_tokens >= 2, timeout=reply_timeout)
+        qtbot.waitUntil(lambda: streamed(window) >= 2, timeout=reply_timeout)
         QTest.keyClicks(window.sidebar.search, "typing works")
     elapsed = time.perf_counter() - started
     timer.stop()
@@ -310,7 +311,7 @@ def test_bad_model_path_shows_error_and_keeps_the_model(
     ((title, text),) = message_boxes
     assert title == "Could not load the model"
     assert "no-such-model" in text and "Still using FakeLM-1M" in text
-    assert window.model.info.name == "FakeLM-1M" and window.task is None
+    assert window.model.info.name == "FakeLM-1M" and window.controller.task is Task.IDLE
     assert window.composer.edit.placeholderText().startswith("Message")
     reply(qtbot, window, "after")
     assert len(window.current.messages) == 4
@@ -404,7 +405,7 @@ def test_conversation_list_new_rename_delete_search(make_window, qtbot, message_
     second = window.current.id
     assert first != second and window.sidebar.visible_ids() == [second, first]
     window.sidebar.rename_requested.emit(first, "Feline facts")
-    assert window._find(first).title == "Feline facts"
+    assert window.controller.find(first).title == "Feline facts"
     assert {c.id: c.title for c in HistoryStore().load_all()}[first] == "Feline facts"
     window.sidebar.search.setText("dogs")
     assert window.sidebar.visible_ids() == [second]
@@ -492,8 +493,8 @@ def test_calibration_dialog_runs_and_loads_the_codebook(make_window, qtbot, tmp_
         dialog.start_button.click()
         assert dialog.running and not window.composer.button.isEnabled()
     assert window.codebook.path == str(tmp_path / "mine.safetensors")
-    assert window.task is None
-    request = window.engine.worker.backend.calibrations[0]
+    assert window.controller.task is Task.IDLE
+    request = window.controller.engine.worker.backend.calibrations[0]
     assert request.n_centroids == 256 and request.cache == window.settings.cache
     assert window.settings.codebook_for_model["fake"] == str(tmp_path / "mine.safetensors")
 
@@ -607,7 +608,7 @@ def test_keyboard_shortcuts(make_window, qtbot, monkeypatch, tmp_path):
     backend.delay = 0.02
     backend.reply_fn = lambda m: "q" * 400
     window.send("long one")
-    qtbot.waitUntil(lambda: window.reply_tokens >= 2, timeout=10000)
+    qtbot.waitUntil(lambda: streamed(window) >= 2, timeout=10000)
     with qtbot.waitSignal(window.reply_finished, timeout=10000) as blocker:
         QTest.keyClick(window, Qt.Key.Key_Period, Qt.KeyboardModifier.ControlModifier)
     assert blocker.args[0].stop_reason == "cancelled"
@@ -639,7 +640,7 @@ def test_hugging_face_download_error_is_clear(make_window, qtbot, message_boxes,
     assert title == "Could not load the model"
     assert "no-org/no-such-model" in text
     assert "offline" in text or "no model" in text  # unreachable hub vs unknown repo
-    assert window.task is None
+    assert window.controller.task is Task.IDLE
 
 
 # ----- fidelity shadow pass (settings -> engine -> inspector) --------------------------------

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import QObject
 
+from a2ats_engine import SamplingSettings
 from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats, TokenEvent
 from app.events import (
     CalibrationRequest,
@@ -20,7 +21,7 @@ from app.events import (
     GenerationStarted,
     ModelLoaded,
 )
-from app.settings import CacheSettings, SamplingPrefs
+from app.settings import CacheSettings
 from app.worker import EngineThread
 
 from .fakes import FakeBackend
@@ -79,7 +80,7 @@ def engine(qtbot):
 def request(engine_thread, text="hi", mode="send", history=(), **kwargs) -> GenerationRequest:
     values = dict(
         request_id=engine_thread.next_request_id(), conversation_id="c1", mode=mode, text=text,
-        history=tuple(history), system_prompt="", sampling=SamplingPrefs(max_tokens=40),
+        history=tuple(history), system_prompt="", sampling=SamplingSettings(max_tokens=40),
         cache=CacheSettings(), telemetry=False,
     )  # fmt: skip
     values.update(kwargs)
@@ -272,7 +273,7 @@ def test_real_engine_tiny_model(engine, qtbot, tiny_folder, tmp_path):
     req = request(
         thread,
         "Hello there",
-        sampling=SamplingPrefs(max_tokens=24, seed=1),
+        sampling=SamplingSettings(max_tokens=24, seed=1),
         telemetry=True,
         cache=CacheSettings(window=8, sinks=2, min_k=4, budget=0.1),
     )
@@ -295,7 +296,7 @@ def test_real_engine_tiny_model(engine, qtbot, tiny_folder, tmp_path):
     long = request(
         thread,
         "Tell me more",
-        sampling=SamplingPrefs(max_tokens=2000, seed=2),
+        sampling=SamplingSettings(max_tokens=2000, seed=2),
         history=final.messages,
     )
     thread.generate(long)
@@ -339,7 +340,7 @@ def test_real_engine_calibrates_saves_and_loads(engine, qtbot, tiny_folder, tmp_
             "Hello",
             cache=cache,
             telemetry=True,
-            sampling=SamplingPrefs(max_tokens=8, seed=0),
+            sampling=SamplingSettings(max_tokens=8, seed=0),
         )
     )
     wait_for(qtbot, recorder, "generation_finished", timeout=120000)

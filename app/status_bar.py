@@ -1,0 +1,50 @@
+"""The main window's status bar: model, context used/limit, TTFT, tokens/s, peak memory, cache."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QLabel, QStatusBar, QWidget
+
+from .units import human_bytes
+
+
+class StatusBar(QStatusBar):
+    """Model, context used/limit, TTFT, tokens/s, peak memory, cache bytes held."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setSizeGripEnabled(False)
+        self.model = self._label("StatusModel", "No model", "Model")
+        self.context = self._label("StatusContext", "", "Context used and limit")
+        self.ttft = self._label("StatusTTFT", "", "Time to first token")
+        self.speed = self._label("StatusSpeed", "", "Generation speed")
+        self.memory = self._label("StatusMemory", "", "Peak memory")
+        self.cache = self._label("StatusCache", "", "KV cache bytes held")
+        for label in (self.model, self.context, self.ttft, self.speed, self.memory, self.cache):
+            self.addPermanentWidget(label)
+
+    def _label(self, name: str, text: str, accessible: str) -> QLabel:
+        label = QLabel(text)
+        label.setObjectName(name)
+        label.setAccessibleName(accessible)
+        return label
+
+    def set_model(self, text: str) -> None:
+        self.model.setText(text)
+
+    def set_context(self, used: int, limit: int | None) -> None:
+        limit_text = f"{limit:,}" if limit else "?"
+        self.context.setText(f"ctx {used:,} / {limit_text}")
+
+    def set_stats(self, ttft: float | None, tps: float | None, peak_gb: float | None) -> None:
+        self.ttft.setText("" if ttft is None else f"TTFT {ttft:.2f} s")
+        self.speed.setText("" if tps is None else f"{tps:.1f} tok/s")
+        self.memory.setText("" if not peak_gb else f"peak {peak_gb:.2f} GB")
+
+    def set_cache(self, held: int | None, fp16: int | None = None, a2ats: bool = True) -> None:
+        if held is None:
+            self.cache.setText("")
+            return
+        text = f"cache {human_bytes(held)}"
+        if fp16 and held:
+            text += f" ({fp16 / held:.1f}x smaller)"
+        self.cache.setText(text if a2ats else text + " KVCache")
