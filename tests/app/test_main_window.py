@@ -677,3 +677,99 @@ def test_fidelity_setting_reaches_engine_and_inspector(make_window, qtbot, tiny_
         )()
     )
     assert not window.inspector.state.fidelity.enabled
+
+
+# ----- nothing a user did is lost, nothing stops the app -------------------------------------
+
+
+def test_failed_save_after_a_reply_shows_the_error_and_leaves_the_composer_usable(
+    make_window, qtbot, message_boxes, monkeypatch
+):
+    import errno
+
+    window = make_window(FakeBackend())
+    load(qtbot, window)
+
+    def disk_full(self, conversation):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(HistoryStore, "save", disk_full)
+    with qtbot.waitSignal(window.error_shown, timeout=20000):
+        reply(qtbot, window, "hello")
+    assert message_boxes and message_boxes[0][0] == "Could not save"
+    assert "No space left" in message_boxes[0][1]
+    assert not window.composer.generating  # not stuck in Stop mode
+    assert window.composer.button.accessibleName() == "Send message"
+    assert window.current.messages[-1].content == "You said: hello"
+    monkeypatch.undo()
+    reply(qtbot, window, "again")
+    assert len(window.current.messages) == 4
+
+
+def test_failed_save_on_close_still_stops_the_engine(
+    make_window, qtbot, monkeypatch, message_boxes
+):
+    window = make_window(FakeBackend())
+    load(qtbot, window)
+    reply(qtbot, window, "hi")
+    monkeypatch.setattr(HistoryStore, "save", lambda *a: (_ for _ in ()).throw(OSError("ro")))
+    monkeypatch.setattr("app.controller.save_settings", lambda *a: (_ for _ in ()).throw(OSError))
+    window.close()
+    assert not window.controller.engine.thread.isRunning()
+    assert message_boxes[0][0] == "Could not save"  # shown, and the close went on
+
+
+def test_draft_is_kept_per_chat_across_switch_and_restart(make_window, qtbot):
+    window = make_window(FakeBackend())
+    load(qtbot, window)
+    reply(qtbot, window, "first chat")
+    first = window.current.id
+    window.composer.set_text("half-written thought")
+    window.new_chat()
+    assert window.composer.text() == ""
+    reply(qtbot, window, "second chat")
+    window.composer.set_text("another draft")
+    window.select_conversation(first)
+    assert window.composer.text() == "half-written thought"
+    window.close()
+    again = make_window(FakeBackend())
+    assert again.current.id == first and again.composer.text() == "half-written thought"
+    other = next(c for c in again.controller.conversations if c.id != first)
+    assert other.draft == "another draft"
+
+
+def test_interrupted_reply_is_shown_marked_on_the_next_start(make_window, qtbot):
+    window = make_window(FakeBackend(delay=0.01, reply_fn=lambda m: "p" * 400))
+    load(qtbot, window)
+    window.send("go on")
+    path = window.controller.store.path_for(window.current.id)
+    checkpoint = []
+
+    def checkpointed():
+        last = json.loads(path.read_text())["messages"][-1]
+        if last.get("interrupted"):
+            checkpoint.append(path.read_text())
+        return bool(checkpoint)
+
+    qtbot.waitUntil(checkpointed, timeout=20000)
+    with qtbot.waitSignal(window.reply_finished, timeout=20000):
+        window.stop_generation()
+    window.close()
+    path.write_text(checkpoint[0])  # as a kill at the checkpoint would have left it
+    again = make_window(FakeBackend())
+    widget = again.chat_view.last_widget()
+    assert widget.message.interrupted and widget.message.content.startswith("p")
+    assert "Interrupted" in widget.note.text()
+
+
+def test_regenerate_that_fails_shows_the_old_reply_again(make_window, qtbot):
+    answers = iter(["the old answer", RuntimeError("boom")])
+    window = make_window(FakeBackend(reply_fn=lambda m: next(answers)))
+    load(qtbot, window)
+    reply(qtbot, window, "question")
+    with qtbot.waitSignal(window.reply_finished, timeout=20000):
+        window.regenerate()
+    assert [w.message.content for w in window.chat_view.widgets] == [
+        "question", "the old answer",
+    ]  # fmt: skip
+    assert not window.composer.generating
