@@ -81,8 +81,7 @@ class EngineBackend:
         return codebook, list(warnings or [])
 
     def codebook_sha256(self, codebook, path: str) -> str:
-        sha = getattr(codebook, "sha256", None)
-        return sha if isinstance(sha, str) and sha else file_sha256(path)
+        return codebook.sha256 or file_sha256(path)
 
     def calibrate(
         self,

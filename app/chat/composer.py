@@ -89,6 +89,7 @@ class Composer(QWidget):
         self.setObjectName("Composer")
         self.generating = False
         self.editing = False
+        self._ready = True
 
         self.banner = QFrame()
         self.banner.setObjectName("EditBanner")
@@ -178,7 +179,7 @@ class Composer(QWidget):
         self.banner.hide()
 
     def _on_submit(self) -> None:
-        if self.generating or not getattr(self, "_ready", True):
+        if self.generating or not self._ready:
             return
         text = self.text().strip()
         if text:
@@ -202,7 +203,7 @@ class Composer(QWidget):
         self.frame.style().polish(self.frame)
 
     def _update_button(self) -> None:
-        ready = getattr(self, "_ready", True)
+        ready = self._ready
         if self.generating:
             self.button.setIcon(theme().icon("stop", "surface"))
             self.button.setToolTip("Stop (Esc)")

@@ -407,3 +407,56 @@ def test_codebook_mismatch_is_reported_and_the_chat_kept_real(
     assert [m.content for m in controller.current.messages] == before
     ended = send(qtbot, controller, "Still there?")
     assert ended.stats.stop_reason in ("stop", "length")
+
+
+@pytest.fixture(scope="module")
+def short_context_folder(tmp_path_factory):
+    """The tiny Llama with a 160-token context."""
+    from tiny import save_tiny_model
+
+    folder = tmp_path_factory.mktemp("short") / "tiny-short"
+    return save_tiny_model(folder, hidden_size=128, max_position_embeddings=160)
+
+
+def held_turns(controller) -> list[tuple[str, str]]:
+    worker = controller.engine.worker  # read after the reply: the engine thread is idle
+    return worker.backend.session_turns(worker._session)
+
+
+def test_context_limit_on_the_real_engine_stop_at_limit(
+    make_controller, qtbot, short_context_folder
+):
+    settings = AppSettings()
+    settings.sampling = SamplingSettings(max_tokens=120, seed=4, temperature=1.0)
+    controller = make_controller(None, settings)
+    load(qtbot, controller, str(short_context_folder))
+    assert controller.model.info.context_length == 160
+    asked = []
+
+    def answer(overflow):
+        asked.append(overflow)
+        controller.resolve_overflow(OverflowPolicy.STOP_AT_LIMIT)
+
+    controller.context_overflowed.connect(answer)
+    for text in ("The quick brown fox jumps over the lazy dog.", "And then?"):
+        ended = send(qtbot, controller, text)
+        assert ended.stats.context_tokens <= 160  # never past the model's context
+    assert asked and asked[0].prompt_tokens + asked[0].max_tokens > 160
+
+
+def test_context_limit_on_the_real_engine_drop_oldest(make_controller, qtbot, short_context_folder):
+    settings = AppSettings()
+    settings.sampling = SamplingSettings(max_tokens=24, seed=5, temperature=1.0)
+    controller = make_controller(None, settings)
+    load(qtbot, controller, str(short_context_folder))
+    controller.context_overflowed.connect(
+        lambda _o: controller.resolve_overflow(OverflowPolicy.DROP_OLDEST)
+    )
+    texts = [f"Message number {i}: the quick brown fox." for i in range(6)]
+    for text in texts:
+        ended = send(qtbot, controller, text)
+        assert ended.stats.context_tokens <= 160
+    assert controller.spy.of("context_overflowed")  # it did overflow along the way
+    held = [content for role, content in held_turns(controller) if role == "user"]
+    assert held[-1] == texts[-1] and texts[0] not in held  # the oldest turns were left out
+    assert [m.content for m in controller.current.messages if m.role == "user"] == texts
