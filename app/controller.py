@@ -608,13 +608,16 @@ class ChatController(QObject):
     # ----- shutdown ---------------------------------------------------------------------------
 
     def shutdown(self, draft: str = "", timeout_ms: int = 10000) -> bool:
-        """Save the current chat (with its draft) and the settings, then end the engine thread
-        whatever the saves did. False when the thread did not end in time."""
+        """Save the current chat (with its draft), a reply still streaming (marked
+        interrupted) and the settings, then end the engine thread whatever the saves did.
+        False when the thread did not end in time."""
         try:
             if self.current is not None:
                 self.current.draft = draft
                 self.settings.last_conversation_id = self.current.id
                 self.save(self.current)
+            if self.reply is not None and self.reply.text:  # closed mid-reply: keep the part
+                self._checkpoint(self.reply, time.perf_counter())
             self.save_settings()
         finally:
             ended = self.engine.shutdown(timeout_ms)

@@ -773,3 +773,45 @@ def test_regenerate_that_fails_shows_the_old_reply_again(make_window, qtbot):
         "question", "the old answer",
     ]  # fmt: skip
     assert not window.composer.generating
+
+
+def test_closing_mid_reply_keeps_the_partial_reply_marked_interrupted(make_window, qtbot):
+    window = make_window(FakeBackend(delay=0.01, reply_fn=lambda m: "s" * 1000))
+    load(qtbot, window)
+    window.send("long")
+    qtbot.waitUntil(lambda: streamed(window) >= 5, timeout=10000)
+    window.close()
+    again = make_window(FakeBackend())
+    last = again.current.messages[-1]
+    assert last.role == "assistant" and last.interrupted and 0 < len(last.content) < 1000
+    assert "Interrupted" in again.chat_view.last_widget().note.text()
+
+
+@pytest.mark.parametrize("choice", ["Stop at the limit", "Cancel"])
+def test_context_overflow_is_asked_before_sending(make_window, qtbot, monkeypatch, choice):
+    from PySide6.QtWidgets import QMessageBox
+
+    asked = []
+
+    def click(box):
+        asked.append(box.text())
+        (button,) = [b for b in box.buttons() if b.text().replace("&", "") == choice]
+        button.click()  # sets the box's clickedButton()
+        return 0
+
+    monkeypatch.setattr(QMessageBox, "exec", click)
+    window = make_window(FakeBackend(context_length=100, reply_fn=lambda m: "r" * 300))
+    load(qtbot, window)
+    window.composer.set_text("a question")
+    with qtbot.waitSignal(window.reply_finished, timeout=20000) as blocker:
+        window.send("a question")
+    (text,) = asked
+    assert "context holds 100" in text and "512" in text
+    if choice == "Cancel":
+        assert window.current.messages == []
+        assert window.composer.text() == "a question"  # nothing lost
+        assert not window.composer.generating
+    else:
+        assert blocker.args[0].stop_reason == "length"
+        assert blocker.args[0].context_tokens <= 100
+        assert window.current.messages[-1].content == "r" * blocker.args[0].generation_tokens
