@@ -4,6 +4,7 @@ reply at a controllable pace, with the real engine's event types and ChatSession
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -197,7 +198,7 @@ class FakeBackend:
         self.snapshots = snapshots
         self.sessions: list[FakeSession] = []
         self.calibrations: list = []
-        self.demo_codebook = Path("/nonexistent/demo-default.safetensors")
+        self.demo_codebook: Path | None = None  # no default codebook until one is built
 
     def load_model(self, source, progress=None):
         if progress:
@@ -231,11 +232,14 @@ class FakeBackend:
         self.demo_steps.append(f"codebook:{folder}")
         if progress:
             progress("collecting", 1, 1)
+        assert self.demo_codebook is not None, "set FakeBackend.demo_codebook to a temp path"
         self.demo_codebook.parent.mkdir(parents=True, exist_ok=True)
         self.demo_codebook.write_text("fake codebook layers=2\n")
         return self.demo_codebook
 
     def demo_codebook_path(self):
+        if self.demo_codebook is None:
+            return Path(tempfile.gettempdir()) / "a2ats-fake-none" / "demo-default.safetensors"
         return self.demo_codebook
 
     def load_codebook(self, path, model):

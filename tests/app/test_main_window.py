@@ -470,14 +470,18 @@ def test_demo_default_codebook_loads_automatically(make_window, qtbot, tmp_path)
     assert window.current.messages[-1].provenance["codebook"]["sha256"] == "ab" * 32
 
 
-def test_first_run_offers_to_fetch_the_demo(make_window, qtbot, message_boxes):
+def test_first_run_offers_to_fetch_the_demo(make_window, qtbot, message_boxes, tmp_path):
     backend = FakeBackend()
     backend.demo_model_path = lambda: None
+    backend.demo_codebook = tmp_path / "demo-default.safetensors"  # built by the fetch
     window = make_window(backend)
     with qtbot.waitSignal(window.model_ready, timeout=10000):
         window.start()
     assert message_boxes[0][0] == "Fetch the demo model?"
     assert window.model.source == "demo"
+    qtbot.waitUntil(lambda: window.codebook is not None, timeout=10000)
+    assert backend.demo_steps == ["fetch", "codebook:/fake/demo"]  # the codebook was built
+    assert window.codebook.automatic and "demo-default" in window.codebook_button.text()
 
 
 def test_calibration_dialog_runs_and_loads_the_codebook(make_window, qtbot, tmp_path):
