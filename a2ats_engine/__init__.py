@@ -34,11 +34,13 @@ _EXPORTS = {
     "KVCacheBuilder": "cache.compat",
     "load_model": "loading.models",
     "ModelInfo": "records",
+    "ModelGeometry": "records",
     "ModelLoadError": "errors",
     "CodebookError": "errors",
     "A2ATSError": "errors",
     "ChatSession": "session",
     "calibrate": "calibration.calibrate",
+    "CodebookSpec": "calibration.codebook_spec",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 APP_NAME = "a2ats-chat"
+DEMO_CODEBOOK_NAME = "demo-default.safetensors"
 
 
 def data_dir() -> Path:
@@ -40,3 +41,13 @@ def models_dir() -> Path:
 def gguf_cache_dir() -> Path:
     """Folder holding GGUF files converted to mlx-lm folders, one subfolder per file hash."""
     return cache_dir() / "gguf"
+
+
+def codebooks_dir() -> Path:
+    """Folder of the user's codebooks (the demo default, those calibrated in the app)."""
+    return data_dir() / "codebooks"
+
+
+def demo_codebook_path() -> Path:
+    """Where the demo model's default codebook lives (built by `ensure_demo_codebook`)."""
+    return codebooks_dir() / DEMO_CODEBOOK_NAME

@@ -13,3 +13,7 @@ class ModelLoadError(A2ATSError):
 
 class CodebookError(A2ATSError):
     """A codebook file is unreadable, foreign, truncated or does not fit the model."""
+
+
+class ModelNotSupportedError(A2ATSError):
+    """A model A2ATS cannot serve (no global RoPE layer, or attention the hook cannot route)."""

@@ -6,56 +6,139 @@ them; the engine's cache settings live beside them in `cache/config.py` (also ML
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from .cache.config import check_int
+from .cache.layer_plan import LayerPlan
+from .validation import check_int, check_number, from_known_fields
+
+DEFAULT_MAX_CONTEXT = 8192
+"""Context length assumed for distance-bucket planning when a model does not state one."""
+
+
+def planning_context(max_context: int | None) -> int:
+    """The context the far-distance buckets are planned for: the model's `max_context`, or
+    DEFAULT_MAX_CONTEXT when it does not state one."""
+    return int(max_context or DEFAULT_MAX_CONTEXT)
+
+
+@dataclass(frozen=True)
+class ModelGeometry:
+    """The attention shape of a model, as A2ATS sees it (read by `cache.rope.model_geometry`).
+
+    model_type:   mlx-lm's model type ("llama", "qwen2", ...).
+    num_layers:   attention layers; num_heads / num_kv_heads: query / key-value heads per layer.
+    head_dim:     features per head.
+    rope:         layer 0's RoPE parameters (`RopeSpec.to_dict()`), or {"error": ...} when the
+                  variant is one A2ATS cannot replay.
+    max_context:  the model's stated context length (max_position_embeddings), None if none.
+    """
+
+    model_type: str
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope: dict
+    max_context: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    # Transitional mapping-style reads (`geometry["head_dim"]`, `geometry.get(...)`) for code
+    # written against the old dict; new code reads attributes.
+    def __getitem__(self, name: str) -> Any:
+        return getattr(self, name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self, name, default)
 
 
 @dataclass(frozen=True)
 class ModelInfo:
     """What a loaded model is, for the UI and `a2ats info`.
 
-    rope: the RoPE parameters of layer 0 (`RopeSpec.to_dict()`), or {"error": ...} when the
-    variant is one A2ATS cannot replay. quantization: the source's quantization ("Q4_1",
-    "4-bit affine, group 64"...), with a note when it was dequantized for the CPU; None when the
-    weights were never quantized. disk_bytes: size of the source on disk (GGUF file, or model
-    folder). path: the source file or folder.
+    geometry: its attention shape (`ModelGeometry`); `architecture`, `num_layers`, `num_heads`,
+    `num_kv_heads`, `head_dim`, `rope` and `context_length` read from it. quantization: the
+    source's quantization ("Q4_1", "4-bit affine, group 64"...), with a note when it was
+    dequantized for the CPU; None when the weights were never quantized. disk_bytes: size of the
+    source on disk (GGUF file, or model folder). path: the source file or folder.
+    recommended_sampling: what the model's authors recommend (its generation_config.json, a
+    GGUF's `general.sampling.*` keys, or the demo's preset), None when they say nothing; only `MODEL_SAMPLING_FIELDS` come from the model.
+    layer_plan: which layers get A2ATS and why the others keep the model's own cache (None
+    when the model could not be probed).
     """
 
     name: str
-    architecture: str
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rope: dict
-    context_length: int | None
+    geometry: ModelGeometry
     quantization: str | None
     disk_bytes: int
     path: str
+    recommended_sampling: SamplingSettings | None = None
+    layer_plan: LayerPlan | None = None
+
+    @property
+    def architecture(self) -> str:
+        return self.geometry.model_type
+
+    @property
+    def num_layers(self) -> int:
+        return self.geometry.num_layers
+
+    @property
+    def num_heads(self) -> int:
+        return self.geometry.num_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.geometry.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.geometry.head_dim
+
+    @property
+    def rope(self) -> dict:
+        return self.geometry.rope
+
+    @property
+    def context_length(self) -> int | None:
+        return self.geometry.max_context
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Flat: name, architecture, num_layers, num_heads, num_kv_heads, head_dim, rope,
+        context_length, quantization, disk_bytes, path, recommended_sampling and layer_plan (dicts or None)."""
+        g = self.geometry
+        return {
+            "name": self.name,
+            "architecture": g.model_type,
+            "num_layers": g.num_layers,
+            "num_heads": g.num_heads,
+            "num_kv_heads": g.num_kv_heads,
+            "head_dim": g.head_dim,
+            "rope": g.rope,
+            "context_length": g.max_context,
+            "quantization": self.quantization,
+            "disk_bytes": self.disk_bytes,
+            "path": self.path,
+            "recommended_sampling": (
+                None if self.recommended_sampling is None else self.recommended_sampling.to_dict()
+            ),
+            "layer_plan": None if self.layer_plan is None else asdict(self.layer_plan),
+        }
 
 
-def _check_number(
-    name: str, value: Any, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False
-) -> None:
-    ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
-    if ok:
-        ok = (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
-    if not ok:
-        left, right = "(" if lo_open else "[", ")" if hi_open else "]"
-        raise ValueError(
-            f"SamplingSettings.{name}={value!r} is out of range: must be in {left}{lo}, {hi}{right}"
-        )
+def _check_number(name: str, value: Any, lo: float, hi: float, **open_ends: bool) -> None:
+    check_number("SamplingSettings", name, value, lo, hi, **open_ends)
 
 
 def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
     check_int("SamplingSettings", name, value, lo, hi)
+
+
+MODEL_SAMPLING_FIELDS = ("temperature", "top_p", "min_p", "top_k", "repetition_penalty")
+"""The sampling fields a model may recommend (max_tokens, seed, ... are the user's)."""
 
 
 @dataclass(frozen=True)
@@ -124,5 +207,29 @@ class SamplingSettings:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SamplingSettings:
         """Build from a dict, ignoring unknown keys (forward compatibility of saved settings)."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return from_known_fields(cls, data)
+
+
+def sampling_from_generation_config(config: object) -> SamplingSettings | None:
+    """The sampling a Hugging Face `generation_config.json` recommends, or None when it names
+    none of `MODEL_SAMPLING_FIELDS`. The file is untrusted: a value of the wrong type or out of
+    range is ignored. `"do_sample": false` means greedy (temperature 0); a file that names other
+    fields but no temperature gets Hugging Face's default temperature, 1.0."""
+    if not isinstance(config, dict):
+        return None
+    values: dict[str, Any] = {}
+    for name in MODEL_SAMPLING_FIELDS:
+        value = config.get(name)
+        if isinstance(value, float) and name == "top_k" and value.is_integer():
+            value = int(value)
+        try:
+            SamplingSettings(**{name: value})
+        except (TypeError, ValueError):
+            continue
+        values[name] = value
+    if config.get("do_sample") is False:
+        values["temperature"] = 0.0
+    if not values:
+        return None
+    values.setdefault("temperature", 1.0)
+    return SamplingSettings(**values)

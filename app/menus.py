@@ -9,6 +9,7 @@ from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import QMenu
 
 from .events import ModelLoaded
+from .inert_text import rich_from_plain
 from .theme import theme
 from .worker import DEMO
 
@@ -50,7 +51,7 @@ def fill_model_menu(
         for source in recent:
             icon = theme().icon("file" if source.endswith(".gguf") else "folder")
             action = menu.addAction(icon, short_source(source))
-            action.setToolTip(source)
+            action.setToolTip(rich_from_plain(source))
             action.triggered.connect(lambda _c=False, s=source: load(s))
             action.setEnabled(not busy)
     menu.addSeparator()

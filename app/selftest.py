@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import json
 import os
 import pkgutil
 import sys
@@ -44,17 +43,6 @@ import a2ats_engine  # BLAS preload before mlx.core
 COMMON_MODEL_TYPES = ("llama", "mistral3", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
 # A small A2ATS setting so that a short conversation already has far tokens to retrieve.
 SELFTEST_WINDOW, SELFTEST_SINKS, SELFTEST_BUDGET = 8, 2, 4
-_TINY_CORPUS = [
-    "The capital of France is Paris. The quick brown fox jumps over the lazy dog.",
-    "Hello! How are you today? I am fine, thank you. Numbers: 0123456789.",
-    "def main():\n    print('hello world')\n    return 0\n",
-] * 4
-_CHATML = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 _PROMPT = (
     "Please tell me about the quick brown fox and the lazy dog, then count from one to ten, "
     "and finally say hello to the whole world in a friendly way."
@@ -240,64 +228,11 @@ def _source_path(module: str) -> Path | None:
 
 
 # ----------------------------------------------------------------------------- tiny model
-def _tiny_config() -> dict:
-    """config.json of a tiny Llama: 2 layers, 4 query heads, 2 KV heads, head_dim 16."""
-    return {
-        "model_type": "llama",
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "intermediate_size": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "rms_norm_eps": 1e-5,
-        "vocab_size": 400,
-        "max_position_embeddings": 4096,
-        "rope_theta": 10000.0,
-        "rope_traditional": False,
-        "tie_word_embeddings": True,
-    }
-
-
-def _write_tiny_tokenizer(folder: Path) -> None:
-    """A byte-level BPE tokenizer (vocab 400, ChatML template) trained on a few sentences."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_TINY_CORPUS, trainer=trainer)
-    tok.save(str(folder / "tokenizer.json"))
-    tokenizer_config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>",
-        "chat_template": _CHATML,
-        "model_max_length": 2048,
-    }
-    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
-
-
 def write_tiny_model(folder: Path, seed: int = 0) -> Path:
     """Save a random-weight tiny Llama as an mlx-lm folder (config, safetensors, tokenizer)."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
+    from a2ats_engine.loading.tiny_model import save_tiny_model
 
-    config = _tiny_config()
-    arch = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
-    mx.random.seed(seed)
-    model = arch.Model(arch.ModelArgs.from_dict(config))
-    mx.eval(model.parameters())
-    folder.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())))
-    (folder / "config.json").write_text(json.dumps(config))
-    _write_tiny_tokenizer(folder)
-    return folder
+    return save_tiny_model(folder, "llama", seed=seed)
 
 
 def check_tiny_chat(tokens: int) -> str:
@@ -355,7 +290,6 @@ def chat_through_a2ats(model, tokenizer, codebook, tokens: int) -> str:
         window=SELFTEST_WINDOW,
         sinks=SELFTEST_SINKS,
         budget=SELFTEST_BUDGET,
-        n_centroids=codebook.n_centroids,
         far_buckets=1,
         telemetry=True,
     )

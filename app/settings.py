@@ -2,36 +2,30 @@
 
 A corrupt or unreadable settings file never stops the app: it is moved aside
 (`settings.json.corrupt-<time>`), defaults are used, and the caller shows a status-bar message.
+"Corrupt" includes a value of the wrong type (`{"window_geometry": 5}`): every field's type is
+checked (`FIELD_TYPES`) when the settings are built, so a bad file never reaches the window.
+
+Sampling is the engine's own `SamplingSettings` (validated there, so the app never accepts
+what the engine would refuse). Each model's recommended sampling
+(`ModelInfo.recommended_sampling`) is the default; the user's own values override it only while
+`use_model_sampling` is off (`sampling_for`).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .app_dirs import atomic_write_text, config_dir
+from a2ats_engine.records import MODEL_SAMPLING_FIELDS, ModelInfo, SamplingSettings
+
+from .app_dirs import atomic_write_text, config_dir, remove_stale_temp_files
 
 SCHEMA_VERSION = 1
 MAX_RECENT_MODELS = 8
 THEMES = ("system", "light", "dark")
-
-
-def _check_number(
-    owner: str, name: str, value: Any, lo: float, hi: float, *, integer: bool
-) -> None:
-    kind = int if integer else (int, float)
-    ok = isinstance(value, kind) and not isinstance(value, bool)
-    if ok and not integer:
-        ok = math.isfinite(float(value))
-    if not ok or not lo <= value <= hi:
-        what = "an integer" if integer else "a number"
-        raise ValueError(
-            f"{owner}.{name}={value!r} is out of range: must be {what} in [{lo}, {hi}]"
-        )
 
 
 @dataclass(frozen=True)
@@ -41,7 +35,8 @@ class CacheSettings:
     Fields mirror `A2ATSConfig` (window, far_offset, sinks, budget, kv_bits, far_buckets, rerank,
     min_k,
     fidelity_every: the inspector's shadow exact-attention check every k decode steps, 0 = off);
-    the codebook decides n_centroids / sub_dim / beta, and telemetry follows the inspector.
+    the codebook's own properties (n_centroids, sub_dim, beta) come with the codebook, and
+    telemetry follows the inspector.
     """
 
     a2ats_enabled: bool = True
@@ -69,31 +64,6 @@ class CacheSettings:
         return A2ATSConfig(telemetry=telemetry, **values)
 
 
-@dataclass(frozen=True)
-class SamplingPrefs:
-    """Sampling for replies; converted to the engine's `SamplingSettings` by the worker."""
-
-    temperature: float = 0.7
-    top_p: float = 1.0
-    min_p: float = 0.0
-    top_k: int = 0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    max_tokens: int = 512
-
-    def __post_init__(self) -> None:
-        _check_number("SamplingPrefs", "temperature", self.temperature, 0.0, 5.0, integer=False)
-        _check_number("SamplingPrefs", "top_p", self.top_p, 0.0, 1.0, integer=False)
-        _check_number("SamplingPrefs", "min_p", self.min_p, 0.0, 1.0, integer=False)
-        _check_number("SamplingPrefs", "top_k", self.top_k, 0, 1_000_000, integer=True)
-        _check_number(
-            "SamplingPrefs", "repetition_penalty", self.repetition_penalty, 0.1, 10.0, integer=False
-        )
-        if self.seed is not None:
-            _check_number("SamplingPrefs", "seed", self.seed, 0, 2**63 - 1, integer=True)
-        _check_number("SamplingPrefs", "max_tokens", self.max_tokens, 1, 1_000_000, integer=True)
-
-
 @dataclass
 class AppSettings:
     """Everything the app remembers between runs (one JSON file, `schema_version` first)."""
@@ -104,7 +74,8 @@ class AppSettings:
     codebook_for_model: dict[str, str] = field(default_factory=dict)
     auto_load_demo_codebook: bool = True
     cache: CacheSettings = field(default_factory=CacheSettings)
-    sampling: SamplingPrefs = field(default_factory=SamplingPrefs)
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    use_model_sampling: bool = True
     default_system_prompt: str = ""
     theme: str = "system"
     window_geometry: str = ""
@@ -114,15 +85,27 @@ class AppSettings:
     last_conversation_id: str | None = None
 
     def __post_init__(self) -> None:
+        for name, (check, expected) in FIELD_TYPES.items():
+            value = getattr(self, name)
+            if not check(value):
+                raise ValueError(f"AppSettings.{name}={value!r} must be {expected}")
         if self.theme not in THEMES:
             raise ValueError(f"AppSettings.theme={self.theme!r} must be one of {THEMES}")
-        if not isinstance(self.model_source, str):
-            raise ValueError(f"AppSettings.model_source={self.model_source!r} must be a string")
 
     def remember_model(self, source: str) -> None:
         """Put `source` first in the recent-models list (deduplicated, capped)."""
         self.recent_models = [source, *[m for m in self.recent_models if m != source]]
         del self.recent_models[MAX_RECENT_MODELS:]
+
+    def sampling_for(self, info: ModelInfo | None) -> SamplingSettings:
+        """The sampling for the next reply of the model `info` describes: the model's
+        recommended `MODEL_SAMPLING_FIELDS` while `use_model_sampling` is on and the model
+        recommends something, the user's own values otherwise; max_tokens, seed and the
+        repetition context always come from the user's settings."""
+        recommended = info.recommended_sampling if info is not None else None
+        if not self.use_model_sampling or recommended is None:
+            return self.sampling
+        return replace(self.sampling, **{k: getattr(recommended, k) for k in MODEL_SAMPLING_FIELDS})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -133,34 +116,62 @@ class AppSettings:
         if not isinstance(data, dict):
             raise ValueError("settings file does not hold a JSON object")
         version = data.get("schema_version", SCHEMA_VERSION)
-        if not isinstance(version, int) or version < 1:
+        if not _is_int(version) or version < 1:
             raise ValueError(f"AppSettings.schema_version={version!r} is not a valid version")
         names = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in names}
         values["schema_version"] = SCHEMA_VERSION  # older versions migrate by defaulting fields
         if "cache" in values:
-            values["cache"] = _sub(CacheSettings, values["cache"])
+            values["cache"] = _sub("cache", CacheSettings, values["cache"])
         if "sampling" in values:
-            values["sampling"] = _sub(SamplingPrefs, values["sampling"])
-        settings = cls(**values)
-        _check_types(settings)
-        return settings
+            values["sampling"] = _sub("sampling", SamplingSettings, values["sampling"])
+        return cls(**values)
 
 
-def _sub(kind: type, data: Any):
+def _sub(name: str, kind: type, data: Any):
     if not isinstance(data, dict):
-        raise ValueError(f"{kind.__name__} must be a JSON object, got {data!r}")
+        raise ValueError(f"AppSettings.{name}={data!r} must be a JSON object")
     names = {f.name for f in fields(kind)}
     return kind(**{k: v for k, v in data.items() if k in names})
 
 
-def _check_types(settings: AppSettings) -> None:
-    if not all(isinstance(m, str) for m in settings.recent_models):
-        raise ValueError("AppSettings.recent_models must be a list of strings")
-    if not isinstance(settings.codebook_for_model, dict):
-        raise ValueError("AppSettings.codebook_for_model must be an object")
-    if not all(isinstance(s, int) for s in settings.splitter_sizes):
-        raise ValueError("AppSettings.splitter_sizes must be a list of integers")
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _list_of(check):
+    return lambda value: isinstance(value, list) and all(check(item) for item in value)
+
+
+def _is_str(value: object) -> bool:
+    return isinstance(value, str)
+
+
+def _is_bool(value: object) -> bool:
+    return isinstance(value, bool)
+
+
+FIELD_TYPES = {
+    "schema_version": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "model_source": (_is_str, "a string"),
+    "recent_models": (_list_of(_is_str), "a list of strings"),
+    "codebook_for_model": (
+        lambda v: isinstance(v, dict) and all(_is_str(k) and _is_str(x) for k, x in v.items()),
+        "an object of strings",
+    ),
+    "auto_load_demo_codebook": (_is_bool, "true or false"),
+    "cache": (lambda v: isinstance(v, CacheSettings), "a cache settings object"),
+    "sampling": (lambda v: isinstance(v, SamplingSettings), "a sampling settings object"),
+    "use_model_sampling": (_is_bool, "true or false"),
+    "default_system_prompt": (_is_str, "a string"),
+    "theme": (_is_str, "a string"),
+    "window_geometry": (_is_str, "a string"),
+    "window_state": (_is_str, "a string"),
+    "splitter_sizes": (_list_of(lambda v: _is_int(v) and v >= 0), "a list of integers >= 0"),
+    "inspector_visible": (_is_bool, "true or false"),
+    "last_conversation_id": (lambda v: v is None or _is_str(v), "a string or null"),
+}
+"""Every AppSettings field: (check, what it must be). A test keeps this in step with the fields."""
 
 
 def settings_path() -> Path:
@@ -171,6 +182,7 @@ def load_settings(path: Path | None = None) -> tuple[AppSettings, str | None]:
     """Read the settings file. Returns (settings, message); `message` is set when the file was
     corrupt and has been backed up (defaults are returned then)."""
     path = path or settings_path()
+    remove_stale_temp_files(path.parent)
     if not path.exists():
         return AppSettings(), None
     try:

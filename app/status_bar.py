@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QLabel, QStatusBar, QWidget
 
+from .inert_text import plain_labels
 from .units import human_bytes
 
 
@@ -26,6 +27,7 @@ class StatusBar(QStatusBar):
         label = QLabel(text)
         label.setObjectName(name)
         label.setAccessibleName(accessible)
+        plain_labels(label)  # the model's name is untrusted
         return label
 
     def set_model(self, text: str) -> None:

@@ -10,6 +10,7 @@ from PySide6.QtWidgets import QLabel, QMenu, QSizePolicy, QToolBar, QToolButton,
 
 from .dialogs.codebook_info import codebook_rows
 from .events import CodebookLoaded
+from .inert_text import rich_from_plain
 from .theme import app_icon, bind_icon
 
 
@@ -97,7 +98,9 @@ class TopBar(QToolBar):
             )
             return
         self.codebook_button.setText(f"{Path(info.name).stem} \u00b7 {info.n_centroids}c  \u25be")
-        self.codebook_button.setToolTip("\n".join(f"{k}: {v}" for k, v in codebook_rows(info)))
+        self.codebook_button.setToolTip(
+            rich_from_plain("\n".join(f"{k}: {v}" for k, v in codebook_rows(info)))
+        )
 
 
 def _spacer(width: int, expand: bool = False) -> QWidget:

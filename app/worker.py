@@ -425,15 +425,7 @@ class EngineWorker(QObject):
         """The A2ATSConfig for the request (None = plain mlx-lm KVCache)."""
         if not request.cache.a2ats_enabled:
             return None
-        overrides: dict[str, int | float | None] = {}
-        if self._codebook is not None:
-            overrides["n_centroids"] = int(self._codebook.n_centroids)
-            sub_dim = int(self._codebook.sub_dim)
-            head_dim = self._info.head_dim if self._info is not None else None
-            overrides["sub_dim"] = None if sub_dim == head_dim else sub_dim
-            if self._codebook_info is not None and self._codebook_info.beta is not None:
-                overrides["beta"] = self._codebook_info.beta
-        return request.cache.to_config(telemetry=request.telemetry, **overrides)
+        return request.cache.to_config(telemetry=request.telemetry)
 
     def _prepare_session(self, request: GenerationRequest):
         """Create or adjust the session so it holds `request.history` with the requested

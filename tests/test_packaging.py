@@ -90,3 +90,17 @@ def test_self_test_fails_when_nothing_is_retrieved(qapp, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "FAIL tiny" in out and "no decode step retrieved" in out
     assert "self-test FAILED (tiny)" in out
+
+
+def test_the_app_self_test_and_the_tests_build_the_same_tiny_model(tmp_path):
+    import mlx.core as mx
+    from tiny import tiny_model
+
+    from a2ats_engine.loading.models import load_model
+    from app.selftest import write_tiny_model
+
+    model, _, info = load_model(write_tiny_model(tmp_path / "tiny", seed=3))
+    reference = tiny_model("llama", seed=3)
+    assert (info.num_layers, info.num_heads, info.num_kv_heads, info.head_dim) == (2, 4, 2, 16)
+    tokens = mx.array([[1, 2, 3, 4]])
+    assert mx.allclose(model(tokens), reference(tokens), atol=1e-5).item()

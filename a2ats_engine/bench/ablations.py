@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,9 @@ import numpy as np
 from ..cache.codebook import Codebook, model_fingerprint
 from ..cache.config import A2ATSConfig
 from ..cache.rope import model_geometry
+from ..calibration.codebook_spec import CodebookSpec
+from ..progress import Progress
 
-Progress = Callable[[str, int, int], None]
 KINDS = ("plain_vq", "paper", "no_wrope", "random")
 DEFAULT_TOKENS = 12288
 HELDOUT = 0.1  # calibrate's default: the same chunks are held out, so the training keys match
@@ -90,7 +91,7 @@ def ablation_codebooks(
         if kind == "random":
             geo = model_geometry(model)
             out[kind] = Codebook.random(
-                geo["num_layers"], geo["num_kv_heads"], geo["head_dim"],
+                geo.num_layers, geo.num_kv_heads, geo.head_dim,
                 settings["n_centroids"], sub_dim=settings["sub_dim"], seed=settings["seed"],
             )  # fmt: skip
             notes.append(f"random: standard-normal centroids ({settings['n_centroids']})")
@@ -123,10 +124,13 @@ def _corpus_stream(tokenizer: Any, settings: dict[str, Any], progress) -> np.nda
 
 def _config(settings: dict[str, Any], far_buckets: int | None = None) -> A2ATSConfig:
     return A2ATSConfig(
-        n_centroids=settings["n_centroids"], sub_dim=settings["sub_dim"],
-        beta=settings["beta"], far_offset=settings["far_offset"], sinks=settings["sinks"],
-        window=settings["window"], far_buckets=far_buckets or settings["far_buckets"],
+        far_offset=settings["far_offset"], sinks=settings["sinks"], window=settings["window"],
+        far_buckets=far_buckets or settings["far_buckets"],
     )  # fmt: skip
+
+
+def _spec(settings: dict[str, Any]) -> CodebookSpec:
+    return CodebookSpec(settings["n_centroids"], settings["sub_dim"], settings["beta"])
 
 
 def _train(model, kind: str, stream: np.ndarray, settings: dict[str, Any], progress) -> Codebook:
@@ -144,7 +148,7 @@ def _train(model, kind: str, stream: np.ndarray, settings: dict[str, Any], progr
             seed=settings["seed"], progress=progress,
         )  # fmt: skip
         return fit_codebook(
-            data, config, beta=1.0 if kind == "plain_vq" else settings["beta"],
+            data, _spec(settings), beta=1.0 if kind == "plain_vq" else settings["beta"],
             seed=settings["seed"], progress=progress, stage=f"clustering {kind}",
             metadata={**meta, "far_buckets": config.far_buckets},
         )  # fmt: skip
@@ -188,11 +192,11 @@ def collect_post_rope(
     per layer, collected like `calibrate.collect` (fresh context per chunk, keys past the sinks
     sampled uniformly, queries from position `sinks + window` on)."""
     from ..cache import hooks
-    from ..calibration.calibrate import STEP_TOKENS, CaptureCache, _body
-    from .evaluate import IdentityRope
+    from ..calibration.calibrate import STEP_TOKENS, CaptureCache, transformer_body
+    from .methods import IdentityRope
 
     geo = model_geometry(model)
-    n_kv, d, n_layers = geo["num_kv_heads"], geo["head_dim"], geo["num_layers"]
+    n_kv, d, n_layers = geo.num_kv_heads, geo.head_dim, geo.num_layers
     total = len(stream)
     bounds = [(s, min(s + chunk_len, total)) for s in range(0, total, chunk_len)]
     pool = np.concatenate([np.arange(s + min(sinks, e - s - 1), e) for s, e in bounds])
@@ -203,7 +207,7 @@ def collect_post_rope(
     moments: list[mx.array | None] = [None] * n_layers
     was_installed = hooks.is_installed(model)
     hooks.install(model)
-    body = _body(model)
+    body = transformer_body(model)
     try:
         for start, end in bounds:
             q_start = min(sinks + window, (end - start) // 2)

@@ -14,28 +14,16 @@ then returns the method's own output, so `ppl` (perplexity of the `decode` teach
 tokens) is what that method really produces. With `full` evaluated too, `ppl_vs_full` is the
 paired ratio on the same tokens with a 95% interval (`paired_ppl_ratio`).
 
-Methods (DESIGN.md section 2 for the A2ATS ones):
-  full            mlx-lm KVCache (exact; the reference)
-  kv8, kv4        mlx-lm QuantizedKVCache (every token, quantized K/V)
-  window          sinks + the most recent tokens; as many as A2ATS attends on average
-  oracle_topk     A2ATS's structure and budget, far tokens ranked by exact scores (the ceiling)
-  a2ats           A2ATS with the given codebook and config
-  a2ats_no_rerank the same with rerank = 1: the top-K of the codebook scores alone
-  a2ats_plain_vq  A2ATS with a plain (beta = 1) codebook
-  a2ats_paper     the paper's method: one far distance b = 2048 (far_buckets = 1), a codebook
-                  calibrated for it, no rerank
-  a2ats_no_wrope  codes and scores on post-RoPE keys (no windowed RoPE)
-  a2ats_random    A2ATS with a random codebook
-Diagnostics (only when asked for), to split A2ATS's loss against oracle_topk:
-  a2ats_exact_keys  windowed-RoPE buckets on exact keys (no VQ): the distance approximation alone
-  a2ats_exact_rope  exact RoPE on centroid keys (no distance buckets): the VQ approximation alone
+Methods: the `METHODS` registry in `methods.py` (full, kv8, kv4, window, oracle_topk, a2ats and
+its ablations; the diagnostics a2ats_exact_keys / a2ats_exact_rope, which split A2ATS's loss
+against oracle_topk, run only when asked for).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import mlx.core as mx
@@ -44,26 +32,30 @@ import numpy as np
 from mlx_lm.models.base import quantized_scaled_dot_product_attention
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
-from ..cache import attention as att
 from ..cache.a2ats_cache import A2ATSCache
 from ..cache.config import A2ATSConfig
-from ..cache.rope import distance_buckets, model_geometry, retrieval_distances, rope_specs
-
-Progress = Callable[[str, int, int], None]
-
-FIXED_METHODS = ("full", "kv8", "kv4")
-BUDGET_METHODS = (
-    "a2ats",
-    "window",
-    "oracle_topk",
-    "a2ats_no_rerank",
-    "a2ats_plain_vq",
-    "a2ats_paper",
-    "a2ats_no_wrope",
-    "a2ats_random",
+from ..cache.rope import model_geometry, rope_specs
+from ..progress import Progress
+from .methods import (  # noqa: F401  (re-exported: the method caches are part of this API)
+    BUDGET,
+    DIAGNOSTIC,
+    FIXED,
+    METHODS,
+    CodedExactRopeCache,
+    ExactKeyWRopeCache,
+    IdentityRope,
+    MethodSpec,
+    OracleTopKCache,
+    RecentWindowCache,
+    kv_group_size,
+    method_names,
+    method_spec,
 )
+
+FIXED_METHODS = method_names(FIXED)  # full, kv8, kv4
+BUDGET_METHODS = method_names(BUDGET)  # a2ats, window, oracle_topk and the a2ats ablations
 ALL_METHODS = FIXED_METHODS + BUDGET_METHODS
-DIAGNOSTIC_METHODS = ("a2ats_exact_keys", "a2ats_exact_rope")  # run only when asked for
+DIAGNOSTIC_METHODS = method_names(DIAGNOSTIC)  # run only when asked for
 KNOWN_METHODS = ALL_METHODS + DIAGNOSTIC_METHODS
 PREFILL_CHUNK = 256  # fastest on a 2-core CPU (attention cost grows with the chunk)
 
@@ -117,107 +109,6 @@ def paired_ppl_ratio(nll: np.ndarray, reference_nll: np.ndarray) -> tuple[float,
     mean = float(delta.mean())
     half = 1.96 * float(delta.std(ddof=1)) / math.sqrt(len(delta)) if len(delta) > 1 else 0.0
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
-
-
-# -- method caches ------------------------------------------------------------------------------
-
-
-class OracleTopKCache(A2ATSCache):
-    """A2ATS's selection structure (per-head top-K, GQA union, sinks, window) with far tokens
-    ranked by their exact post-RoPE scores: the ceiling for any top-K retrieval at this budget."""
-
-    reranks = False  # its scores are exact already
-
-    def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
-        """queries post-RoPE `[B, n_q, 1, d]` -> exact scores `[B, n_kv, G, F]` of far tokens."""
-        B, n_q, _, d = queries.shape
-        n_kv = self.codes.shape[1]
-        group = queries.reshape(B, n_kv, n_q // n_kv, d).astype(mx.float32)
-        far = self._dequantized(self.keys)[..., lay.n_sinks : lay.window_start, :]
-        return group @ far.astype(mx.float32).swapaxes(-1, -2)
-
-
-class RecentWindowCache(A2ATSCache):
-    """Sinks + the most recent tokens (StreamingLLM-style): the top-K "far" tokens are simply
-    the K latest ones before the window, so the attended set is contiguous with the window."""
-
-    reranks = False  # recency, not relevance
-
-    def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
-        """Scores that rank far tokens by recency: `[B, n_kv, G, F]` (later = higher)."""
-        B, n_q = queries.shape[:2]
-        n_kv = self.codes.shape[1]
-        recency = mx.arange(lay.n_far, dtype=mx.float32)
-        return mx.broadcast_to(recency, (B, n_kv, n_q // n_kv, lay.n_far))
-
-
-class ExactKeyWRopeCache(A2ATSCache):
-    """Diagnostic: A2ATS's windowed-RoPE distance buckets, but far tokens scored with their
-    exact pre-RoPE keys instead of codes (`(R_D q) . k_n`): isolates the bucket approximation."""
-
-    def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
-        """queries post-RoPE `[B, n_q, 1, d]` -> `[B, n_kv, G, F]`."""
-        B, n_q, _, d = queries.shape
-        n_kv = self.codes.shape[1]
-        G = n_q // n_kv
-        cfg = self.config
-        dists = retrieval_distances(cfg.window, cfg.far_offset, cfg.far_buckets, self.max_context)
-        group = queries.reshape(B, n_kv, G, d).astype(mx.float32)
-        pre_q = self.rope.unrotate(group[..., None, :], lay.n - 1)[..., 0, :]  # all at n - 1
-        keys = self._dequantized(self.keys)[..., lay.n_sinks : lay.window_start, :]
-        pre_k = self.rope.unrotate(keys.astype(mx.float32), lay.n_sinks)
-        per_bucket = [
-            (pre_q @ self.rope.rotation_matrix(dist)) @ pre_k.swapaxes(-1, -2) for dist in dists
-        ]  # m x [B, n_kv, G, F]
-        if len(dists) == 1:
-            return per_bucket[0]
-        plan = distance_buckets(cfg.window, self.max_context, cfg.far_buckets)
-        edges = mx.array([lo for lo, _, _ in plan[1:]], dtype=mx.int32)
-        distance = (lay.n - 1) - mx.arange(lay.n_sinks, lay.window_start, dtype=mx.int32)
-        bucket = (distance[:, None] >= edges[None, :]).sum(axis=-1)  # [F]
-        out = per_bucket[0]
-        for b in range(1, len(dists)):
-            out = mx.where(bucket == b, per_bucket[b], out)
-        return out
-
-
-class CodedExactRopeCache(A2ATSCache):
-    """Diagnostic: far tokens scored with exact relative RoPE on their centroid keys
-    (`q^ . R_n c(k_n)`, no distance approximation): isolates the VQ approximation."""
-
-    def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
-        """queries post-RoPE `[B, n_q, 1, d]` -> `[B, n_kv, G, F]`."""
-        B, n_q, _, d = queries.shape
-        n_kv = self.codes.shape[1]
-        group = queries.reshape(B, n_kv, n_q // n_kv, d).astype(mx.float32)
-        codes = self.codes[..., lay.n_sinks : lay.window_start, :]
-        centroid_keys = self.codebook.reconstruct(self.layer, codes)  # pre-RoPE [B, n_kv, F, d]
-        post = self.rope.rotate(centroid_keys, lay.n_sinks)
-        return group @ post.swapaxes(-1, -2)
-
-
-class IdentityRope:
-    """A stand-in RopeSpec that rotates nothing: an A2ATSCache built with it codes post-RoPE
-    keys and scores them with the plain post-RoPE query (the `a2ats_no_wrope` ablation)."""
-
-    def __init__(self, head_dim: int) -> None:
-        self.head_dim = head_dim
-
-    def unrotate(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
-        return x
-
-    def rotate(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
-        return x
-
-    def shift(self, x: mx.array, delta: int | mx.array) -> mx.array:
-        return x
-
-    def rotation_matrix(self, position: int) -> mx.array:
-        """The identity `[head_dim, head_dim]`: no distance rotates anything."""
-        return mx.eye(self.head_dim, dtype=mx.float32)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": "identity", "head_dim": self.head_dim}
 
 
 @dataclass
@@ -325,78 +216,6 @@ def _prefix(src: KVCache) -> tuple[mx.array, mx.array]:
 def _filled(cache: Any, base: list, i: int) -> Any:
     cache.update_and_fetch(*_prefix(base[i]))
     return cache
-
-
-def kv_group_size(head_dim: int) -> int | None:
-    """Largest mx.quantize group size (64 or 32) dividing head_dim, else None."""
-    return next((g for g in (64, 32) if head_dim % g == 0), None)
-
-
-@dataclass
-class MethodSpec:
-    """How to build one method's cache for layer i: `factory(layer, rope_spec)`."""
-
-    name: str
-    factory: Callable[[int, Any], Any]
-
-
-def method_spec(
-    name: str,
-    model: nn.Module,
-    config: A2ATSConfig,
-    codebooks: dict[str, Any],
-    window_budget: int | None = None,
-) -> MethodSpec:
-    """The cache factory of a method (see the module docstring). `codebooks` holds "a2ats" and,
-    where needed, "plain_vq", "paper" (optional), "no_wrope", "random"."""
-    geo = model_geometry(model)
-    ctx = geo.get("max_context")
-    hd = geo["head_dim"]
-    book = codebooks["a2ats"]
-
-    def a2ats_like(cls=A2ATSCache, cfg=config, cb=book, identity=False):
-        def make(i, spec):
-            rope = IdentityRope(hd) if identity else spec
-            return cls(i, rope, cb, cfg, ctx)
-
-        return make
-
-    if name == "full":
-        return MethodSpec(name, lambda i, spec: KVCache())
-    if name in ("kv8", "kv4"):
-        gs = kv_group_size(hd)
-        if gs is None:
-            raise ValueError(f"method {name} needs head_dim divisible by 32 (got {hd})")
-        return MethodSpec(name, lambda i, spec: QuantizedKVCache(group_size=gs, bits=int(name[-1])))
-    telemetry = A2ATSConfig(**{**config.to_dict(), "telemetry": True, "fidelity_every": 0})
-    if name == "a2ats":
-        return MethodSpec(name, a2ats_like(cfg=telemetry))
-    if name == "oracle_topk":
-        return MethodSpec(name, a2ats_like(OracleTopKCache, telemetry))
-    if name == "window":
-        if window_budget is None:
-            raise ValueError("method window needs the attended count of a2ats (run a2ats first)")
-        cfg = A2ATSConfig(**{**telemetry.to_dict(), "budget": max(1, int(window_budget))})
-        return MethodSpec(name, a2ats_like(RecentWindowCache, cfg))
-    if name == "a2ats_paper":
-        cfg = A2ATSConfig(
-            **{**telemetry.to_dict(), "far_buckets": 1, "far_offset": 2048, "rerank": 1}
-        )
-        return MethodSpec(name, a2ats_like(cfg=cfg, cb=codebooks.get("paper", book)))
-    if name == "a2ats_no_rerank":
-        return MethodSpec(name, a2ats_like(cfg=A2ATSConfig(**{**telemetry.to_dict(), "rerank": 1})))
-    if name == "a2ats_plain_vq":
-        return MethodSpec(name, a2ats_like(cfg=telemetry, cb=codebooks["plain_vq"]))
-    if name == "a2ats_no_wrope":
-        cfg = A2ATSConfig(**{**telemetry.to_dict(), "far_buckets": 1})
-        return MethodSpec(name, a2ats_like(cfg=cfg, cb=codebooks["no_wrope"], identity=True))
-    if name == "a2ats_exact_keys":
-        return MethodSpec(name, a2ats_like(ExactKeyWRopeCache, telemetry))
-    if name == "a2ats_exact_rope":
-        return MethodSpec(name, a2ats_like(CodedExactRopeCache, telemetry))
-    if name == "a2ats_random":
-        return MethodSpec(name, a2ats_like(cfg=telemetry, cb=codebooks["random"]))
-    raise ValueError(f"unknown method {name!r}; known: {', '.join(KNOWN_METHODS)}")
 
 
 # -- running one method -------------------------------------------------------------------------
@@ -513,7 +332,7 @@ def evicting_window_bytes(
 ) -> float:
     """Bytes per token a sinks + recent-window cache holds when it evicts everything else."""
     geo = model_geometry(model)
-    per_token = 2 * geo["num_layers"] * geo["num_kv_heads"] * geo["head_dim"] * dtype_bytes
+    per_token = 2 * geo.num_layers * geo.num_kv_heads * geo.head_dim * dtype_bytes
     return min(attended, tokens) * per_token / tokens
 
 
@@ -591,7 +410,7 @@ def evaluate(
             fixed[name] = run(name, config)
     runs = []
     for budget in budgets:
-        cfg = A2ATSConfig(**{**config.to_dict(), "budget": budget})
+        cfg = replace(config, budget=budget)
         results = dict(fixed)
         for name in ordered:
             if name in FIXED_METHODS:

@@ -11,16 +11,16 @@ attention. A trial is correct when the passkey's digits appear in the answer.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import mlx.nn as nn
 
 from ..cache.config import A2ATSConfig
+from ..progress import Progress
 from .evaluate import build_caches, greedy_decode, method_spec, prefill
 
-Progress = Callable[[str, int, int], None]
 PASSKEY_METHODS = ("full", "window", "a2ats", "oracle_topk", "a2ats_paper")
 DEFAULT_METHODS = ("full", "window", "a2ats")
 INTRO = (

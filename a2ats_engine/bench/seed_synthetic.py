@@ -1,11 +1,12 @@
 """The seed document's offline benchmark, reproduced with this engine's own pieces.
 
-The seed (../shared/seeds/000_*.txt) swept sequence lengths 200 and 400 over two synthetic
-geometries and compared (1) windowed vs always-exact RoPE and (2) query-aware vs plain VQ, by
-reconstruction MSE only. Its claims: windowed RoPE costs about 2.8x the error of exact RoPE on
-`local_recency` and about 4.4x on `long_range_dependent`; query-aware codes have a higher key
-reconstruction MSE than plain VQ in every row. It could not measure what query-aware codes are
-for (score and attention quality). Here we measure both, deterministically.
+The seed document (the description of an earlier "A2ATS-adapted" cache this project started from)
+swept sequence lengths 200 and 400 over two synthetic geometries and compared (1) windowed vs
+always-exact RoPE and (2) query-aware vs plain VQ, by reconstruction MSE only. Its claims: windowed
+RoPE costs about 2.8x the error of exact RoPE on `local_recency` and about 4.4x on
+`long_range_dependent`; query-aware codes have a higher key reconstruction MSE than plain VQ in
+every row. It could not measure what query-aware codes are for (score and attention quality). Here
+we measure both, deterministically.
 
 Data (numpy, fixed seed). Pre-RoPE keys have a low-rank content part plus noise whose scale
 per RoPE pair follows a spectrum: `low_frequency` (more energy on slowly rotating pairs, as in

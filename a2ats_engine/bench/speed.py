@@ -10,9 +10,8 @@ tokens/s is steps / seconds.
 
 from __future__ import annotations
 
-import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import mlx.core as mx
@@ -21,6 +20,7 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
 from ..cache.a2ats_cache import A2ATSCache, make_cache
 from ..cache.config import A2ATSConfig
+from .methods import decode_variant_knobs
 
 
 @dataclass
@@ -175,24 +175,10 @@ def _method_cache(model: nn.Module, base: list, method: str, config: A2ATSConfig
         return _clone_kv(base)
     if method in ("kv8", "kv4"):
         return _copy_into_quantized(base, int(method[-1]))
-    match = _A2ATS_METHOD.fullmatch(method)
-    if match:
-        knobs = {}
-        if match["bits"]:
-            knobs["kv_bits"] = int(match["bits"])
-        if match["rerank"]:
-            knobs["rerank"] = int(match["rerank"])
-        if match["telemetry"]:
-            knobs["telemetry"] = True
-        cfg = A2ATSConfig(**{**config.to_dict(), **knobs})
-        return _copy_into_a2ats(model, base, cfg, codebook)
+    knobs = decode_variant_knobs(method)
+    if knobs is not None:
+        return _copy_into_a2ats(model, base, replace(config, **knobs), codebook)
     raise ValueError(f"unknown method {method!r}")
-
-
-# a2ats, a2ats_kv4, a2ats_rr2 (rerank 2), a2ats_kv4_rr2, a2ats_telemetry, ...
-_A2ATS_METHOD = re.compile(
-    r"a2ats(?:_kv(?P<bits>4|8))?(?:_rr(?P<rerank>\d+))?(?P<telemetry>_telemetry)?"
-)
 
 
 def fp16_bytes_per_token(model: nn.Module) -> int:
@@ -200,7 +186,7 @@ def fp16_bytes_per_token(model: nn.Module) -> int:
     from ..cache.rope import model_geometry
 
     geo = model_geometry(model)
-    return 2 * geo["num_layers"] * geo["num_kv_heads"] * geo["head_dim"] * 2
+    return 2 * geo.num_layers * geo.num_kv_heads * geo.head_dim * 2
 
 
 # -- memory -------------------------------------------------------------------------------------
@@ -233,8 +219,7 @@ def _memory_caches(model: nn.Module, method: str, config: A2ATSConfig, codebook)
         return [QuantizedKVCache(group_size=64, bits=int(method[-1])) for _ in range(n_layers)]
     if method in ("a2ats", "a2ats_kv8", "a2ats_kv4"):
         bits = None if method == "a2ats" else int(method[-1])
-        cfg = A2ATSConfig(**{**config.to_dict(), "kv_bits": bits})
-        return make_cache(model, cfg, codebook)
+        return make_cache(model, replace(config, kv_bits=bits), codebook)
     raise ValueError(f"unknown memory method {method!r}; known: {', '.join(MEMORY_METHODS)}")
 
 
@@ -258,7 +243,7 @@ def bench_memory(
 
     config = config or A2ATSConfig()
     geo = model_geometry(model)
-    shape = (1, geo["num_kv_heads"], 0, geo["head_dim"])
+    shape = (1, geo.num_kv_heads, 0, geo.head_dim)
     dtype = kv_dtype(model)
     key = mx.random.key(seed)
     results = []

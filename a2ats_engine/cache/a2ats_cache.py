@@ -2,8 +2,10 @@
 
 Every key that enters the cache is un-rotated to its pre-RoPE frame and coded against the
 layer's codebook (uint16 per token per KV head and subspace). Full post-RoPE keys and values are
-kept (model dtype, or `mx.quantize`d with kv_bits) for exact attention on the selection.
+kept (model dtype, or `mx.quantize`d with kv_bits: `storage.py`) for exact attention on the
+selection, chosen by the cache's top-K strategy (`topk.py`, picked once when the cache is made).
 Attention reaches `attend` through the hook in `hooks.py` (which gives us the true query).
+`state` / `meta_state` / `from_state` follow mlx-lm's cache protocol (see docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations
@@ -11,18 +13,27 @@ from __future__ import annotations
 import json
 import time
 import warnings
+import weakref
+from dataclasses import replace
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import _BaseCache, create_attention_mask
 
+from ..errors import A2ATSError, ModelNotSupportedError
+from ..records import planning_context
 from . import attention as att
 from .config import A2ATSConfig
-from .rope import RopeSpec, distance_buckets, model_geometry, retrieval_distances, rope_specs
+from .rope import RopeSpec, distance_buckets, model_geometry, retrieval_distances
+from .storage import RowStorage
 from .telemetry import CacheSnapshot, LayerStats
+from .topk import choose_top_k
 
 _STEP = 256
+RANDOM_CENTROIDS = 256  # the stand-in codebook's size when none is given (wiring, timing)
+# codebooks of caches whose meta_state was taken, by sha256 (weak: dropped with their caches)
+_CODEBOOKS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 class A2ATSCache(_BaseCache):
@@ -41,21 +52,20 @@ class A2ATSCache(_BaseCache):
         config: A2ATSConfig | None = None,
         max_context: int | None = None,
     ) -> None:
+        self._configure(layer, rope, codebook, config or A2ATSConfig(), max_context)
+        self._clear()
+
+    # -- configuration ----------------------------------------------------------------------
+    def _configure(
+        self, layer: int, rope: RopeSpec, codebook, config: A2ATSConfig, max_context: int | None
+    ) -> None:
+        """Everything fixed for the cache's life (what `meta_state` records), and what follows."""
         self.layer = layer
         self.rope = rope
         self.codebook = codebook
-        self.config = config or A2ATSConfig()
-        self.max_context = int(max_context or 8192)
-        self.keys = None
-        self.values = None
-        self.codes = None
-        self.offset = 0
-        self.tokens_seen = 0
-        self._retrieved = mx.array(0, dtype=mx.int32)  # counted by MLX (Metal path)
-        self._retrieved_host = 0  # counted on the host (NumPy top-K path)
-        self._step = 0
-        self._code_counts: np.ndarray | None = None
-        self.last_stats: LayerStats | None = None
+        self.config = config
+        self.max_context = planning_context(max_context)
+        self.top_k = choose_top_k()  # NumPy or MLX top-K, decided once (topk.py)
         self._buckets = self._bucket_plan()
         # [d, m * d]: rotation to each far distance (the retrieval queries' frames), built once
         self._rotations = mx.concatenate(
@@ -67,8 +77,21 @@ class A2ATSCache(_BaseCache):
                 f"A2ATSConfig.kv_bits={self.config.kv_bits} needs head_dim ({hd}) divisible by "
                 f"a quantization group of 32, 64 or 128"
             )
+        self.storage = RowStorage(self.config.kv_bits, self.group_size)
 
-    # -- configuration ----------------------------------------------------------------------
+    def _clear(self) -> None:
+        """No tokens held: the state of a fresh cache."""
+        self.keys = None
+        self.values = None
+        self.codes = None
+        self.offset = 0
+        self.tokens_seen = 0
+        self._step = 0
+        self._reported: int | None = None  # tokens the last snapshot covered; None: keyframe
+        self.last_stats: LayerStats | None = None
+        self._stats_final = False  # last_stats already carries its codes (`take_stats`)
+        self._unattended = False  # a decode step stored keys and `attend` has not run yet
+
     def _bucket_plan(self) -> tuple[list[int], tuple[int, ...] | None]:
         """Retrieval distances and the lower edges of buckets 1..m-1 (None for one b)."""
         cfg = self.config
@@ -90,37 +113,6 @@ class A2ATSCache(_BaseCache):
         return min(self.config.kv_group_size, self.rope.head_dim)
 
     # -- storage ----------------------------------------------------------------------------
-    def _store(self, x: mx.array):
-        if self.kv_bits is None:
-            return x
-        return tuple(mx.quantize(x, group_size=self.group_size, bits=self.kv_bits))
-
-    @staticmethod
-    def _alloc_like(stored, B: int, n_kv: int, size: int):
-        if isinstance(stored, tuple):
-            return tuple(mx.zeros((B, n_kv, size, a.shape[-1]), a.dtype) for a in stored)
-        return mx.zeros((B, n_kv, size, stored.shape[-1]), stored.dtype)
-
-    @staticmethod
-    def _slice(stored, end: int):
-        if isinstance(stored, tuple):
-            return tuple(a[..., :end, :] for a in stored)
-        return stored[..., :end, :]
-
-    @staticmethod
-    def _concat(a, b):
-        if isinstance(a, tuple):
-            return tuple(mx.concatenate([x, y], axis=2) for x, y in zip(a, b, strict=True))
-        return mx.concatenate([a, b], axis=2)
-
-    @staticmethod
-    def _write(dst, src, start: int, end: int) -> None:
-        if isinstance(dst, tuple):
-            for d, s in zip(dst, src, strict=True):
-                d[..., start:end, :] = s
-        else:
-            dst[..., start:end, :] = src
-
     @property
     def capacity(self) -> int:
         return 0 if self.codes is None else self.codes.shape[2]
@@ -131,17 +123,18 @@ class A2ATSCache(_BaseCache):
             return
         B, n_kv = codes.shape[:2]
         size = ((L + self.step - 1) // self.step) * self.step
-        new_k = self._alloc_like(keys, B, n_kv, size)
-        new_v = self._alloc_like(values, B, n_kv, size)
+        new_k = self.storage.zeros_like(keys, B, n_kv, size)
+        new_v = self.storage.zeros_like(values, B, n_kv, size)
         new_c = mx.zeros((B, n_kv, size, codes.shape[-1]), mx.uint16)
         if self.codes is None:
             self.keys, self.values, self.codes = new_k, new_v, new_c
             return
         if prev % self.step:
-            self.keys, self.values = self._slice(self.keys, prev), self._slice(self.values, prev)
+            rows = self.storage.rows
+            self.keys, self.values = rows(self.keys, prev), rows(self.values, prev)
             self.codes = self.codes[..., :prev, :]
-        self.keys = self._concat(self.keys, new_k)
-        self.values = self._concat(self.values, new_v)
+        self.keys = self.storage.concat(self.keys, new_k)
+        self.values = self.storage.concat(self.values, new_v)
         self.codes = mx.concatenate([self.codes, new_c], axis=2)
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
@@ -152,44 +145,55 @@ class A2ATSCache(_BaseCache):
         a plain (fast) attention; MLX evaluates them only if exact attention uses them.
         """
         L = keys.shape[2]
+        if self._unattended:
+            raise ModelNotSupportedError(
+                f"layer {self.layer}: the last decode step did not attend through A2ATS (the "
+                "model computed attention itself); refusing to run full attention as A2ATS"
+            )
+        self._unattended = L == 1
         pre_rope = self.rope.unrotate(keys.astype(mx.float32), self.offset)
         codes = self.codebook.assign(self.layer, pre_rope)  # [B, n_kv, L, S]
-        k_store, v_store = self._store(keys), self._store(values)
+        k_store, v_store = self.storage.encode(keys), self.storage.encode(values)
         self._grow(k_store, v_store, codes, L)
         prev = self.offset
         self.offset += L
-        self._write(self.keys, k_store, prev, self.offset)
-        self._write(self.values, v_store, prev, self.offset)
+        self.storage.write(self.keys, k_store, prev, self.offset)
+        self.storage.write(self.values, v_store, prev, self.offset)
         self.codes[..., prev : self.offset, :] = codes
         self.tokens_seen += L
-        if self.config.telemetry:
-            self._count_codes(codes)
+        if L > 1:
+            self._reported = None  # a prefill: the next snapshot sends full histograms
         if self.kv_bits is None:
-            return self._slice(self.keys, self.offset), self._slice(self.values, self.offset)
+            rows = self.storage.rows
+            return rows(self.keys, self.offset), rows(self.values, self.offset)
         return self._float_with(self.keys, keys, prev), self._float_with(self.values, values, prev)
 
     def _float_with(self, stored, fresh: mx.array, prev: int) -> mx.array:
         """Dequantized stored rows [0, prev) followed by the fresh rows: [B, n_kv, prev + L, d]."""
         if prev == 0:
             return fresh
-        past = self._dequantized(self._slice(stored, prev)).astype(fresh.dtype)
+        past = self.storage.dequantize(self.storage.rows(stored, prev)).astype(fresh.dtype)
         return mx.concatenate([past, fresh], axis=2)
 
     # -- attention --------------------------------------------------------------------------
-    def attend(self, queries: mx.array, keys, values, *, scale: float, mask=None) -> mx.array:
+    def attend(
+        self, queries: mx.array, keys, values, *, scale: float, mask=None, sinks=None
+    ) -> mx.array:
         """Attention for this layer. queries: post-RoPE [B, n_q, L, d] -> [B, n_q, L, d].
 
         Prefill (L > 1) and short contexts use exact attention; a decode step retrieves.
+        sinks: optional per-query-head sink logits [n_q] (gpt_oss), honoured on both paths.
         """
+        self._unattended = False
         cfg = self.config
         L = queries.shape[2]
         lay = att.layout(self.offset, cfg.window, cfg.sinks, cfg.top_k(self.offset))
         if L > 1 or lay.exact:
-            out = att.exact_attention(queries, keys, values, scale, mask)
+            out = att.exact_attention(queries, keys, values, scale, mask, sinks)
             if L == 1:
-                self._after_step(lay, None, None, queries)
+                self._after_step(lay, None, None, queries, scale)
             return out
-        return self._retrieve(queries, lay, scale)
+        return self._retrieve(queries, lay, scale, sinks)
 
     def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
         """Approximate windowed-RoPE scores of the far tokens for a decode query.
@@ -212,47 +216,25 @@ class A2ATSCache(_BaseCache):
             bucket_ids = att.bucket_ids(lay.n, lay.n_sinks, lay.window_start, lower_edges)
         return att.far_scores(tables, far_codes, bucket_ids, self.codebook.n_centroids)
 
-    def _retrieve(self, queries: mx.array, lay: att.Layout, scale: float) -> mx.array:
+    def _retrieve(self, queries: mx.array, lay: att.Layout, scale: float, sinks=None) -> mx.array:
         B, n_q, _, d = queries.shape
         n_kv = self.codes.shape[1]
         group = queries.reshape(B, n_kv, n_q // n_kv, d)
         scores = self.far_token_scores(queries, lay)
-        cap, bits, gs = self.capacity, self.kv_bits, self.group_size
         candidates = min(self.config.rerank * lay.k, lay.n_far) if self.reranks else lay.k
-        host = att.host_top_k()
         if candidates > lay.k:
-            top = att.rerank(group, scores, lay, candidates, self.keys, cap, gs, bits, host)
-        elif host:
-            top = att.top_far_host(np.asarray(scores), lay.k)
+            top = att.rerank(group, scores, lay, candidates, self.keys, self.storage, self.top_k)
         else:
-            top = None
-        if host:
-            positions, repeat, n_union = att.select_host(top, lay)
-            self._retrieved_host += n_union
-        else:
-            positions, repeat = att.select(scores, lay, top)
-            self._retrieved = self._retrieved + att.count_union(positions, repeat, lay)
-        k_sel = att.gather_rows(self.keys, positions, cap, gs, bits)
-        v_sel = att.gather_rows(self.values, positions, cap, gs, bits)
-        out = att.selected_attention(group, k_sel, v_sel, repeat, scale)
-        self._after_step(lay, positions, repeat, queries)
+            top = self.top_k.top(scores, lay.k)
+        positions, repeat = self.top_k.select(top, lay)
+        k_sel = att.gather_rows(self.keys, positions, self.storage)
+        v_sel = att.gather_rows(self.values, positions, self.storage)
+        out = att.selected_attention(group, k_sel, v_sel, repeat, scale, sinks)
+        self._after_step(lay, positions, repeat, queries, scale)
         return out.reshape(B, n_q, 1, d)
 
     # -- telemetry --------------------------------------------------------------------------
-    def _count_codes(self, codes: mx.array) -> None:
-        first = np.array(codes[0, :, :, 0]).astype(np.int64)  # [n_kv, L]
-        n_kv, C = first.shape[0], self.codebook.n_centroids
-        if self._code_counts is None:
-            self._code_counts = np.zeros((n_kv, C), np.int64)
-        for h in range(n_kv):  # telemetry only; n_kv is small
-            self._code_counts[h] += np.bincount(first[h], minlength=C)
-
-    def _recount_codes(self) -> None:
-        self._code_counts = None
-        if self.codes is not None and self.offset:
-            self._count_codes(self.codes[:, :, : self.offset, :])
-
-    def _after_step(self, lay: att.Layout, positions, repeat, queries) -> None:
+    def _after_step(self, lay: att.Layout, positions, repeat, queries, scale: float) -> None:
         step = self._step
         self._step += 1
         if not self.config.telemetry:
@@ -267,17 +249,16 @@ class A2ATSCache(_BaseCache):
         every = self.config.fidelity_every
         if every and positions is not None and step % every == 0:
             start = time.perf_counter()
-            recall = self._recall(queries, selected)
+            recall = self._recall(queries, positions, repeat, scale)
             recall_ms = (time.perf_counter() - start) * 1e3
-        counts = self._code_counts
-        code_counts = tuple(counts[h].copy() for h in range(n_kv)) if counts is not None else ()
+        self._stats_final = False
         self.last_stats = LayerStats(
             step=step,
             offset=lay.n,
             window_start=lay.window_start,
             sinks=lay.n_sinks,
             selected=selected,
-            code_counts=code_counts,
+            code_counts=(),
             bytes_held=self.nbytes,
             bytes_fp16=self.fp16_key_bytes + self.fp16_value_bytes,
             exact=positions is None,
@@ -286,19 +267,56 @@ class A2ATSCache(_BaseCache):
             recall_ms=recall_ms,
         )
 
-    def _recall(self, queries: mx.array, selected: tuple[np.ndarray, ...]) -> tuple[float, ...]:
-        """Shadow exact attention: attention mass on the selection per KV head (batch 0)."""
-        n, n_q = self.offset, queries.shape[1]
-        keys = self._dequantized(self.keys)[0, :, :n, :].astype(mx.float32)  # [n_kv, n, d]
-        n_kv, _, d = keys.shape
-        q = queries[0, :, 0, :].astype(mx.float32).reshape(n_kv, n_q // n_kv, d)
-        probs = np.array(mx.softmax((q @ keys.swapaxes(-1, -2)) * (d**-0.5), axis=-1))
-        return tuple(float(probs[h][:, selected[h]].sum(-1).mean()) for h in range(n_kv))
+    def take_stats(self) -> LayerStats | None:
+        """The last step's LayerStats with its codes, for a snapshot (telemetry only).
+
+        A keyframe (full per-head histograms of the tokens cached at that step) when nothing was
+        reported since the cache was made, prefilled, trimmed or restored; else the codes
+        appended since the previous snapshot (`new_codes`). Computed here, when the snapshot is
+        taken, so a step whose stats nobody took (mlx-lm runs one step ahead) loses nothing.
+        """
+        stats = self.last_stats
+        if stats is None or self._stats_final:
+            return stats
+        first = self.codes[0, :, :, 0]  # [n_kv, capacity]: first subspace, batch 0
+        end, since = stats.offset, self._reported
+        if since is None or since > end:
+            codes = np.array(first[:, :end]).astype(np.int64)  # [n_kv, end]
+            n_kv, C = codes.shape[0], self.codebook.n_centroids
+            flat = (codes + (np.arange(n_kv) * C)[:, None]).reshape(-1)
+            counts = np.bincount(flat, minlength=n_kv * C).reshape(n_kv, C)
+            stats = replace(stats, code_counts=tuple(counts))
+        else:
+            new = np.array(first[:, since:end]).astype(np.uint16)  # [n_kv, end - since]
+            stats = replace(stats, new_codes=tuple(new))
+        self._reported = end
+        self._stats_final = True
+        self.last_stats = stats
+        return stats
+
+    def _recall(
+        self, queries: mx.array, positions: mx.array, repeat: mx.array, scale: float
+    ) -> tuple[float, ...]:
+        """Shadow exact attention: per KV head, the attention mass on the selection.
+
+        queries post-RoPE [B, n_q, 1, d]; positions / repeat [B, n_kv, M] as `select` returns
+        them; scale: the layer's own attention scale (what `attend` received). The mass is
+        averaged over the GQA group's query heads and every batch row.
+        """
+        n, (B, n_q, _, d) = self.offset, queries.shape
+        keys = self.storage.dequantize(self.storage.rows(self.keys, n)).astype(mx.float32)
+        n_kv, M = keys.shape[1], positions.shape[-1]
+        G = n_q // n_kv
+        q = queries[:, :, 0, :].astype(mx.float32).reshape(B, n_kv, G, d)
+        probs = mx.softmax((q @ keys.swapaxes(-1, -2)) * scale, axis=-1)  # [B, n_kv, G, n]
+        index = mx.broadcast_to(positions[:, :, None, :], (B, n_kv, G, M))
+        picked = mx.take_along_axis(probs, index, axis=-1) * (~repeat)[:, :, None, :]
+        mass = np.array(picked.sum(axis=-1).mean(axis=(0, 2)))  # [n_kv]
+        return tuple(float(m) for m in mass)
 
     def _dequantized(self, stored):
-        if isinstance(stored, tuple):
-            return mx.dequantize(*stored, group_size=self.group_size, bits=self.kv_bits)
-        return stored
+        """Float rows of a stored value (for the evaluation caches in bench/)."""
+        return self.storage.dequantize(stored)
 
     # -- protocol ---------------------------------------------------------------------------
     def size(self) -> int:
@@ -311,10 +329,10 @@ class A2ATSCache(_BaseCache):
         return True
 
     def trim(self, n: int) -> int:
+        self._unattended = False
         n = min(self.offset, n)
         self.offset -= n
-        if self.config.telemetry:
-            self._recount_codes()
+        self._reported = None  # the next snapshot sends full histograms
         return n
 
     def make_mask(self, *args, **kwargs):
@@ -324,56 +342,90 @@ class A2ATSCache(_BaseCache):
     def state(self):
         if self.codes is None:
             return []
-        k, v = self._slice(self.keys, self.offset), self._slice(self.values, self.offset)
-        k = list(k) if isinstance(k, tuple) else [k]
-        v = list(v) if isinstance(v, tuple) else [v]
+        rows, arrays = self.storage.rows, self.storage.arrays
+        k, v = arrays(rows(self.keys, self.offset)), arrays(rows(self.values, self.offset))
         return [*k, *v, self.codes[..., : self.offset, :]]
 
     @state.setter
     def state(self, arrays) -> None:
         arrays = list(arrays)
+        if not hasattr(self, "config"):  # `from_state` of an mlx-lm that sets state first
+            self._pending_state = arrays
+            return
         if not arrays:
             self.keys = self.values = self.codes = None
             self.offset = 0
+            self._reported = None
             return
-        per = 3 if self.kv_bits is not None else 1
+        per = self.storage.n_arrays
         if len(arrays) != 2 * per + 1:
             raise ValueError(f"A2ATSCache state has {len(arrays)} arrays, expected {2 * per + 1}")
-        k, v = arrays[:per], arrays[per : 2 * per]
-        self.keys = tuple(k) if per == 3 else k[0]
-        self.values = tuple(v) if per == 3 else v[0]
+        self.keys = self.storage.from_arrays(arrays[:per])
+        self.values = self.storage.from_arrays(arrays[per : 2 * per])
         self.codes = arrays[-1].astype(mx.uint16)
         self.offset = self.codes.shape[2]
-        if self.config.telemetry:
-            self._recount_codes()
+        self._reported = None
 
     @property
-    def meta_state(self):
+    def meta_state(self) -> tuple[str, ...]:
+        """What rebuilds this cache around `state`, as strings (mlx-lm's convention):
+        (layer, config JSON, RoPE spec JSON, max_context, tokens_seen, codebook sha256)."""
+        _CODEBOOKS[self.codebook.sha256] = self.codebook  # so `from_state` can find it again
         return (
             str(self.layer),
             json.dumps(self.config.to_dict()),
             json.dumps(self.rope.to_dict()),
             str(self.max_context),
             str(self.tokens_seen),
+            self.codebook.sha256,
         )
 
-    # -- byte accounting (what is actually held) --------------------------------------------
-    @staticmethod
-    def _bytes(stored) -> int:
-        if stored is None:
-            return 0
-        if isinstance(stored, tuple):
-            return sum(a.nbytes for a in stored)
-        return stored.nbytes
+    @meta_state.setter
+    def meta_state(self, values) -> None:
+        """Configure the cache from `meta_state` strings; the codebook is the one already set
+        (`from_state(..., codebook=)`) or the loaded codebook with the recorded sha256."""
+        values = tuple(values)
+        if len(values) not in (5, 6):
+            raise ValueError(f"A2ATSCache meta_state has {len(values)} entries, expected 6")
+        layer, config, rope, max_context, tokens_seen = values[:5]
+        codebook = getattr(self, "codebook", None)
+        if codebook is None:
+            sha = values[5] if len(values) == 6 else None
+            codebook = _CODEBOOKS.get(sha) if sha else None
+            if codebook is None:
+                raise A2ATSError(
+                    f"the codebook of this A2ATS cache (sha256 {str(sha)[:16]}) is not loaded; "
+                    "load it first or pass it to from_state"
+                )
+        spec = RopeSpec.from_dict(json.loads(rope))
+        cfg = A2ATSConfig.from_dict(json.loads(config))
+        self._configure(int(layer), spec, codebook, cfg, int(max_context))
+        if not hasattr(self, "codes"):
+            self._clear()
+        pending = self.__dict__.pop("_pending_state", None)
+        if pending is not None:
+            self.state = pending
+        self.tokens_seen = int(tokens_seen)
 
+    @classmethod
+    def from_state(cls, state, meta_state, codebook=None) -> A2ATSCache:
+        """Rebuild a cache from `state` and `meta_state` (mlx-lm's `from_state`, plus the
+        codebook, which is not a string: given here, or found among loaded codebooks)."""
+        obj = cls.__new__(cls)
+        obj.codebook = codebook
+        obj.meta_state = meta_state
+        obj.state = state
+        return obj
+
+    # -- byte accounting (what is actually held) --------------------------------------------
     @property
     def compressed_key_bytes(self) -> int:
         """Key storage (full keys for exact attention on the selection) plus the codes."""
-        return self._bytes(self.keys) + self._bytes(self.codes)
+        return RowStorage.nbytes(self.keys) + RowStorage.nbytes(self.codes)
 
     @property
     def compressed_value_bytes(self) -> int:
-        return self._bytes(self.values)
+        return RowStorage.nbytes(self.values)
 
     def _fp16_bytes(self) -> int:
         if self.codes is None:
@@ -417,20 +469,26 @@ class A2ATSCache(_BaseCache):
     @property
     def tokens_retrieved(self) -> int:
         """Far tokens selected (union over KV heads), summed over decode steps."""
-        return int(self._retrieved.item()) + self._retrieved_host
+        return self.top_k.retrieved
 
 
 # -- model-level helpers ----------------------------------------------------------------------
 
 
 def make_cache(model: nn.Module, config: A2ATSConfig | None = None, codebook=None) -> list:
-    """One A2ATSCache per layer of `model`, with the attention hook installed.
+    """The model's cache list built from its layer plan, with the attention hook installed.
+
+    An A2ATSCache for every layer the plan (`layer_plan.py`) marks `a2ats`; the model's own
+    cache (mlx-lm's `make_prompt_cache` entry: RotatingKVCache, ArraysCache...) everywhere else.
+    Raises ModelNotSupportedError (one line) for a model the plan refuses.
 
     `codebook=None` falls back to a random codebook with a loud warning: retrieval is then
     near random (wiring and tests only; calibrate one with `a2ats calibrate`).
     """
     from . import hooks
+    from .layer_plan import A2ATS, native_caches, plan_for, rope_spec_of
 
+    plan = plan_for(model).require()
     config = config or A2ATSConfig()
     geo = model_geometry(model)
     if codebook is None:
@@ -441,25 +499,24 @@ def make_cache(model: nn.Module, config: A2ATSConfig | None = None, codebook=Non
             "Calibrate one (`a2ats calibrate`) for real use.",
             stacklevel=2,
         )
-        codebook = Codebook.random(
-            geo["num_layers"],
-            geo["num_kv_heads"],
-            geo["head_dim"],
-            min(config.n_centroids, 256),
-            sub_dim=config.sub_dim,
-        )
+        codebook = Codebook.random(geo.num_layers, geo.num_kv_heads, geo.head_dim, RANDOM_CENTROIDS)
     else:
         codebook.validate_for(model, config)
-    hooks.install(model)
-    specs = rope_specs(model)
-    ctx = geo.get("max_context")
-    return [A2ATSCache(i, spec, codebook, config, ctx) for i, spec in enumerate(specs)]
+    if not hooks.install(model):
+        raise ModelNotSupportedError(f"{plan.model_type}: the attention hook patched no module")
+    ctx = geo.max_context
+    caches = native_caches(model)
+    for choice in plan.layers:
+        if choice.kind == A2ATS:
+            spec = rope_spec_of(model, choice)
+            caches[choice.layer] = A2ATSCache(choice.layer, spec, codebook, config, ctx)
+    return caches
 
 
 def snapshot(caches: list, token_id: int | None = None) -> CacheSnapshot | None:
     """Gather the last step's LayerStats of every A2ATS cache (None when there are none)."""
     layers = tuple(
-        c.last_stats for c in caches if isinstance(c, A2ATSCache) and c.last_stats is not None
+        c.take_stats() for c in caches if isinstance(c, A2ATSCache) and c.last_stats is not None
     )
     if not layers:
         return None

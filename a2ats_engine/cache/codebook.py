@@ -1,9 +1,9 @@
 """Codebook: query-aware VQ centroids per layer x KV head, its file format and model validation.
 
-Math (DESIGN.md section 2). Keys are row vectors in the pre-RoPE frame. The score error of a
-code is `E_q[(q~ . (k - c))^2] = (k - c)^T H (k - c)` with `H = E[q~ q~^T]` over the WRoPE queries
-of the KV head's GQA group. With `H = L L^T` (Cholesky) that is `||(k - c) L||^2`, so k-means on
-`kL` minimises it. Per layer we hold
+Math (docs/ARCHITECTURE.md, "The method"). Keys are row vectors in the pre-RoPE frame. The score
+error of a code is `E_q[(q~ . (k - c))^2] = (k - c)^T H (k - c)` with `H = E[q~ q~^T]` over the
+WRoPE queries of the KV head's GQA group. With `H = L L^T` (Cholesky) that is `||(k - c) L||^2`, so
+k-means on `kL` minimises it. Per layer we hold
 
     C  = centroids         [n_kv, S, K, sub_dim]   key space: score tables `q . C_j`
     C' = assign_centroids  [n_kv, S, K, sub_dim]   `C' = C L`: assignment `argmin ||kL - C'_j||`
@@ -12,9 +12,10 @@ of the KV head's GQA group. With `H = L L^T` (Cholesky) that is `||(k - c) L||^2
 S = head_dim // sub_dim subspaces (S = 1: full-dim VQ; S > 1: product VQ, H restricted to its
 diagonal blocks, per-subspace tables summed by the user of `score_tables`).
 
-File format (DESIGN.md section 4): one safetensors file, arrays `layers.{l}.centroids`,
+File format: one safetensors file, arrays `layers.{l}.centroids`,
 `layers.{l}.assign_centroids`, `layers.{l}.chol`, and one string metadata entry `a2ats` holding a
 JSON object: format name, format version, model fingerprint, n_centroids, sub_dim, beta, far_offset,
+far_buckets, window (the calibration settings `validate_for` compares with a cache's config),
 corpus description, token count, creation time.
 """
 
@@ -23,7 +24,6 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import math
 import os
 import struct
 import warnings
@@ -36,6 +36,7 @@ import numpy as np
 
 from ..calibration.kmeans import Interrupt, KMeansCallback, kmeans
 from ..errors import CodebookError
+from ..files import sha256_file
 
 FORMAT_NAME = "a2ats-codebook"
 FORMAT_VERSION = 1
@@ -43,6 +44,10 @@ METADATA_KEY = "a2ats"
 DEFAULT_RIDGE = 1e-3
 _MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 _ASSIGN_BLOCK_ELEMENTS = 1 << 24  # bound on a [.., N_chunk, K] distance block in `assign`
+
+# A2ATSConfig fields calibration records in the metadata that shape the query moments (the
+# distances queries are rotated to): a cache that changes one gets a warning.
+CALIBRATED_SETTINGS = ("far_offset", "far_buckets", "window")
 
 
 class Codebook:
@@ -130,11 +135,6 @@ class Codebook:
         """Bytes held in memory: C, C', L and the lazily built assignment matrices."""
         held = self._centroids + self._assign + self._chol + list(self._assign_weights.values())
         return int(sum(a.nbytes for a in held))
-
-    @property
-    def code_bits(self) -> int:
-        """Bits of information per code (log2 of n_centroids, rounded up)."""
-        return max(1, math.ceil(math.log2(self.n_centroids)))
 
     # -- use --------------------------------------------------------------------------------
     def _weights(self, layer: int) -> mx.array:
@@ -318,11 +318,7 @@ class Codebook:
     def save(self, path: str | os.PathLike) -> None:
         """Write one safetensors file (atomically: a temporary file renamed into place)."""
         path = Path(path)
-        arrays = {}
-        for i in range(self.num_layers):
-            arrays[f"layers.{i}.centroids"] = self._centroids[i]
-            arrays[f"layers.{i}.assign_centroids"] = self._assign[i]
-            arrays[f"layers.{i}.chol"] = self._chol[i]
+        arrays = self.to_arrays()
         meta = dict(self.metadata)
         meta.setdefault("format", FORMAT_NAME)
         meta["format_version"] = FORMAT_VERSION
@@ -342,7 +338,45 @@ class Codebook:
         finally:
             if tmp.exists():
                 tmp.unlink()
-        self._sha256 = _file_sha256(path)
+        self._sha256 = sha256_file(path)
+
+    def to_arrays(self, prefix: str = "") -> dict[str, mx.array]:
+        """The codebook's arrays under the one layout codebook and session files share:
+        `{prefix}layers.{l}.centroids`, `.assign_centroids`, `.chol` for every layer l."""
+        arrays = {}
+        for i in range(self.num_layers):
+            arrays[f"{prefix}layers.{i}.centroids"] = self._centroids[i]
+            arrays[f"{prefix}layers.{i}.assign_centroids"] = self._assign[i]
+            arrays[f"{prefix}layers.{i}.chol"] = self._chol[i]
+        return arrays
+
+    @classmethod
+    def from_arrays(
+        cls,
+        arrays: dict[str, mx.array],
+        metadata: dict[str, Any],
+        num_layers: Any,
+        prefix: str = "",
+        where: str = "codebook",
+    ) -> Codebook:
+        """The inverse of `to_arrays`. CodebookError naming `where` for a missing or bad array."""
+        if not isinstance(num_layers, int) or num_layers < 1:
+            raise CodebookError(f"{where}: file is damaged (no layer count in its metadata)")
+        parts = []
+        for name in ("centroids", "assign_centroids", "chol"):
+            layer_arrays = []
+            for i in range(num_layers):
+                arr = arrays.get(f"{prefix}layers.{i}.{name}")
+                if arr is None:
+                    raise CodebookError(
+                        f"{where}: file is damaged ({prefix}layers.{i}.{name} missing)"
+                    )
+                layer_arrays.append(arr)
+            parts.append(layer_arrays)
+        try:
+            return cls(parts[0], parts[2], metadata, assign_centroids=parts[1])
+        except ValueError as exc:
+            raise CodebookError(f"{where}: file is damaged ({exc})") from exc
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Codebook:
@@ -354,25 +388,10 @@ class Codebook:
             arrays = mx.load(str(path), format="safetensors")
         except Exception as exc:  # MLX raises plain RuntimeError/ValueError on bad content
             raise CodebookError(f"{path.name}: file is damaged ({exc})") from exc
-        n_layers = meta.get("num_layers")
-        if not isinstance(n_layers, int) or n_layers < 1:
-            raise CodebookError(f"{path.name}: file is damaged (no layer count in its metadata)")
-        parts = []
-        for name in ("centroids", "assign_centroids", "chol"):
-            layer_arrays = []
-            for i in range(n_layers):
-                arr = arrays.get(f"layers.{i}.{name}")
-                if arr is None:
-                    raise CodebookError(f"{path.name}: file is damaged (layers.{i}.{name} missing)")
-                layer_arrays.append(arr)
-            parts.append(layer_arrays)
-        try:
-            book = cls(parts[0], parts[2], meta, assign_centroids=parts[1])
-        except ValueError as exc:
-            raise CodebookError(f"{path.name}: file is damaged ({exc})") from exc
+        book = cls.from_arrays(arrays, meta, meta.get("num_layers"), where=path.name)
         if (book.n_centroids, book.sub_dim) != (meta.get("n_centroids"), meta.get("sub_dim")):
             raise CodebookError(f"{path.name}: file is damaged (arrays disagree with metadata)")
-        book._sha256 = _file_sha256(path)
+        book._sha256 = sha256_file(path)
         return book
 
     @property
@@ -390,10 +409,10 @@ class Codebook:
         """Check that this codebook fits `model` (and `config`, an A2ATSConfig).
 
         Raises CodebookError naming the first hard mismatch (layers, KV heads, head dim, RoPE).
-        Returns warnings for soft ones (the config's far_offset differs from the one the codebook
-        was calibrated with; a different model with the same geometry); each is also issued with
-        `warnings.warn`. The codebook's own n_centroids and sub_dim are what a cache uses, so the
-        config's values of those are not compared."""
+        Returns warnings for soft ones (the config's far_offset, far_buckets or window differs
+        from the one the codebook was calibrated with: they set the distances its query moments
+        were rotated to; a different model with the same geometry); each is also issued with
+        `warnings.warn`. The codebook's own n_centroids and sub_dim are what a cache uses."""
         geometry = model_fingerprint(model)
         self._check_geometry(geometry)
         found = []
@@ -433,13 +452,15 @@ class Codebook:
             )
 
     def _config_warnings(self, config: Any) -> list[str]:
+        """One warning per calibration setting (recorded in the metadata) the config changes."""
         found = []
-        b = self.metadata.get("far_offset")
-        if b is not None and b != config.far_offset:
-            found.append(
-                f"codebook was calibrated with far_offset {b}, the cache uses "
-                f"{config.far_offset}; retrieval may be less accurate"
-            )
+        for name in CALIBRATED_SETTINGS:
+            calibrated = self.metadata.get(name)
+            if calibrated is not None and calibrated != getattr(config, name):
+                found.append(
+                    f"codebook was calibrated with {name} {calibrated}, the cache uses "
+                    f"{getattr(config, name)}; retrieval may be less accurate"
+                )
         return found
 
     def summary(self) -> str:
@@ -637,7 +658,7 @@ def relative_score_error_from_moments(
 
 def model_fingerprint(model: Any, name: str | None = None) -> dict[str, Any]:
     """What a codebook records about its model: geometry, RoPE spec and a hash of the config."""
-    from .rope import model_geometry, rope_specs
+    from .rope import model_geometry
 
     geometry = model_geometry(model)
     args = getattr(model, "args", None)
@@ -645,15 +666,22 @@ def model_fingerprint(model: Any, name: str | None = None) -> dict[str, Any]:
     blob = json.dumps(config, sort_keys=True, default=str)
     return {
         "name": name,
-        "model_type": geometry["model_type"],
-        "num_layers": geometry["num_layers"],
-        "num_heads": geometry["num_heads"],
-        "num_kv_heads": geometry["num_kv_heads"],
-        "head_dim": geometry["head_dim"],
-        "rope": geometry["rope"],
-        "rope_fingerprint": _rope_fingerprint([s.fingerprint() for s in rope_specs(model)]),
+        "model_type": geometry.model_type,
+        "num_layers": geometry.num_layers,
+        "num_heads": geometry.num_heads,
+        "num_kv_heads": geometry.num_kv_heads,
+        "head_dim": geometry.head_dim,
+        "rope": geometry.rope,
+        "rope_fingerprint": _rope_fingerprint([s.fingerprint() for s in _a2ats_specs(model)]),
         "config_hash": hashlib.sha256(blob.encode()).hexdigest()[:16],
     }
+
+
+def _a2ats_specs(model: Any) -> list:
+    """RopeSpecs of the layers the layer plan serves with A2ATS (what codes depend on)."""
+    from .layer_plan import A2ATS, plan_for, rope_spec_of
+
+    return [rope_spec_of(model, c) for c in plan_for(model).layers if c.kind == A2ATS]
 
 
 def _rope_fingerprint(per_layer: list[str]) -> str:
@@ -673,14 +701,6 @@ def _rope_mismatch(recorded: dict[str, Any], geometry: dict[str, Any]) -> str | 
         diffs.append("frequencies differ")
     detail = ", ".join(diffs) if diffs else "per-layer RoPE differs"
     return f"codebook was calibrated for a different RoPE ({detail})"
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _read_metadata(path: Path) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Seed-compatible entry points: `KVCacheConfig(method="a2ats", ...)` + `KVCacheBuilder`.
 
-The project started from a document describing an "A2ATS-adapted" cache configured this way
-(../shared/seeds/000_*.txt). The same calls build our real cache:
+The project started from a document describing an "A2ATS-adapted" cache configured this way.
+The same calls build our real cache:
 
     caches = KVCacheBuilder.for_model(model, KVCacheConfig(method="a2ats", head_dim=64))
     mlx_lm.stream_generate(model, tokenizer, prompt, prompt_cache=caches)
@@ -15,12 +15,14 @@ a2ats_codebook -> a Codebook or a codebook file path (None: random codebook, lou
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import mlx.nn as nn
 
+from ..calibration.codebook_spec import CodebookSpec
 from .config import A2ATSConfig
 
 
@@ -66,18 +68,23 @@ class KVCacheConfig:
             )
 
     def to_a2ats(self) -> A2ATSConfig:
-        """The equivalent A2ATSConfig."""
-        sub = self.a2ats_sub_dim
+        """The equivalent A2ATSConfig (the cache settings)."""
         return A2ATSConfig(
             window=self.a2ats_window,
             far_offset=self.a2ats_far_offset,
             sinks=self.a2ats_sinks,
             budget=float(self.a2ats_retrieval_fraction),
+            far_buckets=self.a2ats_far_buckets,
+            kv_bits=self.a2ats_kv_bits,
+        )
+
+    def codebook_spec(self) -> CodebookSpec:
+        """The codebook these settings describe (what `calibrate` would train)."""
+        sub = self.a2ats_sub_dim
+        return CodebookSpec(
             n_centroids=2**self.a2ats_codebook_bits,
             sub_dim=None if sub is None or sub == self.head_dim else sub,
             beta=float(self.a2ats_beta) if self.a2ats_use_query_aware else 1.0,
-            far_buckets=self.a2ats_far_buckets,
-            kv_bits=self.a2ats_kv_bits,
         )
 
 
@@ -92,12 +99,32 @@ class KVCacheBuilder:
         from .rope import model_geometry
 
         geo = model_geometry(model)
-        if geo["head_dim"] != config.head_dim:
+        if geo.head_dim != config.head_dim:
             raise ValueError(
                 f"KVCacheConfig.head_dim={config.head_dim} does not match the model's head dim "
-                f"{geo['head_dim']}"
+                f"{geo.head_dim}"
             )
         codebook = config.a2ats_codebook
         if isinstance(codebook, str | Path):
             codebook = Codebook.load(codebook)
+        if codebook is None:
+            codebook = _random_codebook(geo, config.codebook_spec())
         return make_cache(model, config.to_a2ats(), codebook)
+
+
+def _random_codebook(geo: Any, spec: CodebookSpec) -> Any:
+    """A random codebook of the spec's shape (at most 256 centroids), with a loud warning."""
+    from .codebook import Codebook
+
+    warnings.warn(
+        "A2ATS: no codebook given, using a RANDOM codebook: retrieval will be near random. "
+        "Calibrate one (`a2ats calibrate`) for real use.",
+        stacklevel=3,
+    )
+    return Codebook.random(
+        geo.num_layers,
+        geo.num_kv_heads,
+        geo.head_dim,
+        min(spec.n_centroids, 256),
+        sub_dim=spec.sub_dim,
+    )

@@ -3,20 +3,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
-
-def check_int(owner: str, name: str, value: Any, lo: int, hi: int | None = None) -> None:
-    """ValueError naming `owner.name`, the value and the range unless lo <= value (<= hi)."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or value < lo
-        or (hi is not None and value > hi)
-    ):
-        allowed = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
-        raise ValueError(f"{owner}.{name}={value!r} is out of range: must be {allowed}")
+from ..validation import check_int, from_known_fields
 
 
 def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
@@ -25,18 +15,17 @@ def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
 
 @dataclass(frozen=True)
 class A2ATSConfig:
-    """Settings of the A2ATS cache (DESIGN.md section 2).
+    """Settings of the A2ATS cache (docs/ARCHITECTURE.md, "The method").
 
     window:       trailing tokens (the current one included) scored with exact RoPE.
     far_offset:   b, the distance every far token is treated as sitting at (paper: 2048).
+                  Used only when far_buckets = 1; ignored otherwise (`unused_settings`).
     sinks:        leading tokens always attended.
     budget:       far tokens retrieved per query head: a fraction of the context in (0, 1],
                   or an int token count >= 1.
     min_k:        lower bound on the retrieved count when `budget` is a fraction.
-    n_centroids:  codebook size (2..65536; codes are uint16).
-    sub_dim:      None = full head-dim VQ; else product VQ over head_dim / sub_dim subspaces.
-    beta:         0 = fully query-aware VQ, 1 = plain nearest-centroid VQ.
-    far_buckets:  1 = the paper's single distance b; m > 1 = m log-spaced distance buckets.
+    far_buckets:  1 = the paper's single distance b; m > 1 = m log-spaced distance buckets,
+                  each far token scored at its bucket's own distance (far_offset unused).
     rerank:       1 = keep the top-K of the approximate scores (the paper); r > 1 = take the
                   top r*K candidates by approximate score, then keep the K with the highest
                   exact scores among them (their stored keys are gathered and scored exactly).
@@ -47,6 +36,10 @@ class A2ATSConfig:
     telemetry:    record LayerStats after every decode step (costs a host sync per step).
     fidelity_every: with telemetry, every k-th decode step also runs a shadow exact attention
                   and records the attention mass recalled per KV head (0 = off).
+
+    What the codebook is (centroids, product-VQ split, beta) is not a cache setting: the cache
+    reads it from the codebook it is given, and calibration takes a `CodebookSpec`
+    (`calibration/codebook_spec.py`).
     """
 
     window: int = 64
@@ -54,9 +47,6 @@ class A2ATSConfig:
     sinks: int = 8
     budget: float | int = 0.03
     min_k: int = 16
-    n_centroids: int = 4096
-    sub_dim: int | None = None
-    beta: float = 0.0
     far_buckets: int = 4
     rerank: int = 2
     kv_bits: int | None = None
@@ -69,7 +59,6 @@ class A2ATSConfig:
         _check_int("far_offset", self.far_offset, 1)
         _check_int("sinks", self.sinks, 0)
         _check_int("min_k", self.min_k, 1)
-        _check_int("n_centroids", self.n_centroids, 2, 65536)
         _check_int("far_buckets", self.far_buckets, 1, 64)
         _check_int("rerank", self.rerank, 1, 64)
         b = self.budget
@@ -86,14 +75,6 @@ class A2ATSConfig:
             raise ValueError(
                 f"A2ATSConfig.budget={b!r} is out of range: a fractional budget must be in (0, 1]"
             )
-        if self.sub_dim is not None:
-            _check_int("sub_dim", self.sub_dim, 1)
-        if (
-            isinstance(self.beta, bool)
-            or not isinstance(self.beta, int | float)
-            or not 0.0 <= float(self.beta) <= 1.0
-        ):
-            raise ValueError(f"A2ATSConfig.beta={self.beta!r} is out of range: must be in [0, 1]")
         if self.kv_bits not in (None, 4, 8):
             raise ValueError(
                 f"A2ATSConfig.kv_bits={self.kv_bits!r} is out of range: must be None, 8 or 4"
@@ -113,11 +94,20 @@ class A2ATSConfig:
             return self.budget
         return max(self.min_k, math.ceil(self.budget * context))
 
+    def unused_settings(self) -> dict[str, str]:
+        """{field: why} for the fields this configuration ignores: far_offset when
+        far_buckets > 1 (for CLI notes; the app's settings dialog disables it)."""
+        if self.far_buckets > 1:
+            return {
+                "far_offset": f"ignored with far_buckets = {self.far_buckets}: far tokens are "
+                "scored at their distance bucket's own distance (b applies to far_buckets = 1)"
+            }
+        return {}
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> A2ATSConfig:
         """Build from a dict, ignoring unknown keys (forward compatibility of saved settings)."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return from_known_fields(cls, data)

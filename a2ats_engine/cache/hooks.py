@@ -4,7 +4,7 @@ mlx-lm model files call `scaled_dot_product_attention(queries, keys, values, cac
 mask=...)`, a name imported from `mlx_lm.models.base` into each model module. `install(model)`
 rebinds that name in the modules the model's layers come from to `dispatch`: a cache with a
 callable `attend` gets `cache.attend(queries, keys, values, scale=..., mask=...)` with the true
-(post-RoPE) query; every other cache goes to mlx-lm's original function, untouched.
+(post-RoPE) query (plus `sinks=` for models with attention sinks); every other cache goes to mlx-lm's original function, untouched.
 Idempotent and reversible; a no-op for models whose caches are ordinary.
 """
 
@@ -31,10 +31,16 @@ def _users(module_name: str) -> dict[int, weakref.ref]:
 
 
 def dispatch(queries, keys, values, cache=None, scale: float = 1.0, mask=None, **kwargs: Any):
-    """Drop-in for mlx-lm's scaled_dot_product_attention. Shapes: queries [B, n_q, L, d]."""
+    """Drop-in for mlx-lm's scaled_dot_product_attention. Shapes: queries [B, n_q, L, d].
+
+    Attention sinks (gpt_oss: one learned logit per query head, `sinks` [n_q]) reach `attend`
+    as a keyword; every other extra keyword goes to mlx-lm's function unchanged."""
     attend = getattr(cache, "attend", None)
-    if attend is not None and not kwargs.get("sinks"):
-        return attend(queries, keys, values, scale=scale, mask=mask)
+    if attend is not None:
+        sinks = kwargs.get("sinks")
+        if sinks is None:
+            return attend(queries, keys, values, scale=scale, mask=mask)
+        return attend(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
     return _ORIGINAL(queries, keys, values, cache=cache, scale=scale, mask=mask, **kwargs)
 
 

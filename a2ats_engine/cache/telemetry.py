@@ -21,15 +21,22 @@ class LayerStats:
     sinks:         number of leading sink tokens always attended.
     selected:      one int32 array per KV head of every attended position (sinks, retrieved
                    far tokens, window), sorted ascending. Empty-free: exact steps list all.
-    code_counts:   one int64 histogram per KV head of code use over all cached tokens
-                   (length n_centroids; for product VQ, the first subspace).
+    code_counts:   a keyframe: one int64 histogram per KV head of code use over all cached
+                   tokens (length n_centroids; for product VQ, the first subspace). Sent on the
+                   first snapshot after the cache was made, prefilled, trimmed or restored;
+                   () on the other steps, which send `new_codes` instead.
     bytes_held:    bytes this layer's cache actually holds (K/V storage + codes).
     bytes_fp16:    bytes an fp16 full K/V cache of the same length would hold.
     exact:         True when nothing could be dropped and exact attention was used.
     layer:         layer index in the model.
     recall:        optional per-KV-head attention mass recalled vs exact attention (fidelity
-                   shadow pass), else None.
+                   shadow pass with the layer's own attention scale; mean over the group's
+                   query heads and every batch row), else None.
     recall_ms:     wall time of that shadow pass in milliseconds (its cost), else None.
+    new_codes:     None for a keyframe (code_counts holds the histograms); else one uint16
+                   array per KV head of the codes appended since this layer's previous snapshot
+                   (usually one token): histograms = previous histograms + these codes. The
+                   inspector's ring (app/inspector/snapshot_ring.py) accumulates them.
     """
 
     step: int
@@ -44,6 +51,7 @@ class LayerStats:
     layer: int = 0
     recall: tuple[float, ...] | None = None
     recall_ms: float | None = None
+    new_codes: tuple[np.ndarray, ...] | None = None
 
     @property
     def retrieved(self) -> tuple[np.ndarray, ...]:

@@ -1,5 +1,5 @@
 """Codebook calibration: run the model over a corpus, collect pre-RoPE keys and WRoPE queries,
-train a query-aware codebook (DESIGN.md section 2).
+train a query-aware codebook (docs/ARCHITECTURE.md, "The method").
 
 How the data is captured. Every attention layer gets a `CaptureCache` (mlx-lm's `KVCache` plus
 an `attend` method); `hooks.install(model)` routes the layer's attention call to `attend`, which
@@ -35,10 +35,13 @@ from mlx_lm.models.cache import KVCache
 
 from ..cache.codebook import Codebook, model_fingerprint, relative_score_error_from_moments
 from ..cache.config import A2ATSConfig
-from ..cache.rope import RopeSpec, model_geometry, retrieval_distances, rope_specs
+from ..cache.rope import RopeSpec, model_geometry, retrieval_distances
+from ..data_dirs import DEMO_CODEBOOK_NAME, demo_codebook_path  # noqa: F401  (re-exported)
 from ..errors import A2ATSError
+from ..progress import Progress
+from ..validation import check_int
+from .codebook_spec import CodebookSpec
 
-Progress = Callable[[str, int, int], None]
 STEP_TOKENS = 128  # forward step between cancel checks: cancel took 1.7 s on the demo model
 # with the 2-core CPU 4x oversubscribed, so well under a second on an idle one
 DEFAULT_CHUNK_LEN = 1024
@@ -96,10 +99,12 @@ class CaptureCache(KVCache):
         self.query_count = 0
         self.collect_queries = True
 
-    def attend(self, queries, keys, values, *, scale, mask):
+    def attend(self, queries, keys, values, *, scale, mask, sinks=None):
         """Exact attention (the model's forward is unchanged) + the query moment update.
         queries `[B, n_q, L, d]` post-RoPE at positions `offset - L ... offset - 1`."""
-        out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+        out = mx.fast.scaled_dot_product_attention(
+            queries, keys, values, scale=scale, mask=mask, sinks=sinks
+        )
         if self.collect_queries:
             self._accumulate(queries)
         return out
@@ -140,6 +145,7 @@ def collect(
     texts: Sequence[str],
     config: A2ATSConfig | None = None,
     *,
+    spec: CodebookSpec | None = None,
     tokens: int = 65536,
     keys_per_head: int | None = None,
     chunk_len: int = DEFAULT_CHUNK_LEN,
@@ -152,14 +158,16 @@ def collect(
     start a fresh context) and collect keys and query moments (see the module docstring).
 
     A share `heldout` of the chunks (evenly spread; none when there is a single chunk) goes to
-    held-out data for evaluation. Raises CalibrationCancelled when `cancel` is set."""
+    held-out data for evaluation. `config` gives sinks, window and the far distances the
+    queries are rotated to; `spec` (its n_centroids) sizes the default `keys_per_head`.
+    Raises CalibrationCancelled when `cancel` is set."""
     config = config or A2ATSConfig()
+    spec = spec or CodebookSpec()
     _check_positive("tokens", tokens, 2)
     _check_positive("chunk_len", chunk_len, 2)
     if not 0.0 <= heldout < 1.0:
         raise ValueError(f"heldout={heldout!r} is out of range: must be in [0, 1)")
-    n_centroids = config.n_centroids
-    keys_per_head = keys_per_head or default_keys_per_head(n_centroids)
+    keys_per_head = keys_per_head or default_keys_per_head(spec.n_centroids)
     _check_positive("keys_per_head", keys_per_head, 1)
     stream = token_stream(tokenizer, texts, tokens, progress=progress, cancel=cancel)
     chunks = _chunks(len(stream), chunk_len)
@@ -173,8 +181,7 @@ def collect(
 
 
 def _check_positive(name: str, value: Any, lo: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise ValueError(f"{name}={value!r} is out of range: must be an integer >= {lo}")
+    check_int("collect", name, value, lo)
 
 
 def token_stream(
@@ -246,14 +253,15 @@ def _run(
     cancel: CancelFlag | None,
 ) -> CalibrationData:
     from ..cache import hooks
+    from ..cache.layer_plan import native_caches, rope_spec_of
 
     geometry = model_geometry(model)
-    specs = rope_specs(model)
+    served = _served_layers(model)
+    specs = [rope_spec_of(model, c) for c in served]
     distances = retrieval_distances(
-        config.window, config.far_offset, config.far_buckets, geometry.get("max_context")
+        config.window, config.far_offset, config.far_buckets, geometry.max_context
     )
-    n_kv = geometry["num_kv_heads"]
-    body = _body(model)
+    body = transformer_body(model)
     was_installed = hooks.is_installed(model)
     hooks.install(model)
     train = _Accumulator(len(specs))
@@ -263,18 +271,25 @@ def _run(
         for index, (start, end) in enumerate(chunks):
             acc, positions = (held, out_pos) if index in heldout_ids else (train, train_pos)
             query_start = min(config.sinks + config.window, (end - start) // 2)
-            caches = [CaptureCache(s, distances, n_kv, query_start) for s in specs]
+            captures = [
+                CaptureCache(s, distances, c.n_kv_heads, query_start)
+                for s, c in zip(specs, served, strict=True)
+            ]
+            caches = native_caches(model)  # the model's own caches on the layers A2ATS leaves
+            for choice, capture in zip(served, captures, strict=True):
+                caches[choice.layer] = capture
             tokens = mx.array(stream[start:end])[None]
             for s in range(0, end - start, STEP_TOKENS):
                 _check_cancel(cancel)
                 body(tokens[:, s : s + STEP_TOKENS], cache=caches)
                 mx.eval(
-                    [c.keys for c in caches] + [c.moment for c in caches if c.moment is not None]
+                    [c.keys for c in captures]
+                    + [c.moment for c in captures if c.moment is not None]
                 )
                 if progress is not None:
                     progress("collecting", start + min(s + STEP_TOKENS, end - start), total)
             local = positions[(positions >= start) & (positions < end)] - start
-            acc.add(caches, mx.array(local.astype(np.int32)))
+            acc.add(captures, mx.array(local.astype(np.int32)))
     finally:
         if not was_installed:
             hooks.uninstall(model)
@@ -288,6 +303,35 @@ def _run(
         tokens=total,
         queries=train.queries,
         chunk_len=chunks[0][1] - chunks[0][0],
+    )
+
+
+def _served_layers(model: Any) -> list:
+    """The layer plan's `a2ats` layers (LayerChoice): the only ones calibration captures."""
+    from ..cache.layer_plan import A2ATS, plan_for
+
+    return [c for c in plan_for(model).require().layers if c.kind == A2ATS]
+
+
+def spread_to_layers(book: Codebook, model: Any) -> Codebook:
+    """A codebook fit on the plan's A2ATS layers, indexed by model layer: each layer the plan
+    leaves native (sliding window, NoPE, linear attention) reuses the first A2ATS layer's
+    arrays (never used by a cache; they keep `codebook.assign(layer, ...)` indexing by model
+    layer). Metadata `a2ats_layers` lists the layers that were really calibrated. Unchanged
+    when every layer is an A2ATS layer."""
+    from ..cache.layer_plan import A2ATS, plan_for
+
+    served = [c.layer for c in plan_for(model).layers if c.kind == A2ATS]
+    total = model_geometry(model).num_layers  # decoder layers, as validate_for counts them
+    if len(served) == total:
+        return book
+    index = {layer: i for i, layer in enumerate(served)}
+    pick = [index.get(layer, 0) for layer in range(total)]
+    return Codebook(
+        [book.centroids[i] for i in pick],
+        [book.chol[i] for i in pick],
+        {**book.metadata, "a2ats_layers": served},
+        assign_centroids=[book.assign_centroids[i] for i in pick],
     )
 
 
@@ -317,8 +361,13 @@ class _Accumulator:
         return [mx.concatenate(parts, axis=1) for parts in self.keys]
 
 
-def _body(model: Any) -> Callable[..., Any]:
-    """The transformer without the LM head when it takes `cache=` (saves the vocab matmul)."""
+def transformer_body(model: Any) -> Callable[..., Any]:
+    """The model without its LM head, for passes that only need the caches filled.
+
+    Returns `model.model` when it is callable with `cache=` (mlx-lm's layout: calling it runs
+    the embeddings and every layer, so each cache sees its keys and queries, and skips the
+    `[L, vocab]` output matmul), else `model` itself. Call it as
+    `transformer_body(model)(tokens [1, L], cache=caches)`."""
     inner = getattr(model, "model", None)
     if inner is not None and callable(inner):
         try:
@@ -336,7 +385,7 @@ def _check_cancel(cancel: CancelFlag | None) -> None:
 
 def fit_codebook(
     data: CalibrationData,
-    config: A2ATSConfig | None = None,
+    spec: CodebookSpec | None = None,
     *,
     beta: float | None = None,
     seed: int = 0,
@@ -347,10 +396,10 @@ def fit_codebook(
     stage: str = "clustering",
     metadata: dict[str, Any] | None = None,
 ) -> Codebook:
-    """Train a codebook on collected data with `config`'s n_centroids, sub_dim and beta
-    (`beta` overrides the config's). Held-out score error goes into the metadata."""
-    config = config or A2ATSConfig()
-    beta = config.beta if beta is None else beta
+    """Train a codebook on collected data with `spec`'s n_centroids, sub_dim and beta
+    (`beta` overrides the spec's). Held-out score error goes into the metadata."""
+    spec = spec or CodebookSpec()
+    beta = spec.beta if beta is None else beta
 
     def callback(it: int, total: int) -> None:
         if progress is not None:
@@ -358,9 +407,9 @@ def fit_codebook(
 
     book = Codebook.fit(
         data.keys,
-        n_centroids=config.n_centroids,
+        n_centroids=spec.n_centroids,
         query_moments=data.moments if data.moments else None,
-        sub_dim=config.sub_dim,
+        sub_dim=spec.sub_dim,
         beta=beta,
         seed=seed,
         max_iters=max_iters,
@@ -382,6 +431,7 @@ def calibrate(
     texts: Sequence[str] | None,
     config: A2ATSConfig | None = None,
     *,
+    spec: CodebookSpec | None = None,
     tokens: int = 65536,
     progress: Progress | None = None,
     cancel: CancelFlag | None = None,
@@ -396,7 +446,8 @@ def calibrate(
 ) -> Codebook:
     """Calibrate a codebook for `model` on `texts` (None: the built-in corpus).
 
-    n_centroids, sub_dim, beta, far_offset (b), sinks and window come from `config`.
+    The codebook's n_centroids, sub_dim and beta come from `spec` (default `CodebookSpec()`);
+    far_offset (b), far_buckets, sinks and window from `config` (recorded in the metadata).
     With `compare_plain` a plain-VQ (beta = 1) codebook is also fit on the same keys and its
     held-out score error stored as `heldout_score_error_plain` (for the CLI summary).
     Deterministic for a seed. Raises CalibrationCancelled when `cancel` is set (nothing saved).
@@ -406,12 +457,13 @@ def calibrate(
     from .corpus import builtin_corpus, builtin_description
 
     config = config or A2ATSConfig()
+    spec = spec or CodebookSpec()
     began = time.perf_counter()
     if texts is None:
         texts = builtin_corpus(tokenizer, seed=seed, chars=8 * tokens)
         corpus = corpus or builtin_description()
     data = collect(
-        model, tokenizer, texts, config, tokens=tokens, keys_per_head=keys_per_head,
+        model, tokenizer, texts, config, spec=spec, tokens=tokens, keys_per_head=keys_per_head,
         chunk_len=chunk_len, heldout=heldout, seed=seed, progress=progress, cancel=cancel,
     )  # fmt: skip
     metadata = {
@@ -425,12 +477,13 @@ def calibrate(
         "chunk_len": data.chunk_len,
     }
     book = fit_codebook(
-        data, config, seed=seed, max_iters=max_iters, progress=progress, cancel=cancel,
+        data, spec, seed=seed, max_iters=max_iters, progress=progress, cancel=cancel,
         metadata=metadata,
     )  # fmt: skip
-    if compare_plain and config.beta < 1.0:
+    book = spread_to_layers(book, model)
+    if compare_plain and spec.beta < 1.0:
         plain = fit_codebook(
-            data, config, beta=1.0, seed=seed, max_iters=max_iters, progress=progress,
+            data, spec, beta=1.0, seed=seed, max_iters=max_iters, progress=progress,
             cancel=cancel, stage="clustering plain VQ",
         )  # fmt: skip
         if "heldout_score_error" in plain.metadata:
@@ -441,7 +494,6 @@ def calibrate(
 
 # -- demo default ---------------------------------------------------------------------------
 
-DEMO_CODEBOOK_NAME = "demo-default.safetensors"
 DEMO_CENTROIDS = 512
 DEMO_TOKENS = 12288
 DEMO_SIZING = """Why 512 centroids and 12288 tokens for the demo model (SmolLM2-135M: 30 layers x 3 KV
@@ -460,13 +512,6 @@ Lloyd iterations past about 8 do not lower the error (hence max_iters 10); 4x th
 buys about 20% lower error at 6x the time. 512 centroids (9-bit codes) on 8192 keys per head is
 the knee. 12288 tokens (12 chunks of 1024, one held out) give the 8192 training keys per head
 with some to spare; the forward pass over them dominates the build time."""
-
-
-def demo_codebook_path() -> Path:
-    """Where the default demo codebook lives: `<data dir>/codebooks/demo-default.safetensors`."""
-    from ..data_dirs import data_dir
-
-    return data_dir() / "codebooks" / DEMO_CODEBOOK_NAME
 
 
 def ensure_demo_codebook(
@@ -496,13 +541,8 @@ def ensure_demo_codebook(
             pass  # damaged: rebuild below
     model, tokenizer, info = load_model(str(model_source), progress=progress)
     book = calibrate(
-        model, tokenizer, None, A2ATSConfig(n_centroids=DEMO_CENTROIDS), tokens=DEMO_TOKENS,
-        progress=progress, cancel=cancel, model_name=info.name,
+        model, tokenizer, None, A2ATSConfig(), spec=CodebookSpec(DEMO_CENTROIDS),
+        tokens=DEMO_TOKENS, progress=progress, cancel=cancel, model_name=info.name,
     )  # fmt: skip
     book.save(path)
     return path
-
-
-def demo_post_fetch_step(folder: Path, progress: Progress | None = None) -> None:
-    """`demo.POST_FETCH_STEPS` entry: build the default codebook for the fetched demo model."""
-    ensure_demo_codebook(progress, model_source=folder)

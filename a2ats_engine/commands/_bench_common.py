@@ -29,17 +29,13 @@ def find_codebook(path: str | None, source: str, model_path: str | None, *, requ
 
 
 def a2ats_config(codebook, model: Any, **knobs: Any):
-    """An A2ATSConfig matching the codebook (centroids, sub_dim, calibrated b) plus `knobs`
+    """An A2ATSConfig matching the codebook (the b it was calibrated with) plus `knobs`
     (None values ignored). Codebook/model mismatches raise; warnings go to stderr once."""
     from ..cache.config import A2ATSConfig
 
     base: dict[str, Any] = {}
-    if codebook is not None:
-        base["n_centroids"] = codebook.n_centroids
-        if codebook.num_subspaces > 1:
-            base["sub_dim"] = codebook.sub_dim
-        if codebook.metadata.get("far_offset") is not None:
-            base["far_offset"] = int(codebook.metadata["far_offset"])
+    if codebook is not None and codebook.metadata.get("far_offset") is not None:
+        base["far_offset"] = int(codebook.metadata["far_offset"])
     base.update({k: v for k, v in knobs.items() if v is not None})
     config = A2ATSConfig(**base)
     if codebook is not None:

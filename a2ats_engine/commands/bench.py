@@ -35,6 +35,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument(
         "--telemetry", action="store_true", help="also time a2ats with telemetry on (overhead)"
     )
+    d.add_argument(
+        "--geometry",
+        help="instead of --model: a random-weight float32 model with a real model's geometry "
+        "(qwen3-0.6b, llama-3.2-1b, gemma-3-1b; tiny for smoke runs), caches filled "
+        "synthetically (no prefill); times full and a2ats, plus calibration throughput",
+    )
+    d.add_argument(
+        "--calibration-tokens",
+        type=int,
+        default=4096,
+        help="with --geometry: tokens calibrated to time calibration (0: skip)",
+    )
     d.add_argument("--json", action="store_true", help="print one JSON object")
     d.set_defaults(func=run_decode)
     _register_memory(bench)
@@ -49,7 +61,84 @@ def _load_codebook(path: str | None, model_source: str, model_path: str | None =
     return find_codebook(path, model_source, model_path, required=False)
 
 
+def run_geometry_decode(args: argparse.Namespace) -> int:
+    """`a2ats bench decode --geometry NAME`: real-size shapes, random weights, synthetic caches."""
+    from ..bench.geometries import (
+        GEOMETRIES,
+        bench_geometry_decode,
+        calibration_throughput,
+        geometry_model,
+        parameter_count,
+    )
+    from ..cache.config import A2ATSConfig
+    from ..cache.layer_plan import plan_for
+    from ._bench_common import machine, parse_budget
+
+    if args.geometry not in GEOMETRIES:
+        known = ", ".join(GEOMETRIES)
+        raise ValueError(f"--geometry={args.geometry!r} is unknown: choose one of {known}")
+    model = geometry_model(args.geometry)
+    knobs = {"budget": parse_budget(args.budget)}
+    if args.rerank is not None:
+        knobs["rerank"] = args.rerank
+    from ..cache.a2ats_cache import RANDOM_CENTROIDS
+
+    config = A2ATSConfig(**knobs)
+    contexts = [int(c) for c in args.contexts.split(",") if c]
+    results = bench_geometry_decode(model, contexts, steps=args.steps, config=config)
+    rows = []
+    for r in results:
+        full = next(x for x in results if x.context == r.context and x.method == "full")
+        rows.append(
+            {
+                "method": r.method,
+                "context": r.context,
+                "tokens_per_s": round(r.tokens_per_s, 2),
+                "speed_vs_full": round(r.tokens_per_s / full.tokens_per_s, 3),
+                "bytes_held": r.bytes_held,
+                "bytes_vs_full": round(r.bytes_held / max(full.bytes_held, 1), 3),
+            }
+        )
+    calib = None
+    if args.calibration_tokens:
+        calib = calibration_throughput(model, config, args.calibration_tokens)
+    meta = {
+        "geometry": args.geometry,
+        "description": GEOMETRIES[args.geometry][0],
+        "parameters": parameter_count(model),
+        "layer_plan": plan_for(model).summary(),
+        "codebook": f"random ({RANDOM_CENTROIDS} centroids): timing only",
+        "budget": config.budget,
+        "steps": args.steps,
+        "calibration": calib,
+        "machine": machine(),
+        "command": "a2ats bench decode " + " ".join(sys.argv[3:]),
+    }
+    if args.json:
+        print(json.dumps({**meta, "results": rows}))
+        return 0
+    print(f"{meta['description']} ({meta['parameters'] / 1e9:.2f}B parameters, float32)")
+    print(f"{meta['layer_plan']}, budget {config.budget}, {args.steps} steps")
+    print(
+        f"{'context':>8} {'method':<8} {'tok/s':>8} {'vs full':>8} {'MB held':>10} {'vs full':>8}"
+    )
+    for row in rows:
+        print(
+            f"{row['context']:>8} {row['method']:<8} {row['tokens_per_s']:>8.2f} "
+            f"{row['speed_vs_full']:>7.2f}x {row['bytes_held'] / 1e6:>10.1f} "
+            f"{row['bytes_vs_full']:>7.3f}x"
+        )
+    if calib:
+        print(
+            f"calibration: {calib['tokens']} tokens, collect {calib['collect_tokens_per_s']:.0f} "
+            f"tok/s, fit {calib['fit_seconds']:.1f} s, overall {calib['tokens_per_s']:.0f} tok/s"
+        )
+    return 0
+
+
 def run_decode(args: argparse.Namespace) -> int:
+    if args.geometry:
+        return run_geometry_decode(args)
     from ..bench.speed import bench_decode, fp16_bytes_per_token
     from ..loading.models import load_model
     from ._bench_common import a2ats_config, machine, parse_budget

@@ -106,16 +106,15 @@ def _unit(stage: str) -> str:
 def run_calibrate(args: argparse.Namespace) -> int:
     from ..cache.config import A2ATSConfig
     from ..calibration.calibrate import calibrate
+    from ..calibration.codebook_spec import CodebookSpec
     from ..calibration.corpus import load_texts
     from ..loading.models import load_model
 
     out = Path(args.out)
     if out.exists() and not args.force:
         raise ValueError(f"{out} exists (use --force to overwrite)")
-    config = A2ATSConfig(
-        n_centroids=args.centroids, beta=args.beta, sub_dim=args.sub_dim,
-        far_offset=args.far_offset,
-    )  # fmt: skip
+    spec = CodebookSpec(n_centroids=args.centroids, sub_dim=args.sub_dim, beta=args.beta)
+    config = A2ATSConfig(far_offset=args.far_offset)
     began = time.perf_counter()
     progress = TqdmProgress()
     try:
@@ -123,7 +122,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         texts = load_texts(args.text, tokenizer) if args.text else None
         corpus = ", ".join(Path(t).name for t in args.text) if args.text else None
         book = calibrate(
-            model, tokenizer, texts, config, tokens=args.tokens, progress=progress,
+            model, tokenizer, texts, config, spec=spec, tokens=args.tokens, progress=progress,
             seed=args.seed, keys_per_head=args.keys_per_head, max_iters=args.iters,
             compare_plain=not args.no_compare, corpus=corpus, model_name=info.name,
         )  # fmt: skip

@@ -131,9 +131,9 @@ def default_codebook(source: str, model_path: Path | None) -> Path | None:
     if model_path is not None and model_path.is_dir():
         candidates.append(model_path / CODEBOOK_FILE)
     if source == "demo":
-        from ..data_dirs import data_dir
+        from ..data_dirs import demo_codebook_path
 
-        candidates.append(data_dir() / "codebooks" / "demo-default.safetensors")
+        candidates.append(demo_codebook_path())
     return next((path for path in candidates if path.is_file()), None)
 
 
@@ -167,11 +167,7 @@ def _a2ats(args: argparse.Namespace, model: Any, path: Path) -> tuple:
     knobs = {"budget": args.budget, "window": args.window}
     if codebook.metadata.get("far_offset") is not None:  # use the b it was calibrated with
         knobs["far_offset"] = int(codebook.metadata["far_offset"])
-    config = A2ATSConfig(
-        n_centroids=codebook.n_centroids,
-        sub_dim=None if codebook.sub_dim == codebook.head_dim else codebook.sub_dim,
-        **{k: v for k, v in knobs.items() if v is not None},
-    )
+    config = A2ATSConfig(**{k: v for k, v in knobs.items() if v is not None})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # printed once below, not as Python warnings
         notes = list(codebook.validate_for(model, config) or [])

@@ -122,7 +122,7 @@ def run_eval(args: argparse.Namespace) -> int:
         "rerank": config.rerank,
         "text": text_desc,
         "machine": machine(),
-        "notes": notes + _method_notes(),
+        "notes": notes + _method_notes() + _config_notes(config),
     }
     if len(runs) == 1:
         out = {**runs[0].to_dict(), **meta}
@@ -154,6 +154,11 @@ def _method_notes() -> list[str]:
         "a2ats_no_rerank: a2ats with rerank 1; a2ats_paper: the paper's one distance b, "
         "no rerank; the other a2ats_* ablations keep a2ats's rerank",
     ]
+
+
+def _config_notes(config) -> list[str]:
+    """One note per A2ATS setting the run ignores (far_offset with far_buckets > 1)."""
+    return [f"{name}: {why}" for name, why in config.unused_settings().items()]
 
 
 def format_table(run) -> str:

@@ -128,8 +128,16 @@ def format_info(info) -> str:
         ("disk size", _size(info.disk_bytes)),
         ("path", info.path),
     ]
+    plan = info.layer_plan
+    rows.append(("A2ATS plan", plan.summary() if plan is not None else "unknown (probe failed)"))
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    return "\n".join(lines + [f"{'':<{width}}{line}" for line in _plan_lines(plan)])
+
+
+def _plan_lines(plan) -> list[str]:
+    """The plan's per-kind layer counts and reasons (its summary is already a row)."""
+    return plan.describe()[1:] if plan is not None and not plan.refused else []
 
 
 def _size(n: int) -> str:

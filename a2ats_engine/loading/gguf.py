@@ -1,4 +1,4 @@
-"""Convert a llama.cpp GGUF file into an mlx-lm model folder.
+"""Convert a llama.cpp GGUF file (llama, qwen2, qwen3, gemma3, phi3) into an mlx-lm model folder.
 
 `mx.load` reads GGUF natively: Q4_0, Q4_1 and Q8_0 tensors come back as MLX quantized triples
 (`weight` uint32-packed, `scales`, `biases`, group size 32) and are kept quantized; other types are
@@ -6,15 +6,20 @@ dequantized by MLX's reader (to float16). This module renames tensors to mlx-lm'
 writes config.json (with a per-layer `quantization` map, since bits may differ per tensor),
 safetensors weights, and a tokenizer rebuilt from the metadata (`gguf_tokenizer`).
 
-RoPE pairing: llama.cpp's converter permutes the rows of each Q and K head so that the halves
-(i, i + d/2) HF rotates together become adjacent rows (2i, 2i + 1). Interleaved ("traditional")
-RoPE on those rows computes the same attention scores, so the folder sets `rope_traditional: true`
-and keeps the weights as they are.
+RoPE pairing: for `llama`, llama.cpp's converter permutes the rows of each Q and K head so that
+the halves (i, i + d/2) HF rotates together become adjacent rows (2i, 2i + 1). Interleaved
+("traditional") RoPE on those rows computes the same attention scores, so the folder sets
+`rope_traditional: true` and keeps the weights as they are. qwen2, qwen3, gemma3 and phi3 GGUFs
+use NEOX (half-split) pairing with unpermuted rows: `rope_traditional: false`.
+Per architecture (`_ARCHS`): gemma3 stores every norm weight as `w + 1` (llama.cpp folds Gemma's
+`x * (1 + w)` into the weight; mlx-lm's Gemma norm adds the 1 itself, so 1 is subtracted back),
+and its `ffn_norm` is the pre-feed-forward norm; phi3 keeps its fused `attn_qkv` and `ffn_up`
+(gate and up) tensors, which are mlx-lm's `qkv_proj` and `gate_up_proj` as they are, and its
+longrope factors arrive as `rope_factors_long/short` tensors.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -22,13 +27,12 @@ import re
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..errors import ModelLoadError
-
-Progress = Callable[[str, int, int], None]
+from ..files import sha256_file  # noqa: F401  (models and demo_model hash through here)
+from ..progress import Progress
 
 CONVERTER_VERSION = 2
 """Bumped when the converted folder changes, so cached conversions are redone."""
@@ -36,7 +40,7 @@ CONVERTER_VERSION = 2
 SOURCE_FILE = "a2ats_source.json"
 """Provenance written into each converted folder (source file, hash, GGUF file type)."""
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
 GGUF_GROUP_SIZE = 32
 GGUF_MAGIC = b"GGUF"
 
@@ -66,7 +70,26 @@ _TOP_TENSORS = {
     "output_norm": "model.norm",
     "output": "lm_head",
 }
-_IGNORED_TENSORS = ("rope_freqs", "attn_rot_embd")
+_QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+# GGUF architecture -> (mlx-lm model_type, tensor names that differ from llama's)
+_ARCHS: dict[str, tuple[str, dict[str, str]]] = {
+    "llama": ("llama", {}),
+    "qwen2": ("qwen2", {}),
+    "qwen3": ("qwen3", _QK_NORMS),
+    "gemma3": (
+        "gemma3_text",
+        {
+            **_QK_NORMS,
+            "post_attention_norm": "post_attention_layernorm",
+            "ffn_norm": "pre_feedforward_layernorm",
+            "post_ffw_norm": "post_feedforward_layernorm",
+        },
+    ),
+    "phi3": ("phi3", {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}),
+}
+GEMMA3_SLIDING_PATTERN = 6  # llama.cpp: every 6th Gemma 3 layer is global
+GEMMA3_LOCAL_BASE = 10000.0  # llama.cpp: RoPE base of Gemma 3's sliding layers
+_IGNORED_TENSORS = ("rope_freqs", "attn_rot_embd", "rope_factors_long", "rope_factors_short")
 _TENSOR_NAME = re.compile(r"^(?:blk\.(\d+)\.)?(\w+)\.(weight|bias|scales|biases)$")
 
 
@@ -90,12 +113,6 @@ def check_gguf_header(path: Path) -> None:
     version = int.from_bytes(head[4:8], "little")
     if version not in (2, 3):
         raise ModelLoadError(f"{path}: GGUF version {version} is not supported (only 2 and 3)")
-
-
-def read_gguf(path: str | Path) -> tuple[dict, dict]:
-    """`(tensors, metadata)` of a GGUF file. ModelLoadError on a bad file."""
-    tensors, header = _read_gguf(path)
-    return tensors, header.metadata
 
 
 def _read_gguf(path: str | Path):
@@ -230,7 +247,8 @@ def _required_int(metadata: dict, key: str) -> int:
 
 
 def model_config(metadata: dict, tensors: dict) -> dict:
-    """config.json for mlx-lm's `llama` model (without the quantization map)."""
+    """config.json for the mlx-lm model of the GGUF's architecture (without the quantization
+    map)."""
     arch = architecture(metadata)
     if (_scalar(metadata, f"{arch}.expert_count") or 0) > 0:
         experts = _scalar(metadata, f"{arch}.expert_count")
@@ -241,11 +259,11 @@ def model_config(metadata: dict, tensors: dict) -> dict:
     heads = _required_int(metadata, f"{arch}.attention.head_count")
     head_dim = int(_scalar(metadata, f"{arch}.attention.key_length") or hidden // heads)
     rope_dims = int(_scalar(metadata, f"{arch}.rope.dimension_count") or head_dim)
-    if rope_dims != head_dim:
+    if rope_dims != head_dim and arch != "phi3":
         raise ModelLoadError(f"not supported yet: partial rotary ({rope_dims} of {head_dim} dims)")
     theta = float(_scalar(metadata, f"{arch}.rope.freq_base") or 10000.0)
     config: dict[str, Any] = {
-        "model_type": arch,
+        "model_type": _ARCHS[arch][0],
         "hidden_size": hidden,
         "num_hidden_layers": _required_int(metadata, f"{arch}.block_count"),
         "intermediate_size": _required_int(metadata, f"{arch}.feed_forward_length"),
@@ -258,14 +276,19 @@ def model_config(metadata: dict, tensors: dict) -> dict:
         "vocab_size": int(tensors["token_embd.weight"].shape[0]),
         "max_position_embeddings": int(_scalar(metadata, f"{arch}.context_length") or 4096),
         "rope_theta": theta,
-        "rope_traditional": True,
+        "rope_traditional": arch == "llama",
         "tie_word_embeddings": "output.weight" not in tensors,
         "attention_bias": "blk.0.attn_q.bias" in tensors,
         "mlp_bias": "blk.0.ffn_up.bias" in tensors,
     }
-    scaling = _rope_scaling(metadata, arch, tensors, head_dim, theta)
-    if scaling is not None:
-        config["rope_scaling"] = scaling
+    if arch == "phi3":
+        config.update(_phi3_config(metadata, tensors, rope_dims, head_dim))
+    else:
+        scaling = _rope_scaling(metadata, arch, tensors, head_dim, theta)
+        if scaling is not None:
+            config["rope_scaling"] = scaling
+    if arch == "gemma3":
+        config.update(_gemma3_config(metadata, config))
     from .gguf_tokenizer import stop_token_ids
 
     if "tokenizer.ggml.tokens" in metadata:
@@ -278,28 +301,72 @@ def model_config(metadata: dict, tensors: dict) -> dict:
     return config
 
 
+def _gemma3_config(metadata: dict, config: dict) -> dict:
+    """Gemma 3 fields llama.cpp does not store (it hard-codes them): the sliding pattern, the
+    local RoPE base and the query scale (head dim; hidden / heads for the 62-layer 27B)."""
+    window = _scalar(metadata, "gemma3.attention.sliding_window")
+    scalar = config["head_dim"]
+    if config["num_hidden_layers"] == 62:
+        scalar = config["hidden_size"] // config["num_attention_heads"]
+    return {
+        "sliding_window": int(window) if window else 512,
+        "sliding_window_pattern": GEMMA3_SLIDING_PATTERN,
+        "rope_local_base_freq": GEMMA3_LOCAL_BASE,
+        "query_pre_attn_scalar": scalar,
+    }
+
+
+def _phi3_config(metadata: dict, tensors: dict, rope_dims: int, head_dim: int) -> dict:
+    """Phi-3 partial rotary and longrope (factors stored as tensors)."""
+    import mlx.core as mx
+
+    out: dict[str, Any] = {"partial_rotary_factor": rope_dims / head_dim}
+    original = _scalar(metadata, "phi3.rope.scaling.original_context_length")
+    if original is not None:
+        out["original_max_position_embeddings"] = int(original)
+    if "rope_factors_long.weight" in tensors:
+
+        def factors(name: str) -> list[float]:
+            return [float(x) for x in tensors[name].astype(mx.float32).tolist()]
+
+        out["rope_scaling"] = {
+            "type": "longrope",
+            "long_factor": factors("rope_factors_long.weight"),
+            "short_factor": factors(
+                "rope_factors_short.weight"
+                if "rope_factors_short.weight" in tensors
+                else "rope_factors_long.weight"
+            ),
+        }
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Weights
 
 
-def mlx_tensor_name(name: str) -> str | None:
-    """mlx-lm name of a GGUF tensor (`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`);
-    None for tensors that are not weights (`rope_freqs`). ModelLoadError for unknown names."""
+def mlx_tensor_name(name: str, arch: str = "llama") -> str | None:
+    """mlx-lm name of a GGUF tensor (`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`)
+    for the GGUF architecture `arch`; None for tensors that are not weights (`rope_freqs`).
+    ModelLoadError for unknown names."""
     match = _TENSOR_NAME.match(name)
     if match is None:
         raise ModelLoadError(f"unexpected tensor name in GGUF: {name}")
     layer, base, suffix = match.groups()
     if base in _IGNORED_TENSORS:
         return None
-    table = _LAYER_TENSORS if layer is not None else _TOP_TENSORS
+    table = {**_LAYER_TENSORS, **_ARCHS[arch][1]} if layer is not None else _TOP_TENSORS
     if base not in table:
         raise ModelLoadError(f"unexpected tensor in GGUF: {name}")
     prefix = f"model.layers.{layer}." if layer is not None else ""
     return f"{prefix}{table[base]}.{suffix}"
 
 
-def convert_weights(tensors: dict, types: dict[str, str] | None = None) -> tuple[dict, dict | None]:
-    """Rename GGUF tensors to mlx-lm names and build the quantization map.
+def convert_weights(
+    tensors: dict, types: dict[str, str] | None = None, arch: str = "llama"
+) -> tuple[dict, dict | None]:
+    """Rename GGUF tensors to mlx-lm names (for the GGUF architecture `arch`) and build the
+    quantization map. Gemma 3 norm weights get their folded-in 1 subtracted.
 
     types: GGML type name of each GGUF tensor ("blk.0.attn_q.weight" -> "Q4_K"), which gives
     the MLX bits and group size of packed tensors; without it, group size 32 is assumed (all
@@ -312,9 +379,11 @@ def convert_weights(tensors: dict, types: dict[str, str] | None = None) -> tuple
 
     weights, per_module = {}, {}
     for name, value in tensors.items():
-        new = mlx_tensor_name(name)
+        new = mlx_tensor_name(name, arch)
         if new is None:
             continue
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            value = value - 1.0  # llama.cpp stores Gemma's 1 + w
         weights[new] = value
         if name.endswith(".scales"):
             base = name[: -len(".scales")]
@@ -360,21 +429,6 @@ def _uniform_float_dtype(weights: dict) -> dict:
 # Writing the folder
 
 
-def sha256_file(path: str | Path, progress: Progress | None = None, chunk: int = 1 << 22) -> str:
-    """Hex sha256 of a file, reporting `progress("hash", done_bytes, total_bytes)`."""
-    path = Path(path)
-    total = path.stat().st_size
-    digest = hashlib.sha256()
-    done = 0
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-            done += len(block)
-            if progress is not None:
-                progress("hash", done, total)
-    return digest.hexdigest()
-
-
 def _save_weights(folder: Path, weights: dict) -> None:
     import mlx.core as mx
     from mlx_lm.utils import make_shards
@@ -394,11 +448,12 @@ def _save_weights(folder: Path, weights: dict) -> None:
 
 
 def _write_folder(folder: Path, tensors: dict, header, source: dict) -> None:
-    from .gguf_tokenizer import build_tokenizer, tokenizer_config
+    from .gguf_tokenizer import build_tokenizer, generation_config, tokenizer_config
 
     metadata = header.metadata
     config = model_config(metadata, tensors)
-    weights, quantization = convert_weights(tensors, {t.name: t.type_name for t in header.tensors})
+    types = {t.name: t.type_name for t in header.tensors}
+    weights, quantization = convert_weights(tensors, types, architecture(metadata))
     if quantization is not None:
         config["quantization"] = quantization
     tokenizer = build_tokenizer(metadata)
@@ -407,6 +462,9 @@ def _write_folder(folder: Path, tensors: dict, header, source: dict) -> None:
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     tokenizer.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
+    sampling = generation_config(metadata)
+    if sampling:
+        (folder / "generation_config.json").write_text(json.dumps(sampling, indent=2))
     (folder / SOURCE_FILE).write_text(json.dumps(source, indent=2))
 
 

@@ -291,3 +291,27 @@ def stop_token_ids(metadata: dict) -> list[int]:
     """Token ids that end a reply: EOS, and end-of-turn / end-of-message when the file names them."""
     ids = [_token_id(metadata, key) for key in ("eos_token_id", "eot_token_id", "eom_token_id")]
     return sorted({i for i in ids if i is not None})
+
+
+# llama.cpp's recommended-sampling keys -> Hugging Face generation_config.json names.
+GGUF_SAMPLING_KEYS = {
+    "general.sampling.temp": "temperature",
+    "general.sampling.top_p": "top_p",
+    "general.sampling.top_k": "top_k",
+    "general.sampling.min_p": "min_p",
+    "general.sampling.penalty_repeat": "repetition_penalty",
+}
+
+
+def generation_config(metadata: dict) -> dict:
+    """The `generation_config.json` of a converted GGUF: the model's recommended sampling from
+    its `general.sampling.*` keys ({} when it has none). Values are copied as numbers; the
+    reader (`records.sampling_from_generation_config`) drops any that are out of range."""
+    config = {}
+    for key, name in GGUF_SAMPLING_KEYS.items():
+        value = metadata.get(key)
+        if hasattr(value, "item") and getattr(value, "size", 1) == 1:
+            value = value.item()  # numpy scalar
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            config[name] = value
+    return config

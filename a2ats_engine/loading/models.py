@@ -16,17 +16,15 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from .. import data_dirs
 from ..errors import ModelLoadError
-from ..records import ModelInfo
+from ..progress import Progress
+from ..records import ModelGeometry, ModelInfo, SamplingSettings, sampling_from_generation_config
 from . import gguf
-
-Progress = Callable[[str, int, int], None]
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -464,33 +462,61 @@ def _model_info(source: _Source, model, config: dict, converted: bool) -> ModelI
 
     try:
         geometry = model_geometry(model)
-        rope = geometry["rope"]
     except ValueError as exc:
-        geometry = _config_geometry(model, config)
-        rope = {"error": str(exc)}
-    quantization = _quantization_text(source, config, converted)
-    context = config.get("max_position_embeddings") or geometry.get("max_context")
+        geometry = _config_geometry(model, config, {"error": str(exc)})
+    context = config.get("max_position_embeddings") or geometry.max_context
+    geometry = replace(
+        geometry,
+        model_type=str(config.get("model_type", geometry.model_type)),
+        max_context=int(context) if context else None,
+    )
+    from ..cache.layer_plan import plan_for
+
+    try:
+        plan = plan_for(model)
+    except Exception:  # a model the probe cannot run: info still describes it
+        plan = None
     return ModelInfo(
         name=source.name,
-        architecture=str(config.get("model_type", geometry.get("model_type", "unknown"))),
-        num_layers=int(geometry["num_layers"]),
-        num_heads=int(geometry["num_heads"]),
-        num_kv_heads=int(geometry["num_kv_heads"]),
-        head_dim=int(geometry["head_dim"]),
-        rope=rope,
-        context_length=int(context) if context else None,
-        quantization=quantization,
+        geometry=geometry,
+        quantization=_quantization_text(source, config, converted),
         disk_bytes=int(source.disk_bytes),
         path=source.path,
+        recommended_sampling=recommended_sampling(source.folder),
+        layer_plan=plan,
     )
 
 
-def _config_geometry(model, config: dict) -> dict:
+def recommended_sampling(folder: Path) -> SamplingSettings | None:
+    """The model's own recommended sampling: its generation_config.json (a converted GGUF's
+    holds the GGUF's `general.sampling.*` keys), else the demo's preset for the demo folder,
+    else None. An unreadable generation_config.json counts as saying nothing."""
+    try:
+        config = json.loads((Path(folder) / "generation_config.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        config = None
+    found = sampling_from_generation_config(config)
+    if found is not None:
+        return found
+    from .demo_model import DEMO_SAMPLING, demo_folder
+
+    try:
+        is_demo = Path(folder).resolve() == demo_folder().resolve()
+    except OSError:
+        is_demo = False
+    return DEMO_SAMPLING if is_demo else None
+
+
+def _config_geometry(model, config: dict, rope: dict) -> ModelGeometry:
+    """The geometry from config.json when the model's RoPE cannot be read (`rope` says why)."""
     heads = int(config.get("num_attention_heads", 0))
     hidden = int(config.get("hidden_size", 0))
-    return {
-        "num_layers": len(getattr(model, "layers", [])) or config.get("num_hidden_layers", 0),
-        "num_heads": heads,
-        "num_kv_heads": int(config.get("num_key_value_heads") or heads),
-        "head_dim": int(config.get("head_dim") or (hidden // heads if heads else 0)),
-    }
+    return ModelGeometry(
+        model_type="unknown",
+        num_layers=int(len(getattr(model, "layers", [])) or config.get("num_hidden_layers", 0)),
+        num_heads=heads,
+        num_kv_heads=int(config.get("num_key_value_heads") or heads),
+        head_dim=int(config.get("head_dim") or (hidden // heads if heads else 0)),
+        rope=rope,
+        max_context=None,
+    )

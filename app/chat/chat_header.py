@@ -9,12 +9,14 @@ from PySide6.QtWidgets import (
     QLabel,
     QMenu,
     QPlainTextEdit,
+    QSizePolicy,
     QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
 from ..conversations import Conversation
+from ..inert_text import plain_labels
 from ..theme import bind_icon
 
 
@@ -33,9 +35,11 @@ class ChatHeader(QWidget):
         titles.setSpacing(0)
         self.chat_title = QLabel("New chat")
         self.chat_title.setObjectName("ChatTitle")
-        self.chat_title.setTextFormat(Qt.TextFormat.PlainText)
         self.chat_subtitle = QLabel("")
         self.chat_subtitle.setObjectName("ChatSubtitle")
+        plain_labels(self.chat_title, self.chat_subtitle)  # chat titles are untrusted
+        for label in (self.chat_title, self.chat_subtitle):  # a long title must not squeeze
+            label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         titles.addWidget(self.chat_title)
         titles.addWidget(self.chat_subtitle)
         layout.addLayout(titles, 1)

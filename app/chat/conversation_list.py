@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from ..conversations import Conversation
+from ..inert_text import rich_from_plain
 from ..theme import bind_icon, theme
 
 ID_ROLE = Qt.ItemDataRole.UserRole
@@ -161,7 +162,7 @@ class ConversationList(QWidget):
             item = QListWidgetItem(conversation.title)
             item.setData(ID_ROLE, conversation.id)
             item.setData(WHEN_ROLE, relative_time(conversation.updated))
-            item.setToolTip(conversation.title)
+            item.setToolTip(rich_from_plain(conversation.title))
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
             self.list.addItem(item)
             if conversation.id == current:

@@ -70,8 +70,9 @@ def _space(ch: str) -> bool:
     return ch.isspace() or ch in "\u2029\u2028\ufffc"
 
 
-# Source characters that never render: link/image targets and HTML comments.
-_HIDDEN = re.compile(r"\]\((?:[^()\s]|\([^()]*\))*(?:\s+\"[^\"]*\")?\)|<!--.*?-->", re.DOTALL)
+# Source characters that never render: link/image targets. (Raw HTML, comments included, is
+# rendered as text: MarkdownView imports Markdown without HTML.)
+_HIDDEN = re.compile(r"\]\((?:[^()\s]|\([^()]*\))*(?:\s+\"[^\"]*\")?\)")
 _MARKUP = set("*_~`#>|[]!-+=\\:")
 _LOOKAHEAD = 3
 
@@ -79,8 +80,8 @@ _LOOKAHEAD = 3
 def align(source: str, rendered: str) -> list[int]:
     """For each source character, the index of the same character in `rendered`, or -1.
 
-    Greedy monotone matching in linear time: link targets and comments are masked first
-    (they never render); other Markdown markup (`*`, `#`, list markers...) is skipped when it
+    Greedy monotone matching in linear time: link targets are masked first (they never
+    render); other Markdown markup (`*`, `#`, list markers...) is skipped when it
     does not match; a content character may skip a few rendered characters the source lacks
     (list numbering, entities); runs of whitespace match loosely (a paragraph break renders as
     one separator)."""

@@ -5,32 +5,132 @@ by hand as framed, monospaced boxes with a language label and a "Copy" link, so 
 readable. While rendering, the view records where each source segment landed in the
 document, so `highlight_source_ranges` can highlight source character ranges (context tokens
 mapped by the chat view) in the rendered text.
+
+Replies are untrusted text, so the view keeps them inert: raw HTML is shown as text (Qt's
+Markdown importer runs with `MarkdownNoHTML`), images become their alt text (prose is imported
+into a scratch document with no layout, so no resource is ever loaded, and `loadResource`
+returns nothing), links to anything but http(s) become plain text, and a web link opens only
+after a confirmation that shows its real address.
 """
 
 from __future__ import annotations
 
 import math
 
-from PySide6.QtCore import QSize, Qt, QUrl, Signal
+from PySide6.QtCore import QByteArray, QSize, Qt, QUrl, Signal
 from PySide6.QtGui import (
     QColor,
+    QDesktopServices,
     QFont,
     QFontDatabase,
     QTextBlockFormat,
     QTextCharFormat,
     QTextCursor,
     QTextDocument,
+    QTextDocumentFragment,
     QTextFormat,
     QTextFrameFormat,
     QTextLength,
     QTextTableFormat,
 )
-from PySide6.QtWidgets import QApplication, QMenu, QSizePolicy, QTextBrowser, QTextEdit
+from PySide6.QtWidgets import (
+    QApplication,
+    QMenu,
+    QMessageBox,
+    QSizePolicy,
+    QTextBrowser,
+    QTextEdit,
+    QWidget,
+)
 
 from ..theme import theme
 from .markdown_segments import Segment, align, split_markdown
 
 COPY_SCHEME = "copy-code"
+WEB_SCHEMES = ("http", "https")  # the only links a reply may open (after a confirmation)
+MARKDOWN_FEATURES = QTextDocument.MarkdownFeature(
+    QTextDocument.MarkdownFeature.MarkdownDialectGitHub.value
+    | QTextDocument.MarkdownFeature.MarkdownNoHTML.value
+)
+
+
+def is_web_link(url: QUrl) -> bool:
+    """True for an absolute http(s) URL with a host: the only kind of link a reply may open."""
+    return url.isValid() and url.scheme().lower() in WEB_SCHEMES and bool(url.host())
+
+
+def inert_markdown(text: str) -> QTextDocumentFragment:
+    """`text` (Markdown) as a document fragment that can load nothing and open nothing unsafe.
+
+    Imported into a scratch document that has no view (so nothing lays it out and no image is
+    fetched), without raw HTML; then every image is replaced by its alt text and every link
+    whose target is not http(s) loses its anchor (it stays as plain text)."""
+    scratch = QTextDocument()
+    cursor = QTextCursor(scratch)
+    cursor.insertMarkdown(text, MARKDOWN_FEATURES)
+    _neutralize(scratch)
+    cursor.select(QTextCursor.SelectionType.Document)
+    return QTextDocumentFragment(cursor)
+
+
+def _neutralize(doc: QTextDocument) -> None:
+    """Replace images by their alt text; strip anchors that are not web links (last first, so
+    earlier positions stay valid)."""
+    edits: list[tuple[int, int, QTextCharFormat]] = []
+    block = doc.begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            fragment = it.fragment()
+            fmt = fragment.charFormat()
+            if fragment.isValid() and (fmt.isImageFormat() or fmt.isAnchor()):
+                edits.append((fragment.position(), fragment.length(), fmt))
+            it += 1
+        block = block.next()
+    for position, length, fmt in reversed(edits):
+        cursor = QTextCursor(doc)
+        cursor.setPosition(position)
+        cursor.setPosition(position + length, QTextCursor.MoveMode.KeepAnchor)
+        if fmt.isImageFormat():
+            alt = fmt.property(QTextFormat.Property.ImageAltText) or ""
+            cursor.insertText(str(alt) if alt else "[image]", _text_format(fmt))
+        elif not is_web_link(QUrl(fmt.anchorHref())):
+            cursor.setCharFormat(_text_format(fmt))
+        else:
+            fmt.setToolTip(QUrl(fmt.anchorHref()).toString())
+            cursor.setCharFormat(fmt)
+
+
+def _text_format(fmt: QTextCharFormat) -> QTextCharFormat:
+    """`fmt` without anything that makes it an image or a link."""
+    plain = QTextCharFormat()
+    plain.setFontWeight(fmt.fontWeight())
+    plain.setFontItalic(fmt.fontItalic())
+    plain.setFontStrikeOut(fmt.fontStrikeOut())
+    plain.setFontFixedPitch(fmt.fontFixedPitch())
+    return plain
+
+
+def link_address_text(url: QUrl) -> str:
+    """The address a link really opens, as shown before opening it: the readable form, plus the
+    encoded one when they differ (a look-alike Unicode host shows its punycode)."""
+    shown = url.toDisplayString()
+    encoded = bytes(url.toEncoded().data()).decode("ascii", "replace")
+    return shown if encoded == shown else f"{shown}\n(encoded: {encoded})"
+
+
+def confirm_open_link(parent: QWidget | None, url: QUrl) -> bool:
+    """Ask before opening a web link; the box shows the real address as plain text."""
+    box = QMessageBox(
+        QMessageBox.Icon.Question,
+        "Open link",
+        "Open this address in your browser?\n\n" + link_address_text(url),
+        QMessageBox.StandardButton.Open | QMessageBox.StandardButton.Cancel,
+        parent,
+    )
+    box.setTextFormat(Qt.TextFormat.PlainText)
+    box.setDefaultButton(QMessageBox.StandardButton.Cancel)
+    return box.exec() == QMessageBox.StandardButton.Open
 
 
 class _Placed:
@@ -140,7 +240,7 @@ class MarkdownView(QTextBrowser):
         if not body.strip():
             return
         start = cursor.position()
-        cursor.insertMarkdown(body, QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
+        cursor.insertFragment(inert_markdown(body))
         end = cursor.position()
         self._style_prose(start, end)
         probe = QTextCursor(self.document())
@@ -240,6 +340,10 @@ class MarkdownView(QTextBrowser):
         link.setForeground(QColor(colors["accent"]))
         right.insertText("Copy", link)
 
+    def loadResource(self, kind: int, name: QUrl) -> QByteArray:  # noqa: N802  (Qt override)
+        """Never load anything (local files, remote URLs): replies are untrusted."""
+        return QByteArray()
+
     # ----- sizing --------------------------------------------------------------------------
 
     def _fit_height(self, *_args) -> None:
@@ -336,9 +440,8 @@ class MarkdownView(QTextBrowser):
                 QApplication.clipboard().setText(self._code_blocks[index])
                 self.copied.emit("Code copied")
             return
-        from PySide6.QtGui import QDesktopServices
-
-        QDesktopServices.openUrl(url)
+        if is_web_link(url) and confirm_open_link(self, url):
+            QDesktopServices.openUrl(url)
 
     def code_block_at(self, doc_position: int) -> int | None:
         for index, placed in enumerate(p for p in self._placed if p.segment.kind == "code"):

@@ -16,7 +16,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..conversations import Message
+from ..conversations import Message, number
+from ..inert_text import plain_labels, rich_from_plain
 from ..theme import bind_icon
 from .markdown_view import MarkdownView
 
@@ -27,13 +28,14 @@ def stats_text(provenance: dict | None) -> str:
     """One line under an assistant reply: cache kind, tokens, speed, time to first token."""
     if not provenance:
         return ""
-    stats = provenance.get("stats") or {}
-    cache = provenance.get("cache") or {}
+    stats = provenance.get("stats")
+    cache = provenance.get("cache")
+    stats, cache = (x if isinstance(x, dict) else {} for x in (stats, cache))
     parts = ["A2ATS" if cache.get("a2ats_enabled") else "KVCache"]
     if stats:
         parts.append(f"{stats.get('generation_tokens', 0)} tokens")
-        parts.append(f"{float(stats.get('generation_tps', 0.0)):.1f} tok/s")
-        parts.append(f"TTFT {float(stats.get('time_to_first_token', 0.0)):.2f} s")
+        parts.append(f"{number(stats.get('generation_tps')):.1f} tok/s")
+        parts.append(f"TTFT {number(stats.get('time_to_first_token')):.2f} s")
         reason = stats.get("stop_reason")
         if reason == "cancelled":
             parts.append("stopped")
@@ -47,17 +49,17 @@ def stats_text(provenance: dict | None) -> str:
 def provenance_tooltip(provenance: dict | None) -> str:
     if not provenance:
         return ""
-    model = provenance.get("model") or {}
-    codebook = provenance.get("codebook") or {}
+    model, codebook, cache = (provenance.get(k) for k in ("model", "codebook", "cache"))
+    model, codebook, cache = (x if isinstance(x, dict) else {} for x in (model, codebook, cache))
     lines = [
         f"Model: {model.get('name') or model.get('source', '?')}",
         f"Codebook: {codebook.get('name', 'none')}",
     ]
     sha = codebook.get("sha256")
-    if sha:
+    if isinstance(sha, str) and sha:
         lines.append(f"Codebook sha256: {sha[:16]}\u2026")
-    config = (provenance.get("cache") or {}).get("config")
-    if config:
+    config = cache.get("config")
+    if isinstance(config, dict) and config:
         keys = ("window", "far_offset", "sinks", "budget", "far_buckets", "rerank", "kv_bits")
         lines.append("Cache: " + ", ".join(f"{k}={config.get(k)}" for k in keys))
     lines.append("Sampling: " + json.dumps(provenance.get("sampling", {}), sort_keys=True))
@@ -95,6 +97,8 @@ class MessageWidget(QFrame):
         self.note = QLabel()
         self.note.setObjectName("NoteLabel")
         self.note.setWordWrap(True)
+        plain_labels(self.stats, self.note)  # provenance and error notes are untrusted
+        self.stats.setMinimumWidth(80)  # clip the stats line rather than widen the transcript
         self.stats.hide()
         self.note.hide()
 
@@ -184,7 +188,7 @@ class MessageWidget(QFrame):
         self.stats.setVisible(bool(text))
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.message.created))
         details = provenance_tooltip(provenance)
-        self.stats.setToolTip(f"{created}\n{details}" if details else created)
+        self.stats.setToolTip(rich_from_plain(f"{created}\n{details}" if details else created))
 
     def set_note(self, text: str, error: bool = False) -> None:
         self.note.setObjectName("ErrorLabel" if error else "NoteLabel")

@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 )
 
 from ..events import CalibrationRequest, Progress
+from ..inert_text import plain_labels
 from .progress import ProgressPanel
 
 CENTROID_CHOICES = (256, 512, 1024, 2048, 4096)
@@ -115,6 +116,7 @@ class CalibrateDialog(QDialog):
         self.progress = ProgressPanel()
         self.progress.hide()
         self.status = QLabel()
+        plain_labels(self.status)  # error texts
         self.status.setWordWrap(True)
         self.status.hide()
 

@@ -7,6 +7,7 @@ import time
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFormLayout, QLabel, QVBoxLayout, QWidget
 
 from ..events import CodebookLoaded
+from ..inert_text import plain_labels
 from ..units import human_bytes
 
 
@@ -46,6 +47,7 @@ class CodebookInfoDialog(QDialog):
         form = QFormLayout()
         for label, value in codebook_rows(info):
             text = QLabel(value)
+            plain_labels(text)  # names and warnings come from the file
             text.setWordWrap(True)
             text.setTextInteractionFlags(
                 text.textInteractionFlags() | text.textInteractionFlags().TextSelectableByMouse

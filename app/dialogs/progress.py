@@ -15,6 +15,7 @@ from PySide6.QtWidgets import (
 )
 
 from ..events import Progress
+from ..inert_text import plain_labels
 
 
 class EtaTracker:
@@ -58,6 +59,7 @@ class ProgressPanel(QWidget):
         super().__init__(parent)
         self.stage = QLabel("Starting\u2026")
         self.stage.setAccessibleName("Progress stage")
+        plain_labels(self.stage)  # stages can name files
         self.bar = QProgressBar()
         self.bar.setAccessibleName("Progress")
         self.bar.setRange(0, 0)

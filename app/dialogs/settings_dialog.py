@@ -1,10 +1,13 @@
-"""Cache & sampling settings. Validated through the settings dataclasses; bad values show the
-dataclass's own message (field, value, range) and keep the dialog open."""
+"""Cache & sampling settings. Validated through the settings dataclasses (sampling: the engine's
+own `SamplingSettings`); bad values show the dataclass's own message (field, value, range) and
+keep the dialog open. The Sampling tab shows the loaded model's recommended sampling and uses it
+unless the user turns "Use the model's recommended sampling" off and sets their own."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -22,7 +25,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..settings import THEMES, CacheSettings, SamplingPrefs
+from a2ats_engine.records import MODEL_SAMPLING_FIELDS, SamplingSettings
+
+from ..settings import THEMES, CacheSettings
 
 NEXT_MESSAGE_NOTE = (
     "Changes apply to the next message: the cache is rebuilt from the conversation then. "
@@ -33,14 +38,36 @@ KV_BITS = [
     ("8-bit (mx.quantize)", 8),
     ("4-bit (mx.quantize)", 4),
 ]
+FAR_OFFSET_TIP = "Far offset b (tokens): the one distance far tokens are scored at"
+FAR_OFFSET_IGNORED_TIP = (
+    "Not used with more than one distance bucket: far tokens are then scored at their "
+    "bucket's own distance. Set Distance buckets to 1 to use b."
+)
 
 
 @dataclass(frozen=True)
 class SettingsResult:
+    """What the dialog saved. `sampling` holds the user's own values; while
+    `use_model_sampling` is on the model's recommendation replaces them
+    (`AppSettings.sampling_for`)."""
+
     cache: CacheSettings
-    sampling: SamplingPrefs
+    sampling: SamplingSettings
     theme: str
     default_system_prompt: str
+    use_model_sampling: bool = True
+
+
+def describe_sampling(sampling: SamplingSettings) -> str:
+    """One line naming the model-recommended fields, e.g. "temperature 0 (greedy), top p 1"."""
+    parts = []
+    for name in MODEL_SAMPLING_FIELDS:
+        value = getattr(sampling, name)
+        label = name.replace("_", " ")
+        parts.append(
+            f"{label} {value:g}" + (" (greedy)" if name == "temperature" and not value else "")
+        )
+    return ", ".join(parts)
 
 
 def _spin(lo: int, hi: int, value: int, tip: str) -> QSpinBox:
@@ -69,21 +96,29 @@ class SettingsDialog(QDialog):
     def __init__(
         self,
         cache: CacheSettings,
-        sampling: SamplingPrefs,
+        sampling: SamplingSettings,
         theme_mode: str,
         default_system_prompt: str,
         parent: QWidget | None = None,
+        *,
+        model_sampling: SamplingSettings | None = None,
+        use_model_sampling: bool = True,
+        model_name: str = "",
     ) -> None:
         super().__init__(parent)
+        self._sampling = sampling
+        self._model_sampling = model_sampling
+        self._model_name = model_name
         self.setWindowTitle("Settings")
         self.setMinimumWidth(520)
         self.result_value: SettingsResult | None = None
         tabs = QTabWidget()
         tabs.addTab(self._cache_tab(cache), "KV cache")
-        tabs.addTab(self._sampling_tab(sampling), "Sampling")
+        tabs.addTab(self._sampling_tab(sampling, use_model_sampling), "Sampling")
         tabs.addTab(self._appearance_tab(theme_mode, default_system_prompt), "Appearance")
         self.error = QLabel()
         self.error.setObjectName("ErrorLabel")
+        self.error.setTextFormat(Qt.TextFormat.PlainText)
         self.error.setWordWrap(True)
         self.error.hide()
         buttons = QDialogButtonBox(
@@ -109,7 +144,7 @@ class SettingsDialog(QDialog):
         self.a2ats.setChecked(cache.a2ats_enabled)
         self.a2ats.setAccessibleName("Use the A2ATS cache")
         self.window = _spin(1, 1 << 20, cache.window, "Exact-RoPE window (tokens)")
-        self.far_offset = _spin(1, 1 << 24, cache.far_offset, "Far offset b (tokens)")
+        self.far_offset = _spin(1, 1 << 24, cache.far_offset, FAR_OFFSET_TIP)
         self.sinks = _spin(0, 1 << 16, cache.sinks, "Attention sinks (tokens)")
         self.budget = _dspin(
             0.001,
@@ -121,6 +156,8 @@ class SettingsDialog(QDialog):
         )
         self.min_k = _spin(1, 1 << 20, cache.min_k, "Minimum retrieved tokens")
         self.far_buckets = _spin(1, 64, cache.far_buckets, "Far distance buckets")
+        self.far_buckets.valueChanged.connect(self._on_far_buckets_changed)
+        self._on_far_buckets_changed(cache.far_buckets)
         self.rerank = _spin(1, 64, cache.rerank, "Rerank candidates per retrieved token")
         self.rerank.setToolTip(
             "1 = keep the top-K of the codebook scores (the paper). r > 1 = take the top r*K by "
@@ -162,14 +199,20 @@ class SettingsDialog(QDialog):
         layout.addStretch(1)
         return page
 
-    def _sampling_tab(self, sampling: SamplingPrefs) -> QWidget:
+    def _on_far_buckets_changed(self, buckets: int) -> None:
+        """b is used only with one distance bucket: disable it (and say why) otherwise."""
+        self.far_offset.setEnabled(buckets == 1)
+        self.far_offset.setToolTip(FAR_OFFSET_TIP if buckets == 1 else FAR_OFFSET_IGNORED_TIP)
+
+    def _sampling_tab(self, sampling: SamplingSettings, use_model: bool) -> QWidget:
         page = QWidget()
+        # Ranges follow SamplingSettings: top_p in (0, 1], min_p in [0, 1), penalty > 0.
         self.temperature = _dspin(0.0, 5.0, sampling.temperature, 0.05, 2, "Temperature")
-        self.top_p = _dspin(0.0, 1.0, sampling.top_p, 0.01, 2, "Top p")
-        self.min_p = _dspin(0.0, 1.0, sampling.min_p, 0.01, 2, "Min p")
+        self.top_p = _dspin(0.01, 1.0, sampling.top_p, 0.01, 2, "Top p")
+        self.min_p = _dspin(0.0, 0.99, sampling.min_p, 0.01, 2, "Min p")
         self.top_k = _spin(0, 1_000_000, sampling.top_k, "Top k (0 = off)")
         self.repetition = _dspin(
-            0.1, 10.0, sampling.repetition_penalty, 0.05, 2, "Repetition penalty"
+            0.05, 10.0, sampling.repetition_penalty, 0.05, 2, "Repetition penalty"
         )
         self.max_tokens = _spin(1, 1_000_000, sampling.max_tokens, "Maximum reply tokens")
         self.fixed_seed = QCheckBox("Fixed seed")
@@ -180,7 +223,17 @@ class SettingsDialog(QDialog):
         seed_row = QHBoxLayout()
         seed_row.addWidget(self.fixed_seed)
         seed_row.addWidget(self.seed, 1)
+        self.use_model = QCheckBox("Use the model's recommended sampling")
+        self.use_model.setAccessibleName("Use the model's recommended sampling")
+        self.model_default = QLabel()
+        self.model_default.setObjectName("HintLabel")
+        self.model_default.setTextFormat(Qt.TextFormat.PlainText)  # model names are untrusted
+        self.model_default.setWordWrap(True)
+        self.model_default.setText(self._model_default_text())
+        self._own = {name: getattr(sampling, name) for name in MODEL_SAMPLING_FIELDS}
         form = QFormLayout(page)
+        form.addRow(self.use_model)
+        form.addRow(self.model_default)
         form.addRow("Temperature", self.temperature)
         form.addRow("Top p", self.top_p)
         form.addRow("Min p", self.min_p)
@@ -191,7 +244,41 @@ class SettingsDialog(QDialog):
         note = QLabel("Sampling changes also apply to the next message.")
         note.setObjectName("HintLabel")
         form.addRow(note)
+        self.use_model.setChecked(use_model)
+        self.use_model.toggled.connect(self._on_use_model_changed)
+        self._on_use_model_changed(use_model)
         return page
+
+    def _model_default_text(self) -> str:
+        name = self._model_name or "The model"
+        if self._model_sampling is None:
+            if not self._model_name:
+                return "No model loaded: the values below apply."
+            return f"{name} recommends no sampling: the values below apply."
+        return f"Model default ({name}): {describe_sampling(self._model_sampling)}."
+
+    def _model_spins(self) -> dict:
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "min_p": self.min_p,
+            "top_k": self.top_k,
+            "repetition_penalty": self.repetition,
+        }
+
+    def _showing_model_values(self) -> bool:
+        return self.use_model.isChecked() and self._model_sampling is not None
+
+    def _on_use_model_changed(self, use_model: bool) -> None:
+        """Checked: the fields show the model's values, read-only (the user's are kept aside).
+        Unchecked: the user's own values, editable."""
+        showing_model = use_model and self._model_sampling is not None
+        for name, spin in self._model_spins().items():
+            if showing_model and spin.isEnabled():
+                self._own[name] = spin.value()
+            source = getattr(self._model_sampling, name) if showing_model else self._own[name]
+            spin.setValue(source)
+            spin.setEnabled(not showing_model)
 
     def _appearance_tab(self, theme_mode: str, default_system_prompt: str) -> QWidget:
         page = QWidget()
@@ -227,21 +314,29 @@ class SettingsDialog(QDialog):
             kv_bits=self.kv_bits.currentData(),
             fidelity_every=self.fidelity_every.value(),
         )
-        sampling = SamplingPrefs(
-            temperature=round(self.temperature.value(), 4),
-            top_p=round(self.top_p.value(), 4),
-            min_p=round(self.min_p.value(), 4),
-            top_k=self.top_k.value(),
-            repetition_penalty=round(self.repetition.value(), 4),
+        own = dict(self._own)
+        if not self._showing_model_values():
+            own = {name: spin.value() for name, spin in self._model_spins().items()}
+        sampling = replace(
+            self._sampling,
+            temperature=round(float(own["temperature"]), 4),
+            top_p=round(float(own["top_p"]), 4),
+            min_p=round(float(own["min_p"]), 4),
+            top_k=int(own["top_k"]),
+            repetition_penalty=round(float(own["repetition_penalty"]), 4),
             seed=self.seed.value() if self.fixed_seed.isChecked() else None,
             max_tokens=self.max_tokens.value(),
-        )
+        )  # SamplingSettings validates: ValueError naming the field
         return SettingsResult(
-            cache, sampling, self.theme_combo.currentData(), self.system_prompt.toPlainText()
+            cache,
+            sampling,
+            self.theme_combo.currentData(),
+            self.system_prompt.toPlainText(),
+            self.use_model.isChecked(),
         )
 
     def restore_defaults(self) -> None:
-        cache, sampling = CacheSettings(), SamplingPrefs()
+        cache, sampling = CacheSettings(), SamplingSettings()
         self.a2ats.setChecked(cache.a2ats_enabled)
         self.window.setValue(cache.window)
         self.far_offset.setValue(cache.far_offset)
@@ -252,11 +347,9 @@ class SettingsDialog(QDialog):
         self.rerank.setValue(cache.rerank)
         self.kv_bits.setCurrentIndex([b for _, b in KV_BITS].index(cache.kv_bits))
         self.fidelity_every.setValue(cache.fidelity_every)
-        self.temperature.setValue(sampling.temperature)
-        self.top_p.setValue(sampling.top_p)
-        self.min_p.setValue(sampling.min_p)
-        self.top_k.setValue(sampling.top_k)
-        self.repetition.setValue(sampling.repetition_penalty)
+        self._own = {name: getattr(sampling, name) for name in MODEL_SAMPLING_FIELDS}
+        self.use_model.setChecked(True)
+        self._on_use_model_changed(True)  # shows the model's values, or the defaults
         self.max_tokens.setValue(sampling.max_tokens)
         self.fixed_seed.setChecked(False)
 

@@ -178,7 +178,7 @@ class CodebookPanel(QWidget):
 
     # ---- drawing --------------------------------------------------------------------------
     def render(self) -> None:
-        entry = self.state.entry()
+        entry = self.state.entry(histograms=True)
         if entry is None or not entry.snapshot.layers:
             for curve in self._curves:
                 curve.setData([], [])

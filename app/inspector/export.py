@@ -115,10 +115,13 @@ def telemetry_dict(
     """Build the JSON-ready document of a run of snapshots (oldest first).
 
     histograms: "delta" (sparse change per step after a layer's first) or "full".
+    Snapshots may be the engine's own (new codes on most steps): they are accumulated first.
     """
+    from .snapshot_ring import with_histograms
+
     if histograms not in ("delta", "full"):
         raise ValueError(f"histograms={histograms!r} is out of range: must be 'delta' or 'full'")
-    snapshots = list(snapshots)
+    snapshots = with_histograms(snapshots)
     reply_ids = list(replies) if replies is not None else [0] * len(snapshots)
     if len(reply_ids) != len(snapshots):
         raise ValueError(f"replies has {len(reply_ids)} entries, snapshots has {len(snapshots)}")

@@ -1,6 +1,6 @@
 """InspectorPanel: the live cache inspector docked beside the chat.
 
-Contract with the app (DESIGN.md section 5): snapshots arrive on the GUI thread through
+Contract with the app (docs/ARCHITECTURE.md): snapshots arrive on the GUI thread through
 `on_snapshot` after every decode step. Taking one is O(layers): it is appended to a bounded ring
 and a throttled single-shot timer is started; panels redraw from the viewed snapshot at most
 `redraw_hz` times a second (slower while the GUI thread uses more than `redraw_budget` of a core,

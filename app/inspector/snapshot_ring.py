@@ -1,13 +1,18 @@
 """Recent snapshots (a bounded ring), per-reply byte series and retrieval-frequency counts.
 
-Qt-free. `SnapshotRing.append` is O(1) plus O(layers) for the byte totals, so the GUI thread can
-take a snapshot per decode step for free; frequency counting happens lazily when something
-(the frequency map, a hover) asks for it.
+Qt-free. The engine sends each layer's code histograms as a keyframe (full histograms, after a
+prefill, trim or rebuild) or as the codes appended since its previous snapshot (`new_codes`,
+every other step; see `LayerStats`). The ring keeps, per kept step, only what changed since the
+step before (those new codes, or the sparse difference of two full histograms) plus the
+histograms of the oldest and newest kept steps, and rebuilds any kept step's histograms exactly
+(`restored`). `append` is O(layers) for engine records (a few codes per layer), so the GUI thread
+takes a snapshot per decode step for free.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -17,9 +22,17 @@ from a2ats_engine.cache.telemetry import CacheSnapshot, LayerStats
 from .data import retrieved_positions
 
 DEFAULT_CAPACITY = 256
-DEFAULT_MAX_BYTES = 128 * 1024 * 1024  # kept selections + histogram deltas, whatever N says
+DEFAULT_MAX_BYTES = 128 * 1024 * 1024  # kept selections + histogram changes, whatever N says
 MIN_KEPT = 2
-PENDING_LIMIT = 16  # entries may keep their full histograms this long before compaction
+
+# One layer's histograms: int64 [H, C] (KV heads x codes), a tuple of per-head arrays when
+# ragged or empty, or None when unknown (new codes arrived without a keyframe before them).
+Histograms = np.ndarray | tuple | None
+# How one layer's histograms changed from the previous kept step:
+#   ("codes", flat indices)          one count more at each [H, C] flat index (h * C + code)
+#   ("sparse", flat indices, values) added at those [H, C] flat indices
+#   ("full", histograms)             replaced (shape change or unknown before)
+Change = tuple
 
 
 @dataclass(frozen=True)
@@ -56,18 +69,122 @@ class ByteSeries:
         )
 
 
-def _stack_counts(layer: LayerStats) -> np.ndarray | None:
-    """A layer's histograms as one int64 [H, C] array (None when ragged or empty)."""
-    counts = layer.code_counts
+# ---- histogram bookkeeping ----------------------------------------------------------------------
+def _stacked(counts: tuple) -> Histograms:
+    """Per-head histograms as one int64 [H, C] array (a new one), or the tuple when ragged/empty."""
     if not counts or len({c.size for c in counts}) != 1:
+        return tuple(counts)
+    return np.stack(counts).astype(np.int64)
+
+
+def _flat_codes(codes: tuple, n_codes: int) -> np.ndarray:
+    """Each head's codes as flat indices into [H, C]: int32 h * C + code."""
+    return np.concatenate([np.asarray(c, np.int32) + h * n_codes for h, c in enumerate(codes)])
+
+
+def _advance(before: Histograms, layer: LayerStats) -> tuple[Histograms, Change]:
+    """The layer's histograms after `layer` and the change from `before`.
+
+    `before` is updated in place for new codes (it is the caller's own accumulator)."""
+    if layer.new_codes is not None:  # the engine's delta: the codes appended this step
+        if not isinstance(before, np.ndarray) or before.shape[0] != len(layer.new_codes):
+            return None, ("full", None)
+        flat = _flat_codes(layer.new_codes, before.shape[1])
+        np.add.at(before.reshape(-1), flat, 1)
+        return before, ("codes", flat)
+    after = _stacked(layer.code_counts)
+    same = isinstance(after, np.ndarray) and isinstance(before, np.ndarray)
+    if same and after.shape == before.shape:
+        diff = (after - before).reshape(-1)
+        idx = np.flatnonzero(diff)
+        return after, ("sparse", idx.astype(np.int32), diff[idx])
+    return after, ("full", after.copy() if isinstance(after, np.ndarray) else after)
+
+
+def _apply(hist: Histograms, change: Change) -> Histograms:
+    """Histograms after `change`; `hist` is updated in place when it is an array."""
+    kind = change[0]
+    if kind == "full":
+        full = change[1]
+        return full.copy() if isinstance(full, np.ndarray) else full
+    if not isinstance(hist, np.ndarray):
         return None
-    return np.stack(counts).astype(np.int64, copy=False)
+    if kind == "codes":
+        np.add.at(hist.reshape(-1), change[1], 1)
+    else:
+        hist.reshape(-1)[change[1]] += change[2]
+    return hist
+
+
+def _replay(hist: Histograms, changes: list[Change]) -> Histograms:
+    """A new array: `hist` plus every "codes" / "sparse" change, in one scatter-add."""
+    if not isinstance(hist, np.ndarray):
+        return hist if not changes else None
+    out = hist.copy()
+    if not changes:
+        return out
+    flat = out.reshape(-1)
+    codes = [c[1] for c in changes if c[0] == "codes"]
+    if codes:
+        np.add.at(flat, np.concatenate(codes), 1)
+    sparse = [c for c in changes if c[0] == "sparse"]
+    if sparse:
+        index = np.concatenate([c[1] for c in sparse])
+        np.add.at(flat, index, np.concatenate([c[2] for c in sparse]))
+    return out
+
+
+def _change_bytes(change: Change) -> int:
+    parts = change[1:] if change[0] == "sparse" else change[1]
+    if isinstance(parts, np.ndarray):
+        return parts.nbytes
+    return sum(np.asarray(p).nbytes for p in parts or ())
+
+
+def _with_counts(snapshot: CacheSnapshot, hists: list[Histograms]) -> CacheSnapshot:
+    """The snapshot as a keyframe: each layer's full histograms, no new codes."""
+    layers = tuple(
+        replace(layer, code_counts=_as_tuple(h), new_codes=None)
+        for layer, h in zip(snapshot.layers, hists, strict=True)
+    )
+    return CacheSnapshot(snapshot.step, layers, snapshot.token_id)
+
+
+def _as_tuple(hist: Histograms) -> tuple:
+    if isinstance(hist, np.ndarray):
+        return tuple(hist.copy())
+    return tuple(hist) if hist else ()
 
 
 def _strip_counts(snapshot: CacheSnapshot) -> CacheSnapshot:
-    """The same snapshot without code histograms (they are kept as deltas instead)."""
+    """The same snapshot without full code histograms (the ring keeps their change instead)."""
+    if not any(layer.code_counts for layer in snapshot.layers):
+        return snapshot
     layers = tuple(replace(layer, code_counts=()) for layer in snapshot.layers)
     return CacheSnapshot(snapshot.step, layers, snapshot.token_id)
+
+
+def _has_counts(snapshot: CacheSnapshot) -> bool:
+    return all(layer.new_codes is None for layer in snapshot.layers)
+
+
+def _step_histograms(
+    before: list[Histograms], snapshot: CacheSnapshot
+) -> tuple[list[Histograms], list[Change]]:
+    """Every layer's histograms after `snapshot`, and their changes from `before`."""
+    if len(before) != len(snapshot.layers):
+        before = [None] * len(snapshot.layers)
+    pairs = [_advance(b, layer) for b, layer in zip(before, snapshot.layers, strict=True)]
+    return [h for h, _ in pairs], [c for _, c in pairs]
+
+
+def with_histograms(snapshots: Iterable[CacheSnapshot]) -> list[CacheSnapshot]:
+    """Snapshots in order with every layer's full histograms (engine deltas accumulated)."""
+    out, hists = [], []
+    for snap in snapshots:
+        hists, _ = _step_histograms(hists, snap)
+        out.append(snap if _has_counts(snap) else _with_counts(snap, hists))
+    return out
 
 
 def _selection_bytes(snapshot: CacheSnapshot) -> int:
@@ -76,32 +193,21 @@ def _selection_bytes(snapshot: CacheSnapshot) -> int:
     )
 
 
-@dataclass
-class _Compact:
-    """What replaces an older entry's histograms: the change to the next kept step's histograms
-    (per layer: flat indices into [H, C] and values; hist(seq) = hist(seq + 1) + change), or a
-    keyframe (the histograms themselves) when shapes changed between the two steps."""
-
-    delta: list[tuple[np.ndarray, np.ndarray, tuple[int, int]]] | None
-    keyframe: tuple[tuple[np.ndarray, ...], ...] | None
-    nbytes: int
-
-
 class SnapshotRing:
     """The last `capacity` snapshots (within `max_bytes`), tagged with sequence and reply numbers.
 
-    Each snapshot carries one code histogram per layer and KV head (n_centroids counts): 2.9 MB
-    per step for 30 layers x 3 heads x 4096 codes. Only the newest snapshots keep theirs; older
-    entries hold the sparse change to the next step instead (one token per head per decode step),
-    so the ring costs about the size of the selections. `restored` rebuilds any kept step exactly.
+    Histograms: `_base` holds every layer's histograms at the oldest kept step and `_live` at
+    the newest; each later kept step holds its change from the step before (`_changes`). Older
+    entries' snapshots come without full histograms; `restored` rebuilds them exactly.
     """
 
     def __init__(
         self, capacity: int = DEFAULT_CAPACITY, max_bytes: int = DEFAULT_MAX_BYTES
     ) -> None:
         self._entries: deque[Entry] = deque()
-        self._compact: dict[int, _Compact] = {}
-        self._full_from = 0  # entries with seq >= this still hold their histograms
+        self._changes: dict[int, list[Change]] = {}
+        self._base: list[Histograms] = []
+        self._live: list[Histograms] = []
         self._sizes: dict[int, int] = {}
         self._total_bytes = 0
         self._capacity = 0
@@ -127,63 +233,35 @@ class SnapshotRing:
         return self._reply
 
     def append(self, snapshot: CacheSnapshot) -> Entry:
-        """Keep one snapshot (O(layers); histogram compaction is deferred to `compact`)."""
+        """Keep one snapshot: O(layers) plus the size of its histogram change."""
         entry = Entry(self._next_seq, self._reply, snapshot)
         self._next_seq += 1
-        self._entries.append(entry)
+        self._live, changes = _step_histograms(self._live, snapshot)
         size = _selection_bytes(snapshot)
+        if self._entries:
+            self._changes[entry.seq] = changes
+            size += sum(_change_bytes(c) for c in changes)
+            newest = self._entries[-1]
+            self._entries[-1] = Entry(newest.seq, newest.reply, _strip_counts(newest.snapshot))
+        else:
+            self._base = [h.copy() if isinstance(h, np.ndarray) else h for h in self._live]
+        self._entries.append(entry)
         self._sizes[entry.seq] = size
         self._total_bytes += size
         self._series.setdefault(self._reply, ByteSeries()).add(snapshot)
-        if entry.seq - self._full_from > PENDING_LIMIT:
-            self.compact()
         self._trim()
         return entry
 
     def compact(self) -> None:
-        """Replace the histograms of every entry but the newest by sparse deltas."""
-        if len(self._entries) < 2:
-            return
-        newest = self._entries[-1].seq
-        first = max(self._full_from, self._entries[0].seq)
-        for seq in range(first, newest):  # ascending: the next entry still holds its histograms
-            index = seq - self._entries[0].seq
-            entry, after = self._entries[index], self._entries[index + 1]
-            packed = self._pack(entry.snapshot, after.snapshot)
-            self._compact[seq] = packed
-            self._entries[index] = Entry(entry.seq, entry.reply, _strip_counts(entry.snapshot))
-            self._resize(seq, _selection_bytes(entry.snapshot) + packed.nbytes)
-        self._full_from = newest
-
-    @staticmethod
-    def _pack(snapshot: CacheSnapshot, after: CacheSnapshot) -> _Compact:
-        if len(snapshot.layers) == len(after.layers):
-            delta = []
-            for layer, nxt in zip(snapshot.layers, after.layers, strict=True):
-                a, b = _stack_counts(layer), _stack_counts(nxt)
-                if a is None or b is None or a.shape != b.shape:
-                    break
-                change = (a - b).ravel()
-                idx = np.flatnonzero(change)
-                delta.append((idx.astype(np.int32), change[idx], a.shape))
-            else:
-                nbytes = sum(i.nbytes + v.nbytes for i, v, _ in delta)
-                return _Compact(delta, None, nbytes)
-        keyframe = tuple(tuple(layer.code_counts) for layer in snapshot.layers)
-        nbytes = sum(c.nbytes for counts in keyframe for c in counts)
-        return _Compact(None, keyframe, nbytes)
-
-    def _resize(self, seq: int, size: int) -> None:
-        self._total_bytes += size - self._sizes.get(seq, 0)
-        self._sizes[seq] = size
+        """Nothing left to do: `append` keeps only histogram changes (kept for callers)."""
 
     def clear(self) -> None:
         self._entries.clear()
         self._series.clear()
-        self._compact.clear()
+        self._changes.clear()
         self._sizes.clear()
+        self._base, self._live = [], []
         self._total_bytes = 0
-        self._full_from = self._next_seq
         self._restored = None
 
     def _trim(self) -> None:
@@ -192,13 +270,29 @@ class SnapshotRing:
             self._total_bytes > self._max_bytes and len(self._entries) > MIN_KEPT
         ):
             old = self._entries.popleft()
-            self._compact.pop(old.seq, None)
             self._total_bytes -= self._sizes.pop(old.seq, 0)
+            self._fold_into_base()
             dropped = True
         if dropped and len(self._series) > 1:
             live = {e.reply for e in self._entries} | {self._reply}
             for reply in [r for r in self._series if r not in live]:
                 del self._series[reply]
+
+    def _fold_into_base(self) -> None:
+        """The oldest entry was dropped: move the base to the new oldest one."""
+        if not self._entries:
+            self._base = []
+            return
+        seq = self._entries[0].seq
+        changes = self._changes.pop(seq, None)
+        if changes is None:
+            return
+        size = sum(_change_bytes(c) for c in changes)
+        self._sizes[seq] -= size
+        self._total_bytes -= size
+        if len(changes) != len(self._base):
+            self._base = [None] * len(changes)
+        self._base = [_apply(h, c) for h, c in zip(self._base, changes, strict=True)]
 
     # ---- reading -------------------------------------------------------------------------
     @property
@@ -207,7 +301,8 @@ class SnapshotRing:
 
     @property
     def nbytes(self) -> int:
-        """Approximate bytes the kept entries hold (selections, deltas; not pending histograms)."""
+        """Approximate bytes the kept entries hold (selections, histogram changes; not the
+        oldest and newest steps' full histograms)."""
         return self._total_bytes
 
     @property
@@ -229,7 +324,7 @@ class SnapshotRing:
         return self._entries[-1].seq if self._entries else None
 
     def entries(self) -> list[Entry]:
-        """Kept entries, oldest first. Older ones come without code histograms (`restored`)."""
+        """Kept entries, oldest first, as appended; older ones without full histograms."""
         return list(self._entries)
 
     def at_index(self, index: int) -> Entry:
@@ -249,50 +344,59 @@ class SnapshotRing:
         return self._entries[i] if 0 <= i < len(self._entries) else None
 
     def restored(self, entry: Entry) -> Entry:
-        """The entry with its code histograms (the original snapshot for recent entries)."""
-        if entry.seq not in self._compact:
+        """The entry with its full code histograms (itself when it still holds them)."""
+        if _has_counts(entry.snapshot) and any(
+            layer.code_counts for layer in entry.snapshot.layers
+        ):
             return entry
         cached = self._restored
         if cached is not None and cached.seq == entry.seq:
             return cached
-        history = self._restore_run(entry.seq)
-        restored = history[0]
+        if self._entries and entry.seq == self._entries[-1].seq:
+            hists = self._live
+        else:
+            hists = self._histograms_at(self.index_of(entry.seq))
+        restored = Entry(entry.seq, entry.reply, _with_counts(entry.snapshot, hists))
         self._restored = restored
         return restored
 
-    def restored_entries(self) -> list[Entry]:
-        """Every kept entry with its histograms, oldest first (one backward pass)."""
-        if not self._entries:
-            return []
-        return self._restore_run(self._entries[0].seq)
+    def _histograms_at(self, index: int) -> list[Histograms]:
+        """Every layer's histograms at the entry at ring position `index` (from the base).
 
-    def _restore_run(self, first_seq: int) -> list[Entry]:
-        """Entries first_seq..newest with histograms rebuilt from the newest full one."""
-        start = self.index_of(first_seq)
-        entries = list(self._entries)[start:]
-        out: list[Entry] = [entries[-1]]
-        counts = [_stack_counts(layer) for layer in entries[-1].snapshot.layers]
-        for entry in reversed(entries[:-1]):
-            packed = self._compact.get(entry.seq)
-            if packed is None:  # still holds its own histograms
-                counts = [_stack_counts(layer) for layer in entry.snapshot.layers]
-                out.append(entry)
-                continue
-            if packed.keyframe is not None:
-                tuples = packed.keyframe
-                counts = [
-                    np.stack(t) if t and len({c.size for c in t}) == 1 else None for t in tuples
-                ]
+        Per layer, the changes after its last replacement are added in one `np.add.at`, so
+        scrubbing far back costs O(layers) NumPy calls, not O(steps x layers)."""
+        hists = list(self._base)
+        pending: list[list[Change]] = [[] for _ in hists]
+        for entry in list(self._entries)[1 : index + 1]:
+            changes = self._changes[entry.seq]
+            if len(changes) != len(hists):
+                hists, pending = [None] * len(changes), [[] for _ in changes]
+            for row, change in enumerate(changes):
+                if change[0] == "full":
+                    hists[row], pending[row] = change[1], []
+                else:
+                    pending[row].append(change)
+        return [_replay(h, p) for h, p in zip(hists, pending, strict=True)]
+
+    def restored_entries(self) -> list[Entry]:
+        """Every kept entry with its histograms, oldest first (one forward pass)."""
+        out: list[Entry] = []
+        hists: list[Histograms] = []
+        for i, entry in enumerate(self._entries):
+            if i == 0:
+                hists = [h.copy() if isinstance(h, np.ndarray) else h for h in self._base]
             else:
-                counts = [_apply(c, d) for c, d in zip(counts, packed.delta, strict=True)]
-                tuples = tuple(tuple(c) if c is not None else () for c in counts)
-            layers = tuple(
-                replace(layer, code_counts=t)
-                for layer, t in zip(entry.snapshot.layers, tuples, strict=True)
-            )
-            snap = CacheSnapshot(entry.snapshot.step, layers, entry.snapshot.token_id)
-            out.append(Entry(entry.seq, entry.reply, snap))
-        out.reverse()
+                changes = self._changes[entry.seq]
+                if len(changes) != len(hists):
+                    hists = [None] * len(changes)
+                hists = [_apply(h, c) for h, c in zip(hists, changes, strict=True)]
+            if _has_counts(entry.snapshot) and any(
+                layer.code_counts for layer in entry.snapshot.layers
+            ):
+                out.append(entry)
+            else:
+                snap = _with_counts(entry.snapshot, hists)
+                out.append(Entry(entry.seq, entry.reply, snap))
         return out
 
     def reply_entries(self, reply: int, up_to_seq: int | None = None) -> list[Entry]:
@@ -305,19 +409,6 @@ class SnapshotRing:
 
     def byte_series(self, reply: int) -> ByteSeries:
         return self._series.get(reply, ByteSeries())
-
-
-def _apply(counts: np.ndarray | None, delta) -> np.ndarray:
-    """counts [H, C] of step s + 1 and the packed change -> counts of step s (a new array)."""
-    idx, values, shape = delta
-    out = (
-        np.array(counts, dtype=np.int64, copy=True)
-        if counts is not None
-        else np.zeros(shape, np.int64)
-    )
-    flat = out.reshape(-1)
-    flat[idx] += values
-    return out
 
 
 class RetrievalFrequency:

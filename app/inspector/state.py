@@ -33,12 +33,16 @@ class InspectorState:
     def live(self) -> bool:
         return self.viewed_seq is None
 
-    def entry(self) -> Entry | None:
-        """The viewed entry (newest when live; the oldest kept one if the viewed was dropped)."""
+    def entry(self, histograms: bool = False) -> Entry | None:
+        """The viewed entry (newest when live; the oldest kept one if the viewed was dropped).
+
+        Live, the newest entry is the engine's own record; `histograms` asks for it with its
+        full code histograms (the engine sends most steps as new codes only)."""
         if not self.ring:
             return None
         if self.viewed_seq is None:
-            return self.ring.at_index(len(self.ring) - 1)
+            newest = self.ring.at_index(len(self.ring) - 1)
+            return self.ring.restored(newest) if histograms else newest
         return self.ring.restored(self.ring.at_index(self.ring.index_of(self.viewed_seq)))
 
     def token_text(self, position: int) -> str | None:

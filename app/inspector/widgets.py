@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from ..inert_text import rich_from_plain
 from .plot_theme import Theme, style_plot
 
 
@@ -427,7 +428,7 @@ class StatusLine(QWidget):
         if text == self._text:
             return
         self._text = text
-        self.setToolTip(text)
+        self.setToolTip(rich_from_plain(text))  # may quote token texts (model output)
         self.setAccessibleName(text)
         self.update()
 

@@ -16,7 +16,6 @@ import time
 
 import a2ats_engine  # noqa: F401  (BLAS preload before mlx.core)
 import mlx.core as mx
-import numpy as np
 from mlx_lm.models.rope_utils import initialize_rope
 
 from a2ats_engine.cache import attention as att
@@ -39,30 +38,26 @@ def main(n: int) -> None:
     rope = RopeSpec.from_module(initialize_rope(64, 100000.0, True, None, 8192), 64)
     book = Codebook.random(1, 3, 64, 512, seed=0)
     for rerank in (1, 2):
-        config = A2ATSConfig(n_centroids=512, rerank=rerank)
+        config = A2ATSConfig(rerank=rerank)
         cache = A2ATSCache(0, rope, book, config, max_context=8192)
         keys, values = mx.random.normal((1, 3, n, 64)), mx.random.normal((1, 3, n, 64))
         cache.update_and_fetch(keys, values)
         mx.eval(cache.keys, cache.codes)
         q = mx.random.normal((1, 9, 1, 64))
         lay = att.layout(n, config.window, config.sinks, config.top_k(n))
-        print(f"context {n}, rerank {rerank}, K {lay.k}, top-K on host: {att.host_top_k()}")
+        print(f"context {n}, rerank {rerank}, K {lay.k}, top-K on host: {cache.top_k.on_host}")
         bench("mlx-lm attention (full)", lambda: mx.fast.scaled_dot_product_attention(
             q, keys, values, scale=0.125))  # fmt: skip
         bench("A2ATS retrieval step", lambda: cache._retrieve(q, lay, 0.125))
         bench("  far-token scores", lambda: cache.far_token_scores(q, lay))
         scores = cache.far_token_scores(q, lay)
         mx.eval(scores)
-        host = att.host_top_k()
-        if host:
-            bench("  top-K", lambda: att.top_far_host(np.asarray(scores), lay.k))
-        else:
-            bench("  top-K", lambda: att.top_far(scores, lay.k))
+        bench("  top-K", lambda: cache.top_k.to_mx(cache.top_k.top(scores, lay.k)))
         if rerank > 1:
             group = q.reshape(1, 3, 3, 64)
             bench("  rerank (top-2K, exact)", lambda: att.rerank(
-                group, scores, lay, rerank * lay.k, cache.keys, cache.capacity, 64, None,
-                host))  # fmt: skip
+                group, scores, lay, rerank * lay.k, cache.keys, cache.storage,
+                cache.top_k))  # fmt: skip
 
 
 if __name__ == "__main__":

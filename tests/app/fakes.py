@@ -12,9 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from a2ats_engine import ModelInfo
 from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats, LayerStats, TokenEvent
 from a2ats_engine.errors import CodebookError, ModelLoadError
+from a2ats_engine.loading.models import ModelInfo
+from a2ats_engine.records import ModelGeometry
 from app.events import ReplyMode
 
 SPECIAL = {"<|im_start|>": 1, "<|im_end|>": 2}
@@ -212,11 +213,13 @@ class FakeBackend:
             raise ModelLoadError(f"no model folder, .gguf file or repo id at {source}")
         if progress:
             progress("load", 1, 1)
-        info = ModelInfo(
-            name="FakeLM-1M", architecture="llama", num_layers=2, num_heads=4, num_kv_heads=2,
-            head_dim=16, rope={}, context_length=self.context_length, quantization=None, disk_bytes=1,
-            path=str(source),
+        geometry = ModelGeometry(
+            model_type="llama", num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, rope={},
+            max_context=self.context_length,
         )  # fmt: skip
+        info = ModelInfo(
+            name="FakeLM-1M", geometry=geometry, quantization=None, disk_bytes=1, path=str(source)
+        )
         return object(), CharTokenizer(), info
 
     def demo_model_path(self):

@@ -5,18 +5,19 @@ from __future__ import annotations
 import pytest
 from PySide6.QtWidgets import QAbstractButton
 
+from a2ats_engine.records import SamplingSettings
 from app.dialogs.calibrate_dialog import CalibrateDialog, default_codebook_path
 from app.dialogs.hf_dialog import HuggingFaceDialog, valid_repo_id
 from app.dialogs.progress import EtaTracker, format_eta
 from app.dialogs.settings_dialog import SettingsDialog
-from app.settings import CacheSettings, SamplingPrefs
+from app.settings import CacheSettings
 from app.theme import DARK, LIGHT, resources_dir, theme
 
 
 def test_settings_dialog_round_trips_and_restores_defaults(qtbot):
     cache = CacheSettings(a2ats_enabled=False, window=32, far_offset=1024, sinks=4,
                           budget=0.05, min_k=8, far_buckets=2, rerank=3, kv_bits=8)  # fmt: skip
-    sampling = SamplingPrefs(temperature=0.2, top_p=0.9, top_k=40, seed=11, max_tokens=99)
+    sampling = SamplingSettings(temperature=0.2, top_p=0.9, top_k=40, seed=11, max_tokens=99)
     dialog = SettingsDialog(cache, sampling, "dark", "Be brief.")
     qtbot.addWidget(dialog)
     values = dialog.values()
@@ -24,14 +25,14 @@ def test_settings_dialog_round_trips_and_restores_defaults(qtbot):
     assert values.theme == "dark" and values.default_system_prompt == "Be brief."
     dialog.restore_defaults()
     assert dialog.values().cache == CacheSettings()
-    assert dialog.values().sampling == SamplingPrefs()
+    assert dialog.values().sampling == SamplingSettings()
 
 
 def test_settings_dialog_keeps_open_on_invalid_values(qtbot):
-    dialog = SettingsDialog(CacheSettings(), SamplingPrefs(), "system", "")
+    dialog = SettingsDialog(CacheSettings(), SamplingSettings(), "system", "")
     qtbot.addWidget(dialog)
     dialog.top_p.setMaximum(5.0)
-    dialog.top_p.setValue(3.0)  # outside SamplingPrefs' range
+    dialog.top_p.setValue(3.0)  # outside SamplingSettings' range
     dialog.accept()
     assert dialog.result_value is None and "top_p" in dialog.error.text()
     dialog.top_p.setValue(0.5)
@@ -111,3 +112,143 @@ def test_every_control_of_the_main_window_is_named(make_window):
     assert unnamed == []
     assert window.composer.edit.accessibleName() == "Message input"
     assert window.chat_view.scroll.accessibleName() == "Conversation transcript"
+
+
+def test_settings_dialog_disables_far_offset_when_buckets_ignore_it(qtbot):
+    dialog = SettingsDialog(CacheSettings(far_buckets=4), SamplingSettings(), "system", "")
+    qtbot.addWidget(dialog)
+    assert not dialog.far_offset.isEnabled()
+    assert "Not used with more than one distance bucket" in dialog.far_offset.toolTip()
+    dialog.far_buckets.setValue(1)
+    assert dialog.far_offset.isEnabled() and "Not used" not in dialog.far_offset.toolTip()
+    dialog.far_offset.setValue(1024)
+    dialog.far_buckets.setValue(2)
+    assert not dialog.far_offset.isEnabled()
+    assert dialog.values().cache.far_offset == 1024  # kept, just not used
+
+
+# ----- untrusted strings stay inert ----------------------------------------------------------
+
+HOSTILE = '<img src="file:///etc/passwd"> <b>bold</b> & <a href="smb://x">y</a>\nline two'
+
+
+def _shown_text(rich_or_plain: str) -> str:
+    """What Qt displays for a tooltip / message text (it guesses rich text like this)."""
+    from PySide6.QtGui import Qt, QTextDocument
+
+    doc = QTextDocument()
+    if Qt.mightBeRichText(rich_or_plain):
+        doc.setHtml(rich_or_plain)
+    else:
+        doc.setPlainText(rich_or_plain)
+    return doc.toPlainText()
+
+
+def test_rich_from_plain_shows_markup_verbatim():
+    from app.inert_text import rich_from_plain
+
+    assert _shown_text(HOSTILE) != HOSTILE  # what Qt would do with the raw string
+    assert _shown_text(rich_from_plain(HOSTILE)) == HOSTILE
+    assert rich_from_plain("") == ""
+
+
+def test_message_stats_and_tooltip_are_plain(qtbot):
+    from PySide6.QtCore import Qt
+
+    from app.chat.message_widget import MessageWidget
+    from app.conversations import Message
+
+    provenance = {"model": {"name": HOSTILE}, "cache": {"a2ats_enabled": True}}
+    widget = MessageWidget(Message("assistant", "hi", provenance=provenance))
+    qtbot.addWidget(widget)
+    assert widget.stats.textFormat() == Qt.TextFormat.PlainText
+    assert widget.note.textFormat() == Qt.TextFormat.PlainText
+    assert HOSTILE in _shown_text(widget.stats.toolTip())
+
+
+def test_conversation_list_tooltip_shows_the_title_verbatim(qtbot):
+    from app.chat.conversation_list import ConversationList
+    from app.conversations import Conversation
+
+    widget = ConversationList()
+    qtbot.addWidget(widget)
+    widget.set_conversations([Conversation(title=HOSTILE)], None)
+    assert _shown_text(widget.list.item(0).toolTip()) == HOSTILE
+
+
+def test_codebook_info_and_progress_labels_are_plain(qtbot):
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QLabel
+
+    from app.dialogs.codebook_info import CodebookInfoDialog
+    from app.dialogs.progress import ProgressPanel
+    from app.events import CodebookLoaded
+
+    info = CodebookLoaded(HOSTILE, HOSTILE, "0" * 64, 16, 8, None, 2, 1, {"corpus": HOSTILE})
+    dialog = CodebookInfoDialog(info)
+    qtbot.addWidget(dialog)
+    labels = [w for w in dialog.findChildren(QLabel) if w.text() == HOSTILE]
+    assert len(labels) == 2
+    assert all(label.textFormat() == Qt.TextFormat.PlainText for label in labels)
+    panel = ProgressPanel()
+    qtbot.addWidget(panel)
+    assert panel.stage.textFormat() == Qt.TextFormat.PlainText
+
+
+# ----- sampling: the engine's SamplingSettings, the model's defaults ---------------------------
+
+
+def test_the_dialog_never_accepts_what_the_engine_refuses(qtbot):
+    dialog = SettingsDialog(CacheSettings(), SamplingSettings(), "system", "")
+    qtbot.addWidget(dialog)
+    assert dialog.top_p.minimum() > 0 and dialog.min_p.maximum() < 1  # the widgets' ranges
+    dialog.use_model.setChecked(False)
+    for spin, value, field in ((dialog.top_p, 0.0, "top_p"), (dialog.min_p, 1.0, "min_p")):
+        spin.setRange(0.0, 1.0)
+        spin.setValue(value)
+        dialog.accept()
+        assert dialog.result_value is None and field in dialog.error.text()
+        spin.setValue(0.5)
+    dialog.accept()
+    assert isinstance(dialog.result_value.sampling, SamplingSettings)
+
+
+def test_the_dialog_shows_the_models_default_and_lets_the_user_override_it(qtbot):
+    own = SamplingSettings(temperature=0.8, top_p=0.7, max_tokens=77)
+    model = SamplingSettings(temperature=0.0, top_k=20)
+    dialog = SettingsDialog(CacheSettings(), own, "system", "", model_sampling=model,
+                            use_model_sampling=True, model_name="<b>Tiny</b>")  # fmt: skip
+    qtbot.addWidget(dialog)
+    text = dialog.model_default.text()
+    assert "<b>Tiny</b>" in text and "temperature 0 (greedy)" in text and "top k 20" in text
+    assert dialog.temperature.value() == 0.0 and not dialog.temperature.isEnabled()
+    assert dialog.top_k.value() == 20
+    values = dialog.values()
+    assert values.use_model_sampling and values.sampling == own  # the user's values kept aside
+    dialog.use_model.setChecked(False)  # override
+    assert dialog.temperature.isEnabled() and dialog.temperature.value() == 0.8
+    dialog.temperature.setValue(1.2)
+    values = dialog.values()
+    assert not values.use_model_sampling
+    assert values.sampling == SamplingSettings(temperature=1.2, top_p=0.7, max_tokens=77)
+    dialog.restore_defaults()  # "use the model's defaults" again
+    assert dialog.use_model.isChecked() and dialog.temperature.value() == 0.0
+    assert dialog.values().use_model_sampling
+
+
+def test_without_a_recommendation_the_users_values_are_editable(qtbot):
+    own = SamplingSettings(temperature=0.4)
+    dialog = SettingsDialog(CacheSettings(), own, "system", "", model_name="Plain")
+    qtbot.addWidget(dialog)
+    assert "Plain recommends no sampling" in dialog.model_default.text()
+    assert dialog.temperature.isEnabled() and dialog.temperature.value() == 0.4
+    assert dialog.values().sampling == own
+
+
+def test_inspector_status_line_tooltip_shows_token_text_verbatim(qtbot):
+    from app.inspector.widgets import StatusLine
+
+    line = StatusLine()
+    qtbot.addWidget(line)
+    line.setText(HOSTILE)
+    assert line.text() == HOSTILE and _shown_text(line.toolTip()) == HOSTILE

@@ -102,3 +102,123 @@ def test_title_from_text():
     assert title_from_text("") == "New chat"
     long = title_from_text("x" * 100)
     assert len(long) == 48 and long.endswith("\u2026")
+
+
+# ----- chat files are untrusted -----------------------------------------------------------------
+
+
+def _write(store: HistoryStore, conversation_id: str, data) -> None:
+    store.folder.mkdir(parents=True, exist_ok=True)
+    store.path_for(conversation_id).write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("content", ["[]", "null", "42", '"text"', "[" * 100_000])
+def test_a_file_that_is_not_an_object_is_skipped_and_the_others_load(app_dirs, content):
+    store = HistoryStore()
+    good = conversation()
+    store.save(good)
+    (store.folder / "0bad.json").write_text(content)
+    assert [c.id for c in store.load_all()] == [good.id]
+    assert store.skipped == ["0bad.json"]
+    assert (store.folder / "0bad.json").read_text() == content  # left for the user to inspect
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"provenance": []},
+        {"provenance": "x"},
+        {"provenance": {"stats": [], "model": "m", "cache": {"config": 3}, "codebook": 1}},
+        {"provenance": {"stats": {"generation_tps": "fast", "time_to_first_token": None}}},
+        {"created": "yesterday"},
+        {"created": 1e300},
+        {"created": True},
+    ],
+)
+def test_wrongly_typed_message_fields_fall_back_to_defaults(app_dirs, qtbot, bad):
+    from app.chat.message_widget import MessageWidget, provenance_tooltip, stats_text
+
+    store = HistoryStore()
+    c = conversation()
+    data = c.to_dict()
+    data["messages"][1].update(bad)
+    _write(store, c.id, data)
+    (loaded,) = store.load_all()
+    assert store.skipped == []
+    reply = loaded.messages[1]
+    assert reply.content == "Paris." and isinstance(reply.created, float)
+    assert reply.provenance is None or isinstance(reply.provenance, dict)
+    stats_text(reply.provenance), provenance_tooltip(reply.provenance)  # neither raises
+    export_markdown(loaded)
+    qtbot.addWidget(MessageWidget(reply))
+
+
+def test_invalid_messages_are_dropped_and_conversation_fields_defaulted(app_dirs):
+    store = HistoryStore()
+    c = conversation()
+    data = c.to_dict()
+    data["messages"] += [[], None, {"role": "system", "content": "x"}, {"role": "user"}]
+    data["messages"].append({"role": "user", "content": 5})
+    data.update(title=["t"], system_prompt=None, updated="soon", created=float("nan"))
+    _write(store, c.id, data)
+    (loaded,) = store.load_all()
+    assert [m.content for m in loaded.messages] == ["Capital of France?", "Paris."]
+    assert loaded.title == "New chat" and loaded.system_prompt == ""
+    assert isinstance(loaded.updated, float) and isinstance(loaded.created, float)
+    data["messages"] = {"not": "a list"}
+    _write(store, c.id, data)
+    assert store.load_all()[0].messages == []
+
+
+def test_the_id_comes_from_the_file_name_never_from_the_content(app_dirs, tmp_path):
+    store = HistoryStore()
+    c = conversation()
+    data = c.to_dict()
+    data["id"] = "../../escaped"
+    _write(store, c.id, data)
+    (loaded,) = store.load_all()
+    assert loaded.id == c.id
+    loaded.title = "Renamed"
+    store.save(loaded)
+    store.delete(loaded.id)
+    assert sorted(p.name for p in app_dirs["data"].rglob("*")) == ["conversations"]
+    assert not (tmp_path / "escaped.json").exists()
+
+
+@pytest.mark.parametrize("bad_id", ["../../escaped", "a/b", "x.y", "", "..", "a" * 65, 7, None])
+def test_invalid_ids_never_become_paths(app_dirs, tmp_path, bad_id):
+    store = HistoryStore()
+    victim = store.folder.parent / "victim.json"
+    victim.parent.mkdir(parents=True, exist_ok=True)
+    victim.write_text("{}")
+    with pytest.raises(ValueError, match="invalid conversation id"):
+        store.path_for(bad_id)
+    with pytest.raises(ValueError):
+        store.save(Conversation(id=bad_id))
+    with pytest.raises(ValueError):
+        store.delete(bad_id)
+    with pytest.raises(ValueError):
+        Conversation.from_dict({"id": bad_id})
+    assert victim.read_text() == "{}"
+
+
+def test_a_file_whose_name_is_not_a_valid_id_is_skipped(app_dirs):
+    store = HistoryStore()
+    store.folder.mkdir(parents=True)
+    (store.folder / "has.dot.json").write_text(json.dumps(conversation().to_dict()))
+    assert store.load_all() == [] and store.skipped == ["has.dot.json"]
+
+
+def test_the_window_starts_over_bad_chat_files(make_window, app_dirs):
+    from .fakes import FakeBackend
+
+    store = HistoryStore()
+    good = conversation()
+    data = good.to_dict()
+    data["messages"][1]["provenance"] = ["not", "an", "object"]
+    _write(store, good.id, data)
+    (store.folder / "list.json").write_text("[]")
+    (store.folder / "none.json").write_text("null")
+    window = make_window(FakeBackend())
+    assert [c.id for c in window.controller.conversations] == [good.id]
+    assert "Skipped 2 unreadable conversation file(s)" in window.statusBar().currentMessage()

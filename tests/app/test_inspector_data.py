@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from a2ats_engine.cache.telemetry import CacheSnapshot, LayerStats
 from app.inspector import data, export
-from app.inspector.snapshot_ring import FrequencyTracker, SnapshotRing
+from app.inspector.snapshot_ring import FrequencyTracker, SnapshotRing, with_histograms
 
 
 def make_layer(
@@ -259,6 +260,8 @@ def test_frequency_live_increments_equal_recount_and_reset_per_reply():
 
 # ---- export -------------------------------------------------------------------------------------
 def assert_same_snapshots(a: list[CacheSnapshot], b: list[CacheSnapshot]) -> None:
+    """The same records; histograms compared in full (engine runs send new codes per step)."""
+    a, b = with_histograms(a), with_histograms(b)
     assert len(a) == len(b)
     for sa, sb in zip(a, b, strict=True):
         assert (sa.step, sa.token_id, len(sa.layers)) == (sb.step, sb.token_id, len(sb.layers))
@@ -453,3 +456,50 @@ def test_ring_respects_a_byte_budget():
     assert 2 <= len(ring) < 40 and ring.nbytes <= 20_000 + 5_000
     assert ring.last_seq == 39
     assert_same_snapshots([e.snapshot for e in ring.restored_entries()], run[-len(ring) :])
+
+
+def as_engine_deltas(run: list[CacheSnapshot]) -> list[CacheSnapshot]:
+    """The run as the engine sends it: a keyframe when the offset did not grow by one (first
+    step, trim), else each layer's one new code per KV head (make_layer's codes)."""
+    out, previous = [], None
+    for snap in run:
+        layers = []
+        for layer in snap.layers:
+            if previous is None or layer.offset != previous + 1:
+                layers.append(layer)
+                continue
+            t = layer.offset - 1
+            new = tuple(
+                np.array([(t * (h + 1)) % 8], np.uint16) for h in range(len(layer.selected))
+            )
+            layers.append(replace(layer, code_counts=(), new_codes=new))
+        previous = snap.layers[0].offset
+        out.append(CacheSnapshot(snap.step, tuple(layers), snap.token_id))
+    return out
+
+
+@pytest.mark.parametrize("capacity", [64, 10])
+def test_ring_accumulates_the_engines_new_codes_exactly(capacity):
+    run = growing_run(20, heads=3)
+    run.append(
+        make_snapshot(20, [make_layer(offset=50, retrieved=[[10]] * 3, layer=i) for i in range(3)])
+    )
+    run += [
+        make_snapshot(
+            21 + s, [make_layer(offset=51 + s, retrieved=[[10]] * 3, layer=i) for i in range(3)]
+        )
+        for s in range(5)
+    ]
+    sent = as_engine_deltas(run)
+    assert sum(layer.new_codes is not None for s in sent for layer in s.layers) == 3 * 24
+    ring = SnapshotRing(capacity)
+    for snap in sent:
+        ring.append(snap)
+    kept = run[-len(ring) :]
+    assert_same_snapshots([e.snapshot for e in ring.restored_entries()], kept)
+    for entry, want in zip(ring.entries(), kept, strict=True):
+        assert_same_snapshots([ring.restored(entry).snapshot], [want])
+    assert ring.entries()[-1].snapshot is sent[-1]  # the newest is the engine's own record
+    selections = sum(sel.nbytes for s in kept for layer in s.layers for sel in layer.selected)
+    assert ring.nbytes < selections + 200 * 3 * len(kept) + 64 * 3 * 3 * len(kept)
+    assert_same_snapshots(with_histograms(sent), run)

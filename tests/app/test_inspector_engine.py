@@ -25,9 +25,7 @@ def tiny_run(tmp_path_factory):
     """(session, events) of one reply with telemetry and a fidelity pass every 2 steps."""
     tokenizer = tiny_tokenizer(tmp_path_factory.mktemp("tok"))
     model = tiny_model("llama")
-    config = A2ATSConfig(
-        window=8, sinks=2, budget=4, n_centroids=32, telemetry=True, fidelity_every=2
-    )
+    config = A2ATSConfig(window=8, sinks=2, budget=4, telemetry=True, fidelity_every=2)
     codebook = Codebook.random(2, 2, 16, 32, seed=3)
     sampling = SamplingSettings(temperature=0.0, max_tokens=8)
     with pytest.warns(UserWarning):  # a random codebook carries no model fingerprint
@@ -87,3 +85,24 @@ def test_panel_shows_and_exports_the_cache_selection(qtbot, tmp_path, tiny_run):
     for layer, cache in zip(reloaded[-1].layers, session.caches, strict=True):
         for mine, theirs in zip(layer.selected, cache.last_stats.selected, strict=True):
             assert np.array_equal(mine, theirs)
+
+
+def test_codebook_panel_shows_the_caches_histograms_from_new_codes(qtbot, tiny_run):
+    session, events = tiny_run
+    snapshots = [e for e in events if isinstance(e, CacheSnapshot)]
+    assert snapshots[0].layers[0].new_codes is None  # a keyframe after the prefill
+    assert all(layer.new_codes is not None for s in snapshots[1:] for layer in s.layers)
+    panel = InspectorPanel()
+    qtbot.addWidget(panel)
+    panel.resize(900, 1000)
+    panel.show()
+    for snap in snapshots:
+        panel.on_snapshot(snap)
+    panel.flush(force=True)
+    stats = panel.codebook_panel.table_stats()
+    for layer, cache, st in zip(snapshots[-1].layers, session.caches, stats, strict=True):
+        codes = np.array(cache.codes[0, :, : layer.offset, 0])
+        want = [np.bincount(h, minlength=32) for h in codes]
+        shown = panel.state.entry(histograms=True).snapshot.layers[layer.layer].code_counts
+        assert all(np.array_equal(a, b) for a, b in zip(shown, want, strict=True))
+        assert st.tokens == layer.offset

@@ -9,10 +9,11 @@ import pytest
 from PySide6.QtCore import QElapsedTimer, Qt, QTimer
 from PySide6.QtTest import QTest
 
+from a2ats_engine.records import SamplingSettings
 from app.context_text import ContextMap
 from app.controller import Task
 from app.conversations import HistoryStore
-from app.settings import CacheSettings, SamplingPrefs, load_settings, settings_path
+from app.settings import CacheSettings, load_settings, settings_path
 
 from .fakes import FakeBackend
 from .helpers import load, reply, streamed
@@ -222,7 +223,7 @@ def test_event_loop_stays_responsive_during_generation_fake(make_window, qtbot):
 
 def test_event_loop_stays_responsive_during_generation_real(make_window, qtbot, tiny_folder):
     settings, _ = load_settings()
-    settings.sampling = SamplingPrefs(max_tokens=600, seed=3, temperature=1.0)
+    settings.sampling = SamplingSettings(max_tokens=600, seed=3, temperature=1.0)
     window = make_window(None, settings=settings)
     load(qtbot, window, str(tiny_folder))
     max_gap, ticks, elapsed = measure_event_loop(qtbot, window, "Hello")
@@ -344,7 +345,7 @@ def test_settings_and_history_survive_restart(make_window, qtbot, app_dirs):
     from app.dialogs.settings_dialog import SettingsResult
 
     window.apply_settings(SettingsResult(
-        cache=CacheSettings(window=32, budget=0.05), sampling=SamplingPrefs(temperature=0.3),
+        cache=CacheSettings(window=32, budget=0.05), sampling=SamplingSettings(temperature=0.3),
         theme="dark", default_system_prompt="Be kind.",
     ))  # fmt: skip
     conversation_id = window.current.id
@@ -524,7 +525,7 @@ def test_calibration_can_be_cancelled(make_window, qtbot, tmp_path):
 
 def test_regenerate_and_edit_reuse_the_cache_on_the_real_engine(make_window, qtbot, tiny_folder):
     settings, _ = load_settings()
-    settings.sampling = SamplingPrefs(max_tokens=12, seed=9)
+    settings.sampling = SamplingSettings(max_tokens=12, seed=9)
     window = make_window(None, settings=settings)
     load(qtbot, window, str(tiny_folder))
     reply(qtbot, window, "The capital of France is Paris.")
@@ -549,7 +550,7 @@ def test_regenerate_and_edit_reuse_the_cache_on_the_real_engine(make_window, qtb
 
 def test_transcript_link_maps_positions_to_text(make_window, qtbot, tiny_folder):
     settings, _ = load_settings()
-    settings.sampling = SamplingPrefs(max_tokens=16, seed=5)
+    settings.sampling = SamplingSettings(max_tokens=16, seed=5)
     window = make_window(None, settings=settings, inspector=True)
     load(qtbot, window, str(tiny_folder))
     text = "The quick brown fox jumps over the lazy dog."
@@ -653,7 +654,7 @@ def test_hugging_face_download_error_is_clear(make_window, qtbot, message_boxes,
 def test_fidelity_setting_reaches_engine_and_inspector(make_window, qtbot, tiny_folder):
     settings, _ = load_settings()
     settings.cache = CacheSettings(window=16, sinks=4, budget=8, fidelity_every=2)
-    settings.sampling = SamplingPrefs(max_tokens=6, seed=1, temperature=0.0)
+    settings.sampling = SamplingSettings(max_tokens=6, seed=1, temperature=0.0)
     window = make_window(None, settings=settings, inspector=True)
     assert window.inspector.state.fidelity.enabled and window.inspector.state.fidelity.every == 2
     load(qtbot, window, str(tiny_folder))
@@ -677,6 +678,7 @@ def test_fidelity_setting_reaches_engine_and_inspector(make_window, qtbot, tiny_
                 "sampling": settings.sampling,
                 "theme": "light",
                 "default_system_prompt": "",
+                "use_model_sampling": True,
             },
         )()
     )

@@ -12,7 +12,8 @@ import pytest
 from demo_gate import require_demo
 from PySide6.QtGui import QImage
 
-from app.settings import AppSettings, SamplingPrefs, save_settings
+from a2ats_engine.records import SamplingSettings
+from app.settings import AppSettings, save_settings
 
 
 def run_app(args, app_dirs, timeout=300):
@@ -99,7 +100,7 @@ def test_scripted_mode_on_the_demo_model_with_its_default_codebook(tmp_path):
     has_codebook = demo_codebook_path().exists()
     if has_codebook:
         (dirs["data"] / "codebooks").symlink_to(demo_codebook_path().parent)
-    settings = AppSettings(sampling=SamplingPrefs(temperature=0.0, max_tokens=48))
+    settings = AppSettings(sampling=SamplingSettings(temperature=0.0, max_tokens=48))
     save_settings(settings, dirs["config"] / "settings.json")
     shot = tmp_path / "demo.png"
     result = run_app(

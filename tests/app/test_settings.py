@@ -6,12 +6,12 @@ import json
 
 import pytest
 
+from a2ats_engine.records import SamplingSettings
 from app import app_dirs as dirs_module
 from app.settings import (
     SCHEMA_VERSION,
     AppSettings,
     CacheSettings,
-    SamplingPrefs,
     load_settings,
     save_settings,
     settings_path,
@@ -22,17 +22,16 @@ def test_dirs_follow_env_overrides(app_dirs):
     assert dirs_module.config_dir() == app_dirs["config"]
     assert dirs_module.data_dir() == app_dirs["data"]
     assert settings_path() == app_dirs["config"] / "settings.json"
-    assert (
-        dirs_module.demo_default_codebook()
-        == app_dirs["data"] / "codebooks" / "demo-default.safetensors"
-    )
+    from a2ats_engine.data_dirs import demo_codebook_path  # the app reads the engine's
+
+    assert demo_codebook_path() == app_dirs["data"] / "codebooks" / "demo-default.safetensors"
 
 
 def test_round_trip(app_dirs):
     settings = AppSettings(
         model_source="/models/x",
         cache=CacheSettings(a2ats_enabled=False, window=32, budget=0.05, kv_bits=8),
-        sampling=SamplingPrefs(temperature=0.2, seed=7, max_tokens=64),
+        sampling=SamplingSettings(temperature=0.2, seed=7, max_tokens=64),
         theme="dark",
         default_system_prompt="Be brief.",
     )
@@ -74,6 +73,62 @@ def test_corrupt_file_is_backed_up_and_defaults_used(app_dirs, content):
     assert not path.exists()
 
 
+WRONG_TYPES = [
+    {"window_geometry": 5},
+    {"window_state": ["x"]},
+    {"recent_models": "demo"},
+    {"recent_models": ["demo", 3]},
+    {"codebook_for_model": {"demo": 7}},
+    {"codebook_for_model": []},
+    {"auto_load_demo_codebook": "yes"},
+    {"default_system_prompt": None},
+    {"theme": 1},
+    {"splitter_sizes": "200,800"},
+    {"splitter_sizes": [True, 5]},
+    {"inspector_visible": 1},
+    {"last_conversation_id": 12},
+    {"model_source": None},
+    {"schema_version": True},
+    {"cache": "on"},
+    {"sampling": [0.7]},
+]
+
+
+@pytest.mark.parametrize("bad", WRONG_TYPES, ids=lambda bad: next(iter(bad)))
+def test_a_wrongly_typed_value_sends_the_file_down_the_backup_path(app_dirs, bad):
+    path = settings_path()
+    path.parent.mkdir(parents=True)
+    content = json.dumps({"schema_version": 1, "theme": "dark", **bad})
+    path.write_text(content)
+    settings, message = load_settings()
+    assert settings == AppSettings()
+    assert message is not None and next(iter(bad)) in message and "backed up" in message
+    (backup,) = path.parent.glob("settings.json.corrupt-*")
+    assert backup.read_text() == content
+
+
+def test_every_field_has_a_type_check():
+    from dataclasses import fields
+
+    from app.settings import FIELD_TYPES
+
+    assert set(FIELD_TYPES) == {f.name for f in fields(AppSettings)}
+    for f in fields(AppSettings):
+        check, _ = FIELD_TYPES[f.name]
+        assert check(getattr(AppSettings(), f.name)), f.name
+
+
+@pytest.mark.parametrize("bad", [{"window_geometry": 5}, {"recent_models": "demo"}])
+def test_the_window_starts_over_a_wrongly_typed_settings_file(make_window, app_dirs, bad):
+    from .fakes import FakeBackend
+
+    path = settings_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(bad))
+    window = make_window(FakeBackend())
+    assert "defaults restored" in window.statusBar().currentMessage()
+
+
 def test_unknown_keys_ignored_and_old_schema_migrates(app_dirs):
     path = settings_path()
     path.parent.mkdir(parents=True)
@@ -88,9 +143,9 @@ def test_unknown_keys_ignored_and_old_schema_migrates(app_dirs):
         (CacheSettings, "window", 0),
         (CacheSettings, "budget", 1.5),
         (CacheSettings, "kv_bits", 3),
-        (SamplingPrefs, "temperature", -1.0),
-        (SamplingPrefs, "max_tokens", 0),
-        (SamplingPrefs, "top_k", 1.5),
+        (SamplingSettings, "temperature", -1.0),
+        (SamplingSettings, "max_tokens", 0),
+        (SamplingSettings, "top_k", 1.5),
     ],
 )
 def test_bad_values_name_the_field(kind, field, value):
@@ -99,6 +154,70 @@ def test_bad_values_name_the_field(kind, field, value):
 
 
 def test_cache_settings_build_engine_config():
-    config = CacheSettings(window=16, sinks=4, budget=0.1).to_config(telemetry=True, n_centroids=64)
-    assert (config.window, config.sinks, config.budget, config.n_centroids) == (16, 4, 0.1, 64)
+    config = CacheSettings(window=16, sinks=4, budget=0.1).to_config(telemetry=True, rerank=3)
+    assert (config.window, config.sinks, config.budget, config.rerank) == (16, 4, 0.1, 3)
     assert config.telemetry is True
+
+
+# ----- sampling: the model's recommendation is the default -------------------------------------
+
+
+def _info(recommended):
+    from a2ats_engine.records import ModelGeometry, ModelInfo
+
+    geometry = ModelGeometry("llama", 2, 4, 2, 16, {}, 4096)
+    return ModelInfo("m", geometry, None, 1, "/m", recommended)
+
+
+def test_sampling_for_takes_the_models_recommendation_unless_overridden():
+    own = SamplingSettings(temperature=0.9, top_p=0.5, top_k=7, max_tokens=64, seed=3)
+    model = SamplingSettings(temperature=0.0, top_p=0.95, min_p=0.05, top_k=20,
+                             repetition_penalty=1.1, max_tokens=9999, seed=42)  # fmt: skip
+    settings = AppSettings(sampling=own)
+    chosen = settings.sampling_for(_info(model))
+    assert (chosen.temperature, chosen.top_p, chosen.min_p, chosen.top_k) == (0.0, 0.95, 0.05, 20)
+    assert chosen.repetition_penalty == 1.1
+    assert (chosen.max_tokens, chosen.seed) == (64, 3)  # never the model's
+    assert settings.sampling_for(_info(None)) == own  # the model recommends nothing
+    assert settings.sampling_for(None) == own  # no model loaded
+    settings.use_model_sampling = False  # the user's explicit override
+    assert settings.sampling_for(_info(model)) == own
+
+
+def test_the_override_survives_a_restart(app_dirs):
+    settings = AppSettings(sampling=SamplingSettings(temperature=0.3), use_model_sampling=False)
+    save_settings(settings)
+    loaded, message = load_settings()
+    assert message is None and loaded == settings
+    assert isinstance(loaded.sampling, SamplingSettings)
+
+
+@pytest.mark.parametrize("bad", [{"top_p": 0.0}, {"min_p": 1.0}, {"max_tokens": "9"}])
+def test_sampling_the_engine_would_refuse_never_loads(app_dirs, bad):
+    path = settings_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"schema_version": 1, "sampling": bad}))
+    settings, message = load_settings()
+    assert settings == AppSettings() and "backed up" in message
+
+
+def test_a_reply_uses_the_loaded_models_recommended_sampling(make_window, qtbot, app_dirs):
+    from dataclasses import replace
+
+    from .fakes import FakeBackend
+    from .helpers import load, reply
+
+    settings = AppSettings(sampling=SamplingSettings(temperature=0.9, max_tokens=5, seed=1))
+    window = make_window(FakeBackend(), settings=settings)
+    load(qtbot, window)
+    recommended = SamplingSettings(temperature=0.0, top_k=20)
+    window.controller.model = replace(
+        window.model, info=replace(window.model.info, recommended_sampling=recommended)
+    )
+    reply(qtbot, window, "hello")
+    used = window.current.messages[-1].provenance["sampling"]
+    assert (used["temperature"], used["top_k"], used["max_tokens"]) == (0.0, 20, 5)
+    window.settings.use_model_sampling = False
+    reply(qtbot, window, "again")
+    used = window.current.messages[-1].provenance["sampling"]
+    assert (used["temperature"], used["top_k"]) == (0.9, 0)

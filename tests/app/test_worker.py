@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import QObject
 
-from a2ats_engine import SamplingSettings
 from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats, TokenEvent
+from a2ats_engine.records import SamplingSettings
 from app.events import (
     CalibrationRequest,
     CodebookLoaded,
@@ -346,7 +346,7 @@ def test_real_engine_calibrates_saves_and_loads(engine, qtbot, tiny_folder, tmp_
     wait_for(qtbot, recorder, "generation_finished", timeout=120000)
     provenance = recorder.of("generation_started")[0].provenance
     assert provenance["codebook"]["sha256"] == info.sha256 and len(info.sha256) == 64
-    assert provenance["cache"]["config"]["n_centroids"] == 32
+    assert provenance["codebook"]["n_centroids"] == 32  # the codebook carries its size
     assert not recorder.of("generation_started")[0].notes  # no random-codebook warning
     assert recorder.of("generation_finished")[0].stop_reason in ("stop", "length")
 

@@ -115,3 +115,14 @@ def test_bench_seed_synthetic_json_is_deterministic(capsys):
         assert r["sequence"] == 200
         assert r["rope"]["exact_rope_mse"] > 0 and r["rope"]["windowed_mse"] > 0
         assert 0.0 < r["vq"]["query_aware"]["recall_top_k"] <= 1.0
+
+
+def test_eval_says_when_far_offset_is_ignored(tiny_folder, capsys):
+    folder, book = tiny_folder
+    argv = ["eval", "--model", str(folder), "--codebook", str(book), "--context", "120",
+            "--decode", "2", "--methods", "full,a2ats", "--json"]  # fmt: skip
+    assert main([*argv, "--far-buckets", "3"]) == 0
+    notes = " ".join(_json(capsys)["notes"])
+    assert "far_offset: ignored with far_buckets = 3" in notes
+    assert main([*argv, "--far-buckets", "1"]) == 0
+    assert "far_offset" not in " ".join(_json(capsys)["notes"])

@@ -53,7 +53,7 @@ def test_decode_method_names_set_kv_bits_rerank_and_telemetry():
     model = tiny_model("llama", hidden_size=256)
     base = make_prompt_cache(model)
     model(mx.array([list(range(3, 100))]), cache=base)
-    config = A2ATSConfig(n_centroids=16, rerank=1)
+    config = A2ATSConfig(rerank=1)
     cfg = _method_cache(model, base, "a2ats_kv4_rr3", config, None)[0].config
     assert (cfg.kv_bits, cfg.rerank, cfg.telemetry) == (4, 3, False)
     cfg = _method_cache(model, base, "a2ats_rr2_telemetry", config, None)[0].config

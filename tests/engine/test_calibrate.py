@@ -19,9 +19,11 @@ from a2ats_engine.calibration.calibrate import (
     collect,
     token_stream,
 )
+from a2ats_engine.calibration.codebook_spec import CodebookSpec
 from a2ats_engine.calibration.corpus import builtin_corpus, load_texts
 
-CONFIG = A2ATSConfig(n_centroids=16)
+CONFIG = A2ATSConfig()
+SPEC = CodebookSpec(n_centroids=16)
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +33,9 @@ def tokenizer(tmp_path_factory):
 
 def test_end_to_end_saves_loads_and_validates(tokenizer, tmp_path):
     model = tiny_model("llama")
-    book = calibrate(model, tokenizer, None, CONFIG, tokens=1200, chunk_len=256, model_name="t")
+    book = calibrate(
+        model, tokenizer, None, CONFIG, spec=SPEC, tokens=1200, chunk_len=256, model_name="t"
+    )
     assert (book.num_layers, book.num_kv_heads, book.head_dim, book.n_centroids) == (2, 2, 16, 16)
     assert book.metadata["tokens"] == 1200
     assert book.metadata["far_offset"] == CONFIG.far_offset
@@ -48,7 +52,7 @@ def test_end_to_end_saves_loads_and_validates(tokenizer, tmp_path):
 
 def test_deterministic_for_a_seed(tokenizer):
     model = tiny_model("qwen2")
-    runs = [calibrate(model, tokenizer, None, CONFIG, tokens=900, chunk_len=256, seed=s)
+    runs = [calibrate(model, tokenizer, None, CONFIG, spec=SPEC, tokens=900, chunk_len=256, seed=s)
             for s in (3, 3, 4)]  # fmt: skip
     same = all(
         np.array_equal(np.asarray(a), np.asarray(b))
@@ -70,8 +74,8 @@ def test_cancel_stops_and_raises(tokenizer, stage):
             cancel.set()
 
     with pytest.raises(CalibrationCancelled):
-        calibrate(model, tokenizer, None, CONFIG, tokens=3000, chunk_len=512, progress=progress,
-                  cancel=cancel)  # fmt: skip
+        calibrate(model, tokenizer, None, CONFIG, spec=SPEC, tokens=3000, chunk_len=512,
+                  progress=progress, cancel=cancel)  # fmt: skip
     # Stopped at the first check after the flag was set: one report of the stage, no later stage.
     assert seen.count(stage) == 1
     assert seen[-1] == stage
@@ -91,8 +95,10 @@ def _direct_layer0(model, ids: np.ndarray):
 def test_collected_keys_are_pre_rope_and_queries_are_wrope(tokenizer, arch, traditional):
     model = tiny_model(arch, rope_traditional=traditional)
     texts = builtin_corpus(tokenizer, chars=4000)
-    config = A2ATSConfig(n_centroids=16, sinks=4, window=16, far_offset=300, far_buckets=1)
-    data = collect(model, tokenizer, texts, config, tokens=200, chunk_len=200, heldout=0.0)
+    config = A2ATSConfig(sinks=4, window=16, far_offset=300, far_buckets=1)
+    data = collect(
+        model, tokenizer, texts, config, spec=SPEC, tokens=200, chunk_len=200, heldout=0.0
+    )
     ids = token_stream(tokenizer, texts, 200)
     keys, queries = _direct_layer0(model, ids)
     assert np.array_equal(data.key_positions, np.arange(4, 200))  # sinks left out
@@ -109,9 +115,11 @@ def test_collected_keys_are_pre_rope_and_queries_are_wrope(tokenizer, arch, trad
     np.testing.assert_allclose(np.asarray(data.moments[0]), want_moment, rtol=1e-3, atol=1e-3)
     assert data.queries == 2 * 180
     # With distance buckets the moment averages the queries rotated to every bucket distance.
-    buckets = A2ATSConfig(n_centroids=16, sinks=4, window=16, far_buckets=3)
-    data = collect(model, tokenizer, texts, buckets, tokens=200, chunk_len=200, heldout=0.0)
-    distances = retrieval_distances(16, buckets.far_offset, 3, model_geometry(model)["max_context"])
+    buckets = A2ATSConfig(sinks=4, window=16, far_buckets=3)
+    data = collect(
+        model, tokenizer, texts, buckets, spec=SPEC, tokens=200, chunk_len=200, heldout=0.0
+    )
+    distances = retrieval_distances(16, buckets.far_offset, 3, model_geometry(model).max_context)
     assert len(set(distances)) == 3
     want_moment = 0
     for dist in distances:
@@ -135,8 +143,8 @@ def _anisotropic_model():
 
 def test_query_aware_beats_plain_vq_on_anisotropic_queries(tokenizer):
     model = _anisotropic_model()
-    book = calibrate(model, tokenizer, None, CONFIG, tokens=4096, chunk_len=512, heldout=0.25,
-                     compare_plain=True)  # fmt: skip
+    book = calibrate(model, tokenizer, None, CONFIG, spec=SPEC, tokens=4096, chunk_len=512,
+                     heldout=0.25, compare_plain=True)  # fmt: skip
     aware = book.metadata["heldout_score_error"]
     plain = book.metadata["heldout_score_error_plain"]
     assert aware < 0.8 * plain
@@ -183,9 +191,9 @@ def test_load_texts_reads_txt_md_and_chat_jsonl(tokenizer, tmp_path):
 def test_bad_settings_name_the_field(tokenizer):
     model = tiny_model("llama")
     with pytest.raises(ValueError, match="tokens"):
-        calibrate(model, tokenizer, None, CONFIG, tokens=0)
+        calibrate(model, tokenizer, None, CONFIG, spec=SPEC, tokens=0)
     with pytest.raises(ValueError, match="empty"):
-        calibrate(model, tokenizer, [""], CONFIG, tokens=100)
+        calibrate(model, tokenizer, [""], CONFIG, spec=SPEC, tokens=100)
 
 
 def test_cli_calibrate_and_codebook_info(tmp_path, capsys):
@@ -253,9 +261,11 @@ def test_demo_model_keys_are_pre_rope_and_query_aware_wins():
 
     require_demo()
     model, tokenizer, _ = load_model("demo")
-    config = A2ATSConfig(n_centroids=64)
+    config, spec = A2ATSConfig(), CodebookSpec(n_centroids=64)
     texts = builtin_corpus(tokenizer, chars=20_000)
-    data = collect(model, tokenizer, texts, config, tokens=1200, chunk_len=600, heldout=0.5)
+    data = collect(
+        model, tokenizer, texts, config, spec=spec, tokens=1200, chunk_len=600, heldout=0.5
+    )
     ids = token_stream(tokenizer, texts, 1200)
     keys, _ = _direct_layer0(model, ids[:600])  # chunk 0 trains, chunk 1 is held out
     np.testing.assert_allclose(
@@ -263,6 +273,26 @@ def test_demo_model_keys_are_pre_rope_and_query_aware_wins():
     )
     from a2ats_engine.calibration.calibrate import fit_codebook
 
-    aware = fit_codebook(data, config, beta=0.0).metadata["heldout_score_error"]
-    plain = fit_codebook(data, config, beta=1.0).metadata["heldout_score_error"]
+    aware = fit_codebook(data, spec, beta=0.0).metadata["heldout_score_error"]
+    plain = fit_codebook(data, spec, beta=1.0).metadata["heldout_score_error"]
     assert aware < plain
+
+
+def test_codebook_spec_validation_names_field_value_and_range():
+    for kwargs, field in [
+        ({"beta": 1.2}, "beta"),
+        ({"n_centroids": 70000}, "n_centroids"),
+        ({"n_centroids": 1}, "n_centroids"),
+        ({"sub_dim": 0}, "sub_dim"),
+    ]:
+        with pytest.raises(ValueError, match=rf"CodebookSpec\.{field}=.*out of range"):
+            CodebookSpec(**kwargs)
+    spec = CodebookSpec(n_centroids=64, sub_dim=8, beta=0.5)
+    assert CodebookSpec.from_dict({**spec.to_dict(), "future": 1}) == spec
+
+
+def test_the_cache_config_no_longer_carries_codebook_properties():
+    names = set(A2ATSConfig().to_dict())
+    assert not names & {"n_centroids", "sub_dim", "beta"}
+    # settings saved by an older version still load: the codebook keys are ignored
+    assert A2ATSConfig.from_dict({"window": 32, "n_centroids": 64, "beta": 0.0}).window == 32

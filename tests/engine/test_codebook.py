@@ -152,7 +152,7 @@ def test_save_load_round_trip(tmp_path):
     assert loaded.sha256 == book.sha256
     keys = mx.random.normal((1, 2, 50, 16), key=mx.random.key(0))
     assert np.array_equal(np.asarray(loaded.assign(0, keys)), np.asarray(book.assign(0, keys)))
-    assert loaded.validate_for(model, A2ATSConfig(n_centroids=8)) == []
+    assert loaded.validate_for(model, A2ATSConfig()) == []
     assert loaded.nbytes >= 3 * 2 * 2 * 8 * 16 * 4
 
 
@@ -205,11 +205,11 @@ def test_soft_mismatches_warn():
     model = tiny_model("llama")
     book = _fitted_for(model)
     with pytest.warns(UserWarning, match="far_offset 2048"):
-        found = book.validate_for(model, A2ATSConfig(far_offset=1024, n_centroids=8))
+        found = book.validate_for(model, A2ATSConfig(far_offset=1024))
     assert len(found) == 1 and "1024" in found[0]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert book.validate_for(model, A2ATSConfig(n_centroids=4096)) == []
+        assert book.validate_for(model, A2ATSConfig()) == []
         other = tiny_model("llama", intermediate_size=96)  # same geometry, different model
         assert any("different model" in f for f in book.validate_for(other))
         assert any(
@@ -232,3 +232,18 @@ def test_random_codebook_geometry_and_bad_settings():
         Codebook.fit(keys, queries, n_centroids=8, sub_dim=3)
     with pytest.raises(ValueError, match="keys"):
         book.assign(0, mx.zeros((1, 2, 4, 8)))
+
+
+def test_changed_buckets_or_window_warn_like_far_offset():
+    """far_buckets and window set the distances the query moments were rotated to."""
+    model = tiny_model("llama")
+    book = _fitted_for(model, far_buckets=4, window=64)
+    with pytest.warns(UserWarning, match="far_buckets 4, the cache uses 2"):
+        found = book.validate_for(model, A2ATSConfig(far_buckets=2))
+    assert len(found) == 1
+    with pytest.warns(UserWarning, match="window 64, the cache uses 32"):
+        found = book.validate_for(model, A2ATSConfig(window=32))
+    assert len(found) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert book.validate_for(model, A2ATSConfig(window=64, far_buckets=4)) == []

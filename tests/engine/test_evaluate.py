@@ -5,7 +5,7 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import KVCache, QuantizedKVCache
 from tiny import tiny_model
 
 from a2ats_engine.bench.evaluate import (
@@ -150,7 +150,7 @@ def test_evaluate_metrics_are_consistent(tiny):
     )  # fmt: skip
     (run,) = evaluate(
         model, ids, context=300, decode=5, budgets=[0.05], codebooks=books,
-        config=A2ATSConfig(n_centroids=32), methods=methods,
+        config=A2ATSConfig(), methods=methods,
     )  # fmt: skip
     m = run.methods
     assert list(m) == list(methods)
@@ -184,7 +184,7 @@ def test_evaluate_with_nothing_to_drop_equals_full(tiny):
     model, book, ids = tiny
     (run,) = evaluate(
         model, ids, context=60, decode=4, budgets=[1.0], codebooks={"a2ats": book},
-        config=A2ATSConfig(n_centroids=32), methods=("full", "a2ats", "oracle_topk"),
+        config=A2ATSConfig(), methods=("full", "a2ats", "oracle_topk"),
     )  # fmt: skip
     full, a2 = run.methods["full"], run.methods["a2ats"]
     assert a2.recall == pytest.approx(1.0)
@@ -224,7 +224,7 @@ def _lossless_setup(n=300, far_buckets=4):
     post = spec.rotate(mx.random.normal((1, 2, n, 16)), 0)
     pre = spec.unrotate(post, 0)
     book = Codebook([pre[0][:, None]])  # [n_kv, S=1, K=n, d]: centroid j = key j
-    config = A2ATSConfig(budget=8, window=16, sinks=4, far_buckets=far_buckets, n_centroids=n)
+    config = A2ATSConfig(budget=8, window=16, sinks=4, far_buckets=far_buckets)
     query = mx.random.normal((1, 4, 1, 16))
     lay = att.layout(n, 16, 4, 8)
 
@@ -251,3 +251,39 @@ def test_exact_rope_diagnostic_equals_oracle_with_a_lossless_codebook():
     exact, coded = scores(OracleTopKCache), scores(CodedExactRopeCache)
     np.testing.assert_allclose(coded, exact, atol=2e-4)
     assert not np.allclose(scores(A2ATSCache), exact, atol=1e-2)  # buckets do approximate
+
+
+def test_method_registry_builds_each_variant_from_the_run_config():
+    from a2ats_engine.bench.methods import METHODS, method_spec
+
+    model = tiny_model("llama", hidden_size=256)
+    spec = rope_specs(model)[0]
+    base = A2ATSConfig(window=32, sinks=4, budget=0.1, far_buckets=3, rerank=3)
+    books = {name: Codebook.random(2, 2, 64, 16, seed=1) for name in ("a2ats", "plain_vq")}
+    books["no_wrope"] = Codebook.random(2, 2, 64, 16, seed=2)
+
+    def built(name, **kw):
+        return method_spec(name, model, base, books, **kw).factory(0, spec)
+
+    paper = built("a2ats_paper")
+    assert (paper.config.far_buckets, paper.config.far_offset, paper.config.rerank) == (1, 2048, 1)
+    assert paper.codebook is books["a2ats"]  # no "paper" codebook given: falls back
+    assert (paper.config.window, paper.config.sinks, paper.config.budget) == (32, 4, 0.1)
+    assert built("a2ats").config == A2ATSConfig(
+        window=32, sinks=4, budget=0.1, far_buckets=3, rerank=3, telemetry=True
+    )
+    assert built("a2ats_no_rerank").config.rerank == 1
+    assert built("a2ats_plain_vq").codebook is books["plain_vq"]
+    no_wrope = built("a2ats_no_wrope")
+    assert isinstance(no_wrope.rope, IdentityRope) and no_wrope.config.far_buckets == 1
+    window = built("window", window_budget=7)
+    assert isinstance(window, RecentWindowCache) and window.config.budget == 7
+    assert isinstance(built("oracle_topk"), OracleTopKCache)
+    assert isinstance(built("kv4"), QuantizedKVCache)
+    with pytest.raises(ValueError, match="window"):
+        built("window")
+    with pytest.raises(ValueError, match="'random' codebook"):
+        built("a2ats_random")
+    with pytest.raises(ValueError, match="unknown method 'h2o'"):
+        built("h2o")
+    assert list(METHODS)[:4] == ["full", "kv8", "kv4", "a2ats"]

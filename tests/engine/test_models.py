@@ -295,3 +295,69 @@ def test_cli_help_texts(capsys):
             main([command, "--help"])
         assert exit_info.value.code == 0
         assert f"usage: a2ats {command}" in capsys.readouterr().out
+
+
+# --- the model's recommended sampling ------------------------------------------------------------
+
+
+def test_recommended_sampling_comes_from_generation_config(tmp_path):
+    from a2ats_engine.records import SamplingSettings
+
+    folder = save_tiny_model(tmp_path / "with-config", "llama", seed=1)
+    config = {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "top_k": 20,
+              "repetition_penalty": 1.05, "bos_token_id": 1}  # fmt: skip
+    (folder / "generation_config.json").write_text(json.dumps(config))
+    info = models.describe(folder)
+    assert info.recommended_sampling == SamplingSettings(
+        temperature=0.6, top_p=0.9, top_k=20, repetition_penalty=1.05
+    )
+    assert info.to_dict()["recommended_sampling"]["top_k"] == 20
+    (folder / "generation_config.json").write_text("{not json")
+    assert models.describe(folder).recommended_sampling is None
+
+
+def test_a_folder_that_recommends_nothing_has_none(llama_folder):
+    assert models.describe(llama_folder).recommended_sampling is None
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({"do_sample": False, "temperature": 0.6}, {"temperature": 0.0}),
+        ({"top_p": 0.8}, {"temperature": 1.0, "top_p": 0.8}),  # Hugging Face's temperature
+        ({"temperature": "hot", "top_p": 0.0, "min_p": 1.0, "top_k": 40.0}, {"temperature": 1.0,
+                                                                            "top_k": 40}),
+        ({"bos_token_id": 1}, None),
+        ([0.7], None),
+    ],
+)  # fmt: skip
+def test_generation_config_is_read_defensively(config, expected):
+    from a2ats_engine.records import SamplingSettings, sampling_from_generation_config
+
+    found = sampling_from_generation_config(config)
+    assert found == (None if expected is None else SamplingSettings(**expected))
+
+
+def test_gguf_sampling_keys_become_the_recommendation(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(
+        path,
+        tiny_model("llama", seed=3),
+        **{
+            "general.sampling.temp": ("f32", 0.25),
+            "general.sampling.top_k": ("i32", 30),
+            "general.sampling.top_p": ("f32", 0.5),
+            "general.sampling.penalty_repeat": ("f32", 1.5),
+        },
+    )
+    sampling = models.describe(path).recommended_sampling
+    assert (sampling.temperature, sampling.top_k, sampling.top_p) == (0.25, 30, 0.5)
+    assert (sampling.repetition_penalty, sampling.min_p) == (1.5, 0.0)
+
+
+def test_the_demo_preset_is_greedy(tmp_path):
+    from a2ats_engine.loading import demo_model
+
+    folder = save_tiny_model(demo_model.demo_folder(), "llama", seed=1)
+    sampling = models.describe(folder).recommended_sampling
+    assert sampling == demo_model.DEMO_SAMPLING and sampling.greedy

@@ -93,7 +93,7 @@ def test_unsupported_variant_is_a_clear_error():
 def test_model_introspection(arch):
     model = tiny_model(arch)
     geo = model_geometry(model)
-    assert (geo["num_layers"], geo["num_heads"], geo["num_kv_heads"], geo["head_dim"]) == (
+    assert (geo.num_layers, geo.num_heads, geo.num_kv_heads, geo.head_dim) == (
         2,
         4,
         2,

@@ -474,7 +474,7 @@ def a2ats_session(tokenizer):
 
     model = tiny_model("llama")  # same weights as `llama`; its own copy gets the attention hook
 
-    config = A2ATSConfig(window=8, sinks=2, budget=4, n_centroids=32, telemetry=True)
+    config = A2ATSConfig(window=8, sinks=2, budget=4, telemetry=True)
     codebook = Codebook.random(2, 2, 16, 32, seed=1)
     with pytest.warns(UserWarning):  # a random codebook carries no model fingerprint
         session = ChatSession(model, tokenizer, sampling=GREEDY, a2ats=config, codebook=codebook)
@@ -549,3 +549,35 @@ def test_demo_multi_turn_reuse_matches_fresh_session(demo):
     assert ids == fresh_reply(model, tokenizer, history, "And of Germany?", sampling, system)
     again, _, stats = run(session.regenerate())
     assert again == ids and stats.prompt_tokens == 1
+
+
+def test_a2ats_snapshots_rebuild_the_code_histograms_across_turns(a2ats_session):
+    """Keyframe on each reply's first snapshot (prefill or trim), new codes after: summing
+    them gives the histograms of the codes the caches hold, at every step of every reply."""
+    import numpy as np
+
+    from a2ats_engine.cache.telemetry import CacheSnapshot
+
+    hist: dict[int, np.ndarray] = {}
+    for events in (
+        a2ats_session.send("What is the capital of France?"),
+        a2ats_session.send("And of Italy?"),
+        a2ats_session.regenerate(),  # a trim, then a one-token prefill
+    ):
+        snaps = 0
+        for event in events:
+            if not isinstance(event, CacheSnapshot):
+                continue
+            for layer, cache in zip(event.layers, a2ats_session.caches, strict=True):
+                if snaps == 0:
+                    assert layer.new_codes is None
+                    hist[layer.layer] = np.stack(layer.code_counts)
+                else:
+                    assert layer.code_counts == ()
+                    for h, codes in enumerate(layer.new_codes):
+                        np.add.at(hist[layer.layer][h], codes.astype(np.int64), 1)
+                held = np.array(cache.codes[0, :, : layer.offset, 0])
+                want = np.stack([np.bincount(c, minlength=32) for c in held])
+                assert np.array_equal(hist[layer.layer], want)
+            snaps += 1
+        assert snaps > 1

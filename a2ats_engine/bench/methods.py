@@ -1,0 +1,322 @@
+"""The evaluation variants: one `Method` record per name in `METHODS`, and the caches they use.
+
+A method is the cache class it builds, the A2ATS settings it changes (applied to the run's
+`A2ATSConfig` with `dataclasses.replace`), the codebook it needs and whether it scores with the
+model's RoPE. `method_spec` turns a name into a per-layer cache factory; `a2ats eval`,
+`a2ats bench passkey` and the tests all go through it. Adding a retrieval variant to the
+measurements is adding one `Method` to `METHODS` (and, for a new way to score far tokens, an
+`A2ATSCache` subclass here). The method itself is summarised in docs/ARCHITECTURE.md
+("The method").
+
+Method names of `a2ats bench decode` (`a2ats`, `a2ats_kv4`, `a2ats_rr2`, `a2ats_kv4_rr2`,
+`a2ats_telemetry`, ...) are A2ATS with knobs spelled in the name: `decode_variant_knobs` reads
+them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache, QuantizedKVCache
+
+from ..cache import attention as att
+from ..cache.a2ats_cache import A2ATSCache
+from ..cache.config import A2ATSConfig
+from ..cache.rope import distance_buckets, model_geometry, retrieval_distances
+
+# -- method caches ------------------------------------------------------------------------------
+
+
+class OracleTopKCache(A2ATSCache):
+    """A2ATS's selection structure (per-head top-K, GQA union, sinks, window) with far tokens
+    ranked by their exact post-RoPE scores: the ceiling for any top-K retrieval at this budget."""
+
+    reranks = False  # its scores are exact already
+
+    def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
+        """queries post-RoPE `[B, n_q, 1, d]` -> exact scores `[B, n_kv, G, F]` of far tokens."""
+        B, n_q, _, d = queries.shape
+        n_kv = self.codes.shape[1]
+        group = queries.reshape(B, n_kv, n_q // n_kv, d).astype(mx.float32)
+        far = self._dequantized(self.keys)[..., lay.n_sinks : lay.window_start, :]
+        return group @ far.astype(mx.float32).swapaxes(-1, -2)
+
+
+class RecentWindowCache(A2ATSCache):
+    """Sinks + the most recent tokens (StreamingLLM-style): the top-K "far" tokens are simply
+    the K latest ones before the window, so the attended set is contiguous with the window."""
+
+    reranks = False  # recency, not relevance
+
+    def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
+        """Scores that rank far tokens by recency: `[B, n_kv, G, F]` (later = higher)."""
+        B, n_q = queries.shape[:2]
+        n_kv = self.codes.shape[1]
+        recency = mx.arange(lay.n_far, dtype=mx.float32)
+        return mx.broadcast_to(recency, (B, n_kv, n_q // n_kv, lay.n_far))
+
+
+class ExactKeyWRopeCache(A2ATSCache):
+    """Diagnostic: A2ATS's windowed-RoPE distance buckets, but far tokens scored with their
+    exact pre-RoPE keys instead of codes (`(R_D q) . k_n`): isolates the bucket approximation."""
+
+    def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
+        """queries post-RoPE `[B, n_q, 1, d]` -> `[B, n_kv, G, F]`."""
+        B, n_q, _, d = queries.shape
+        n_kv = self.codes.shape[1]
+        G = n_q // n_kv
+        cfg = self.config
+        dists = retrieval_distances(cfg.window, cfg.far_offset, cfg.far_buckets, self.max_context)
+        group = queries.reshape(B, n_kv, G, d).astype(mx.float32)
+        pre_q = self.rope.unrotate(group[..., None, :], lay.n - 1)[..., 0, :]  # all at n - 1
+        keys = self._dequantized(self.keys)[..., lay.n_sinks : lay.window_start, :]
+        pre_k = self.rope.unrotate(keys.astype(mx.float32), lay.n_sinks)
+        per_bucket = [
+            (pre_q @ self.rope.rotation_matrix(dist)) @ pre_k.swapaxes(-1, -2) for dist in dists
+        ]  # m x [B, n_kv, G, F]
+        if len(dists) == 1:
+            return per_bucket[0]
+        plan = distance_buckets(cfg.window, self.max_context, cfg.far_buckets)
+        lower_edges = tuple(lo for lo, _, _ in plan[1:])
+        bucket = att.bucket_ids(lay.n, lay.n_sinks, lay.window_start, lower_edges)  # [F]
+        out = per_bucket[0]
+        for b in range(1, len(dists)):
+            out = mx.where(bucket == b, per_bucket[b], out)
+        return out
+
+
+class CodedExactRopeCache(A2ATSCache):
+    """Diagnostic: far tokens scored with exact relative RoPE on their centroid keys
+    (`q^ . R_n c(k_n)`, no distance approximation): isolates the VQ approximation."""
+
+    def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
+        """queries post-RoPE `[B, n_q, 1, d]` -> `[B, n_kv, G, F]`."""
+        B, n_q, _, d = queries.shape
+        n_kv = self.codes.shape[1]
+        group = queries.reshape(B, n_kv, n_q // n_kv, d).astype(mx.float32)
+        codes = self.codes[..., lay.n_sinks : lay.window_start, :]
+        centroid_keys = self.codebook.reconstruct(self.layer, codes)  # pre-RoPE [B, n_kv, F, d]
+        post = self.rope.rotate(centroid_keys, lay.n_sinks)
+        return group @ post.swapaxes(-1, -2)
+
+
+class IdentityRope:
+    """A stand-in RopeSpec that rotates nothing: an A2ATSCache built with it codes post-RoPE
+    keys and scores them with the plain post-RoPE query (the `a2ats_no_wrope` ablation)."""
+
+    def __init__(self, head_dim: int) -> None:
+        self.head_dim = head_dim
+
+    def unrotate(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
+        return x
+
+    def rotate(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
+        return x
+
+    def shift(self, x: mx.array, delta: int | mx.array) -> mx.array:
+        return x
+
+    def rotation_matrix(self, position: int) -> mx.array:
+        """The identity `[head_dim, head_dim]`: no distance rotates anything."""
+        return mx.eye(self.head_dim, dtype=mx.float32)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "identity", "head_dim": self.head_dim}
+
+
+# -- the registry -------------------------------------------------------------------------------
+
+FIXED = "fixed"  # no budget: run once per evaluation
+BUDGET = "budget"  # run at every budget
+DIAGNOSTIC = "diagnostic"  # like BUDGET, but only when asked for by name
+
+
+@dataclass(frozen=True)
+class Method:
+    """One evaluation variant.
+
+    kind:          FIXED (mlx-lm caches, no budget), BUDGET or DIAGNOSTIC (A2ATS-shaped caches).
+    cache:         the A2ATSCache (sub)class it builds; None for the mlx-lm caches.
+    kv_bits:       for the mlx-lm caches: None = KVCache, 8 or 4 = QuantizedKVCache.
+    knobs:         A2ATSConfig fields it sets (`dataclasses.replace` on the run's config).
+    codebook:      key of the codebook it uses in the `codebooks` dict given to `method_spec`.
+    codebook_optional: fall back to the "a2ats" codebook when `codebook` is not given.
+    identity_rope: code and score post-RoPE keys (no windowed RoPE).
+    window_budget: its budget is the far-token count a2ats attended (run a2ats first).
+    summary:       one line for the docs and `a2ats eval` notes.
+    """
+
+    name: str
+    kind: str
+    summary: str
+    cache: type[A2ATSCache] | None = A2ATSCache
+    kv_bits: int | None = None
+    knobs: Mapping[str, Any] = field(default_factory=dict)
+    codebook: str = "a2ats"
+    codebook_optional: bool = False
+    identity_rope: bool = False
+    window_budget: bool = False
+
+    def config(self, base: A2ATSConfig, window_budget: int | None = None) -> A2ATSConfig:
+        """The A2ATS settings this method runs with: `base` with telemetry on (the measurements
+        read `last_stats`), no fidelity shadow, and this method's knobs."""
+        knobs: dict[str, Any] = {"telemetry": True, "fidelity_every": 0, **self.knobs}
+        if self.window_budget:
+            if window_budget is None:
+                raise ValueError(
+                    f"method {self.name} needs the attended count of a2ats (run a2ats first)"
+                )
+            knobs["budget"] = max(1, int(window_budget))
+        return replace(base, **knobs)
+
+
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method("full", FIXED, "mlx-lm KVCache (exact; the reference)", cache=None),
+        Method("kv8", FIXED, "mlx-lm QuantizedKVCache, 8-bit K/V", cache=None, kv_bits=8),
+        Method("kv4", FIXED, "mlx-lm QuantizedKVCache, 4-bit K/V", cache=None, kv_bits=4),
+        Method("a2ats", BUDGET, "A2ATS with the given codebook and config"),
+        Method(
+            "window",
+            BUDGET,
+            "sinks + the most recent tokens; as many as A2ATS attends on average",
+            cache=RecentWindowCache,
+            window_budget=True,
+        ),
+        Method(
+            "oracle_topk",
+            BUDGET,
+            "A2ATS's structure and budget, far tokens ranked by exact scores (the ceiling)",
+            cache=OracleTopKCache,
+        ),
+        Method(
+            "a2ats_no_rerank",
+            BUDGET,
+            "A2ATS with rerank = 1: the top-K of the codebook scores alone",
+            knobs={"rerank": 1},
+        ),
+        Method(
+            "a2ats_plain_vq", BUDGET, "A2ATS with a plain (beta = 1) codebook", codebook="plain_vq"
+        ),
+        Method(
+            "a2ats_paper",
+            BUDGET,
+            "the paper's method: one far distance b = 2048, a codebook calibrated for it, "
+            "no rerank",
+            knobs={"far_buckets": 1, "far_offset": 2048, "rerank": 1},
+            codebook="paper",
+            codebook_optional=True,
+        ),
+        Method(
+            "a2ats_no_wrope",
+            BUDGET,
+            "codes and scores on post-RoPE keys (no windowed RoPE)",
+            knobs={"far_buckets": 1},
+            codebook="no_wrope",
+            identity_rope=True,
+        ),
+        Method("a2ats_random", BUDGET, "A2ATS with a random codebook", codebook="random"),
+        Method(
+            "a2ats_exact_keys",
+            DIAGNOSTIC,
+            "windowed-RoPE buckets on exact keys (no VQ): the distance approximation alone",
+            cache=ExactKeyWRopeCache,
+        ),
+        Method(
+            "a2ats_exact_rope",
+            DIAGNOSTIC,
+            "exact RoPE on centroid keys (no distance buckets): the VQ approximation alone",
+            cache=CodedExactRopeCache,
+        ),
+    )
+}
+
+
+def method_names(*kinds: str) -> tuple[str, ...]:
+    """Names of the registered methods of these kinds, in registry order."""
+    return tuple(name for name, m in METHODS.items() if m.kind in kinds)
+
+
+def kv_group_size(head_dim: int) -> int | None:
+    """Largest mx.quantize group size (64 or 32) dividing head_dim, else None."""
+    return next((g for g in (64, 32) if head_dim % g == 0), None)
+
+
+@dataclass
+class MethodSpec:
+    """How to build one method's cache for layer i: `factory(layer, rope_spec)`."""
+
+    name: str
+    factory: Callable[[int, Any], Any]
+
+
+def method_spec(
+    name: str,
+    model: nn.Module,
+    config: A2ATSConfig,
+    codebooks: dict[str, Any],
+    window_budget: int | None = None,
+) -> MethodSpec:
+    """The cache factory of the registered method `name` (see `METHODS`). `codebooks` holds
+    "a2ats" and, where a method needs one, "plain_vq", "paper" (optional), "no_wrope",
+    "random". `window_budget`: the far tokens a2ats attended, for `window`."""
+    method = METHODS.get(name)
+    if method is None:
+        raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
+    geo = model_geometry(model)
+    hd = geo.head_dim
+    if method.cache is None:
+        return MethodSpec(name, _mlx_lm_factory(method, hd))
+    cfg = method.config(config, window_budget)
+    book = codebooks.get(method.codebook)
+    if book is None and method.codebook_optional:
+        book = codebooks["a2ats"]
+    if book is None:
+        raise ValueError(f"method {name} needs a {method.codebook!r} codebook")
+    ctx, cls = geo.max_context, method.cache
+
+    def make(i: int, spec: Any) -> A2ATSCache:
+        rope = IdentityRope(hd) if method.identity_rope else spec
+        return cls(i, rope, book, cfg, ctx)
+
+    return MethodSpec(name, make)
+
+
+def _mlx_lm_factory(method: Method, head_dim: int) -> Callable[[int, Any], Any]:
+    if method.kv_bits is None:
+        return lambda i, spec: KVCache()
+    gs = kv_group_size(head_dim)
+    if gs is None:
+        raise ValueError(f"method {method.name} needs head_dim divisible by 32 (got {head_dim})")
+    bits = method.kv_bits
+    return lambda i, spec: QuantizedKVCache(group_size=gs, bits=bits)
+
+
+# -- decode-benchmark names ---------------------------------------------------------------------
+
+# a2ats, a2ats_kv4, a2ats_rr2 (rerank 2), a2ats_kv4_rr2, a2ats_telemetry, ...
+_DECODE_VARIANT = re.compile(
+    r"a2ats(?:_kv(?P<bits>4|8))?(?:_rr(?P<rerank>\d+))?(?P<telemetry>_telemetry)?"
+)
+
+
+def decode_variant_knobs(name: str) -> dict[str, Any] | None:
+    """A2ATSConfig fields spelled in an `a2ats bench decode` method name, None if it is not one:
+    `a2ats_kv4_rr2_telemetry` -> {"kv_bits": 4, "rerank": 2, "telemetry": True}."""
+    match = _DECODE_VARIANT.fullmatch(name)
+    if match is None:
+        return None
+    knobs: dict[str, Any] = {}
+    if match["bits"]:
+        knobs["kv_bits"] = int(match["bits"])
+    if match["rerank"]:
+        knobs["rerank"] = int(match["rerank"])
+    if match["telemetry"]:
+        knobs["telemetry"] = True
+    return knobs

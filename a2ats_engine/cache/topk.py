@@ -1,0 +1,141 @@
+"""Top-K selection of far tokens: one strategy per cache, chosen once when the cache is made.
+
+`MlxTopK` keeps everything on the device (`mx.argpartition`, the union built with MLX ops, the
+retrieved-token counter an MLX scalar): no host sync. `NumpyTopK` pulls the step's scores to the
+host once and does top-K and the union bookkeeping in NumPy: on CPU-only MLX that is faster
+(MLX's argpartition measured 0.63 vs NumPy's 0.09 ms for 9 x 8K scores) and the sync costs
+little. `choose_top_k()` picks NumPy on CPU-only MLX and MLX otherwise; `A2ATS_TOPK=mlx|numpy`
+overrides (read when the cache is made, never per step).
+
+Both strategies have the same operations and agree exactly:
+    top(scores [..., F], k)       -> far indices [..., k] int32 (unordered)
+    pick(cand, exact, k)          -> the k of `cand` [..., c] with the highest `exact` [..., c]
+    to_mx(indices)                -> the indices as an mx.array (for gathers)
+    select(top [B, n_kv, G, k], lay) -> (positions, repeat) mx.arrays (see `select`), and
+                                    adds the step's distinct far tokens to `retrieved`
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import mlx.core as mx
+import numpy as np
+
+from .attention import Layout, fixed_parts
+
+ENV = "A2ATS_TOPK"
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_only() -> bool:
+    return mx.default_device() == mx.cpu or not mx.metal.is_available()
+
+
+def choose_top_k() -> MlxTopK | NumpyTopK:
+    """A fresh strategy for one cache: NumPy on CPU-only MLX, else MLX; `A2ATS_TOPK` overrides."""
+    choice = os.environ.get(ENV, "").strip().lower()
+    host = choice == "numpy" if choice in ("mlx", "numpy") else _cpu_only()
+    return NumpyTopK() if host else MlxTopK()
+
+
+class MlxTopK:
+    """Top-K on the device (Metal): MLX ops only, no host sync."""
+
+    on_host = False
+
+    def __init__(self) -> None:
+        self._retrieved = mx.array(0, dtype=mx.int32)
+
+    @staticmethod
+    def top(scores: mx.array, k: int) -> mx.array:
+        """Indices (into the far region) of the k highest scores: [..., F] -> [..., k] int32."""
+        return mx.argpartition(-scores, kth=k - 1, axis=-1)[..., :k].astype(mx.int32)
+
+    def pick(self, cand: mx.array, exact: mx.array, k: int) -> mx.array:
+        """cand [..., c] far indices, exact [..., c] their scores -> the best k [..., k]."""
+        return mx.take_along_axis(cand, self.top(exact, k), axis=-1)
+
+    @staticmethod
+    def to_mx(indices: mx.array) -> mx.array:
+        return indices
+
+    def select(self, top: mx.array, lay: Layout) -> tuple[mx.array, mx.array]:
+        """Far indices top [B, n_kv, G, k], unioned over the GQA group, plus sinks and window.
+
+        Returns (positions [B, n_kv, M] int32, repeat [B, n_kv, M] bool),
+        M = n_sinks + G * k + window; `repeat` marks duplicates of the union (masked in
+        attention). The union part is sorted, so duplicates are adjacent.
+        """
+        B, n_kv, G, k = top.shape
+        union = mx.sort(top.reshape(B, n_kv, G * k), axis=-1) + lay.n_sinks
+        sinks, window, no_s, no_w, first = fixed_parts(
+            B, n_kv, lay.n_sinks, lay.window_start, lay.n
+        )
+        repeat = mx.concatenate([no_s, first, union[..., 1:] == union[..., :-1], no_w], axis=-1)
+        positions = mx.concatenate([sinks, union, window], axis=-1)
+        self._retrieved = self._retrieved + count_union(positions, lay)
+        return positions, repeat
+
+    @property
+    def retrieved(self) -> int:
+        """Far tokens selected (union over KV heads), summed over steps and the batch."""
+        return int(self._retrieved.item())
+
+
+class NumpyTopK:
+    """Top-K on the host (CPU-only MLX): one pull of the scores per step, then NumPy."""
+
+    on_host = True
+
+    def __init__(self) -> None:
+        self._retrieved = 0
+
+    @staticmethod
+    def top(scores: mx.array | np.ndarray, k: int) -> np.ndarray:
+        """NumPy `MlxTopK.top`: [..., F] -> [..., k] int32 (unordered)."""
+        scores = np.asarray(scores)
+        n = scores.shape[-1]
+        return np.argpartition(scores, n - k, axis=-1)[..., n - k :].astype(np.int32)
+
+    def pick(self, cand: np.ndarray, exact: mx.array, k: int) -> np.ndarray:
+        return np.take_along_axis(cand, self.top(exact, k), axis=-1)
+
+    @staticmethod
+    def to_mx(indices: np.ndarray) -> mx.array:
+        return mx.array(indices)
+
+    def select(self, top: np.ndarray, lay: Layout) -> tuple[mx.array, mx.array]:
+        """`MlxTopK.select` for far indices on the host: top [B, n_kv, G, k] (NumPy).
+
+        The union bookkeeping is a handful of NumPy calls instead of a dozen small MLX ops.
+        """
+        B, n_kv, G, k = top.shape
+        union = np.sort(top.reshape(B, n_kv, G * k), axis=-1) + lay.n_sinks
+        dup = union[..., 1:] == union[..., :-1]
+        self._retrieved += sum(int(np.unique(top[b]).size) for b in range(B))
+        n_win = lay.n - lay.window_start
+        positions = np.empty((B, n_kv, lay.n_sinks + G * k + n_win), dtype=np.int32)
+        positions[..., : lay.n_sinks] = np.arange(lay.n_sinks, dtype=np.int32)
+        positions[..., lay.n_sinks : lay.n_sinks + G * k] = union
+        positions[..., lay.n_sinks + G * k :] = np.arange(lay.window_start, lay.n, dtype=np.int32)
+        repeat = np.zeros(positions.shape, dtype=bool)
+        repeat[..., lay.n_sinks + 1 : lay.n_sinks + G * k] = dup
+        return mx.array(positions), mx.array(repeat)
+
+    @property
+    def retrieved(self) -> int:
+        return self._retrieved
+
+
+def count_union(positions: mx.array, lay: Layout) -> mx.array:
+    """Far tokens retrieved at this step, union over KV heads, summed over the batch (scalar).
+
+    positions: [B, n_kv, M] as `select` returns them.
+    """
+    B = positions.shape[0]
+    far = positions[..., lay.n_sinks : positions.shape[-1] - (lay.n - lay.window_start)]
+    allpos = mx.sort(far.reshape(B, -1), axis=-1)
+    distinct = 1 + (allpos[:, 1:] != allpos[:, :-1]).sum(axis=-1)
+    return distinct.sum()

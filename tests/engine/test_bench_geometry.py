@@ -1,0 +1,80 @@
+"""`a2ats bench decode --geometry NAME`: real geometries, synthetic caches, calibration timing.
+
+Only tiny sizes run here (the real geometries are checked by their shapes, unevaluated)."""
+
+import json
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
+
+from a2ats_engine.bench.geometries import (
+    fill_synthetic,
+    geometry_config,
+    geometry_model,
+    parameter_count,
+)
+from a2ats_engine.cache.a2ats_cache import A2ATSCache, make_cache
+from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cache.model_matrix import tiny_family_model
+from a2ats_engine.cli import main
+
+
+@pytest.mark.parametrize(
+    "name, low, high",
+    [
+        ("qwen3-0.6b", 0.58e9, 0.61e9),
+        ("llama-3.2-1b", 1.22e9, 1.25e9),
+        ("gemma-3-1b", 0.98e9, 1.01e9),
+    ],
+)
+def test_real_geometries_have_the_real_parameter_counts(name, low, high):
+    model = geometry_model(name, materialize=False)  # shapes only: no memory
+    assert low <= parameter_count(model) <= high
+
+
+def test_unknown_geometry_names_the_known_ones():
+    with pytest.raises(ValueError, match="qwen3-0.6b, llama-3.2-1b, gemma-3-1b"):
+        geometry_config("gpt-5")
+
+
+def test_fill_synthetic_reaches_the_context_on_every_kv_layer():
+    model = tiny_family_model("gemma3_text")  # sliding (window 8) + global layers
+    config = A2ATSConfig(window=4, sinks=2, budget=3)
+    for caches in (make_prompt_cache(model), make_cache(model, config, None)):
+        fill_synthetic(model, caches, 40, chunk=16)
+        for cache in caches:
+            assert cache.offset == 40
+            if isinstance(cache, RotatingKVCache):
+                assert cache.keys.shape[2] <= 8 + 16  # the window stays bounded
+        logits = model(mx.array([[3]]), cache=caches)  # decodes from the synthetic state
+        assert logits.shape == (1, 1, 128)
+    assert any(isinstance(c, A2ATSCache) and c.tokens_retrieved > 0 for c in caches)
+
+
+def test_cli_geometry_decode_json(capsys):
+    rc = main(
+        [
+            "bench",
+            "decode",
+            "--geometry",
+            "tiny",
+            "--contexts",
+            "300,600",
+            "--steps",
+            "3",
+            "--calibration-tokens",
+            "256",
+            "--json",
+        ]
+    )
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["layer_plan"] == "A2ATS on 2 of 2 layers"
+    rows = out["results"]
+    assert {(r["context"], r["method"]) for r in rows} == {
+        (c, m) for c in (300, 600) for m in ("full", "a2ats")
+    }
+    assert all(r["tokens_per_s"] > 0 and r["bytes_held"] > 0 for r in rows)
+    calib = out["calibration"]
+    assert calib["tokens"] == 256 and calib["tokens_per_s"] > 0
