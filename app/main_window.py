@@ -589,6 +589,7 @@ class MainWindow(QMainWindow):
         self.settings.sampling = result.sampling
         self.settings.use_model_sampling = result.use_model_sampling
         self.replies.update_fidelity_info()
+        self.replies.show_plan()
         self.settings.default_system_prompt = result.default_system_prompt
         if result.theme != self.settings.theme:
             self.settings.theme = result.theme
@@ -602,6 +603,7 @@ class MainWindow(QMainWindow):
     def _on_a2ats_toggled(self, enabled: bool) -> None:
         self.settings.cache = replace(self.settings.cache, a2ats_enabled=enabled)
         self.controller.save_settings()
+        self.replies.show_plan()
         kind = "A2ATS cache" if enabled else "mlx-lm KVCache (A2ATS off)"
         self.statusBar().showMessage(f"The next message uses the {kind}", 6000)
 

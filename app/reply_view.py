@@ -1,5 +1,6 @@
 """ReplyView: shows the controller's reply in progress in the chat view, the status bar and the
-inspector's token strip (bindings only; the reply's state lives in `ChatController.reply`)."""
+inspector's token strip, and the loaded model's layer plan in both (bindings only; the reply's
+state lives in `ChatController.reply`)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ class ReplyView(QObject):
         controller.reply_text_added.connect(self._on_reply_text)
         controller.context_updated.connect(self._on_context)
         controller.reply_ended.connect(self._on_reply_ended)
+        controller.model_loaded.connect(self.show_plan)
         worker = controller.engine.worker
         worker.snapshot_ready.connect(self._on_snapshot)
         if inspector is not None:
@@ -46,6 +48,15 @@ class ReplyView(QObject):
             worker.generation_started.connect(self._on_inspector_started)
             worker.generation_finished.connect(self._on_inspector_finished)
             self.update_fidelity_info()
+
+    def show_plan(self, _loaded: object = None) -> None:
+        """The loaded model's layer plan in the status bar ("A2ATS on 5 of 26 layers", or "A2ATS
+        off") and the inspector (its native layers as grey rows)."""
+        model = self.controller.model
+        plan = model.info.layer_plan if model is not None else None
+        self.status.set_plan(plan, self.controller.settings.cache.a2ats_enabled)
+        if self.inspector is not None:
+            self.inspector.set_layer_plan(plan)
 
     def update_fidelity_info(self, cost_ms: float | None = None) -> None:
         """Tell the inspector whether the fidelity shadow pass runs (settings) and its cost."""
@@ -98,7 +109,8 @@ class ReplyView(QObject):
 
     def _on_snapshot(self, snapshot: CacheSnapshot) -> None:
         if self.controller.reply is not None:
-            self.status.set_cache(snapshot.bytes_held, snapshot.bytes_fp16, True)
+            native = snapshot.native_bytes  # native layers hold the same either way
+            self.status.set_cache(snapshot.bytes_held + native, snapshot.bytes_fp16 + native, True)
 
     def _on_context(self, context: ContextTokens) -> None:
         self.chat_view.set_context(context)

@@ -7,11 +7,12 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
+from a2ats_engine.cache.layer_plan import LayerPlan
 from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats, LayerStats, TokenEvent
 from a2ats_engine.errors import CodebookError, ModelLoadError
 from a2ats_engine.loading.models import ModelInfo
@@ -65,6 +66,8 @@ class FakeSession:
     a2ats: object = None
     codebook: object = None
     sampling: object = None  # SamplingSettings: the reply stops at its max_tokens
+    layer_ids: tuple[int, ...] = (0, 1)  # the A2ATS layers snapshots report
+    native_bytes_per_token: int = 0  # what the plan's native layers hold, per cached token
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -137,7 +140,9 @@ class FakeSession:
             text.append(char)
             yield TokenEvent(char, tid, index)
             if self.snapshots:
-                yield make_snapshot(len(prompt) + index + 1, index, tid)
+                offset = len(prompt) + index + 1
+                snap = make_snapshot(offset, index, tid, layer_ids=self.layer_ids)
+                yield replace(snap, native_bytes=self.native_bytes_per_token * offset)
         self.messages_ = [*messages, {"role": "assistant", "content": "".join(text)}]
         self.cached = prompt + received
         elapsed = max(time.perf_counter() - start, 1e-6)
@@ -150,7 +155,9 @@ class FakeSession:
         )  # fmt: skip
 
 
-def make_snapshot(offset: int, step: int, token_id: int, layers: int = 2) -> CacheSnapshot:
+def make_snapshot(
+    offset: int, step: int, token_id: int, layers: int = 2, layer_ids: tuple[int, ...] = ()
+) -> CacheSnapshot:
     window_start = max(8, offset - 16)
     selected = np.unique(np.r_[np.arange(min(8, offset)), np.arange(window_start, offset)])
     stats = tuple(
@@ -165,7 +172,7 @@ def make_snapshot(offset: int, step: int, token_id: int, layers: int = 2) -> Cac
             bytes_fp16=400 * offset,
             layer=layer,
         )  # fmt: skip
-        for layer in range(layers)
+        for layer in (layer_ids or range(layers))
     )
     return CacheSnapshot(step=step, layers=stats, token_id=token_id)
 
@@ -190,8 +197,14 @@ class FakeBackend:
         snapshots: bool = False,
         load_seconds: float = 0.0,
         context_length: int = 4096,
+        plan: LayerPlan | None = None,
+        native_bytes_per_token: int = 0,
     ):
+        """`plan`: the model's layer plan (ModelInfo.layer_plan); snapshots then report its
+        A2ATS layers, and `native_bytes_per_token` * offset bytes for its native ones."""
         self.context_length = context_length
+        self.plan = plan
+        self.native_bytes_per_token = native_bytes_per_token
         self.demo_steps: list[str] = []
         self.delay = delay
         self.load_seconds = load_seconds
@@ -214,12 +227,13 @@ class FakeBackend:
         if progress:
             progress("load", 1, 1)
         geometry = ModelGeometry(
-            model_type="llama", num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, rope={},
+            model_type="llama", num_layers=self.plan.num_layers if self.plan else 2, num_heads=4, num_kv_heads=2, head_dim=16, rope={},
             max_context=self.context_length,
         )  # fmt: skip
         info = ModelInfo(
-            name="FakeLM-1M", geometry=geometry, quantization=None, disk_bytes=1, path=str(source)
-        )
+            name="FakeLM-1M", geometry=geometry, quantization=None, disk_bytes=1, path=str(source),
+            layer_plan=self.plan,
+        )  # fmt: skip
         return object(), CharTokenizer(), info
 
     def demo_model_path(self):
@@ -266,6 +280,8 @@ class FakeBackend:
             a2ats=a2ats,
             codebook=codebook,
             sampling=sampling,
+            layer_ids=self.plan.a2ats_layers if self.plan is not None else (0, 1),
+            native_bytes_per_token=self.native_bytes_per_token,
         )
         self.sessions.append(session)
         return session
