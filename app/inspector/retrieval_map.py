@@ -374,16 +374,17 @@ class RetrievalMapPanel(QWidget):
 
     def _draw_native(self, snap) -> None:
         """Grey bands over native rows (a sliding window's band covers the positions it still
-        holds, the evicted ones fainter) and one label per run of rows sharing a reason."""
+        holds; the evicted ones are blanked, in both modes) and one label per run of rows
+        sharing a reason."""
         self._remove_native_items()
         item = self.plot.plotItem
         offset = snap.offset
         solid = QColor(self._theme.fp16)
-        faint = QColor(*self._theme.muted[:3], 40)
+        blank = QColor(self._theme.background)
         for first, count, reason in data.native_runs(self._rows):
             window = data.sliding_window(reason)
             start = max(0, offset - window) if window is not None else 0
-            for lo, hi, colour in ((0, start, faint), (start, offset, solid)):
+            for lo, hi, colour in ((0, start, blank), (start, offset, solid)):
                 if hi <= lo:
                     continue
                 band = QGraphicsRectItem(QRectF(lo, first, hi - lo, count))

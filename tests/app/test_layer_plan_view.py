@@ -136,3 +136,24 @@ def test_real_tiny_gemma3_snapshot_reports_native_bytes_and_maps_sliding_rows():
     text = plan_text(plan, True)
     assert text == f"A2ATS on {len(plan.a2ats_layers)} of {plan.num_layers} layers"
     assert len(plan.a2ats_layers) < plan.num_layers
+
+
+def test_native_bytes_survive_the_ring_and_the_telemetry_file():
+    from dataclasses import replace
+
+    from app.inspector.export import snapshots_from_dict, telemetry_dict
+    from app.inspector.snapshot_ring import SnapshotRing
+
+    snaps = [
+        replace(make_snapshot(40 + i, i, 1000, layer_ids=(0, 2)), native_bytes=100 * (40 + i))
+        for i in range(3)
+    ]
+    ring = SnapshotRing(8)
+    for snap in snaps:
+        ring.append(snap)
+    assert [ring.restored(e).snapshot.native_bytes for e in ring.entries()] == [4000, 4100, 4200]
+    _steps, held, fp16 = ring.byte_series(ring.current_reply).arrays()
+    assert (held == [s.bytes_held + s.native_bytes for s in snaps]).all()
+    assert (fp16 == [s.bytes_fp16 + s.native_bytes for s in snaps]).all()
+    loaded, _replies = snapshots_from_dict(telemetry_dict(snaps))
+    assert [s.native_bytes for s in loaded] == [4000, 4100, 4200]
