@@ -11,11 +11,12 @@ from PySide6.QtTest import QTest
 
 from a2ats_engine.records import SamplingSettings
 from app.context_text import ContextMap
+from app.controller import Task
 from app.conversations import HistoryStore
 from app.settings import CacheSettings, load_settings, settings_path
 
 from .fakes import FakeBackend
-from .helpers import load, reply
+from .helpers import load, reply, streamed
 
 
 def counting_reply(prefix="Answer"):
@@ -58,7 +59,7 @@ def test_send_streams_renders_and_saves(make_window, qtbot):
     )
     assert provenance["stats"]["stop_reason"] == "stop"
     assert provenance["stats"]["generation_tokens"] == len("Hello **world**, `x = 1`.")
-    saved = json.loads(window.store.path_for(conversation.id).read_text())
+    saved = json.loads(window.controller.store.path_for(conversation.id).read_text())
     assert saved["messages"][1]["provenance"]["stats"]["stop_reason"] == "stop"
     assert "tok/s" in window.status.speed.text() and "ctx" in window.status.context.text()
     assert window.status.ttft.text().startswith("TTFT")
@@ -86,7 +87,7 @@ def test_stop_keeps_the_partial_reply(make_window, qtbot, how):
     window = make_window(FakeBackend(delay=0.01, reply_fn=long_once))
     load(qtbot, window)
     window.send("go")
-    qtbot.waitUntil(lambda: window.reply_tokens >= 5, timeout=10000)
+    qtbot.waitUntil(lambda: streamed(window) >= 5, timeout=10000)
     with qtbot.waitSignal(window.reply_finished, timeout=10000) as blocker:
         if how == "escape":
             QTest.keyClick(window.composer.edit, Qt.Key.Key_Escape)
@@ -157,10 +158,10 @@ def test_switching_chats_while_a_reply_streams(make_window, qtbot):
     load(qtbot, window)
     window.send("long")
     streaming = window.current
-    qtbot.waitUntil(lambda: window.reply_tokens >= 5, timeout=10000)
+    qtbot.waitUntil(lambda: streamed(window) >= 5, timeout=10000)
     window.new_chat()
     assert window.chat_view.widgets == []  # the other chat shows nothing of the reply
-    qtbot.waitUntil(lambda: window.reply_tokens >= 20, timeout=10000)
+    qtbot.waitUntil(lambda: streamed(window) >= 20, timeout=10000)
     with qtbot.waitSignal(window.reply_finished, timeout=20000):
         window.select_conversation(streaming.id)  # back while it still streams
         assert window.chat_view.last_widget().streaming
@@ -176,7 +177,7 @@ def test_deleting_the_streaming_chat_stops_it_and_keeps_it_deleted(
     load(qtbot, window)
     window.send("doomed")
     doomed = window.current.id
-    qtbot.waitUntil(lambda: window.reply_tokens >= 3, timeout=10000)
+    qtbot.waitUntil(lambda: streamed(window) >= 3, timeout=10000)
     with qtbot.waitSignal(window.reply_finished, timeout=10000) as blocker:
         window.delete_conversation(doomed)
     assert blocker.args[0].stop_reason == "cancelled"
@@ -203,7 +204,7 @@ def measure_event_loop(qtbot, window, text, *, reply_timeout=120000):
         started = time.perf_counter()
         clock.start()
         timer.start()
-        qtbot.waitUntil(lambda: window.reply_tokens >= 2, timeout=reply_timeout)
+        qtbot.waitUntil(lambda: streamed(window) >= 2, timeout=reply_timeout)
         QTest.keyClicks(window.sidebar.search, "typing works")
     elapsed = time.perf_counter() - started
     timer.stop()
@@ -311,7 +312,7 @@ def test_bad_model_path_shows_error_and_keeps_the_model(
     ((title, text),) = message_boxes
     assert title == "Could not load the model"
     assert "no-such-model" in text and "Still using FakeLM-1M" in text
-    assert window.model.info.name == "FakeLM-1M" and window.task is None
+    assert window.model.info.name == "FakeLM-1M" and window.controller.task is Task.IDLE
     assert window.composer.edit.placeholderText().startswith("Message")
     reply(qtbot, window, "after")
     assert len(window.current.messages) == 4
@@ -405,7 +406,7 @@ def test_conversation_list_new_rename_delete_search(make_window, qtbot, message_
     second = window.current.id
     assert first != second and window.sidebar.visible_ids() == [second, first]
     window.sidebar.rename_requested.emit(first, "Feline facts")
-    assert window._find(first).title == "Feline facts"
+    assert window.controller.find(first).title == "Feline facts"
     assert {c.id: c.title for c in HistoryStore().load_all()}[first] == "Feline facts"
     window.sidebar.search.setText("dogs")
     assert window.sidebar.visible_ids() == [second]
@@ -470,14 +471,18 @@ def test_demo_default_codebook_loads_automatically(make_window, qtbot, tmp_path)
     assert window.current.messages[-1].provenance["codebook"]["sha256"] == "ab" * 32
 
 
-def test_first_run_offers_to_fetch_the_demo(make_window, qtbot, message_boxes):
+def test_first_run_offers_to_fetch_the_demo(make_window, qtbot, message_boxes, tmp_path):
     backend = FakeBackend()
     backend.demo_model_path = lambda: None
+    backend.demo_codebook = tmp_path / "demo-default.safetensors"  # built by the fetch
     window = make_window(backend)
     with qtbot.waitSignal(window.model_ready, timeout=10000):
         window.start()
     assert message_boxes[0][0] == "Fetch the demo model?"
     assert window.model.source == "demo"
+    qtbot.waitUntil(lambda: window.codebook is not None, timeout=10000)
+    assert backend.demo_steps == ["fetch", "codebook:/fake/demo"]  # the codebook was built
+    assert window.codebook.automatic and "demo-default" in window.codebook_button.text()
 
 
 def test_calibration_dialog_runs_and_loads_the_codebook(make_window, qtbot, tmp_path):
@@ -493,8 +498,8 @@ def test_calibration_dialog_runs_and_loads_the_codebook(make_window, qtbot, tmp_
         dialog.start_button.click()
         assert dialog.running and not window.composer.button.isEnabled()
     assert window.codebook.path == str(tmp_path / "mine.safetensors")
-    assert window.task is None
-    request = window.engine.worker.backend.calibrations[0]
+    assert window.controller.task is Task.IDLE
+    request = window.controller.engine.worker.backend.calibrations[0]
     assert request.n_centroids == 256 and request.cache == window.settings.cache
     assert window.settings.codebook_for_model["fake"] == str(tmp_path / "mine.safetensors")
 
@@ -608,7 +613,7 @@ def test_keyboard_shortcuts(make_window, qtbot, monkeypatch, tmp_path):
     backend.delay = 0.02
     backend.reply_fn = lambda m: "q" * 400
     window.send("long one")
-    qtbot.waitUntil(lambda: window.reply_tokens >= 2, timeout=10000)
+    qtbot.waitUntil(lambda: streamed(window) >= 2, timeout=10000)
     with qtbot.waitSignal(window.reply_finished, timeout=10000) as blocker:
         QTest.keyClick(window, Qt.Key.Key_Period, Qt.KeyboardModifier.ControlModifier)
     assert blocker.args[0].stop_reason == "cancelled"
@@ -640,7 +645,7 @@ def test_hugging_face_download_error_is_clear(make_window, qtbot, message_boxes,
     assert title == "Could not load the model"
     assert "no-org/no-such-model" in text
     assert "offline" in text or "no model" in text  # unreachable hub vs unknown repo
-    assert window.task is None
+    assert window.controller.task is Task.IDLE
 
 
 # ----- fidelity shadow pass (settings -> engine -> inspector) --------------------------------
@@ -678,3 +683,141 @@ def test_fidelity_setting_reaches_engine_and_inspector(make_window, qtbot, tiny_
         )()
     )
     assert not window.inspector.state.fidelity.enabled
+
+
+# ----- nothing a user did is lost, nothing stops the app -------------------------------------
+
+
+def test_failed_save_after_a_reply_shows_the_error_and_leaves_the_composer_usable(
+    make_window, qtbot, message_boxes, monkeypatch
+):
+    import errno
+
+    window = make_window(FakeBackend())
+    load(qtbot, window)
+
+    def disk_full(self, conversation):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(HistoryStore, "save", disk_full)
+    with qtbot.waitSignal(window.error_shown, timeout=20000):
+        reply(qtbot, window, "hello")
+    assert message_boxes and message_boxes[0][0] == "Could not save"
+    assert "No space left" in message_boxes[0][1]
+    assert not window.composer.generating  # not stuck in Stop mode
+    assert window.composer.button.accessibleName() == "Send message"
+    assert window.current.messages[-1].content == "You said: hello"
+    monkeypatch.undo()
+    reply(qtbot, window, "again")
+    assert len(window.current.messages) == 4
+
+
+def test_failed_save_on_close_still_stops_the_engine(
+    make_window, qtbot, monkeypatch, message_boxes
+):
+    window = make_window(FakeBackend())
+    load(qtbot, window)
+    reply(qtbot, window, "hi")
+    monkeypatch.setattr(HistoryStore, "save", lambda *a: (_ for _ in ()).throw(OSError("ro")))
+    monkeypatch.setattr("app.controller.save_settings", lambda *a: (_ for _ in ()).throw(OSError))
+    window.close()
+    assert not window.controller.engine.thread.isRunning()
+    assert message_boxes[0][0] == "Could not save"  # shown, and the close went on
+
+
+def test_draft_is_kept_per_chat_across_switch_and_restart(make_window, qtbot):
+    window = make_window(FakeBackend())
+    load(qtbot, window)
+    reply(qtbot, window, "first chat")
+    first = window.current.id
+    window.composer.set_text("half-written thought")
+    window.new_chat()
+    assert window.composer.text() == ""
+    reply(qtbot, window, "second chat")
+    window.composer.set_text("another draft")
+    window.select_conversation(first)
+    assert window.composer.text() == "half-written thought"
+    window.close()
+    again = make_window(FakeBackend())
+    assert again.current.id == first and again.composer.text() == "half-written thought"
+    other = next(c for c in again.controller.conversations if c.id != first)
+    assert other.draft == "another draft"
+
+
+def test_interrupted_reply_is_shown_marked_on_the_next_start(make_window, qtbot):
+    window = make_window(FakeBackend(delay=0.01, reply_fn=lambda m: "p" * 400))
+    load(qtbot, window)
+    window.send("go on")
+    path = window.controller.store.path_for(window.current.id)
+    checkpoint = []
+
+    def checkpointed():
+        last = json.loads(path.read_text())["messages"][-1]
+        if last.get("interrupted"):
+            checkpoint.append(path.read_text())
+        return bool(checkpoint)
+
+    qtbot.waitUntil(checkpointed, timeout=20000)
+    with qtbot.waitSignal(window.reply_finished, timeout=20000):
+        window.stop_generation()
+    window.close()
+    path.write_text(checkpoint[0])  # as a kill at the checkpoint would have left it
+    again = make_window(FakeBackend())
+    widget = again.chat_view.last_widget()
+    assert widget.message.interrupted and widget.message.content.startswith("p")
+    assert "Interrupted" in widget.note.text()
+
+
+def test_regenerate_that_fails_shows_the_old_reply_again(make_window, qtbot):
+    answers = iter(["the old answer", RuntimeError("boom")])
+    window = make_window(FakeBackend(reply_fn=lambda m: next(answers)))
+    load(qtbot, window)
+    reply(qtbot, window, "question")
+    with qtbot.waitSignal(window.reply_finished, timeout=20000):
+        window.regenerate()
+    assert [w.message.content for w in window.chat_view.widgets] == [
+        "question", "the old answer",
+    ]  # fmt: skip
+    assert not window.composer.generating
+
+
+def test_closing_mid_reply_keeps_the_partial_reply_marked_interrupted(make_window, qtbot):
+    window = make_window(FakeBackend(delay=0.01, reply_fn=lambda m: "s" * 1000))
+    load(qtbot, window)
+    window.send("long")
+    qtbot.waitUntil(lambda: streamed(window) >= 5, timeout=10000)
+    window.close()
+    again = make_window(FakeBackend())
+    last = again.current.messages[-1]
+    assert last.role == "assistant" and last.interrupted and 0 < len(last.content) < 1000
+    assert "Interrupted" in again.chat_view.last_widget().note.text()
+
+
+@pytest.mark.parametrize("choice", ["Stop at the limit", "Cancel"])
+def test_context_overflow_is_asked_before_sending(make_window, qtbot, monkeypatch, choice):
+    from PySide6.QtWidgets import QMessageBox
+
+    asked = []
+
+    def click(box):
+        asked.append(box.text())
+        (button,) = [b for b in box.buttons() if b.text().replace("&", "") == choice]
+        button.click()  # sets the box's clickedButton()
+        return 0
+
+    monkeypatch.setattr(QMessageBox, "exec", click)
+    window = make_window(FakeBackend(context_length=100, reply_fn=lambda m: "r" * 300))
+    load(qtbot, window)
+    window.composer.set_text("a question")
+    with qtbot.waitSignal(window.reply_finished, timeout=20000) as blocker:
+        window.send("a question")
+    (text,) = asked
+    assert "context holds 100" in text and "512" in text
+    if choice == "Cancel":
+        assert window.current.messages == []
+        assert window.composer.text() == "a question"  # nothing lost
+        assert not window.composer.generating
+    else:
+        assert blocker.args[0].stop_reason == "length"
+        assert blocker.args[0].context_tokens <= 100
+        assert window.current.messages[-1].content == "r" * blocker.args[0].generation_tokens
