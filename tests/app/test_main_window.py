@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
-from PySide6.QtCore import QElapsedTimer, Qt, QTimer
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtTest import QTest
 
 from a2ats_engine.records import SamplingSettings
@@ -188,37 +187,54 @@ def test_deleting_the_streaming_chat_stops_it_and_keeps_it_deleted(
 # ----- responsiveness ---------------------------------------------------------------------------
 
 
-def measure_event_loop(qtbot, window, text, *, reply_timeout=120000):
-    """Send `text`; while the reply streams, a 5 ms timer records the event-loop gaps and keys
-    are typed into the search box. Returns (max gap s, ticks, generation seconds)."""
-    gaps, clock = [], QElapsedTimer()
-    timer = QTimer()
-    timer.setInterval(5)
+class LoopProbe:
+    """A 5 ms timer on the GUI thread that records `observe()` at every tick.
 
-    def tick():
-        gaps.append(clock.restart() / 1000.0)
+    Responsiveness is judged by what the event loop saw, not by wall-clock gaps (those break on
+    a shared machine): a loop that is blocked while the engine works (MLX on the GUI thread, a
+    worker that never lets go of the GIL) sees the work only at its end, so it observes few
+    distinct intermediate states; a live loop observes the work advance step by step.
+    """
 
-    timer.timeout.connect(tick)
-    with qtbot.waitSignal(window.reply_finished, timeout=reply_timeout):
+    def __init__(self, observe) -> None:
+        self.observe = observe
+        self.seen: list = []
+        self.timer = QTimer()
+        self.timer.setInterval(5)
+        self.timer.timeout.connect(lambda: self.seen.append(self.observe()))
+
+    def __enter__(self):
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.timer.stop()
+
+    @property
+    def stages(self) -> int:
+        """How many distinct states the loop observed while the work ran."""
+        return len(set(self.seen))
+
+
+def measure_event_loop(qtbot, window, text, *, reply_timeout=120000) -> LoopProbe:
+    """Send `text`; while the reply streams, a GUI-thread timer records how many tokens have
+    been shown so far, and keys are typed into the search box."""
+    with (
+        LoopProbe(lambda: streamed(window)) as probe,
+        qtbot.waitSignal(window.reply_finished, timeout=reply_timeout),
+    ):
         window.send(text)
-        started = time.perf_counter()
-        clock.start()
-        timer.start()
         qtbot.waitUntil(lambda: streamed(window) >= 2, timeout=reply_timeout)
         QTest.keyClicks(window.sidebar.search, "typing works")
-    elapsed = time.perf_counter() - started
-    timer.stop()
     assert window.sidebar.search.text() == "typing works"
-    return max(gaps[1:]), len(gaps), elapsed
+    return probe
 
 
 def test_event_loop_stays_responsive_during_generation_fake(make_window, qtbot):
     window = make_window(FakeBackend(delay=0.004, reply_fn=lambda m: "word " * 150))
     load(qtbot, window)
-    max_gap, ticks, elapsed = measure_event_loop(qtbot, window, "talk")
-    assert elapsed > 1.0
-    assert max_gap < elapsed / 10, (max_gap, elapsed)
-    assert ticks > 20
+    probe = measure_event_loop(qtbot, window, "talk")
+    assert probe.stages >= 10, probe.stages  # the reply seen growing, not only at its end
 
 
 def test_event_loop_stays_responsive_during_generation_real(make_window, qtbot, tiny_folder):
@@ -226,54 +242,46 @@ def test_event_loop_stays_responsive_during_generation_real(make_window, qtbot, 
     settings.sampling = SamplingSettings(max_tokens=600, seed=3, temperature=1.0)
     window = make_window(None, settings=settings)
     load(qtbot, window, str(tiny_folder))
-    max_gap, ticks, elapsed = measure_event_loop(qtbot, window, "Hello")
+    probe = measure_event_loop(qtbot, window, "Hello")
     tokens = window.current.messages[-1].provenance["stats"]["generation_tokens"]
     assert tokens > 20
-    assert max_gap < elapsed / 4, (max_gap, elapsed, tokens)
-    assert ticks > 10
+    assert probe.stages >= 5, (probe.stages, tokens)
 
 
-class LoopProbe:
-    """Records the gaps between ticks of a 5 ms timer (event-loop latency)."""
-
-    def __init__(self) -> None:
-        self.gaps: list[float] = []
-        self.clock = QElapsedTimer()
-        self.timer = QTimer()
-        self.timer.setInterval(5)
-        self.timer.timeout.connect(lambda: self.gaps.append(self.clock.restart() / 1000.0))
-
-    def __enter__(self):
-        self.started = time.perf_counter()
-        self.clock.start()
-        self.timer.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.timer.stop()
-        self.elapsed = time.perf_counter() - self.started
+def _progress_counter(window) -> list[int]:
+    count = [0]
+    window.controller.progress.connect(lambda *_: count.__setitem__(0, count[0] + 1))
+    return count
 
 
 def test_event_loop_stays_responsive_while_loading(make_window, qtbot):
-    window = make_window(FakeBackend(load_seconds=1.5))
-    with LoopProbe() as probe, qtbot.waitSignal(window.model_ready, timeout=20000):
+    window = make_window(FakeBackend(load_seconds=1.5))  # 20 progress steps
+    count = _progress_counter(window)
+    with (
+        LoopProbe(lambda: count[0]) as probe,
+        qtbot.waitSignal(window.model_ready, timeout=20000),
+    ):
         window.load_model("fake")
         QTest.keyClicks(window.sidebar.search, "typing")
     assert window.sidebar.search.text() == "typing"
-    assert probe.elapsed > 1.0 and max(probe.gaps[1:]) < probe.elapsed / 10
+    assert probe.stages >= 5, probe.stages
 
 
 def test_event_loop_stays_responsive_while_calibrating(make_window, qtbot, tmp_path):
-    window = make_window(FakeBackend(delay=0.02))
+    window = make_window(FakeBackend(delay=0.02))  # 62 progress steps
     load(qtbot, window)
     window.open_calibrate_dialog()
     dialog = window.calibrate_dialog
     dialog.output.setText(str(tmp_path / "cb.safetensors"))
-    with LoopProbe() as probe, qtbot.waitSignal(window.codebook_ready, timeout=30000):
+    count = _progress_counter(window)
+    with (
+        LoopProbe(lambda: count[0]) as probe,
+        qtbot.waitSignal(window.codebook_ready, timeout=30000),
+    ):
         dialog.start_button.click()
         QTest.keyClicks(window.composer.edit, "draft while calibrating")
     assert window.composer.text() == "draft while calibrating"
-    assert probe.elapsed > 1.0 and max(probe.gaps[1:]) < probe.elapsed / 10
+    assert probe.stages >= 5, probe.stages
 
 
 # ----- errors leave the app usable ------------------------------------------------------------

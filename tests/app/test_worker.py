@@ -4,7 +4,6 @@ backend and with the real engine on the tiny model."""
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -144,14 +143,13 @@ def test_stop_while_generating_is_a_direct_call(engine, qtbot):
     req = request(thread)
     thread.generate(req)
     wait_for(qtbot, recorder, "token_generated", 3)
-    stopped_at = time.perf_counter()
+    seen_at_stop = len(recorder.of("token_generated"))
     thread.stop(req.request_id)
     wait_for(qtbot, recorder, "generation_finished")
     stats = recorder.of("generation_finished")[0]
     assert stats.stop_reason == "cancelled"
-    assert stats.generation_tokens < 500
-    # The reply ended within a few tokens of the stop, not after the 500-token reply.
-    assert time.perf_counter() - stopped_at < 0.25 * 500 * 0.02
+    # The reply ended within a few tokens of the stop (counted, not timed), not after 500.
+    assert stats.generation_tokens < seen_at_stop + 50 < 500
 
 
 def test_stop_of_a_queued_request(engine, qtbot):
