@@ -1,15 +1,28 @@
-"""The seam between the worker and the engine: every call into a2ats_engine goes through here.
+"""The one seam between the app and the engine: every call into a2ats_engine goes through here.
 
-`EngineBackend` calls the real engine; tests may hand the worker a fake with the same
-methods (a slowed generator, say). Only the engine thread calls these methods.
+`EngineWorker` (worker.py) holds the model, tokenizer, codebook and chat session as opaque
+handles and does everything with them through an `EngineBackend`: loading, codebooks,
+calibration, and each chat-session operation (configure, load history, stream a reply, stop).
+GUI tests hand the worker a fake with the same methods (`tests/app/fakes.py`). Only the engine
+thread calls these methods, except `stop`, which is thread-safe.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats, TokenEvent
 from a2ats_engine.progress import Progress as ProgressFn
+from a2ats_engine.records import SamplingSettings
+
+from .events import CalibrationRequest, ReplyMode
+
+Event = TokenEvent | CacheSnapshot | GenerationStats
+Turns = list[tuple[str, str]]  # (role, content), no system message
 
 
 def file_sha256(path: str | Path) -> str:
@@ -20,7 +33,13 @@ def file_sha256(path: str | Path) -> str:
 
 
 class EngineBackend:
-    """Real engine calls (MLX). Methods mirror INTERFACES.md."""
+    """Real engine calls (MLX). `prefill_step_size`: tokens per prefill chunk of new sessions
+    (a stop is honoured between chunks; None = the engine's default)."""
+
+    def __init__(self, prefill_step_size: int | None = None) -> None:
+        self.prefill_step_size = prefill_step_size
+
+    # ----- models and the demo ----------------------------------------------------------------
 
     def load_model(self, source: str, progress: ProgressFn | None = None):
         """-> (model, tokenizer, ModelInfo); ModelLoadError on bad input."""
@@ -38,6 +57,19 @@ class EngineBackend:
 
         return fetch_demo(progress=progress)
 
+    def ensure_demo_codebook(self, folder: Path, progress: ProgressFn | None = None) -> Path:
+        """Build the demo's default codebook unless a valid one exists (as `a2ats fetch-demo`)."""
+        from a2ats_engine.calibration.calibrate import ensure_demo_codebook
+
+        return ensure_demo_codebook(progress, model_source=folder)
+
+    def demo_codebook_path(self) -> Path:
+        from a2ats_engine.calibration.calibrate import demo_codebook_path
+
+        return demo_codebook_path()
+
+    # ----- codebooks and calibration ----------------------------------------------------------
+
     def load_codebook(self, path: str, model) -> tuple[Any, list[str]]:
         """-> (codebook, warnings); CodebookError naming the mismatch when it does not fit."""
         from a2ats_engine.cache.codebook import Codebook
@@ -46,51 +78,20 @@ class EngineBackend:
         warnings = codebook.validate_for(model)
         return codebook, list(warnings or [])
 
-    def make_session(self, model, tokenizer, *, system_prompt, sampling, a2ats, codebook) -> Any:
-        """A ChatSession; `a2ats` None = mlx-lm's KVCache."""
-        from a2ats_engine.session import ChatSession
+    def codebook_sha256(self, codebook, path: str) -> str:
+        return codebook.sha256 or file_sha256(path)
 
-        return ChatSession(
-            model,
-            tokenizer,
-            system_prompt=system_prompt or None,
-            sampling=sampling,
-            a2ats=a2ats,
-            codebook=codebook,
-        )
-
-    def configure_session(self, session, *, a2ats, codebook) -> None:
-        """Switch the cache kind for the next message (the session rebuilds its cache)."""
-        if a2ats is None:
-            session.set_cache_factory(None)
-        else:
-            session.set_cache_factory(a2ats=a2ats, codebook=codebook)
-
-    def set_sampling(self, session, sampling) -> None:
-        session.set_sampling(sampling)
-
-    def context_token_ids(self, session, *, streaming: bool) -> list[int]:
-        """Token ids of the session's context in position order. While a reply streams the
-        session's cache ids are not updated yet, so the rendered prompt (which the stream
-        prefilled) stands for them; generated tokens are added by the caller."""
-        if streaming:
-            return [int(t) for t in session.prompt_token_ids()]
-        ids = getattr(session, "context_token_ids", None)
-        if ids is None:
-            ids = session.cached_token_ids
-        return [int(t) for t in ids]
-
-    def decode(self, tokenizer, ids: list[int]) -> str:
-        return tokenizer.decode(ids, skip_special_tokens=False)
-
-    def demo_codebook_path(self) -> Path:
-        from a2ats_engine.calibration.calibrate import demo_codebook_path
-
-        return demo_codebook_path()
-
-    def calibrate(self, model, tokenizer, request, progress: ProgressFn, cancel, model_name: str):
-        """Train a codebook as `request` (CalibrationRequest) asks, save it, return it.
-        `cancel` is a threading.Event; the engine raises CalibrationCancelled when it is set."""
+    def calibrate(
+        self,
+        model,
+        tokenizer,
+        request: CalibrationRequest,
+        progress: ProgressFn,
+        cancel: threading.Event,
+        model_name: str,
+    ):
+        """Train a codebook as `request` asks, save it, return it. The engine raises its
+        CalibrationCancelled when `cancel` is set."""
         from a2ats_engine.calibration.calibrate import calibrate
         from a2ats_engine.calibration.codebook_spec import CodebookSpec
         from a2ats_engine.calibration.corpus import load_texts
@@ -117,6 +118,77 @@ class EngineBackend:
 
         return isinstance(exc, CalibrationCancelled)
 
-    def codebook_sha256(self, codebook, path: str) -> str:
-        sha = getattr(codebook, "sha256", None)
-        return sha if isinstance(sha, str) and sha else file_sha256(path)
+    # ----- chat sessions ----------------------------------------------------------------------
+
+    def make_session(
+        self,
+        model,
+        tokenizer,
+        *,
+        system_prompt: str,
+        sampling: SamplingSettings,
+        a2ats: A2ATSConfig | None,
+        codebook,
+    ):
+        """A ChatSession; `a2ats` None = mlx-lm's KVCache."""
+        from a2ats_engine.session import ChatSession
+
+        session = ChatSession(
+            model,
+            tokenizer,
+            system_prompt=system_prompt or None,
+            sampling=sampling,
+            a2ats=a2ats,
+            codebook=codebook,
+        )
+        if self.prefill_step_size is not None:
+            session.prefill_step_size = self.prefill_step_size
+        return session
+
+    def configure_session(self, session, *, a2ats: A2ATSConfig | None, codebook) -> None:
+        """Switch the cache kind for the next message (the session rebuilds its cache)."""
+        if a2ats is None:
+            session.set_cache_factory(None)
+        else:
+            session.set_cache_factory(a2ats=a2ats, codebook=codebook)
+
+    def set_sampling(self, session, sampling: SamplingSettings) -> None:
+        session.set_sampling(sampling)
+
+    def set_system_prompt(self, session, text: str) -> None:
+        session.set_system_prompt(text or None)
+
+    def session_turns(self, session) -> Turns:
+        """The conversation the session holds, as (role, content) pairs without the system."""
+        return [(m["role"], m["content"]) for m in session.messages if m["role"] != "system"]
+
+    def load_turns(self, session, turns: Turns) -> None:
+        session.load_messages([{"role": r, "content": c} for r, c in turns])
+
+    def prompt_length(self, session, turns: Turns) -> int:
+        """Tokens of the rendered prompt for `turns` (plus the generation prompt)."""
+        return len(session.prompt_token_ids([{"role": r, "content": c} for r, c in turns]))
+
+    def reply(self, session, mode: ReplyMode, text: str) -> Iterator[Event]:
+        """Start a reply (the session's stop flag is cleared now) and return its event stream."""
+        if mode == ReplyMode.SEND:
+            return session.send(text)
+        if mode == ReplyMode.REGENERATE:
+            return session.regenerate()
+        if mode == ReplyMode.EDIT:
+            return session.edit_last_user_message(text)
+        raise ValueError(f"GenerationRequest.mode={mode!r} must be one of {list(ReplyMode)}")
+
+    def stop(self, session) -> None:
+        """Thread-safe: the running reply ends before its next token or prefill chunk."""
+        session.stop()
+
+    def context_token_ids(self, session, *, streaming: bool) -> list[int]:
+        """Token ids of the session's context in position order. While a reply streams the
+        session's cache ids are not updated yet, so the rendered prompt (which the stream
+        prefilled) stands for them; generated tokens are added by the caller."""
+        ids = session.prompt_token_ids() if streaming else session.cached_token_ids
+        return [int(t) for t in ids]
+
+    def decode(self, tokenizer, ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=False)

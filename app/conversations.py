@@ -51,6 +51,7 @@ class Message:
     content: str
     created: float = field(default_factory=time.time)
     provenance: dict[str, Any] | None = None
+    interrupted: bool = False  # a partial reply checkpointed while it streamed (app closed)
 
     def as_chat(self) -> dict[str, str]:
         """The {"role", "content"} form the engine's ChatSession uses."""
@@ -67,6 +68,7 @@ class Conversation:
     messages: list[Message] = field(default_factory=list)
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
+    draft: str = ""  # the composer's unsent text for this chat
 
     def chat_messages(self) -> list[dict[str, str]]:
         return [m.as_chat() for m in self.messages]
@@ -145,12 +147,14 @@ def _provenance(value: object) -> object:
 _MESSAGE_FIELDS: dict[str, Callable[[object], object]] = {
     "created": _timestamp,
     "provenance": _provenance,
+    "interrupted": _flag,
 }
 _CONVERSATION_FIELDS: dict[str, Callable[[object], object]] = {
     "title": _text,
     "system_prompt": _text,
     "created": _timestamp,
     "updated": _timestamp,
+    "draft": _text,
 }
 
 

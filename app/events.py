@@ -1,19 +1,64 @@
 """Frozen records the engine worker emits to the GUI (besides the engine's own TokenEvent,
-CacheSnapshot and GenerationStats). Everything is immutable or a private copy, so a record can
-cross from the engine thread to the GUI thread safely."""
+CacheSnapshot and GenerationStats), and the string enums they use. Everything is immutable or a
+private copy, so a record can cross from the engine thread to the GUI thread safely."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from a2ats_engine.records import ModelInfo, SamplingSettings
+
+if TYPE_CHECKING:
+    from .settings import CacheSettings
+
+JsonValue = str | int | float | bool | None | list["JsonValue"] | dict[str, "JsonValue"]
+JsonDict = dict[str, JsonValue]
+
+
+class Job(StrEnum):
+    """What the engine worker was asked to do (the `task` of Progress and ErrorReport)."""
+
+    LOAD_MODEL = "load_model"
+    FETCH_DEMO = "fetch_demo"
+    LOAD_CODEBOOK = "load_codebook"
+    CALIBRATE = "calibrate"
+    GENERATE = "generate"
+
+
+class ReplyMode(StrEnum):
+    """How a reply is asked for: a new message, the last reply again, or an edited message."""
+
+    SEND = "send"
+    REGENERATE = "regenerate"
+    EDIT = "edit"
+
+
+class StopReason(StrEnum):
+    """Why a reply ended (`GenerationStats.stop_reason`; the engine's strings plus two)."""
+
+    STOP = "stop"  # the model ended it
+    LENGTH = "length"  # max tokens reached
+    CANCELLED = "cancelled"  # the user stopped it
+    ERROR = "error"  # the engine failed (an ErrorReport came first)
+    CONTEXT_FULL = "context_full"  # prompt + max tokens do not fit; nothing was generated
+
+
+class OverflowPolicy(StrEnum):
+    """What to do when prompt + max tokens exceed the model's context (LM Studio's choices)."""
+
+    ASK = "ask"  # do not generate; report ContextOverflow so the user can choose
+    STOP_AT_LIMIT = "stop_at_limit"  # cut max tokens so the reply ends at the context limit
+    DROP_OLDEST = "drop_oldest"  # leave the oldest turns out of the prompt until it fits
 
 
 @dataclass(frozen=True)
 class ModelLoaded:
-    """A model is ready. `info` is the engine's ModelInfo."""
+    """A model is ready."""
 
     source: str
-    info: Any
+    info: ModelInfo
     seconds: float
 
 
@@ -29,11 +74,11 @@ class CodebookLoaded:
     beta: float | None
     num_layers: int
     nbytes: int
-    metadata: dict = field(default_factory=dict)
+    metadata: JsonDict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     automatic: bool = False  # loaded without the user asking (remembered or demo default)
 
-    def provenance(self) -> dict[str, Any]:
+    def provenance(self) -> JsonDict:
         return {
             "name": self.name,
             "path": self.path,
@@ -48,7 +93,7 @@ class CodebookLoaded:
 class Progress:
     """Progress of a long task. `total` 0 = indeterminate."""
 
-    task: str  # "load_model" | "fetch_demo" | "calibrate" | "load_codebook"
+    task: Job
     stage: str
     done: int
     total: int
@@ -58,15 +103,23 @@ class Progress:
 class ErrorReport:
     """A task failed. `message` is one line for a dialog; `detail` has the traceback, if any."""
 
-    task: str
+    task: Job | str  # a Job, or "save" for a failed write of the app's own files
     message: str
     detail: str = ""
     source: str = ""  # the path / model / request the task was about
+    automatic: bool = False  # the app started the task on its own (a remembered codebook)
+
+
+@dataclass(frozen=True)
+class DemoStatus:
+    """Whether the demo model is on this computer (`folder` "" = not fetched yet)."""
+
+    folder: str
 
 
 @dataclass(frozen=True)
 class CalibrationRequest:
-    """What the calibration dialog asks for."""
+    """What the calibration dialog asks for. `seq` is set by EngineThread.calibrate."""
 
     output: str  # where the codebook file is saved
     files: tuple[str, ...] = ()  # empty = the built-in corpus
@@ -74,7 +127,8 @@ class CalibrationRequest:
     n_centroids: int = 1024
     beta: float = 0.0
     sub_dim: int | None = None
-    cache: Any = None  # app.settings.CacheSettings: window, far offset b, sinks to record
+    cache: CacheSettings | None = None  # window, far offset b, sinks to record
+    seq: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,13 +144,14 @@ class GenerationRequest:
 
     request_id: int
     conversation_id: str
-    mode: str  # "send" | "regenerate" | "edit"
+    mode: ReplyMode
     text: str  # the new user message ("send", "edit"); ignored for "regenerate"
     history: tuple[tuple[str, str], ...]  # (role, content) pairs, no system message
     system_prompt: str
-    sampling: Any  # a2ats_engine.records.SamplingSettings
-    cache: Any  # app.settings.CacheSettings
+    sampling: SamplingSettings
+    cache: CacheSettings
     telemetry: bool = False
+    overflow: OverflowPolicy = OverflowPolicy.ASK
 
 
 @dataclass(frozen=True)
@@ -105,9 +160,19 @@ class GenerationStarted:
 
     request_id: int
     conversation_id: str
-    mode: str
-    provenance: dict = field(default_factory=dict)
+    mode: ReplyMode
+    provenance: JsonDict = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ContextOverflow:
+    """Prompt plus max tokens do not fit in the model's context (nothing was generated)."""
+
+    request_id: int
+    prompt_tokens: int
+    max_tokens: int
+    context_length: int
 
 
 @dataclass(frozen=True)

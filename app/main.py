@@ -65,12 +65,28 @@ def main(argv: list[str] | None = None) -> int:
         run = ScriptedRun(window, args)
         QTimer.singleShot(0, run.start)
         app.exec()
-        return run.exit_code
+        return exit_now_if_stuck(run.exit_code)
     _close_on_sigint(window)
     if args.model:
         window.settings.model_source = args.model
     QTimer.singleShot(0, window.start)  # offers to fetch the demo model when it is missing
-    return app.exec()
+    return exit_now_if_stuck(app.exec())
+
+
+def exit_now_if_stuck(code: int) -> int:
+    """Return `code`; but when an engine thread did not stop in time (a model call that does
+    not return), end the process here: letting Python destroy a running QThread would abort
+    it ("QThread: Destroyed while thread is still running")."""
+    import os
+
+    from .worker import EngineThread
+
+    if EngineThread.stuck:
+        print("a2ats-chat: the engine did not stop in time; exiting anyway", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def _close_on_sigint(window) -> None:

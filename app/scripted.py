@@ -59,7 +59,7 @@ class ScriptedRun(QObject):
         if self.stage != "generate":
             return
         if stats.stop_reason == "error":
-            self._fail(f"the reply failed: {self.window.reply_error or 'unknown error'}")
+            self._fail("the reply failed")  # the error itself was reported by _on_error
             return
         self.stage = "screenshot"
         QTimer.singleShot(400, self._finish)  # let the last render and the panels settle

@@ -1,11 +1,13 @@
-"""EngineWorker: the one object that calls MLX, living on the long-lived "engine" QThread.
+"""EngineWorker: the one object that calls the engine, living on the long-lived "engine" QThread.
 
 Requests come in as queued slots (`load_model`, `load_codebook`, `calibrate`, `generate`...),
 results go out as past-tense signals carrying frozen records. The worker never touches a
-widget; widgets never call MLX. Two methods are called directly from the GUI thread because a
-queued call would wait behind the running task: `stop()` (calls the thread-safe
-`ChatSession.stop()`) and `cancel_calibration()` (sets an event the progress callback checks).
-`EngineThread` owns the thread and the worker and turns method calls into queued requests.
+widget; widgets never call the engine. Every engine call goes through the worker's backend
+(`backend.py`). Two methods are called directly from the GUI thread because a queued call
+would wait behind the running task: `stop()` (the engine's thread-safe session stop, honoured
+between prefill chunks and tokens) and `cancel_calibration()` (sets the cancel event the
+engine's calibration checks). `EngineThread` owns the thread and the worker and turns method
+calls into queued requests.
 """
 
 from __future__ import annotations
@@ -14,33 +16,41 @@ import threading
 import time
 import traceback
 import weakref
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from .backend import EngineBackend
+from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats, TokenEvent
+from a2ats_engine.records import ModelInfo, SamplingSettings
+
+from .backend import EngineBackend, Turns
 from .context_text import TokenTextCache
 from .events import (
     CalibrationFinished,
     CalibrationRequest,
     CodebookLoaded,
+    ContextOverflow,
     ContextTokens,
+    DemoStatus,
     ErrorReport,
     GenerationRequest,
     GenerationStarted,
+    Job,
+    JsonDict,
     ModelLoaded,
+    OverflowPolicy,
     Progress,
+    ReplyMode,
+    StopReason,
 )
 
+DEMO = "demo"
 RANDOM_CODEBOOK_NOTE = (
     "No codebook: A2ATS retrieval uses a random one. Load or calibrate a codebook."
 )
-
-
-class CalibrationCancelled(Exception):
-    """Raised from the progress callback to unwind a cancelled calibration."""
 
 
 def _one_line(exc: BaseException) -> str:
@@ -48,9 +58,7 @@ def _one_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def _empty_stats(stop_reason: str, context_tokens: int = 0):
-    from a2ats_engine.cache.telemetry import GenerationStats
-
+def _empty_stats(stop_reason: StopReason, context_tokens: int = 0) -> GenerationStats:
     return GenerationStats(
         prompt_tokens=0,
         generation_tokens=0,
@@ -58,9 +66,19 @@ def _empty_stats(stop_reason: str, context_tokens: int = 0):
         prompt_tps=0.0,
         generation_tps=0.0,
         peak_memory_gb=0.0,
-        stop_reason=stop_reason,
+        stop_reason=str(stop_reason),
         context_tokens=context_tokens,
     )
+
+
+def _turns_after(request: GenerationRequest, history: Turns) -> Turns:
+    """The conversation the reply answers: `history` after the request's action."""
+    if request.mode == ReplyMode.SEND:
+        return [*history, ("user", request.text)]
+    last_user = max(i for i, (role, _) in enumerate(history) if role == "user")
+    if request.mode == ReplyMode.REGENERATE:
+        return history[: last_user + 1]
+    return [*history[:last_user], ("user", request.text)]
 
 
 class EngineWorker(QObject):
@@ -69,32 +87,36 @@ class EngineWorker(QObject):
     model_loaded = Signal(object)  # ModelLoaded
     codebook_loaded = Signal(object)  # CodebookLoaded
     codebook_cleared = Signal()
-    demo_fetched = Signal(str)  # folder of the converted demo model
+    demo_found = Signal(object)  # DemoStatus
+    demo_fetched = Signal(str)  # folder of the converted demo model (its codebook built)
     progress = Signal(object)  # Progress
     failed = Signal(object)  # ErrorReport
     generation_started = Signal(object)  # GenerationStarted
     token_generated = Signal(object)  # TokenEvent
     snapshot_ready = Signal(object)  # CacheSnapshot
     context_updated = Signal(object)  # ContextTokens
+    context_overflowed = Signal(object)  # ContextOverflow (then generation_finished)
     generation_finished = Signal(object)  # GenerationStats
     calibration_finished = Signal(object)  # CalibrationFinished
     calibration_cancelled = Signal()
 
-    def __init__(self, backend: Any | None = None) -> None:
+    def __init__(self, backend: EngineBackend | None = None) -> None:
         super().__init__()
         self.backend = backend if backend is not None else EngineBackend()
         self._lock = threading.Lock()
         self._cancelled: set[int] = set()
         self._active_request: int | None = None
         self._calibration_cancel = threading.Event()
+        self._calibration_seq = 0  # the calibration running now (0 = none)
+        self._calibrations_cancelled = 0  # every calibration up to this seq is cancelled
         self._model = None
         self._tokenizer = None
-        self._info = None
+        self._info: ModelInfo | None = None
         self._source = ""
         self._codebook = None
         self._codebook_info: CodebookLoaded | None = None
         self._session = None
-        self._session_state: dict[str, Any] = {}
+        self._session_state: tuple = ()
         self._texts: TokenTextCache | None = None
 
     # ----- thread-safe controls (called directly from the GUI thread) -----------------------
@@ -107,44 +129,70 @@ class EngineWorker(QObject):
                 self._cancelled.add(target)
             session = self._session if target == self._active_request else None
         if session is not None:
-            session.stop()
+            self.backend.stop(session)
 
-    def cancel_calibration(self) -> None:
-        self._calibration_cancel.set()
+    def cancel_calibration(self, up_to: int | None = None) -> None:
+        """Cancel the running calibration and every queued one numbered up to `up_to`."""
+        with self._lock:
+            limit = up_to if up_to is not None else self._calibration_seq
+            self._calibrations_cancelled = max(self._calibrations_cancelled, limit)
+            if self._calibration_seq and self._calibration_seq <= limit:
+                self._calibration_cancel.set()
 
     # ----- models -----------------------------------------------------------------------------
 
-    @Slot(str)
-    def load_model(self, source: str) -> None:
-        """Load a model; the previous one stays in use if this fails."""
+    @Slot(str, str, bool)
+    def load_model(self, source: str, codebook: str = "", demo_codebook: bool = True) -> None:
+        """Load a model; the previous one stays in use if this fails. Then load `codebook`
+        (the one last used with this model), or for the demo its default codebook."""
         start = time.perf_counter()
 
         def report(stage: str, done: int, total: int) -> None:
-            self.progress.emit(Progress("load_model", stage, int(done), int(total)))
+            self.progress.emit(Progress(Job.LOAD_MODEL, stage, int(done), int(total)))
 
         try:
             model, tokenizer, info = self.backend.load_model(source, report)
         except Exception as exc:  # noqa: BLE001  (any failure is reported, the app stays up)
-            self._report("load_model", exc, source)
+            self._report(Job.LOAD_MODEL, exc, source)
             return
         self._model, self._tokenizer, self._info, self._source = model, tokenizer, info, source
         self._codebook, self._codebook_info = None, None
-        self._session, self._session_state = None, {}
+        self._session, self._session_state = None, ()
         backend, tok = self.backend, tokenizer
         self._texts = TokenTextCache(lambda ids: backend.decode(tok, ids))
         self.model_loaded.emit(ModelLoaded(source, info, time.perf_counter() - start))
+        automatic = self._automatic_codebook(source, codebook, demo_codebook)
+        if automatic:
+            self.load_codebook(automatic, True)
+
+    def _automatic_codebook(self, source: str, remembered: str, demo_codebook: bool) -> str:
+        if remembered and Path(remembered).is_file():
+            return remembered
+        if source == DEMO and demo_codebook:
+            default = self.backend.demo_codebook_path()
+            return str(default) if default.is_file() else ""
+        return ""
+
+    @Slot()
+    def find_demo(self) -> None:
+        folder = self.backend.demo_model_path()
+        self.demo_found.emit(DemoStatus(str(folder) if folder is not None else ""))
 
     @Slot()
     def fetch_demo(self) -> None:
+        """Fetch the demo model, then build its default codebook (as `a2ats fetch-demo`)."""
+
         def report(stage: str, done: int, total: int) -> None:
-            self.progress.emit(Progress("fetch_demo", stage, int(done), int(total)))
+            self.progress.emit(Progress(Job.FETCH_DEMO, stage, int(done), int(total)))
 
         try:
-            path = self.backend.fetch_demo(report)
+            folder = self.backend.fetch_demo(report)
+            report("building the default codebook", 0, 0)
+            self.backend.ensure_demo_codebook(Path(folder), report)
         except Exception as exc:  # noqa: BLE001
-            self._report("fetch_demo", exc, "demo")
+            self._report(Job.FETCH_DEMO, exc, DEMO)
             return
-        self.demo_fetched.emit(str(path))
+        self.demo_fetched.emit(str(folder))
 
     # ----- codebooks --------------------------------------------------------------------------
 
@@ -152,13 +200,13 @@ class EngineWorker(QObject):
     def load_codebook(self, path: str, automatic: bool = False) -> None:
         """Load and validate a codebook for the current model; nothing changes on failure."""
         if self._model is None:
-            self.failed.emit(ErrorReport("load_codebook", "Load a model first.", source=path))
+            self.failed.emit(ErrorReport(Job.LOAD_CODEBOOK, "Load a model first.", source=path))
             return
         try:
             codebook, warnings = self.backend.load_codebook(path, self._model)
             info = self._codebook_record(codebook, path, warnings, automatic)
         except Exception as exc:  # noqa: BLE001
-            self._report("load_codebook", exc, path)
+            self._report(Job.LOAD_CODEBOOK, exc, path, automatic=automatic)
             return
         self._codebook, self._codebook_info = codebook, info
         self.codebook_loaded.emit(info)
@@ -169,7 +217,7 @@ class EngineWorker(QObject):
         self.codebook_cleared.emit()
 
     def _codebook_record(self, codebook, path: str, warnings, automatic: bool) -> CodebookLoaded:
-        metadata = dict(getattr(codebook, "metadata", {}) or {})
+        metadata = dict(codebook.metadata or {})
         beta = metadata.get("beta")
         return CodebookLoaded(
             path=str(path),
@@ -179,7 +227,7 @@ class EngineWorker(QObject):
             sub_dim=int(codebook.sub_dim),
             beta=float(beta) if isinstance(beta, int | float) else None,
             num_layers=int(codebook.num_layers),
-            nbytes=int(getattr(codebook, "nbytes", 0)),
+            nbytes=int(codebook.nbytes),
             metadata=metadata,
             warnings=tuple(str(w) for w in warnings),
             automatic=automatic,
@@ -189,17 +237,30 @@ class EngineWorker(QObject):
 
     @Slot(object)
     def calibrate(self, request: CalibrationRequest) -> None:
-        """Train a codebook on the current model, save it, then load it."""
-        if self._model is None:
-            self.failed.emit(ErrorReport("calibrate", "Load a model first."))
+        """Train a codebook on the current model, save it, then load it. A cancel that came
+        while this request was still queued cancels it before it starts."""
+        with self._lock:
+            self._calibration_seq = request.seq
+            self._calibration_cancel.clear()
+            if request.seq and request.seq <= self._calibrations_cancelled:
+                self._calibration_cancel.set()
+        try:
+            self._calibrate(request)
+        finally:
+            with self._lock:
+                self._calibration_seq = 0
+
+    def _calibrate(self, request: CalibrationRequest) -> None:
+        if self._calibration_cancel.is_set():
+            self.calibration_cancelled.emit()
             return
-        self._calibration_cancel.clear()
+        if self._model is None:
+            self.failed.emit(ErrorReport(Job.CALIBRATE, "Load a model first."))
+            return
         start = time.perf_counter()
 
         def report(stage: str, done: int, total: int) -> None:
-            if self._calibration_cancel.is_set():
-                raise CalibrationCancelled
-            self.progress.emit(Progress("calibrate", stage, int(done), int(total)))
+            self.progress.emit(Progress(Job.CALIBRATE, stage, int(done), int(total)))
 
         try:
             self.backend.calibrate(
@@ -208,13 +269,13 @@ class EngineWorker(QObject):
                 request,
                 report,
                 self._calibration_cancel,
-                getattr(self._info, "name", None),
+                self._info.name if self._info is not None else "",
             )
         except Exception as exc:  # noqa: BLE001
-            if isinstance(exc, CalibrationCancelled) or self.backend.is_cancellation(exc):
+            if self.backend.is_cancellation(exc):
                 self.calibration_cancelled.emit()
             else:
-                self._report("calibrate", exc, request.output)
+                self._report(Job.CALIBRATE, exc, request.output)
             return
         self.calibration_finished.emit(
             CalibrationFinished(request.output, time.perf_counter() - start)
@@ -238,49 +299,106 @@ class EngineWorker(QObject):
                 self._cancelled.discard(request.request_id)
 
     def _generate(self, request: GenerationRequest, cancelled: bool) -> None:
-        notes = self._notes(request)
+        if cancelled:
+            self._emit_started(request, ())
+            self.generation_finished.emit(_empty_stats(StopReason.CANCELLED))
+            return
+        if self._model is None:
+            self.failed.emit(ErrorReport(Job.GENERATE, "No model is loaded."))
+            self.generation_finished.emit(_empty_stats(StopReason.ERROR))
+            return
+        stats = None
+        try:
+            session = self._prepare_session(request)
+            fitted = self._fit_context(session, request)
+            if isinstance(fitted, ContextOverflow):
+                self.context_overflowed.emit(fitted)
+                self.generation_finished.emit(_empty_stats(StopReason.CONTEXT_FULL))
+                return
+            sampling, notes = fitted
+            self._emit_started(request, notes)
+            stats = self._stream(session, request, sampling)
+        except Exception as exc:  # noqa: BLE001
+            self._report(Job.GENERATE, exc)
+            stats = None
+        if stats is None:
+            stats = _empty_stats(StopReason.ERROR)
+        elif self._session is not None:
+            self._emit_context(request.request_id, [], streaming=False)
+        self.generation_finished.emit(stats)
+
+    def _emit_started(self, request: GenerationRequest, notes: tuple[str, ...]) -> None:
         self.generation_started.emit(
             GenerationStarted(
                 request.request_id,
                 request.conversation_id,
                 request.mode,
                 self._provenance(request),
-                notes,
+                self._notes(request) + notes,
             )
         )
-        if cancelled:
-            self.generation_finished.emit(_empty_stats("cancelled"))
-            return
-        if self._model is None:
-            self.failed.emit(ErrorReport("generate", "No model is loaded."))
-            self.generation_finished.emit(_empty_stats("error"))
-            return
-        stats = None
-        try:
-            session = self._prepare_session(request)
-            stats = self._stream(session, request)
-        except Exception as exc:  # noqa: BLE001
-            self._report("generate", exc)
-            stats = None
-        if stats is None:
-            stats = _empty_stats("error")
-        elif self._session is not None:
-            self._emit_context(request.request_id, [], streaming=False)
-        self.generation_finished.emit(stats)
 
-    def _stream(self, session, request: GenerationRequest):
-        from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats, TokenEvent
+    def _fit_context(
+        self, session, request: GenerationRequest
+    ) -> ContextOverflow | tuple[SamplingSettings, tuple[str, ...]]:
+        """Make prompt + max tokens fit the model's context as `request.overflow` says: the
+        sampling to use and notes for the user, or a ContextOverflow to ask the user."""
+        limit = self._info.context_length if self._info is not None else None
+        sampling = request.sampling
+        if not limit:
+            return sampling, ()
+        history = self.backend.session_turns(session)
+        prompt = self.backend.prompt_length(session, _turns_after(request, history))
+        if prompt + sampling.max_tokens <= limit:
+            return sampling, ()
+        if request.overflow == OverflowPolicy.ASK:
+            return ContextOverflow(request.request_id, prompt, sampling.max_tokens, limit)
+        notes: tuple[str, ...] = ()
+        if request.overflow == OverflowPolicy.DROP_OLDEST:
+            history, prompt, dropped = self._drop_oldest(session, request, history, limit)
+            notes = (f"Left the {dropped} oldest messages out so the reply fits the context.",)
+        if prompt + sampling.max_tokens > limit:
+            room = limit - prompt
+            if room < 1:
+                raise ValueError(
+                    f"the prompt alone is {prompt:,} tokens, more than the model's context of "
+                    f"{limit:,}: shorten the message or start a new chat"
+                )
+            sampling = replace(sampling, max_tokens=room)
+            notes += (f"The reply stops at the context limit ({room:,} tokens at most).",)
+        return sampling, notes
 
-        if request.mode == "send":
-            events = session.send(request.text)
-        elif request.mode == "regenerate":
-            events = session.regenerate()
-        elif request.mode == "edit":
-            events = session.edit_last_user_message(request.text)
-        else:
-            raise ValueError(
-                f"GenerationRequest.mode={request.mode!r} must be send/regenerate/edit"
-            )
+    def _drop_oldest(
+        self, session, request: GenerationRequest, history: Turns, limit: int
+    ) -> tuple[Turns, int, int]:
+        """Leave out the oldest turns (never the one answered) until the prompt fits; the
+        session then holds the shortened history. Returns (history, prompt tokens, dropped)."""
+        keep_from = len(history) if request.mode == ReplyMode.SEND else None
+        if keep_from is None:
+            keep_from = max(i for i, (role, _) in enumerate(history) if role == "user")
+        max_tokens = request.sampling.max_tokens
+        dropped = 0
+        prompt = self.backend.prompt_length(session, _turns_after(request, history))
+        while prompt + max_tokens > limit and dropped < keep_from:
+            dropped += 1
+            while dropped < keep_from and history[dropped][0] != "user":
+                dropped += 1  # start at a user turn
+            prompt = self.backend.prompt_length(session, _turns_after(request, history[dropped:]))
+        if dropped:
+            history = history[dropped:]
+            self.backend.load_turns(session, history)
+        return history, prompt, dropped
+
+    def _stream(self, session, request: GenerationRequest, sampling: SamplingSettings):
+        if sampling != request.sampling:
+            self.backend.set_sampling(session, sampling)
+            cache, _, system = self._session_state
+            self._session_state = (cache, None, system)  # the next request sets its own
+        events = self.backend.reply(session, request.mode, request.text)
+        with self._lock:
+            stopped_early = request.request_id in self._cancelled
+        if stopped_early:  # a stop between the start of the request and the reply's start
+            self.backend.stop(session)
         generated: list[int] = []
         stats = None
         for event in events:
@@ -293,10 +411,6 @@ class EngineWorker(QObject):
                 self.snapshot_ready.emit(event)
             elif isinstance(event, GenerationStats):
                 stats = event
-            with self._lock:
-                stop_now = request.request_id in self._cancelled
-            if stop_now:
-                session.stop()  # idempotent; catches a stop that raced the start of send()
         return stats
 
     def _emit_context(self, request_id: int, generated: list[int], *, streaming: bool) -> None:
@@ -304,12 +418,10 @@ class EngineWorker(QObject):
         ids = self.backend.context_token_ids(session, streaming=streaming)
         ids = ids + list(generated)  # streaming: the prompt ids do not hold the reply yet
         texts = self._texts.texts(ids) if self._texts is not None else [""] * len(ids)
-        messages = tuple(
-            (m["role"], m["content"]) for m in session.messages if m["role"] != "system"
-        )
+        messages = tuple(self.backend.session_turns(session))
         self.context_updated.emit(ContextTokens(request_id, tuple(ids), tuple(texts), messages))
 
-    def _cache_config(self, request: GenerationRequest):
+    def _cache_config(self, request: GenerationRequest) -> A2ATSConfig | None:
         """The A2ATSConfig for the request (None = plain mlx-lm KVCache)."""
         if not request.cache.a2ats_enabled:
             return None
@@ -318,14 +430,11 @@ class EngineWorker(QObject):
     def _prepare_session(self, request: GenerationRequest):
         """Create or adjust the session so it holds `request.history` with the requested
         system prompt, sampling and cache; the engine keeps its prompt cache when they match."""
+        backend = self.backend
         a2ats = self._cache_config(request)
-        state = {
-            "cache": (a2ats, id(self._codebook)),
-            "sampling": request.sampling,
-            "system": request.system_prompt,
-        }
+        cache = (a2ats, id(self._codebook))
         if self._session is None:
-            self._session = self.backend.make_session(
+            self._session = backend.make_session(
                 self._model,
                 self._tokenizer,
                 system_prompt=request.system_prompt,
@@ -334,17 +443,16 @@ class EngineWorker(QObject):
                 codebook=self._codebook,
             )
         else:
-            old = self._session_state
-            if old.get("cache") != state["cache"]:
-                self.backend.configure_session(self._session, a2ats=a2ats, codebook=self._codebook)
-            if old.get("sampling") != state["sampling"]:
-                self.backend.set_sampling(self._session, request.sampling)
-            if old.get("system") != state["system"]:
-                self._session.set_system_prompt(request.system_prompt or None)
-        self._session_state = state
-        held = [(m["role"], m["content"]) for m in self._session.messages if m["role"] != "system"]
-        if held != list(request.history):
-            self._session.load_messages([{"role": r, "content": c} for r, c in request.history])
+            old = self._session_state or (None, None, None)
+            if old[0] != cache:
+                backend.configure_session(self._session, a2ats=a2ats, codebook=self._codebook)
+            if old[1] != request.sampling:
+                backend.set_sampling(self._session, request.sampling)
+            if old[2] != request.system_prompt:
+                backend.set_system_prompt(self._session, request.system_prompt)
+        self._session_state = (cache, request.sampling, request.system_prompt)
+        if backend.session_turns(self._session) != list(request.history):
+            backend.load_turns(self._session, list(request.history))
         return self._session
 
     def _notes(self, request: GenerationRequest) -> tuple[str, ...]:
@@ -352,23 +460,24 @@ class EngineWorker(QObject):
             return (RANDOM_CODEBOOK_NOTE,)
         return ()
 
-    def _provenance(self, request: GenerationRequest) -> dict[str, Any]:
+    def _provenance(self, request: GenerationRequest) -> JsonDict:
         info = self._info
-        model = {
-            "source": self._source,
-            "name": getattr(info, "name", ""),
-            "path": getattr(info, "path", ""),
-            "architecture": getattr(info, "architecture", ""),
-            "quantization": getattr(info, "quantization", None),
-        }
-        cache: dict[str, Any] = {"a2ats_enabled": bool(request.cache.a2ats_enabled)}
+        model: JsonDict = {"source": self._source}
+        if info is not None:
+            model.update(
+                name=info.name,
+                path=info.path,
+                architecture=info.architecture,
+                quantization=info.quantization,
+            )
+        cache: JsonDict = {"a2ats_enabled": bool(request.cache.a2ats_enabled)}
         if request.cache.a2ats_enabled:
             try:
                 cache["config"] = self._cache_config(request).to_dict()
             except ValueError as exc:
                 cache["config_error"] = str(exc)
         if self._codebook_info is not None:
-            codebook = self._codebook_info.provenance()
+            codebook: JsonDict | None = self._codebook_info.provenance()
         elif request.cache.a2ats_enabled:
             codebook = {"name": "random (uncalibrated)", "sha256": None}
         else:
@@ -383,17 +492,17 @@ class EngineWorker(QObject):
 
     # ----- errors -----------------------------------------------------------------------------
 
-    def _report(self, task: str, exc: BaseException, source: str = "") -> None:
-        self.failed.emit(
-            ErrorReport(task, _one_line(exc), "".join(traceback.format_exception(exc)), source)
-        )
+    def _report(self, task: Job, exc: BaseException, source: str = "", **extra: bool) -> None:
+        detail = "".join(traceback.format_exception(exc))
+        self.failed.emit(ErrorReport(task, _one_line(exc), detail, source, **extra))
 
 
 class EngineThread(QObject):
     """Starts the "engine" QThread with an EngineWorker on it and forwards requests as queued
-    signals. `worker`'s signals are what the GUI connects to."""
+    signals. `worker`'s signals are what the controller connects to."""
 
-    _load_model = Signal(str)
+    _load_model = Signal(str, str, bool)
+    _find_demo = Signal()
     _fetch_demo = Signal()
     _load_codebook = Signal(str, bool)
     _clear_codebook = Signal()
@@ -402,8 +511,10 @@ class EngineThread(QObject):
 
     # every EngineThread not yet garbage-collected (tests check none is left running)
     live: ClassVar[weakref.WeakSet[EngineThread]] = weakref.WeakSet()
+    # threads whose shutdown timed out: kept referenced so Qt never destroys a running QThread
+    stuck: ClassVar[list[EngineThread]] = []
 
-    def __init__(self, backend: Any | None = None, parent: QObject | None = None) -> None:
+    def __init__(self, backend: EngineBackend | None = None, parent: QObject | None = None) -> None:
         super().__init__(parent)
         EngineThread.live.add(self)
         self.thread = QThread()
@@ -411,16 +522,21 @@ class EngineThread(QObject):
         self.worker = EngineWorker(backend)
         self.worker.moveToThread(self.thread)
         self._load_model.connect(self.worker.load_model)
+        self._find_demo.connect(self.worker.find_demo)
         self._fetch_demo.connect(self.worker.fetch_demo)
         self._load_codebook.connect(self.worker.load_codebook)
         self._clear_codebook.connect(self.worker.clear_codebook)
         self._calibrate.connect(self.worker.calibrate)
         self._generate.connect(self.worker.generate)
         self._next_request = 0
+        self._next_calibration = 0
         self.thread.start()
 
-    def load_model(self, source: str) -> None:
-        self._load_model.emit(source)
+    def load_model(self, source: str, codebook: str = "", demo_codebook: bool = True) -> None:
+        self._load_model.emit(source, codebook, demo_codebook)
+
+    def find_demo(self) -> None:
+        self._find_demo.emit()
 
     def fetch_demo(self) -> None:
         self._fetch_demo.emit()
@@ -432,7 +548,8 @@ class EngineThread(QObject):
         self._clear_codebook.emit()
 
     def calibrate(self, request: CalibrationRequest) -> None:
-        self._calibrate.emit(request)
+        self._next_calibration += 1
+        self._calibrate.emit(replace(request, seq=self._next_calibration))
 
     def next_request_id(self) -> int:
         self._next_request += 1
@@ -446,11 +563,18 @@ class EngineThread(QObject):
         self.worker.stop(request_id)
 
     def cancel_calibration(self) -> None:
-        self.worker.cancel_calibration()
+        """Direct call: cancels the running calibration and any still queued."""
+        self.worker.cancel_calibration(self._next_calibration)
 
-    def shutdown(self, timeout_ms: int = 10000) -> None:
-        """Stop any reply and calibration, then end the thread."""
+    def shutdown(self, timeout_ms: int = 10000) -> bool:
+        """Stop any reply and calibration, then end the thread. False when it did not end in
+        time: the thread is then kept referenced (`stuck`) instead of destroyed while running,
+        which would abort the process."""
         self.worker.stop()
-        self.worker.cancel_calibration()
+        self.cancel_calibration()
         self.thread.quit()
-        self.thread.wait(timeout_ms)
+        if self.thread.wait(timeout_ms):
+            return True
+        if self not in EngineThread.stuck:
+            EngineThread.stuck.append(self)
+        return False

@@ -10,9 +10,14 @@ attention hook, computes exact attention over the full K/V, lets the method atte
   over query heads, layers and steps);
 - output_rel_error: `||o_method - o_exact|| / ||o_exact||` over all query heads of a layer,
   averaged over layers and steps;
+- attended_fraction and bytes_read per decode step (codes scanned, centroids, full keys scored
+  or reranked, K/V rows attended; sinks, window and the GQA union included): the cost of the
+  step, counted by `accounting.py`, so methods can be compared at equal cost;
 then returns the method's own output, so `ppl` (perplexity of the `decode` teacher-forced
 tokens) is what that method really produces. With `full` evaluated too, `ppl_vs_full` is the
-paired ratio on the same tokens with a 95% interval (`paired_ppl_ratio`).
+paired ratio on the same tokens with a 95% block-bootstrap interval (`paired_ppl_ratio`). With
+`A2ATSConfig.kv_bits`, the A2ATS-structured methods store K/V quantized and are still measured
+against exact attention over the float K/V (a shadow float cache).
 
 Methods: the `METHODS` registry in `methods.py` (full, kv8, kv4, window, oracle_topk, a2ats and
 its ablations; the diagnostics a2ats_exact_keys / a2ats_exact_rope, which split A2ATS's loss
@@ -36,6 +41,7 @@ from ..cache.a2ats_cache import A2ATSCache
 from ..cache.config import A2ATSConfig
 from ..cache.rope import model_geometry, rope_specs
 from ..progress import Progress
+from .accounting import StepCost, cache_step_cost
 from .methods import (  # noqa: F401  (re-exported: the method caches are part of this API)
     BUDGET,
     DIAGNOSTIC,
@@ -51,6 +57,7 @@ from .methods import (  # noqa: F401  (re-exported: the method caches are part o
     method_names,
     method_spec,
 )
+from .stats import RESAMPLES, block_bootstrap_ci, default_block
 
 FIXED_METHODS = method_names(FIXED)  # full, kv8, kv4
 BUDGET_METHODS = method_names(BUDGET)  # a2ats, window, oracle_topk and the a2ats ablations
@@ -99,16 +106,18 @@ def perplexity(logits: np.ndarray, targets: np.ndarray) -> float:
     return float(np.exp(token_nll(logits, targets).mean()))
 
 
-def paired_ppl_ratio(nll: np.ndarray, reference_nll: np.ndarray) -> tuple[float, float, float]:
+def paired_ppl_ratio(
+    nll: np.ndarray, reference_nll: np.ndarray, block: int | None = None
+) -> tuple[float, float, float]:
     """ppl(method) / ppl(reference) on the same tokens, with a 95% interval.
 
-    nll, reference_nll: per-token NLL `[M]` of the same targets. The ratio is
-    `exp(mean(nll - reference_nll))`; the interval is `exp(mean +- 1.96 * sd / sqrt(M))` of the
-    paired per-token differences. Returns (ratio, low, high)."""
+    nll, reference_nll: per-token NLL `[M]` of the same consecutive targets. The ratio is
+    `exp(mean(nll - reference_nll))`; the interval is exp of the circular block bootstrap
+    interval of that mean (`stats.block_bootstrap_ci`, blocks of `block` tokens, default
+    floor(M^(1/3))): neighbouring tokens are not independent. Returns (ratio, low, high)."""
     delta = np.asarray(nll, dtype=np.float64) - np.asarray(reference_nll, dtype=np.float64)
-    mean = float(delta.mean())
-    half = 1.96 * float(delta.std(ddof=1)) / math.sqrt(len(delta)) if len(delta) > 1 else 0.0
-    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+    mean, low, high = block_bootstrap_ci(delta, block=block)
+    return math.exp(mean), math.exp(low), math.exp(high)
 
 
 @dataclass
@@ -119,6 +128,7 @@ class StepRecord:
     output_error: list[float] = field(default_factory=list)
     attended: list[float] = field(default_factory=list)  # attended positions per KV head
     retrieved: list[float] = field(default_factory=list)  # far tokens attended per KV head
+    cost: list[StepCost] = field(default_factory=list)  # attended share and bytes read
 
 
 class MeasuredCache:
@@ -131,7 +141,9 @@ class MeasuredCache:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.quantized = isinstance(inner, QuantizedKVCache)
-        self.shadow = KVCache() if self.quantized else None
+        # quantized storage (kv8/kv4, A2ATS with kv_bits) is measured against exact float K/V
+        stores_quantized = self.quantized or getattr(inner, "kv_bits", None) is not None
+        self.shadow = KVCache() if stores_quantized else None
         self.record = StepRecord()
 
     def __getattr__(self, name: str) -> Any:
@@ -189,6 +201,10 @@ class MeasuredCache:
         self.record.recall.append(attention_recall(probs_np, mask[:, None, :]))
         self.record.output_error.append(relative_l2_error(method_np, exact_np))
         self.record.attended.append(float(mask.sum(axis=-1).mean()))
+        scoring = getattr(self.inner, "scoring", "codes")
+        self.record.cost.append(
+            cache_step_cost(self.inner, mask.sum(axis=-1), n, n_q, keys.dtype.size, scoring)
+        )
         stats = getattr(self.inner, "last_stats", None)
         if stats is not None and not stats.exact:
             self.record.retrieved.append(float(np.mean([len(r) for r in stats.retrieved])))
@@ -237,6 +253,8 @@ class MethodResult:
     nll: np.ndarray | None = None  # per-token NLL [M] (not serialized)
     ppl_vs_full: float | None = None
     ppl_vs_full_ci95: tuple[float, float] | None = None
+    attended_fraction: float | None = None
+    bytes_read: dict[str, float] | None = None  # per decode step, all layers (accounting.py)
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -246,8 +264,15 @@ class MethodResult:
             "bytes_per_token": round(self.bytes_per_token, 1),
             "attended_per_head": round(self.attended_per_head, 1),
         }
+        if self.nll is not None:
+            out["tokens"] = len(self.nll)
         if self.retrieved_per_head is not None:
             out["retrieved_per_head"] = round(self.retrieved_per_head, 1)
+        if self.attended_fraction is not None:
+            out["attended_fraction"] = round(self.attended_fraction, 5)
+        if self.bytes_read is not None:
+            out["bytes_read_per_step"] = round(self.bytes_read["total"])
+            out["bytes_read"] = {k: round(v) for k, v in self.bytes_read.items() if k != "total"}
         if self.argmax_agreement is not None:
             out["argmax_agreement"] = round(self.argmax_agreement, 4)
         if self.ppl_vs_full is not None:
@@ -296,8 +321,23 @@ def run_method(
         retrieved_per_head=float(np.mean(retrieved)) if retrieved else None,
         seconds=seconds,
         nll=np.asarray(nll),
+        attended_fraction=float(np.mean([c.attended_fraction for r in records for c in r.cost])),
+        bytes_read=bytes_read_per_step(records),
     )
     return result, np.asarray(argmax)
+
+
+def bytes_read_per_step(records: Sequence[StepRecord]) -> dict[str, float]:
+    """Bytes read per decode step summed over layers, averaged over steps: {"codes",
+    "centroids", "keys_scored", "rows", "total"} (accounting.py)."""
+    parts = ("codes", "centroids", "keys_scored", "rows")
+    steps = min(len(r.cost) for r in records)
+    out = {
+        part: float(np.mean([sum(getattr(r.cost[s], part) for r in records) for s in range(steps)]))
+        for part in parts
+    }
+    out["total"] = sum(out.values())
+    return out
 
 
 def greedy_decode(
@@ -353,8 +393,42 @@ class EvalRun:
             "context": self.context,
             "decode": self.decode,
             "budget": self.budget,
+            "rests_on": rests_on(self.decode),
             "methods": {name: r.to_dict() for name, r in self.methods.items()},
         }
+
+
+def rests_on(tokens: int, texts: int = 1) -> dict[str, Any]:
+    """What the figures of a run rest on: `tokens` teacher-forced tokens over `texts` texts
+    (ppl and ratios over those tokens; recall, output error and cost averaged over as many
+    decode steps and every layer) and how the 95% interval is made."""
+    return {
+        "tokens": tokens,
+        "texts": texts,
+        "ci95": f"circular block bootstrap over tokens, blocks of {default_block(tokens // texts)}"
+        f" tokens, {RESAMPLES} resamples" + (", stratified by text" if texts > 1 else ""),
+    }
+
+
+def pooled_figures(runs: Sequence[EvalRun]) -> dict[str, dict[str, Any]]:
+    """Figures of the same methods and budget over several texts (one EvalRun per text):
+    {method: {recall, output_rel_error (means over texts, equal decode steps each), ppl_vs_full
+    and its interval (tokens pooled, bootstrap stratified by text), tokens}}."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in runs[0].methods:
+        rows = [run.methods[name] for run in runs]
+        pooled: dict[str, Any] = {
+            "recall": round(float(np.mean([r.recall for r in rows])), 5),
+            "output_rel_error": round(float(np.mean([r.output_rel_error for r in rows])), 5),
+            "tokens": int(sum(len(r.nll) for r in rows if r.nll is not None)),
+        }
+        if "full" in runs[0].methods and all(r.nll is not None for r in rows):
+            deltas = [r.nll - run.methods["full"].nll for r, run in zip(rows, runs, strict=True)]
+            mean, low, high = block_bootstrap_ci(deltas)
+            pooled["ppl_vs_full"] = round(math.exp(mean), 4)
+            pooled["ppl_vs_full_ci95"] = [round(math.exp(low), 4), round(math.exp(high), 4)]
+        out[name] = pooled
+    return out
 
 
 def evaluate(
@@ -448,6 +522,15 @@ def _check_eval_args(ids, context: int, decode: int, methods, budgets) -> None:
         raise ValueError("budgets is empty: give at least one budget")
     for b in budgets:
         A2ATSConfig(budget=b)  # validates
+
+
+def builtin_texts() -> dict[str, tuple[str, str]]:
+    """{name: (text, description)} of the evaluation texts shipped or found offline, none in
+    the calibration corpus: "code" (`default_text`), "prose" (public-domain U.S. documents in
+    resources/texts/, about 3K tokens: enough for contexts up to about 2.5K)."""
+    from .tasks import default_haystack
+
+    return {"code": default_text(), "prose": default_haystack()}
 
 
 def default_text() -> tuple[str, str]:

@@ -37,6 +37,7 @@ class OracleTopKCache(A2ATSCache):
     ranked by their exact post-RoPE scores: the ceiling for any top-K retrieval at this budget."""
 
     reranks = False  # its scores are exact already
+    scoring = "keys"  # reads every far key (accounting.py)
 
     def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
         """queries post-RoPE `[B, n_q, 1, d]` -> exact scores `[B, n_kv, G, F]` of far tokens."""
@@ -52,6 +53,7 @@ class RecentWindowCache(A2ATSCache):
     the K latest ones before the window, so the attended set is contiguous with the window."""
 
     reranks = False  # recency, not relevance
+    scoring = "none"  # reads nothing to rank (accounting.py)
 
     def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
         """Scores that rank far tokens by recency: `[B, n_kv, G, F]` (later = higher)."""
@@ -64,6 +66,8 @@ class RecentWindowCache(A2ATSCache):
 class ExactKeyWRopeCache(A2ATSCache):
     """Diagnostic: A2ATS's windowed-RoPE distance buckets, but far tokens scored with their
     exact pre-RoPE keys instead of codes (`(R_D q) . k_n`): isolates the bucket approximation."""
+
+    scoring = "keys"  # reads every far key (accounting.py)
 
     def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
         """queries post-RoPE `[B, n_q, 1, d]` -> `[B, n_kv, G, F]`."""

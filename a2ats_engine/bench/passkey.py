@@ -74,6 +74,44 @@ def _encode_kwargs_ok(tokenizer: Any) -> bool:
     return True
 
 
+def answer_with_methods(
+    model: nn.Module,
+    ids: Sequence[int],
+    methods: Sequence[str],
+    *,
+    codebook: Any,
+    config: A2ATSConfig,
+    answer_tokens: int,
+) -> dict[str, tuple[list[int], float | None]]:
+    """Prefill `ids[:-1]` once (exact), then let each method read the last prompt token and
+    answer greedily for `answer_tokens` tokens from a copy of that state.
+
+    Returns {method: (answer token ids, far tokens attended per KV head per step or None)} in
+    the order of `methods`. `window` attends as many far tokens per KV head as `a2ats` did on
+    the same prompt (a2ats runs first, also when it is not asked for)."""
+    order = sorted(methods, key=lambda m: (m != "a2ats", m != "full"))
+    if "window" in methods and "a2ats" not in methods:
+        order = ["a2ats", *order]
+    base = prefill(model, ids[:-1])
+    answers: dict[str, tuple[list[int], float | None]] = {}
+    a2ats_far = None
+    for name in order:
+        if name == "window":
+            spec = method_spec(name, model, config, {"a2ats": codebook},
+                               max(1, round(a2ats_far or 1)))  # fmt: skip
+        else:
+            spec = method_spec(name, model, config, {"a2ats": codebook})
+        caches = build_caches(model, base, spec)
+        tokens, far = greedy_decode(model, caches, ids[-1], answer_tokens)
+        if name == "a2ats":
+            a2ats_far = far
+        if name in methods:
+            answers[name] = (tokens, far)
+        del caches
+    del base
+    return {m: answers[m] for m in methods}
+
+
 def bench_passkey(
     model: nn.Module,
     tokenizer: Any,
@@ -96,9 +134,6 @@ def bench_passkey(
     if not _encode_kwargs_ok(tokenizer):
         raise ValueError("the tokenizer's encode() does not take add_special_tokens")
     rng = random.Random(seed)
-    order = sorted(methods, key=lambda m: (m != "a2ats", m != "full"))
-    if "window" in methods and "a2ats" not in methods:
-        order = ["a2ats", *order]
     trials: list[PasskeyTrial] = []
     total, done = len(contexts) * len(depths), 0
     for context in contexts:
@@ -107,26 +142,14 @@ def bench_passkey(
             ids = passkey_prompt(tokenizer, context, depth, key)
             if progress is not None:
                 progress(f"passkey context {context} depth {depth}", done, total)
-            base = prefill(model, ids[:-1])
-            a2ats_far = None
-            for name in order:
-                if name == "window":
-                    spec = method_spec(name, model, config, {"a2ats": codebook},
-                                       max(1, round(a2ats_far or 1)))  # fmt: skip
-                else:
-                    spec = method_spec(name, model, config, {"a2ats": codebook})
-                caches = build_caches(model, base, spec)
-                tokens, far = greedy_decode(model, caches, ids[-1], answer_tokens)
-                if name == "a2ats":
-                    a2ats_far = far
-                if name not in methods:
-                    continue
+            answers = answer_with_methods(
+                model, ids, methods, codebook=codebook, config=config, answer_tokens=answer_tokens
+            )
+            for name, (tokens, far) in answers.items():
                 answer = tokenizer.decode(tokens)
                 trials.append(
                     PasskeyTrial(context, depth, key, name, answer, str(key) in answer, far)
                 )
-                del caches
-            del base
             done += 1
     if progress is not None:
         progress("passkey", total, total)

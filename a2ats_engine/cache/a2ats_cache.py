@@ -705,10 +705,20 @@ def make_cache(model: nn.Module, config: A2ATSConfig | None = None, codebook=Non
 
 
 def snapshot(caches: list, token_id: int | None = None) -> CacheSnapshot | None:
-    """Gather the last step's LayerStats of every A2ATS cache (None when there are none)."""
+    """Gather the last step's LayerStats of every A2ATS cache (None when there are none), and
+    the bytes the other (native) caches hold (array sizes only: no evaluation, no host sync)."""
     layers = tuple(
         c.take_stats() for c in caches if isinstance(c, A2ATSCache) and c.last_stats is not None
     )
     if not layers:
         return None
-    return CacheSnapshot(step=layers[0].step, layers=layers, token_id=token_id)
+    native = sum(_native_nbytes(c) for c in caches if not isinstance(c, A2ATSCache))
+    return CacheSnapshot(step=layers[0].step, layers=layers, token_id=token_id, native_bytes=native)
+
+
+def _native_nbytes(cache: _BaseCache) -> int:
+    """Bytes a model's own cache holds (0 for a cache kind that does not report them)."""
+    try:
+        return int(cache.nbytes)
+    except (AttributeError, NotImplementedError):
+        return 0

@@ -75,11 +75,14 @@ class LayerStats:
 
 @dataclass(frozen=True)
 class CacheSnapshot:
-    """All layers' stats after one decode step. `token_id` is the token that step consumed."""
+    """All A2ATS layers' stats after one decode step. `token_id` is the token that step
+    consumed. `native_bytes`: bytes held by the layers that keep the model's own cache (the
+    layer plan's `native` layers: sliding windows, SSM state...), which have no LayerStats."""
 
     step: int
     layers: tuple[LayerStats, ...]
     token_id: int | None = None
+    native_bytes: int = 0
 
     @property
     def offset(self) -> int:

@@ -23,7 +23,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", default="demo", help="model source (default: demo)")
     p.add_argument("--codebook", help="codebook file (default: the model's default codebook)")
-    p.add_argument("--text", help="text file (default: Python's http/client.py source)")
+    p.add_argument(
+        "--text",
+        action="append",
+        help="text file (default: Python's http/client.py source); repeat for several texts",
+    )
+    p.add_argument(
+        "--texts",
+        help="comma list of built-in texts: code (http/client.py), prose (public-domain U.S. "
+        "documents, about 3K tokens); with --text, the files come after these",
+    )
     p.add_argument("--context", type=int, default=4096, help="prefill tokens N (default 4096)")
     p.add_argument("--decode", type=int, default=64, help="teacher-forced tokens M (default 64)")
     p.add_argument("--budget", default="0.03", help="retrieval budget: fraction or token count")
@@ -38,6 +47,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--far-buckets", type=int, default=None, help="A2ATS distance buckets")
     p.add_argument("--rerank", type=int, default=None, help="A2ATS rerank factor")
+    p.add_argument(
+        "--kv-bits",
+        type=int,
+        choices=(8, 4),
+        default=None,
+        help="store K/V of the A2ATS methods (a2ats, window, oracle_topk, ablations) quantized "
+        "to 8 or 4 bits; recall and output error stay against the exact float reference",
+    )
     p.add_argument("--plain-vq-codebook", help="beta = 1 codebook for a2ats_plain_vq")
     p.add_argument("--paper-codebook", help="codebook calibrated for one distance b (a2ats_paper)")
     p.add_argument("--no-wrope-codebook", help="post-RoPE codebook for a2ats_no_wrope")
@@ -95,7 +112,7 @@ def _codebooks(args, model, tokenizer, codebook, methods, progress) -> tuple[dic
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from ..bench.evaluate import default_text, evaluate
+    from ..bench.evaluate import evaluate
     from ..loading.models import load_model
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -105,24 +122,38 @@ def run_eval(args: argparse.Namespace) -> int:
     codebook, codebook_desc = find_codebook(args.codebook, args.model, info.path, required=True)
     # exact_below 0: the methods measure retrieval (a2ats_auto runs the measured crossover)
     config = a2ats_config(
-        codebook, model, far_buckets=args.far_buckets, rerank=args.rerank, exact_below=0
-    )
-    if args.text:
-        text, text_desc = Path(args.text).read_text(encoding="utf-8"), args.text
-    else:
-        text, text_desc = default_text()
-    ids = tokenizer.encode(text)
-    books, notes = _codebooks(args, model, tokenizer, codebook, methods, progress)
-    runs = evaluate(
-        model, ids, context=args.context, decode=args.decode, budgets=budgets,
-        codebooks=books, config=config, methods=methods, progress=progress,
+        codebook, model, far_buckets=args.far_buckets, rerank=args.rerank, kv_bits=args.kv_bits,
+        exact_below=0,
     )  # fmt: skip
+    texts = _texts(args)
+    books, notes = _codebooks(args, model, tokenizer, codebook, methods, progress)
+    per_text = [
+        evaluate(
+            model,
+            tokenizer.encode(text),
+            context=args.context,
+            decode=args.decode,
+            budgets=budgets,
+            codebooks=books,
+            config=config,
+            methods=methods,
+            progress=progress,
+        )  # fmt: skip
+        for text, _ in texts
+    ]
+    if len(texts) > 1:
+        return _print_texts(
+            args, texts, per_text, budgets, info, codebook, codebook_desc, config, notes
+        )
+    runs = per_text[0]
+    text_desc = texts[0][1]
     meta = {
         "model": info.name,
-        "codebook": codebook_desc,
+        "codebook": Path(codebook_desc).name,  # the file name: paths are machine-specific
         "n_centroids": codebook.n_centroids,
         "far_buckets": config.far_buckets,
         "rerank": config.rerank,
+        "kv_bits": config.kv_bits,
         "text": text_desc,
         "machine": machine(),
         "notes": notes + _method_notes() + _config_notes(config),
@@ -141,11 +172,78 @@ def run_eval(args: argparse.Namespace) -> int:
         print(json.dumps(out))
         return 0
     print(f"model {info.name}; codebook {codebook_desc}; text {text_desc}")
-    print(f"context {args.context}, decode {args.decode}; {meta['machine']}")
+    kv = "float" if config.kv_bits is None else f"{config.kv_bits}-bit"
+    print(f"context {args.context}, decode {args.decode}; A2ATS K/V {kv}; {meta['machine']}")
     for note in meta["notes"]:
         print(f"note: {note}")
     for run in runs:
         print(format_table(run))
+    return 0
+
+
+def _texts(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """[(text, description)] from --texts (built-in names) then --text files; the default
+    text when neither is given."""
+    from ..bench.evaluate import builtin_texts, default_text
+
+    out = []
+    if args.texts:
+        known = builtin_texts()
+        for name in (n.strip() for n in args.texts.split(",") if n.strip()):
+            if name not in known:
+                raise ValueError(f"--texts {name!r} is unknown: must be among {', '.join(known)}")
+            out.append(known[name])
+    for path in args.text or []:
+        out.append((Path(path).read_text(encoding="utf-8"), Path(path).name))
+    return out or [default_text()]
+
+
+def _print_texts(
+    args, texts, per_text, budgets, info, codebook, codebook_desc, config, notes
+) -> int:
+    """Several texts: each text's runs, and per budget the figures pooled over the texts."""
+    from ..bench.evaluate import pooled_figures, rests_on
+
+    pooled = [
+        {
+            "budget": budget,
+            "rests_on": rests_on(args.decode * len(texts), len(texts)),
+            "methods": pooled_figures([runs[i] for runs in per_text]),
+        }
+        for i, budget in enumerate(budgets)
+    ]
+    out = {
+        "context": args.context,
+        "decode": args.decode,
+        "budgets": budgets,
+        "texts": [
+            {"text": desc, "runs": [r.to_dict() for r in runs]}
+            for (_, desc), runs in zip(texts, per_text, strict=True)
+        ],
+        "pooled": pooled,
+        "model": info.name,
+        "codebook": Path(codebook_desc).name,  # the file name: paths are machine-specific
+        "n_centroids": codebook.n_centroids,
+        "far_buckets": config.far_buckets,
+        "rerank": config.rerank,
+        "kv_bits": config.kv_bits,
+        "machine": machine(),
+        "notes": notes + _method_notes(),
+    }
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    for (_, desc), runs in zip(texts, per_text, strict=True):
+        print(f"text {desc}")
+        for run in runs:
+            print(format_table(run))
+    for row in pooled:
+        print(f"pooled over {len(texts)} texts, budget {row['budget']} ({row['rests_on']['ci95']})")
+        for name, fig in row["methods"].items():
+            ratio = fig.get("ppl_vs_full")
+            ci = fig.get("ppl_vs_full_ci95") or ["", ""]
+            print(f"  {name:<16} recall {fig['recall']:.4f} out err {fig['output_rel_error']:.4f} "
+                  f"ppl/full {ratio} ({ci[0]}-{ci[1]}) over {fig['tokens']} tokens")  # fmt: skip
     return 0
 
 
@@ -169,7 +267,7 @@ def format_table(run) -> str:
     lines = [
         f"budget {run.budget}",
         f"{'method':<16} {'recall':>8} {'out err':>8} {'ppl':>9} {'ppl/full (95% CI)':>24} "
-        f"{'B/token':>9} {'attended':>9} {'argmax=':>8}",
+        f"{'B/token':>9} {'attended':>9} {'att. %':>7} {'read KB':>8} {'argmax=':>8}",
     ]
     for name, r in run.methods.items():
         agree = "" if r.argmax_agreement is None else f"{r.argmax_agreement:.3f}"
@@ -179,6 +277,8 @@ def format_table(run) -> str:
             ratio = f"{r.ppl_vs_full:.4f} ({low:.3f}-{high:.3f})"
         lines.append(
             f"{name:<16} {r.recall:>8.4f} {r.output_rel_error:>8.4f} {r.ppl:>9.3f} {ratio:>24} "
-            f"{r.bytes_per_token:>9.0f} {r.attended_per_head:>9.1f} {agree:>8}"
+            f"{r.bytes_per_token:>9.0f} {r.attended_per_head:>9.1f} "
+            f"{100 * (r.attended_fraction or 0):>7.2f} {(r.bytes_read or {}).get('total', 0) / 1e3:>8.1f} "
+            f"{agree:>8}"
         )
     return "\n".join(lines)

@@ -89,6 +89,7 @@ class Composer(QWidget):
         self.setObjectName("Composer")
         self.generating = False
         self.editing = False
+        self._ready = True
 
         self.banner = QFrame()
         self.banner.setObjectName("EditBanner")
@@ -139,6 +140,11 @@ class Composer(QWidget):
     def text(self) -> str:
         return self.edit.toPlainText()
 
+    def draft(self) -> str:
+        """The unsent text kept per chat ("" while editing the last message: that text is
+        the message, not a draft)."""
+        return "" if self.editing else self.text()
+
     def set_text(self, text: str) -> None:
         self.edit.setPlainText(text)
         cursor = self.edit.textCursor()
@@ -173,7 +179,7 @@ class Composer(QWidget):
         self.banner.hide()
 
     def _on_submit(self) -> None:
-        if self.generating or not getattr(self, "_ready", True):
+        if self.generating or not self._ready:
             return
         text = self.text().strip()
         if text:
@@ -197,7 +203,7 @@ class Composer(QWidget):
         self.frame.style().polish(self.frame)
 
     def _update_button(self) -> None:
-        ready = getattr(self, "_ready", True)
+        ready = self._ready
         if self.generating:
             self.button.setIcon(theme().icon("stop", "surface"))
             self.button.setToolTip("Stop (Esc)")

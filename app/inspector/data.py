@@ -7,10 +7,12 @@ without a display and reused by scripts. Shapes: L = layers in the snapshot, W =
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
+from a2ats_engine.cache.layer_plan import A2ATS, LayerPlan
 from a2ats_engine.cache.telemetry import CacheSnapshot, LayerStats
 
 # Category codes of the retrieval map, ordered by drawing priority: when several positions share
@@ -229,18 +231,22 @@ def sorted_counts(counts: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class MemorySummary:
-    """Bytes of one step: per layer held / fp16 [L], totals, ratio and bytes saved."""
+    """Bytes of one step: per A2ATS layer held / fp16 [L], totals, ratio and bytes saved.
+
+    native: bytes the native layers (the model's own caches) hold; the totals count them on both
+    sides, since those layers hold the same with or without A2ATS."""
 
     held: np.ndarray
     fp16: np.ndarray
+    native: int = 0
 
     @property
     def total_held(self) -> int:
-        return int(self.held.sum())
+        return int(self.held.sum()) + self.native
 
     @property
     def total_fp16(self) -> int:
-        return int(self.fp16.sum())
+        return int(self.fp16.sum()) + self.native
 
     @property
     def ratio(self) -> float:
@@ -256,7 +262,71 @@ def memory_summary(snapshot: CacheSnapshot) -> MemorySummary:
     """Per-layer bytes held and fp16 bytes of one snapshot."""
     held = np.array([layer.bytes_held for layer in snapshot.layers], dtype=np.int64)
     fp16 = np.array([layer.bytes_fp16 for layer in snapshot.layers], dtype=np.int64)
-    return MemorySummary(held, fp16)
+    return MemorySummary(held, fp16, int(snapshot.native_bytes))
+
+
+# ----- the layer plan in the map ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MapRow:
+    """One row of the retrieval map: a cache slot of the model.
+
+    layer: the model's layer (cache slot) index. stats: index into `snapshot.layers` for an
+    A2ATS layer with stats this step, else None. native: why the layer keeps the model's own
+    cache ("" for an A2ATS layer); such a row is never drawn with A2ATS categories.
+    """
+
+    layer: int
+    stats: int | None
+    native: str = ""
+
+
+def map_rows(snapshot: CacheSnapshot, plan: LayerPlan | None) -> list[MapRow]:
+    """The map's rows: every slot of `plan` in layer order (native ones included), or one row
+    per snapshot layer when there is no plan or the snapshot reports a layer the plan does not
+    mark A2ATS (then nothing is known about the other layers, and nothing is drawn for them)."""
+    stats = {layer.layer: i for i, layer in enumerate(snapshot.layers)}
+    identity = [MapRow(layer.layer, i) for i, layer in enumerate(snapshot.layers)]
+    if plan is None or plan.refused:
+        return identity
+    a2ats = {choice.layer for choice in plan.layers if choice.kind == A2ATS}
+    if not set(stats) <= a2ats:
+        return identity
+    return [
+        MapRow(c.layer, stats.get(c.layer)) if c.kind == A2ATS else MapRow(c.layer, None, c.reason)
+        for c in plan.layers
+    ]
+
+
+def expand_rows(image: np.ndarray, rows: list[MapRow]) -> np.ndarray:
+    """[L, W] image over the snapshot's layers -> [R, W] over `rows`; native rows and A2ATS
+    layers without stats are 0 (drawn as "not A2ATS" by the map's overlay, never as far)."""
+    out = np.zeros((len(rows), image.shape[1]), dtype=image.dtype)
+    for r, row in enumerate(rows):
+        if row.stats is not None and row.stats < image.shape[0]:
+            out[r] = image[row.stats]
+    return out
+
+
+def sliding_window(reason: str) -> int | None:
+    """The window of a "sliding window N" native layer, else None."""
+    match = re.fullmatch(r"sliding window (\d+)", reason)
+    return int(match.group(1)) if match else None
+
+
+def native_runs(rows: list[MapRow]) -> list[tuple[int, int, str]]:
+    """(first row, row count, reason) of each run of adjacent native rows sharing a reason."""
+    runs: list[tuple[int, int, str]] = []
+    for r, row in enumerate(rows):
+        if not row.native:
+            continue
+        if runs and runs[-1][2] == row.native and runs[-1][0] + runs[-1][1] == r:
+            first, count, reason = runs[-1]
+            runs[-1] = (first, count + 1, reason)
+        else:
+            runs.append((r, 1, row.native))
+    return runs
 
 
 def recall_value(layer: LayerStats, head: int | None = ALL_HEADS) -> float:

@@ -5,7 +5,7 @@ File layout (``format`` = "a2ats-telemetry", ``version`` = 1)::
     {"format": "a2ats-telemetry", "version": 1, "created": ISO time, "meta": {...},
      "steps": [
        {"step": 12, "offset": 2048, "token_id": 42, "reply": 0,
-        "bytes_held": ..., "bytes_fp16": ...,
+        "bytes_held": ..., "bytes_fp16": ..., "native_bytes": ...,   # native: non-A2ATS layers
         "layers": [
           {"layer": 0, "offset": 2048, "window_start": 1985, "sinks": 8, "exact": false,
            "bytes_held": ..., "bytes_fp16": ...,
@@ -140,6 +140,7 @@ def telemetry_dict(
                 "reply": int(reply),
                 "bytes_held": int(snap.bytes_held),
                 "bytes_fp16": int(snap.bytes_fp16),
+                "native_bytes": int(snap.native_bytes),
                 "layers": layers,
             }
         )
@@ -230,7 +231,10 @@ def snapshots_from_dict(doc: dict[str, Any]) -> tuple[list[CacheSnapshot], list[
             token = step.get("token_id")
             snapshots.append(
                 CacheSnapshot(
-                    int(step["step"]), tuple(layers), None if token is None else int(token)
+                    int(step["step"]),
+                    tuple(layers),
+                    None if token is None else int(token),
+                    int(step.get("native_bytes", 0)),
                 )
             )
             replies.append(int(step.get("reply", 0)))

@@ -1,4 +1,7 @@
-"""Memory saved: per-layer bytes held vs an fp16 full cache, totals, and a line over the reply."""
+"""Memory saved: per-layer bytes held vs an fp16 full cache, totals, and a line over the reply.
+
+Native layers (the model's own caches, `CacheSnapshot.native_bytes`) are one more bar, "native",
+and count in the totals on both sides: they hold the same with or without A2ATS."""
 
 from __future__ import annotations
 
@@ -95,18 +98,21 @@ class MemoryPanel(QWidget):
         self._key = key
         summary = data.memory_summary(entry.snapshot)
         self.last_summary = summary
-        x = np.arange(len(summary.held), dtype=float)
-        self.fp16_bars.setOpts(x=x - 0.22, height=summary.fp16 / MB)
-        self.held_bars.setOpts(x=x + 0.22, height=summary.held / MB)
-        ids = [layer.layer for layer in entry.snapshot.layers]
-        ticks = [(i, str(lid)) for i, lid in enumerate(ids) if i % max(1, len(ids) // 10) == 0]
+        held, fp16 = summary.held, summary.fp16
+        ids = [str(layer.layer) for layer in entry.snapshot.layers]
+        ticks = [(i, lid) for i, lid in enumerate(ids) if i % max(1, len(ids) // 10) == 0]
+        if summary.native:
+            held, fp16 = np.append(held, summary.native), np.append(fp16, summary.native)
+            ticks.append((len(ids), "native"))
+            ids.append("native")
+        x = np.arange(len(held), dtype=float)
+        self.fp16_bars.setOpts(x=x - 0.22, height=fp16 / MB)
+        self.held_bars.setOpts(x=x + 0.22, height=held / MB)
         if ticks != self._ticks:
             self._ticks = ticks
             self.bars_plot.plotItem.getAxis("bottom").setTicks([ticks])
         # rounded tops with ~8% headroom: the axes change only when the data outgrows them
-        bar_top = nice_ceiling(
-            1.08 * float(max(summary.fp16.max(initial=0), summary.held.max(initial=0))) / MB
-        )
+        bar_top = nice_ceiling(1.08 * float(max(fp16.max(initial=0), held.max(initial=0))) / MB)
         steps, held, fp16 = series.arrays()
         line_top = nice_ceiling(1.08 * float(max(fp16.max(initial=0), held.max(initial=0), 1)) / MB)
         self.fp16_line.setData(steps.astype(float), fp16 / MB)
@@ -136,6 +142,8 @@ class MemoryPanel(QWidget):
             return "No cache bytes reported yet."
         saved_pct = 100.0 * summary.saved / summary.total_fp16 if summary.total_fp16 else 0.0
         held = f"holding {format_bytes(summary.total_held)} vs {format_bytes(summary.total_fp16)}"
+        if summary.native:
+            held += f" (native layers {format_bytes(summary.native)} on both sides)"
         if summary.saved >= 0:
             return (
                 f"{held} for an fp16 full cache \u00b7 {summary.ratio:.2f}\u00d7 smaller \u00b7 "

@@ -141,6 +141,13 @@ class InspectorPanel(QWidget):
         axis.picture = None
         axis.update()
 
+    def set_layer_plan(self, plan) -> None:
+        """The loaded model's `LayerPlan` (None: unknown): the map shows its native layers as
+        grey rows labelled with their reason, never with A2ATS categories."""
+        self.state.plan = plan
+        self.map_panel.plan_changed()
+        self._schedule()
+
     def set_history_size(self, size: int) -> None:
         """How many recent snapshots the scrubber keeps (>= 1)."""
         self.state.ring.set_capacity(size)

@@ -1,5 +1,10 @@
 """Window & retrieval map: layers x context positions of one decode step (or the reply so far).
 
+With the model's layer plan (`InspectorState.plan`) every cache slot is a row: A2ATS layers show
+their categories, native layers (the model's own cache: a sliding window, SSM state...) are grey
+bands labelled with their reason ("sliding window 512, native"): a sliding band covers the
+positions that layer still holds. Without a plan the rows are the snapshot's (A2ATS) layers.
+
 Current-step mode colours every position by category (sinks, far, retrieved, window, current
 token); frequency mode colours it by how often it was retrieved over the reply. Wide contexts are
 drawn at screen resolution by max-pooling columns (categories are ordered by priority), so a
@@ -13,7 +18,17 @@ import math
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt, Signal
-from PySide6.QtWidgets import QComboBox, QLabel, QToolButton, QVBoxLayout, QWidget
+from PySide6.QtGui import QBrush, QColor, QPen
+from PySide6.QtWidgets import (
+    QComboBox,
+    QGraphicsRectItem,
+    QLabel,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from a2ats_engine.cache.layer_plan import A2ATS
 
 from . import data
 from .plot_theme import Theme, fraction_to_index
@@ -38,6 +53,7 @@ MODE_FREQUENCY = "frequency"
 HIGHLIGHT_OFF = "off"
 HIGHLIGHT_ALL = "all"
 RECENT_STEPS = 32  # "how often retrieved in the last steps" looks back this many kept steps
+NATIVE_LABEL_MIN_PX = 11  # a native run's label is drawn only when its rows are this tall
 
 
 def follow_span(width: int) -> int:
@@ -121,6 +137,10 @@ class RetrievalMapPanel(QWidget):
         self._rendering = False
         self._shown: tuple[int, int, int] = (0, 1, 0)  # (start, factor, columns) now displayed
         self._layer_ids: list[int] = []
+        self._highlight_ids: list[int] = []
+        self._rows: list[data.MapRow] = []
+        self._native_items: list = []  # grey bands of native rows
+        self._native_labels: list[tuple[pg.TextItem, int, int]] = []  # (label, first row, rows)
         self._ranges: tuple[int, int] | None = None
         self._build()
 
@@ -243,12 +263,15 @@ class RetrievalMapPanel(QWidget):
                 self._clear()
                 return
             snap = entry.snapshot
-            self._sync_choosers(snap)
+            rows = data.map_rows(snap, self.state.plan)
+            self._sync_choosers(snap, rows)
             key = (entry.seq, self.mode, self.head)
             if key != self._full_key:
+                self._rows = rows
                 self._full = self._full_image(entry)
                 self._full_key = key
                 self._draw_boundary(snap)
+                self._draw_native(snap)
                 self.current_line.setValue(max(snap.offset - 0.5, 0))
                 self._update_summary(entry)
             rows, width = self._full.shape
@@ -270,26 +293,41 @@ class RetrievalMapPanel(QWidget):
         self._full_key = None
         self.image.clear()
         self.boundary.setData([], [])
+        self._remove_native_items()
         self.summary.setText("Waiting for the first decode step with telemetry.")
 
-    def _sync_choosers(self, snap) -> None:
+    def plan_changed(self) -> None:
+        """The layer plan changed (another model): rebuild rows, axis and legend."""
+        self._full_key = None
+        self._layer_ids = []
+        self._ranges = None
+        if hasattr(self, "_theme"):
+            self._apply_lut()
+
+    def _sync_choosers(self, snap, rows: list[data.MapRow]) -> None:
         sync_head_combo(self.head_combo, data.num_kv_heads(snap))
-        ids = [layer.layer for layer in snap.layers]
+        ids = [row.layer for row in rows]
         if ids != self._layer_ids:
             self._layer_ids = ids
             self.layer_axis.layer_ids = ids
             self.layer_axis.picture = None
             self.layer_axis.update()
-            sync_layer_combo(self.highlight_combo, ids, self._highlight_prefix())
+        highlight_ids = [layer.layer for layer in snap.layers]  # only A2ATS layers retrieve
+        if highlight_ids != self._highlight_ids:
+            self._highlight_ids = highlight_ids
+            sync_layer_combo(self.highlight_combo, highlight_ids, self._highlight_prefix())
 
     def _full_image(self, entry: Entry) -> np.ndarray:
-        """uint8 [L, W]: category codes, or frequency LUT indices in frequency mode."""
+        """uint8 [R, W]: category codes, or frequency LUT indices in frequency mode (R = map
+        rows; native rows are 0 there and drawn by `_draw_native`)."""
         snap = entry.snapshot
         if self.mode == MODE_FREQUENCY:
             width = max((layer.offset for layer in snap.layers), default=0)
             freq = self.state.frequency.at(entry.seq, self.head)
-            return fraction_to_index(freq.fraction(len(snap.layers), width))
-        return data.category_image(snap, self.head)
+            image = fraction_to_index(freq.fraction(len(snap.layers), width))
+        else:
+            image = data.category_image(snap, self.head)
+        return data.expand_rows(image, self._rows)
 
     def _draw_lod(self) -> None:
         """Show the visible columns pooled down to about one column per screen pixel."""
@@ -307,6 +345,7 @@ class RetrievalMapPanel(QWidget):
         pixels = max(1, int(vb.width()))
         factor = max(1, math.ceil((hi - lo) / pixels))
         lo -= lo % factor
+        self._place_native_labels()
         pooled = data.max_pool_columns(self._full[:, lo:hi], factor)
         self.image.setImage(pooled, autoLevels=False, levels=(0, self._lut_size()))
         self.image.setRect(QRectF(lo, 0, pooled.shape[1] * factor, rows))
@@ -317,12 +356,60 @@ class RetrievalMapPanel(QWidget):
 
     def _draw_boundary(self, snap) -> None:
         xs, ys = [], []
-        for row, layer in enumerate(snap.layers):
-            if layer.exact:
+        for row, map_row in enumerate(self._rows):
+            if map_row.stats is None or snap.layers[map_row.stats].exact:
                 continue
+            layer = snap.layers[map_row.stats]
             xs += [layer.window_start, layer.window_start]
             ys += [row, row + 1]
         self.boundary.setData(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float))
+
+    def _remove_native_items(self) -> None:
+        item = self.plot.plotItem
+        for band in self._native_items:
+            item.removeItem(band)
+        for label, _first, _count in self._native_labels:
+            item.removeItem(label)
+        self._native_items, self._native_labels = [], []
+
+    def _draw_native(self, snap) -> None:
+        """Grey bands over native rows (a sliding window's band covers the positions it still
+        holds; the evicted ones are blanked, in both modes) and one label per run of rows
+        sharing a reason."""
+        self._remove_native_items()
+        item = self.plot.plotItem
+        offset = snap.offset
+        solid = QColor(self._theme.fp16)
+        blank = QColor(self._theme.background)
+        for first, count, reason in data.native_runs(self._rows):
+            window = data.sliding_window(reason)
+            start = max(0, offset - window) if window is not None else 0
+            for lo, hi, colour in ((0, start, blank), (start, offset, solid)):
+                if hi <= lo:
+                    continue
+                band = QGraphicsRectItem(QRectF(lo, first, hi - lo, count))
+                band.setBrush(QBrush(colour))
+                band.setPen(QPen(Qt.PenStyle.NoPen))
+                item.addItem(band)
+                self._native_items.append(band)
+            label = pg.TextItem(f"{reason}, native", color=self._theme.foreground, anchor=(0, 0))
+            item.addItem(label)
+            self._native_labels.append((label, first, count))
+        self._place_native_labels()
+
+    def _place_native_labels(self) -> None:
+        """Labels at the visible left edge, shown where their rows are tall enough to read."""
+        vb = self.plot.plotItem.vb
+        (x0, _x1), _ = vb.viewRange()
+        rows = max(len(self._rows), 1)
+        row_px = vb.height() / rows
+        for label, first, count in self._native_labels:
+            label.setPos(max(x0, 0.0), first)
+            label.setVisible(count * row_px >= NATIVE_LABEL_MIN_PX)
+
+    def native_labels(self) -> list[str]:
+        """The texts of the native runs' labels (for tests and exports)."""
+        return [label.textItem.toPlainText() for label, _first, _count in self._native_labels]
 
     def _update_summary(self, entry: Entry) -> None:
         snap = entry.snapshot
@@ -333,7 +420,10 @@ class RetrievalMapPanel(QWidget):
         retrieved = [len(data.retrieved_positions(layer, self.head)) for layer in snap.layers]
         exact = sum(layer.exact for layer in snap.layers)
         far = max(0, first.window_start - first.sinks)
-        parts = [
+        native = [row for row in self._rows if row.native]
+        parts = [f"A2ATS on {len(self._rows) - len(native)} of {len(self._rows)} layers"]
+        parts = parts if native else []
+        parts += [
             f"step {snap.step}",
             f"{snap.offset} tokens",
             f"window from {first.window_start}",
@@ -374,6 +464,9 @@ class RetrievalMapPanel(QWidget):
             order = (data.SINK, data.FAR, data.RETRIEVED, data.WINDOW, data.CURRENT)
             items = [(theme.categories[c], data.CATEGORY_NAMES[c]) for c in order]
             items.append((theme.foreground, "window boundary", "line"))
+            plan = self.state.plan
+            if plan is not None and any(c.kind != A2ATS for c in plan.layers):
+                items.append((theme.fp16, "native layer (the model's own cache)"))
             self.legend.set_categories(items)
         self.image.setLookupTable(lut)
         if self.image.image is not None:
@@ -432,8 +525,17 @@ class RetrievalMapPanel(QWidget):
     def describe(self, row: int, position: int) -> str:
         """Hover text for one cell: layer, position, token, role and retrieval counts."""
         entry = self._entry
-        if entry is None or not 0 <= row < len(entry.snapshot.layers):
+        if entry is None or not 0 <= row < len(self._rows):
             return ""
+        map_row = self._rows[row]
+        if map_row.native:
+            return (
+                f"layer {map_row.layer} \u00b7 position {position} \u00b7 {map_row.native}, "
+                "native: the model's own cache, no A2ATS retrieval"
+            )
+        if map_row.stats is None:
+            return f"layer {map_row.layer} \u00b7 A2ATS, no statistics at this step"
+        row = map_row.stats
         layer = entry.snapshot.layers[row]
         token = printable_token(self.state.token_text(position))
         category = data.category_at(layer, position, self.head)

@@ -45,7 +45,8 @@ class Entry:
 
 
 class ByteSeries:
-    """Total bytes held / fp16 per step of one reply (grows by one row per snapshot)."""
+    """Total bytes held / fp16 per step of one reply (grows by one row per snapshot). Both
+    count the native layers' bytes (`CacheSnapshot.native_bytes`): they hold the same either way."""
 
     def __init__(self) -> None:
         self._steps: list[int] = []
@@ -54,8 +55,8 @@ class ByteSeries:
 
     def add(self, snapshot: CacheSnapshot) -> None:
         self._steps.append(snapshot.step)
-        self._held.append(snapshot.bytes_held)
-        self._fp16.append(snapshot.bytes_fp16)
+        self._held.append(snapshot.bytes_held + snapshot.native_bytes)
+        self._fp16.append(snapshot.bytes_fp16 + snapshot.native_bytes)
 
     def __len__(self) -> int:
         return len(self._steps)
@@ -147,7 +148,7 @@ def _with_counts(snapshot: CacheSnapshot, hists: list[Histograms]) -> CacheSnaps
         replace(layer, code_counts=_as_tuple(h), new_codes=None)
         for layer, h in zip(snapshot.layers, hists, strict=True)
     )
-    return CacheSnapshot(snapshot.step, layers, snapshot.token_id)
+    return replace(snapshot, layers=layers)
 
 
 def _as_tuple(hist: Histograms) -> tuple:
@@ -161,7 +162,7 @@ def _strip_counts(snapshot: CacheSnapshot) -> CacheSnapshot:
     if not any(layer.code_counts for layer in snapshot.layers):
         return snapshot
     layers = tuple(replace(layer, code_counts=()) for layer in snapshot.layers)
-    return CacheSnapshot(snapshot.step, layers, snapshot.token_id)
+    return replace(snapshot, layers=layers)
 
 
 def _has_counts(snapshot: CacheSnapshot) -> bool:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from a2ats_engine.cache.layer_plan import LayerPlan
+
 from .snapshot_ring import DEFAULT_CAPACITY, Entry, FrequencyTracker, SnapshotRing
 
 
@@ -19,12 +21,14 @@ class FidelityInfo:
 
 @dataclass
 class InspectorState:
-    """Shared, Qt-free model of the inspector. `viewed_seq` None means "the newest step"."""
+    """Shared, Qt-free model of the inspector. `viewed_seq` None means "the newest step".
+    `plan`: the loaded model's layer plan (which layers are A2ATS, which native), None unknown."""
 
     ring: SnapshotRing = field(default_factory=lambda: SnapshotRing(DEFAULT_CAPACITY))
     tokens: list[str] = field(default_factory=list)
     viewed_seq: int | None = None
     fidelity: FidelityInfo = field(default_factory=FidelityInfo)
+    plan: LayerPlan | None = None
 
     def __post_init__(self) -> None:
         self.frequency = FrequencyTracker(self.ring)

@@ -5,7 +5,8 @@
 Inputs (written by the commands listed in BENCHMARKS.md): eval_sweep.json (`a2ats eval
 --budgets ... --json`), decode.json (`a2ats bench decode --json`), decode_1thread.json (the
 same with OPENBLAS_NUM_THREADS=1), memory.json (`a2ats bench memory --json`). Outputs in
-docs/img: recall_vs_budget.png, ppl_vs_budget.png, tokens_per_s_vs_context.png,
+docs/img: recall_vs_budget.png, ppl_vs_budget.png, recall_vs_bytes_read.png and
+ppl_vs_bytes_read.png (from eval_cost_sweep.json), tokens_per_s_vs_context.png,
 speed_vs_full.png, bytes_per_token.png. Uses pyqtgraph's exporter (no matplotlib).
 """
 
@@ -114,6 +115,34 @@ def sweep_plots(data: dict) -> list[Path]:
     return out
 
 
+def cost_plots(data: dict) -> list[Path]:
+    """Recall and ppl against the bytes one decode step reads (equal-cost comparison), from a
+    budget sweep recorded with the cost accounting (eval_cost_sweep.json)."""
+    runs = sorted(data["runs"], key=lambda r: r["budget"])
+    methods = [m for m in runs[0]["methods"] if m not in ("full", "kv8", "kv4")]
+    out = []
+    for metric, label, fname in (
+        ("recall", "recall (exact attention mass)", "recall_vs_bytes_read.png"),
+        ("ppl_vs_full", "ppl / ppl of full (teacher-forced)", "ppl_vs_bytes_read.png"),
+    ):
+        widget = _plot(
+            f"{metric} vs bytes read per decode step, context {data['context']} "
+            f"(budgets {', '.join(str(r['budget']) for r in runs)})",
+            "MB read per decode step, all layers (log scale)",
+            label,
+            log_x=True,
+            legend_at=(10, 10) if metric == "recall" else (-10, 10),
+        )
+        for i, m in enumerate(methods):
+            xs = [r["methods"][m]["bytes_read_per_step"] / 1e6 for r in runs]
+            _line(widget, m, xs, [r["methods"][m][metric] for r in runs], i)
+        if "full" in runs[0]["methods"]:
+            full = runs[0]["methods"]["full"]
+            _line(widget, "full", [full["bytes_read_per_step"] / 1e6], [full[metric]], 7)
+        out.append(_save(widget, fname))
+    return out
+
+
 def decode_plot(data: dict) -> Path:
     rows = data["results"]
     widget = _plot(
@@ -167,6 +196,7 @@ def main() -> int:
     made = []
     for fname, fn in (
         ("eval_sweep.json", sweep_plots),
+        ("eval_cost_sweep.json", cost_plots),
         ("decode.json", decode_plot),
         ("memory.json", memory_plot),
     ):

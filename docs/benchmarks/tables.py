@@ -1,19 +1,29 @@
-"""Print the Markdown tables of docs/BENCHMARKS.md from the JSON results in this folder.
+"""Print the Markdown tables of docs/BENCHMARKS.md and README.md from the JSON in this folder.
 
-    .venv/bin/python docs/benchmarks/tables.py [eval|diag|sweep|passkey|decode|memory|seed|
-                                                estimate|ladder|b001|reuse]...
+    python docs/benchmarks/tables.py [KEY ...]     print the tables (all, or the KEYs given)
+    python docs/benchmarks/tables.py --write       rewrite the generated regions of the docs
+    python docs/benchmarks/tables.py --check       exit 1 if a generated region differs
 
-No argument prints every table whose JSON file exists. The numbers in BENCHMARKS.md are pasted
-from this output, so they are the measured ones.
+A generated region of a .md file sits between `<!-- begin generated: KEY -->` and
+`<!-- end generated: KEY -->`; its text is exactly what KEY's table function prints from the
+recorded JSON, so every number in it is a measured one (tests/test_docs_tables.py checks it).
+KEYs: see `blocks()`.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+DOCS = (ROOT / "README.md", ROOT / "docs" / "BENCHMARKS.md")
+REGION = re.compile(
+    r"(<!-- begin generated: (?P<key>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated: (?P=key) -->)",
+    re.S,
+)
 
 
 def _load(name: str) -> dict | None:
@@ -22,18 +32,24 @@ def _load(name: str) -> dict | None:
 
 
 def eval_table(data: dict) -> str:
+    rows = data["methods"]
+    cost = all("bytes_read_per_step" in r for r in rows.values())  # recorded since v2
     lines = [
         "| method | recall | output rel. error | ppl | ppl / full (95% CI) | argmax = full "
-        "| attended per KV head | bytes / token |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| attended per KV head | bytes / token |"
+        + (" attended share | KB read / step |" if cost else ""),
+        "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if cost else ""),
     ]
-    for name, r in data["methods"].items():
+    for name, r in rows.items():
         low, high = r.get("ppl_vs_full_ci95", [1.0, 1.0])
+        extra = ""
+        if cost:
+            extra = f" {r['attended_fraction']:.3f} | {r['bytes_read_per_step'] / 1e3:,.0f} |"
         lines.append(
             f"| {name} | {r['recall']:.4f} | {r['output_rel_error']:.4f} | {r['ppl']:.3f} | "
             f"{r.get('ppl_vs_full', 1.0):.3f} ({low:.3f}-{high:.3f}) | "
             f"{r.get('argmax_agreement', 1.0):.3f} | {r['attended_per_head']:.0f} | "
-            f"{r['bytes_per_token']:.0f} |"
+            f"{r['bytes_per_token']:.0f} |{extra}"
         )
     return "\n".join(lines)
 
@@ -148,30 +164,305 @@ def seed_table(data: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    wanted = set(argv) or {
-        "eval", "diag", "sweep", "passkey", "decode", "memory", "seed",
-        "estimate", "ladder", "b001", "reuse",
-    }  # fmt: skip
-    sections = [
+def _pct(x: float) -> str:
+    return f"{x:.3f}x"
+
+
+def targets_table(ev: dict, passkey: dict, decode: dict, decode_1: dict | None, mem: dict) -> str:
+    """Issue 5's targets against the recorded runs."""
+    m = ev["methods"]
+    a2, oracle = m["a2ats"], m["oracle_topk"]
+    ratio = a2["recall"] / oracle["recall"]
+    no_rr = m["a2ats_no_rerank"]["recall"] / oracle["recall"]
+    others = ("window", "a2ats_paper", "a2ats_plain_vq")
+    margin = min(a2["recall"] - m[o]["recall"] for o in others)
+    low, high = a2["ppl_vs_full_ci95"]
+    pk = {}
+    for t in passkey["trials"]:
+        pk.setdefault(t["method"], []).append(t["correct"])
+    full_ok = sum(pk["full"])
+    a2_ok = sum(c for c, f in zip(pk["a2ats"], pk["full"], strict=True) if f)
+
+    def speed(data, method):
+        rows = [r for r in data["results"] if r["method"] == method]
+        return max(rows, key=lambda r: r["context"])["speed_vs_full"] if rows else None
+
+    top = max(r["context"] for r in decode["results"])
+    s2, s1 = speed(decode, "a2ats"), speed(decode_1, "a2ats") if decode_1 else None
+    r2, r1 = speed(decode, "a2ats_rr1"), speed(decode_1, "a2ats_rr1") if decode_1 else None
+    kv4 = next(r for r in mem["results"] if r["method"] == "a2ats_kv4")
+    one = f" / **{s1:.2f}x** (1 thread)" if s1 else ""
+    rr1 = f"; rerank 1: {r2:.2f}x" + (f" / {r1:.2f}x" if r1 else "") if r2 else ""
+    fast = s2 >= 1.3
+    lines = [
+        "| target | measured | met |",
+        "|---|---|---|",
+        f"| `a2ats` recall >= 0.95 x `oracle_topk` (4K, budget {ev['budget']}) | "
+        f"{a2['recall']:.4f} / {oracle['recall']:.4f} = **{ratio:.3f}** ({no_rr:.3f} without "
+        f"rerank) | {'yes' if ratio >= 0.95 else 'no'} |",
+        f"| `a2ats` recall above `window`, `a2ats_paper`, `a2ats_plain_vq` | {a2['recall']:.4f} "
+        f"vs {', '.join(format(m[o]['recall'], '.4f') for o in others)} | "
+        f"{'yes' if margin > 0 else 'no'} (smallest margin {margin:.3f}) |",
+        f"| `a2ats` ppl within 3% of `full` | **{a2['ppl_vs_full']:.3f}x** (95% CI {low:.3f}-"
+        f"{high:.3f}) over {ev['decode']} tokens; {m['a2ats_no_rerank']['ppl_vs_full']:.3f}x "
+        f"without rerank | {'yes' if a2['ppl_vs_full'] <= 1.03 else 'no'} |",
+        f"| passkey accuracy equal to `full` where `full` succeeds | {a2_ok}/{full_ok} = "
+        f"{full_ok}/{len(pk['full'])} | {'yes' if a2_ok == full_ok else 'no'} |",
+        f"| decode at {top // 1024}K >= 1.3x `full` | default (rerank {decode['rerank']}): "
+        f"**{s2:.2f}x** (2 BLAS threads){one}{rr1} | {'yes' if fast else '**no** at the default'} |",
+        f"| bytes per token with `kv_bits` 4 <= 0.35x `full` | {kv4['vs_full']:.3f}x "
+        f"{mem['kv_dtype']} full, {kv4['vs_fp16_full']:.3f}x an fp16 full cache | "
+        f"{'yes' if min(kv4['vs_full'], kv4['vs_fp16_full']) <= 0.35 else 'no'} |",
+    ]
+    return "\n".join(lines)
+
+
+def readme_quality_table(ev: dict, mem: dict, est: dict | None = None) -> str:
+    """README's summary of `a2ats eval` at 4K (with the kv_bits bytes from `bench memory`);
+    `est`: the run with the missed-attention estimate (eval_estimate_4k_b003.json), whose
+    `a2ats_estimate` row is today's default a2ats (`ev`'s a2ats ran without it)."""
+    m = ev["methods"]
+    held = {r["method"]: r["bytes_per_token"] for r in mem["results"]}
+
+    def row(label, name, bold=False, bytes_=""):
+        r = m[name]
+        recall, ppl = f"{r['recall']:.3f}", f"{r['ppl_vs_full']:.3f}"
+        if bold:
+            recall, ppl = f"**{recall}**", f"**{ppl}**"
+        return f"| {label} | {recall} | {ppl} | {bytes_} |"
+
+    oracle_share = m["a2ats"]["recall"] / m["oracle_topk"]["recall"]
+    a2_bytes = f"{m['a2ats']['bytes_per_token']:,.0f}"
+    if "a2ats_kv8" in held and "a2ats_kv4" in held:
+        a2_bytes += (
+            f"; {held['a2ats_kv8']:,.0f} with kv_bits 8; {held['a2ats_kv4']:,.0f} with kv_bits 4"
+        )
+    lines = [
+        "| method | attention mass recalled | ppl vs full | K/V bytes per token |",
+        "|---|---|---|---|",
+        row("full (mlx-lm KVCache)", "full", bytes_=f"{m['full']['bytes_per_token']:,.0f} "
+            f"({mem['kv_dtype']} on CPU)"),
+        f"| kv8 / kv4 (mlx-lm QuantizedKVCache) | {m['kv8']['recall']:.3f} / "
+        f"{m['kv4']['recall']:.3f} | {m['kv8']['ppl_vs_full']:.3f} / "
+        f"{m['kv4']['ppl_vs_full']:.3f} | {m['kv8']['bytes_per_token']:,.0f} / "
+        f"{m['kv4']['bytes_per_token']:,.0f} |",
+        row("oracle top-K (exact scores, same budget)", "oracle_topk", bytes_="-"),
+        *([] if est is None else [
+            f"| **a2ats** (the default: 4 distance buckets, query-aware, rerank 2, estimated "
+            f"missed attention) | **{est['methods']['a2ats_estimate']['recall']:.3f}** | "
+            f"**{est['methods']['a2ats_estimate']['ppl_vs_full']:.3f}** | "
+            f"{est['methods']['a2ats_estimate']['bytes_per_token']:,.0f} (with the estimate's "
+            f"sums, a fixed size: this many at 4K) |"
+        ]),
+        row("**a2ats** (4 distance buckets, query-aware, rerank 2)" if est is None else
+            "a2ats without the estimate (`estimate_missed=False`)", "a2ats", est is None,
+            a2_bytes).replace(f"**{m['a2ats']['recall']:.3f}**",
+                              f"**{m['a2ats']['recall']:.3f}** ({oracle_share:.2f}x oracle)"),
+        row("a2ats without rerank", "a2ats_no_rerank"),
+        row("a2ats_plain_vq (beta = 1)", "a2ats_plain_vq"),
+        row("a2ats_paper (one distance b = 2048, no rerank)", "a2ats_paper"),
+        row("window (sinks + recent, same count)", "window"),
+        f"| a2ats_no_wrope / a2ats_random | {m['a2ats_no_wrope']['recall']:.3f} / "
+        f"{m['a2ats_random']['recall']:.3f} | {m['a2ats_no_wrope']['ppl_vs_full']:.3f} / "
+        f"{m['a2ats_random']['ppl_vs_full']:.3f} | |",
+    ]  # fmt: skip
+    return "\n".join(lines)
+
+
+def tasks_table(data: dict) -> str:
+    """`a2ats bench tasks`: score per task, context and method, then agreement with `full`."""
+    rows = data["results"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    keys = list(dict.fromkeys((r["task"], r["context"]) for r in rows))
+    score = {(r["task"], r["context"], r["method"]): r for r in rows}
+    agree = {(r["task"], r["context"], r["method"]): r for r in data.get("relative_to_full", [])}
+    lines = [
+        "| task | context | prompts | " + " | ".join(methods) + " |",
+        "|---|---:|---:|" + "---:|" * len(methods),
+    ]
+    for task, ctx in keys:
+        n = score[(task, ctx, methods[0])]["n"]
+        cells = " | ".join(f"{score[(task, ctx, m)]['score']:.2f}" for m in methods)
+        lines.append(f"| {task} | {ctx} | {n} | {cells} |")
+    for ctx in dict.fromkeys(c for _, c in keys):
+        mean = " | ".join(
+            f"{sum(score[(t, c, m)]['score'] for t, c in keys if c == ctx) / sum(1 for _, c in keys if c == ctx):.2f}"
+            for m in methods
+        )
+        lines.append(f"| **mean** | {ctx} | | {mean} |")
+    if agree:
+        lines += ["", "Answers identical to `full`'s (share of prompts):", "",
+                  "| task | context | " + " | ".join(methods) + " |",
+                  "|---|---:|" + "---:|" * len(methods)]  # fmt: skip
+        for task, ctx in keys:
+            cells = " | ".join(f"{agree[(task, ctx, m)]['agrees_with_full']:.2f}" for m in methods)
+            lines.append(f"| {task} | {ctx} | {cells} |")
+    lines += ["", f"`{data['command']}`; haystack {data['haystack']}; codebook {data['codebook']}."]
+    return "\n".join(lines)
+
+
+def kv_bits_table(runs: list[dict]) -> str:
+    """`a2ats eval --kv-bits 8|4` next to each other: the A2ATS methods over quantized K/V,
+    measured against exact float attention (`full` is float in every run)."""
+    lines = [
+        "| A2ATS K/V | method | recall | output rel. error | ppl / full (95% CI) | bytes / token "
+        "| attended share | KB read / step | tokens |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for data in runs:
+        storage = "float" if data.get("kv_bits") is None else f"{data['kv_bits']}-bit"
+        for name, r in data["methods"].items():
+            low, high = r["ppl_vs_full_ci95"]
+            lines.append(
+                f"| {storage} | {name} | {r['recall']:.4f} | {r['output_rel_error']:.4f} | "
+                f"{r['ppl_vs_full']:.3f} ({low:.3f}-{high:.3f}) | {r['bytes_per_token']:.0f} | "
+                f"{r['attended_fraction']:.3f} | {r['bytes_read_per_step'] / 1e3:,.0f} | "
+                f"{r['tokens']} |"
+            )
+    first = runs[0]
+    lines += ["", f"Context {first['context']}, {first['decode']} teacher-forced tokens of "
+              f"{first['text']}; budget {first['budget']}; {first['rests_on']['ci95']}."]  # fmt: skip
+    return "\n".join(lines)
+
+
+def readme_tasks_line(data: dict) -> str:
+    """README's one-line summary of `a2ats bench tasks`: mean score per method and context."""
+    rows = data["results"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    parts = []
+    for ctx in dict.fromkeys(r["context"] for r in rows):
+        here = [r for r in rows if r["context"] == ctx]
+        tasks = len({r["task"] for r in here})
+        prompts = here[0]["n"]
+        means = ", ".join(
+            f"{m} {sum(r['score'] for r in here if r['method'] == m) / tasks:.2f}" for m in methods
+        )
+        parts.append(f"at {ctx} tokens, {tasks} tasks x {prompts} prompts: {means}")
+    return "RULER-style tasks (`a2ats bench tasks`), mean score " + "; ".join(parts) + "."
+
+
+def readme_kv_line(runs: list[dict]) -> str:
+    """README's one-line summary of the kv_bits runs: A2ATS at each K/V storage."""
+    parts = []
+    for data in runs:
+        r = data["methods"]["a2ats"]
+        storage = "float" if data.get("kv_bits") is None else f"{data['kv_bits']}-bit"
+        low, high = r["ppl_vs_full_ci95"]
+        parts.append(
+            f"{storage} K/V: recall {r['recall']:.3f}, ppl {r['ppl_vs_full']:.3f}x full "
+            f"({low:.3f}-{high:.3f}), {r['bytes_per_token']:,.0f} bytes per token, "
+            f"{r['bytes_read_per_step'] / 1e6:.0f} MB read per step"
+        )
+    full = runs[0]["methods"]["full"]
+    return (
+        f"A2ATS by K/V storage (`a2ats eval --kv-bits 8|4`, {runs[0]['decode']} tokens): "
+        + "; ".join(parts)
+        + f" (full attention: {full['bytes_read_per_step'] / 1e6:.0f} MB read per step)."
+    )
+
+
+def cost_sweep_table(data: dict) -> str:
+    """A budget sweep with the cost accounting: per budget and method, the attended share, the
+    MB one decode step reads (all layers), recall and ppl / full."""
+    runs = sorted(data["runs"], key=lambda r: r["budget"])
+    lines = [
+        "| budget | method | attended share | MB read / step | recall | ppl / full (95% CI) |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for run in runs:
+        for name, r in run["methods"].items():
+            if name == "full" and run is not runs[0]:
+                continue
+            low, high = r["ppl_vs_full_ci95"]
+            budget = "-" if name == "full" else run["budget"]
+            lines.append(
+                f"| {budget} | {name} | {r['attended_fraction']:.3f} | "
+                f"{r['bytes_read_per_step'] / 1e6:.1f} | {r['recall']:.4f} | "
+                f"{r['ppl_vs_full']:.3f} ({low:.3f}-{high:.3f}) |"
+            )
+    rests = runs[0]["rests_on"]
+    lines += ["", f"Context {data['context']}, {rests['tokens']} teacher-forced tokens of "
+              f"{data['text']}; {rests['ci95']}."]  # fmt: skip
+    return "\n".join(lines)
+
+
+def blocks() -> dict[str, str]:
+    """{KEY: generated text} for every table whose JSON is recorded here."""
+    ev, mem = _load("eval_4k_b003.json"), _load("memory.json")
+    decode, decode_1, passkey = (
+        _load("decode.json"),
+        _load("decode_1thread.json"),
+        _load("passkey.json"),
+    )
+    out: dict[str, str] = {}
+    simple = (
         ("eval", "eval_4k_b003.json", eval_table),
         ("diag", "eval_diagnostics.json", eval_table),
         ("sweep", "eval_sweep.json", sweep_table),
         ("passkey", "passkey.json", passkey_table),
         ("memory", "memory.json", memory_table),
         ("seed", "seed_synthetic.json", seed_table),
+        ("tasks", "tasks.json", tasks_table),
+        ("cost-sweep", "eval_cost_sweep.json", cost_sweep_table),
         ("estimate", "eval_estimate_4k_b003.json", eval_table),
         ("ladder", "eval_beyond_ladder.json", eval_table),
         ("b001", "eval_beyond_b001.json", eval_table),
         ("reuse", "eval_beyond_reuse.json", eval_table),
-    ]
-    for key, fname, fn in sections:
-        data = _load(fname) if key in wanted else None
-        if data is not None:
-            print(f"<!-- {key}: {fname} -->\n{fn(data)}\n")
-    if "decode" in wanted and (data := _load("decode.json")) is not None:
-        print(f"<!-- decode: decode.json, decode_1thread.json -->\n"
-              f"{decode_table(data, _load('decode_1thread.json'))}\n")  # fmt: skip
+    )
+    for key, fname, fn in simple:
+        if (data := _load(fname)) is not None:
+            out[key] = fn(data)
+    if (tasks := _load("tasks.json")) is not None:
+        out["readme-tasks"] = readme_tasks_line(tasks)
+    kv_runs = [_load(f) for f in ("eval_4k_kv_float.json", "eval_4k_kv8.json", "eval_4k_kv4.json")]
+    if all(r is not None for r in kv_runs):
+        out["kv-bits"] = kv_bits_table(kv_runs)
+        out["readme-kv"] = readme_kv_line(kv_runs)
+    if decode is not None:
+        out["decode"] = decode_table(decode, decode_1)
+    if None not in (ev, passkey, decode, mem):
+        out["targets"] = targets_table(ev, passkey, decode, decode_1, mem)
+    if None not in (ev, mem):
+        out["readme-quality"] = readme_quality_table(ev, mem, _load("eval_estimate_4k_b003.json"))
+    return out
+
+
+def render(text: str, generated: dict[str, str]) -> str:
+    """`text` with every generated region's body replaced by its table (ValueError naming a
+    region whose KEY has no table)."""
+
+    def body(match: re.Match) -> str:
+        key = match.group("key")
+        if key not in generated:
+            raise ValueError(f"generated region {key!r} has no table: known {sorted(generated)}")
+        return f"{match.group(1)}{generated[key]}\n{match.group(4)}"
+
+    return REGION.sub(body, text)
+
+
+def regions(text: str) -> list[str]:
+    """KEYs of the generated regions in `text`, in order."""
+    return [m.group("key") for m in REGION.finditer(text)]
+
+
+def main(argv: list[str]) -> int:
+    generated = blocks()
+    if "--write" in argv or "--check" in argv:
+        stale = []
+        for doc in DOCS:
+            text = doc.read_text(encoding="utf-8")
+            new = render(text, generated)
+            if new != text:
+                stale.append(doc.name)
+                if "--write" in argv:
+                    doc.write_text(new, encoding="utf-8")
+        if stale and "--check" in argv:
+            print(f"generated tables differ from the JSON in: {', '.join(stale)}", file=sys.stderr)
+            return 1
+        return 0
+    for key, text in generated.items():
+        if not argv or key in argv:
+            print(f"<!-- begin generated: {key} -->\n{text}\n<!-- end generated: {key} -->\n")
     return 0
 
 

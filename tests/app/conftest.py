@@ -92,5 +92,5 @@ def make_window(qtbot, app_dirs):
 
     yield make
     for window in windows:
-        window.engine.stop()
+        window.controller.engine.stop()
         window.close()

@@ -4,17 +4,20 @@ reply at a controllable pace, with the real engine's event types and ChatSession
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
+from a2ats_engine.cache.layer_plan import LayerPlan
 from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats, LayerStats, TokenEvent
 from a2ats_engine.errors import CodebookError, ModelLoadError
 from a2ats_engine.loading.models import ModelInfo
 from a2ats_engine.records import ModelGeometry
+from app.events import ReplyMode
 
 SPECIAL = {"<|im_start|>": 1, "<|im_end|>": 2}
 
@@ -62,6 +65,9 @@ class FakeSession:
     calls: list[str] = field(default_factory=list)
     a2ats: object = None
     codebook: object = None
+    sampling: object = None  # SamplingSettings: the reply stops at its max_tokens
+    layer_ids: tuple[int, ...] = (0, 1)  # the A2ATS layers snapshots report
+    native_bytes_per_token: int = 0  # what the plan's native layers hold, per cached token
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -74,8 +80,9 @@ class FakeSession:
     def cached_token_ids(self) -> list[int]:
         return list(self.cached)
 
-    def prompt_token_ids(self) -> list[int]:
-        return self.tokenizer.encode(render(self.messages_, self.system_prompt))
+    def prompt_token_ids(self, messages=None) -> list[int]:
+        messages = self.messages_ if messages is None else messages
+        return self.tokenizer.encode(render(messages, self.system_prompt))
 
     def set_system_prompt(self, text):
         self.calls.append("set_system_prompt")
@@ -83,6 +90,7 @@ class FakeSession:
 
     def set_sampling(self, sampling):
         self.calls.append("set_sampling")
+        self.sampling = sampling
 
     def set_cache_factory(self, factory=None, *, a2ats=None, codebook=None):
         self.calls.append("set_cache_factory")
@@ -117,8 +125,11 @@ class FakeSession:
         reply = self.reply_fn(messages)
         if isinstance(reply, Exception):
             raise reply
+        limited = self.sampling is not None and len(reply) > self.sampling.max_tokens
+        if limited:
+            reply = reply[: self.sampling.max_tokens]
         start = time.perf_counter()
-        text, received, reason = [], [], "stop"
+        text, received, reason = [], [], "length" if limited else "stop"
         for index, char in enumerate(reply):
             if self._stop.is_set():
                 reason = "cancelled"
@@ -129,7 +140,9 @@ class FakeSession:
             text.append(char)
             yield TokenEvent(char, tid, index)
             if self.snapshots:
-                yield make_snapshot(len(prompt) + index + 1, index, tid)
+                offset = len(prompt) + index + 1
+                snap = make_snapshot(offset, index, tid, layer_ids=self.layer_ids)
+                yield replace(snap, native_bytes=self.native_bytes_per_token * offset)
         self.messages_ = [*messages, {"role": "assistant", "content": "".join(text)}]
         self.cached = prompt + received
         elapsed = max(time.perf_counter() - start, 1e-6)
@@ -142,7 +155,9 @@ class FakeSession:
         )  # fmt: skip
 
 
-def make_snapshot(offset: int, step: int, token_id: int, layers: int = 2) -> CacheSnapshot:
+def make_snapshot(
+    offset: int, step: int, token_id: int, layers: int = 2, layer_ids: tuple[int, ...] = ()
+) -> CacheSnapshot:
     window_start = max(8, offset - 16)
     selected = np.unique(np.r_[np.arange(min(8, offset)), np.arange(window_start, offset)])
     stats = tuple(
@@ -157,7 +172,7 @@ def make_snapshot(offset: int, step: int, token_id: int, layers: int = 2) -> Cac
             bytes_fp16=400 * offset,
             layer=layer,
         )  # fmt: skip
-        for layer in range(layers)
+        for layer in (layer_ids or range(layers))
     )
     return CacheSnapshot(step=step, layers=stats, token_id=token_id)
 
@@ -181,14 +196,23 @@ class FakeBackend:
         reply_fn=default_reply,
         snapshots: bool = False,
         load_seconds: float = 0.0,
+        context_length: int = 4096,
+        plan: LayerPlan | None = None,
+        native_bytes_per_token: int = 0,
     ):
+        """`plan`: the model's layer plan (ModelInfo.layer_plan); snapshots then report its
+        A2ATS layers, and `native_bytes_per_token` * offset bytes for its native ones."""
+        self.context_length = context_length
+        self.plan = plan
+        self.native_bytes_per_token = native_bytes_per_token
+        self.demo_steps: list[str] = []
         self.delay = delay
         self.load_seconds = load_seconds
         self.reply_fn = reply_fn
         self.snapshots = snapshots
         self.sessions: list[FakeSession] = []
         self.calibrations: list = []
-        self.demo_codebook = Path("/nonexistent/demo-default.safetensors")
+        self.demo_codebook: Path | None = None  # no default codebook until one is built
 
     def load_model(self, source, progress=None):
         if progress:
@@ -203,21 +227,36 @@ class FakeBackend:
         if progress:
             progress("load", 1, 1)
         geometry = ModelGeometry(
-            model_type="llama", num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, rope={},
-            max_context=4096,
+            model_type="llama", num_layers=self.plan.num_layers if self.plan else 2, num_heads=4, num_kv_heads=2, head_dim=16, rope={},
+            max_context=self.context_length,
         )  # fmt: skip
         info = ModelInfo(
-            name="FakeLM-1M", geometry=geometry, quantization=None, disk_bytes=1, path=str(source)
-        )
+            name="FakeLM-1M", geometry=geometry, quantization=None, disk_bytes=1, path=str(source),
+            layer_plan=self.plan,
+        )  # fmt: skip
         return object(), CharTokenizer(), info
 
     def demo_model_path(self):
         return Path("/fake/demo")
 
     def fetch_demo(self, progress=None):
+        self.demo_steps.append("fetch")
+        if progress:
+            progress("download", 1, 1)
         return Path("/fake/demo")
 
+    def ensure_demo_codebook(self, folder, progress=None):
+        self.demo_steps.append(f"codebook:{folder}")
+        if progress:
+            progress("collecting", 1, 1)
+        assert self.demo_codebook is not None, "set FakeBackend.demo_codebook to a temp path"
+        self.demo_codebook.parent.mkdir(parents=True, exist_ok=True)
+        self.demo_codebook.write_text("fake codebook layers=2\n")
+        return self.demo_codebook
+
     def demo_codebook_path(self):
+        if self.demo_codebook is None:
+            return Path(tempfile.gettempdir()) / "a2ats-fake-none" / "demo-default.safetensors"
         return self.demo_codebook
 
     def load_codebook(self, path, model):
@@ -240,6 +279,9 @@ class FakeBackend:
             self.snapshots,
             a2ats=a2ats,
             codebook=codebook,
+            sampling=sampling,
+            layer_ids=self.plan.a2ats_layers if self.plan is not None else (0, 1),
+            native_bytes_per_token=self.native_bytes_per_token,
         )
         self.sessions.append(session)
         return session
@@ -249,6 +291,28 @@ class FakeBackend:
 
     def set_sampling(self, session, sampling):
         session.set_sampling(sampling)
+
+    def set_system_prompt(self, session, text):
+        session.set_system_prompt(text)
+
+    def session_turns(self, session):
+        return [(m["role"], m["content"]) for m in session.messages]
+
+    def load_turns(self, session, turns):
+        session.load_messages([{"role": r, "content": c} for r, c in turns])
+
+    def prompt_length(self, session, turns):
+        return len(session.prompt_token_ids([{"role": r, "content": c} for r, c in turns]))
+
+    def reply(self, session, mode, text):
+        if mode == ReplyMode.SEND:
+            return session.send(text)
+        if mode == ReplyMode.REGENERATE:
+            return session.regenerate()
+        return session.edit_last_user_message(text)
+
+    def stop(self, session):
+        session.stop()
 
     def context_token_ids(self, session, *, streaming):
         return session.prompt_token_ids() if streaming else session.cached_token_ids

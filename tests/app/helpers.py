@@ -15,3 +15,9 @@ def reply(qtbot, window, text: str | None = None, timeout: int = 60000):
         if text is not None:
             window.send(text)
     return blocker.args[0]
+
+
+def streamed(window) -> int:
+    """Tokens of the reply in progress (0 when none)."""
+    reply = window.controller.reply
+    return reply.tokens if reply is not None else 0

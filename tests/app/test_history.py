@@ -220,5 +220,5 @@ def test_the_window_starts_over_bad_chat_files(make_window, app_dirs):
     (store.folder / "list.json").write_text("[]")
     (store.folder / "none.json").write_text("null")
     window = make_window(FakeBackend())
-    assert [c.id for c in window.conversations] == [good.id]
+    assert [c.id for c in window.controller.conversations] == [good.id]
     assert "Skipped 2 unreadable conversation file(s)" in window.statusBar().currentMessage()

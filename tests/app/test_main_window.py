@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
-from PySide6.QtCore import QElapsedTimer, Qt, QTimer
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtTest import QTest
 
 from a2ats_engine.records import SamplingSettings
 from app.context_text import ContextMap
+from app.controller import Task
 from app.conversations import HistoryStore
 from app.settings import CacheSettings, load_settings, settings_path
 
 from .fakes import FakeBackend
-from .helpers import load, reply
+from .helpers import load, reply, streamed
 
 
 def counting_reply(prefix="Answer"):
@@ -58,7 +58,7 @@ def test_send_streams_renders_and_saves(make_window, qtbot):
     )
     assert provenance["stats"]["stop_reason"] == "stop"
     assert provenance["stats"]["generation_tokens"] == len("Hello **world**, `x = 1`.")
-    saved = json.loads(window.store.path_for(conversation.id).read_text())
+    saved = json.loads(window.controller.store.path_for(conversation.id).read_text())
     assert saved["messages"][1]["provenance"]["stats"]["stop_reason"] == "stop"
     assert "tok/s" in window.status.speed.text() and "ctx" in window.status.context.text()
     assert window.status.ttft.text().startswith("TTFT")
@@ -86,7 +86,7 @@ def test_stop_keeps_the_partial_reply(make_window, qtbot, how):
     window = make_window(FakeBackend(delay=0.01, reply_fn=long_once))
     load(qtbot, window)
     window.send("go")
-    qtbot.waitUntil(lambda: window.reply_tokens >= 5, timeout=10000)
+    qtbot.waitUntil(lambda: streamed(window) >= 5, timeout=10000)
     with qtbot.waitSignal(window.reply_finished, timeout=10000) as blocker:
         if how == "escape":
             QTest.keyClick(window.composer.edit, Qt.Key.Key_Escape)
@@ -157,10 +157,10 @@ def test_switching_chats_while_a_reply_streams(make_window, qtbot):
     load(qtbot, window)
     window.send("long")
     streaming = window.current
-    qtbot.waitUntil(lambda: window.reply_tokens >= 5, timeout=10000)
+    qtbot.waitUntil(lambda: streamed(window) >= 5, timeout=10000)
     window.new_chat()
     assert window.chat_view.widgets == []  # the other chat shows nothing of the reply
-    qtbot.waitUntil(lambda: window.reply_tokens >= 20, timeout=10000)
+    qtbot.waitUntil(lambda: streamed(window) >= 20, timeout=10000)
     with qtbot.waitSignal(window.reply_finished, timeout=20000):
         window.select_conversation(streaming.id)  # back while it still streams
         assert window.chat_view.last_widget().streaming
@@ -176,7 +176,7 @@ def test_deleting_the_streaming_chat_stops_it_and_keeps_it_deleted(
     load(qtbot, window)
     window.send("doomed")
     doomed = window.current.id
-    qtbot.waitUntil(lambda: window.reply_tokens >= 3, timeout=10000)
+    qtbot.waitUntil(lambda: streamed(window) >= 3, timeout=10000)
     with qtbot.waitSignal(window.reply_finished, timeout=10000) as blocker:
         window.delete_conversation(doomed)
     assert blocker.args[0].stop_reason == "cancelled"
@@ -187,37 +187,54 @@ def test_deleting_the_streaming_chat_stops_it_and_keeps_it_deleted(
 # ----- responsiveness ---------------------------------------------------------------------------
 
 
-def measure_event_loop(qtbot, window, text, *, reply_timeout=120000):
-    """Send `text`; while the reply streams, a 5 ms timer records the event-loop gaps and keys
-    are typed into the search box. Returns (max gap s, ticks, generation seconds)."""
-    gaps, clock = [], QElapsedTimer()
-    timer = QTimer()
-    timer.setInterval(5)
+class LoopProbe:
+    """A 5 ms timer on the GUI thread that records `observe()` at every tick.
 
-    def tick():
-        gaps.append(clock.restart() / 1000.0)
+    Responsiveness is judged by what the event loop saw, not by wall-clock gaps (those break on
+    a shared machine): a loop that is blocked while the engine works (MLX on the GUI thread, a
+    worker that never lets go of the GIL) sees the work only at its end, so it observes few
+    distinct intermediate states; a live loop observes the work advance step by step.
+    """
 
-    timer.timeout.connect(tick)
-    with qtbot.waitSignal(window.reply_finished, timeout=reply_timeout):
+    def __init__(self, observe) -> None:
+        self.observe = observe
+        self.seen: list = []
+        self.timer = QTimer()
+        self.timer.setInterval(5)
+        self.timer.timeout.connect(lambda: self.seen.append(self.observe()))
+
+    def __enter__(self):
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.timer.stop()
+
+    @property
+    def stages(self) -> int:
+        """How many distinct states the loop observed while the work ran."""
+        return len(set(self.seen))
+
+
+def measure_event_loop(qtbot, window, text, *, reply_timeout=120000) -> LoopProbe:
+    """Send `text`; while the reply streams, a GUI-thread timer records how many tokens have
+    been shown so far, and keys are typed into the search box."""
+    with (
+        LoopProbe(lambda: streamed(window)) as probe,
+        qtbot.waitSignal(window.reply_finished, timeout=reply_timeout),
+    ):
         window.send(text)
-        started = time.perf_counter()
-        clock.start()
-        timer.start()
-        qtbot.waitUntil(lambda: window.reply_tokens >= 2, timeout=reply_timeout)
+        qtbot.waitUntil(lambda: streamed(window) >= 2, timeout=reply_timeout)
         QTest.keyClicks(window.sidebar.search, "typing works")
-    elapsed = time.perf_counter() - started
-    timer.stop()
     assert window.sidebar.search.text() == "typing works"
-    return max(gaps[1:]), len(gaps), elapsed
+    return probe
 
 
 def test_event_loop_stays_responsive_during_generation_fake(make_window, qtbot):
     window = make_window(FakeBackend(delay=0.004, reply_fn=lambda m: "word " * 150))
     load(qtbot, window)
-    max_gap, ticks, elapsed = measure_event_loop(qtbot, window, "talk")
-    assert elapsed > 1.0
-    assert max_gap < elapsed / 10, (max_gap, elapsed)
-    assert ticks > 20
+    probe = measure_event_loop(qtbot, window, "talk")
+    assert probe.stages >= 10, probe.stages  # the reply seen growing, not only at its end
 
 
 def test_event_loop_stays_responsive_during_generation_real(make_window, qtbot, tiny_folder):
@@ -225,54 +242,46 @@ def test_event_loop_stays_responsive_during_generation_real(make_window, qtbot, 
     settings.sampling = SamplingSettings(max_tokens=600, seed=3, temperature=1.0)
     window = make_window(None, settings=settings)
     load(qtbot, window, str(tiny_folder))
-    max_gap, ticks, elapsed = measure_event_loop(qtbot, window, "Hello")
+    probe = measure_event_loop(qtbot, window, "Hello")
     tokens = window.current.messages[-1].provenance["stats"]["generation_tokens"]
     assert tokens > 20
-    assert max_gap < elapsed / 4, (max_gap, elapsed, tokens)
-    assert ticks > 10
+    assert probe.stages >= 5, (probe.stages, tokens)
 
 
-class LoopProbe:
-    """Records the gaps between ticks of a 5 ms timer (event-loop latency)."""
-
-    def __init__(self) -> None:
-        self.gaps: list[float] = []
-        self.clock = QElapsedTimer()
-        self.timer = QTimer()
-        self.timer.setInterval(5)
-        self.timer.timeout.connect(lambda: self.gaps.append(self.clock.restart() / 1000.0))
-
-    def __enter__(self):
-        self.started = time.perf_counter()
-        self.clock.start()
-        self.timer.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.timer.stop()
-        self.elapsed = time.perf_counter() - self.started
+def _progress_counter(window) -> list[int]:
+    count = [0]
+    window.controller.progress.connect(lambda *_: count.__setitem__(0, count[0] + 1))
+    return count
 
 
 def test_event_loop_stays_responsive_while_loading(make_window, qtbot):
-    window = make_window(FakeBackend(load_seconds=1.5))
-    with LoopProbe() as probe, qtbot.waitSignal(window.model_ready, timeout=20000):
+    window = make_window(FakeBackend(load_seconds=1.5))  # 20 progress steps
+    count = _progress_counter(window)
+    with (
+        LoopProbe(lambda: count[0]) as probe,
+        qtbot.waitSignal(window.model_ready, timeout=20000),
+    ):
         window.load_model("fake")
         QTest.keyClicks(window.sidebar.search, "typing")
     assert window.sidebar.search.text() == "typing"
-    assert probe.elapsed > 1.0 and max(probe.gaps[1:]) < probe.elapsed / 10
+    assert probe.stages >= 5, probe.stages
 
 
 def test_event_loop_stays_responsive_while_calibrating(make_window, qtbot, tmp_path):
-    window = make_window(FakeBackend(delay=0.02))
+    window = make_window(FakeBackend(delay=0.02))  # 62 progress steps
     load(qtbot, window)
     window.open_calibrate_dialog()
     dialog = window.calibrate_dialog
     dialog.output.setText(str(tmp_path / "cb.safetensors"))
-    with LoopProbe() as probe, qtbot.waitSignal(window.codebook_ready, timeout=30000):
+    count = _progress_counter(window)
+    with (
+        LoopProbe(lambda: count[0]) as probe,
+        qtbot.waitSignal(window.codebook_ready, timeout=30000),
+    ):
         dialog.start_button.click()
         QTest.keyClicks(window.composer.edit, "draft while calibrating")
     assert window.composer.text() == "draft while calibrating"
-    assert probe.elapsed > 1.0 and max(probe.gaps[1:]) < probe.elapsed / 10
+    assert probe.stages >= 5, probe.stages
 
 
 # ----- errors leave the app usable ------------------------------------------------------------
@@ -311,7 +320,7 @@ def test_bad_model_path_shows_error_and_keeps_the_model(
     ((title, text),) = message_boxes
     assert title == "Could not load the model"
     assert "no-such-model" in text and "Still using FakeLM-1M" in text
-    assert window.model.info.name == "FakeLM-1M" and window.task is None
+    assert window.model.info.name == "FakeLM-1M" and window.controller.task is Task.IDLE
     assert window.composer.edit.placeholderText().startswith("Message")
     reply(qtbot, window, "after")
     assert len(window.current.messages) == 4
@@ -405,7 +414,7 @@ def test_conversation_list_new_rename_delete_search(make_window, qtbot, message_
     second = window.current.id
     assert first != second and window.sidebar.visible_ids() == [second, first]
     window.sidebar.rename_requested.emit(first, "Feline facts")
-    assert window._find(first).title == "Feline facts"
+    assert window.controller.find(first).title == "Feline facts"
     assert {c.id: c.title for c in HistoryStore().load_all()}[first] == "Feline facts"
     window.sidebar.search.setText("dogs")
     assert window.sidebar.visible_ids() == [second]
@@ -470,14 +479,18 @@ def test_demo_default_codebook_loads_automatically(make_window, qtbot, tmp_path)
     assert window.current.messages[-1].provenance["codebook"]["sha256"] == "ab" * 32
 
 
-def test_first_run_offers_to_fetch_the_demo(make_window, qtbot, message_boxes):
+def test_first_run_offers_to_fetch_the_demo(make_window, qtbot, message_boxes, tmp_path):
     backend = FakeBackend()
     backend.demo_model_path = lambda: None
+    backend.demo_codebook = tmp_path / "demo-default.safetensors"  # built by the fetch
     window = make_window(backend)
     with qtbot.waitSignal(window.model_ready, timeout=10000):
         window.start()
     assert message_boxes[0][0] == "Fetch the demo model?"
     assert window.model.source == "demo"
+    qtbot.waitUntil(lambda: window.codebook is not None, timeout=10000)
+    assert backend.demo_steps == ["fetch", "codebook:/fake/demo"]  # the codebook was built
+    assert window.codebook.automatic and "demo-default" in window.codebook_button.text()
 
 
 def test_calibration_dialog_runs_and_loads_the_codebook(make_window, qtbot, tmp_path):
@@ -493,8 +506,8 @@ def test_calibration_dialog_runs_and_loads_the_codebook(make_window, qtbot, tmp_
         dialog.start_button.click()
         assert dialog.running and not window.composer.button.isEnabled()
     assert window.codebook.path == str(tmp_path / "mine.safetensors")
-    assert window.task is None
-    request = window.engine.worker.backend.calibrations[0]
+    assert window.controller.task is Task.IDLE
+    request = window.controller.engine.worker.backend.calibrations[0]
     assert request.n_centroids == 256 and request.cache == window.settings.cache
     assert window.settings.codebook_for_model["fake"] == str(tmp_path / "mine.safetensors")
 
@@ -608,7 +621,7 @@ def test_keyboard_shortcuts(make_window, qtbot, monkeypatch, tmp_path):
     backend.delay = 0.02
     backend.reply_fn = lambda m: "q" * 400
     window.send("long one")
-    qtbot.waitUntil(lambda: window.reply_tokens >= 2, timeout=10000)
+    qtbot.waitUntil(lambda: streamed(window) >= 2, timeout=10000)
     with qtbot.waitSignal(window.reply_finished, timeout=10000) as blocker:
         QTest.keyClick(window, Qt.Key.Key_Period, Qt.KeyboardModifier.ControlModifier)
     assert blocker.args[0].stop_reason == "cancelled"
@@ -640,7 +653,7 @@ def test_hugging_face_download_error_is_clear(make_window, qtbot, message_boxes,
     assert title == "Could not load the model"
     assert "no-org/no-such-model" in text
     assert "offline" in text or "no model" in text  # unreachable hub vs unknown repo
-    assert window.task is None
+    assert window.controller.task is Task.IDLE
 
 
 # ----- fidelity shadow pass (settings -> engine -> inspector) --------------------------------
@@ -678,3 +691,141 @@ def test_fidelity_setting_reaches_engine_and_inspector(make_window, qtbot, tiny_
         )()
     )
     assert not window.inspector.state.fidelity.enabled
+
+
+# ----- nothing a user did is lost, nothing stops the app -------------------------------------
+
+
+def test_failed_save_after_a_reply_shows_the_error_and_leaves_the_composer_usable(
+    make_window, qtbot, message_boxes, monkeypatch
+):
+    import errno
+
+    window = make_window(FakeBackend())
+    load(qtbot, window)
+
+    def disk_full(self, conversation):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(HistoryStore, "save", disk_full)
+    with qtbot.waitSignal(window.error_shown, timeout=20000):
+        reply(qtbot, window, "hello")
+    assert message_boxes and message_boxes[0][0] == "Could not save"
+    assert "No space left" in message_boxes[0][1]
+    assert not window.composer.generating  # not stuck in Stop mode
+    assert window.composer.button.accessibleName() == "Send message"
+    assert window.current.messages[-1].content == "You said: hello"
+    monkeypatch.undo()
+    reply(qtbot, window, "again")
+    assert len(window.current.messages) == 4
+
+
+def test_failed_save_on_close_still_stops_the_engine(
+    make_window, qtbot, monkeypatch, message_boxes
+):
+    window = make_window(FakeBackend())
+    load(qtbot, window)
+    reply(qtbot, window, "hi")
+    monkeypatch.setattr(HistoryStore, "save", lambda *a: (_ for _ in ()).throw(OSError("ro")))
+    monkeypatch.setattr("app.controller.save_settings", lambda *a: (_ for _ in ()).throw(OSError))
+    window.close()
+    assert not window.controller.engine.thread.isRunning()
+    assert message_boxes[0][0] == "Could not save"  # shown, and the close went on
+
+
+def test_draft_is_kept_per_chat_across_switch_and_restart(make_window, qtbot):
+    window = make_window(FakeBackend())
+    load(qtbot, window)
+    reply(qtbot, window, "first chat")
+    first = window.current.id
+    window.composer.set_text("half-written thought")
+    window.new_chat()
+    assert window.composer.text() == ""
+    reply(qtbot, window, "second chat")
+    window.composer.set_text("another draft")
+    window.select_conversation(first)
+    assert window.composer.text() == "half-written thought"
+    window.close()
+    again = make_window(FakeBackend())
+    assert again.current.id == first and again.composer.text() == "half-written thought"
+    other = next(c for c in again.controller.conversations if c.id != first)
+    assert other.draft == "another draft"
+
+
+def test_interrupted_reply_is_shown_marked_on_the_next_start(make_window, qtbot):
+    window = make_window(FakeBackend(delay=0.01, reply_fn=lambda m: "p" * 400))
+    load(qtbot, window)
+    window.send("go on")
+    path = window.controller.store.path_for(window.current.id)
+    checkpoint = []
+
+    def checkpointed():
+        last = json.loads(path.read_text())["messages"][-1]
+        if last.get("interrupted"):
+            checkpoint.append(path.read_text())
+        return bool(checkpoint)
+
+    qtbot.waitUntil(checkpointed, timeout=20000)
+    with qtbot.waitSignal(window.reply_finished, timeout=20000):
+        window.stop_generation()
+    window.close()
+    path.write_text(checkpoint[0])  # as a kill at the checkpoint would have left it
+    again = make_window(FakeBackend())
+    widget = again.chat_view.last_widget()
+    assert widget.message.interrupted and widget.message.content.startswith("p")
+    assert "Interrupted" in widget.note.text()
+
+
+def test_regenerate_that_fails_shows_the_old_reply_again(make_window, qtbot):
+    answers = iter(["the old answer", RuntimeError("boom")])
+    window = make_window(FakeBackend(reply_fn=lambda m: next(answers)))
+    load(qtbot, window)
+    reply(qtbot, window, "question")
+    with qtbot.waitSignal(window.reply_finished, timeout=20000):
+        window.regenerate()
+    assert [w.message.content for w in window.chat_view.widgets] == [
+        "question", "the old answer",
+    ]  # fmt: skip
+    assert not window.composer.generating
+
+
+def test_closing_mid_reply_keeps_the_partial_reply_marked_interrupted(make_window, qtbot):
+    window = make_window(FakeBackend(delay=0.01, reply_fn=lambda m: "s" * 1000))
+    load(qtbot, window)
+    window.send("long")
+    qtbot.waitUntil(lambda: streamed(window) >= 5, timeout=10000)
+    window.close()
+    again = make_window(FakeBackend())
+    last = again.current.messages[-1]
+    assert last.role == "assistant" and last.interrupted and 0 < len(last.content) < 1000
+    assert "Interrupted" in again.chat_view.last_widget().note.text()
+
+
+@pytest.mark.parametrize("choice", ["Stop at the limit", "Cancel"])
+def test_context_overflow_is_asked_before_sending(make_window, qtbot, monkeypatch, choice):
+    from PySide6.QtWidgets import QMessageBox
+
+    asked = []
+
+    def click(box):
+        asked.append(box.text())
+        (button,) = [b for b in box.buttons() if b.text().replace("&", "") == choice]
+        button.click()  # sets the box's clickedButton()
+        return 0
+
+    monkeypatch.setattr(QMessageBox, "exec", click)
+    window = make_window(FakeBackend(context_length=100, reply_fn=lambda m: "r" * 300))
+    load(qtbot, window)
+    window.composer.set_text("a question")
+    with qtbot.waitSignal(window.reply_finished, timeout=20000) as blocker:
+        window.send("a question")
+    (text,) = asked
+    assert "context holds 100" in text and "512" in text
+    if choice == "Cancel":
+        assert window.current.messages == []
+        assert window.composer.text() == "a question"  # nothing lost
+        assert not window.composer.generating
+    else:
+        assert blocker.args[0].stop_reason == "length"
+        assert blocker.args[0].context_tokens <= 100
+        assert window.current.messages[-1].content == "r" * blocker.args[0].generation_tokens

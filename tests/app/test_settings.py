@@ -211,7 +211,7 @@ def test_a_reply_uses_the_loaded_models_recommended_sampling(make_window, qtbot,
     window = make_window(FakeBackend(), settings=settings)
     load(qtbot, window)
     recommended = SamplingSettings(temperature=0.0, top_k=20)
-    window.model = replace(
+    window.controller.model = replace(
         window.model, info=replace(window.model.info, recommended_sampling=recommended)
     )
     reply(qtbot, window, "hello")

@@ -38,6 +38,15 @@ def test_eval_json_has_the_issue_shape(tiny_folder, tmp_path, monkeypatch, capsy
         for key in ("recall", "output_rel_error", "ppl", "bytes_per_token"):
             assert isinstance(row[key], float | int), (name, key)
     assert out["methods"]["full"]["recall"] == 1.0
+    # equal-cost accounting: attended share and bytes read per decode step, every method
+    for name, row in out["methods"].items():
+        assert 0.0 < row["attended_fraction"] <= 1.0, name
+        parts = row["bytes_read"]
+        assert set(parts) == {"codes", "centroids", "keys_scored", "rows"}
+        assert abs(sum(parts.values()) - row["bytes_read_per_step"]) <= 4, name
+    a2, full = out["methods"]["a2ats"], out["methods"]["full"]
+    assert a2["attended_fraction"] < 1.0 == full["attended_fraction"]
+    assert a2["bytes_read"]["codes"] > 0 == full["bytes_read"]["codes"]
     notes = " ".join(out["notes"])
     assert "plain_vq: trained now" in notes and "no_wrope: trained now" in notes
     assert "paper: trained now" in notes
@@ -59,6 +68,51 @@ def test_eval_budget_sweep_json(tiny_folder, capsys):
     assert [r["budget"] for r in out["runs"]] == [0.05, 0.2]
     low, high = (r["methods"]["oracle_topk"]["attended_per_head"] for r in out["runs"])
     assert high > low
+
+
+def test_eval_kv_bits_json(tiny_folder, capsys):
+    folder, book = tiny_folder
+    base = ["eval", "--model", str(folder), "--codebook", str(book), "--context", "200",
+            "--decode", "2", "--methods", "full,a2ats", "--json"]  # fmt: skip
+    assert main(base) == 0
+    plain = _json(capsys)
+    assert main(base + ["--kv-bits", "4"]) == 0
+    kv4 = _json(capsys)
+    assert plain["kv_bits"] is None and kv4["kv_bits"] == 4
+    assert kv4["methods"]["full"] == plain["methods"]["full"]  # full keeps float K/V
+    a, b = plain["methods"]["a2ats"], kv4["methods"]["a2ats"]
+    assert b["bytes_per_token"] < a["bytes_per_token"]
+    assert b["output_rel_error"] > a["output_rel_error"]
+    with pytest.raises(SystemExit):  # argparse rejects anything but 8 or 4
+        main(base + ["--kv-bits", "3"])
+    assert "--kv-bits" in capsys.readouterr().err
+
+
+def test_eval_several_texts_json(tiny_folder, tmp_path, capsys):
+    folder, book = tiny_folder
+    texts = []
+    for i, body in enumerate(("The cat sat on the mat. ", "def f(x):\n    return x + 1\n")):
+        texts += ["--text", str(tmp_path / f"t{i}.txt")]
+        (tmp_path / f"t{i}.txt").write_text(body * 80)
+    argv = ["eval", "--model", str(folder), "--codebook", str(book), "--context", "150",
+            "--decode", "6", "--methods", "full,a2ats", *texts, "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = _json(capsys)
+    assert [t["text"] for t in out["texts"]] == ["t0.txt", "t1.txt"]
+    for t in out["texts"]:
+        assert t["runs"][0]["rests_on"]["tokens"] == 6
+        assert t["runs"][0]["methods"]["a2ats"]["tokens"] == 6
+    (pooled,) = out["pooled"]
+    assert pooled["rests_on"]["tokens"] == 12 and pooled["rests_on"]["texts"] == 2
+    assert "stratified by text" in pooled["rests_on"]["ci95"]
+    full, a2 = pooled["methods"]["full"], pooled["methods"]["a2ats"]
+    assert full["ppl_vs_full"] == 1.0 and full["tokens"] == a2["tokens"] == 12
+    low, high = a2["ppl_vs_full_ci95"]
+    assert low <= a2["ppl_vs_full"] <= high
+    recalls = [t["runs"][0]["methods"]["a2ats"]["recall"] for t in out["texts"]]
+    assert a2["recall"] == pytest.approx(sum(recalls) / 2, abs=1e-5)
+    assert main(argv[:-1] + ["--texts", "nope", "--json"]) == 1
+    assert "--texts" in capsys.readouterr().err
 
 
 def test_eval_needs_a_codebook(tiny_folder, capsys):

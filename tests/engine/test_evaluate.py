@@ -193,6 +193,39 @@ def test_evaluate_with_nothing_to_drop_equals_full(tiny):
     assert a2.argmax_agreement == 1.0
 
 
+@pytest.mark.parametrize("bits", [8, 4])
+def test_kv_bits_are_measured_against_the_exact_float_reference(tiny, bits):
+    model, book, ids = tiny
+    config = A2ATSConfig(kv_bits=bits)
+    (run,) = evaluate(
+        model, ids, context=60, decode=4, budgets=[1.0], codebooks={"a2ats": book},
+        config=config, methods=("full", "a2ats"),
+    )  # fmt: skip
+    full, a2 = run.methods["full"], run.methods["a2ats"]
+    # nothing is dropped, so every attention position is kept: recall 1 ...
+    assert a2.recall == pytest.approx(1.0)
+    # ... but the output differs from exact float attention by the quantization alone
+    assert (1e-4 if bits == 8 else 2e-3) < a2.output_rel_error < (0.02 if bits == 8 else 0.3)
+    assert a2.bytes_per_token < full.bytes_per_token
+    assert a2.ppl_vs_full is not None
+    # the same rows are read, in the stored format: bits/8 per element + fp32 scale, bias
+    assert a2.attended_fraction == full.attended_fraction == 1.0
+    ratio = (64 * bits // 8 + 2 * 4) / (64 * 4)
+    assert a2.bytes_read["rows"] / full.bytes_read["rows"] == pytest.approx(ratio)
+
+
+def test_evaluate_kv_bits_4_is_worse_than_8(tiny):
+    model, book, ids = tiny
+    errors = {}
+    for bits in (8, 4):
+        (run,) = evaluate(
+            model, ids, context=300, decode=3, budgets=[0.05], codebooks={"a2ats": book},
+            config=A2ATSConfig(kv_bits=bits), methods=("a2ats",),
+        )  # fmt: skip
+        errors[bits] = run.methods["a2ats"].output_rel_error
+    assert errors[8] < errors[4]
+
+
 def test_evaluate_rejects_bad_arguments(tiny):
     model, book, ids = tiny
     with pytest.raises(ValueError, match="tokens"):

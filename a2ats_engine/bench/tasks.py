@@ -1,0 +1,477 @@
+"""RULER-style long-context tasks, generated offline, answered greedily by each method.
+
+Every prompt is an instruction, `context` tokens of filler (sentences of a haystack text cycled
+from a seeded start) with needles inserted between sentences, and a question whose answer the
+model completes. Tasks (after RULER, Hsieh et al. 2024):
+
+  niah_number, niah_word, niah_uuid   one needle "One of the special magic {kind}s for {key} is:
+                                      {value}." at `depth`; asked for that key's value
+  niah_multikey                       the needle at `depth` plus 2-4 needles of other keys
+                                      (distractors) at seeded depths; asked for the first key
+  niah_multivalue                     2-4 needles with the same key and different numbers; the
+                                      first at `depth`; every value is asked for
+  variable_tracking                   a chain "VAR A = n. VAR B = VAR A. ..." of 2-4 hops starting
+                                      at `depth` and a distractor chain; every name holding n is
+                                      asked for (multi-hop)
+  common_words                        a numbered list of pseudo-words where a few are frequent;
+                                      the frequent ones are asked for (aggregation: attention
+                                      is spread over the whole list; no haystack, no depth)
+
+A trial's score is the share of reference strings found (case-insensitively) in the answer, in
+[0, 1]. The prompt is run through every method by `passkey.answer_with_methods` (one exact
+prefill, then the last prompt token and every answer token through the method's decode
+attention), so methods are compared on the same prompts of the same model; a small model is
+weak in absolute terms, hence the score relative to `full`.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import random
+import string
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.nn as nn
+
+from ..cache.config import A2ATSConfig
+from .passkey import answer_with_methods
+
+Progress = Callable[[str, int, int], None]
+TASKS = (
+    "niah_number",
+    "niah_word",
+    "niah_uuid",
+    "niah_multikey",
+    "niah_multivalue",
+    "variable_tracking",
+    "common_words",
+)
+TASK_METHODS = ("full", "kv8", "kv4", "window", "a2ats", "oracle_topk", "a2ats_paper",
+                "a2ats_no_rerank")  # fmt: skip
+DEFAULT_METHODS = ("full", "a2ats", "window", "oracle_topk")
+DEFAULT_DEPTHS = (0.1, 0.5, 0.9)
+# answer length per task: enough tokens for every reference with a typical BPE tokenizer
+ANSWER_TOKENS = {
+    "niah_number": 12,
+    "niah_word": 12,
+    "niah_uuid": 48,
+    "niah_multikey": 12,
+    "niah_multivalue": 40,
+    "variable_tracking": 24,
+    "common_words": 32,
+}
+COMMON_WORDS = 5  # frequent words asked for in common_words
+
+HAYSTACK = Path(__file__).resolve().parents[2] / "resources" / "texts" / "us_founding_prose.txt"
+HAYSTACK_DESCRIPTION = (
+    "resources/texts/us_founding_prose.txt (public-domain U.S. documents; not in the "
+    "calibration corpus)"
+)
+INTRO = (
+    "Some special magic information is hidden inside the following text. Read it and memorize "
+    "the information. I will quiz you about it afterwards.\n"
+)
+CWE_INTRO = (
+    "Below is a numbered list of words. In these words, some appear more often than others. "
+    "Memorize the ones that appear most often.\n"
+)
+# keys of the needles and values of niah_word: plain, single-token-ish English words
+WORDS = (
+    "apple", "river", "candle", "silver", "garden", "pencil", "window", "orange", "forest",
+    "bridge", "castle", "dragon", "feather", "harbor", "island", "jacket", "kettle", "lemon",
+    "marble", "needle", "ocean", "pepper", "rabbit", "saddle", "tiger", "violet", "walnut",
+    "yellow", "anchor", "basket", "copper", "desert", "engine", "falcon", "ginger", "hammer",
+    "iron", "jungle", "ladder", "meadow", "nickel", "oyster", "planet", "quartz", "rocket",
+    "salmon", "tunnel", "velvet", "wizard", "zebra", "banana", "cactus", "dolphin", "eagle",
+    "fossil", "glacier", "helmet", "igloo", "jasmine", "koala", "lantern", "mango", "nutmeg",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TaskPrompt:
+    """One generated prompt: token ids, the strings a correct answer contains, and where the
+    target needle sits: `needle_at`, the index in `ids` of its first token, after
+    `filler_before` of the prompt's `filler_tokens` filler tokens (-1, 0, 0 for common_words)."""
+
+    task: str
+    context: int
+    depth: float
+    seed: int
+    ids: tuple[int, ...]
+    references: tuple[str, ...]
+    needle_at: int
+    needle_text: str
+    answer_tokens: int
+    filler_before: int = 0
+    filler_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class TaskTrial:
+    """One method's answer to one prompt and its score in [0, 1]."""
+
+    task: str
+    context: int
+    depth: float
+    seed: int
+    method: str
+    answer: str
+    score: float
+
+
+def score_answer(answer: str, references: Sequence[str]) -> float:
+    """Share of `references` found in `answer` (case-insensitive substring), in [0, 1]."""
+    if not references:
+        raise ValueError("references is empty: a task needs at least one reference answer")
+    text = answer.lower()
+    return sum(ref.lower() in text for ref in references) / len(references)
+
+
+# -- haystack -------------------------------------------------------------------------------
+
+
+def default_haystack() -> tuple[str, str]:
+    """(text, description) of the built-in filler text."""
+    return HAYSTACK.read_text(encoding="utf-8"), HAYSTACK_DESCRIPTION
+
+
+def haystack_sentences(text: str) -> list[str]:
+    """The text split into sentences (at '.', '!', '?', ':' or ';', and at ',' after 12 words, so
+    that pieces stay short), each ending with a space so that they concatenate into prose."""
+    out, current = [], []
+    for word in text.split():
+        current.append(word)
+        if (word[-1] in ".!?:;" and len(current) >= 4) or (word[-1] == "," and len(current) >= 12):
+            out.append(" ".join(current) + " ")
+            current = []
+    if current:
+        out.append(" ".join(current) + " ")
+    if len(out) < 2:
+        raise ValueError("the haystack text has fewer than 2 sentences: give a longer text")
+    return out
+
+
+class Encoder:
+    """Token ids of prompt pieces with one tokenizer (pieces after the first without special
+    tokens), cached per string."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._piece = functools.lru_cache(maxsize=65536)(self._encode_piece)
+
+    def _encode_piece(self, text: str) -> tuple[int, ...]:
+        return tuple(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def first(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text))
+
+    def piece(self, text: str) -> list[int]:
+        return list(self._piece(text))
+
+
+def _assemble(
+    enc: Encoder,
+    sentences: Sequence[str],
+    context: int,
+    intro: str,
+    needles: Sequence[tuple[float, str]],
+    question: str,
+    rng: random.Random,
+    target: int = 0,
+) -> tuple[list[int], int, int, int]:
+    """Token ids of intro + filler sentences (from a seeded start, cycled) with `needles`
+    [(depth in [0, 1], text)] inserted at the sentence boundary nearest to that share of the
+    filler tokens (needles at one boundary keep their order) + question; at most `context` tokens. Returns (ids, index of needle `target`'s
+    first token, filler tokens before it, filler tokens in all)."""
+    head, tail = enc.first(intro), enc.piece(question)
+    needle_ids = [enc.piece(text) for _, text in needles]
+    room = context - len(head) - len(tail) - sum(len(n) for n in needle_ids)
+    start = rng.randrange(len(sentences))
+    filler: list[list[int]] = []
+    used = 0
+    while True:
+        ids = enc.piece(sentences[(start + len(filler)) % len(sentences)])
+        if used + len(ids) > room:
+            break
+        filler.append(ids)
+        used += len(ids)
+    if not filler:
+        raise ValueError(f"context={context} is too short for this task's prompt")
+    ends = list(itertools.accumulate(len(f) for f in filler))  # filler tokens before slot s + 1
+    starts = [0, *ends]
+    slots = [min(range(len(starts)), key=lambda s: abs(starts[s] - d * used)) for d, _ in needles]
+    order = sorted(range(len(needles)), key=lambda i: (slots[i], i))
+    out, at, k = list(head), -1, 0
+    for s in range(len(filler) + 1):
+        while k < len(order) and slots[order[k]] == s:
+            if order[k] == target:
+                at = len(out)
+            out.extend(needle_ids[order[k]])
+            k += 1
+        if s < len(filler):
+            out.extend(filler[s])
+    return out + tail, at, starts[slots[target]], used
+
+
+# -- the tasks ------------------------------------------------------------------------------
+
+
+def _number(rng: random.Random) -> str:
+    return str(rng.randint(1_000_000, 9_999_999))
+
+
+def _uuid(rng: random.Random) -> str:
+    return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+
+
+def _needle(kind: str, key: str, value: str) -> str:
+    return f"One of the special magic {kind}s for {key} is: {value}. "
+
+
+def _niah_question(kind: str, key: str) -> str:
+    return (
+        f"\nWhat is the special magic {kind} for {key} mentioned in the text above? "
+        f"The special magic {kind} for {key} mentioned in the text above is"
+    )
+
+
+def _niah(task: str, rng: random.Random, depth: float):
+    kind = {"niah_number": "number", "niah_word": "word", "niah_uuid": "uuid"}.get(task, "number")
+    make = {"number": _number, "uuid": _uuid, "word": lambda r: r.choice(WORDS)}[kind]
+    keys = rng.sample(WORDS, 5)
+    key, value = keys[0], make(rng)
+    while kind == "word" and value == key:
+        value = make(rng)
+    needles = [(depth, _needle(kind, key, value))]
+    references = (value,)
+    if task == "niah_multikey":
+        for other in keys[1 : 1 + rng.randint(2, 4)]:
+            needles.append((rng.random(), _needle(kind, other, make(rng))))
+    elif task == "niah_multivalue":
+        values, count = [value], rng.randint(2, 4)
+        while len(values) < count:
+            extra = make(rng)
+            if extra not in values:
+                values.append(extra)
+        needles += [(rng.random(), _needle(kind, key, v)) for v in values[1:]]
+        references = tuple(values)
+        question = (
+            f"\nWhat are all the special magic {kind}s for {key} mentioned in the text above? "
+            f"The special magic {kind}s for {key} mentioned in the text above are"
+        )
+        return needles, question, references
+    return needles, _niah_question(kind, key), references
+
+
+def _variable_name(rng: random.Random) -> str:
+    return "".join(rng.choices(string.ascii_uppercase, k=5))
+
+
+def _variable_tracking(rng: random.Random, depth: float):
+    hops = rng.randint(2, 4)
+    names: list[str] = []
+    while len(names) < 2 * (hops + 1):
+        name = _variable_name(rng)
+        if name not in names:
+            names.append(name)
+    chain, decoy = names[: hops + 1], names[hops + 1 :]
+    value, other = _number(rng)[:5], _number(rng)[:5]
+    while other == value:
+        other = _number(rng)[:5]
+    spots = sorted([depth] + [depth + (1 - depth) * rng.random() for _ in range(hops)])
+    needles = [(spots[0], f"VAR {chain[0]} = {value}. ")]
+    needles += [(spots[i], f"VAR {chain[i]} = VAR {chain[i - 1]}. ") for i in range(1, hops + 1)]
+    decoy_spots = sorted(rng.random() for _ in range(hops + 1))
+    needles.append((decoy_spots[0], f"VAR {decoy[0]} = {other}. "))
+    needles += [
+        (decoy_spots[i], f"VAR {decoy[i]} = VAR {decoy[i - 1]}. ") for i in range(1, hops + 1)
+    ]
+    question = (
+        f"\nFind all variables that are assigned the value {value} in the text above. "
+        f"Answer: according to the chain of variables assigned in the text above, "
+        f"{hops + 1} variables are assigned the value {value}, they are: VAR"
+    )
+    return needles, question, tuple(chain)
+
+
+def _pseudo_words(rng: random.Random, n: int) -> list[str]:
+    """n distinct pronounceable lowercase pseudo-words (consonant-vowel syllables)."""
+    consonants, vowels = "bdfgklmnprstvz", "aeiou"
+    words: list[str] = []
+    seen: set[str] = set()
+    while len(words) < n:
+        word = "".join(rng.choice(consonants) + rng.choice(vowels) for _ in range(3))
+        if word not in seen:
+            seen.add(word)
+            words.append(word)
+    return words
+
+
+def _common_words_prompt(enc: Encoder, context: int, rng: random.Random) -> tuple[list[int], tuple]:
+    """A numbered list filling `context` tokens: COMMON_WORDS words repeated often (about a
+    quarter of the entries together), the other entries words used at most twice."""
+    question = (
+        f"\nWhat are the {COMMON_WORDS} most common words in the list above? Answer: the "
+        f"{COMMON_WORDS} words that appear most often in the list are:"
+    )
+    head, tail = enc.first(CWE_INTRO), enc.piece(question)
+    room = context - len(head) - len(tail)
+    probe = enc.piece(f"{room}. babela\n")
+    entries = max(4 * COMMON_WORDS, room // max(len(probe), 1))
+    repeats = max(3, entries // (4 * COMMON_WORDS))
+    rare_count = max(1, (entries - repeats * COMMON_WORDS) // 2 + 1)
+    words = _pseudo_words(rng, COMMON_WORDS + rare_count)
+    common, rare = words[:COMMON_WORDS], words[COMMON_WORDS:]
+    while True:
+        pool = common * repeats + [w for w in rare for _ in range(2)]
+        pool = pool[: max(entries, repeats * COMMON_WORDS)]
+        rng.shuffle(pool)
+        body: list[int] = []
+        for i, word in enumerate(pool, 1):
+            body += enc.piece(f"{i}. {word}\n")
+        if len(body) <= room or entries <= 4 * COMMON_WORDS:
+            break
+        entries = int(entries * room / len(body)) - 1
+        repeats = max(3, entries // (4 * COMMON_WORDS))
+    if len(head) + len(body) + len(tail) > context:
+        raise ValueError(f"context={context} is too short for the common_words prompt")
+    return head + body + tail, tuple(common)
+
+
+def make_prompt(
+    tokenizer: Any,
+    task: str,
+    context: int,
+    depth: float,
+    seed: int,
+    sentences: Sequence[str],
+    encoder: Encoder | None = None,
+) -> TaskPrompt:
+    """The prompt of `task` at `context` tokens with its target needle at `depth` in [0, 1] of
+    the filler, deterministic for (task, context, depth, seed, haystack)."""
+    if task not in TASKS:
+        raise ValueError(f"task={task!r} is unknown: must be one of {', '.join(TASKS)}")
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth={depth} is out of range: must be in [0, 1]")
+    enc = encoder or Encoder(tokenizer)
+    rng = random.Random(f"{task}/{context}/{depth}/{seed}")
+    answer_tokens = ANSWER_TOKENS[task]
+    if task == "common_words":
+        ids, refs = _common_words_prompt(enc, context, rng)
+        return TaskPrompt(task, context, depth, seed, tuple(ids), refs, -1, "", answer_tokens)
+    if task == "variable_tracking":
+        needles, question, refs = _variable_tracking(rng, depth)
+    else:
+        needles, question, refs = _niah(task, rng, depth)
+    ids, at, before, filler = _assemble(enc, sentences, context, INTRO, needles, question, rng)
+    return TaskPrompt(
+        task, context, depth, seed, tuple(ids), tuple(refs), at, needles[0][1], answer_tokens,
+        before, filler,
+    )  # fmt: skip
+
+
+def task_prompts(
+    tokenizer: Any,
+    tasks: Sequence[str],
+    contexts: Sequence[int],
+    depths: Sequence[float],
+    seeds: int,
+    haystack: str,
+) -> list[TaskPrompt]:
+    """Every (task, context, depth, seed) prompt; common_words has no depth (one per seed)."""
+    if seeds < 1:
+        raise ValueError(f"seeds={seeds} is out of range: must be >= 1")
+    sentences, enc = haystack_sentences(haystack), Encoder(tokenizer)
+    out = []
+    for task in tasks:
+        for context in contexts:
+            for seed in range(seeds):
+                for depth in [0.5] if task == "common_words" else depths:
+                    out.append(make_prompt(tokenizer, task, context, depth, seed, sentences, enc))
+    return out
+
+
+# -- running and scoring ------------------------------------------------------------------------
+
+
+def bench_tasks(
+    model: nn.Module,
+    tokenizer: Any,
+    prompts: Sequence[TaskPrompt],
+    *,
+    codebook: Any,
+    config: A2ATSConfig | None = None,
+    methods: Sequence[str] = DEFAULT_METHODS,
+    progress: Progress | None = None,
+) -> list[TaskTrial]:
+    """Every method's greedy answer to every prompt, scored (see the module docstring)."""
+    config = config or A2ATSConfig()
+    unknown = [m for m in methods if m not in TASK_METHODS]
+    if unknown:
+        raise ValueError(f"unknown task method(s) {unknown}; known: {', '.join(TASK_METHODS)}")
+    trials = []
+    for i, p in enumerate(prompts):
+        if progress is not None:
+            progress(f"{p.task} context {p.context} depth {p.depth} seed {p.seed}", i, len(prompts))
+        answers = answer_with_methods(
+            model, p.ids, methods, codebook=codebook, config=config, answer_tokens=p.answer_tokens
+        )
+        for name, (tokens, _) in answers.items():
+            answer = tokenizer.decode(tokens)
+            trials.append(
+                TaskTrial(p.task, p.context, p.depth, p.seed, name, answer,
+                          score_answer(answer, p.references))
+            )  # fmt: skip
+    if progress is not None:
+        progress("tasks", len(prompts), len(prompts))
+    return trials
+
+
+def summarize(trials: Sequence[TaskTrial]) -> list[dict[str, Any]]:
+    """[{"task", "context", "method", "score", "n"}]: mean score over depths and seeds."""
+    groups: dict[tuple[str, int, str], list[float]] = {}
+    for t in trials:
+        groups.setdefault((t.task, t.context, t.method), []).append(t.score)
+    return [
+        {
+            "task": task,
+            "context": context,
+            "method": method,
+            "score": round(sum(v) / len(v), 4),
+            "n": len(v),
+        }  # fmt: skip
+        for (task, context, method), v in groups.items()
+    ]
+
+
+def relative_to_full(trials: Sequence[TaskTrial]) -> list[dict[str, Any]]:
+    """Per (task, context, method): the score as a share of `full`'s (None where full scored 0)
+    and `agrees_with_full`, the share of prompts whose answer is the same text as full's."""
+    full = {(t.task, t.context, t.depth, t.seed): t for t in trials if t.method == "full"}
+    if not full:
+        return []
+    rows = []
+    for row in summarize(trials):
+        mine = [
+            t for t in trials
+            if (t.task, t.context, t.method) == (row["task"], row["context"], row["method"])
+        ]  # fmt: skip
+        refs = [full[(t.task, t.context, t.depth, t.seed)] for t in mine]
+        full_score = sum(r.score for r in refs) / len(refs)
+        agree = sum(t.answer == r.answer for t, r in zip(mine, refs, strict=True)) / len(mine)
+        rows.append(
+            {
+                "task": row["task"],
+                "context": row["context"],
+                "method": row["method"],
+                "score_vs_full": round(row["score"] / full_score, 4) if full_score else None,
+                "agrees_with_full": round(agree, 4),
+                "n": row["n"],
+            }
+        )
+    return rows

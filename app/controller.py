@@ -1,0 +1,614 @@
+"""ChatController: the app's model. Owns the engine thread, the conversations and the current
+one, the reply in progress and the task the engine is busy with; emits past-tense signals.
+
+No widgets: `MainWindow` (main_window.py) binds widgets to these signals and methods, and tests
+drive the controller alone (tests/app/test_controller.py). Every engine request goes to the
+`EngineThread` (queued to the worker on the "engine" thread); only stop and calibration cancel
+are direct calls, and both end in the engine's own cancel (`ChatSession.stop`, the calibration's
+cancel event). Saving never stops the app: a failed write is reported as an ErrorReport with
+task "save", and the reply, the composer and shutdown carry on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
+
+from PySide6.QtCore import QObject, Signal
+
+from a2ats_engine.cache.telemetry import GenerationStats, TokenEvent
+
+from .conversations import Conversation, HistoryStore, Message, title_from_text
+from .events import (
+    CalibrationFinished,
+    CalibrationRequest,
+    CodebookLoaded,
+    ContextOverflow,
+    ContextTokens,
+    DemoStatus,
+    ErrorReport,
+    GenerationRequest,
+    GenerationStarted,
+    Job,
+    JsonDict,
+    JsonValue,
+    ModelLoaded,
+    OverflowPolicy,
+    ReplyMode,
+    StopReason,
+)
+from .settings import AppSettings, save_settings
+from .worker import DEMO, EngineThread
+
+SAVE = "save"  # ErrorReport.task of a failed write of a chat or the settings
+CHECKPOINT_SECONDS = 2.0  # a streaming reply is written to disk at least this often...
+CHECKPOINT_TOKENS = 32  # ...or every this many tokens, whichever comes first
+
+
+class Task(StrEnum):
+    """What the engine is busy with, as far as the user is concerned."""
+
+    IDLE = "idle"
+    LOADING = "loading"
+    FETCHING = "fetching"
+    CALIBRATING = "calibrating"
+    GENERATING = "generating"
+
+
+@dataclass
+class ReplyInProgress:
+    """The reply being produced: its request, where it goes, and what arrived so far.
+
+    `replaces` is the old reply of a regenerate: it stays in the conversation until the new
+    reply has text, and comes back when the new one ends without any (stopped, failed)."""
+
+    request: GenerationRequest
+    conversation: Conversation
+    message: Message
+    replaces: Message | None = None
+    before: list[Message] | None = None  # the chat's messages before the request changed them
+    draft_back: str = ""  # what goes back into the composer if the user gives up the request
+    started: GenerationStarted | None = None
+    overflow: ContextOverflow | None = None
+    text: str = ""
+    error: str = ""
+    tokens: int = 0
+    started_at: float = field(default_factory=time.perf_counter)
+    first_token_at: float = 0.0
+    checkpoint_at: float = field(default_factory=time.perf_counter)
+    checkpoint_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class ReplyEnded:
+    """A reply ended. `message` is the kept assistant message (None when nothing was kept);
+    `restored` says the old reply of a regenerate is back."""
+
+    conversation: Conversation
+    message: Message | None
+    stats: GenerationStats
+    note: str = ""
+    restored: bool = False
+
+
+def jsonable(value: object) -> JsonValue:
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, bool | int | float | str) or value is None:
+        return value
+    return str(value)
+
+
+class ChatController(QObject):
+    """The chat app without its widgets (see the module docstring)."""
+
+    task_changed = Signal(object)  # Task
+    model_loaded = Signal(object)  # ModelLoaded, after the controller adopted it
+    codebook_loaded = Signal(object)  # CodebookLoaded
+    codebook_cleared = Signal()
+    demo_missing = Signal()  # the demo model is not fetched: ask before fetching it
+    progress = Signal(object)  # Progress
+    error_reported = Signal(object)  # ErrorReport
+    notice = Signal(str, int)  # a status line and how long to show it (ms)
+    current_changed = Signal(object)  # Conversation: now shown (or re-shown after an undo)
+    conversations_changed = Signal()  # the list, a title or an order changed
+    reply_started = Signal(object)  # ReplyInProgress
+    reply_text_added = Signal(str)  # text streamed into the current chat's reply
+    context_updated = Signal(object)  # ContextTokens of the current chat's reply
+    context_overflowed = Signal(object)  # ContextOverflow: call resolve_overflow()
+    reply_ended = Signal(object)  # ReplyEnded, after the conversation was saved
+    calibration_finished = Signal(object)  # CalibrationFinished
+    calibration_cancelled = Signal()
+
+    def __init__(
+        self,
+        settings: AppSettings,
+        *,
+        engine: EngineThread | None = None,
+        store: HistoryStore | None = None,
+        settings_path=None,
+        telemetry: Callable[[], bool] = lambda: False,
+    ) -> None:
+        super().__init__()
+        self.settings = settings
+        self.settings_path = settings_path
+        self.store = store if store is not None else HistoryStore()
+        self.engine = engine if engine is not None else EngineThread()
+        self.telemetry = telemetry
+        self.conversations: list[Conversation] = []
+        self.current: Conversation | None = None
+        self.model: ModelLoaded | None = None
+        self.codebook: CodebookLoaded | None = None
+        self.reply: ReplyInProgress | None = None
+        self._job = Task.IDLE  # the engine job other than a reply
+        self._overflow_choice: dict[str, OverflowPolicy] = {}
+        self._saves_ok = True
+        self._connect()
+
+    def _connect(self) -> None:
+        worker = self.engine.worker
+        worker.model_loaded.connect(self._on_model_loaded)
+        worker.codebook_loaded.connect(self._on_codebook_loaded)
+        worker.codebook_cleared.connect(self._on_codebook_cleared)
+        worker.demo_found.connect(self._on_demo_found)
+        worker.demo_fetched.connect(self._on_demo_fetched)
+        worker.progress.connect(self.progress)
+        worker.failed.connect(self._on_failed)
+        worker.generation_started.connect(self._on_generation_started)
+        worker.token_generated.connect(self._on_token)
+        worker.context_updated.connect(self._on_context)
+        worker.context_overflowed.connect(self._on_context_overflowed)
+        worker.generation_finished.connect(self._on_generation_finished)
+        worker.calibration_finished.connect(self._on_calibration_finished)
+        worker.calibration_cancelled.connect(self._on_calibration_cancelled)
+
+    # ----- state ------------------------------------------------------------------------------
+
+    @property
+    def task(self) -> Task:
+        return Task.GENERATING if self.reply is not None else self._job
+
+    def _set_job(self, job: Task) -> None:
+        self._job = job
+        self.task_changed.emit(self.task)
+
+    def ready_reason(self) -> str:
+        """Why a message cannot be sent now ("" = it can)."""
+        reasons = {
+            Task.LOADING: "Loading the model\u2026",
+            Task.FETCHING: "Fetching the demo model\u2026",
+            Task.CALIBRATING: "Calibrating a codebook\u2026",
+        }
+        if self._job in reasons:
+            return reasons[self._job]
+        return "Choose a model to start chatting" if self.model is None else ""
+
+    def reply_is_current(self) -> bool:
+        return self.reply is not None and self.reply.conversation is self.current
+
+    def find(self, conversation_id: str) -> Conversation | None:
+        return next((c for c in self.conversations if c.id == conversation_id), None)
+
+    # ----- saving -----------------------------------------------------------------------------
+
+    def save(self, conversation: Conversation) -> bool:
+        """Write a chat (an empty new chat only once it has a message or a draft). A failed
+        write is reported once per run of failures and never raised."""
+        if (
+            not conversation.messages
+            and not conversation.draft
+            and not self.store.path_for(conversation.id).exists()
+        ):
+            return True
+        conversation.touch()
+        return self._write(lambda: self.store.save(conversation), conversation.title)
+
+    def save_settings(self) -> bool:
+        return self._write(lambda: save_settings(self.settings, self.settings_path), "settings")
+
+    def _write(self, write: Callable[[], None], what: str) -> bool:
+        try:
+            write()
+        except OSError as exc:
+            if self._saves_ok:
+                message = f"Could not save {what}: {exc.strerror or exc}"
+                self.error_reported.emit(ErrorReport(SAVE, message, source=what))
+            self._saves_ok = False
+            return False
+        self._saves_ok = True
+        return True
+
+    # ----- conversations ----------------------------------------------------------------------
+
+    def load_history(self) -> None:
+        """Read every chat and show the last one used (or a new one)."""
+        self.conversations = self.store.load_all()
+        if self.store.skipped:
+            count = len(self.store.skipped)
+            self.notice.emit(f"Skipped {count} unreadable conversation file(s)", 10000)
+        wanted = self.settings.last_conversation_id
+        current = self.find(wanted) if wanted else None
+        if current is None and self.conversations:
+            current = self.conversations[0]
+        self._show(current if current is not None else self._new_conversation())
+
+    def _new_conversation(self) -> Conversation:
+        conversation = Conversation(system_prompt=self.settings.default_system_prompt)
+        self.conversations.insert(0, conversation)
+        return conversation
+
+    def _show(self, conversation: Conversation) -> None:
+        self.current = conversation
+        self.settings.last_conversation_id = conversation.id
+        self.current_changed.emit(conversation)
+        self.conversations_changed.emit()
+
+    def keep_draft(self, text: str) -> None:
+        """Remember the composer's unsent text for the current chat (written when it changed)."""
+        current = self.current
+        if current is not None and current.draft != text:
+            current.draft = text
+            self.save(current)
+
+    def new_chat(self) -> None:
+        if self.current is not None and not self.current.messages:
+            self._show(self.current)  # reuse the empty chat
+        else:
+            self._show(self._new_conversation())
+
+    def select(self, conversation_id: str) -> None:
+        conversation = self.find(conversation_id)
+        if conversation is not None and conversation is not self.current:
+            self._show(conversation)
+
+    def rename(self, conversation_id: str, title: str) -> None:
+        conversation = self.find(conversation_id)
+        if conversation is None or conversation.title == title:
+            return
+        conversation.title = title
+        self.save(conversation)
+        self.conversations_changed.emit()
+
+    def delete(self, conversation_id: str) -> None:
+        """Delete a chat (stopping its reply if it is streaming)."""
+        conversation = self.find(conversation_id)
+        if conversation is None:
+            return
+        if self.reply is not None and self.reply.conversation is conversation:
+            self.stop()
+        try:
+            self.store.delete(conversation.id)
+        except OSError as exc:
+            self.error_reported.emit(ErrorReport(SAVE, f"Could not delete the chat: {exc}"))
+            return
+        self.conversations.remove(conversation)
+        if conversation is self.current:
+            self._show(self.conversations[0] if self.conversations else self._new_conversation())
+        else:
+            self.conversations_changed.emit()
+
+    def set_system_prompt(self, text: str) -> None:
+        if self.current is not None:
+            self.current.system_prompt = text
+
+    def save_current(self) -> None:
+        if self.current is not None:
+            self.save(self.current)
+
+    # ----- replies ----------------------------------------------------------------------------
+
+    def send(self, text: str) -> bool:
+        """Send a new user message in the current chat; False when it cannot be sent now."""
+        conversation = self.current
+        if conversation is None or self.model is None or self.task != Task.IDLE:
+            return False
+        history = conversation.chat_messages()
+        before = list(conversation.messages)
+        conversation.messages.append(Message("user", text))
+        if len(conversation.messages) == 1 and conversation.title == "New chat":
+            conversation.title = title_from_text(text)
+        conversation.draft = ""
+        self.save(conversation)
+        self._start_reply(conversation, ReplyMode.SEND, text, history, before=before)
+        return True
+
+    def regenerate(self) -> bool:
+        """Answer the last user message again; the old reply stays until the new one has text."""
+        conversation = self.current
+        if conversation is None or self.model is None or self.task != Task.IDLE:
+            return False
+        last_user = conversation.last_index("user")
+        if last_user is None:
+            return False
+        if conversation.messages[-1].role == "assistant":
+            history = conversation.chat_messages()
+            replaces = conversation.messages[-1]
+            self._start_reply(conversation, ReplyMode.REGENERATE, "", history, replaces)
+        else:  # the last reply failed or was removed: answer the dangling user message
+            text = conversation.messages[last_user].content
+            history = [m.as_chat() for m in conversation.messages[:last_user]]
+            before = list(conversation.messages)
+            del conversation.messages[last_user + 1 :]
+            self._start_reply(conversation, ReplyMode.SEND, text, history, before=before)
+        return True
+
+    def resend_edited(self, text: str) -> bool:
+        """Replace the last user message with `text` (dropping what followed) and answer it."""
+        conversation = self.current
+        if conversation is None or self.model is None or self.task != Task.IDLE:
+            return False
+        index = conversation.last_index("user")
+        if index is None:
+            return self.send(text)
+        history = conversation.chat_messages()
+        before = list(conversation.messages)
+        edited = replace(conversation.messages[index], content=text, created=time.time())
+        conversation.messages[index:] = [edited]
+        conversation.draft = ""
+        self.save(conversation)
+        self._start_reply(conversation, ReplyMode.EDIT, text, history, before=before)
+        return True
+
+    def _start_reply(
+        self,
+        conversation: Conversation,
+        mode: ReplyMode,
+        text: str,
+        history: list[dict[str, str]],
+        replaces: Message | None = None,
+        before: list[Message] | None = None,
+    ) -> None:
+        request = GenerationRequest(
+            request_id=self.engine.next_request_id(),
+            conversation_id=conversation.id,
+            mode=mode,
+            text=text,
+            history=tuple((m["role"], m["content"]) for m in history),
+            system_prompt=conversation.system_prompt,
+            sampling=self.settings.sampling_for(self.model.info if self.model else None),
+            cache=self.settings.cache,
+            telemetry=self.telemetry(),
+            overflow=self._overflow_choice.get(conversation.id, OverflowPolicy.ASK),
+        )
+        self.reply = ReplyInProgress(
+            request, conversation, Message("assistant", ""), replaces, before
+        )
+        if before is not None and before[-1:] != conversation.messages[-1:]:
+            self.reply.draft_back = text  # a new or edited message, not a dangling one
+        self.reply_started.emit(self.reply)
+        self.task_changed.emit(self.task)
+        self.engine.generate(request)
+
+    def stop(self) -> None:
+        """Stop the reply in flight (the engine's stop, a direct call into the worker)."""
+        if self.reply is not None:
+            self.engine.stop(self.reply.request.request_id)
+            self.notice.emit("Stopping\u2026", 2000)
+
+    def resolve_overflow(self, policy: OverflowPolicy | None) -> None:
+        """The user's answer to `context_overflowed`: generate with `policy` (remembered for
+        this chat), or with None give up: the message goes back into the composer."""
+        reply = self.reply
+        if reply is None or reply.overflow is None:
+            return
+        reply.overflow = None
+        if policy is not None and policy != OverflowPolicy.ASK:
+            self._overflow_choice[reply.conversation.id] = policy
+            reply.request = replace(
+                reply.request, request_id=self.engine.next_request_id(), overflow=policy
+            )
+            self.engine.generate(reply.request)
+            return
+        self.reply = None
+        conversation = reply.conversation
+        if reply.before is not None:
+            conversation.messages[:] = reply.before
+            conversation.draft = reply.draft_back or conversation.draft
+        self.save(conversation)
+        self.task_changed.emit(self.task)
+        stats = GenerationStats(0, 0, 0.0, 0.0, 0.0, 0.0, str(StopReason.CANCELLED))
+        self.reply_ended.emit(ReplyEnded(conversation, None, stats, restored=True))
+
+    def _on_generation_started(self, started: GenerationStarted) -> None:
+        if self.reply is None or started.request_id != self.reply.request.request_id:
+            return
+        self.reply.started = started
+        for note in started.notes:
+            self.notice.emit(note, 10000)
+
+    def _on_token(self, event: TokenEvent) -> None:
+        reply = self.reply
+        if reply is None:
+            return
+        now = time.perf_counter()
+        if reply.tokens == 0:
+            reply.first_token_at = now
+        reply.tokens += 1
+        reply.text += event.text
+        if reply.replaces is not None and reply.text:
+            self._drop_replaced(reply)
+        if self.reply_is_current():
+            self.reply_text_added.emit(event.text)
+        due = now - reply.checkpoint_at >= CHECKPOINT_SECONDS
+        if reply.text and (due or reply.tokens - reply.checkpoint_tokens >= CHECKPOINT_TOKENS):
+            self._checkpoint(reply, now)
+
+    def _drop_replaced(self, reply: ReplyInProgress) -> None:
+        """The new reply has text: the old one it regenerates leaves the conversation."""
+        messages = reply.conversation.messages
+        if messages and messages[-1] is reply.replaces:
+            messages.pop()
+        reply.replaces = None
+
+    def _checkpoint(self, reply: ReplyInProgress, now: float) -> None:
+        """Write the chat with the partial reply marked interrupted, so a kill loses nothing.
+        The next save (the finished reply) replaces it."""
+        reply.checkpoint_at, reply.checkpoint_tokens = now, reply.tokens
+        if reply.conversation not in self.conversations:
+            return
+        partial = Message(
+            "assistant",
+            reply.text,
+            created=reply.message.created,
+            provenance=self._provenance(reply, None),
+            interrupted=True,
+        )
+        snapshot = replace(reply.conversation, messages=[*reply.conversation.messages, partial])
+        self._write(lambda: self.store.save(snapshot), reply.conversation.title)
+
+    def _on_context(self, context: ContextTokens) -> None:
+        reply = self.reply
+        if reply is None or context.request_id != reply.request.request_id:
+            return
+        if context.messages and context.messages[-1][0] == "assistant":
+            reply.text = context.messages[-1][1]  # the session's own copy is authoritative
+        if self.reply_is_current():
+            self.context_updated.emit(context)
+
+    def _on_context_overflowed(self, overflow: ContextOverflow) -> None:
+        if self.reply is not None and overflow.request_id == self.reply.request.request_id:
+            self.reply.overflow = overflow
+
+    def _on_generation_finished(self, stats: GenerationStats) -> None:
+        reply = self.reply
+        if reply is None:
+            return
+        if stats.stop_reason == StopReason.CONTEXT_FULL and reply.overflow is not None:
+            self.context_overflowed.emit(reply.overflow)  # the reply waits for the answer
+            return
+        self.reply = None
+        conversation, message = reply.conversation, reply.message
+        keep = bool(reply.text) or stats.stop_reason not in (
+            StopReason.CANCELLED,
+            StopReason.ERROR,
+            StopReason.CONTEXT_FULL,
+        )
+        if keep:
+            if reply.replaces is not None:
+                self._drop_replaced(reply)
+            message.content = reply.text
+            message.provenance = self._provenance(reply, stats)
+            conversation.messages.append(message)
+        note = f"Reply failed: {reply.error}" if stats.stop_reason == StopReason.ERROR else ""
+        if conversation in self.conversations:  # not deleted while the reply streamed
+            self.save(conversation)
+        self.task_changed.emit(self.task)
+        if stats.stop_reason == StopReason.CANCELLED:
+            self.notice.emit("Stopped", 3000)
+        restored = not keep and reply.replaces is not None
+        self.reply_ended.emit(
+            ReplyEnded(conversation, message if keep else None, stats, note, restored)
+        )
+
+    def _provenance(self, reply: ReplyInProgress, stats: GenerationStats | None) -> JsonDict:
+        provenance: JsonDict = dict(reply.started.provenance) if reply.started else {}
+        if stats is not None:
+            values = {k: v for k, v in asdict(stats).items() if k != "extra"}
+            provenance["stats"] = {**jsonable(values), "extra": jsonable(stats.extra)}
+        provenance["finished"] = time.time()
+        return provenance
+
+    # ----- models and codebooks ---------------------------------------------------------------
+
+    def start(self, ask_for_demo: bool = True) -> None:
+        """Load the remembered model; for the demo model, first check it was fetched."""
+        source = self.settings.model_source or DEMO
+        if source == DEMO and ask_for_demo:
+            self.engine.find_demo()
+        else:
+            self.load_model(source)
+
+    def _on_demo_found(self, status: DemoStatus) -> None:
+        if status.folder:
+            self.load_model(DEMO)
+        else:
+            self.demo_missing.emit()
+
+    def fetch_demo(self) -> None:
+        """Fetch the demo model and build its default codebook, then load it."""
+        self._set_job(Task.FETCHING)
+        self.engine.fetch_demo()
+
+    def _on_demo_fetched(self, _folder: str) -> None:
+        self._set_job(Task.IDLE)
+        self.load_model(DEMO)
+
+    def load_model(self, source: str) -> None:
+        """Load a model (folder, .gguf, HF repo id or "demo") and its remembered codebook."""
+        self.stop()
+        self._set_job(Task.LOADING)
+        remembered = self.settings.codebook_for_model.get(source, "")
+        self.engine.load_model(source, remembered, self.settings.auto_load_demo_codebook)
+
+    def _on_model_loaded(self, loaded: ModelLoaded) -> None:
+        self.model, self.codebook = loaded, None
+        self.settings.model_source = loaded.source
+        self.settings.remember_model(loaded.source)
+        self.save_settings()
+        self._set_job(Task.IDLE)
+        self.model_loaded.emit(loaded)
+
+    def load_codebook(self, path: str) -> None:
+        self.engine.load_codebook(path, False)
+
+    def clear_codebook(self) -> None:
+        self.engine.clear_codebook()
+
+    def _on_codebook_loaded(self, info: CodebookLoaded) -> None:
+        self.codebook = info
+        if self.model is not None and not info.automatic:
+            self.settings.codebook_for_model[self.model.source] = info.path
+            self.save_settings()
+        self.codebook_loaded.emit(info)
+
+    def _on_codebook_cleared(self) -> None:
+        self.codebook = None
+        if self.model is not None:
+            self.settings.codebook_for_model.pop(self.model.source, None)
+            self.save_settings()
+        self.codebook_cleared.emit()
+
+    def calibrate(self, request: CalibrationRequest) -> None:
+        self.stop()
+        self._set_job(Task.CALIBRATING)
+        self.engine.calibrate(replace(request, cache=self.settings.cache))
+
+    def cancel_calibration(self) -> None:
+        self.engine.cancel_calibration()
+
+    def _on_calibration_finished(self, finished: CalibrationFinished) -> None:
+        self._set_job(Task.IDLE)
+        self.calibration_finished.emit(finished)
+
+    def _on_calibration_cancelled(self) -> None:
+        self._set_job(Task.IDLE)
+        self.calibration_cancelled.emit()
+
+    def _on_failed(self, report: ErrorReport) -> None:
+        if report.task in (Job.LOAD_MODEL, Job.FETCH_DEMO, Job.CALIBRATE):
+            self._set_job(Task.IDLE)
+        if report.task == Job.GENERATE and self.reply is not None:
+            self.reply.error = report.message
+        self.error_reported.emit(report)
+
+    # ----- shutdown ---------------------------------------------------------------------------
+
+    def shutdown(self, draft: str = "", timeout_ms: int = 10000) -> bool:
+        """Save the current chat (with its draft), a reply still streaming (marked
+        interrupted) and the settings, then end the engine thread whatever the saves did.
+        False when the thread did not end in time."""
+        try:
+            if self.current is not None:
+                self.current.draft = draft
+                self.settings.last_conversation_id = self.current.id
+                self.save(self.current)
+            if self.reply is not None and self.reply.text:  # closed mid-reply: keep the part
+                self._checkpoint(self.reply, time.perf_counter())
+            self.save_settings()
+        finally:
+            ended = self.engine.shutdown(timeout_ms)
+        return ended

@@ -1,0 +1,87 @@
+"""The model picker's and the codebook button's menus, filled each time they open."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from PySide6.QtGui import QKeySequence
+from PySide6.QtWidgets import QMenu
+
+from .events import ModelLoaded
+from .inert_text import rich_from_plain
+from .theme import theme
+from .worker import DEMO
+
+
+def short_source(source: str) -> str:
+    path = Path(source)
+    return f"{path.name}  \u2014  {path.parent}" if path.parent != Path(".") else source
+
+
+def model_tooltip(loaded: ModelLoaded) -> str:
+    info = loaded.info
+    return "\n".join(
+        [
+            info.name or loaded.source,
+            f"{info.architecture}, {info.num_layers} layers, {info.num_heads} query / "
+            f"{info.num_kv_heads} KV heads, head dim {info.head_dim}",
+            f"context {info.context_length or '?'}",
+            f"quantization: {info.quantization or 'none'}",
+            info.path,
+        ]
+    )
+
+
+def fill_model_menu(
+    menu: QMenu,
+    recent_models: list[str],
+    busy: bool,
+    load: Callable[[str], None],
+    openers: list[tuple[str, str, Callable[[], None]]],
+) -> None:
+    """Demo model, recent models, then the openers (text, icon, slot)."""
+    menu.clear()
+    demo = menu.addAction(theme().icon("assistant", "accent"), "Demo model (SmolLM2-135M-Instruct)")
+    demo.triggered.connect(lambda: load(DEMO))
+    demo.setEnabled(not busy)
+    recent = [m for m in recent_models if m != DEMO]
+    if recent:
+        menu.addSection("Recent")
+        for source in recent:
+            icon = theme().icon("file" if source.endswith(".gguf") else "folder")
+            action = menu.addAction(icon, short_source(source))
+            action.setToolTip(rich_from_plain(source))
+            action.triggered.connect(lambda _c=False, s=source: load(s))
+            action.setEnabled(not busy)
+    menu.addSeparator()
+    for text, icon, slot in openers:
+        action = menu.addAction(theme().icon(icon), text)
+        action.triggered.connect(lambda _c=False, f=slot: f())
+        action.setEnabled(not busy)
+
+
+def fill_codebook_menu(
+    menu: QMenu,
+    *,
+    can_load: bool,
+    can_calibrate: bool,
+    has_codebook: bool,
+    actions: dict[str, Callable[[], None]],
+) -> None:
+    """Load / Calibrate / Details / Unload (`actions` by those keys)."""
+    menu.clear()
+    action = menu.addAction(theme().icon("codebook"), "Load codebook\u2026")
+    action.setShortcut(QKeySequence("Ctrl+L"))
+    action.triggered.connect(actions["load"])
+    action.setEnabled(can_load)
+    action = menu.addAction(theme().icon("calibrate"), "Calibrate codebook\u2026")
+    action.triggered.connect(actions["calibrate"])
+    action.setEnabled(can_calibrate)
+    menu.addSeparator()
+    action = menu.addAction(theme().icon("info"), "Codebook details\u2026")
+    action.triggered.connect(actions["details"])
+    action.setEnabled(has_codebook)
+    action = menu.addAction(theme().icon("close"), "Unload codebook")
+    action.triggered.connect(actions["unload"])
+    action.setEnabled(has_codebook)

@@ -1,0 +1,81 @@
+"""The main window's status bar: model, the layer plan ("A2ATS on 5 of 26 layers"), context
+used/limit, TTFT, tokens/s, peak memory, cache."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QLabel, QStatusBar, QWidget
+
+from a2ats_engine.cache.layer_plan import LayerPlan
+
+from .inert_text import plain_labels, rich_from_plain
+from .units import human_bytes
+
+
+def plan_text(plan: LayerPlan | None, a2ats_enabled: bool) -> str:
+    """What the cache does on the model's layers, plainly: "A2ATS on all 30 layers", "A2ATS on
+    5 of 26 layers", "A2ATS off"; "" when the plan is unknown (nothing is claimed then)."""
+    if not a2ats_enabled:
+        return "A2ATS off"
+    if plan is None:
+        return ""
+    if plan.refused:
+        return "A2ATS not supported"
+    used = len(plan.a2ats_layers)
+    if used == plan.num_layers:
+        return f"A2ATS on all {used} layers"
+    return plan.summary()
+
+
+def plan_tooltip(plan: LayerPlan | None) -> str:
+    """One line per kind of layer ("native  21  sliding window 512"), or ""."""
+    return "\n".join(plan.describe()) if plan is not None else ""
+
+
+class StatusBar(QStatusBar):
+    """Model, context used/limit, TTFT, tokens/s, peak memory, cache bytes held."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setSizeGripEnabled(False)
+        self.model = self._label("StatusModel", "No model", "Model")
+        self.plan = self._label("StatusPlan", "", "Layers using A2ATS")
+        self.context = self._label("StatusContext", "", "Context used and limit")
+        self.ttft = self._label("StatusTTFT", "", "Time to first token")
+        self.speed = self._label("StatusSpeed", "", "Generation speed")
+        self.memory = self._label("StatusMemory", "", "Peak memory")
+        self.cache = self._label("StatusCache", "", "KV cache bytes held")
+        labels = (self.model, self.plan, self.context, self.ttft, self.speed, self.memory)
+        for label in (*labels, self.cache):
+            self.addPermanentWidget(label)
+
+    def _label(self, name: str, text: str, accessible: str) -> QLabel:
+        label = QLabel(text)
+        label.setObjectName(name)
+        label.setAccessibleName(accessible)
+        plain_labels(label)  # the model's name is untrusted
+        return label
+
+    def set_model(self, text: str) -> None:
+        self.model.setText(text)
+
+    def set_plan(self, plan: LayerPlan | None, a2ats_enabled: bool) -> None:
+        self.plan.setText(plan_text(plan, a2ats_enabled))
+        self.plan.setToolTip(rich_from_plain(plan_tooltip(plan)))  # names come from the model
+
+    def set_context(self, used: int, limit: int | None) -> None:
+        limit_text = f"{limit:,}" if limit else "?"
+        self.context.setText(f"ctx {used:,} / {limit_text}")
+
+    def set_stats(self, ttft: float | None, tps: float | None, peak_gb: float | None) -> None:
+        self.ttft.setText("" if ttft is None else f"TTFT {ttft:.2f} s")
+        self.speed.setText("" if tps is None else f"{tps:.1f} tok/s")
+        self.memory.setText("" if not peak_gb else f"peak {peak_gb:.2f} GB")
+
+    def set_cache(self, held: int | None, fp16: int | None = None, a2ats: bool = True) -> None:
+        if held is None:
+            self.cache.setText("")
+            return
+        text = f"cache {human_bytes(held)}"
+        if fp16 and held:
+            text += f" ({fp16 / held:.1f}x smaller)"
+        self.cache.setText(text if a2ats else text + " KVCache")

@@ -1,0 +1,462 @@
+"""ChatController without widgets: replies, saving failures, checkpoints, regenerate, context
+overflow, calibration cancel, the demo fetch and shutdown; over the fake backend and, where the
+fake would hide behaviour, the real engine on the tiny model."""
+
+from __future__ import annotations
+
+import errno
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from a2ats_engine import SamplingSettings
+from app.controller import SAVE, ChatController, Task
+from app.conversations import HistoryStore
+from app.events import CalibrationRequest, Job, OverflowPolicy, ReplyMode
+from app.settings import AppSettings, CacheSettings
+from app.worker import EngineThread
+
+from .fakes import FakeBackend
+
+
+class Spy:
+    """Records a controller's signals as (name, payload)."""
+
+    NAMES = (
+        "task_changed", "model_loaded", "codebook_loaded", "demo_missing", "error_reported",
+        "reply_started", "reply_ended", "context_overflowed", "calibration_cancelled",
+        "calibration_finished", "current_changed",
+    )  # fmt: skip
+
+    def __init__(self, controller: ChatController) -> None:
+        self.events: list[tuple[str, object]] = []
+        for name in self.NAMES:
+            getattr(controller, name).connect(
+                lambda *args, _n=name: self.events.append((_n, args[0] if args else None))
+            )
+
+    def of(self, name: str) -> list:
+        return [p for n, p in self.events if n == name]
+
+
+@pytest.fixture
+def make_controller(qtbot, app_dirs):
+    made = []
+
+    def make(backend=None, settings: AppSettings | None = None) -> ChatController:
+        controller = ChatController(
+            settings or AppSettings(), engine=EngineThread(backend), store=HistoryStore()
+        )
+        controller.spy = Spy(controller)
+        controller.load_history()
+        made.append(controller)
+        return controller
+
+    yield make
+    for controller in made:
+        controller.engine.shutdown()
+
+
+def load(qtbot, controller, source="fake"):
+    with qtbot.waitSignal(controller.model_loaded, timeout=60000):
+        controller.load_model(source)
+
+
+def send(qtbot, controller, text, timeout=60000):
+    with qtbot.waitSignal(controller.reply_ended, timeout=timeout) as blocker:
+        assert controller.send(text)
+    return blocker.args[0]
+
+
+def on_disk(controller, conversation_id) -> dict:
+    return json.loads(controller.store.path_for(conversation_id).read_text())
+
+
+def test_send_streams_saves_and_returns_to_idle(make_controller, qtbot):
+    controller = make_controller(FakeBackend())
+    assert controller.task == Task.IDLE and controller.ready_reason()  # no model yet
+    load(qtbot, controller)
+    ended = send(qtbot, controller, "hello")
+    assert ended.message.content == "You said: hello" and ended.stats.stop_reason == "stop"
+    assert controller.task == Task.IDLE and controller.reply is None
+    tasks = controller.spy.of("task_changed")
+    assert Task.LOADING in tasks and Task.GENERATING in tasks and tasks[-1] == Task.IDLE
+    saved = on_disk(controller, controller.current.id)
+    assert [m["content"] for m in saved["messages"]] == ["hello", "You said: hello"]
+    assert saved["messages"][1]["interrupted"] is False
+
+
+def test_failed_save_after_a_reply_is_reported_and_the_reply_ends(
+    make_controller, qtbot, monkeypatch
+):
+    controller = make_controller(FakeBackend())
+    load(qtbot, controller)
+
+    def disk_full(self, conversation):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(HistoryStore, "save", disk_full)
+    ended = send(qtbot, controller, "keep me")
+    assert ended.message.content == "You said: keep me"  # kept in memory
+    reports = controller.spy.of("error_reported")
+    assert [r.task for r in reports] == [SAVE]  # reported once, not per write
+    assert "No space left" in reports[0].message
+    assert controller.task == Task.IDLE and controller.reply is None
+    monkeypatch.undo()
+    send(qtbot, controller, "again")  # the next save works and writes everything
+    contents = [m["content"] for m in on_disk(controller, controller.current.id)["messages"]]
+    assert contents == ["keep me", "You said: keep me", "again", "You said: again"]
+
+
+def test_failed_save_on_shutdown_still_ends_the_engine(make_controller, qtbot, monkeypatch):
+    controller = make_controller(FakeBackend())
+    load(qtbot, controller)
+    send(qtbot, controller, "hi")
+    monkeypatch.setattr(HistoryStore, "save", lambda *a: (_ for _ in ()).throw(OSError("ro")))
+    monkeypatch.setattr("app.controller.save_settings", lambda *a: (_ for _ in ()).throw(OSError))
+    assert controller.shutdown("unsent draft") is True
+    assert not controller.engine.thread.isRunning()
+
+
+class BlockingLoad(FakeBackend):
+    """A model load that does not return until `release` is set (and ignores stop)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def load_model(self, source, progress=None):
+        self.entered.set()
+        self.release.wait(30)
+        return super().load_model(source, progress)
+
+
+def test_shutdown_that_times_out_keeps_the_thread_instead_of_aborting(
+    make_controller, qtbot, monkeypatch
+):
+    backend = BlockingLoad()
+    controller = make_controller(backend)
+    controller.load_model("fake")
+    qtbot.waitUntil(backend.entered.is_set, timeout=10000)
+    engine = controller.engine
+    assert controller.shutdown(timeout_ms=100) is False
+    assert engine in EngineThread.stuck and engine.thread.isRunning()
+    exits = []
+    monkeypatch.setattr("os._exit", exits.append)
+    from app.main import exit_now_if_stuck
+
+    exit_now_if_stuck(0)
+    assert exits == [0]  # the process ends without destroying the running QThread
+    backend.release.set()
+    assert engine.thread.wait(30000)
+    EngineThread.stuck.remove(engine)
+    assert exit_now_if_stuck(3) == 3
+
+
+def test_regenerate_keeps_the_old_reply_when_the_new_one_fails(make_controller, qtbot):
+    answers = iter(["first answer", RuntimeError("model exploded"), "third answer"])
+    controller = make_controller(FakeBackend(reply_fn=lambda m: next(answers)))
+    load(qtbot, controller)
+    send(qtbot, controller, "question")
+    with qtbot.waitSignal(controller.reply_ended, timeout=20000) as blocker:
+        assert controller.regenerate()
+        # Until the new reply has text, the old one is still part of the chat.
+        assert controller.current.messages[-1].content == "first answer"
+    ended = blocker.args[0]
+    assert ended.message is None and ended.restored and "model exploded" in ended.note
+    assert [m.content for m in controller.current.messages] == ["question", "first answer"]
+    saved = on_disk(controller, controller.current.id)["messages"]
+    assert [m["content"] for m in saved] == ["question", "first answer"]
+    with qtbot.waitSignal(controller.reply_ended, timeout=20000):
+        controller.regenerate()
+    assert [m.content for m in controller.current.messages] == ["question", "third answer"]
+
+
+def test_regenerate_stopped_before_the_first_token_keeps_the_old_reply(make_controller, qtbot):
+    backend = FakeBackend(reply_fn=lambda m: "old answer")
+    controller = make_controller(backend)
+    load(qtbot, controller)
+    send(qtbot, controller, "question")
+    backend.delay = 0.5  # the first token takes half a second
+    for session in backend.sessions:
+        session.delay = 0.5
+    with qtbot.waitSignal(controller.reply_ended, timeout=20000) as blocker:
+        controller.regenerate()
+        controller.stop()
+    ended = blocker.args[0]
+    assert ended.stats.stop_reason == "cancelled" and ended.restored
+    assert [m.content for m in controller.current.messages] == ["question", "old answer"]
+
+
+def test_context_overflow_asks_and_stop_at_limit_caps_the_reply(make_controller, qtbot):
+    backend = FakeBackend(context_length=120, reply_fn=lambda m: "r" * 300)
+    controller = make_controller(backend)
+    load(qtbot, controller)
+    with qtbot.waitSignal(controller.context_overflowed, timeout=20000) as blocker:
+        controller.send("hello")
+    overflow = blocker.args[0]
+    assert overflow.context_length == 120 and overflow.max_tokens == 512
+    assert overflow.prompt_tokens + overflow.max_tokens > 120
+    assert controller.task == Task.GENERATING  # waiting for the answer, nothing generated
+    with qtbot.waitSignal(controller.reply_ended, timeout=20000) as blocker:
+        controller.resolve_overflow(OverflowPolicy.STOP_AT_LIMIT)
+    stats = blocker.args[0].stats
+    assert stats.stop_reason == "length"
+    assert overflow.prompt_tokens + stats.generation_tokens <= 120  # never past the context
+    # The choice is remembered for this chat: the next message does not ask again.
+    ended = send(qtbot, controller, "more")
+    assert ended.stats.context_tokens <= 120
+    assert len(controller.spy.of("context_overflowed")) == 1
+
+
+def test_context_overflow_drop_oldest_turns(make_controller, qtbot):
+    backend = FakeBackend(context_length=700, reply_fn=lambda m: "x" * 40)
+    settings = AppSettings()
+    settings.sampling = SamplingSettings(max_tokens=100)
+    controller = make_controller(backend, settings)
+    controller.context_overflowed.connect(
+        lambda _o: controller.resolve_overflow(OverflowPolicy.DROP_OLDEST)
+    )
+    load(qtbot, controller)
+    for text in ("a" * 300, "b" * 300, "c" * 300):
+        ended = send(qtbot, controller, text)
+        assert ended.message.content == "x" * 40
+        assert ended.stats.context_tokens <= 700  # never past the context
+    assert len(controller.spy.of("context_overflowed")) == 1  # asked once, then remembered
+    held = [m["content"] for m in backend.sessions[0].messages]
+    assert "a" * 300 not in held and held[-2:] == ["c" * 300, "x" * 40]
+    # The chat itself keeps every message.
+    contents = [m.content for m in controller.current.messages]
+    assert contents == ["a" * 300, "x" * 40, "b" * 300, "x" * 40, "c" * 300, "x" * 40]
+
+
+def test_context_overflow_cancel_gives_the_message_back(make_controller, qtbot):
+    controller = make_controller(FakeBackend(context_length=50))
+    load(qtbot, controller)
+    controller.context_overflowed.connect(lambda _o: controller.resolve_overflow(None))
+    with qtbot.waitSignal(controller.reply_ended, timeout=20000) as blocker:
+        controller.send("a message that will not fit")
+    assert blocker.args[0].message is None
+    assert controller.current.messages == []
+    assert controller.current.draft == "a message that will not fit"
+    assert controller.task == Task.IDLE
+
+
+def test_cancel_while_a_calibration_is_still_queued(make_controller, qtbot, tmp_path):
+    backend = FakeBackend(delay=0.01, reply_fn=lambda m: "z" * 2000)
+    controller = make_controller(backend)
+    load(qtbot, controller)
+    controller.send("busy")  # the engine is busy: the calibration below waits behind it
+    qtbot.waitUntil(lambda: controller.reply is not None and controller.reply.tokens > 2)
+    out = tmp_path / "queued.safetensors"
+    controller.engine.calibrate(CalibrationRequest(output=str(out), cache=CacheSettings()))
+    controller.cancel_calibration()
+    with qtbot.waitSignal(controller.calibration_cancelled, timeout=20000):
+        controller.engine.stop()
+    assert not out.exists() and backend.calibrations == []
+
+
+def test_first_run_fetch_builds_the_demo_codebook_then_loads_both(make_controller, qtbot, tmp_path):
+    backend = FakeBackend()
+    backend.demo_model_path = lambda: None
+    backend.demo_codebook = tmp_path / "codebooks" / "demo-default.safetensors"
+    controller = make_controller(backend)
+    with qtbot.waitSignal(controller.demo_missing, timeout=10000):
+        controller.start()
+    with qtbot.waitSignal(controller.codebook_loaded, timeout=20000) as blocker:
+        controller.fetch_demo()
+        assert controller.task == Task.FETCHING
+    assert backend.demo_steps == ["fetch", "codebook:/fake/demo"]
+    assert blocker.args[0].automatic and blocker.args[0].name == "demo-default.safetensors"
+    assert controller.model.source == "demo"
+    assert "demo" not in controller.settings.codebook_for_model  # a default, not a choice
+
+
+def test_engine_backend_fetch_demo_builds_the_codebook_with_progress(qtbot, monkeypatch, tmp_path):
+    """The real EngineBackend over the engine's functions (monkeypatched: no download)."""
+    import a2ats_engine.calibration.calibrate as calibrate_module
+    import a2ats_engine.loading.models as models_module
+    from app.backend import EngineBackend
+
+    calls = []
+
+    def fake_fetch(progress=None):
+        calls.append("fetch")
+        progress("converting", 1, 1)
+        return tmp_path / "demo"
+
+    def fake_codebook(progress=None, *, model_source="demo", force=False, cancel=None):
+        calls.append(("codebook", Path(model_source)))
+        progress("clustering", 3, 3)
+        return tmp_path / "demo-default.safetensors"
+
+    monkeypatch.setattr(models_module, "fetch_demo", fake_fetch)
+    monkeypatch.setattr(calibrate_module, "ensure_demo_codebook", fake_codebook)
+    engine = EngineThread(EngineBackend())
+    stages = []
+    engine.worker.progress.connect(lambda p: stages.append((p.task, p.stage)))
+    try:
+        with qtbot.waitSignal(engine.worker.demo_fetched, timeout=20000) as blocker:
+            engine.fetch_demo()
+    finally:
+        engine.shutdown()
+    assert blocker.args[0] == str(tmp_path / "demo")
+    assert calls == ["fetch", ("codebook", tmp_path / "demo")]
+    assert (Job.FETCH_DEMO, "clustering") in stages
+
+
+# ----- the real engine on the tiny model ---------------------------------------------------
+
+
+def test_partial_reply_is_checkpointed_and_marked_interrupted_real(
+    make_controller, qtbot, tiny_folder
+):
+    settings = AppSettings()
+    settings.sampling = SamplingSettings(max_tokens=400, seed=3, temperature=1.0)
+    controller = make_controller(None, settings)
+    load(qtbot, controller, str(tiny_folder))
+    path = None
+    checkpoints: list[str] = []
+
+    def read_checkpoint():
+        data = json.loads(path.read_text()) if path.exists() else {"messages": []}
+        last = data["messages"][-1] if data["messages"] else {}
+        if last.get("interrupted"):
+            checkpoints.append(path.read_text())
+        return bool(checkpoints)
+
+    controller.send("Tell me a long story")
+    path = controller.store.path_for(controller.current.id)
+    qtbot.waitUntil(read_checkpoint, timeout=60000)
+    with qtbot.waitSignal(controller.reply_ended, timeout=60000) as blocker:
+        controller.stop()
+    final = blocker.args[0].message
+    # What a kill at the checkpoint leaves on disk: the prompt and the partial reply.
+    path.write_text(checkpoints[0])
+    again = HistoryStore().load_all()[0]
+    partial = again.messages[-1]
+    assert partial.role == "assistant" and partial.interrupted and partial.content
+    assert final.content.startswith(partial.content)
+    assert partial.provenance["model"]["path"] == str(tiny_folder)
+
+
+def test_stop_during_a_long_prefill_is_honoured_between_chunks_real(qtbot, tiny_folder):
+    """The stop arrives while the prompt is being prefilled (from the prefill's own progress
+    callback, i.e. between chunks): nothing is generated and only part of the prompt is in
+    the cache."""
+    from app.backend import EngineBackend
+    from app.events import GenerationRequest
+
+    chunks = []
+
+    class StopInPrefill(EngineBackend):
+        def make_session(self, *args, **kwargs):
+            session = super().make_session(*args, **kwargs)
+
+            def on_prefill(stage, done, total):
+                chunks.append((done, total))
+                if len(chunks) == 2:
+                    engine.stop()  # as the Stop button does, from outside the stream
+
+            session.prefill_progress = on_prefill
+            return session
+
+    engine = EngineThread(StopInPrefill(prefill_step_size=16))
+    finished = []
+    engine.worker.generation_finished.connect(finished.append)
+    try:
+        with qtbot.waitSignal(engine.worker.model_loaded, timeout=60000):
+            engine.load_model(str(tiny_folder))
+        request = GenerationRequest(
+            request_id=engine.next_request_id(), conversation_id="c", mode=ReplyMode.SEND,
+            text="word " * 300, history=(), system_prompt="",
+            sampling=SamplingSettings(max_tokens=50, seed=0), cache=CacheSettings(),
+        )  # fmt: skip
+        engine.generate(request)
+        qtbot.waitUntil(lambda: bool(finished), timeout=60000)
+    finally:
+        engine.shutdown()
+    stats = finished[0]
+    total = chunks[0][1]
+    assert total > 200 and stats.stop_reason == "cancelled"
+    assert stats.generation_tokens == 0
+    assert 0 < stats.prompt_tokens < total  # it stopped between chunks, not at the end
+    assert stats.context_tokens == stats.prompt_tokens
+
+
+def test_codebook_mismatch_is_reported_and_the_chat_kept_real(
+    make_controller, qtbot, tiny_folder, tmp_path
+):
+    from a2ats_engine import Codebook
+
+    controller = make_controller(None)
+    load(qtbot, controller, str(tiny_folder))
+    send(qtbot, controller, "Hello")
+    before = [m.content for m in controller.current.messages]
+    wrong = tmp_path / "thirty-layers.safetensors"
+    Codebook.random(num_layers=30, num_kv_heads=2, head_dim=32, n_centroids=16).save(wrong)
+    with qtbot.waitSignal(controller.error_reported, timeout=60000) as blocker:
+        controller.load_codebook(str(wrong))
+    report = blocker.args[0]
+    assert report.task == Job.LOAD_CODEBOOK and "30" in report.message
+    assert "\n" not in report.message
+    assert controller.codebook is None
+    assert [m.content for m in controller.current.messages] == before
+    ended = send(qtbot, controller, "Still there?")
+    assert ended.stats.stop_reason in ("stop", "length")
+
+
+@pytest.fixture(scope="module")
+def short_context_folder(tmp_path_factory):
+    """The tiny Llama with a 160-token context."""
+    from tiny import save_tiny_model
+
+    folder = tmp_path_factory.mktemp("short") / "tiny-short"
+    return save_tiny_model(folder, hidden_size=128, max_position_embeddings=160)
+
+
+def held_turns(controller) -> list[tuple[str, str]]:
+    worker = controller.engine.worker  # read after the reply: the engine thread is idle
+    return worker.backend.session_turns(worker._session)
+
+
+def test_context_limit_on_the_real_engine_stop_at_limit(
+    make_controller, qtbot, short_context_folder
+):
+    settings = AppSettings()
+    settings.sampling = SamplingSettings(max_tokens=120, seed=4, temperature=1.0)
+    controller = make_controller(None, settings)
+    load(qtbot, controller, str(short_context_folder))
+    assert controller.model.info.context_length == 160
+    asked = []
+
+    def answer(overflow):
+        asked.append(overflow)
+        controller.resolve_overflow(OverflowPolicy.STOP_AT_LIMIT)
+
+    controller.context_overflowed.connect(answer)
+    for text in ("The quick brown fox jumps over the lazy dog.", "And then?"):
+        ended = send(qtbot, controller, text)
+        assert ended.stats.context_tokens <= 160  # never past the model's context
+    assert asked and asked[0].prompt_tokens + asked[0].max_tokens > 160
+
+
+def test_context_limit_on_the_real_engine_drop_oldest(make_controller, qtbot, short_context_folder):
+    settings = AppSettings()
+    settings.sampling = SamplingSettings(max_tokens=24, seed=5, temperature=1.0)
+    controller = make_controller(None, settings)
+    load(qtbot, controller, str(short_context_folder))
+    controller.context_overflowed.connect(
+        lambda _o: controller.resolve_overflow(OverflowPolicy.DROP_OLDEST)
+    )
+    texts = [f"Message number {i}: the quick brown fox." for i in range(6)]
+    for text in texts:
+        ended = send(qtbot, controller, text)
+        assert ended.stats.context_tokens <= 160
+    assert controller.spy.of("context_overflowed")  # it did overflow along the way
+    held = [content for role, content in held_turns(controller) if role == "user"]
+    assert held[-1] == texts[-1] and texts[0] not in held  # the oldest turns were left out
+    assert [m.content for m in controller.current.messages if m.role == "user"] == texts

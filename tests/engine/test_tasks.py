@@ -1,0 +1,153 @@
+"""The RULER-style task suite: scoring, deterministic prompts with the needle where it is said to
+be, and `a2ats bench tasks --json` on a tiny model."""
+
+import json
+from collections import Counter
+
+import pytest
+from tiny import save_tiny_model, tiny_tokenizer
+
+from a2ats_engine.bench import tasks as tk
+from a2ats_engine.cache.codebook import Codebook
+from a2ats_engine.cli import main
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def sentences():
+    return tk.haystack_sentences(tk.default_haystack()[0])
+
+
+def test_score_is_the_share_of_references_found():
+    assert tk.score_answer(" 1234567. Remember", ["1234567"]) == 1.0
+    assert tk.score_answer(" 1234566", ["1234567"]) == 0.0
+    assert tk.score_answer("ABCDE, fghij and more", ["abcde", "FGHIJ", "KLMNO"]) == pytest.approx(
+        2 / 3
+    )
+    assert tk.score_answer("", ["x"]) == 0.0
+    with pytest.raises(ValueError, match="references"):
+        tk.score_answer("x", [])
+
+
+def test_summary_and_relative_scores_on_hand_made_trials():
+    def trial(method, seed, answer, score):
+        return tk.TaskTrial("niah_number", 1024, 0.5, seed, method, answer, score)
+
+    trials = [
+        trial("full", 0, "12", 1.0),
+        trial("full", 1, "34", 1.0),
+        trial("a2ats", 0, "12", 1.0),
+        trial("a2ats", 1, "99", 0.0),
+    ]
+    rows = {r["method"]: r for r in tk.summarize(trials)}
+    assert rows["a2ats"] == {
+        "task": "niah_number", "context": 1024, "method": "a2ats", "score": 0.5, "n": 2,
+    }  # fmt: skip
+    rel = {r["method"]: r for r in tk.relative_to_full(trials)}
+    assert rel["full"]["score_vs_full"] == 1.0 and rel["full"]["agrees_with_full"] == 1.0
+    assert rel["a2ats"]["score_vs_full"] == 0.5 and rel["a2ats"]["agrees_with_full"] == 0.5
+
+
+@pytest.mark.parametrize("task", tk.TASKS)
+def test_prompts_are_deterministic_per_seed(tokenizer, sentences, task):
+    a = tk.make_prompt(tokenizer, task, 900, 0.5, 0, sentences)
+    b = tk.make_prompt(tokenizer, task, 900, 0.5, 0, sentences)
+    c = tk.make_prompt(tokenizer, task, 900, 0.5, 1, sentences)
+    assert a == b
+    assert a.ids != c.ids and a.references != c.references
+    assert len(a.ids) <= 900
+
+
+@pytest.mark.parametrize("task", [t for t in tk.TASKS if t != "common_words"])
+@pytest.mark.parametrize("depth", [0.1, 0.5, 0.9])
+def test_the_answer_is_in_the_needle_at_the_stated_depth(tokenizer, sentences, task, depth):
+    context = 1500
+    p = tk.make_prompt(tokenizer, task, context, depth, 3, sentences)
+    needle = tokenizer.encode(p.needle_text, add_special_tokens=False)
+    assert list(p.ids[p.needle_at : p.needle_at + len(needle)]) == needle
+    assert p.references[0] in p.needle_text
+    # the needle sits at a sentence boundary near `depth` of the filler tokens ...
+    longest = max(len(tokenizer.encode(s, add_special_tokens=False)) for s in sentences)
+    assert abs(p.filler_before - depth * p.filler_tokens) <= longest / 2 + 1
+    # ... and that is where it is in the prompt: after the intro, that filler and other needles
+    intro = len(tokenizer.encode(tk.INTRO))
+    assert 0 <= p.needle_at - intro - p.filler_before <= len(p.ids) - intro - p.filler_tokens
+    assert context - longest < len(p.ids) <= context  # filled up to less than one sentence
+    text = tokenizer.decode(list(p.ids))
+    for ref in p.references:  # every reference is in the prompt, before the question
+        assert ref in text[: text.rindex("\n")]
+
+
+def test_variable_tracking_chain_is_in_order(tokenizer, sentences):
+    p = tk.make_prompt(tokenizer, "variable_tracking", 1500, 0.3, 2, sentences)
+    text = tokenizer.decode(list(p.ids))
+    names = p.references
+    assert 3 <= len(names) <= 5
+    spots = [text.index(f"VAR {names[0]} = ")]
+    spots += [text.index(f"VAR {b} = VAR {a}.") for a, b in zip(names, names[1:], strict=False)]
+    assert spots == sorted(spots)
+    value = text[spots[0] :].split("= ")[1].split(".")[0]
+    assert f"value {value}" in text[text.rindex("\n") :]
+
+
+def test_common_words_are_the_most_frequent(tokenizer):
+    p = tk.make_prompt(tokenizer, "common_words", 1500, 0.5, 0, [])
+    lines = tokenizer.decode(list(p.ids)).split("\n")
+    counts = Counter(line.split(". ", 1)[1] for line in lines[1:] if line[:1].isdigit())
+    top = {w for w, _ in counts.most_common(tk.COMMON_WORDS)}
+    assert top == set(p.references)
+    least_common = min(counts[w] for w in p.references)
+    assert all(c < least_common for w, c in counts.items() if w not in p.references)
+
+
+def test_prompt_arguments_are_checked(tokenizer, sentences):
+    with pytest.raises(ValueError, match="task="):
+        tk.make_prompt(tokenizer, "nope", 900, 0.5, 0, sentences)
+    with pytest.raises(ValueError, match="depth="):
+        tk.make_prompt(tokenizer, "niah_word", 900, 1.5, 0, sentences)
+    with pytest.raises(ValueError, match="too short"):
+        tk.make_prompt(tokenizer, "niah_uuid", 60, 0.5, 0, sentences)
+    with pytest.raises(ValueError, match="sentences"):
+        tk.haystack_sentences("just one")
+
+
+def test_bench_tasks_json(tmp_path, capsys):
+    folder = save_tiny_model(tmp_path / "m", "llama", hidden_size=256)  # head_dim 64
+    book = tmp_path / "cb.safetensors"
+    Codebook.random(2, 2, 64, 32, seed=1).save(book)
+    haystack = tmp_path / "hay.txt"
+    haystack.write_text("The cat sat on the mat today. " * 3 + "A dog ran in the park again. " * 3)
+    argv = ["bench", "tasks", "--model", str(folder), "--codebook", str(book), "--contexts",
+            "500", "--methods", "full,a2ats,window,oracle_topk", "--tasks",
+            "niah_number,variable_tracking,common_words", "--depths", "0.2,0.8", "--seeds", "2",
+            "--haystack", str(haystack), "--budget", "0.05", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1
+    data = json.loads(out)
+    rows = data["results"]
+    assert {(r["task"], r["method"]) for r in rows} == {
+        (t, m)
+        for t in ("niah_number", "variable_tracking", "common_words")
+        for m in ("full", "a2ats", "window", "oracle_topk")
+    }
+    for r in rows:
+        assert set(r) == {"task", "context", "method", "score", "n"}
+        assert r["context"] == 500 and 0.0 <= r["score"] <= 1.0
+        assert r["n"] == (2 if r["task"] == "common_words" else 4)  # seeds x depths
+    full = [r for r in data["relative_to_full"] if r["method"] == "full"]
+    assert all(r["agrees_with_full"] == 1.0 for r in full)
+    assert data["haystack"] == "hay.txt" and data["seeds"] == 2
+    assert data["command"].startswith("a2ats bench tasks --contexts 500")
+
+
+def test_the_default_haystack_is_not_calibration_text(sentences):
+    from a2ats_engine.calibration.corpus import builtin_corpus
+
+    corpus = "".join(builtin_corpus())
+    assert len(sentences) > 100
+    assert not [s for s in sentences if len(s) > 40 and s.strip() in corpus]
