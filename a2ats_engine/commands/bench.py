@@ -413,7 +413,9 @@ def run_tasks(args: argparse.Namespace) -> int:
         haystack, haystack_desc = tk.default_haystack()
     model, tokenizer, info = load_model(args.model)
     codebook, desc = find_codebook(args.codebook, args.model, info.path, required=True)
-    config = a2ats_config(codebook, model, budget=parse_budget(args.budget), rerank=args.rerank)
+    config = a2ats_config(  # exact_below 0: the tasks measure retrieval
+        codebook, model, budget=parse_budget(args.budget), rerank=args.rerank, exact_below=0
+    )
     prompts = tk.task_prompts(
         tokenizer, names, parse_list(args.contexts), parse_list(args.depths, float), args.seeds,
         haystack,
