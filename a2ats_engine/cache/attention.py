@@ -264,6 +264,32 @@ def slots_of(codes: mx.array, buckets: mx.array | int, n_centroids: int) -> mx.a
     return codes.astype(mx.int32) + mx.array(buckets, dtype=mx.int32) * n_centroids
 
 
+# exp(x) = 2^(x log2 e): a degree-7 polynomial for 2^f on [0, 1) times 2^n built from the
+# float32 exponent bits. MLX's CPU `exp` costs about 10 ns an element here (NumPy's 0.4 ns), and
+# the estimate takes one per (bucket, code) slot and query head every step (2,048 x 9 x 30 layers
+# on the demo model); fused by `mx.compile`, this is 3-4x faster. Relative error < 4e-6.
+_LOG2E = 1.4426950408889634
+_EXP2_COEFFS = (
+    1.0, 0.6931471805599453, 0.2402265069591007, 0.05550410866482158, 0.009618129107628477,
+    0.0013333558146428443, 0.00015403530393381606, 1.525273380405984e-05,
+)  # fmt: skip
+
+
+def _exp_by_exponent_bits(x: mx.array) -> mx.array:
+    """exp(x) for float32 x <= 88 (0 below float32's normal range, as for x = -inf)."""
+    y = mx.maximum(x.astype(mx.float32) * _LOG2E, -127.0)
+    n = mx.floor(y)
+    f = y - n
+    poly = mx.array(_EXP2_COEFFS[-1], mx.float32)
+    for c in reversed(_EXP2_COEFFS[:-1]):
+        poly = poly * f + c
+    scale = mx.view((n.astype(mx.int32) + 127) << 23, mx.float32)
+    return mx.where(y <= -127.0, mx.array(0.0, mx.float32), poly * scale)
+
+
+fast_exp = mx.compile(_exp_by_exponent_bits)
+
+
 def selected_attention_with_estimate(
     queries: mx.array,
     keys: mx.array,
@@ -295,7 +321,7 @@ def selected_attention_with_estimate(
         sink = mx.broadcast_to(sinks.astype(mx.float32).reshape(1, n_kv, G, 1), (B, n_kv, G, 1))
         top = mx.maximum(top, sink)
     p = mx.exp(s - top)  # [B, n_kv, G, M]
-    e = mx.exp(t - top)  # [B, n_kv, G, slots]
+    e = fast_exp(t - top)  # [B, n_kv, G, slots]: the bulk of the step's exponentials
     v = values.astype(mx.float32)
     # the retrieved far tokens' share of their slots: exp(s_slot) each, with their own values
     own = mx.exp(missed.sel_scores.astype(mx.float32) * scale - top)
