@@ -152,3 +152,16 @@ def test_the_reference_methods_stay_plain_top_k():
     for name in ("oracle_topk", "window"):
         assert not METHODS[name].config(A2ATSConfig(), window_budget=9).estimate_missed
     assert METHODS["a2ats_plain_vq"].config(A2ATSConfig()).estimate_missed  # ablations inherit
+
+
+def test_fast_exp_matches_exp_and_sends_minus_infinity_to_zero():
+    import numpy as np
+
+    from a2ats_engine.cache.attention import fast_exp
+
+    x = np.concatenate([np.linspace(-100.0, 80.0, 4001), [-np.inf, 0.0]]).astype(np.float32)
+    got = np.array(fast_exp(mx.array(x)))
+    want = np.exp(x.astype(np.float64))
+    normal = want > 1.2e-38
+    assert np.all(np.abs(got[normal] - want[normal]) <= 5e-6 * want[normal])
+    assert np.all(got[~normal] <= 1.2e-38) and got[-2] == 0.0 and got[-1] == 1.0
