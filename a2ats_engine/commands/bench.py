@@ -33,7 +33,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "a2ats_rr<N> = a2ats with rerank N, a2ats_eb<N> = exact_below N (a2ats_eb0: retrieval "
         "from the start, the crossover probe; combines: a2ats_kv4_rr2_eb0)",
     )
-    d.add_argument("--rerank", type=int, default=None, help="A2ATS rerank factor (default 1)")
+    d.add_argument(
+        "--rerank", type=int, default=None, help="A2ATS rerank factor (default: the config's)"
+    )
+    d.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="measure this many times; tok/s and ratios are the median, with the spread "
+        "(min-max of the ratios) and every run's ratio (the machine may be shared and noisy)",
+    )
     d.add_argument(
         "--telemetry", action="store_true", help="also time a2ats with telemetry on (overhead)"
     )
@@ -55,6 +64,43 @@ def register(sub: argparse._SubParsersAction) -> None:
     _register_passkey(bench)
     _register_tasks(bench)
     _register_seed_synthetic(bench)
+
+
+def _check_repeats(repeats: int) -> int:
+    if repeats < 1:
+        raise ValueError(f"--repeats={repeats} is out of range: must be an integer >= 1")
+    return repeats
+
+
+def median_results(runs: list[list]) -> list:
+    """One result per (context, method) from several runs of the same measurement: the median
+    tok/s, and in `extra` the median ratio to `full` of the same run, its spread (min, max) and
+    every run's ratio. Ratios are taken within a run (methods are timed interleaved there)."""
+    import statistics
+    from dataclasses import replace
+
+    def ratios(context: int, method: str) -> list[float]:
+        out = []
+        for run in runs:
+            by = {(r.context, r.method): r for r in run}
+            out.append(by[(context, method)].tokens_per_s / by[(context, "full")].tokens_per_s)
+        return out
+
+    merged = []
+    for first in runs[0]:
+        same = [next(r for r in run if (r.context, r.method) == (first.context, first.method))
+                for run in runs]  # fmt: skip
+        rs = ratios(first.context, first.method)
+        extra = {
+            **first.extra,
+            "runs": len(runs),
+            "ratio_median": round(statistics.median(rs), 3),
+            "ratio_spread": [round(min(rs), 3), round(max(rs), 3)],
+            "ratio_runs": [round(x, 3) for x in rs],
+        }
+        tok_s = statistics.median(r.tokens_per_s for r in same)
+        merged.append(replace(first, tokens_per_s=tok_s, extra=extra))
+    return merged
 
 
 def _load_codebook(path: str | None, model_source: str, model_path: str | None = None):
@@ -88,7 +134,11 @@ def run_geometry_decode(args: argparse.Namespace) -> int:
 
     config = A2ATSConfig(**knobs)
     contexts = [int(c) for c in args.contexts.split(",") if c]
-    results = bench_geometry_decode(model, contexts, steps=args.steps, config=config)
+    runs = [
+        bench_geometry_decode(model, contexts, steps=args.steps, config=config, seed=i)
+        for i in range(_check_repeats(args.repeats))
+    ]
+    results = median_results(runs)
     rows = []
     for r in results:
         full = next(x for x in results if x.context == r.context and x.method == "full")
@@ -97,7 +147,9 @@ def run_geometry_decode(args: argparse.Namespace) -> int:
                 "method": r.method,
                 "context": r.context,
                 "tokens_per_s": round(r.tokens_per_s, 2),
-                "speed_vs_full": round(r.tokens_per_s / full.tokens_per_s, 3),
+                "speed_vs_full": r.extra["ratio_median"],
+                "ratio_spread": r.extra["ratio_spread"],
+                "ratio_runs": r.extra["ratio_runs"],
                 "bytes_held": r.bytes_held,
                 "bytes_vs_full": round(r.bytes_held / max(full.bytes_held, 1), 3),
             }
@@ -113,6 +165,7 @@ def run_geometry_decode(args: argparse.Namespace) -> int:
         "codebook": f"random ({RANDOM_CENTROIDS} centroids): timing only",
         "budget": config.budget,
         "steps": args.steps,
+        "repeats": args.repeats,
         "calibration": calib,
         "machine": machine(),
         "command": "a2ats bench decode " + " ".join(sys.argv[3:]),
@@ -160,26 +213,29 @@ def run_decode(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"  {stage} ({done + 1}/{total})", file=sys.stderr)
 
-    results = bench_decode(
-        model,
-        tokenizer,
-        contexts,
-        steps=args.steps,
-        config=config,
-        codebook=codebook,
-        methods=tuple(methods),
-        progress=progress,
-    )
+    runs = [
+        bench_decode(
+            model,
+            tokenizer,
+            contexts,
+            steps=args.steps,
+            config=config,
+            codebook=codebook,
+            methods=tuple(methods),
+            progress=progress,
+        )
+        for _ in range(_check_repeats(args.repeats))
+    ]
+    results = median_results(runs)
     fp16 = fp16_bytes_per_token(model)
     rows = []
     for r in results:
-        full = next(x for x in results if x.context == r.context and x.method == "full")
         rows.append(
             {
                 "method": r.method,
                 "context": r.context,
                 "tokens_per_s": round(r.tokens_per_s, 2),
-                "speed_vs_full": round(r.tokens_per_s / full.tokens_per_s, 3),
+                "speed_vs_full": r.extra["ratio_median"],
                 "bytes_per_token": round(r.bytes_per_token, 1),
                 "bytes_vs_fp16_full": round(r.bytes_per_token / fp16, 3),
                 **r.extra,
@@ -192,6 +248,7 @@ def run_decode(args: argparse.Namespace) -> int:
         "budget": config.budget,
         "rerank": config.rerank,
         "steps": args.steps,
+        "repeats": args.repeats,
         "fp16_bytes_per_token": fp16,
         "machine": machine(),
         "command": "a2ats bench decode " + " ".join(sys.argv[3:]),

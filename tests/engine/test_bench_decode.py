@@ -22,6 +22,8 @@ def test_bench_decode_json(tmp_path, capsys):
             "--methods",
             "full,a2ats,a2ats_kv4,kv4",
             "--telemetry",
+            "--repeats",
+            "1",
             "--json",
         ]
     )
@@ -61,3 +63,18 @@ def test_decode_method_names_set_kv_bits_rerank_and_telemetry():
     assert _method_cache(model, base, "a2ats", config, None)[0].config == config
     with pytest.raises(ValueError, match="unknown method 'a2ats_rr'"):
         _method_cache(model, base, "a2ats_rr", config, None)
+
+
+def test_median_results_take_ratios_within_each_run():
+    from a2ats_engine.bench.speed import DecodeResult
+    from a2ats_engine.commands.bench import median_results
+
+    def run(full: float, a2ats: float) -> list:
+        return [DecodeResult("full", 8, full, 1, 1.0), DecodeResult("a2ats", 8, a2ats, 1, 1.0)]
+
+    # a noisy machine: run 2 is slow for both methods, run 3 fast for both
+    merged = median_results([run(10.0, 15.0), run(4.0, 8.0), run(20.0, 22.0)])
+    a2ats = next(r for r in merged if r.method == "a2ats")
+    assert a2ats.tokens_per_s == 15.0
+    assert a2ats.extra["ratio_runs"] == [1.5, 2.0, 1.1]
+    assert a2ats.extra["ratio_median"] == 1.5 and a2ats.extra["ratio_spread"] == [1.1, 2.0]
