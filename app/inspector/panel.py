@@ -35,9 +35,9 @@ SECTION_TITLES = {
     "map": "Window & retrieval map",
     "codebook": "Codebook usage",
     "memory": "Memory saved",
-    "fidelity": "Fidelity",
+    "fidelity": "Fidelity: missed mass & budget",
 }
-SECTION_STRETCH = {"map": 48, "codebook": 22, "memory": 19, "fidelity": 11}
+SECTION_STRETCH = {"map": 42, "codebook": 20, "memory": 16, "fidelity": 22}
 
 
 class InspectorPanel(QWidget):
