@@ -70,6 +70,8 @@ class StatusBar(QStatusBar):
 
     def set_plan(self, plan: LayerPlan | None, a2ats_enabled: bool) -> None:
         self.plan.setText(plan_text(plan, a2ats_enabled))
+        if not a2ats_enabled:
+            self.attention.setText("")  # the next reply uses the model's own cache
         self.plan.setToolTip(rich_from_plain(plan_tooltip(plan)))  # names come from the model
 
     def set_attention(self, text: str) -> None:
