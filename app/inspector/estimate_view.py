@@ -60,21 +60,20 @@ class EstimateView(QWidget):
         self.step_marker = pg.InfiniteLine(angle=90, movable=False)
         item.addItem(self.step_marker)
         for plot in (self.layer_plot, self.step_plot):
-            plot.setMinimumHeight(80)
+            plot.setMinimumHeight(60)
             plot.plotItem.getAxis("left").enableAutoSIPrefix(False)
         self.legend = LegendBar()
 
         self.budget_axis = LayerAxis()
         self.budget_plot = ThemedPlot(axisItems={"left": self.budget_axis})
         item = self.budget_plot.plotItem
-        item.setLabel("bottom", "KV head")
-        item.setLabel("left", "layer")
+        item.setLabel("bottom", "budget per KV head")
         item.invertY(True)
         item.setMouseEnabled(x=False, y=False)
         item.vb.setDefaultPadding(0.0)
         self.budget_image = pg.ImageItem(axisOrder="row-major")
         item.addItem(self.budget_image)
-        self.budget_plot.setMinimumHeight(80)
+        self.budget_plot.setMinimumHeight(60)
         self.budget_legend = LegendBar()
         self.budget_note = QLabel(FIXED_BUDGET)
         self.budget_note.setWordWrap(True)
@@ -90,17 +89,17 @@ class EstimateView(QWidget):
         self.info = small_label("", 2)
         self.budget_info = small_label("", 1)
 
-        plots = QHBoxLayout()
+        plots = QHBoxLayout()  # missed mass per layer | over steps | budget per head (narrow)
         plots.setContentsMargins(0, 0, 0, 0)
-        plots.addWidget(self.layer_plot, 1)
-        plots.addWidget(self.step_plot, 1)
+        plots.addWidget(self.layer_plot, 3)
+        plots.addWidget(self.step_plot, 3)
+        plots.addWidget(self.budget_stack, 2)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(2)
-        layout.addLayout(plots, 3)
+        layout.addLayout(plots, 1)
         layout.addWidget(self.legend)
         layout.addWidget(self.info)
-        layout.addWidget(self.budget_stack, 2)
         layout.addWidget(self.budget_info)
         self.layer_plot.on_theme = self._on_theme
         self._on_theme(self.layer_plot.theme)
@@ -213,9 +212,7 @@ class EstimateView(QWidget):
         )
         self.budget_plot.plotItem.setXRange(0, cols, padding=0)
         self.budget_plot.plotItem.setYRange(0, rows, padding=0)
-        self.budget_legend.set_gradient(
-            self._lut, "kept 0", f"{top:.0f} far tokens", none=(self._far, "fixed / exact")
-        )
+        self.budget_legend.set_gradient(self._lut, "0", f"{top:.0f} kept", none=(self._far, "none"))
         self.budget_info.setText(self.budget_text())
 
     # ---- text ----------------------------------------------------------------------------------
@@ -248,8 +245,8 @@ class EstimateView(QWidget):
         if not finite.size:
             return ""
         return (
-            f"adaptive budget: far tokens kept per KV head (mean of its query heads): "
-            f"mean {finite.mean():.1f}, min {finite.min():.0f}, max {finite.max():.0f}"
+            f"adaptive budget, far tokens kept per KV head: mean {finite.mean():.1f}, "
+            f"min {finite.min():.0f}, max {finite.max():.0f}"
         )
 
     def _on_theme(self, theme: Theme) -> None:

@@ -37,7 +37,7 @@ SECTION_TITLES = {
     "memory": "Memory saved",
     "fidelity": "Fidelity: missed mass & budget",
 }
-SECTION_STRETCH = {"map": 42, "codebook": 20, "memory": 16, "fidelity": 22}
+SECTION_STRETCH = {"map": 40, "codebook": 19, "memory": 15, "fidelity": 26}
 
 
 class InspectorPanel(QWidget):

@@ -426,7 +426,7 @@ def test_budget_heatmap_with_adaptive_coverage(panel):
     assert np.array_equal(view.budget, want)
     assert view.budget_image.image.shape == (5, 3)
     assert f"max {want.max():.0f}" in view.budget_info.text()
-    assert any("far tokens" in label for label in view.budget_legend.labels())
+    assert any(f"{want.max():.0f} kept" in label for label in view.budget_legend.labels())
 
 
 def test_exact_until_n_tokens_below_the_crossover(panel):
