@@ -13,6 +13,7 @@ from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats
 from .chat.chat_view import ChatView
 from .controller import ChatController, ReplyEnded, ReplyInProgress
 from .events import ContextTokens, GenerationStarted, ReplyMode, StopReason
+from .inspector.data import attention_mode_text
 from .status_bar import StatusBar
 
 
@@ -111,6 +112,7 @@ class ReplyView(QObject):
         if self.controller.reply is not None:
             native = snapshot.native_bytes  # native layers hold the same either way
             self.status.set_cache(snapshot.bytes_held + native, snapshot.bytes_fp16 + native, True)
+            self.status.set_attention(attention_mode_text(snapshot))
 
     def _on_context(self, context: ContextTokens) -> None:
         self.chat_view.set_context(context)

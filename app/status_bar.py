@@ -1,5 +1,6 @@
-"""The main window's status bar: model, the layer plan ("A2ATS on 5 of 26 layers"), context
-used/limit, TTFT, tokens/s, peak memory, cache."""
+"""The main window's status bar: model, the layer plan ("A2ATS on 5 of 26 layers"), how the
+last step attended ("exact until 2,048 tokens" / "A2ATS retrieving"), context used/limit, TTFT,
+tokens/s, peak memory, cache."""
 
 from __future__ import annotations
 
@@ -39,12 +40,21 @@ class StatusBar(QStatusBar):
         self.setSizeGripEnabled(False)
         self.model = self._label("StatusModel", "No model", "Model")
         self.plan = self._label("StatusPlan", "", "Layers using A2ATS")
+        self.attention = self._label("StatusAttention", "", "How the last step attended")
         self.context = self._label("StatusContext", "", "Context used and limit")
         self.ttft = self._label("StatusTTFT", "", "Time to first token")
         self.speed = self._label("StatusSpeed", "", "Generation speed")
         self.memory = self._label("StatusMemory", "", "Peak memory")
         self.cache = self._label("StatusCache", "", "KV cache bytes held")
-        labels = (self.model, self.plan, self.context, self.ttft, self.speed, self.memory)
+        labels = (
+            self.model,
+            self.plan,
+            self.attention,
+            self.context,
+            self.ttft,
+            self.speed,
+            self.memory,
+        )
         for label in (*labels, self.cache):
             self.addPermanentWidget(label)
 
@@ -60,7 +70,19 @@ class StatusBar(QStatusBar):
 
     def set_plan(self, plan: LayerPlan | None, a2ats_enabled: bool) -> None:
         self.plan.setText(plan_text(plan, a2ats_enabled))
+        if not a2ats_enabled:
+            self.attention.setText("")  # the next reply uses the model's own cache
         self.plan.setToolTip(rich_from_plain(plan_tooltip(plan)))  # names come from the model
+
+    def set_attention(self, text: str) -> None:
+        """How the last decode step attended (`app.inspector.data.attention_mode_text`):
+        "exact until N tokens" below the exact crossover, "A2ATS retrieving" above it."""
+        self.attention.setText(text)
+        self.attention.setToolTip(
+            "Below the crossover A2ATS attends exactly (faster there); above it, it retrieves."
+            if text.startswith("exact until")
+            else ""
+        )
 
     def set_context(self, used: int, limit: int | None) -> None:
         limit_text = f"{limit:,}" if limit else "?"
@@ -72,6 +94,8 @@ class StatusBar(QStatusBar):
         self.memory.setText("" if not peak_gb else f"peak {peak_gb:.2f} GB")
 
     def set_cache(self, held: int | None, fp16: int | None = None, a2ats: bool = True) -> None:
+        if not a2ats:
+            self.attention.setText("")  # no A2ATS cache: nothing to say about how it attended
         if held is None:
             self.cache.setText("")
             return

@@ -355,3 +355,99 @@ def recall_matrix(snapshots: list[CacheSnapshot], head: int | None = ALL_HEADS) 
 
 def has_recall(snapshot: CacheSnapshot) -> bool:
     return any(layer.recall for layer in snapshot.layers)
+
+
+# ---- estimated missed mass, adaptive budget, exact crossover ------------------------------------
+def missed_value(layer: LayerStats, head: int | None = ALL_HEADS) -> float:
+    """Estimated missed mass of one layer (`estimate_missed`): one KV head's share of the
+    softmax given to the not-retrieved far tokens, or the mean over heads; NaN when absent
+    (exact step, or the estimate is off)."""
+    if not layer.missed_mass:
+        return float("nan")
+    if head is None:
+        return float(np.mean(layer.missed_mass))
+    return float(layer.missed_mass[head]) if head < len(layer.missed_mass) else float("nan")
+
+
+def missed_column(snapshot: CacheSnapshot, head: int | None = ALL_HEADS) -> np.ndarray:
+    """Estimated missed mass per layer of one step: float32 [L], NaN where absent."""
+    return np.array([missed_value(layer, head) for layer in snapshot.layers], dtype=np.float32)
+
+
+def measured_missed_column(snapshot: CacheSnapshot, head: int | None = ALL_HEADS) -> np.ndarray:
+    """Measured missed mass per layer (1 - recall of the fidelity pass): float32 [L], NaN
+    where the step was not measured. Same scale as `missed_column`, so the two compare."""
+    return (1.0 - recall_column(snapshot, head)).astype(np.float32)
+
+
+def has_missed(snapshot: CacheSnapshot) -> bool:
+    return any(layer.missed_mass for layer in snapshot.layers)
+
+
+@dataclass(frozen=True)
+class MissedHistory:
+    """Missed mass over steps, mean over the layers that report it.
+
+    steps:     int64 [n] decode step numbers.
+    estimate:  float32 [n] estimated missed mass (NaN: no estimate at that step).
+    measured:  float32 [n] 1 - recall of the fidelity pass (NaN: not measured).
+    """
+
+    steps: np.ndarray
+    estimate: np.ndarray
+    measured: np.ndarray
+
+
+def _nanmean(values: np.ndarray) -> float:
+    finite = values[np.isfinite(values)]
+    return float(finite.mean()) if finite.size else float("nan")
+
+
+def missed_history(snapshots: list[CacheSnapshot], head: int | None = ALL_HEADS) -> MissedHistory:
+    """Estimated and measured missed mass of each snapshot (mean over layers)."""
+    return MissedHistory(
+        steps=np.array([s.step for s in snapshots], dtype=np.int64),
+        estimate=np.array([_nanmean(missed_column(s, head)) for s in snapshots], np.float32),
+        measured=np.array(
+            [_nanmean(measured_missed_column(s, head)) for s in snapshots], np.float32
+        ),
+    )
+
+
+def budget_matrix(snapshot: CacheSnapshot) -> np.ndarray:
+    """Adaptive budget used: float32 [L, H], per layer and KV head the far tokens kept, mean
+    over the GQA group's query heads; NaN where a layer has no record (fixed budget, exact)."""
+    heads = num_kv_heads(snapshot)
+    out = np.full((len(snapshot.layers), heads), np.nan, dtype=np.float32)
+    for i, layer in enumerate(snapshot.layers):
+        for h, kept in enumerate(layer.budget_used or ()):
+            out[i, h] = float(np.mean(kept)) if np.size(kept) else np.nan
+    return out
+
+
+def has_adaptive_budget(snapshot: CacheSnapshot) -> bool:
+    return any(layer.budget_used for layer in snapshot.layers)
+
+
+def exact_until(snapshot: CacheSnapshot) -> int | None:
+    """N when every layer attended exactly because the context is below the cache's
+    `exact_below` crossover (the step's offset < N); None otherwise."""
+    layers = snapshot.layers
+    if not layers or not all(layer.exact for layer in layers):
+        return None
+    until = max(layer.exact_until for layer in layers)
+    return until if snapshot.offset < until else None
+
+
+def attention_mode_text(snapshot: CacheSnapshot | None) -> str:
+    """How the step attended, plainly: "exact until N tokens" below the crossover, "exact
+    attention (nothing to drop yet)" on other exact steps, "A2ATS retrieving" otherwise, ""
+    without A2ATS layers. Never names A2ATS over exact attention without saying it is exact."""
+    if snapshot is None or not snapshot.layers:
+        return ""
+    until = exact_until(snapshot)
+    if until is not None:
+        return f"exact until {until:,} tokens"
+    if all(layer.exact for layer in snapshot.layers):
+        return "exact attention (nothing to drop yet)"
+    return "A2ATS retrieving"

@@ -1,7 +1,8 @@
-"""Fidelity: a layers x steps heat strip of the attention mass the selection recalled.
+"""Fidelity: estimated missed mass and the budget per head (every step, `estimate_view.py`),
+and a layers x steps heat strip of the attention mass the selection recalled.
 
 Recall comes from the optional shadow exact-attention pass (every k-th step). Without it the
-panel explains how to turn it on instead of drawing an empty plot.
+strip explains how to turn it on instead of drawing an empty plot.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from PySide6.QtCore import QRectF, Qt, Signal
 from PySide6.QtWidgets import QLabel, QStackedWidget, QVBoxLayout, QWidget
 
 from . import data
+from .estimate_view import EstimateView
 from .plot_theme import Theme, fraction_to_index
 from .retrieval_map import LayerAxis
 from .snapshot_ring import Entry
@@ -65,7 +67,10 @@ class FidelityPanel(QWidget):
         self._build()
 
     def _build(self) -> None:
-        self.head_combo = head_combo("mean of heads", "KV head whose recall is shown")
+        self.head_combo = head_combo(
+            "mean of heads", "KV head whose missed mass and recall are shown"
+        )
+        self.estimate = EstimateView(self.state)
         self.head_combo.currentIndexChanged.connect(self._on_choice_changed)
         self.hint = QLabel(OFF_HINT)
         self.hint.setWordWrap(True)
@@ -95,7 +100,6 @@ class FidelityPanel(QWidget):
         strip_layout = QVBoxLayout(strip)
         strip_layout.setContentsMargins(0, 0, 0, 0)
         strip_layout.setSpacing(2)
-        strip_layout.addLayout(controls_row(self.head_combo))
         strip_layout.addWidget(self.plot, 1)
         strip_layout.addWidget(self.legend)
         strip_layout.addWidget(self.info)
@@ -107,7 +111,9 @@ class FidelityPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(2)
-        layout.addWidget(self.stack, 1)
+        layout.addLayout(controls_row(self.head_combo))
+        layout.addWidget(self.estimate, 3)
+        layout.addWidget(self.stack, 2)
         layout.addWidget(self.cost)
         self._on_theme(self.plot.theme)
 
@@ -123,6 +129,10 @@ class FidelityPanel(QWidget):
         entry = self.state.entry()
         measured = [e for e in self.state.ring.entries() if data.has_recall(e.snapshot)]
         self.cost.setText(self.cost_text())
+        if entry is not None:
+            sync_head_combo(self.head_combo, data.num_kv_heads(entry.snapshot))
+        self.estimate.head = self.head
+        self.estimate.render(entry)
         if entry is None or not measured:
             self.stack.setCurrentIndex(0)
             self.hint.setText(
@@ -133,7 +143,6 @@ class FidelityPanel(QWidget):
             self._key = None
             return
         self.stack.setCurrentIndex(1)
-        sync_head_combo(self.head_combo, data.num_kv_heads(entry.snapshot))
         key = (measured[0].seq, measured[-1].seq, len(measured), self.head)
         if key != self._key:
             self._key = key

@@ -35,9 +35,9 @@ SECTION_TITLES = {
     "map": "Window & retrieval map",
     "codebook": "Codebook usage",
     "memory": "Memory saved",
-    "fidelity": "Fidelity",
+    "fidelity": "Fidelity: missed mass & budget",
 }
-SECTION_STRETCH = {"map": 48, "codebook": 22, "memory": 19, "fidelity": 11}
+SECTION_STRETCH = {"map": 40, "codebook": 19, "memory": 15, "fidelity": 26}
 
 
 class InspectorPanel(QWidget):

@@ -429,7 +429,10 @@ class RetrievalMapPanel(QWidget):
             f"window from {first.window_start}",
             f"{first.sinks} sinks",
         ]
-        if exact == len(snap.layers):
+        until = data.exact_until(snap)
+        if until is not None:
+            parts.append(f"exact until {until:,} tokens (exact attention below the crossover)")
+        elif exact == len(snap.layers):
             parts.append("exact attention (context too short to drop anything)")
         else:
             mean = float(np.mean(retrieved))

@@ -14,6 +14,7 @@ import argparse
 import math
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -99,9 +100,18 @@ def synthetic_snapshots(
     kv_bits: int | None = 4,
     fidelity_every: int | None = None,
     seed: int = 0,
+    estimate_missed: bool = True,
+    coverage: bool = False,
+    exact_below: int = 0,
 ) -> Iterator[CacheSnapshot]:
-    """Yield `steps` snapshots (layers x kv_heads) continuing a prompt of `prompt_tokens`."""
+    """Yield `steps` snapshots (layers x kv_heads) continuing a prompt of `prompt_tokens`.
+
+    estimate_missed: fill `missed_mass` (near the measured 1 - recall, a little under it).
+    coverage:        fill `budget_used` as an adaptive budget would (per query head, >= min_k).
+    exact_below:     steps whose context is shorter attend exactly (`exact`, `exact_until`).
+    """
     rng = np.random.default_rng(seed)
+    extra = np.random.default_rng(seed + 1)  # the new fields' draws leave the others unchanged
     cap = prompt_tokens + steps
     # stable salience per layer/head: a few hot tokens, shared in part across layers
     shared_hot = rng.choice(np.arange(sinks, prompt_tokens), size=40, replace=False)
@@ -139,6 +149,18 @@ def synthetic_snapshots(
         far = positions[sinks:window_start]
         dist = (window_start - far).astype(np.float32)
         layer_stats = []
+        if offset < exact_below:
+            layer_stats = [
+                replace(
+                    _exact_layer(step, offset, window_start, sinks, layer, kv_heads, exact_below),
+                    code_counts=tuple(c.copy() for c in counts[layer]),
+                    bytes_held=int(offset * per_token),
+                    bytes_fp16=offset * 2 * kv_heads * head_dim * 2,
+                )
+                for layer in range(layers)
+            ]
+            yield CacheSnapshot(step=step, layers=tuple(layer_stats), token_id=step % 400)
+            continue
         for layer in range(layers):
             recency = recency_scale[layer] * np.exp(-dist / 300.0)
             selected, code_counts = [], []
@@ -174,9 +196,47 @@ def synthetic_snapshots(
                     bytes_fp16=offset * 2 * kv_heads * head_dim * 2,
                     layer=layer,
                     recall=recall,
+                    missed_mass=_missed(extra, quality[layer]) if estimate_missed else None,
+                    exact_until=exact_below,
+                    budget_used=_budget(extra, kv_heads, group, min_k, k) if coverage else None,
                 )
             )
         yield CacheSnapshot(step=step, layers=tuple(layer_stats), token_id=int(rng.integers(400)))
+
+
+def _missed(rng: np.random.Generator, quality: np.ndarray) -> tuple[float, ...]:
+    """Estimated missed mass per KV head: a noisy, slightly low guess of 1 - recall."""
+    guess = (1.0 - quality) * rng.uniform(0.55, 1.0, size=quality.size)
+    return tuple(float(v) for v in np.clip(guess, 0.0, 1.0))
+
+
+def _budget(
+    rng: np.random.Generator, kv_heads: int, group: int, floor: int, k: int
+) -> tuple[np.ndarray, ...]:
+    """Adaptive budget: far tokens each query head of each KV head's group kept (int32 [G])."""
+    return tuple(
+        rng.integers(floor, 2 * k + 1, size=group).astype(np.int32) for _ in range(kv_heads)
+    )
+
+
+def _exact_layer(
+    step: int, offset: int, window_start: int, sinks: int, layer: int, heads: int, until: int
+) -> LayerStats:
+    """An exact step below the crossover: every position attended, no codes sent."""
+    every = np.arange(offset, dtype=np.int32)
+    return LayerStats(
+        step=step,
+        offset=offset,
+        window_start=window_start,
+        sinks=sinks,
+        selected=tuple(every for _ in range(heads)),
+        code_counts=(),
+        bytes_held=0,
+        bytes_fp16=0,
+        exact=True,
+        layer=layer,
+        exact_until=until,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fidelity", action="store_true", help="include recall every 4 steps")
     parser.add_argument("--size", default="720x1040", help="inspector size WxH")
     parser.add_argument("--frequency", action="store_true", help="map in frequency mode")
+    parser.add_argument("--coverage", action="store_true", help="adaptive budget per head")
     args = parser.parse_args(argv)
 
     from PySide6.QtWidgets import QApplication
@@ -216,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         prompt_tokens=args.prompt_tokens,
         steps=args.steps,
         fidelity_every=fidelity,
+        coverage=args.coverage,
     ):
         panel.on_snapshot(snap)
         app.processEvents()

@@ -503,3 +503,64 @@ def test_ring_accumulates_the_engines_new_codes_exactly(capacity):
     selections = sum(sel.nbytes for s in kept for layer in s.layers for sel in layer.selected)
     assert ring.nbytes < selections + 200 * 3 * len(kept) + 64 * 3 * 3 * len(kept)
     assert_same_snapshots(with_histograms(sent), run)
+
+
+# ---- estimated missed mass, adaptive budget, exact crossover ------------------------------------
+def test_missed_mass_per_layer_and_history_beside_measured_recall():
+    from dataclasses import replace
+
+    run = growing_run(3, recall_every=2)
+    run = [
+        make_snapshot(
+            s.step,
+            [
+                replace(x, missed_mass=(0.01 * (i + 1), 0.03 * (i + 1)))
+                for i, x in enumerate(s.layers)
+            ],
+        )
+        for s in run
+    ]
+    snap = run[0]
+    assert data.missed_column(snap) == pytest.approx([0.02, 0.04, 0.06])
+    assert data.missed_column(snap, 1) == pytest.approx([0.03, 0.06, 0.09])
+    assert np.isnan(data.missed_value(snap.layers[0], 5))
+    # measured = 1 - recall (recall 0.9 - 0.1 i + 0.01 h)
+    assert data.measured_missed_column(snap) == pytest.approx([0.095, 0.195, 0.295])
+    assert np.isnan(data.measured_missed_column(run[1])).all()  # step 1 not measured
+    hist = data.missed_history(run)
+    assert hist.steps.tolist() == [0, 1, 2]
+    assert hist.estimate == pytest.approx([0.04] * 3)
+    assert hist.measured[0] == pytest.approx(0.195) and np.isnan(hist.measured[1])
+    assert data.has_missed(snap) and not data.has_missed(growing_run(1)[0])
+    assert np.isnan(data.missed_history(growing_run(2)).estimate).all()
+
+
+def test_budget_matrix_means_the_group_and_marks_fixed_layers():
+    from dataclasses import replace
+
+    layers = [make_layer(layer=i) for i in range(3)]
+    layers[0] = replace(layers[0], budget_used=(np.array([4, 6], np.int32), np.array([16, 16])))
+    layers[2] = replace(layers[2], budget_used=(np.array([1, 3], np.int32), np.array([2, 2])))
+    snap = make_snapshot(0, layers)
+    m = data.budget_matrix(snap)
+    assert m.shape == (3, 2)
+    assert m[0].tolist() == [5.0, 16.0] and m[2].tolist() == [2.0, 2.0]
+    assert np.isnan(m[1]).all()
+    assert data.has_adaptive_budget(snap) and not data.has_adaptive_budget(growing_run(1)[0])
+
+
+def test_attention_mode_says_exact_until_below_the_crossover():
+    from dataclasses import replace
+
+    def snap_of(offset: int, exact: bool, until: int):
+        layers = [make_layer(offset=offset, exact=exact, layer=i) for i in range(2)]
+        return make_snapshot(0, [replace(x, exact_until=until) for x in layers])
+
+    assert data.exact_until(snap_of(300, True, 2048)) == 2048
+    assert data.attention_mode_text(snap_of(300, True, 2048)) == "exact until 2,048 tokens"
+    assert data.exact_until(snap_of(300, False, 2048)) is None
+    assert data.attention_mode_text(snap_of(3000, False, 2048)) == "A2ATS retrieving"
+    # exact because nothing can be dropped (short context, no crossover): still says exact
+    assert data.attention_mode_text(snap_of(10, True, 0)) == "exact attention (nothing to drop yet)"
+    assert data.attention_mode_text(None) == ""
+    assert data.attention_mode_text(make_snapshot(0, [])) == ""

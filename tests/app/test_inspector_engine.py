@@ -106,3 +106,35 @@ def test_codebook_panel_shows_the_caches_histograms_from_new_codes(qtbot, tiny_r
         shown = panel.state.entry(histograms=True).snapshot.layers[layer.layer].code_counts
         assert all(np.array_equal(a, b) for a, b in zip(shown, want, strict=True))
         assert st.tokens == layer.offset
+
+
+def test_fidelity_panel_shows_the_engines_estimated_missed_mass(qtbot, tmp_path, tiny_run):
+    session, events = tiny_run
+    snapshots = [e for e in events if isinstance(e, CacheSnapshot)]
+    panel = InspectorPanel()
+    qtbot.addWidget(panel)
+    panel.resize(900, 1000)
+    panel.show()
+    panel.on_generation_started()
+    for snap in snapshots:
+        panel.on_snapshot(snap)
+    panel.flush(force=True)
+    last = snapshots[-1]
+    view = panel.fidelity_panel.estimate
+    # estimate_missed is on by default: every retrieval step carries the cache's estimate
+    assert all(layer.missed_mass is not None for layer in last.layers)
+    want = [np.mean(cache.last_stats.missed_mass) for cache in session.caches]
+    xs, ys = view.layer_estimate.getData()
+    assert xs.tolist() == [layer.layer for layer in last.layers]
+    assert ys == pytest.approx(want)
+    steps, means = view.step_estimate.getData()
+    assert steps.tolist() == [s.step for s in snapshots]
+    assert means[-1] == pytest.approx(np.mean(want))
+    # beside it, the shadow pass's measurement of the latest measured step (1 - recall)
+    measured = [s for s in snapshots if data.has_recall(s)][-1]
+    _, got = view.layer_measured.getData()
+    assert got == pytest.approx([1 - np.mean(layer.recall) for layer in measured.layers])
+    assert "estimated missed mass" in view.info.text() and "A2ATS retrieving" in view.info.text()
+    # no coverage in this config: the budget is fixed and said so, not drawn
+    assert not view.showing_budget_heatmap and view.budget_note.text().startswith("fixed budget K")
+    assert panel.fidelity_panel.grab().save(str(tmp_path / "fidelity.png"))

@@ -389,3 +389,72 @@ def test_codebook_layout_follows_the_width(panel, qtbot):
     qtbot.waitUntil(lambda: cb.split.orientation() == Qt.Orientation.Horizontal, timeout=2000)
     panel.resize(420, 1000)
     qtbot.waitUntil(lambda: cb.split.orientation() == Qt.Orientation.Vertical, timeout=2000)
+
+
+# ---- estimated missed mass, budget per head, exact until ----------------------------------------
+def test_estimate_beside_measured_recall_and_fixed_budget(panel):
+    panel.set_fidelity_info(True, every=4)
+    feed(panel, synthetic_snapshots(layers=6, prompt_tokens=500, steps=12, fidelity_every=4))
+    view = panel.fidelity_panel.estimate
+    snap = panel.viewed_snapshot()
+    _, ys = view.layer_estimate.getData()
+    assert ys == pytest.approx(data.missed_column(snap))
+    steps, means = view.step_estimate.getData()
+    assert steps.tolist() == list(range(12))
+    kept = [e.snapshot for e in panel.state.ring.entries()]
+    assert means == pytest.approx(data.missed_history(kept).estimate)
+    measured_steps, measured = view.step_measured.getData()
+    assert measured_steps.tolist() == [0, 4, 8]  # only where the shadow pass measured
+    assert measured == pytest.approx(data.missed_history(kept).measured[[0, 4, 8]])
+    assert "measured (1 - recall) at step 8" in view.info.text()
+    assert not view.showing_budget_heatmap
+    assert view.budget_note.text().startswith("fixed budget K")
+    # the head choice reaches the estimate
+    panel.fidelity_panel.head_combo.setCurrentIndex(2)  # KV head 1
+    panel.flush()
+    _, ys = view.layer_estimate.getData()
+    assert ys == pytest.approx(data.missed_column(snap, 1))
+
+
+def test_budget_heatmap_with_adaptive_coverage(panel):
+    feed(panel, synthetic_snapshots(layers=5, prompt_tokens=400, steps=4, coverage=True))
+    view = panel.fidelity_panel.estimate
+    snap = panel.viewed_snapshot()
+    assert view.showing_budget_heatmap
+    want = data.budget_matrix(snap)
+    assert want.shape == (5, 3) and np.isfinite(want).all()
+    assert np.array_equal(view.budget, want)
+    assert view.budget_image.image.shape == (5, 3)
+    assert f"max {want.max():.0f}" in view.budget_info.text()
+    assert any(f"{want.max():.0f} kept" in label for label in view.budget_legend.labels())
+
+
+def test_exact_until_n_tokens_below_the_crossover(panel):
+    # prompt 500: steps 0-3 (context 501-504) are below exact_below=505, the rest retrieve
+    feed(panel, synthetic_snapshots(layers=4, prompt_tokens=500, steps=8, exact_below=505))
+    live = panel.map_panel.summary.text()
+    assert "exact until" not in live and "retrieved per layer" in live
+    assert "A2ATS retrieving" in panel.fidelity_panel.estimate.info.text()
+    first = panel.state.ring.entries()[0].seq
+    panel.select_step(first)
+    panel.flush()
+    assert "exact until 505 tokens" in panel.map_panel.summary.text()
+    view = panel.fidelity_panel.estimate
+    assert "exact until 505 tokens" in view.info.text()
+    assert "A2ATS retrieving" not in view.info.text()
+    assert view.budget_note.text() == "no budget at this step: attention was exact"
+    assert view.layer_estimate.getData()[1] is None or not len(view.layer_estimate.getData()[1])
+
+
+def test_status_bar_says_exact_until_then_retrieving(qtbot):
+    from app.status_bar import StatusBar
+
+    bar = StatusBar()
+    qtbot.addWidget(bar)
+    snaps = list(synthetic_snapshots(layers=2, prompt_tokens=100, steps=3, exact_below=102))
+    bar.set_attention(data.attention_mode_text(snaps[0]))
+    assert bar.attention.text() == "exact until 102 tokens"
+    bar.set_attention(data.attention_mode_text(snaps[-1]))
+    assert bar.attention.text() == "A2ATS retrieving"
+    bar.set_cache(1000, None, a2ats=False)
+    assert bar.attention.text() == ""

@@ -83,8 +83,10 @@ def test_the_window_shows_the_plan_in_the_status_bar_map_and_memory(make_window,
     summary = inspector.memory_panel.last_summary
     assert summary.native == NATIVE_PER_TOKEN * offset
     assert "native layers" in inspector.memory_panel.summary.text()
+    assert window.status.attention.text() == "A2ATS retrieving"  # the fake's steps retrieve
     window.a2ats_toggle.setChecked(False)
     assert window.status.plan.text() == "A2ATS off"
+    assert window.status.attention.text() == ""
     window.a2ats_toggle.setChecked(True)
     assert window.status.plan.text() == "A2ATS on 2 of 4 layers"
 
