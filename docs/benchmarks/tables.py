@@ -142,7 +142,75 @@ def memory_table(data: dict) -> str:
         f"Contexts {', '.join(map(str, contexts))}: bytes per token "
         + ("identical at every context." if same else "vary with context (see memory.json).")
     )
+    if "fixed_bytes" in rows[0]:
+        lines += ["", *_memory_held_lines(data, contexts, methods, by)]
     return "\n".join(lines)
+
+
+def _never(n) -> str:
+    return "never" if n is None else f"{n:,}"
+
+
+def _memory_held_lines(data: dict, contexts: list, methods: list, by: dict) -> list[str]:
+    """Whole bytes held (fixed costs counted) per context, and the break-even contexts."""
+    mib = 2**20
+    lines = [
+        "Bytes held in all, fixed costs counted (MiB; A2ATS's fixed part: the codebook, held once "
+        "per model and shared by all chats of that model, plus each layer's rotation matrices):",
+        "",
+        "| method | fixed | " + " | ".join(f"held at {c}" for c in contexts) + " |",
+        "|---|---:|" + "---:|" * len(contexts),
+    ]
+    for m in methods:
+        held = " | ".join(
+            f"{by[(c, m)]['bytes_held'] / mib:.1f} ({by[(c, m)]['held_vs_fp16_full']:.2f}x fp16)"
+            for c in contexts
+        )
+        lines.append(f"| {m} | {by[(contexts[-1], m)]['fixed_bytes'] / mib:.1f} | {held} |")
+    be = {(b["method"], b["baseline"]): b["context"] for b in data.get("break_even", [])}
+    a2 = list(dict.fromkeys(b["method"] for b in data.get("break_even", [])))
+    if a2:
+        lines += [
+            "",
+            "Context (tokens) from which A2ATS holds less than each baseline, codebook and "
+            "rotations counted (solved from bytes/token and the fixed bytes):",
+            "",
+            "| A2ATS storage | vs fp16 full | vs mlx-lm kv8 | vs mlx-lm kv4 |",
+            "|---|---:|---:|---:|",
+        ]
+        for m in a2:
+            cells = " | ".join(_never(be.get((m, b))) for b in ("fp16", "kv8", "kv4"))
+            lines.append(f"| {m} | {cells} |")
+    return lines
+
+
+def readme_memory_line(data: dict) -> str:
+    """README's memory summary: the codebook counted, and where A2ATS starts to hold less."""
+    be = {(b["method"], b["baseline"]): b["context"] for b in data["break_even"]}
+    book = data["codebook_bytes"] / 2**20
+    names = {"fp16": "an fp16 cache", "kv8": "mlx-lm's kv8", "kv4": "mlx-lm's kv4"}
+    last = max(r["context"] for r in data["results"])
+    per = {r["method"]: r["bytes_per_token"] for r in data["results"] if r["context"] == last}
+    codes = per.get("a2ats_kv4", 0) - per.get("kv4", 0)
+    parts = []
+    for m, name in (("a2ats", "float K/V"), ("a2ats_kv8", "8-bit K/V"), ("a2ats_kv4", "4-bit K/V")):
+        if (m, "fp16") not in be:
+            continue
+        wins = [f"{names[b]} from {be[(m, b)]:,} tokens" for b in names if be.get((m, b))]
+        never = [names[b] for b in names if (m, b) in be and be[(m, b)] is None]
+        text = f"{name} holds less than " + ", ".join(wins) if wins else f"{name}"
+        if never:
+            text += ("; never less than " if wins else " never holds less than ") + " or ".join(
+                never
+            )
+        parts.append(text)
+    return (
+        f"Memory with everything counted (`a2ats bench memory`): the codebook holds {book:.1f} MiB "
+        "(once per model, shared by all chats of that model) plus each layer's rotation "
+        "matrices, so A2ATS saves memory only from some context on: "
+        + ". ".join(parts)
+        + f" (the codes add {codes:,.0f} bytes per token to the same storage)."
+    )
 
 
 def seed_table(data: dict) -> str:
@@ -398,6 +466,8 @@ def blocks() -> dict[str, str]:
     for key, fname, fn in simple:
         if (data := _load(fname)) is not None:
             out[key] = fn(data)
+    if mem is not None and "break_even" in mem:
+        out["readme-memory"] = readme_memory_line(mem)
     if (tasks := _load("tasks.json")) is not None:
         out["readme-tasks"] = readme_tasks_line(tasks)
     kv_runs = [_load(f) for f in ("eval_4k_kv_float.json", "eval_4k_kv8.json", "eval_4k_kv4.json")]

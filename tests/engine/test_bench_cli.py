@@ -137,6 +137,22 @@ def test_bench_memory_json(tiny_folder, capsys):
         # A2ATS = full K/V + one 2-byte code per token, KV head (2) and layer (2)
         extra = rows[(n, "a2ats")]["bytes_per_token"] - full["bytes_per_token"]
         assert extra == pytest.approx(2 * 2 * 2)
+        # fixed costs: the codebook once, plus each layer's rotations; counted in bytes_held
+        a2 = rows[(n, "a2ats_kv8")]
+        assert a2["codebook_bytes"] == out["codebook_bytes"] > 0
+        assert a2["fixed_bytes"] > a2["codebook_bytes"] and full["fixed_bytes"] == 0
+        assert a2["bytes_held"] == pytest.approx(a2["bytes_per_token"] * n + a2["fixed_bytes"])
+    # break-even contexts follow from bytes/token and fixed bytes
+    from a2ats_engine.bench.speed import break_even_context
+
+    last = {m: rows[(512, m)] for m in ("kv8", "a2ats_kv4", "a2ats")}
+    be = {(b["method"], b["baseline"]): b["context"] for b in out["break_even"]}
+    assert len(be) == 3 * 3
+    assert be[("a2ats_kv4", "kv8")] == break_even_context(
+        last["a2ats_kv4"]["bytes_per_token"], last["a2ats_kv4"]["fixed_bytes"],
+        last["kv8"]["bytes_per_token"],
+    )  # fmt: skip
+    assert be[("a2ats", "kv8")] is None  # float K/V + codes never holds less than kv8
 
 
 def test_bench_passkey_json(tiny_folder, capsys):
@@ -180,3 +196,15 @@ def test_eval_says_when_far_offset_is_ignored(tiny_folder, capsys):
     assert "far_offset: ignored with far_buckets = 3" in notes
     assert main([*argv, "--far-buckets", "1"]) == 0
     assert "far_offset" not in " ".join(_json(capsys)["notes"])
+
+
+def test_break_even_context_by_hand():
+    from a2ats_engine.bench.speed import break_even_context
+
+    # 100 B/token + 1000 B fixed vs 150 B/token: 100 n + 1000 < 150 n from n = 21 (n = 20 ties)
+    assert break_even_context(100, 1000, 150) == 21
+    assert 100 * 20 + 1000 == 150 * 20 and 100 * 21 + 1000 < 150 * 21
+    assert break_even_context(100, 999, 150) == 20  # 2999 < 3000
+    assert break_even_context(100, 0, 150) == 1
+    assert break_even_context(150, 10, 150) is None  # never below a baseline it matches
+    assert break_even_context(200, 10, 150) is None
