@@ -57,6 +57,26 @@ def test_eval_json_has_the_issue_shape(tiny_folder, tmp_path, monkeypatch, capsy
     assert "plain_vq: reused" in " ".join(again["notes"])
 
 
+def test_eval_tunes_the_paper_b_on_a_development_slice(tiny_folder, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("A2ATS_DATA_DIR", str(tmp_path / "data"))
+    folder, book = tiny_folder
+    argv = ["eval", "--model", str(folder), "--codebook", str(book), "--context", "150",
+            "--decode", "4", "--methods", "full,a2ats_paper,a2ats_no_wrope",
+            "--tune-paper-b", "32,64", "--calib-tokens", "512", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = _json(capsys)
+    tuned = out["paper_b"]
+    assert [t["b"] for t in tuned["trials"]] == [32, 64] and tuned["chosen"] in (32, 64)
+    assert "tokens 155-310" in tuned["dev"]  # a different slice than the evaluated tokens
+    assert out["methods"]["a2ats_paper"]["ppl_vs_full"] > 0
+    assert any("no_wrope" in n and "chunks of 1024 tokens" in n for n in out["notes"])
+    dev = tmp_path / "dev.txt"
+    dev.write_text("short")
+    bad = argv[:-1] + ["--dev-text", str(dev), "--json"]
+    assert main(bad) == 1
+    assert "development text has" in capsys.readouterr().err
+
+
 def test_eval_budget_sweep_json(tiny_folder, capsys):
     folder, book = tiny_folder
     argv = ["eval", "--model", str(folder), "--codebook", str(book), "--context", "200",
