@@ -135,6 +135,24 @@ def test_eval_several_texts_json(tiny_folder, tmp_path, capsys):
     assert "--texts" in capsys.readouterr().err
 
 
+def test_eval_runs_on_the_builtin_dialogue(tiny_folder, capsys):
+    from a2ats_engine.bench.evaluate import builtin_texts
+    from a2ats_engine.loading.models import load_model
+
+    text, desc = builtin_texts()["dialogue"]
+    assert "keeper_dialogue.txt" in desc and text.count("MARTA:") > 50
+    # long: about 5.7K tokens with the demo's tokenizer (enough for a 4K eval), over 5K here
+    folder, book = tiny_folder
+    _, tokenizer, _ = load_model(str(folder))
+    assert len(tokenizer.encode(text)) > 5000
+    argv = ["eval", "--model", str(folder), "--codebook", str(book), "--context", "150",
+            "--decode", "4", "--methods", "full,a2ats", "--texts", "dialogue,code", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = _json(capsys)
+    assert out["texts"][0]["text"] == desc
+    assert out["texts"][0]["runs"][0]["methods"]["a2ats"]["tokens"] == 4
+
+
 def test_eval_needs_a_codebook(tiny_folder, capsys):
     folder, _ = tiny_folder
     assert main(["eval", "--model", str(folder), "--json"]) == 1
