@@ -54,6 +54,33 @@ def eval_table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def paper_b_table(data: dict) -> str:
+    """a2ats_paper's b tuned on the development slice, and the chosen b on the evaluation text."""
+    tuned = data["paper_b"]
+    lines = [
+        "| b | recall (dev) | ppl / full (dev) | output rel. error (dev) |",
+        "|---:|---:|---:|---:|",
+    ]
+    for t in tuned["trials"]:
+        mark = " (chosen)" if t["b"] == tuned["chosen"] else ""
+        lines.append(
+            f"| {t['b']}{mark} | {t['recall']:.4f} | {t['ppl_vs_full']:.3f} | "
+            f"{t['output_rel_error']:.4f} |"
+        )
+    paper = data["methods"]["a2ats_paper"]
+    low, high = paper["ppl_vs_full_ci95"]
+    rests = data["rests_on"]
+    lines += [
+        "",
+        f"Development text: {tuned['dev']}; budget {tuned['budget']}, context {data['context']}, "
+        f"{data['decode']} teacher-forced tokens per b; b chosen by recall (then ppl). On the "
+        f"evaluation text ({data['text']}, {rests['tokens']} tokens) a2ats_paper at b = "
+        f"{tuned['chosen']}: recall {paper['recall']:.4f}, ppl {paper['ppl_vs_full']:.3f}x full "
+        f"({low:.3f}-{high:.3f}).",
+    ]
+    return "\n".join(lines)
+
+
 def sweep_table(data: dict) -> str:
     runs = sorted(data["runs"], key=lambda r: r["budget"])
     methods = [m for m in runs[0]["methods"] if m != "full"]
@@ -462,6 +489,8 @@ def blocks() -> dict[str, str]:
         ("seed", "seed_synthetic.json", seed_table),
         ("tasks", "tasks.json", tasks_table),
         ("cost-sweep", "eval_cost_sweep.json", cost_sweep_table),
+        ("fair-eval", "eval_4k_fair_baselines.json", eval_table),
+        ("paper-b", "eval_4k_fair_baselines.json", paper_b_table),
     )
     for key, fname, fn in simple:
         if (data := _load(fname)) is not None:
