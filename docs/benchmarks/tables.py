@@ -81,6 +81,24 @@ def paper_b_table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def readme_fair_line(data: dict) -> str:
+    """README's summary of the fair-baselines run (tuned b, re-calibrated no-WRoPE)."""
+    m, tuned = data["methods"], data["paper_b"]
+
+    def fig(name: str) -> str:
+        r = m[name]
+        return f"recall {r['recall']:.3f}, ppl {r['ppl_vs_full']:.3f}x full"
+
+    values = ", ".join(str(t["b"]) for t in tuned["trials"])
+    return (
+        f"Fair baselines (`a2ats eval --tune-paper-b {values.replace(', ', ',')}`, "
+        f"{data['rests_on']['tokens']} tokens at context {data['context']}): with b tuned on a development slice "
+        f"(b = {tuned['chosen']}), a2ats_paper reaches {fig('a2ats_paper')}; a2ats_no_wrope "
+        f"calibrated over the evaluated positions {fig('a2ats_no_wrope')}; a2ats "
+        f"{fig('a2ats')} in the same run (docs/BENCHMARKS.md section 1)."
+    )
+
+
 def sweep_table(data: dict) -> str:
     runs = sorted(data["runs"], key=lambda r: r["budget"])
     methods = [m for m in runs[0]["methods"] if m != "full"]
@@ -495,6 +513,8 @@ def blocks() -> dict[str, str]:
     for key, fname, fn in simple:
         if (data := _load(fname)) is not None:
             out[key] = fn(data)
+    if (fair := _load("eval_4k_fair_baselines.json")) is not None:
+        out["readme-fair"] = readme_fair_line(fair)
     if mem is not None and "break_even" in mem:
         out["readme-memory"] = readme_memory_line(mem)
     if (tasks := _load("tasks.json")) is not None:
