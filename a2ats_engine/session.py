@@ -25,6 +25,7 @@ import mlx.nn as nn
 from mlx_lm.generate import stream_generate
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
+from .cache.a2ats_cache import model_codebook_bytes
 from .cache.config import A2ATSConfig
 from .cache.telemetry import CacheSnapshot, GenerationStats, TokenEvent
 from .progress import Progress
@@ -531,6 +532,7 @@ class ChatSession:
             peak_memory_gb=mx.get_peak_memory() / 1e9,
             stop_reason=reason,
             cache_bytes=_cache_nbytes(self._cache),
+            codebook_bytes=model_codebook_bytes(self._cache or []),
             context_tokens=len(self._cache_ids),
             extra={
                 "reused_tokens": reply.start,

@@ -111,7 +111,8 @@ class ReplyView(QObject):
     def _on_snapshot(self, snapshot: CacheSnapshot) -> None:
         if self.controller.reply is not None:
             native = snapshot.native_bytes  # native layers hold the same either way
-            self.status.set_cache(snapshot.bytes_held + native, snapshot.bytes_fp16 + native, True)
+            held, fp16 = snapshot.bytes_held + native, snapshot.bytes_fp16 + native
+            self.status.set_cache(held, fp16, True, snapshot.codebook_bytes)
             self.status.set_attention(attention_mode_text(snapshot))
 
     def _on_context(self, context: ContextTokens) -> None:
@@ -139,5 +140,6 @@ class ReplyView(QObject):
                 stats.time_to_first_token, stats.generation_tps, stats.peak_memory_gb
             )
             cache = (message.provenance or {}).get("cache") or {}
-            self.status.set_cache(stats.cache_bytes, None, bool(cache.get("a2ats_enabled")))
+            a2ats = bool(cache.get("a2ats_enabled"))
+            self.status.set_cache(stats.cache_bytes, None, a2ats, stats.codebook_bytes)
         self.finished.emit(stats)

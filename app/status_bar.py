@@ -93,13 +93,29 @@ class StatusBar(QStatusBar):
         self.speed.setText("" if tps is None else f"{tps:.1f} tok/s")
         self.memory.setText("" if not peak_gb else f"peak {peak_gb:.2f} GB")
 
-    def set_cache(self, held: int | None, fp16: int | None = None, a2ats: bool = True) -> None:
+    def set_cache(
+        self, held: int | None, fp16: int | None = None, a2ats: bool = True, codebook: int = 0
+    ) -> None:
+        """`held`: the chat's cache bytes; `codebook`: the model's codebook (one per model,
+        shared by its chats), counted in the figure and in the ratio vs `fp16`."""
         if not a2ats:
             self.attention.setText("")  # no A2ATS cache: nothing to say about how it attended
         if held is None:
             self.cache.setText("")
             return
-        text = f"cache {human_bytes(held)}"
-        if fp16 and held:
-            text += f" ({fp16 / held:.1f}x smaller)"
+        total = held + codebook
+        text = f"cache {human_bytes(total)}"
+        if codebook:
+            text += f" (codebook {human_bytes(codebook)})"
+        if fp16 and total:
+            ratio = fp16 / total
+            text += f" ({ratio:.1f}x smaller)" if ratio >= 1 else f" ({1 / ratio:.1f}x larger)"
         self.cache.setText(text if a2ats else text + " KVCache")
+        self.cache.setToolTip(
+            "K/V cache bytes held by this chat"
+            + (
+                ", plus the model's codebook (shared by all chats of that model)"
+                if codebook
+                else ""
+            )
+        )

@@ -5,10 +5,15 @@ calibration (token count, chunk length, keys per head, centroids, seed; read fro
 
 - plain_vq: the same collected keys clustered with beta = 1 (plain nearest-centroid VQ);
 - paper:    the query metric over retrieval queries at the single distance b (far_buckets = 1),
-  as the paper calibrates;
+  as the paper calibrates; b is tuned on a development text (`tune_paper_b`), not the eval text;
 - no_wrope: post-RoPE keys clustered with the metric of the plain post-RoPE queries (codes and
-  scores without windowed RoPE);
+  scores without windowed RoPE), collected on chunks at least as long as the evaluated span
+  (`cover` = context + decode), so the codebook has seen the rotations of every evaluated
+  position;
 - random:   standard-normal centroids (wiring baseline).
+
+Every trained ablation codebook sees the same tokens as the codebook under test: the built-in
+corpus stream cut to its token count, less the chunks calibration holds out (`training_stream`).
 
 Trained codebooks are kept under `<data dir>/codebooks/ablations/` keyed by model and settings,
 so a second evaluation reuses them.
@@ -51,6 +56,7 @@ def calibration_settings(codebook: Codebook, tokens: int | None = None) -> dict[
         "beta": float(meta.get("beta", 0.0)),
         "tokens": int(tokens or meta.get("tokens") or DEFAULT_TOKENS),
         "chunk_len": int(meta.get("chunk_len") or 1024),
+        "calib_chunk_len": int(meta.get("chunk_len") or 1024),
         "keys_per_head": meta.get("keys_per_head"),
         "far_offset": int(meta.get("far_offset") or 2048),
         "sinks": int(meta.get("sinks") or 8),
@@ -75,19 +81,24 @@ def ablation_codebooks(
     tokens: int | None = None,
     use_cache: bool = True,
     progress: Progress | None = None,
+    cover: int | None = None,
+    paper_b: int | None = None,
 ) -> tuple[dict[str, Codebook], list[str]]:
     """Codebooks for `kinds` (subset of KINDS) matched to `codebook`'s calibration.
 
-    Returns ({kind: Codebook}, notes): one human-readable note per codebook saying where it
-    came from (trained now on N tokens of the built-in corpus, or reused from the cache)."""
+    cover: positions the evaluation reaches (context + decode): the no_wrope codebook is
+    collected on chunks at least that long. paper_b: the one distance b of the paper codebook
+    (default: `codebook`'s far offset). Returns ({kind: Codebook}, notes): one human-readable
+    note per codebook saying where it came from (trained now, or reused from the cache)."""
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
         raise ValueError(f"unknown ablation codebook(s) {unknown}; known: {', '.join(KINDS)}")
-    settings = calibration_settings(codebook, tokens)
+    base = calibration_settings(codebook, tokens)
     out: dict[str, Codebook] = {}
     notes: list[str] = []
     stream = None
     for kind in kinds:
+        settings = _kind_settings(kind, base, cover, paper_b)
         if kind == "random":
             geo = model_geometry(model)
             out[kind] = Codebook.random(
@@ -108,10 +119,45 @@ def ablation_codebooks(
             path.parent.mkdir(parents=True, exist_ok=True)
             out[kind].save(path)
         notes.append(
-            f"{kind}: trained now on {len(stream)} tokens of the built-in corpus "
-            f"({settings['n_centroids']} centroids)" + (f", saved to {path}" if use_cache else "")
+            f"{kind}: trained now on the {len(training_stream(stream, base))} training tokens "
+            f"of the default's {len(stream)}-token built-in corpus stream "
+            f"({settings['n_centroids']} centroids{_kind_note(kind, settings)})"
+            + (f", saved to {path.name}" if use_cache else "")
         )
     return out, notes
+
+
+def _kind_settings(kind: str, base: dict[str, Any], cover: int | None, paper_b: int | None):
+    """`base` with what this kind changes: b for paper, the chunk length for no_wrope."""
+    if kind == "paper" and paper_b is not None:
+        return {**base, "far_offset": int(paper_b)}
+    if kind == "no_wrope":
+        return {**base, "chunk_len": max(base["chunk_len"], int(cover or 0))}
+    return base
+
+
+def _kind_note(kind: str, settings: dict[str, Any]) -> str:
+    if kind == "paper":
+        return f", b = {settings['far_offset']}"
+    if kind == "no_wrope":
+        return f", chunks of {settings['chunk_len']} tokens"
+    return ""
+
+
+def training_stream(stream: np.ndarray, settings: dict[str, Any]) -> np.ndarray:
+    """The tokens calibration trains on: `stream` in chunks of the codebook's chunk length,
+    less the held-out chunks (`calibrate.collect`'s split), in order -> `[T']`."""
+    from ..calibration.calibrate import _chunks, _heldout_chunks
+
+    chunks = _chunks(len(stream), calibration_settings_chunk(settings))
+    held = _heldout_chunks(len(chunks), HELDOUT)
+    kept = [stream[s:e] for i, (s, e) in enumerate(chunks) if i not in held]
+    return np.concatenate(kept) if kept else stream[:0]
+
+
+def calibration_settings_chunk(settings: dict[str, Any]) -> int:
+    """The chunk length the codebook under test was calibrated with (its held-out split)."""
+    return int(settings.get("calib_chunk_len") or settings["chunk_len"])
 
 
 def _corpus_stream(tokenizer: Any, settings: dict[str, Any], progress) -> np.ndarray:
@@ -142,6 +188,7 @@ def _train(model, kind: str, stream: np.ndarray, settings: dict[str, Any], progr
     if kind in ("plain_vq", "paper"):
         if kind == "paper":
             config = _config(settings, far_buckets=1)
+            meta["far_offset"] = config.far_offset
         data = collect(
             model, _StreamTokenizer(stream), ["stream"], config, tokens=len(stream),
             keys_per_head=keys_per_head, chunk_len=settings["chunk_len"], heldout=HELDOUT,
@@ -152,15 +199,16 @@ def _train(model, kind: str, stream: np.ndarray, settings: dict[str, Any], progr
             seed=settings["seed"], progress=progress, stage=f"clustering {kind}",
             metadata={**meta, "far_buckets": config.far_buckets},
         )  # fmt: skip
+    train = training_stream(stream, settings)  # the default's training tokens, held-out removed
     keys, moments = collect_post_rope(
-        model, stream, chunk_len=settings["chunk_len"], keys_per_head=keys_per_head,
+        model, train, chunk_len=settings["chunk_len"], keys_per_head=keys_per_head,
         sinks=settings["sinks"], window=settings["window"], seed=settings["seed"],
         progress=progress,
     )  # fmt: skip
     return Codebook.fit(
         keys, n_centroids=settings["n_centroids"], query_moments=moments,
         sub_dim=settings["sub_dim"], beta=settings["beta"], seed=settings["seed"],
-        max_iters=20, metadata={**meta, "post_rope": True},
+        max_iters=20, metadata={**meta, "post_rope": True, "chunk_len": settings["chunk_len"]},
         callback=(lambda it, total: progress("clustering no-WRoPE", it, total)) if progress else None,
     )  # fmt: skip
 
@@ -234,3 +282,68 @@ def collect_post_rope(
     if any(m is None for m in moments) or not all(keys):
         raise ValueError("the calibration text is too short for the no-WRoPE ablation")
     return [mx.concatenate(k, axis=1) for k in keys], list(moments)
+
+
+# -- tuning the paper's b ------------------------------------------------------------------------
+
+PAPER_B_VALUES = (256, 512, 1024, 2048, 4096)
+
+
+def choose_b(trials: Sequence[dict[str, Any]]) -> int:
+    """The b of the best trial: highest recall (attention mass, averaged over every layer, head
+    and step, so steadier than a short perplexity), then lowest ppl vs full, then smallest b.
+    trials: [{"b", "recall", "ppl_vs_full"}, ...] (non-empty)."""
+    if not trials:
+        raise ValueError("choose_b needs at least one trial")
+    best = min(trials, key=lambda t: (-t["recall"], t["ppl_vs_full"], t["b"]))
+    return int(best["b"])
+
+
+def tune_paper_b(
+    model: Any,
+    tokenizer: Any,
+    codebook: Codebook,
+    dev_ids: Sequence[int],
+    *,
+    values: Sequence[int] = PAPER_B_VALUES,
+    context: int,
+    decode: int,
+    budget: float | int,
+    config: A2ATSConfig,
+    tokens: int | None = None,
+    use_cache: bool = True,
+    progress: Progress | None = None,
+) -> tuple[int, list[dict[str, Any]], dict[int, Codebook]]:
+    """Tune a2ats_paper's b on a development text (never the evaluation text): for each b in
+    `values`, a paper codebook calibrated at b (`ablation_codebooks(paper_b=b)`) and a2ats_paper
+    run with it at `budget` on `dev_ids[:context + decode + 1]`.
+
+    Returns (chosen b, trials [{"b", "recall", "ppl_vs_full", "output_rel_error"}], {b: codebook}).
+    """
+    from .evaluate import evaluate
+
+    if not values:
+        raise ValueError("tune_paper_b: values is empty; give at least one b (e.g. 2048)")
+    trials: list[dict[str, Any]] = []
+    books: dict[int, Codebook] = {}
+    for b in values:
+        trained, _ = ablation_codebooks(
+            model, tokenizer, codebook, ["paper"], tokens=tokens, use_cache=use_cache,
+            progress=progress, paper_b=int(b),
+        )  # fmt: skip
+        books[int(b)] = trained["paper"]
+        run = evaluate(
+            model, dev_ids, context=context, decode=decode, budgets=[budget],
+            codebooks={"a2ats": codebook, "paper": trained["paper"]}, config=config,
+            methods=["full", "a2ats_paper"], progress=progress,
+        )[0]  # fmt: skip
+        r = run.methods["a2ats_paper"]
+        trials.append(
+            {
+                "b": int(b),
+                "recall": round(float(r.recall), 4),
+                "ppl_vs_full": round(float(r.ppl_vs_full), 4),
+                "output_rel_error": round(float(r.output_rel_error), 4),
+            }
+        )
+    return choose_b(trials), trials, books

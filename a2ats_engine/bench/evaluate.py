@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -524,13 +525,22 @@ def _check_eval_args(ids, context: int, decode: int, methods, budgets) -> None:
         A2ATSConfig(budget=b)  # validates
 
 
+DIALOGUE = Path(__file__).resolve().parents[2] / "resources" / "texts" / "keeper_dialogue.txt"
+DIALOGUE_DESCRIPTION = (
+    "resources/texts/keeper_dialogue.txt (a two-person dialogue written for this repository; "
+    "not in the calibration corpus)"
+)
+
+
 def builtin_texts() -> dict[str, tuple[str, str]]:
     """{name: (text, description)} of the evaluation texts shipped or found offline, none in
     the calibration corpus: "code" (`default_text`), "prose" (public-domain U.S. documents in
-    resources/texts/, about 3K tokens: enough for contexts up to about 2.5K)."""
+    resources/texts/, about 3K tokens: enough for contexts up to about 2.5K), "dialogue"
+    (resources/texts/keeper_dialogue.txt, about 5.7K tokens: enough for a 4K context)."""
     from .tasks import default_haystack
 
-    return {"code": default_text(), "prose": default_haystack()}
+    dialogue = (DIALOGUE.read_text(encoding="utf-8"), DIALOGUE_DESCRIPTION)
+    return {"code": default_text(), "prose": default_haystack(), "dialogue": dialogue}
 
 
 def default_text() -> tuple[str, str]:

@@ -152,6 +152,7 @@ class Method:
     codebook_optional: fall back to the "a2ats" codebook when `codebook` is not given.
     identity_rope: code and score post-RoPE keys (no windowed RoPE).
     window_budget: its budget is the far-token count a2ats attended (run a2ats first).
+    b_from_codebook: far_offset is the b its own codebook records (metadata "far_offset").
     summary:       one line for the docs and `a2ats eval` notes.
     """
 
@@ -165,6 +166,7 @@ class Method:
     codebook_optional: bool = False
     identity_rope: bool = False
     window_budget: bool = False
+    b_from_codebook: bool = False  # far_offset = the b its codebook records (its metadata)
 
     def config(self, base: A2ATSConfig, window_budget: int | None = None) -> A2ATSConfig:
         """The A2ATS settings this method runs with: `base` with telemetry on (the measurements
@@ -260,11 +262,12 @@ METHODS: dict[str, Method] = {
         Method(
             "a2ats_paper",
             BUDGET,
-            "the paper's method: one far distance b = 2048, a codebook calibrated for it, "
-            "no rerank",
+            "the paper's method: one far distance b (2048, or the b its codebook was "
+            "calibrated for: tuned on a development text by `tune_paper_b`), no rerank",
             knobs={"far_buckets": 1, "far_offset": 2048, "rerank": 1},
             codebook="paper",
             codebook_optional=True,
+            b_from_codebook=True,
         ),
         Method(
             "a2ats_no_wrope",
@@ -328,6 +331,8 @@ def method_spec(
         return MethodSpec(name, _mlx_lm_factory(method, hd))
     cfg = method.config(config, window_budget)
     book = codebooks.get(method.codebook)
+    if book is not None and method.b_from_codebook and "far_offset" in book.metadata:
+        cfg = replace(cfg, far_offset=int(book.metadata["far_offset"]))
     if book is None and method.codebook_optional:
         book = codebooks["a2ats"]
     if book is None:

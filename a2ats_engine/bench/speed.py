@@ -196,12 +196,29 @@ MEMORY_METHODS = ("full", "kv8", "kv4", "a2ats", "a2ats_kv8", "a2ats_kv4")
 
 @dataclass
 class MemoryResult:
-    """Bytes one method's caches hold for `context` tokens (all layers)."""
+    """Bytes one method's caches hold for `context` tokens (all layers).
+
+    bytes_held: everything held, fixed costs included; bytes_per_token: the per-token storage
+    only (K/V, codes), what each further token adds; fixed_bytes: what does not grow with the
+    context (A2ATS: the codebook, counted once per model and shared by all its chats, and each
+    layer's rotation matrices); codebook_bytes: the codebook's part of fixed_bytes."""
 
     method: str
     context: int
     bytes_held: int
     bytes_per_token: float
+    fixed_bytes: int = 0
+    codebook_bytes: int = 0
+
+
+def break_even_context(per_token: float, fixed: float, baseline_per_token: float) -> int | None:
+    """Smallest context n at which `per_token * n + fixed` < `baseline_per_token * n`: where a
+    cache with a fixed cost starts to hold less than a baseline without one. None when it never
+    does (its per-token bytes are not below the baseline's)."""
+    gain = baseline_per_token - per_token
+    if gain <= 0:
+        return None
+    return int(fixed // gain) + 1
 
 
 def kv_dtype(model: nn.Module) -> mx.Dtype:
@@ -209,6 +226,17 @@ def kv_dtype(model: nn.Module) -> mx.Dtype:
     cache = make_prompt_cache(model)
     mx.eval(model(mx.array([[0]]), cache=cache))
     return cache[0].keys.dtype
+
+
+def _memory_result(method: str, n: int, caches: list) -> MemoryResult:
+    """Split what `caches` hold after `n` tokens into per-token storage and fixed costs."""
+    from ..cache.a2ats_cache import model_codebook_bytes
+
+    layers = [c for c in caches if isinstance(c, A2ATSCache)]
+    codebook = model_codebook_bytes(caches)
+    fixed = codebook + sum(c.overhead_bytes for c in layers)
+    storage = cache_bytes(caches) - sum(c.overhead_bytes for c in layers)
+    return MemoryResult(method, n, storage + fixed, storage / n, fixed, codebook)
 
 
 def _memory_caches(model: nn.Module, method: str, config: A2ATSConfig, codebook) -> list:
@@ -258,7 +286,6 @@ def bench_memory(
                     v = mx.random.normal((*shape[:2], size, shape[3]), key=k2).astype(dtype)
                     cache.update_and_fetch(k, v)
                 mx.eval([c.state for c in caches])
-            held = cache_bytes(caches)
-            results.append(MemoryResult(method, n, held, held / n))
+            results.append(_memory_result(method, n, caches))
             del caches
     return results

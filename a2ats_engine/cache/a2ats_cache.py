@@ -634,8 +634,23 @@ class A2ATSCache(_BaseCache):
         return self._fp16_bytes()
 
     @property
+    def storage_bytes(self) -> int:
+        """Per-token storage: keys, values (float or kv_bits) and codes."""
+        return self.compressed_key_bytes + self.compressed_value_bytes
+
+    @property
+    def overhead_bytes(self) -> int:
+        """This layer's own fixed extras: the rotation matrices to the retrieval distances
+        (`[d, m * d]`, built once) and the missed-attention estimate's per-slot sums
+        (`estimate_bytes`). The shared codebook is not here (`model_codebook_bytes`,
+        counted once per model). Telemetry keeps no device buffer: only the last step's
+        LayerStats on the host (a few KB, handed to the snapshot), which is not counted."""
+        return int(self._rotations.nbytes) + self.estimate_bytes
+
+    @property
     def nbytes(self) -> int:
-        return self.compressed_key_bytes + self.compressed_value_bytes + self.estimate_bytes
+        """Everything this layer holds: storage plus its own extras (codebook excluded)."""
+        return self.storage_bytes + self.overhead_bytes
 
     @property
     def compression_ratio(self) -> float:
@@ -650,12 +665,12 @@ class A2ATSCache(_BaseCache):
 
     @property
     def assigned_avg_bits(self) -> float:
-        """Bits held per cached K/V element (storage + codes), codebook excluded."""
+        """Bits held per cached K/V element (storage + codes), codebook and extras excluded."""
         if self.codes is None or not self.offset:
             return 0.0
         B, n_kv = self.codes.shape[:2]
         elements = 2 * B * n_kv * self.offset * self.rope.head_dim
-        return 8.0 * self.nbytes * self.offset / (elements * max(self.capacity, 1))
+        return 8.0 * self.storage_bytes * self.offset / (elements * max(self.capacity, 1))
 
     @property
     def tokens_retrieved(self) -> int:
@@ -713,7 +728,20 @@ def snapshot(caches: list, token_id: int | None = None) -> CacheSnapshot | None:
     if not layers:
         return None
     native = sum(_native_nbytes(c) for c in caches if not isinstance(c, A2ATSCache))
-    return CacheSnapshot(step=layers[0].step, layers=layers, token_id=token_id, native_bytes=native)
+    return CacheSnapshot(
+        step=layers[0].step,
+        layers=layers,
+        token_id=token_id,
+        native_bytes=native,
+        codebook_bytes=model_codebook_bytes(caches),
+    )
+
+
+def model_codebook_bytes(caches: list) -> int:
+    """Bytes of the codebook(s) the A2ATS layers use, each counted once: one codebook per
+    model, shared by every chat (cache list) of that model (array sizes only, no sync)."""
+    books = {id(c.codebook): c.codebook for c in caches if isinstance(c, A2ATSCache)}
+    return int(sum(book.nbytes for book in books.values()))
 
 
 def _native_nbytes(cache: _BaseCache) -> int:

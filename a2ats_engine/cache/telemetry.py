@@ -77,12 +77,16 @@ class LayerStats:
 class CacheSnapshot:
     """All A2ATS layers' stats after one decode step. `token_id` is the token that step
     consumed. `native_bytes`: bytes held by the layers that keep the model's own cache (the
-    layer plan's `native` layers: sliding windows, SSM state...), which have no LayerStats."""
+    layer plan's `native` layers: sliding windows, SSM state...), which have no LayerStats.
+    `codebook_bytes`: the model's codebook (centroids, Cholesky factors, assignment matrices),
+    held once per model and shared by all chats of that model; a layer's `bytes_held` already
+    counts its storage and its own extras (rotation matrices)."""
 
     step: int
     layers: tuple[LayerStats, ...]
     token_id: int | None = None
     native_bytes: int = 0
+    codebook_bytes: int = 0
 
     @property
     def offset(self) -> int:
@@ -95,6 +99,11 @@ class CacheSnapshot:
     @property
     def bytes_fp16(self) -> int:
         return sum(layer.bytes_fp16 for layer in self.layers)
+
+    @property
+    def bytes_total(self) -> int:
+        """Everything held for this model: A2ATS layers, native layers and the codebook."""
+        return self.bytes_held + self.native_bytes + self.codebook_bytes
 
 
 @dataclass(frozen=True)
@@ -117,6 +126,7 @@ class GenerationStats:
     generation_tps: float
     peak_memory_gb: float
     stop_reason: str  # "stop" (EOS), "length" (max tokens), "cancelled", "error"
-    cache_bytes: int = 0
+    cache_bytes: int = 0  # this chat's caches (A2ATS layers with their extras, native layers)
+    codebook_bytes: int = 0  # the model's codebook, shared by all chats of that model
     context_tokens: int = 0
     extra: dict = field(default_factory=dict)

@@ -31,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--texts",
         help="comma list of built-in texts: code (http/client.py), prose (public-domain U.S. "
-        "documents, about 3K tokens); with --text, the files come after these",
+        "documents, about 3K tokens), dialogue (a two-person dialogue written for this "
+        "repository, about 5.7K tokens); with --text, the files come after these",
     )
     p.add_argument("--context", type=int, default=4096, help="prefill tokens N (default 4096)")
     p.add_argument("--decode", type=int, default=64, help="teacher-forced tokens M (default 64)")
@@ -65,6 +66,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="tokens for on-the-fly ablation codebooks (default: as the codebook was calibrated)",
     )
     p.add_argument("--retrain", action="store_true", help="retrain cached ablation codebooks")
+    p.add_argument(
+        "--tune-paper-b",
+        metavar="B,B,...",
+        help="tune a2ats_paper's b over these values (e.g. 256,512,1024,2048,4096) on a "
+        "development text, one paper codebook calibrated per b, then evaluate the chosen b "
+        "(highest dev recall) on the evaluation text",
+    )
+    p.add_argument(
+        "--dev-text",
+        help="development text file for --tune-paper-b (default: the evaluation text's tokens "
+        "right after the evaluated span, a different slice of the same text)",
+    )
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.set_defaults(func=run_eval)
 
@@ -75,11 +88,13 @@ def _all_methods() -> tuple[str, ...]:
     return ALL_METHODS
 
 
-def _codebooks(args, model, tokenizer, codebook, methods, progress) -> tuple[dict, list[str]]:
+def _codebooks(
+    args, model, tokenizer, codebook, methods, progress, books=None
+) -> tuple[dict, list[str]]:
     from ..bench.ablations import ablation_codebooks
     from ..cache.codebook import Codebook
 
-    books = {"a2ats": codebook}
+    books = {"a2ats": codebook, **(books or {})}
     notes = []
     given = {
         "plain_vq": args.plain_vq_codebook,
@@ -94,7 +109,7 @@ def _codebooks(args, model, tokenizer, codebook, methods, progress) -> tuple[dic
     }
     train = []
     for method, kind in wanted.items():
-        if method not in methods:
+        if method not in methods or kind in books:
             continue
         if given.get(kind):
             books[kind] = Codebook.load(given[kind])
@@ -104,7 +119,7 @@ def _codebooks(args, model, tokenizer, codebook, methods, progress) -> tuple[dic
     if train:
         trained, more = ablation_codebooks(
             model, tokenizer, codebook, train, tokens=args.calib_tokens,
-            use_cache=not args.retrain, progress=progress,
+            use_cache=not args.retrain, progress=progress, cover=args.context + args.decode,
         )  # fmt: skip
         books.update(trained)
         notes.extend(more)
@@ -126,7 +141,8 @@ def run_eval(args: argparse.Namespace) -> int:
         exact_below=0,
     )  # fmt: skip
     texts = _texts(args)
-    books, notes = _codebooks(args, model, tokenizer, codebook, methods, progress)
+    tuned, budgets_b = _tune_b(args, model, tokenizer, codebook, config, texts, budgets, progress)
+    books, notes = _codebooks(args, model, tokenizer, codebook, methods, progress, budgets_b)
     per_text = [
         evaluate(
             model,
@@ -143,7 +159,7 @@ def run_eval(args: argparse.Namespace) -> int:
     ]
     if len(texts) > 1:
         return _print_texts(
-            args, texts, per_text, budgets, info, codebook, codebook_desc, config, notes
+            args, texts, per_text, budgets, info, codebook, codebook_desc, config, notes, tuned
         )
     runs = per_text[0]
     text_desc = texts[0][1]
@@ -157,6 +173,7 @@ def run_eval(args: argparse.Namespace) -> int:
         "text": text_desc,
         "machine": machine(),
         "notes": notes + _method_notes() + _config_notes(config),
+        **({"paper_b": tuned} if tuned else {}),
     }
     if len(runs) == 1:
         out = {**runs[0].to_dict(), **meta}
@@ -176,9 +193,43 @@ def run_eval(args: argparse.Namespace) -> int:
     print(f"context {args.context}, decode {args.decode}; A2ATS K/V {kv}; {meta['machine']}")
     for note in meta["notes"]:
         print(f"note: {note}")
+    if tuned:
+        trials = ", ".join(f"b={t['b']}: recall {t['recall']:.4f}, ppl/full {t['ppl_vs_full']:.4f}"
+                           for t in tuned["trials"])  # fmt: skip
+        print(f"paper b tuned on {tuned['dev']}: {trials}; chosen b = {tuned['chosen']}")
     for run in runs:
         print(format_table(run))
     return 0
+
+
+def _tune_b(args, model, tokenizer, codebook, config, texts, budgets, progress):
+    """With --tune-paper-b: ({"dev", "budget", "trials", "chosen"}, {"paper": chosen codebook});
+    (None, None) without it. The development text is --dev-text, else the first evaluation
+    text's tokens after the evaluated span (a different slice). Tuned at the first budget."""
+    if not args.tune_paper_b:
+        return None, None
+    from ..bench.ablations import tune_paper_b
+
+    values = [int(v) for v in args.tune_paper_b.split(",") if v.strip()]
+    span = args.context + args.decode + 1
+    if args.dev_text:
+        dev_ids = tokenizer.encode(Path(args.dev_text).read_text(encoding="utf-8"))
+        dev = f"{Path(args.dev_text).name} (tokens 0-{span})"
+    else:
+        dev_ids = tokenizer.encode(texts[0][0])[span:]
+        dev = f"{texts[0][1]}, tokens {span}-{2 * span} (after the evaluated span)"
+    if len(dev_ids) < span:
+        raise ValueError(
+            f"--tune-paper-b: the development text has {len(dev_ids)} tokens, needs {span} "
+            "(context + decode + 1); give a longer --dev-text"
+        )
+    chosen, trials, books = tune_paper_b(
+        model, tokenizer, codebook, dev_ids[:span], values=values, context=args.context,
+        decode=args.decode, budget=budgets[0], config=config, tokens=args.calib_tokens,
+        use_cache=not args.retrain, progress=progress,
+    )  # fmt: skip
+    tuned = {"dev": dev, "budget": budgets[0], "trials": trials, "chosen": chosen}
+    return tuned, {"paper": books[chosen]}
 
 
 def _texts(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -199,7 +250,7 @@ def _texts(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 
 def _print_texts(
-    args, texts, per_text, budgets, info, codebook, codebook_desc, config, notes
+    args, texts, per_text, budgets, info, codebook, codebook_desc, config, notes, tuned=None
 ) -> int:
     """Several texts: each text's runs, and per budget the figures pooled over the texts."""
     from ..bench.evaluate import pooled_figures, rests_on
@@ -229,6 +280,7 @@ def _print_texts(
         "kv_bits": config.kv_bits,
         "machine": machine(),
         "notes": notes + _method_notes(),
+        **({"paper_b": tuned} if tuned else {}),
     }
     if args.json:
         print(json.dumps(out))

@@ -234,15 +234,18 @@ class MemorySummary:
     """Bytes of one step: per A2ATS layer held / fp16 [L], totals, ratio and bytes saved.
 
     native: bytes the native layers (the model's own caches) hold; the totals count them on both
-    sides, since those layers hold the same with or without A2ATS."""
+    sides, since those layers hold the same with or without A2ATS.
+    codebook: the model's codebook, held once per model and shared by all chats of that model;
+    counted in the held total only (an fp16 cache needs none)."""
 
     held: np.ndarray
     fp16: np.ndarray
     native: int = 0
+    codebook: int = 0
 
     @property
     def total_held(self) -> int:
-        return int(self.held.sum()) + self.native
+        return int(self.held.sum()) + self.native + self.codebook
 
     @property
     def total_fp16(self) -> int:
@@ -262,7 +265,7 @@ def memory_summary(snapshot: CacheSnapshot) -> MemorySummary:
     """Per-layer bytes held and fp16 bytes of one snapshot."""
     held = np.array([layer.bytes_held for layer in snapshot.layers], dtype=np.int64)
     fp16 = np.array([layer.bytes_fp16 for layer in snapshot.layers], dtype=np.int64)
-    return MemorySummary(held, fp16, int(snapshot.native_bytes))
+    return MemorySummary(held, fp16, int(snapshot.native_bytes), int(snapshot.codebook_bytes))
 
 
 # ----- the layer plan in the map ------------------------------------------------------------

@@ -6,6 +6,7 @@ File layout (``format`` = "a2ats-telemetry", ``version`` = 1)::
      "steps": [
        {"step": 12, "offset": 2048, "token_id": 42, "reply": 0,
         "bytes_held": ..., "bytes_fp16": ..., "native_bytes": ...,   # native: non-A2ATS layers
+        "codebook_bytes": ...,                                        # once per model
         "layers": [
           {"layer": 0, "offset": 2048, "window_start": 1985, "sinks": 8, "exact": false,
            "bytes_held": ..., "bytes_fp16": ...,
@@ -141,6 +142,7 @@ def telemetry_dict(
                 "bytes_held": int(snap.bytes_held),
                 "bytes_fp16": int(snap.bytes_fp16),
                 "native_bytes": int(snap.native_bytes),
+                "codebook_bytes": int(snap.codebook_bytes),
                 "layers": layers,
             }
         )
@@ -235,6 +237,7 @@ def snapshots_from_dict(doc: dict[str, Any]) -> tuple[list[CacheSnapshot], list[
                     tuple(layers),
                     None if token is None else int(token),
                     int(step.get("native_bytes", 0)),
+                    int(step.get("codebook_bytes", 0)),
                 )
             )
             replies.append(int(step.get("reply", 0)))

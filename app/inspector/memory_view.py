@@ -1,7 +1,9 @@
 """Memory saved: per-layer bytes held vs an fp16 full cache, totals, and a line over the reply.
 
 Native layers (the model's own caches, `CacheSnapshot.native_bytes`) are one more bar, "native",
-and count in the totals on both sides: they hold the same with or without A2ATS."""
+and count in the totals on both sides: they hold the same with or without A2ATS. The codebook
+(`CacheSnapshot.codebook_bytes`: held once per model, shared by all chats of that model) is its
+own bar, "codebook", counted in the held total and the ratio (an fp16 cache needs none)."""
 
 from __future__ import annotations
 
@@ -105,6 +107,10 @@ class MemoryPanel(QWidget):
             held, fp16 = np.append(held, summary.native), np.append(fp16, summary.native)
             ticks.append((len(ids), "native"))
             ids.append("native")
+        if summary.codebook:
+            held, fp16 = np.append(held, summary.codebook), np.append(fp16, 0)
+            ticks.append((len(ids), "codebook"))
+            ids.append("codebook")
         x = np.arange(len(held), dtype=float)
         self.fp16_bars.setOpts(x=x - 0.22, height=fp16 / MB)
         self.held_bars.setOpts(x=x + 0.22, height=held / MB)
@@ -144,15 +150,20 @@ class MemoryPanel(QWidget):
         held = f"holding {format_bytes(summary.total_held)} vs {format_bytes(summary.total_fp16)}"
         if summary.native:
             held += f" (native layers {format_bytes(summary.native)} on both sides)"
+        if summary.codebook:
+            held += (
+                f" (codebook {format_bytes(summary.codebook)} included: one per model, "
+                "shared by all its chats)"
+            )
         if summary.saved >= 0:
             return (
                 f"{held} for an fp16 full cache \u00b7 {summary.ratio:.2f}\u00d7 smaller \u00b7 "
                 f"{summary.saved / MB:.1f} MB saved ({saved_pct:.0f}%)"
             )
-        # e.g. K/V kept in float32 without kv_bits: codes cost extra, nothing is saved
+        # e.g. K/V kept in float32 without kv_bits, or a short chat: codes and codebook cost
         return (
             f"{held} for an fp16 full cache \u00b7 {1 / summary.ratio:.2f}\u00d7 larger "
-            f"(unquantized K/V + codes; kv_bits 8 or 4 saves memory)"
+            f"(K/V + codes + codebook; kv_bits 8 or 4 and longer chats save memory)"
         )
 
     def _on_theme(self, theme: Theme) -> None:
@@ -163,6 +174,9 @@ class MemoryPanel(QWidget):
         self.held_line.setPen(pg.mkPen(theme.held, width=2))
         self.step_marker.setPen(pg.mkPen(theme.marker, width=1))
         self.legend.set_categories(
-            [(theme.held, "held (A2ATS: K/V + codes)"), (theme.fp16, "fp16 full cache")]
+            [
+                (theme.held, "held (A2ATS: K/V + codes + rotations; codebook bar)"),
+                (theme.fp16, "fp16 full cache"),
+            ]
         )
         self._key = None

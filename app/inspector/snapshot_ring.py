@@ -46,7 +46,8 @@ class Entry:
 
 class ByteSeries:
     """Total bytes held / fp16 per step of one reply (grows by one row per snapshot). Both
-    count the native layers' bytes (`CacheSnapshot.native_bytes`): they hold the same either way."""
+    count the native layers' bytes (`CacheSnapshot.native_bytes`): they hold the same either way;
+    held also counts the model's codebook (`CacheSnapshot.codebook_bytes`)."""
 
     def __init__(self) -> None:
         self._steps: list[int] = []
@@ -55,7 +56,7 @@ class ByteSeries:
 
     def add(self, snapshot: CacheSnapshot) -> None:
         self._steps.append(snapshot.step)
-        self._held.append(snapshot.bytes_held + snapshot.native_bytes)
+        self._held.append(snapshot.bytes_total)
         self._fp16.append(snapshot.bytes_fp16 + snapshot.native_bytes)
 
     def __len__(self) -> int:

@@ -54,6 +54,51 @@ def eval_table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def paper_b_table(data: dict) -> str:
+    """a2ats_paper's b tuned on the development slice, and the chosen b on the evaluation text."""
+    tuned = data["paper_b"]
+    lines = [
+        "| b | recall (dev) | ppl / full (dev) | output rel. error (dev) |",
+        "|---:|---:|---:|---:|",
+    ]
+    for t in tuned["trials"]:
+        mark = " (chosen)" if t["b"] == tuned["chosen"] else ""
+        lines.append(
+            f"| {t['b']}{mark} | {t['recall']:.4f} | {t['ppl_vs_full']:.3f} | "
+            f"{t['output_rel_error']:.4f} |"
+        )
+    paper = data["methods"]["a2ats_paper"]
+    low, high = paper["ppl_vs_full_ci95"]
+    rests = data["rests_on"]
+    lines += [
+        "",
+        f"Development text: {tuned['dev']}; budget {tuned['budget']}, context {data['context']}, "
+        f"{data['decode']} teacher-forced tokens per b; b chosen by recall (then ppl). On the "
+        f"evaluation text ({data['text']}, {rests['tokens']} tokens) a2ats_paper at b = "
+        f"{tuned['chosen']}: recall {paper['recall']:.4f}, ppl {paper['ppl_vs_full']:.3f}x full "
+        f"({low:.3f}-{high:.3f}).",
+    ]
+    return "\n".join(lines)
+
+
+def readme_fair_line(data: dict) -> str:
+    """README's summary of the fair-baselines run (tuned b, re-calibrated no-WRoPE)."""
+    m, tuned = data["methods"], data["paper_b"]
+
+    def fig(name: str) -> str:
+        r = m[name]
+        return f"recall {r['recall']:.3f}, ppl {r['ppl_vs_full']:.3f}x full"
+
+    values = ", ".join(str(t["b"]) for t in tuned["trials"])
+    return (
+        f"Fair baselines (`a2ats eval --tune-paper-b {values.replace(', ', ',')}`, "
+        f"{data['rests_on']['tokens']} tokens at context {data['context']}): with b tuned on a development slice "
+        f"(b = {tuned['chosen']}), a2ats_paper reaches {fig('a2ats_paper')}; a2ats_no_wrope "
+        f"calibrated over the evaluated positions {fig('a2ats_no_wrope')}; a2ats "
+        f"{fig('a2ats')} in the same run (docs/BENCHMARKS.md section 1)."
+    )
+
+
 def sweep_table(data: dict) -> str:
     runs = sorted(data["runs"], key=lambda r: r["budget"])
     methods = [m for m in runs[0]["methods"] if m != "full"]
@@ -142,7 +187,75 @@ def memory_table(data: dict) -> str:
         f"Contexts {', '.join(map(str, contexts))}: bytes per token "
         + ("identical at every context." if same else "vary with context (see memory.json).")
     )
+    if "fixed_bytes" in rows[0]:
+        lines += ["", *_memory_held_lines(data, contexts, methods, by)]
     return "\n".join(lines)
+
+
+def _never(n) -> str:
+    return "never" if n is None else f"{n:,}"
+
+
+def _memory_held_lines(data: dict, contexts: list, methods: list, by: dict) -> list[str]:
+    """Whole bytes held (fixed costs counted) per context, and the break-even contexts."""
+    mib = 2**20
+    lines = [
+        "Bytes held in all, fixed costs counted (MiB; A2ATS's fixed part: the codebook, held once "
+        "per model and shared by all chats of that model, plus each layer's rotation matrices):",
+        "",
+        "| method | fixed | " + " | ".join(f"held at {c}" for c in contexts) + " |",
+        "|---|---:|" + "---:|" * len(contexts),
+    ]
+    for m in methods:
+        held = " | ".join(
+            f"{by[(c, m)]['bytes_held'] / mib:.1f} ({by[(c, m)]['held_vs_fp16_full']:.2f}x fp16)"
+            for c in contexts
+        )
+        lines.append(f"| {m} | {by[(contexts[-1], m)]['fixed_bytes'] / mib:.1f} | {held} |")
+    be = {(b["method"], b["baseline"]): b["context"] for b in data.get("break_even", [])}
+    a2 = list(dict.fromkeys(b["method"] for b in data.get("break_even", [])))
+    if a2:
+        lines += [
+            "",
+            "Context (tokens) from which A2ATS holds less than each baseline, codebook and "
+            "rotations counted (solved from bytes/token and the fixed bytes):",
+            "",
+            "| A2ATS storage | vs fp16 full | vs mlx-lm kv8 | vs mlx-lm kv4 |",
+            "|---|---:|---:|---:|",
+        ]
+        for m in a2:
+            cells = " | ".join(_never(be.get((m, b))) for b in ("fp16", "kv8", "kv4"))
+            lines.append(f"| {m} | {cells} |")
+    return lines
+
+
+def readme_memory_line(data: dict) -> str:
+    """README's memory summary: the codebook counted, and where A2ATS starts to hold less."""
+    be = {(b["method"], b["baseline"]): b["context"] for b in data["break_even"]}
+    book = data["codebook_bytes"] / 2**20
+    names = {"fp16": "an fp16 cache", "kv8": "mlx-lm's kv8", "kv4": "mlx-lm's kv4"}
+    last = max(r["context"] for r in data["results"])
+    per = {r["method"]: r["bytes_per_token"] for r in data["results"] if r["context"] == last}
+    codes = per.get("a2ats_kv4", 0) - per.get("kv4", 0)
+    parts = []
+    for m, name in (("a2ats", "float K/V"), ("a2ats_kv8", "8-bit K/V"), ("a2ats_kv4", "4-bit K/V")):
+        if (m, "fp16") not in be:
+            continue
+        wins = [f"{names[b]} from {be[(m, b)]:,} tokens" for b in names if be.get((m, b))]
+        never = [names[b] for b in names if (m, b) in be and be[(m, b)] is None]
+        text = f"{name} holds less than " + ", ".join(wins) if wins else f"{name}"
+        if never:
+            text += ("; never less than " if wins else " never holds less than ") + " or ".join(
+                never
+            )
+        parts.append(text)
+    return (
+        f"Memory with everything counted (`a2ats bench memory`): the codebook holds {book:.1f} MiB "
+        "(once per model, shared by all chats of that model) plus each layer's rotation "
+        "matrices, so A2ATS saves memory only from some context on: "
+        + ". ".join(parts)
+        + f" (the codes add {codes:,.0f} bytes per token to the same storage)."
+    )
 
 
 def seed_table(data: dict) -> str:
@@ -408,10 +521,16 @@ def blocks() -> dict[str, str]:
         ("ladder", "eval_beyond_ladder.json", eval_table),
         ("b001", "eval_beyond_b001.json", eval_table),
         ("reuse", "eval_beyond_reuse.json", eval_table),
+        ("fair-eval", "eval_4k_fair_baselines.json", eval_table),
+        ("paper-b", "eval_4k_fair_baselines.json", paper_b_table),
     )
     for key, fname, fn in simple:
         if (data := _load(fname)) is not None:
             out[key] = fn(data)
+    if (fair := _load("eval_4k_fair_baselines.json")) is not None:
+        out["readme-fair"] = readme_fair_line(fair)
+    if mem is not None and "break_even" in mem:
+        out["readme-memory"] = readme_memory_line(mem)
     if (tasks := _load("tasks.json")) is not None:
         out["readme-tasks"] = readme_tasks_line(tasks)
     kv_runs = [_load(f) for f in ("eval_4k_kv_float.json", "eval_4k_kv8.json", "eval_4k_kv4.json")]

@@ -131,10 +131,11 @@ class FakeSession:
         start = time.perf_counter()
         text, received, reason = [], [], "length" if limited else "stop"
         for index, char in enumerate(reply):
-            if self._stop.is_set():
+            # a stop during the token's compute is honoured before it is shown (as the engine
+            # honours one between prefill chunks); waiting on the flag keeps the test free of races
+            if self._stop.is_set() or self._stop.wait(self.delay):
                 reason = "cancelled"
                 break
-            time.sleep(self.delay)
             tid = ord(char) + 1000
             received.append(tid)
             text.append(char)

@@ -252,3 +252,26 @@ def test_inspector_status_line_tooltip_shows_token_text_verbatim(qtbot):
     qtbot.addWidget(line)
     line.setText(HOSTILE)
     assert line.text() == HOSTILE and _shown_text(line.toolTip()) == HOSTILE
+
+
+def test_settings_dialog_says_what_each_kv_storage_costs(qtbot):
+    # the figures are the recorded runs' (docs/benchmarks): ppl vs full from `a2ats eval
+    # --kv-bits`, bytes vs an fp16 cache from `a2ats bench memory`
+    import json
+    from pathlib import Path
+
+    from app.dialogs.settings_dialog import KV_BITS_HELP
+
+    bench = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
+    mem = json.loads((bench / "memory.json").read_text())
+    per = {r["method"]: r["vs_fp16_full"] for r in mem["results"] if r["context"] == 4096}
+    for run, method in (("_float", "a2ats"), ("8", "a2ats_kv8"), ("4", "a2ats_kv4")):
+        ev = json.loads((bench / f"eval_4k_kv{run}.json").read_text())
+        assert f"ppl {ev['methods']['a2ats']['ppl_vs_full']:.3f}x" in KV_BITS_HELP
+        if method != "a2ats":
+            assert f"{per[method]:.2f}x an fp16 cache" in KV_BITS_HELP
+    assert "2x an fp16 cache" in KV_BITS_HELP and round(per["a2ats"]) == 2
+    assert "full precision on CPU-only MLX, 8-bit on Metal" in KV_BITS_HELP
+    dialog = SettingsDialog(CacheSettings(), SamplingSettings(), "system", "")
+    qtbot.addWidget(dialog)
+    assert dialog.kv_bits_help.text() == KV_BITS_HELP

@@ -75,8 +75,9 @@ def test_panel_shows_and_exports_the_cache_selection(qtbot, tmp_path, tiny_run):
     assert panel.fidelity_panel.matrix.shape == (2, len(measured))
     assert all(0.0 <= r <= 1.0 for s in measured for layer in s.layers for r in layer.recall)
 
-    # memory figures are the caches' byte counts
-    assert panel.memory_panel.last_summary.total_held == sum(c.nbytes for c in session.caches)
+    # memory figures are the caches' byte counts plus the model's codebook (counted once)
+    held = sum(c.nbytes for c in session.caches) + session.caches[0].codebook.nbytes
+    assert panel.memory_panel.last_summary.total_held == held
 
     # export -> reload gives the same records, and its selection is the cache's
     path = panel.export_telemetry(tmp_path / "telemetry.json")

@@ -278,6 +278,41 @@ def test_memory_panel_bars_totals_and_line(panel):
     assert f"{ratio:.2f}\u00d7 smaller" in mem.summary.text()
 
 
+def test_memory_panel_counts_the_codebook_as_its_own_bar(panel, tmp_path):
+    from dataclasses import replace
+
+    run = [replace(s, codebook_bytes=5_000_000) for s in growing_run(4)]
+    feed(panel, run)
+    mem = panel.memory_panel
+    last = run[-1]
+    heights = mem.held_bars.opts["height"] * 1024 * 1024
+    assert np.allclose(heights, [*(layer.bytes_held for layer in last.layers), 5_000_000])
+    assert np.allclose(mem.fp16_bars.opts["height"][-1], 0)  # an fp16 cache needs no codebook
+    assert mem.last_summary.total_held == last.bytes_held + 5_000_000
+    _, held = mem.held_line.getData()
+    assert np.allclose(held * 1024 * 1024, [s.bytes_held + 5_000_000 for s in run])
+    text = mem.summary.text()
+    ratio = (last.bytes_held + 5_000_000) / last.bytes_fp16  # larger: the codebook outweighs
+    assert f"{ratio:.2f}\u00d7 larger" in text and "codebook 4.8 MB" in text
+    assert "shared by all its chats" in text
+    path = panel.export_telemetry(tmp_path / "t.json")
+    assert [s.codebook_bytes for s in export.load_telemetry(path)[0]] == [5_000_000] * 4
+
+
+def test_status_bar_counts_the_codebook(qtbot):
+    from app.status_bar import StatusBar
+
+    bar = StatusBar()
+    qtbot.addWidget(bar)
+    bar.set_cache(1000, 8000)
+    assert bar.cache.text() == "cache 1000 B (8.0x smaller)"
+    bar.set_cache(1000, 8000, True, 3000)
+    assert bar.cache.text().endswith("(2.0x smaller)") and "codebook" in bar.cache.text()
+    bar.set_cache(1000, 2000, True, 3000)
+    assert bar.cache.text().endswith("(2.0x larger)")
+    assert "shared by all chats" in bar.cache.toolTip()
+
+
 def test_fidelity_off_by_default_then_strip(panel):
     feed(panel, growing_run(3))
     fid = panel.fidelity_panel

@@ -221,3 +221,18 @@ def test_a_reply_uses_the_loaded_models_recommended_sampling(make_window, qtbot,
     reply(qtbot, window, "again")
     used = window.current.messages[-1].provenance["sampling"]
     assert (used["temperature"], used["top_k"]) == (0.9, 0)
+
+
+@pytest.mark.parametrize(("cpu_only", "bits"), [(True, None), (False, 8)])
+def test_kv_storage_default_follows_the_backend(monkeypatch, app_dirs, cpu_only, bits):
+    # float K/V on CPU-only MLX (quantized storage costs decode speed there), 8-bit on Metal
+    from a2ats_engine import _backend
+
+    monkeypatch.setattr(_backend, "is_cpu_only", lambda: cpu_only)
+    assert CacheSettings().kv_bits == bits and AppSettings().cache.kv_bits == bits
+    assert AppSettings.from_dict({"cache": {"window": 32}}).cache.kv_bits == bits
+    # the user's explicit choice, saved in settings.json, is kept on either backend
+    for chosen in (None, 8, 4):
+        save_settings(AppSettings(cache=CacheSettings(kv_bits=chosen)))
+        loaded, message = load_settings()
+        assert message is None and loaded.cache.kv_bits == chosen

@@ -57,6 +57,26 @@ def test_eval_json_has_the_issue_shape(tiny_folder, tmp_path, monkeypatch, capsy
     assert "plain_vq: reused" in " ".join(again["notes"])
 
 
+def test_eval_tunes_the_paper_b_on_a_development_slice(tiny_folder, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("A2ATS_DATA_DIR", str(tmp_path / "data"))
+    folder, book = tiny_folder
+    argv = ["eval", "--model", str(folder), "--codebook", str(book), "--context", "150",
+            "--decode", "4", "--methods", "full,a2ats_paper,a2ats_no_wrope",
+            "--tune-paper-b", "32,64", "--calib-tokens", "512", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = _json(capsys)
+    tuned = out["paper_b"]
+    assert [t["b"] for t in tuned["trials"]] == [32, 64] and tuned["chosen"] in (32, 64)
+    assert "tokens 155-310" in tuned["dev"]  # a different slice than the evaluated tokens
+    assert out["methods"]["a2ats_paper"]["ppl_vs_full"] > 0
+    assert any("no_wrope" in n and "chunks of 1024 tokens" in n for n in out["notes"])
+    dev = tmp_path / "dev.txt"
+    dev.write_text("short")
+    bad = argv[:-1] + ["--dev-text", str(dev), "--json"]
+    assert main(bad) == 1
+    assert "development text has" in capsys.readouterr().err
+
+
 def test_eval_budget_sweep_json(tiny_folder, capsys):
     folder, book = tiny_folder
     argv = ["eval", "--model", str(folder), "--codebook", str(book), "--context", "200",
@@ -115,6 +135,24 @@ def test_eval_several_texts_json(tiny_folder, tmp_path, capsys):
     assert "--texts" in capsys.readouterr().err
 
 
+def test_eval_runs_on_the_builtin_dialogue(tiny_folder, capsys):
+    from a2ats_engine.bench.evaluate import builtin_texts
+    from a2ats_engine.loading.models import load_model
+
+    text, desc = builtin_texts()["dialogue"]
+    assert "keeper_dialogue.txt" in desc and text.count("MARTA:") > 50
+    # long: about 5.7K tokens with the demo's tokenizer (enough for a 4K eval), over 5K here
+    folder, book = tiny_folder
+    _, tokenizer, _ = load_model(str(folder))
+    assert len(tokenizer.encode(text)) > 5000
+    argv = ["eval", "--model", str(folder), "--codebook", str(book), "--context", "150",
+            "--decode", "4", "--methods", "full,a2ats", "--texts", "dialogue,code", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = _json(capsys)
+    assert out["texts"][0]["text"] == desc
+    assert out["texts"][0]["runs"][0]["methods"]["a2ats"]["tokens"] == 4
+
+
 def test_eval_needs_a_codebook(tiny_folder, capsys):
     folder, _ = tiny_folder
     assert main(["eval", "--model", str(folder), "--json"]) == 1
@@ -137,6 +175,22 @@ def test_bench_memory_json(tiny_folder, capsys):
         # A2ATS = full K/V + one 2-byte code per token, KV head (2) and layer (2)
         extra = rows[(n, "a2ats")]["bytes_per_token"] - full["bytes_per_token"]
         assert extra == pytest.approx(2 * 2 * 2)
+        # fixed costs: the codebook once, plus each layer's rotations; counted in bytes_held
+        a2 = rows[(n, "a2ats_kv8")]
+        assert a2["codebook_bytes"] == out["codebook_bytes"] > 0
+        assert a2["fixed_bytes"] > a2["codebook_bytes"] and full["fixed_bytes"] == 0
+        assert a2["bytes_held"] == pytest.approx(a2["bytes_per_token"] * n + a2["fixed_bytes"])
+    # break-even contexts follow from bytes/token and fixed bytes
+    from a2ats_engine.bench.speed import break_even_context
+
+    last = {m: rows[(512, m)] for m in ("kv8", "a2ats_kv4", "a2ats")}
+    be = {(b["method"], b["baseline"]): b["context"] for b in out["break_even"]}
+    assert len(be) == 3 * 3
+    assert be[("a2ats_kv4", "kv8")] == break_even_context(
+        last["a2ats_kv4"]["bytes_per_token"], last["a2ats_kv4"]["fixed_bytes"],
+        last["kv8"]["bytes_per_token"],
+    )  # fmt: skip
+    assert be[("a2ats", "kv8")] is None  # float K/V + codes never holds less than kv8
 
 
 def test_bench_passkey_json(tiny_folder, capsys):
@@ -180,3 +234,15 @@ def test_eval_says_when_far_offset_is_ignored(tiny_folder, capsys):
     assert "far_offset: ignored with far_buckets = 3" in notes
     assert main([*argv, "--far-buckets", "1"]) == 0
     assert "far_offset" not in " ".join(_json(capsys)["notes"])
+
+
+def test_break_even_context_by_hand():
+    from a2ats_engine.bench.speed import break_even_context
+
+    # 100 B/token + 1000 B fixed vs 150 B/token: 100 n + 1000 < 150 n from n = 21 (n = 20 ties)
+    assert break_even_context(100, 1000, 150) == 21
+    assert 100 * 20 + 1000 == 150 * 20 and 100 * 21 + 1000 < 150 * 21
+    assert break_even_context(100, 999, 150) == 20  # 2999 < 3000
+    assert break_even_context(100, 0, 150) == 1
+    assert break_even_context(150, 10, 150) is None  # never below a baseline it matches
+    assert break_even_context(200, 10, 150) is None

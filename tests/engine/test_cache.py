@@ -11,7 +11,7 @@ from mlx_lm.models.rope_utils import initialize_rope
 from tiny import tiny_model
 
 from a2ats_engine.cache import attention as att
-from a2ats_engine.cache.a2ats_cache import A2ATSCache, make_cache, snapshot
+from a2ats_engine.cache.a2ats_cache import A2ATSCache, make_cache, model_codebook_bytes, snapshot
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig
 from a2ats_engine.cache.rope import RopeSpec, distance_buckets, model_geometry
@@ -303,7 +303,8 @@ def test_kv_bits_storage_saves_bytes_and_stays_close(bits):
     b = model(mx.array([[5]]), cache=quant)
     rel = float(mx.abs(a - b).max() / mx.abs(a).max())
     assert rel < (0.05 if bits == 8 else 0.3)
-    assert quant[0].nbytes < full[0].nbytes * (0.4 if bits == 8 else 0.25)
+    assert quant[0].storage_bytes < full[0].storage_bytes * (0.4 if bits == 8 else 0.25)
+    assert quant[0].nbytes < full[0].nbytes
     assert isinstance(quant[0].keys, tuple)
     # retrieval also works on quantized storage
     small = make_cache(model, A2ATSConfig(window=16, sinks=4, budget=8, kv_bits=bits), book)
@@ -334,10 +335,14 @@ def test_byte_accounting_is_what_is_held():
     model(mx.array([list(range(3, 259))]), cache=cache)
     c = cache[0]
     held = sum(a.nbytes for a in c.keys) + sum(a.nbytes for a in c.values) + c.codes.nbytes
-    assert c.nbytes == held == c.compressed_key_bytes + c.compressed_value_bytes
+    assert c.storage_bytes == held == c.compressed_key_bytes + c.compressed_value_bytes
+    # the layer's own extras: its rotation matrices [d, m * d] (telemetry is off)
+    assert c.overhead_bytes == c._rotations.nbytes > 0
+    assert c.nbytes == held + c.overhead_bytes
     assert c.fp16_key_bytes == c.fp16_value_bytes == 1 * 2 * 256 * 64 * 2
-    assert c.compression_ratio == pytest.approx((c.fp16_key_bytes * 2) / held)
-    assert c.compression_ratio > 2.5
+    assert c.compression_ratio == pytest.approx((c.fp16_key_bytes * 2) / c.nbytes)
+    assert (c.fp16_key_bytes * 2) / c.storage_bytes > 2.5  # per-token storage
+    assert 1 < c.compression_ratio < 2.5  # 256 tokens: the fixed rotations still weigh
     assert 4 < c.assigned_avg_bits < 6
     assert c.codebook_bytes > 0 and c.tokens_seen == 256
 
@@ -470,3 +475,24 @@ def test_fidelity_uses_the_layers_scale_and_every_batch_row():
     both.update_and_fetch(mx.concatenate([k, k]), mx.concatenate([v, v]))
     both.attend(mx.concatenate(rows), None, None, scale=scale)
     assert both.last_stats.recall[0] == pytest.approx(np.mean(single), rel=1e-5)
+
+
+def test_snapshot_counts_the_codebook_once_and_rotations_in_the_layer():
+    model = tiny_model("llama", hidden_size=256)
+    book = random_codebook(model)
+    cache = make_cache(model, A2ATSConfig(telemetry=True), book)
+    model(mx.array([list(range(3, 259))]), cache=cache)
+    model(mx.array([[5]]), cache=cache)
+    snap = snapshot(cache)
+    # one codebook shared by every layer (and every chat of the model): counted once
+    assert snap.codebook_bytes == book.nbytes > 0
+    assert snap.bytes_total == snap.bytes_held + snap.native_bytes + book.nbytes
+    c = cache[0]
+    assert (
+        snap.layers[0].bytes_held
+        == c.nbytes
+        == c.storage_bytes + c._rotations.nbytes + c.estimate_bytes
+    )
+    # a second chat of the same model shares the codebook
+    other = make_cache(model, A2ATSConfig(telemetry=True), book)
+    assert model_codebook_bytes(cache + other) == book.nbytes
