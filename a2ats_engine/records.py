@@ -46,14 +46,6 @@ class ModelGeometry:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    # Transitional mapping-style reads (`geometry["head_dim"]`, `geometry.get(...)`) for code
-    # written against the old dict; new code reads attributes.
-    def __getitem__(self, name: str) -> Any:
-        return getattr(self, name)
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return getattr(self, name, default)
-
 
 @dataclass(frozen=True)
 class ModelInfo:

@@ -44,7 +44,7 @@ class CacheSettings:
     """The KV cache used for the next message. `a2ats_enabled=False` = mlx-lm's plain KVCache.
 
     Fields mirror `A2ATSConfig` (window, far_offset, sinks, budget, kv_bits, far_buckets, rerank,
-    min_k; kv_bits defaults per backend, `default_kv_bits`),
+    estimate_missed, min_k; kv_bits defaults per backend, `default_kv_bits`),
     fidelity_every: the inspector's shadow exact-attention check every k decode steps, 0 = off);
     the codebook's own properties (n_centroids, sub_dim, beta) come with the codebook, and
     telemetry follows the inspector.
@@ -58,6 +58,7 @@ class CacheSettings:
     min_k: int = 16
     far_buckets: int = 4
     rerank: int = 2
+    estimate_missed: bool = False  # the engine's default: off (it slows decode on the CPU)
     kv_bits: int | None = field(default_factory=default_kv_bits)  # None: float on CPU-only MLX
     fidelity_every: int = 0
 

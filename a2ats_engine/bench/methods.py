@@ -216,8 +216,15 @@ METHODS: dict[str, Method] = {
             "a2ats_no_estimate",
             BUDGET,
             "A2ATS with estimate_missed off: the far tokens not retrieved are dropped from the "
-            "softmax (the paper; a2ats adds their (bucket, code) slot estimate)",
+            "softmax (the paper; the default since the estimate slows decode on the CPU)",
             knobs={"estimate_missed": False},
+        ),
+        Method(
+            "a2ats_estimate",
+            BUDGET,
+            "A2ATS with estimate_missed on: the far tokens not retrieved enter the softmax "
+            "through their (bucket, code) slot estimate",
+            knobs={"estimate_missed": True},
         ),
         Method(
             "a2ats_auto",

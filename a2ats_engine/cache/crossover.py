@@ -28,9 +28,10 @@ class Crossover:
 # (backend, attention layers, KV heads, head dim) -> crossover
 MEASURED: dict[tuple[str, int, int, int], Crossover] = {
     ("cpu", 30, 3, 64): Crossover(
-        4608,
-        "SmolLM2-135M (the demo model), 2-core x86_64, rerank 2: a2ats 0.97x full at 4K and "
-        "1.21x at 8K (docs/benchmarks/decode.json), crossover interpolated",
+        4096,
+        "SmolLM2-135M (the demo model), 2-core x86_64, rerank 2, no estimate: retrieval from "
+        "the start (a2ats_eb0_noest) 0.90x full at 2K, 1.02x at 4K, 1.24x at 8K, median of 3 "
+        "runs (docs/benchmarks/decode_v2.json)",
     ),
 }
 

@@ -170,6 +170,14 @@ class SettingsDialog(QDialog):
             "1 = keep the top-K of the codebook scores (the paper). r > 1 = take the top r*K by "
             "codebook score, then keep the K whose stored keys score highest exactly."
         )
+        self.estimate_missed = QCheckBox("Estimate the attention of the tokens not retrieved")
+        self.estimate_missed.setChecked(cache.estimate_missed)
+        self.estimate_missed.setToolTip(
+            "Folds the far tokens that were not retrieved into the softmax through their codebook "
+            "slots: perplexity 1.024x -> 1.015x full at 4K on the demo model, but an 8K decode "
+            "step drops from 1.22x to 0.81x of full attention's speed on a 2-core CPU "
+            "(docs/BENCHMARKS.md section 9). Inspector > Fidelity shows the estimated mass."
+        )
         self.kv_bits = QComboBox()
         self.kv_bits.setAccessibleName("Stored K/V precision")
         for label, bits in KV_BITS:
@@ -192,6 +200,7 @@ class SettingsDialog(QDialog):
         form.addRow("Min retrieved", self.min_k)
         form.addRow("Distance buckets", self.far_buckets)
         form.addRow("Rerank", self.rerank)
+        form.addRow("Missed attention", self.estimate_missed)
         form.addRow("K/V storage", self.kv_bits)
         kv_help = QLabel(KV_BITS_HELP)
         kv_help.setObjectName("HintLabel")
@@ -323,6 +332,7 @@ class SettingsDialog(QDialog):
             min_k=self.min_k.value(),
             far_buckets=self.far_buckets.value(),
             rerank=self.rerank.value(),
+            estimate_missed=self.estimate_missed.isChecked(),
             kv_bits=self.kv_bits.currentData(),
             fidelity_every=self.fidelity_every.value(),
         )
@@ -357,6 +367,7 @@ class SettingsDialog(QDialog):
         self.min_k.setValue(cache.min_k)
         self.far_buckets.setValue(cache.far_buckets)
         self.rerank.setValue(cache.rerank)
+        self.estimate_missed.setChecked(cache.estimate_missed)
         self.kv_bits.setCurrentIndex([b for _, b in KV_BITS].index(cache.kv_bits))
         self.fidelity_every.setValue(cache.fidelity_every)
         self._own = {name: getattr(sampling, name) for name in MODEL_SAMPLING_FIELDS}

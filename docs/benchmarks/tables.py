@@ -361,14 +361,13 @@ def readme_quality_table(ev: dict, mem: dict, est: dict | None = None) -> str:
         f"{m['kv4']['bytes_per_token']:,.0f} |",
         row("oracle top-K (exact scores, same budget)", "oracle_topk", bytes_="-"),
         *([] if est is None else [
-            f"| **a2ats** (the default: 4 distance buckets, query-aware, rerank 2, estimated "
-            f"missed attention) | **{est['methods']['a2ats_estimate']['recall']:.3f}** | "
-            f"**{est['methods']['a2ats_estimate']['ppl_vs_full']:.3f}** | "
+            f"| a2ats + estimated missed attention (`estimate_missed=True`; off by default: "
+            f"it slows decode on the CPU) | {est['methods']['a2ats_estimate']['recall']:.3f} | "
+            f"{est['methods']['a2ats_estimate']['ppl_vs_full']:.3f} | "
             f"{est['methods']['a2ats_estimate']['bytes_per_token']:,.0f} (with the estimate's "
             f"sums, a fixed size: this many at 4K) |"
         ]),
-        row("**a2ats** (4 distance buckets, query-aware, rerank 2)" if est is None else
-            "a2ats without the estimate (`estimate_missed=False`)", "a2ats", est is None,
+        row("**a2ats** (the default: 4 distance buckets, query-aware, rerank 2)", "a2ats", True,
             a2_bytes).replace(f"**{m['a2ats']['recall']:.3f}**",
                               f"**{m['a2ats']['recall']:.3f}** ({oracle_share:.2f}x oracle)"),
         row("a2ats without rerank", "a2ats_no_rerank"),
@@ -499,6 +498,78 @@ def cost_sweep_table(data: dict) -> str:
     return "\n".join(lines)
 
 
+DECODE_V2_METHODS = {
+    "a2ats_noest": "a2ats as shipped (no estimate, exact below the crossover)",
+    "a2ats": "a2ats with the estimate (exact below the crossover)",
+    "a2ats_eb0": "a2ats retrieving from the start (estimate on)",
+    "a2ats_eb0_noest": "a2ats retrieving from the start, no estimate",
+}
+
+
+def decode_v2_table(data: dict) -> str:
+    """Median of `repeats` runs: tok/s, the median ratio to `full` within each run, its spread."""
+    lines = [
+        f"Median of {data['repeats']} runs, {data['steps']} decode steps each "
+        f"(`{data['command']}`; {data['machine']}).",
+        "",
+        "| context | method | tok/s | vs full (median) | spread (min-max) | every run |",
+        "|---:|---|---:|---:|---|---|",
+    ]
+    for r in data["results"]:
+        runs = ", ".join(f"{x:.2f}" for x in r["ratio_runs"])
+        lo, hi = r["ratio_spread"]
+        lines.append(
+            f"| {r['context']} | {r['method']} | {r['tokens_per_s']:.2f} | "
+            f"{r['speed_vs_full']:.2f}x | {lo:.2f}-{hi:.2f} | {runs} |"
+        )
+    return "\n".join(lines)
+
+
+def readme_decode_line(data: dict) -> str:
+    """One sentence per A2ATS method: its median ratio to KVCache at every context."""
+    contexts = sorted({r["context"] for r in data["results"]})
+    by = {(r["context"], r["method"]): r for r in data["results"]}
+    parts = []
+    for method, label in DECODE_V2_METHODS.items():
+        if (contexts[0], method) not in by:
+            continue
+        cells = ", ".join(
+            f"{c // 1024}K {by[(c, method)]['speed_vs_full']:.2f}x"
+            if c >= 1024
+            else f"{c} {by[(c, method)]['speed_vs_full']:.2f}x"
+            for c in contexts
+        )
+        parts.append(f"{label}: {cells}")
+    return (
+        f"Decode speed vs mlx-lm's KVCache, median of {data['repeats']} runs "
+        f"(`{data['command']}`): " + "; ".join(parts) + "."
+    )
+
+
+def geometry_table(data: dict) -> str:
+    """Real-size geometry (random weights, synthetic caches): median ratio and spread."""
+    calib = data.get("calibration") or {}
+    lines = [
+        f"{data['description']} ({data['parameters'] / 1e9:.2f}B parameters, float32, random "
+        f"weights), {data['layer_plan']}; median of {data['repeats']} runs of "
+        f"{data['steps']} steps (`{data['command']}`; {data['machine']}).",
+        "",
+        "| context | method | tok/s | vs full (median) | spread | MB held | held vs full |",
+        "|---:|---|---:|---:|---|---:|---:|",
+    ]
+    for r in data["results"]:
+        lo, hi = r["ratio_spread"]
+        lines.append(
+            f"| {r['context']} | {r['method']} | {r['tokens_per_s']:.2f} | "
+            f"{r['speed_vs_full']:.2f}x | {lo:.2f}-{hi:.2f} | {r['bytes_held'] / 1e6:.0f} | "
+            f"{r['bytes_vs_full']:.3f}x |"
+        )
+    if calib:
+        lines += ["", f"Calibration collects {calib['collect_tokens_per_s']:.0f} tokens/s "
+                  f"({calib['tokens']} tokens, fit {calib['fit_seconds']:.1f} s)."]  # fmt: skip
+    return "\n".join(lines)
+
+
 def blocks() -> dict[str, str]:
     """{KEY: generated text} for every table whose JSON is recorded here."""
     ev, mem = _load("eval_4k_b003.json"), _load("memory.json")
@@ -539,6 +610,12 @@ def blocks() -> dict[str, str]:
         out["readme-kv"] = readme_kv_line(kv_runs)
     if decode is not None:
         out["decode"] = decode_table(decode, decode_1)
+    if (v2 := _load("decode_v2.json")) is not None:
+        out["decode-v2"] = decode_v2_table(v2)
+        out["readme-decode"] = readme_decode_line(v2)
+    for name in ("llama-3.2-1b", "qwen3-0.6b", "gemma-3-1b"):
+        if (geo := _load(f"geometry_{name}.json")) is not None:
+            out[f"geometry-{name.replace('.', '-')}"] = geometry_table(geo)
     if None not in (ev, passkey, decode, mem):
         out["targets"] = targets_table(ev, passkey, decode, decode_1, mem)
     if None not in (ev, mem):

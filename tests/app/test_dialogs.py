@@ -275,3 +275,15 @@ def test_settings_dialog_says_what_each_kv_storage_costs(qtbot):
     dialog = SettingsDialog(CacheSettings(), SamplingSettings(), "system", "")
     qtbot.addWidget(dialog)
     assert dialog.kv_bits_help.text() == KV_BITS_HELP
+
+
+def test_the_missed_attention_estimate_is_a_setting_off_by_default(qtbot):
+    dialog = SettingsDialog(CacheSettings(), SamplingSettings(), "system", "")
+    qtbot.addWidget(dialog)
+    assert not dialog.estimate_missed.isChecked()
+    assert not dialog.values().cache.to_config().estimate_missed
+    dialog.estimate_missed.setChecked(True)
+    assert dialog.values().cache.to_config().estimate_missed
+    assert "0.81x" in dialog.estimate_missed.toolTip()  # says what it costs
+    dialog.restore_defaults()
+    assert not dialog.estimate_missed.isChecked()

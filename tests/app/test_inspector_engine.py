@@ -22,10 +22,13 @@ PROMPT = (
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    """(session, events) of one reply with telemetry and a fidelity pass every 2 steps."""
+    """(session, events) of one reply with telemetry, the missed-attention estimate and a
+    fidelity pass every 2 steps."""
     tokenizer = tiny_tokenizer(tmp_path_factory.mktemp("tok"))
     model = tiny_model("llama")
-    config = A2ATSConfig(window=8, sinks=2, budget=4, telemetry=True, fidelity_every=2)
+    config = A2ATSConfig(
+        window=8, sinks=2, budget=4, telemetry=True, fidelity_every=2, estimate_missed=True
+    )
     codebook = Codebook.random(2, 2, 16, 32, seed=3)
     sampling = SamplingSettings(temperature=0.0, max_tokens=8)
     with pytest.warns(UserWarning):  # a random codebook carries no model fingerprint
@@ -122,7 +125,7 @@ def test_fidelity_panel_shows_the_engines_estimated_missed_mass(qtbot, tmp_path,
     panel.flush(force=True)
     last = snapshots[-1]
     view = panel.fidelity_panel.estimate
-    # estimate_missed is on by default: every retrieval step carries the cache's estimate
+    # estimate_missed is on in this run: every retrieval step carries the cache's estimate
     assert all(layer.missed_mass is not None for layer in last.layers)
     want = [np.mean(cache.last_stats.missed_mass) for cache in session.caches]
     xs, ys = view.layer_estimate.getData()

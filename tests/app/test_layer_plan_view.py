@@ -119,7 +119,7 @@ def test_real_tiny_gemma3_snapshot_reports_native_bytes_and_maps_sliding_rows():
     plan = plan_for(model)
     first = next(c for c in plan.layers if c.kind == A2ATS)
     codebook = Codebook.random(
-        model_geometry(model)["num_layers"], first.n_kv_heads, first.head_dim, 16, seed=1
+        model_geometry(model).num_layers, first.n_kv_heads, first.head_dim, 16, seed=1
     )
     caches = make_cache(model, A2ATSConfig(window=4, sinks=2, budget=3, telemetry=True), codebook)
     prompt = mx.array([[int(t) for t in np.random.default_rng(0).integers(3, 120, size=30)]])

@@ -50,7 +50,7 @@ def test_default_is_the_measured_crossover_for_the_backend_and_geometry(monkeypa
     assert A2ATSCache(0, rope, book, A2ATSConfig(exact_below=5), 8192).exact_below == 5
     monkeypatch.setattr(crossover, "backend", lambda: "cpu")  # nobody measured it: 0
     assert A2ATSCache(0, rope, book, A2ATSConfig(), 8192).exact_below == 0
-    assert crossover.measured_crossover(30, 3, 64) == 4608  # the demo model on the CPU
+    assert crossover.measured_crossover(30, 3, 64) == 4096  # the demo model on the CPU
 
 
 def test_exact_below_validated_and_spelled_in_method_names():

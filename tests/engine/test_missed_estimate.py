@@ -132,8 +132,9 @@ def test_estimate_runs_on_a_model_and_reports_its_mass():
     assert bool(mx.isfinite(logits).all())
     stats = cache[0].last_stats
     assert not stats.exact and all(0.0 < x < 1.0 for x in stats.missed_mass)
-    assert A2ATSConfig().estimate_missed  # the default
+    assert not A2ATSConfig().estimate_missed  # the default: off (it slows decode on the CPU)
     assert not METHODS["a2ats_no_estimate"].config(A2ATSConfig()).estimate_missed
+    assert METHODS["a2ats_estimate"].config(A2ATSConfig()).estimate_missed
 
 
 def test_estimate_setting_is_validated_and_off_with_a_product_vq_codebook():
@@ -142,16 +143,20 @@ def test_estimate_setting_is_validated_and_off_with_a_product_vq_codebook():
     assert decode_variant_knobs("a2ats_noest") == {"estimate_missed": False}
     book = Codebook([mx.zeros((1, 2, 4, D // 2))])  # product VQ: 2 subspaces
     with pytest.warns(UserWarning, match="estimate_missed is off for this codebook"):
-        cache = A2ATSCache(0, IdentityRope(D), book, A2ATSConfig(), max_context=512)
+        cache = A2ATSCache(
+            0, IdentityRope(D), book, A2ATSConfig(estimate_missed=True), max_context=512
+        )
     assert not cache.estimates
-    assert lossless_cache(A2ATSConfig(), np.zeros((1, 4, D), np.float32)).estimates
+    on = A2ATSConfig(estimate_missed=True)
+    assert lossless_cache(on, np.zeros((1, 4, D), np.float32)).estimates
 
 
 def test_the_reference_methods_stay_plain_top_k():
     """oracle_topk (the ceiling of plain top-K) and window keep dropping what they miss."""
     for name in ("oracle_topk", "window"):
         assert not METHODS[name].config(A2ATSConfig(), window_budget=9).estimate_missed
-    assert METHODS["a2ats_plain_vq"].config(A2ATSConfig()).estimate_missed  # ablations inherit
+    on = A2ATSConfig(estimate_missed=True)
+    assert METHODS["a2ats_plain_vq"].config(on).estimate_missed  # ablations inherit the run's
 
 
 def test_fast_exp_matches_exp_and_sends_minus_infinity_to_zero():

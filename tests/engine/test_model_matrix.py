@@ -37,7 +37,7 @@ def codebook_for(model, n_centroids: int = 16) -> Codebook:
     from a2ats_engine.cache.rope import model_geometry
 
     first = next(c for c in plan_for(model).layers if c.kind == A2ATS)
-    layers = model_geometry(model)["num_layers"]  # decoder layers (KV-shared ones included)
+    layers = model_geometry(model).num_layers  # decoder layers (KV-shared ones included)
     return Codebook.random(layers, first.n_kv_heads, first.head_dim, n_centroids, seed=1)
 
 
