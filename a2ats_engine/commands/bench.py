@@ -404,7 +404,9 @@ def _register_passkey(bench) -> None:
     p.add_argument("--depths", default="0.1,0.3,0.5,0.7,0.9", help="needle depths in [0, 1]")
     p.add_argument("--methods", default="full,window,a2ats", help="full, window, a2ats, ...")
     p.add_argument("--budget", default="0.03", help="retrieval budget: fraction or token count")
-    p.add_argument("--rerank", type=int, default=None, help="A2ATS rerank factor (default 1)")
+    p.add_argument(
+        "--rerank", type=int, default=None, help="A2ATS rerank factor (default: the config's)"
+    )
     p.add_argument("--answer-tokens", type=int, default=8, help="greedy answer length")
     p.add_argument("--seed", type=int, default=0, help="passkey random seed")
     p.add_argument("--json", action="store_true", help="print one JSON object")
