@@ -413,23 +413,29 @@ def _register_passkey(bench) -> None:
     p.set_defaults(func=run_passkey)
 
 
+def _retrieval_run(args: argparse.Namespace):
+    """(model, tokenizer, info, codebook, codebook description, config) for a benchmark that
+    measures retrieval itself: `exact_below=0`, so no step attends exactly below the crossover."""
+    from ..loading.models import load_model
+    from ._bench_common import a2ats_config, find_codebook, parse_budget
+
+    model, tokenizer, info = load_model(args.model)
+    codebook, desc = find_codebook(args.codebook, args.model, info.path, required=True)
+    config = a2ats_config(
+        codebook, model, budget=parse_budget(args.budget), rerank=args.rerank, exact_below=0
+    )
+    return model, tokenizer, info, codebook, desc, config
+
+
 def run_passkey(args: argparse.Namespace) -> int:
     from ..bench.passkey import accuracy_table, bench_passkey
-    from ..loading.models import load_model
     from ._bench_common import (
-        a2ats_config,
-        find_codebook,
         machine,
-        parse_budget,
         parse_list,
         stderr_progress,
     )
 
-    model, tokenizer, info = load_model(args.model)
-    codebook, desc = find_codebook(args.codebook, args.model, info.path, required=True)
-    config = a2ats_config(  # exact_below 0: the pass-key test measures retrieval
-        codebook, model, budget=parse_budget(args.budget), rerank=args.rerank, exact_below=0
-    )
+    model, tokenizer, info, codebook, desc, config = _retrieval_run(args)
     trials = bench_passkey(
         model, tokenizer, parse_list(args.contexts), parse_list(args.depths, float),
         codebook=codebook, config=config, methods=tuple(m for m in args.methods.split(",") if m),
@@ -490,12 +496,8 @@ def _register_tasks(bench) -> None:
 
 def run_tasks(args: argparse.Namespace) -> int:
     from ..bench import tasks as tk
-    from ..loading.models import load_model
     from ._bench_common import (
-        a2ats_config,
-        find_codebook,
         machine,
-        parse_budget,
         parse_list,
         stderr_progress,
     )
@@ -509,11 +511,7 @@ def run_tasks(args: argparse.Namespace) -> int:
         haystack, haystack_desc = Path(args.haystack).read_text(encoding="utf-8"), args.haystack
     else:
         haystack, haystack_desc = tk.default_haystack()
-    model, tokenizer, info = load_model(args.model)
-    codebook, desc = find_codebook(args.codebook, args.model, info.path, required=True)
-    config = a2ats_config(  # exact_below 0: the tasks measure retrieval
-        codebook, model, budget=parse_budget(args.budget), rerank=args.rerank, exact_below=0
-    )
+    model, tokenizer, info, codebook, desc, config = _retrieval_run(args)
     prompts = tk.task_prompts(
         tokenizer, names, parse_list(args.contexts), parse_list(args.depths, float), args.seeds,
         haystack,
