@@ -25,7 +25,7 @@ import mlx.nn as nn
 from mlx_lm.generate import stream_generate
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
-from .cache.a2ats_cache import model_codebook_bytes
+from .cache.a2ats_cache import attention_steps, model_codebook_bytes
 from .cache.config import A2ATSConfig
 from .cache.telemetry import CacheSnapshot, GenerationStats, TokenEvent
 from .progress import Progress
@@ -193,6 +193,7 @@ class _Reply:
     ttft: float = 0.0
     prompt_tps: float = 0.0
     generation_tps: float = 0.0
+    steps_before: tuple[int, int] = (0, 0)  # attention_steps(cache) when the reply began
 
 
 class ChatSession:
@@ -444,6 +445,7 @@ class ChatSession:
         if self._stop.is_set():
             return  # cancelled before prefill: the cache holds prompt_ids[:start]
         snapshot = self._snapshot_function()
+        reply.steps_before = attention_steps(self._cache or [])
         stream = stream_generate(
             self.model,
             self.tokenizer,
@@ -521,6 +523,18 @@ class ChatSession:
         else:  # cancelled before or during prefill: the cache holds the chunks done
             self._cache_ids = reply.prompt_ids[: reply.start + reply.prefilled]
         self._messages = [*self._messages, {"role": "assistant", "content": "".join(reply.text)}]
+        extra = {
+            "reused_tokens": reply.start,
+            "trimmed_tokens": reply.trimmed,
+            "cache_rebuilt": reply.rebuilt,
+            "total_seconds": time.perf_counter() - reply.t_start,
+        }
+        if any(hasattr(c, "retrieved_steps") for c in self._cache or []):
+            # how the A2ATS layers attended during this reply: the stats line says "exact"
+            # when no step retrieved (a context below the crossover), never a bare "A2ATS"
+            retrieved, exact = attention_steps(self._cache or [])
+            extra["a2ats_retrieved_steps"] = max(0, retrieved - reply.steps_before[0])
+            extra["a2ats_exact_steps"] = max(0, exact - reply.steps_before[1])
         stats = GenerationStats(
             prompt_tokens=len(reply.prompt_ids) - reply.start
             if reply.received
@@ -534,12 +548,7 @@ class ChatSession:
             cache_bytes=_cache_nbytes(self._cache),
             codebook_bytes=model_codebook_bytes(self._cache or []),
             context_tokens=len(self._cache_ids),
-            extra={
-                "reused_tokens": reply.start,
-                "trimmed_tokens": reply.trimmed,
-                "cache_rebuilt": reply.rebuilt,
-                "total_seconds": time.perf_counter() - reply.t_start,
-            },
+            extra=extra,
         )
         self.last_stats = stats
         return stats

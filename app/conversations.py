@@ -232,6 +232,31 @@ def export_json(conversation: Conversation) -> str:
     return json.dumps(conversation.to_dict(), indent=2, ensure_ascii=False) + "\n"
 
 
+def _count(value: object) -> int:
+    """A non-negative step count read from a chat file (anything else: 0)."""
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def attention_label(provenance: dict[str, Any] | None) -> str:
+    """How a reply attended, in a few words: "KVCache" (A2ATS off), "A2ATS (exact)" when the
+    A2ATS layers attended exactly on every step (a context below the crossover: nothing was
+    retrieved), "A2ATS (retrieved 40 of 64 steps)" when only some steps retrieved, and "A2ATS"
+    when every step retrieved or the file does not say (replies saved before steps were kept)."""
+    provenance = _provenance(provenance) or {}
+    cache = provenance.get("cache", {})
+    if not cache.get("a2ats_enabled"):
+        return "KVCache"
+    stats = provenance.get("stats", {})
+    extra = stats.get("extra") if isinstance(stats.get("extra"), dict) else {}
+    retrieved = _count(extra.get("a2ats_retrieved_steps"))
+    exact = _count(extra.get("a2ats_exact_steps"))
+    if exact and not retrieved:
+        return "A2ATS (exact)"
+    if exact and retrieved:
+        return f"A2ATS (retrieved {retrieved} of {retrieved + exact} steps)"
+    return "A2ATS"
+
+
 def _provenance_lines(provenance: dict[str, Any]) -> list[str]:
     provenance = _provenance(provenance) or {}
     model = provenance.get("model", {})
@@ -239,7 +264,7 @@ def _provenance_lines(provenance: dict[str, Any]) -> list[str]:
     codebook = provenance.get("codebook") or {}
     stats = provenance.get("stats", {})
     cache_text = (
-        "A2ATS " + json.dumps(cache.get("config", {}), sort_keys=True)
+        attention_label(provenance) + " " + json.dumps(cache.get("config", {}), sort_keys=True)
         if cache.get("a2ats_enabled")
         else "mlx-lm KVCache (A2ATS off)"
     )

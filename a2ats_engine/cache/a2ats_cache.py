@@ -88,6 +88,9 @@ class A2ATSCache(_BaseCache):
                 stacklevel=3,
             )
         self.n_slots = len(self._buckets[0]) * codebook.n_centroids  # (bucket, code) pairs
+        # decode steps of this cache's life that attended exactly / retrieved (`attention_steps`)
+        self.exact_steps = 0
+        self.retrieved_steps = 0
         self.exact_below = config.exact_below
         if self.exact_below is None:  # the measured crossover (crossover.py)
             book = codebook
@@ -208,8 +211,10 @@ class A2ATSCache(_BaseCache):
         if L > 1 or lay.exact or lay.n < self.exact_below:
             out = att.exact_attention(queries, keys, values, scale, mask, sinks)
             if L == 1:
+                self.exact_steps += 1
                 self._after_step(lay, None, None, queries, scale)
             return out
+        self.retrieved_steps += 1
         return self._retrieve(queries, lay, scale, sinks)
 
     def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
@@ -735,6 +740,17 @@ def snapshot(caches: list, token_id: int | None = None) -> CacheSnapshot | None:
         native_bytes=native,
         codebook_bytes=model_codebook_bytes(caches),
     )
+
+
+def attention_steps(caches: list) -> tuple[int, int]:
+    """(retrieved, exact): decode steps the A2ATS layers of `caches` have run so far that
+    retrieved (top-K over the codes) and that attended exactly (below the crossover, or a context
+    too short to retrieve from). Steps are shared by the layers, so each count is the largest any
+    layer reports; (0, 0) when there is no A2ATS layer. Plain integers: no sync."""
+    own = [c for c in caches if isinstance(c, A2ATSCache)]
+    if not own:
+        return 0, 0
+    return max(c.retrieved_steps for c in own), max(c.exact_steps for c in own)
 
 
 def model_codebook_bytes(caches: list) -> int:

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..conversations import Message, number
+from ..conversations import Message, attention_label, number
 from ..inert_text import plain_labels, rich_from_plain
 from ..theme import bind_icon
 from .markdown_view import MarkdownView
@@ -25,13 +25,13 @@ STREAM_CURSOR = " \u258d"  # shown at the end of a reply while it streams
 
 
 def stats_text(provenance: dict | None) -> str:
-    """One line under an assistant reply: cache kind, tokens, speed, time to first token."""
+    """One line under an assistant reply: how it attended (`attention_label`: "A2ATS (exact)"
+    below the crossover), tokens, speed, time to first token."""
     if not provenance:
         return ""
     stats = provenance.get("stats")
-    cache = provenance.get("cache")
-    stats, cache = (x if isinstance(x, dict) else {} for x in (stats, cache))
-    parts = ["A2ATS" if cache.get("a2ats_enabled") else "KVCache"]
+    stats = stats if isinstance(stats, dict) else {}
+    parts = [attention_label(provenance)]
     if stats:
         parts.append(f"{stats.get('generation_tokens', 0)} tokens")
         parts.append(f"{number(stats.get('generation_tps')):.1f} tok/s")

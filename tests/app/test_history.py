@@ -222,3 +222,33 @@ def test_the_window_starts_over_bad_chat_files(make_window, app_dirs):
     window = make_window(FakeBackend())
     assert [c.id for c in window.controller.conversations] == [good.id]
     assert "Skipped 2 unreadable conversation file(s)" in window.statusBar().currentMessage()
+
+
+@pytest.mark.parametrize(
+    "enabled, extra, label",
+    [
+        (False, {"a2ats_exact_steps": 9}, "KVCache"),
+        (True, {"a2ats_retrieved_steps": 0, "a2ats_exact_steps": 9}, "A2ATS (exact)"),
+        (
+            True,
+            {"a2ats_retrieved_steps": 4, "a2ats_exact_steps": 5},
+            "A2ATS (retrieved 4 of 9 steps)",
+        ),
+        (True, {"a2ats_retrieved_steps": 9, "a2ats_exact_steps": 0}, "A2ATS"),
+        (True, {}, "A2ATS"),  # saved before steps were recorded
+        (True, {"a2ats_retrieved_steps": "9", "a2ats_exact_steps": -3}, "A2ATS"),  # bad types
+        (True, "not a dict", "A2ATS"),
+    ],
+)
+def test_stats_line_says_when_a2ats_attended_exactly(enabled, extra, label):
+    from app.chat.message_widget import stats_text
+
+    provenance = {
+        "cache": {"a2ats_enabled": enabled, "config": {"budget": 0.03}},
+        "stats": {"generation_tokens": 9, "generation_tps": 10.0, "extra": extra},
+    }
+    assert stats_text(provenance).split(" \u00b7 ")[0] == label
+    c = conversation()
+    c.messages[1].provenance = provenance
+    cache_line = next(x for x in export_markdown(c).splitlines() if x.startswith("- cache:"))
+    assert cache_line.startswith(f"- cache: {label if enabled else 'mlx-lm KVCache'}")

@@ -86,3 +86,17 @@ def test_eval_measures_retrieval_even_below_the_crossover(tmp_path, monkeypatch,
     rows = json.loads(capsys.readouterr().out)["methods"]
     assert rows["a2ats"]["recall"] < 1.0  # retrieval, although 200 < the crossover
     assert rows["a2ats_auto"]["recall"] == 1.0  # below the crossover: exact
+
+
+def test_attention_steps_count_exact_and_retrieved_decode_steps():
+    from a2ats_engine.cache.a2ats_cache import attention_steps
+
+    config = A2ATSConfig(window=16, sinks=4, budget=8, exact_below=203)
+    cache, _, _ = filled_cache(n=200, config=config)
+    assert attention_steps([cache]) == (0, 0)  # the prefill is not a decode step
+    rng = np.random.default_rng(1)
+    for _ in range(5):  # contexts 201, 202 exact; 203, 204, 205 retrieve
+        step(cache, rng)
+    assert (cache.retrieved_steps, cache.exact_steps) == (3, 2)
+    assert attention_steps([object(), cache]) == (3, 2)  # other caches are not counted
+    assert attention_steps([object()]) == (0, 0)

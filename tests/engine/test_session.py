@@ -581,3 +581,25 @@ def test_a2ats_snapshots_rebuild_the_code_histograms_across_turns(a2ats_session)
                 assert np.array_equal(hist[layer.layer], want)
             snaps += 1
         assert snaps > 1
+
+
+@pytest.mark.parametrize("exact_below, retrieves", [(10**6, False), (0, True)])
+def test_reply_stats_say_how_the_a2ats_layers_attended(llama, tokenizer, exact_below, retrieves):
+    """Below the crossover every decode step attends exactly: the reply's stats say so (the app
+    then shows "A2ATS (exact)", never a bare "A2ATS" over exact attention)."""
+    from a2ats_engine.cache.codebook import Codebook
+    from a2ats_engine.cache.config import A2ATSConfig
+    from a2ats_engine.cache.rope import model_geometry
+
+    geo = model_geometry(llama)
+    book = Codebook.random(geo.num_layers, geo.num_kv_heads, geo.head_dim, 16, seed=0)
+    config = A2ATSConfig(window=4, sinks=1, budget=2, exact_below=exact_below)
+    session = ChatSession(llama, tokenizer, sampling=GREEDY, a2ats=config, codebook=book)
+    ids, _, stats = run(session.send("Hello there, how are you today?"))
+    steps = stats.extra["a2ats_retrieved_steps"] + stats.extra["a2ats_exact_steps"]
+    # the prompt's last token is a one-token step; mlx-lm computes one token ahead
+    assert len(ids) - 1 <= steps <= len(ids) + 1
+    assert (stats.extra["a2ats_retrieved_steps"] > 0) == retrieves
+    assert (stats.extra["a2ats_exact_steps"] == 0) == retrieves
+    _, _, plain = run(ChatSession(llama, tokenizer, sampling=GREEDY).send("Hi"))
+    assert "a2ats_retrieved_steps" not in plain.extra  # no A2ATS layer: nothing claimed
