@@ -525,7 +525,13 @@ def _check_eval_args(ids, context: int, decode: int, methods, budgets) -> None:
         A2ATSConfig(budget=b)  # validates
 
 
-DIALOGUE = Path(__file__).resolve().parents[2] / "resources" / "texts" / "keeper_dialogue.txt"
+TEXTS = Path(__file__).resolve().parents[2] / "resources" / "texts"
+ESSAY = TEXTS / "brackmoor_canal_essay.txt"
+ESSAY_DESCRIPTION = (
+    "resources/texts/brackmoor_canal_essay.txt (original prose written for this repository; "
+    "not in the calibration corpus)"
+)
+DIALOGUE = TEXTS / "keeper_dialogue.txt"
 DIALOGUE_DESCRIPTION = (
     "resources/texts/keeper_dialogue.txt (a two-person dialogue written for this repository; "
     "not in the calibration corpus)"
@@ -534,13 +540,14 @@ DIALOGUE_DESCRIPTION = (
 
 def builtin_texts() -> dict[str, tuple[str, str]]:
     """{name: (text, description)} of the evaluation texts shipped or found offline, none in
-    the calibration corpus: "code" (`default_text`), "prose" (public-domain U.S. documents in
-    resources/texts/, about 3K tokens: enough for contexts up to about 2.5K), "dialogue"
-    (resources/texts/keeper_dialogue.txt, about 5.7K tokens: enough for a 4K context)."""
-    from .tasks import default_haystack
-
+    the calibration corpus: "code" (`default_text`), "prose" (resources/texts/
+    brackmoor_canal_essay.txt, an expository essay written for this repository, about 6.5K
+    tokens), "dialogue" (resources/texts/keeper_dialogue.txt, about 5.7K tokens); both are long
+    enough for a 4K context. The haystack of `a2ats bench tasks` (`tasks.default_haystack`) is
+    separate and unchanged."""
+    essay = (ESSAY.read_text(encoding="utf-8"), ESSAY_DESCRIPTION)
     dialogue = (DIALOGUE.read_text(encoding="utf-8"), DIALOGUE_DESCRIPTION)
-    return {"code": default_text(), "prose": default_haystack(), "dialogue": dialogue}
+    return {"code": default_text(), "prose": essay, "dialogue": dialogue}
 
 
 def default_text() -> tuple[str, str]:

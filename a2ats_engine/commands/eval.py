@@ -30,8 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--texts",
-        help="comma list of built-in texts: code (http/client.py), prose (public-domain U.S. "
-        "documents, about 3K tokens), dialogue (a two-person dialogue written for this "
+        help="comma list of built-in texts: code (http/client.py), prose (an essay written for "
+        "this repository, about 6.5K tokens), dialogue (a two-person dialogue written for this "
         "repository, about 5.7K tokens); with --text, the files come after these",
     )
     p.add_argument("--context", type=int, default=4096, help="prefill tokens N (default 4096)")

@@ -1,6 +1,7 @@
 """`a2ats eval` and `a2ats bench memory|passkey|seed-synthetic` on a tiny model: valid JSON."""
 
 import json
+import re
 
 import pytest
 from tiny import save_tiny_model
@@ -151,6 +152,37 @@ def test_eval_runs_on_the_builtin_dialogue(tiny_folder, capsys):
     out = _json(capsys)
     assert out["texts"][0]["text"] == desc
     assert out["texts"][0]["runs"][0]["methods"]["a2ats"]["tokens"] == 4
+
+
+def test_builtin_prose_is_the_essay_not_the_haystack():
+    from a2ats_engine.bench.evaluate import builtin_texts
+    from a2ats_engine.bench.tasks import default_haystack
+
+    text, desc = builtin_texts()["prose"]
+    assert "brackmoor_canal_essay.txt" in desc and "not in the calibration corpus" in desc
+    assert text != default_haystack()[0] and "Gettysburg" not in text
+    assert len(text.split()) >= 4000 and text.isascii()
+    # plain prose in paragraphs: no speaker lines (the dialogue's "MARTA:"), no code, no lists
+    paragraphs = text.strip().split("\n\n")
+    assert len(paragraphs) > 20
+    assert not re.search(r"^([A-Z]+:|[-*] |\d+\. |def |    )", text, re.MULTILINE)
+    # figures restated far apart (long-range retrieval): first and last mention > half apart
+    for fact in ("1,146 yards", "84,000 pounds", "96 million gallons", "Anchor Inn", "Dunnet"):
+        first, last = text.index(fact), text.rindex(fact)
+        assert last - first > len(text) // 2, fact
+
+
+@pytest.mark.demo
+def test_builtin_texts_fit_a_4k_eval_with_the_demo_tokenizer():
+    from demo_gate import require_demo
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    from a2ats_engine.bench.evaluate import builtin_texts
+
+    tokenizer = load_tokenizer(require_demo())
+    need = 4096 + 256 + 1  # `a2ats eval --context 4096 --decode 256`, as _check_eval_args asks
+    for name, (text, _) in builtin_texts().items():
+        assert len(tokenizer.encode(text)) >= need, name
 
 
 def test_eval_needs_a_codebook(tiny_folder, capsys):
