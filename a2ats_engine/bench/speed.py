@@ -48,9 +48,34 @@ def filler_tokens(tokenizer, n: int) -> list[int]:
     return ids[:n]
 
 
+def _is_plain(cache) -> bool:
+    """A plain growing KVCache (a global-attention layer), not a model's own special cache."""
+    return type(cache) is KVCache
+
+
+def _clone_native(src):
+    """An independent copy of one of the model's own caches (RotatingKVCache, ArraysCache, ...):
+    the same class rebuilt from copies of its state, so decoding one copy leaves the other."""
+    import copy
+
+    clone = copy.copy(src)  # every attribute, whatever the mlx-lm version names them
+    for name, value in vars(clone).items():
+        if isinstance(value, mx.array):
+            setattr(clone, name, mx.array(value))  # a new array: updates stay in this copy
+    arrays = [v for v in vars(clone).values() if isinstance(v, mx.array)]
+    mx.eval(arrays)
+    return clone
+
+
 def _copy_into_a2ats(model: nn.Module, kv: list, config: A2ATSConfig, codebook) -> list:
+    """The A2ATS caches of the model's plan, holding what `kv` (the prefilled native caches)
+    holds: an A2ATS layer gets the keys and values (codes assigned in one pass), a native layer
+    (sliding window, linear attention...) a copy of the model's own cache, as the app runs it."""
     caches = make_cache(model, config, codebook)
-    for dst, src in zip(caches, kv, strict=True):
+    for i, (dst, src) in enumerate(zip(caches, kv, strict=True)):
+        if not isinstance(dst, A2ATSCache):
+            caches[i] = _clone_native(src)
+            continue
         k, v = src.keys[..., : src.offset, :], src.values[..., : src.offset, :]
         dst.update_and_fetch(k, v)
         mx.eval(dst.keys, dst.values, dst.codes)
@@ -58,8 +83,13 @@ def _copy_into_a2ats(model: nn.Module, kv: list, config: A2ATSConfig, codebook) 
 
 
 def _copy_into_quantized(kv: list, bits: int) -> list:
+    """mlx-lm's QuantizedKVCache for every plain KVCache layer; the model's own special caches
+    (sliding windows: mlx-lm has no quantized rotating cache) are copied unchanged."""
     out = []
     for src in kv:
+        if not _is_plain(src):
+            out.append(_clone_native(src))
+            continue
         q = QuantizedKVCache(group_size=64, bits=bits)
         q.update_and_fetch(src.keys[..., : src.offset, :], src.values[..., : src.offset, :])
         mx.eval(q.keys, q.values)
@@ -68,13 +98,8 @@ def _copy_into_quantized(kv: list, bits: int) -> list:
 
 
 def _clone_kv(kv: list) -> list:
-    out = []
-    for src in kv:
-        c = KVCache()
-        c.update_and_fetch(src.keys[..., : src.offset, :], src.values[..., : src.offset, :])
-        mx.eval(c.keys, c.values)
-        out.append(c)
-    return out
+    """`full`: an independent copy of the model's own caches (mlx-lm's `make_prompt_cache`)."""
+    return [_clone_native(src) for src in kv]
 
 
 def _greedy_step(model: nn.Module, cache: list, token: mx.array) -> mx.array:
@@ -159,10 +184,12 @@ def bench_decode(
         rates = _decode_interleaved(model, caches, follow)
         for method, cache in caches.items():
             extra = {}
-            if isinstance(cache[0], A2ATSCache):
-                extra["retrieved_per_step"] = sum(c.tokens_retrieved for c in cache) / (
-                    len(cache) * len(follow)
+            own = [c for c in cache if isinstance(c, A2ATSCache)]
+            if own:
+                extra["retrieved_per_step"] = sum(c.tokens_retrieved for c in own) / (
+                    len(own) * len(follow)
                 )
+                extra["a2ats_layers"] = len(own)
             results.append(
                 DecodeResult(method, n, rates[method], held[method], held[method] / n, extra)
             )
@@ -240,11 +267,15 @@ def _memory_result(method: str, n: int, caches: list) -> MemoryResult:
 
 
 def _memory_caches(model: nn.Module, method: str, config: A2ATSConfig, codebook) -> list:
-    n_layers = len(make_prompt_cache(model))
+    """The caches a method holds: the model's own (`make_prompt_cache`: sliding layers keep a
+    RotatingKVCache) for `full`; kv8/kv4 quantize its plain KVCache layers; A2ATS follows the
+    model's layer plan (`make_cache`)."""
+    native = make_prompt_cache(model)
     if method == "full":
-        return [KVCache() for _ in range(n_layers)]
+        return native
     if method in ("kv8", "kv4"):
-        return [QuantizedKVCache(group_size=64, bits=int(method[-1])) for _ in range(n_layers)]
+        bits = int(method[-1])
+        return [QuantizedKVCache(group_size=64, bits=bits) if _is_plain(c) else c for c in native]
     if method in ("a2ats", "a2ats_kv8", "a2ats_kv4"):
         bits = None if method == "a2ats" else int(method[-1])
         return make_cache(model, replace(config, kv_bits=bits), codebook)

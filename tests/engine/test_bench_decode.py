@@ -78,3 +78,50 @@ def test_median_results_take_ratios_within_each_run():
     assert a2ats.tokens_per_s == 15.0
     assert a2ats.extra["ratio_runs"] == [1.5, 2.0, 1.1]
     assert a2ats.extra["ratio_median"] == 1.5 and a2ats.extra["ratio_spread"] == [1.1, 2.0]
+
+
+def test_decode_and_memory_benches_keep_the_models_own_caches_on_native_layers():
+    """A sliding-window model (tiny Gemma 3: layers 0 and 2 slide over 8 tokens): `full` decodes
+    with the model's own caches (RotatingKVCache on sliding layers, not a KVCache everywhere),
+    A2ATS follows the layer plan, and each method's copy is
+    independent of the prefilled caches it came from."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
+
+    from a2ats_engine.bench import speed
+    from a2ats_engine.cache.a2ats_cache import A2ATSCache
+    from a2ats_engine.cache.codebook import Codebook
+    from a2ats_engine.cache.config import A2ATSConfig
+    from a2ats_engine.cache.model_matrix import tiny_family_model
+    from a2ats_engine.cache.rope import model_geometry
+
+    model = tiny_family_model("gemma3_text")
+    geo = model_geometry(model)
+    book = Codebook.random(geo.num_layers, geo.num_kv_heads, geo.head_dim, 16, seed=0)
+    config = A2ATSConfig(window=4, sinks=1, budget=4, exact_below=0)
+    base = make_prompt_cache(model)
+    mx.eval(model(mx.array([list(range(1, 41))]), cache=base))
+    kinds = [type(c) for c in base]
+    assert kinds == [RotatingKVCache, KVCache, RotatingKVCache, KVCache]
+    full = speed._method_cache(model, base, "full", config, book)
+    a2ats = speed._method_cache(model, base, "a2ats", config, book)
+    assert [type(c) for c in full] == kinds
+    assert [type(c) for c in a2ats] == [RotatingKVCache, A2ATSCache, RotatingKVCache, A2ATSCache]
+    before = [mx.array(c.keys) for c in base]
+    for caches in (full, a2ats):  # decoding a copy leaves the prefilled caches as they were
+        logits = model(mx.array([[5]]), cache=caches)
+        mx.eval(logits)
+    assert all(c.offset == 40 for c in base)
+    assert all(bool(mx.array_equal(b, c.keys)) for b, c in zip(before, base, strict=True))
+    # the copy decodes like the original: the same next-token logits as decoding `base` itself
+    ref = model(mx.array([[5]]), cache=speed._method_cache(model, base, "full", config, book))
+    again = model(mx.array([[5]]), cache=base)
+    assert float(mx.abs(ref - again).max()) == 0.0
+    held = {r.method: r for r in speed.bench_memory(model, [64], methods=("full", "a2ats"),
+                                                    config=config, codebook=book)}  # fmt: skip
+    plain = KVCache()  # what one layer holds as a plain KVCache after the same 64 tokens
+    kv = mx.zeros((1, geo.num_kv_heads, 64, geo.head_dim))
+    plain.update_and_fetch(kv, kv)
+    # the two sliding layers hold at most their window, not all 64 tokens as a KVCache would
+    assert held["full"].bytes_held < len(base) * plain.nbytes
+    assert held["full"].bytes_held > 2 * plain.nbytes  # the two global layers hold everything
