@@ -170,14 +170,33 @@ def collect(
     keys_per_head = keys_per_head or default_keys_per_head(spec.n_centroids)
     _check_positive("keys_per_head", keys_per_head, 1)
     stream = token_stream(tokenizer, texts, tokens, progress=progress, cancel=cancel)
-    chunks = _chunks(len(stream), chunk_len)
+    plan = plan_collection(len(stream), chunk_len, heldout, config.sinks, keys_per_head, seed)
+    return _run(model, stream, plan, config, progress, cancel)
+
+
+@dataclass(frozen=True)
+class CollectionPlan:
+    """What `collect` runs and keeps for a stream: its chunks (start, end), the held-out chunk
+    indices, and the sorted stream positions of the training and held-out keys it samples."""
+
+    chunks: list[tuple[int, int]]
+    heldout_ids: frozenset[int]
+    train_pos: np.ndarray
+    out_pos: np.ndarray
+
+
+def plan_collection(
+    total: int, chunk_len: int, heldout: float, sinks: int, keys_per_head: int, seed: int
+) -> CollectionPlan:
+    """The plan `collect` follows for a stream of `total` tokens (deterministic for a seed)."""
+    chunks = _chunks(total, chunk_len)
     heldout_ids = _heldout_chunks(len(chunks), heldout)
     rng = np.random.default_rng(seed)
-    train_pos = _sample_positions(chunks, set(range(len(chunks))) - heldout_ids, config.sinks,
+    train_pos = _sample_positions(chunks, set(range(len(chunks))) - heldout_ids, sinks,
                                   keys_per_head, rng)  # fmt: skip
-    out_pos = _sample_positions(chunks, heldout_ids, config.sinks,
+    out_pos = _sample_positions(chunks, heldout_ids, sinks,
                                 max(1, keys_per_head // HELDOUT_KEY_SHARE), rng)  # fmt: skip
-    return _run(model, stream, chunks, heldout_ids, train_pos, out_pos, config, progress, cancel)
+    return CollectionPlan(chunks, frozenset(heldout_ids), train_pos, out_pos)
 
 
 def _check_positive(name: str, value: Any, lo: int) -> None:
@@ -244,66 +263,110 @@ def _sample_positions(
 def _run(
     model: Any,
     stream: np.ndarray,
-    chunks: list[tuple[int, int]],
-    heldout_ids: set[int],
-    train_pos: np.ndarray,
-    out_pos: np.ndarray,
+    plan: CollectionPlan,
     config: A2ATSConfig,
     progress: Progress | None,
     cancel: CancelFlag | None,
 ) -> CalibrationData:
-    from ..cache import hooks
-    from ..cache.layer_plan import native_caches, rope_spec_of
+    total = int(plan.chunks[-1][1])
+    with ChunkCapturer(model, config) as capturer:
+        train, held = Accumulator(len(capturer.served)), Accumulator(len(capturer.served))
+        for index, (start, end) in enumerate(plan.chunks):
+            in_held = index in plan.heldout_ids
+            acc, positions = (held, plan.out_pos) if in_held else (train, plan.train_pos)
 
-    geometry = model_geometry(model)
-    served = _served_layers(model)
-    specs = [rope_spec_of(model, c) for c in served]
-    distances = retrieval_distances(
-        config.window, config.far_offset, config.far_buckets, geometry.max_context
-    )
-    body = transformer_body(model)
-    was_installed = hooks.is_installed(model)
-    hooks.install(model)
-    train = _Accumulator(len(specs))
-    held = _Accumulator(len(specs))
-    total = int(chunks[-1][1])
-    try:
-        for index, (start, end) in enumerate(chunks):
-            acc, positions = (held, out_pos) if index in heldout_ids else (train, train_pos)
-            query_start = min(config.sinks + config.window, (end - start) // 2)
-            captures = [
-                CaptureCache(s, distances, c.n_kv_heads, query_start)
-                for s, c in zip(specs, served, strict=True)
-            ]
-            caches = native_caches(model)  # the model's own caches on the layers A2ATS leaves
-            for choice, capture in zip(served, captures, strict=True):
-                caches[choice.layer] = capture
-            tokens = mx.array(stream[start:end])[None]
-            for s in range(0, end - start, STEP_TOKENS):
-                _check_cancel(cancel)
-                body(tokens[:, s : s + STEP_TOKENS], cache=caches)
-                mx.eval(
-                    [c.keys for c in captures]
-                    + [c.moment for c in captures if c.moment is not None]
-                )
+            def step(done: int, start: int = start) -> None:
                 if progress is not None:
-                    progress("collecting", start + min(s + STEP_TOKENS, end - start), total)
+                    progress("collecting", start + done, total)
+
+            captures = capturer.run(stream[start:end], cancel=cancel, on_step=step)
             local = positions[(positions >= start) & (positions < end)] - start
             acc.add(captures, mx.array(local.astype(np.int32)))
-    finally:
-        if not was_installed:
-            hooks.uninstall(model)
-    heldout_keys = held.key_arrays() if heldout_ids else None
+    return calibration_data(train, held, plan)
+
+
+def calibration_data(
+    train: Accumulator, held: Accumulator, plan: CollectionPlan
+) -> CalibrationData:
+    """The CalibrationData of one plan's accumulated train and held-out parts."""
+    heldout_keys = held.key_arrays() if plan.heldout_ids else None
     return CalibrationData(
         keys=train.key_arrays(),
         moments=train.moments,
         heldout_keys=heldout_keys,
-        heldout_moments=held.moments if heldout_ids and held.queries else None,
-        key_positions=train_pos,
-        tokens=total,
+        heldout_moments=held.moments if plan.heldout_ids and held.queries else None,
+        key_positions=plan.train_pos,
+        tokens=int(plan.chunks[-1][1]),
         queries=train.queries,
-        chunk_len=chunks[0][1] - chunks[0][0],
+        chunk_len=plan.chunks[0][1] - plan.chunks[0][0],
     )
+
+
+class ChunkCapturer:
+    """Runs chunks of tokens through the model, each from a fresh context, with a CaptureCache
+    on every A2ATS layer (the layer plan's); the model's own caches on the others.
+
+    Use as a context manager (installs the attention hooks, removes them after unless they
+    were installed before): `with ChunkCapturer(model, config) as cap: captures = cap.run(ids)`.
+    """
+
+    def __init__(self, model: Any, config: A2ATSConfig) -> None:
+        from ..cache.layer_plan import rope_spec_of
+
+        self.model = model
+        self.config = config
+        geometry = model_geometry(model)
+        self.served = _served_layers(model)
+        self.specs = [rope_spec_of(model, c) for c in self.served]
+        self.distances = retrieval_distances(
+            config.window, config.far_offset, config.far_buckets, geometry.max_context
+        )
+        self.body = transformer_body(model)
+        self._was_installed = False
+
+    def __enter__(self) -> ChunkCapturer:
+        from ..cache import hooks
+
+        self._was_installed = hooks.is_installed(self.model)
+        hooks.install(self.model)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from ..cache import hooks
+
+        if not self._was_installed:
+            hooks.uninstall(self.model)
+
+    def run(
+        self,
+        ids: np.ndarray,
+        *,
+        cancel: CancelFlag | None = None,
+        on_step: Callable[[int], None] | None = None,
+    ) -> list[CaptureCache]:
+        """One chunk `ids [L]` in steps of STEP_TOKENS (cancel polled before each; `on_step`
+        gets the tokens done) -> the filled CaptureCache of every A2ATS layer."""
+        from ..cache.layer_plan import native_caches
+
+        length = len(ids)
+        query_start = min(self.config.sinks + self.config.window, length // 2)
+        captures = [
+            CaptureCache(s, self.distances, c.n_kv_heads, query_start)
+            for s, c in zip(self.specs, self.served, strict=True)
+        ]
+        caches = native_caches(self.model)  # the model's own caches on the layers A2ATS leaves
+        for choice, capture in zip(self.served, captures, strict=True):
+            caches[choice.layer] = capture
+        tokens = mx.array(ids)[None]
+        for s in range(0, length, STEP_TOKENS):
+            _check_cancel(cancel)
+            self.body(tokens[:, s : s + STEP_TOKENS], cache=caches)
+            mx.eval(
+                [c.keys for c in captures] + [c.moment for c in captures if c.moment is not None]
+            )
+            if on_step is not None:
+                on_step(min(s + STEP_TOKENS, length))
+        return captures
 
 
 def _served_layers(model: Any) -> list:
@@ -335,7 +398,7 @@ def spread_to_layers(book: Codebook, model: Any) -> Codebook:
     )
 
 
-class _Accumulator:
+class Accumulator:
     """Per-layer key samples and query moments of one split (train or held-out)."""
 
     def __init__(self, num_layers: int):
@@ -344,15 +407,26 @@ class _Accumulator:
         self.queries = 0
 
     def add(self, caches: list[CaptureCache], local: mx.array) -> None:
-        for layer, cache in enumerate(caches):
-            if local.size:
-                self.keys[layer].append(mx.take(cache.pre_rope_keys()[0], local, axis=1))
-            if cache.moment is not None:
+        """One chunk's captures; `local`: the chunk positions of the keys to keep `[n]`."""
+        keys = (
+            [mx.take(c.pre_rope_keys()[0], local, axis=1) for c in caches] if local.size else None
+        )
+        self.add_parts(keys, [c.moment for c in caches], caches[0].query_count)
+
+    def add_parts(
+        self, keys: list[mx.array] | None, moments: list[mx.array | None], queries: int
+    ) -> None:
+        """One chunk's kept keys per layer `[n_kv, n, d]` (None: none kept), its query
+        moments per layer (None before any query) and its query count."""
+        for layer, moment in enumerate(moments):
+            if keys is not None:
+                self.keys[layer].append(keys[layer])
+            if moment is not None:
                 if len(self.moments) <= layer:
-                    self.moments.append(cache.moment)
+                    self.moments.append(moment)
                 else:
-                    self.moments[layer] = self.moments[layer] + cache.moment
-        self.queries += caches[0].query_count
+                    self.moments[layer] = self.moments[layer] + moment
+        self.queries += queries
         mx.eval([k[-1] for k in self.keys if k] + self.moments)
 
     def key_arrays(self) -> list[mx.array]:
@@ -466,13 +540,39 @@ def calibrate(
         model, tokenizer, texts, config, spec=spec, tokens=tokens, keys_per_head=keys_per_head,
         chunk_len=chunk_len, heldout=heldout, seed=seed, progress=progress, cancel=cancel,
     )  # fmt: skip
+    book = codebook_from_data(
+        model, data, config, spec, corpus=corpus or f"user texts ({len(texts)} documents)",
+        seed=seed, max_iters=max_iters, compare_plain=compare_plain, progress=progress,
+        cancel=cancel, model_name=model_name,
+    )  # fmt: skip
+    book.metadata["calibration_seconds"] = round(time.perf_counter() - began, 2)
+    return book
+
+
+def codebook_from_data(
+    model: Any,
+    data: CalibrationData,
+    config: A2ATSConfig,
+    spec: CodebookSpec,
+    *,
+    corpus: str,
+    seed: int = 0,
+    max_iters: int = DEFAULT_MAX_ITERS,
+    compare_plain: bool = False,
+    progress: Progress | None = None,
+    cancel: CancelFlag | None = None,
+    model_name: str | None = None,
+) -> Codebook:
+    """`calibrate`'s codebook from data already collected: the fit with `spec`, the metadata
+    (model, config's far distances, sinks and window, `corpus`, tokens), indexed by model
+    layer (`spread_to_layers`); with `compare_plain` the plain-VQ held-out error too."""
     metadata = {
         "model": model_fingerprint(model, name=model_name),
         "far_offset": config.far_offset,
         "far_buckets": config.far_buckets,
         "sinks": config.sinks,
         "window": config.window,
-        "corpus": corpus or f"user texts ({len(texts)} documents)",
+        "corpus": corpus,
         "tokens": data.tokens,
         "chunk_len": data.chunk_len,
     }
@@ -488,7 +588,6 @@ def calibrate(
         )  # fmt: skip
         if "heldout_score_error" in plain.metadata:
             book.metadata["heldout_score_error_plain"] = plain.metadata["heldout_score_error"]
-    book.metadata["calibration_seconds"] = round(time.perf_counter() - began, 2)
     return book
 
 

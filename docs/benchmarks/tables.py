@@ -570,6 +570,37 @@ def geometry_table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def codebook_sweep_table(data: dict) -> str:
+    """`a2ats bench codebooks`: per (centroids, calibration tokens) codebook, its calibration
+    time (collection + fit, as a calibration of that pair alone), size and fidelity."""
+    lines = [
+        "| centroids | calibration tokens | keys / head | calibration s (collect + fit) "
+        "| codebook MiB | held-out score error | recall | output rel. error "
+        "| ppl / full (95% CI) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in data["results"]:
+        low, high = r["ppl_ci"]
+        error = r.get("heldout_score_error")
+        lines.append(
+            f"| {r['centroids']} | {r['calib_tokens']:,} | {r['keys_per_head']:,} | "
+            f"{r['calib_seconds']:.1f} ({r['collect_seconds']:.1f} + {r['fit_seconds']:.1f}) | "
+            f"{r['codebook_bytes'] / 2**20:.2f} | {'-' if error is None else f'{error:.4f}'} | "
+            f"{r['recall']:.4f} | {r['output_rel_error']:.4f} | "
+            f"{r['ppl_vs_full']:.3f} ({low:.3f}-{high:.3f}) |"
+        )
+    shared = data["calibration_shared"]
+    rests = data["rests_on"]
+    lines += [
+        "",
+        f"Context {data['context']}, {rests['tokens']} teacher-forced tokens of "
+        f"{'; '.join(data['texts'])}; budget {data['budget']}; {rests['ci95']}. Calibration "
+        f"forward pass shared by every row: {shared['forward_tokens']:,} tokens in "
+        f"{shared['forward_seconds']:.1f} s (`{data['command']}`; {data['machine']}).",
+    ]
+    return "\n".join(lines)
+
+
 def blocks() -> dict[str, str]:
     """{KEY: generated text} for every table whose JSON is recorded here."""
     ev, mem = _load("eval_4k_b003.json"), _load("memory.json")
@@ -594,6 +625,7 @@ def blocks() -> dict[str, str]:
         ("reuse", "eval_beyond_reuse.json", eval_table),
         ("fair-eval", "eval_4k_fair_baselines.json", eval_table),
         ("paper-b", "eval_4k_fair_baselines.json", paper_b_table),
+        ("codebook-sweep", "codebook_sweep.json", codebook_sweep_table),
     )
     for key, fname, fn in simple:
         if (data := _load(fname)) is not None:
