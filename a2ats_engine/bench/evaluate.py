@@ -40,6 +40,7 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from ..cache.a2ats_cache import A2ATSCache
 from ..cache.config import A2ATSConfig
+from ..cache.layer_budgets import CAP, allocate_layer_budgets
 from ..cache.rope import model_geometry, rope_specs
 from ..progress import Progress
 from .accounting import StepCost, cache_step_cost
@@ -129,6 +130,7 @@ class StepRecord:
     output_error: list[float] = field(default_factory=list)
     attended: list[float] = field(default_factory=list)  # attended positions per KV head
     retrieved: list[float] = field(default_factory=list)  # far tokens attended per KV head
+    retrieval: list[bool] = field(default_factory=list)  # the step selected (was not exact)
     cost: list[StepCost] = field(default_factory=list)  # attended share and bytes read
 
 
@@ -207,7 +209,9 @@ class MeasuredCache:
             cache_step_cost(self.inner, mask.sum(axis=-1), n, n_q, keys.dtype.size, scoring)
         )
         stats = getattr(self.inner, "last_stats", None)
-        if stats is not None and not stats.exact:
+        selected = isinstance(self.inner, A2ATSCache) and stats is not None and not stats.exact
+        self.record.retrieval.append(selected)
+        if selected:
             self.record.retrieved.append(float(np.mean([len(r) for r in stats.retrieved])))
 
 
@@ -256,6 +260,11 @@ class MethodResult:
     ppl_vs_full_ci95: tuple[float, float] | None = None
     attended_fraction: float | None = None
     bytes_read: dict[str, float] | None = None  # per decode step, all layers (accounting.py)
+    # per model layer: mean recall over the decode steps, None for a layer that never selected
+    # (every step exact); None altogether when no layer selected (`layer_recall`)
+    recall_per_layer: list[float | None] | None = None
+    layer_budgets: tuple[float, ...] | None = None  # the multipliers it ran with, if any
+    dev_recall_per_layer: list[float | None] | None = None  # a2ats_alloc: what they came from
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -279,7 +288,17 @@ class MethodResult:
         if self.ppl_vs_full is not None:
             out["ppl_vs_full"] = round(self.ppl_vs_full, 4)
             out["ppl_vs_full_ci95"] = [round(x, 4) for x in self.ppl_vs_full_ci95]
+        if self.recall_per_layer is not None:
+            out["recall_per_layer"] = _rounded(self.recall_per_layer)
+        if self.layer_budgets is not None:
+            out["layer_budgets"] = [round(m, 4) for m in self.layer_budgets]
+        if self.dev_recall_per_layer is not None:
+            out["dev_recall_per_layer"] = _rounded(self.dev_recall_per_layer)
         return out
+
+
+def _rounded(values: Sequence[float | None]) -> list[float | None]:
+    return [None if v is None else round(v, 5) for v in values]
 
 
 def run_method(
@@ -324,8 +343,22 @@ def run_method(
         nll=np.asarray(nll),
         attended_fraction=float(np.mean([c.attended_fraction for r in records for c in r.cost])),
         bytes_read=bytes_read_per_step(records),
+        recall_per_layer=layer_recall(records),
+        layer_budgets=None if spec.config is None else spec.config.layer_budgets,
     )
     return result, np.asarray(argmax)
+
+
+def layer_recall(records: Sequence[StepRecord]) -> list[float | None] | None:
+    """Per layer (one StepRecord each), the mean recall over its decode steps; None for a layer
+    none of whose steps selected (all exact: a dense layer, a context with nothing to drop),
+    and None altogether when no layer selected (full, kv8, kv4: recall 1 by construction).
+
+    Every layer records one recall per step, exact steps as 1, so the overall `recall` is the
+    mean of this list with None read as the recall that layer recorded (1)."""
+    if not any(any(r.retrieval) for r in records):
+        return None
+    return [float(np.mean(r.recall)) if any(r.retrieval) else None for r in records]
 
 
 def bytes_read_per_step(records: Sequence[StepRecord]) -> dict[str, float]:
@@ -423,12 +456,30 @@ def pooled_figures(runs: Sequence[EvalRun]) -> dict[str, dict[str, Any]]:
             "output_rel_error": round(float(np.mean([r.output_rel_error for r in rows])), 5),
             "tokens": int(sum(len(r.nll) for r in rows if r.nll is not None)),
         }
+        per_layer = pooled_layer_recall([r.recall_per_layer for r in rows])
+        if per_layer is not None:
+            pooled["recall_per_layer"] = _rounded(per_layer)
         if "full" in runs[0].methods and all(r.nll is not None for r in rows):
             deltas = [r.nll - run.methods["full"].nll for r, run in zip(rows, runs, strict=True)]
             mean, low, high = block_bootstrap_ci(deltas)
             pooled["ppl_vs_full"] = round(math.exp(mean), 4)
             pooled["ppl_vs_full_ci95"] = [round(math.exp(low), 4), round(math.exp(high), 4)]
         out[name] = pooled
+    return out
+
+
+def pooled_layer_recall(
+    per_text: Sequence[list[float | None] | None],
+) -> list[float | None] | None:
+    """Per layer, the mean over texts of `recall_per_layer` (texts where the layer selected);
+    None where no text's layer selected, None altogether when no text has the list."""
+    lists = [x for x in per_text if x is not None]
+    if not lists:
+        return None
+    out: list[float | None] = []
+    for values in zip(*lists, strict=True):
+        seen = [v for v in values if v is not None]
+        out.append(float(np.mean(seen)) if seen else None)
     return out
 
 
@@ -443,6 +494,7 @@ def evaluate(
     config: A2ATSConfig | None = None,
     methods: Sequence[str] = ALL_METHODS,
     progress: Progress | None = None,
+    dev_ids: Sequence[int] | None = None,
 ) -> list[EvalRun]:
     """Evaluate `methods` at each budget on one trajectory (see the module docstring).
 
@@ -450,9 +502,20 @@ def evaluate(
     "plain_vq" / "paper" / "no_wrope" / "random" for the ablations that are asked for; without
     "paper", a2ats_paper uses the a2ats codebook}. `config` gives the
     A2ATS settings other than the budget. Returns one EvalRun per budget.
+
+    a2ats_alloc: at each budget, plain a2ats's recall per layer is measured on a development
+    span (`dev_ids`, default the `context + decode + 1` tokens of `ids` right after the
+    evaluated span: a different slice, as `a2ats eval --tune-paper-b` does) and turned into
+    layer budgets (`layer_budgets.allocate_layer_budgets`) before the evaluated span is decoded.
     """
     config = config or A2ATSConfig()
     _check_eval_args(ids, context, decode, methods, budgets)
+    allocated = {}
+    if "a2ats_alloc" in methods:
+        allocated = allocate_on_dev(
+            model, ids, dev_ids, context=context, decode=decode, budgets=budgets,
+            codebooks=codebooks, config=config, progress=progress,
+        )  # fmt: skip
     base = prefill(model, ids[:context], progress)
     inputs, targets = ids[context : context + decode], ids[context + 1 : context + decode + 1]
     dtype_bytes = base[0].keys.dtype.size
@@ -498,12 +561,70 @@ def evaluate(
                     model, result.attended_per_head, context + decode, dtype_bytes
                 )
                 results[name] = result
+            elif name == "a2ats_alloc":
+                multipliers, dev_recall = allocated[budget]
+                result = run(name, replace(cfg, layer_budgets=multipliers))
+                result.dev_recall_per_layer = dev_recall
+                results[name] = result
             else:
                 results[name] = run(name, cfg)
         runs.append(EvalRun(context, decode, budget, {m: results[m] for m in ordered}))
     if progress is not None:
         progress("done", total, total)
     return runs
+
+
+def development_span(
+    ids: Sequence[int], dev_ids: Sequence[int] | None, context: int, decode: int
+) -> list[int]:
+    """The `context + decode + 1` development tokens: `dev_ids`' first ones, else those of `ids`
+    right after the evaluated span. ValueError (one line) when there are too few."""
+    span = context + decode + 1
+    dev = list(dev_ids) if dev_ids is not None else list(ids[span:])
+    if len(dev) < span:
+        where = "the development text" if dev_ids is not None else (
+            "the text after the evaluated span"
+        )  # fmt: skip
+        raise ValueError(
+            f"a2ats_alloc: {where} has {len(dev)} tokens, needs {span} (context + decode + 1) "
+            "to measure recall per layer; give a longer text or a development text"
+        )
+    return dev[:span]
+
+
+def allocate_on_dev(
+    model: nn.Module,
+    ids: Sequence[int],
+    dev_ids: Sequence[int] | None,
+    *,
+    context: int,
+    decode: int,
+    budgets: Sequence[float | int],
+    codebooks: dict[str, Any],
+    config: A2ATSConfig,
+    progress: Progress | None = None,
+) -> dict[float | int, tuple[tuple[float, ...], list[float | None]]]:
+    """{budget: (layer multipliers, plain a2ats's recall per layer on the development span)}:
+    one evaluation of plain a2ats (its own layer budgets off) on `development_span`, at every
+    budget, each turned into multipliers by `allocate_layer_budgets` (cap at most 1 / budget
+    for a fraction: past it a layer is dense and more buys nothing)."""
+    dev = development_span(ids, dev_ids, context, decode)
+    plain = replace(config, layer_budgets=None)
+    runs = evaluate(
+        model, dev, context=context, decode=decode, budgets=budgets, codebooks=codebooks,
+        config=plain, methods=("a2ats",), progress=progress,
+    )  # fmt: skip
+    out = {}
+    for budget, run in zip(budgets, runs, strict=True):
+        recall = run.methods["a2ats"].recall_per_layer
+        if recall is None:
+            raise ValueError(
+                f"a2ats_alloc: plain a2ats never selected on the development span at budget "
+                f"{budget} (context {context}: nothing to drop); use a longer context"
+            )
+        cap = CAP if isinstance(budget, int) else min(CAP, 1.0 / budget)
+        out[budget] = (allocate_layer_budgets(recall, cap=max(cap, 1.0)), recall)
+    return out
 
 
 def _check_eval_args(ids, context: int, decode: int, methods, budgets) -> None:

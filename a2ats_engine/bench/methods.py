@@ -25,8 +25,9 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from ..cache import attention as att
-from ..cache.a2ats_cache import A2ATSCache
+from ..cache.a2ats_cache import A2ATSCache, check_layer_budgets
 from ..cache.config import A2ATSConfig
+from ..cache.layer_budgets import dense_first_budgets
 from ..cache.rope import distance_buckets, model_geometry, retrieval_distances
 
 # -- method caches ------------------------------------------------------------------------------
@@ -153,6 +154,10 @@ class Method:
     identity_rope: code and score post-RoPE keys (no windowed RoPE).
     window_budget: its budget is the far-token count a2ats attended (run a2ats first).
     b_from_codebook: far_offset is the b its own codebook records (metadata "far_offset").
+    dense_first:   the first this many layers attend exactly, the others' budget lowered to keep
+                   the mean (`layer_budgets.dense_first_budgets`).
+    measured_layers: runs with `layer_budgets` the caller allocated from per-layer recall
+                   measured on a development span (`evaluate` does it for `a2ats_alloc`).
     summary:       one line for the docs and `a2ats eval` notes.
     """
 
@@ -167,6 +172,8 @@ class Method:
     identity_rope: bool = False
     window_budget: bool = False
     b_from_codebook: bool = False  # far_offset = the b its codebook records (its metadata)
+    dense_first: int = 0
+    measured_layers: bool = False
 
     def config(self, base: A2ATSConfig, window_budget: int | None = None) -> A2ATSConfig:
         """The A2ATS settings this method runs with: `base` with telemetry on (the measurements
@@ -264,6 +271,22 @@ METHODS: dict[str, Method] = {
             for share in COVERAGE_SWEEP
         ),
         Method(
+            "a2ats_alloc",
+            DIAGNOSTIC,
+            "A2ATS with a budget per layer: plain a2ats's recall per layer measured on a "
+            "development span (the tokens after the evaluated span), more budget where it is "
+            "lowest, same mean (layer_budgets.allocate_layer_budgets)",
+            measured_layers=True,
+        ),
+        Method(
+            "a2ats_dense2",
+            DIAGNOSTIC,
+            "A2ATS with the first two layers dense (exact), the others' budget lowered to keep "
+            "the mean fraction, floored at 0.25x: equal cost only from budget ~2/L on "
+            "(layer_budgets.dense_first_budgets); attended/bytes show the real cost",
+            dense_first=2,
+        ),
+        Method(
             "a2ats_plain_vq", BUDGET, "A2ATS with a plain (beta = 1) codebook", codebook="plain_vq"
         ),
         Method(
@@ -313,10 +336,12 @@ def kv_group_size(head_dim: int) -> int | None:
 
 @dataclass
 class MethodSpec:
-    """How to build one method's cache for layer i: `factory(layer, rope_spec)`."""
+    """How to build one method's cache for layer i: `factory(layer, rope_spec)`; `config`: the
+    A2ATS settings it runs with (None for the mlx-lm caches)."""
 
     name: str
     factory: Callable[[int, Any], Any]
+    config: A2ATSConfig | None = None
 
 
 def method_spec(
@@ -337,6 +362,15 @@ def method_spec(
     if method.cache is None:
         return MethodSpec(name, _mlx_lm_factory(method, hd))
     cfg = method.config(config, window_budget)
+    if method.dense_first:
+        dense = dense_first_budgets(geo.num_layers, method.dense_first, cfg.budget)
+        cfg = replace(cfg, layer_budgets=dense)
+    if method.measured_layers and cfg.layer_budgets is None:
+        raise ValueError(
+            f"method {name} needs layer_budgets allocated from per-layer recall measured on a "
+            "development span (evaluate measures them)"
+        )
+    check_layer_budgets(cfg, geo.num_layers)
     book = codebooks.get(method.codebook)
     if book is not None and method.b_from_codebook and "far_offset" in book.metadata:
         cfg = replace(cfg, far_offset=int(book.metadata["far_offset"]))
@@ -350,7 +384,7 @@ def method_spec(
         rope = IdentityRope(hd) if method.identity_rope else spec
         return cls(i, rope, book, cfg, ctx)
 
-    return MethodSpec(name, make)
+    return MethodSpec(name, make, cfg)
 
 
 def _mlx_lm_factory(method: Method, head_dim: int) -> Callable[[int, Any], Any]:

@@ -60,10 +60,14 @@ class A2ATSCache(_BaseCache):
     def _configure(
         self, layer: int, rope: RopeSpec, codebook, config: A2ATSConfig, max_context: int | None
     ) -> None:
-        """Everything fixed for the cache's life (what `meta_state` records), and what follows."""
+        """Everything fixed for the cache's life (what `meta_state` records), and what follows.
+
+        With `config.layer_budgets` the cache keeps its own layer's settings
+        (`A2ATSConfig.for_layer`: the scaled budget, no per-layer list)."""
         self.layer = layer
         self.rope = rope
         self.codebook = codebook
+        config = config.for_layer(layer)
         self.config = config
         self.max_context = planning_context(max_context)
         self.top_k = choose_top_k()  # NumPy or MLX top-K, decided once (topk.py)
@@ -691,6 +695,8 @@ def make_cache(model: nn.Module, config: A2ATSConfig | None = None, codebook=Non
 
     An A2ATSCache for every layer the plan (`layer_plan.py`) marks `a2ats`; the model's own
     cache (mlx-lm's `make_prompt_cache` entry: RotatingKVCache, ArraysCache...) everywhere else.
+    With `config.layer_budgets` (one multiplier per layer) each A2ATS layer runs its own scaled
+    budget (`A2ATSConfig.for_layer`); a length that does not match the model raises ValueError.
     Raises ModelNotSupportedError (one line) for a model the plan refuses.
 
     `codebook=None` falls back to a random codebook with a loud warning: retrieval is then
@@ -701,6 +707,7 @@ def make_cache(model: nn.Module, config: A2ATSConfig | None = None, codebook=Non
 
     plan = plan_for(model).require()
     config = config or A2ATSConfig()
+    check_layer_budgets(config, len(plan.layers))
     geo = model_geometry(model)
     if codebook is None:
         from .codebook import Codebook
@@ -722,6 +729,16 @@ def make_cache(model: nn.Module, config: A2ATSConfig | None = None, codebook=Non
             spec = rope_spec_of(model, choice)
             caches[choice.layer] = A2ATSCache(choice.layer, spec, codebook, config, ctx)
     return caches
+
+
+def check_layer_budgets(config: A2ATSConfig, num_layers: int) -> None:
+    """ValueError (one line) when `config.layer_budgets` has not one entry per model layer."""
+    budgets = config.layer_budgets
+    if budgets is not None and len(budgets) != num_layers:
+        raise ValueError(
+            f"A2ATSConfig.layer_budgets has {len(budgets)} entries, the model has "
+            f"{num_layers} layers: give one multiplier per layer"
+        )
 
 
 def snapshot(caches: list, token_id: int | None = None) -> CacheSnapshot | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..validation import check_int, from_known_fields
@@ -62,6 +62,15 @@ class A2ATSConfig:
     telemetry:    record LayerStats after every decode step (costs a host sync per step).
     fidelity_every: with telemetry, every k-th decode step also runs a shadow exact attention
                   and records the attention mass recalled per KV head (0 = off).
+    layer_budgets: None = every layer retrieves `budget`; a tuple of positive multipliers, one
+                  per model layer (cache slot; entries of layers that keep the model's own
+                  cache are ignored): layer l retrieves `budget * layer_budgets[l]` (a fraction
+                  capped at 1; an int count rounded, at least 1). A layer whose fraction reaches
+                  1 keeps every far token: it attends exactly (dense), through the same path
+                  as a short context. min_k and coverage_floor stay per layer as they are.
+                  Each layer's cache holds its own scaled budget (`for_layer`); `make_cache`
+                  checks the length against the model. Chosen from measured per-layer recall by
+                  `layer_budgets.allocate_layer_budgets` (eval method `a2ats_alloc`).
 
     What the codebook is (centroids, product-VQ split, beta) is not a cache setting: the cache
     reads it from the codebook it is given, and calibration takes a `CodebookSpec`
@@ -85,6 +94,7 @@ class A2ATSConfig:
     kv_group_size: int = 64
     telemetry: bool = False
     fidelity_every: int = 0
+    layer_budgets: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         _check_int("window", self.window, 1)
@@ -145,6 +155,22 @@ class A2ATSConfig:
             )
         if not isinstance(self.telemetry, bool):
             raise ValueError(f"A2ATSConfig.telemetry={self.telemetry!r} must be True or False")
+        if self.layer_budgets is not None:
+            # a list (from JSON) becomes a tuple: the config stays hashable and comparable
+            object.__setattr__(self, "layer_budgets", _check_layer_budgets(self.layer_budgets))
+
+    def for_layer(self, layer: int) -> A2ATSConfig:
+        """The settings layer `layer` runs with: `budget` scaled by its `layer_budgets`
+        multiplier (`scaled_budget`) and no `layer_budgets`; self when there are none."""
+        if self.layer_budgets is None:
+            return self
+        if not 0 <= layer < len(self.layer_budgets):
+            raise ValueError(
+                f"A2ATSConfig.layer_budgets has {len(self.layer_budgets)} entries, no entry "
+                f"for layer {layer}"
+            )
+        budget = scaled_budget(self.budget, self.layer_budgets[layer])
+        return replace(self, budget=budget, layer_budgets=None)
 
     def top_k(self, context: int) -> int:
         """Far tokens retrieved per query head for a context of `context` tokens."""
@@ -174,3 +200,37 @@ class A2ATSConfig:
     def from_dict(cls, data: dict[str, Any]) -> A2ATSConfig:
         """Build from a dict, ignoring unknown keys (forward compatibility of saved settings)."""
         return from_known_fields(cls, data)
+
+
+def scaled_budget(budget: float | int, multiplier: float) -> float | int:
+    """`budget` times a layer's multiplier: a fraction capped at 1 (1 = every far token: the
+    layer attends exactly), an int token count rounded and at least 1."""
+    if isinstance(budget, int):
+        return max(1, round(budget * multiplier))
+    scaled = min(1.0, budget * multiplier)
+    if not scaled > 0.0:
+        raise ValueError(
+            f"A2ATSConfig.layer_budgets multiplier {multiplier!r} times budget {budget!r} is "
+            "out of range: the layer's fraction must be in (0, 1]"
+        )
+    return scaled
+
+
+def _check_layer_budgets(value: Any) -> tuple[float, ...]:
+    """A non-empty tuple of positive finite floats, else ValueError naming the bad entry."""
+    if isinstance(value, str | bytes) or not isinstance(value, tuple | list) or not value:
+        raise ValueError(
+            f"A2ATSConfig.layer_budgets={value!r} is out of range: must be None or a non-empty "
+            "list of positive multipliers, one per model layer"
+        )
+    for i, m in enumerate(value):
+        if (
+            isinstance(m, bool)
+            or not isinstance(m, int | float)
+            or not (math.isfinite(m) and m > 0)
+        ):
+            raise ValueError(
+                f"A2ATSConfig.layer_budgets[{i}]={m!r} is out of range: must be a positive "
+                "finite multiplier"
+            )
+    return tuple(float(m) for m in value)

@@ -75,8 +75,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--dev-text",
-        help="development text file for --tune-paper-b (default: the evaluation text's tokens "
-        "right after the evaluated span, a different slice of the same text)",
+        help="development text file for --tune-paper-b and a2ats_alloc's per-layer recall "
+        "(default: the evaluation text's tokens right after the evaluated span, a different "
+        "slice of the same text)",
     )
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.set_defaults(func=run_eval)
@@ -143,6 +144,14 @@ def run_eval(args: argparse.Namespace) -> int:
     texts = _texts(args)
     tuned, budgets_b = _tune_b(args, model, tokenizer, codebook, config, texts, budgets, progress)
     books, notes = _codebooks(args, model, tokenizer, codebook, methods, progress, budgets_b)
+    dev_ids = None
+    if "a2ats_alloc" in methods:
+        span = args.context + args.decode + 1
+        where = f"each text's tokens {span}-{2 * span} (after the evaluated span)"
+        if args.dev_text:
+            dev_ids = tokenizer.encode(Path(args.dev_text).read_text(encoding="utf-8"))
+            where = f"{Path(args.dev_text).name}, tokens 0-{span}"
+        notes.append(f"a2ats_alloc: layer budgets from plain a2ats's recall per layer on {where}")
     per_text = [
         evaluate(
             model,
@@ -154,6 +163,7 @@ def run_eval(args: argparse.Namespace) -> int:
             config=config,
             methods=methods,
             progress=progress,
+            dev_ids=dev_ids,
         )  # fmt: skip
         for text, _ in texts
     ]

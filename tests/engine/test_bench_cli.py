@@ -134,6 +134,28 @@ def test_eval_several_texts_json(tiny_folder, tmp_path, capsys):
     assert a2["recall"] == pytest.approx(sum(recalls) / 2, abs=1e-5)
     assert main(argv[:-1] + ["--texts", "nope", "--json"]) == 1
     assert "--texts" in capsys.readouterr().err
+    # recall per layer: each text's, and pooled as the per-layer mean over the texts
+    layers = [t["runs"][0]["methods"]["a2ats"]["recall_per_layer"] for t in out["texts"]]
+    assert a2["recall_per_layer"] == pytest.approx(
+        [(a + b) / 2 for a, b in zip(*layers, strict=True)], abs=1e-5
+    )
+    assert "recall_per_layer" not in full
+
+
+def test_eval_alloc_reports_layer_budgets_and_recall_per_layer(tiny_folder, capsys):
+    folder, book = tiny_folder
+    argv = ["eval", "--model", str(folder), "--codebook", str(book), "--context", "200",
+            "--decode", "3", "--budget", "0.2", "--methods", "full,a2ats,a2ats_alloc",
+            "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = _json(capsys)
+    a2, alloc = out["methods"]["a2ats"], out["methods"]["a2ats_alloc"]
+    assert len(a2["recall_per_layer"]) == 2 and "recall_per_layer" not in out["methods"]["full"]
+    assert sum(a2["recall_per_layer"]) / 2 == pytest.approx(a2["recall"], abs=1e-5)
+    assert len(alloc["layer_budgets"]) == 2
+    assert sum(alloc["layer_budgets"]) / 2 == pytest.approx(1.0, abs=1e-3)
+    assert len(alloc["dev_recall_per_layer"]) == 2 and alloc["ppl_vs_full"] > 0
+    assert any("a2ats_alloc" in n and "tokens 204-408" in n for n in out["notes"])
 
 
 def test_eval_runs_on_the_builtin_dialogue(tiny_folder, capsys):
