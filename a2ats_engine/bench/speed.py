@@ -16,7 +16,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
 from ..cache.a2ats_cache import A2ATSCache, make_cache
 from ..cache.config import A2ATSConfig
@@ -197,9 +197,37 @@ def bench_decode(
     return results
 
 
+def _window_copy(kv: list, config: A2ATSConfig) -> list:
+    """`window`: every plain layer attends exactly its first `sinks` tokens and the most recent
+    `window + K` (K = the retrieval budget at this context) through mlx-lm's RotatingKVCache:
+    as many positions as A2ATS attends, contiguous, with nothing scored or selected. The speed
+    ceiling of any method that attends that many tokens (its quality is the recency window's)."""
+    out = []
+    for src in kv:
+        if not _is_plain(src):
+            out.append(_clone_native(src))
+            continue
+        n = src.offset
+        keep = min(config.sinks, n)
+        size = min(n, keep + config.window + config.top_k(n))
+        cache = RotatingKVCache(max_size=max(size, keep + 1), keep=keep)
+        parts = [(src.keys[..., :keep, :], src.values[..., :keep, :])] if keep else []
+        tail = size - keep
+        parts.append((src.keys[..., n - tail : n, :], src.values[..., n - tail : n, :]))
+        k = mx.concatenate([p[0] for p in parts], axis=2)
+        v = mx.concatenate([p[1] for p in parts], axis=2)
+        cache.update_and_fetch(k, v)
+        cache.offset = n  # positions continue from the context (RoPE offsets match `full`)
+        mx.eval(cache.keys, cache.values)
+        out.append(cache)
+    return out
+
+
 def _method_cache(model: nn.Module, base: list, method: str, config: A2ATSConfig, codebook):
     if method == "full":
         return _clone_kv(base)
+    if method == "window":
+        return _window_copy(base, config)
     if method in ("kv8", "kv4"):
         return _copy_into_quantized(base, int(method[-1]))
     knobs = decode_variant_knobs(method)

@@ -29,7 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument(
         "--methods",
         default="full,a2ats,a2ats_kv4",
-        help="comma list of: full, kv8, kv4, a2ats, a2ats_kv8, a2ats_kv4, a2ats_telemetry; "
+        help="comma list of: full, kv8, kv4, window (exact attention over sinks + the last "
+        "window + K tokens: A2ATS's attended count with nothing scored, the speed ceiling), "
+        "a2ats, a2ats_kv8, a2ats_kv4, a2ats_telemetry; "
         "a2ats_rr<N> = a2ats with rerank N, a2ats_eb<N> = exact_below N (a2ats_eb0: retrieval "
         "from the start, the crossover probe; combines: a2ats_kv4_rr2_eb0)",
     )

@@ -125,3 +125,41 @@ def test_decode_and_memory_benches_keep_the_models_own_caches_on_native_layers()
     # the two sliding layers hold at most their window, not all 64 tokens as a KVCache would
     assert held["full"].bytes_held < len(base) * plain.nbytes
     assert held["full"].bytes_held > 2 * plain.nbytes  # the two global layers hold everything
+
+
+def test_window_decode_method_attends_sinks_and_the_recent_window_plus_k():
+    """`window` (the speed ceiling): sinks + the last window + K tokens, positions continuing
+    from the context, and its next token is exact attention over just those positions."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+    from a2ats_engine.bench import speed
+    from a2ats_engine.cache.config import A2ATSConfig
+    from a2ats_engine.loading.tiny_model import tiny_model
+
+    model = tiny_model("llama")
+    config = A2ATSConfig(window=8, sinks=2, budget=6)
+    prompt = mx.array([list(range(3, 103))])  # 100 tokens
+    base = make_prompt_cache(model)
+    mx.eval(model(prompt, cache=base))
+    window = speed._method_cache(model, base, "window", config, None)
+    for w in window:
+        assert w.offset == 100 and w.keys.shape[2] == 2 + 8 + 6
+    got = model(mx.array([[7]]), cache=window)
+
+    # independent reference: a plain cache holding exactly those positions' keys and values
+    class Held(KVCache):  # holds given rows; RoPE position continues from 100
+        def __init__(self, keys, values):
+            super().__init__()
+            self.keys, self.values, self.offset = keys, values, 100
+
+        def update_and_fetch(self, keys, values):
+            self.keys = mx.concatenate([self.keys, keys], axis=2)
+            self.values = mx.concatenate([self.values, values], axis=2)
+            self.offset += keys.shape[2]
+            return self.keys, self.values
+
+    idx = mx.array([*range(2), *range(100 - 13, 100)])  # with the new token: 16 rows
+    ref_caches = [Held(src.keys[..., idx, :], src.values[..., idx, :]) for src in base]
+    ref = model(mx.array([[7]]), cache=ref_caches)
+    assert float(mx.abs(got - ref).max()) < 1e-4
