@@ -400,11 +400,12 @@ def _mlx_lm_factory(method: Method, head_dim: int) -> Callable[[int, Any], Any]:
 # -- decode-benchmark names ---------------------------------------------------------------------
 
 # a2ats, a2ats_kv4, a2ats_rr2 (rerank 2), a2ats_rr2g (candidates shared by the GQA group),
-# a2ats_kv4_rr2, a2ats_eb0 (exact_below 0: retrieval from the start, the crossover probe),
+# a2ats_kv4_rr2, a2ats_cov90 (coverage 0.9: adaptive budget per head), a2ats_eb0 (exact_below
+# 0: retrieval from the start, the crossover probe),
 # a2ats_noest (estimate_missed off), a2ats_telemetry, ...
 _DECODE_VARIANT = re.compile(
-    r"a2ats(?:_kv(?P<bits>4|8))?(?:_rr(?P<rerank>\d+)(?P<shared>g)?)?(?:_eb(?P<exact_below>\d+))?"
-    r"(?:_(?P<estimate>est|noest))?(?P<telemetry>_telemetry)?"
+    r"a2ats(?:_kv(?P<bits>4|8))?(?:_rr(?P<rerank>\d+)(?P<shared>g)?)?(?:_cov(?P<coverage>\d\d))?"
+    r"(?:_eb(?P<exact_below>\d+))?(?:_(?P<estimate>est|noest))?(?P<telemetry>_telemetry)?"
 )
 
 
@@ -422,6 +423,8 @@ def decode_variant_knobs(name: str) -> dict[str, Any] | None:
         knobs["rerank"] = int(match["rerank"])
     if match["shared"]:
         knobs["rerank_shared"] = True
+    if match["coverage"]:
+        knobs["coverage"] = int(match["coverage"]) / 100  # a2ats_cov90: the adaptive budget 0.9
     if match["exact_below"]:
         knobs["exact_below"] = int(match["exact_below"])
     if match["estimate"]:

@@ -61,6 +61,8 @@ def test_decode_method_names_set_kv_bits_rerank_and_telemetry():
     cfg = _method_cache(model, base, "a2ats_rr2_telemetry", config, None)[0].config
     assert (cfg.kv_bits, cfg.rerank, cfg.telemetry) == (None, 2, True)
     assert _method_cache(model, base, "a2ats", config, None)[0].config == config
+    cfg = _method_cache(model, base, "a2ats_rr4g_cov90_eb0", config, None)[0].config
+    assert (cfg.rerank, cfg.rerank_shared, cfg.coverage, cfg.exact_below) == (4, True, 0.9, 0)
     with pytest.raises(ValueError, match="unknown method 'a2ats_rr'"):
         _method_cache(model, base, "a2ats_rr", config, None)
 
