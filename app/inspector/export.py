@@ -92,6 +92,13 @@ def _layer_dict(layer: LayerStats, previous: LayerStats | None, histograms: str)
         "selected": [positions_to_runs(s) for s in layer.selected],
         "retrieved": [np.asarray(r).tolist() for r in layer.retrieved],
         "recall": None if layer.recall is None else [float(r) for r in layer.recall],
+        "recall_ms": None if layer.recall_ms is None else float(layer.recall_ms),
+        "exact_until": int(layer.exact_until),
+        "missed_mass": None if layer.missed_mass is None else [float(m) for m in layer.missed_mass],
+        "budget_used": None
+        if layer.budget_used is None
+        else [np.asarray(b).astype(int).tolist() for b in layer.budget_used],
+        "reused": bool(layer.reused),
     }
     same_shape = previous is not None and [c.size for c in previous.code_counts] == [
         c.size for c in layer.code_counts
@@ -199,7 +206,8 @@ def _layer_from_dict(d: dict[str, Any], previous: LayerStats | None) -> LayerSta
             p + dense_counts(c)
             for p, c in zip(previous.code_counts, d["code_counts_delta"], strict=True)
         )
-    recall = d.get("recall")
+    recall, missed, budget = d.get("recall"), d.get("missed_mass"), d.get("budget_used")
+    recall_ms = d.get("recall_ms")
     return LayerStats(
         step=int(d["step"]),
         offset=int(d["offset"]),
@@ -212,6 +220,14 @@ def _layer_from_dict(d: dict[str, Any], previous: LayerStats | None) -> LayerSta
         exact=bool(d["exact"]),
         layer=int(d["layer"]),
         recall=None if recall is None else tuple(float(r) for r in recall),
+        # fields added after version 1 files were first written: absent = not recorded
+        recall_ms=None if recall_ms is None else float(recall_ms),
+        exact_until=int(d.get("exact_until", 0)),
+        missed_mass=None if missed is None else tuple(float(m) for m in missed),
+        budget_used=None
+        if budget is None
+        else tuple(np.asarray(b, dtype=np.int32).reshape(-1) for b in budget),
+        reused=bool(d.get("reused", False)),
     )
 
 

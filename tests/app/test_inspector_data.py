@@ -564,3 +564,33 @@ def test_attention_mode_says_exact_until_below_the_crossover():
     assert data.attention_mode_text(snap_of(10, True, 0)) == "exact attention (nothing to drop yet)"
     assert data.attention_mode_text(None) == ""
     assert data.attention_mode_text(make_snapshot(0, [])) == ""
+
+
+def test_export_keeps_missed_mass_budget_exact_until_and_reuse(tmp_path):
+    """The fidelity fields the inspector plots survive an export and a reload; files written
+    before these fields existed load with them unset."""
+    from dataclasses import replace
+
+    base = make_layer(offset=40, retrieved=[[10], [12]])
+    rich = replace(
+        base,
+        missed_mass=(0.125, 0.25),
+        budget_used=(np.array([3, 5, 7], np.int32), np.array([2, 2, 9], np.int32)),
+        exact_until=4096,
+        reused=True,
+        recall=(0.9, 0.8),
+        recall_ms=1.5,
+    )
+    path = export.export_telemetry(tmp_path / "t.json", [make_snapshot(0, [rich])])
+    (snap,), _ = export.load_telemetry(path)
+    got = snap.layers[0]
+    assert got.missed_mass == (0.125, 0.25) and got.exact_until == 4096 and got.reused
+    assert got.recall == (0.9, 0.8) and got.recall_ms == 1.5
+    assert [b.tolist() for b in got.budget_used] == [[3, 5, 7], [2, 2, 9]]
+    doc = json.loads(path.read_text())
+    for key in ("missed_mass", "budget_used", "exact_until", "reused", "recall_ms"):
+        del doc["steps"][0]["layers"][0][key]  # an older file
+    (old,), _ = export.snapshots_from_dict(doc)
+    layer = old.layers[0]
+    assert layer.missed_mass is None and layer.budget_used is None
+    assert layer.exact_until == 0 and not layer.reused and layer.recall_ms is None
