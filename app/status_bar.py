@@ -22,7 +22,7 @@ def plan_text(plan: LayerPlan | None, a2ats_enabled: bool) -> str:
     if plan.refused:
         return "A2ATS not supported"
     used = len(plan.a2ats_layers)
-    if used == plan.num_layers:
+    if used == plan.num_layers and not plan.shared_layers:
         return f"A2ATS on all {used} layers"
     return plan.summary()
 

@@ -81,10 +81,12 @@ class LayerPlan:
         return len(self.layers)
 
     def summary(self) -> str:
-        """'A2ATS on 4 of 26 layers' (or the refusal)."""
+        """'A2ATS on 4 of 26 layers' (or the refusal). Every decoder layer counts, the KV-shared
+        ones too (they attend exactly over an earlier layer's K/V, never through A2ATS)."""
         if self.refused:
             return f"not supported: {self.refused}"
-        return f"A2ATS on {len(self.a2ats_layers)} of {self.num_layers} layers"
+        total = self.num_layers + self.shared_layers
+        return f"A2ATS on {len(self.a2ats_layers)} of {total} layers"
 
     def native_reasons(self) -> dict[str, int]:
         """Native reason -> number of layers, in first-seen order."""
@@ -98,7 +100,10 @@ class LayerPlan:
         for reason, count in self.native_reasons().items():
             lines.append(f"  native  {count:3d}  {reason}")
         if self.shared_layers:
-            lines.append(f"  shared  {self.shared_layers:3d}  reuse an earlier layer's K/V")
+            lines.append(
+                f"  shared  {self.shared_layers:3d}  reuse an earlier layer's K/V "
+                "(exact attention over it)"
+            )
         return lines
 
     def require(self) -> LayerPlan:

@@ -32,6 +32,9 @@ def test_plan_text_says_plainly_how_many_layers_use_a2ats():
     assert plan_text(FAKE_PLAN, True) == "A2ATS on 2 of 4 layers"
     assert plan_text(FAKE_PLAN, False) == "A2ATS off"
     assert plan_text(None, True) == ""  # unknown: nothing is claimed
+    # Gemma 4's KV-shared layers have no cache of their own and attend exactly: never "all"
+    shared = LayerPlan("gemma4_text", tuple(LayerChoice(i, A2ATS) for i in range(4)), None, 2)
+    assert plan_text(shared, True) == "A2ATS on 4 of 6 layers"
 
 
 def test_map_rows_place_native_layers_and_never_draw_a2ats_on_them():

@@ -295,8 +295,12 @@ def test_gemma4_kv_shared_layers_are_counted_and_decode_like_the_model():
     model = model_class(args_class.from_dict(config))
     mx.eval(model.parameters())
     plan = plan_for(model)
-    assert (plan.summary(), plan.shared_layers) == ("A2ATS on 2 of 4 layers", 2)
-    assert "  shared    2  reuse an earlier layer's K/V" in plan.describe()
+    # all 6 decoder layers count: the 2 KV-shared ones attend exactly, never through A2ATS
+    assert (plan.summary(), plan.shared_layers) == ("A2ATS on 2 of 6 layers", 2)
+    assert (
+        "  shared    2  reuse an earlier layer's K/V (exact attention over it)" in plan.describe()
+    )
+
     ref_tokens, ref_logits = greedy(model, make_prompt_cache(model))
     tokens, logits = greedy(model, make_cache(model, EXACT, codebook_for(model)))
     assert tokens == ref_tokens and float(mx.abs(logits - ref_logits).max()) < 1e-4
