@@ -81,3 +81,7 @@ def test_cli_geometry_decode_json(capsys):
     assert out["repeats"] == 2 and all(len(r["ratio_runs"]) == 2 for r in rows)
     calib = out["calibration"]
     assert calib["tokens"] == 256 and calib["tokens_per_s"] > 0
+    # the k-means fit is timed apart from the forward pass (it is never free)
+    assert calib["fit_seconds"] > 0 and calib["collect_seconds"] > 0
+    total = calib["collect_seconds"] + calib["fit_seconds"]
+    assert abs(calib["tokens_per_s"] - 256 / total) < 0.05 * calib["tokens_per_s"] + 0.2
