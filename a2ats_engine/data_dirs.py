@@ -1,7 +1,7 @@
 """Where the engine keeps user data (models, codebooks) and caches (converted GGUF files).
 
 `A2ATS_DATA_DIR` and `A2ATS_CACHE_DIR` override the platform defaults (tests point them at a
-temporary folder).
+temporary folder); `A2ATS_CROSSOVER_FILE` overrides where the measured crossover table lives.
 """
 
 from __future__ import annotations
@@ -51,3 +51,12 @@ def codebooks_dir() -> Path:
 def demo_codebook_path() -> Path:
     """Where the demo model's default codebook lives (built by `ensure_demo_codebook`)."""
     return codebooks_dir() / DEMO_CODEBOOK_NAME
+
+
+def crossover_table_path() -> Path:
+    """The user's measured crossover table (`a2ats crossover`, `cache/crossover.py`):
+    `$A2ATS_CROSSOVER_FILE`, else `crossover.json` in the data dir."""
+    override = os.environ.get("A2ATS_CROSSOVER_FILE")
+    if override:
+        return Path(override).expanduser()
+    return data_dir() / "crossover.json"

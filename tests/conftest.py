@@ -1,10 +1,17 @@
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# the user's measured crossover table (`a2ats crossover`) must not change what tests see: point
+# it at a file that does not exist (tests of the table monkeypatch their own)
+os.environ.setdefault(
+    "A2ATS_CROSSOVER_FILE",
+    str(Path(tempfile.gettempdir()) / f"a2ats-tests-{os.getpid()}-no-crossover.json"),
+)
 sys.path.insert(0, str(Path(__file__).parent))
 
 import a2ats_engine  # noqa: E402,F401  (BLAS preload before anything imports mlx.core)

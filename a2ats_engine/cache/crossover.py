@@ -2,27 +2,76 @@
 
 Below the crossover context a decode step of exact attention is faster than A2ATS's retrieval
 (lookup tables, top-K, gathers), so the cache attends exactly there (keys are still coded, so
-switching retrieval on later costs nothing). The crossover depends on the backend and the
-model's attention geometry, so the default is a table of measurements keyed by both; a model or
-backend nobody measured gets 0 (retrieve as soon as anything can be dropped, the behaviour
-before this setting). `A2ATSConfig.exact_below` overrides the table.
+switching retrieval on later costs nothing). The crossover depends on the machine, the backend
+and the model's attention geometry, so the default comes from measurements, looked up in order:
 
-Add a row from `a2ats bench decode --contexts 512,1024,2048,4096,8192 --methods
-full,a2ats_eb0` on a quiet machine: the crossover is the first context where `a2ats_eb0`
-(retrieval from the start) decodes at least as fast as `full` (docs/BENCHMARKS.md).
+1. the user's own table, `crossover.json` in the engine's data dir (`data_dirs.py`;
+   `$A2ATS_CROSSOVER_FILE` overrides the path), written by `a2ats crossover SOURCE`
+   (`commands/crossover.py`) on this machine: rows keyed by (backend, machine, attention
+   layers, KV heads, head dim);
+2. the built-in table `MEASURED` below, keyed by (backend, attention layers, KV heads, head dim);
+3. else 0: retrieve as soon as anything can be dropped (the behaviour before this setting).
+
+`A2ATSConfig.exact_below` overrides all of them.
+
+The key. `backend()` is "cpu" or "metal"; `machine_id()` names the machine as
+"<OS> <architecture>, <N> cores[, <CPU or chip name>]" (the name from /proc/cpuinfo on Linux,
+`sysctl machdep.cpu.brand_string` on macOS: "Apple M2 Pro"), so a table copied to another
+machine is not used there. The geometry is what a cache knows when it is made: the codebook's
+attention layers and KV heads, and the RoPE head dim. The number of layers A2ATS serves is not
+in the key: a decode step's A2ATS layers cost retrieval instead of exact attention, the other
+layers and the MLP cost the same in both, so the context where the two are equally fast does not
+move with them (to first order). Two models with the same key share a row (the last measured
+wins); the row names the model it was measured on.
+
+The decision (`decide_crossover`): from the median ratio a2ats / full decode speed per measured
+context, the crossover is the first context (ascending) from which the ratio is >= 1 and stays
+>= 1 at every larger context measured. Outside the measured range the rule follows the trend
+every measurement so far shows (retrieval gains on exact attention as the context grows):
+- retrieval already at least as fast at the smallest context: exact below that context;
+- retrieval slower at the largest context ("never" within the range): exact attention through
+  the largest context measured (`exact_below` = largest + 1) and retrieval beyond it, where
+  nothing was measured; `a2ats crossover` and `a2ats info` say so, and measuring longer
+  contexts (`--contexts ...,32768`) settles it.
+
+The built-in rows come from `a2ats bench decode --contexts 512,1024,2048,4096,8192 --methods
+full,a2ats_eb0` on a quiet machine (docs/BENCHMARKS.md); `a2ats crossover SOURCE` measures the
+same thing on synthetic caches for any model and records it in the user table.
+
+MLX-free at import; `backend()` asks MLX which device it runs on.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+FORMAT = "a2ats-crossover"
+VERSION = 1
 
 
 @dataclass(frozen=True)
 class Crossover:
-    """One measured crossover: the context (tokens) from which retrieval is faster."""
+    """One measured crossover: the context (tokens) from which retrieval is faster.
+
+    origin: "built-in" (the `MEASURED` table) or the path of the user table it came from.
+    never: retrieval was slower at every context measured; `tokens` is the largest + 1.
+    """
 
     tokens: int
     source: str
+    origin: str = "built-in"
+    never: bool = False
 
 
 # (backend, attention layers, KV heads, head dim) -> crossover
@@ -43,7 +92,246 @@ def backend() -> str:
     return "cpu" if _cpu_only() else "metal"
 
 
+@lru_cache(maxsize=1)
+def machine_id() -> str:
+    """'Linux x86_64, 2 cores, Intel(R) Xeon(R) ...': this machine in the user table's key."""
+    parts = [f"{platform.system()} {platform.machine()}", f"{os.cpu_count()} cores"]
+    name = _cpu_name()
+    if name:
+        parts.append(name)
+    return ", ".join(parts)
+
+
+def _cpu_name() -> str:
+    """The CPU or chip name where the OS says it cheaply, else ""."""
+    try:
+        if sys.platform.startswith("linux"):
+            for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+                if line.lower().startswith(("model name", "hardware")):
+                    return " ".join(line.split(":", 1)[1].split())
+        elif sys.platform == "darwin":
+            out = subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+                check=False,
+            )
+            return " ".join(out.stdout.split())
+    except (OSError, subprocess.SubprocessError, IndexError):
+        pass
+    return ""
+
+
+# -- the decision -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What `decide_crossover` chose: `exact_below` for the measured contexts, and whether
+    retrieval never caught up within them (then `exact_below` = the largest context + 1)."""
+
+    exact_below: int
+    never: bool
+
+    def describe(self, largest: int) -> str:
+        """One line for `a2ats crossover` and `a2ats info`."""
+        if self.never:
+            return (
+                f"retrieval was slower than full attention at every context measured (up to "
+                f"{largest:,}): exact attention through {largest:,} tokens, retrieval beyond "
+                f"(not measured; measure longer contexts with --contexts)"
+            )
+        return f"retrieval pays off from {self.exact_below:,} tokens: exact attention below"
+
+
+def decide_crossover(ratios: Mapping[int, float]) -> Decision:
+    """The crossover from median decode-speed ratios a2ats / full per context (tokens).
+
+    The first context (ascending) from which every ratio is >= 1.0; when the largest context's
+    ratio is < 1.0, `never` with exact_below = largest + 1 (module docstring). ValueError when
+    `ratios` is empty."""
+    if not ratios:
+        raise ValueError("decide_crossover needs at least one measured context")
+    contexts = sorted(ratios)
+    start = None
+    for n in reversed(contexts):
+        if ratios[n] < 1.0:
+            break
+        start = n
+    if start is None:
+        return Decision(contexts[-1] + 1, True)
+    return Decision(start, False)
+
+
+# -- the user table -----------------------------------------------------------------------------
+
+# (backend, machine, attention layers, KV heads, head dim)
+UserKey = tuple[str, str, int, int, int]
+_REQUIRED = {"backend": str, "machine": str, "layers": int, "kv_heads": int, "head_dim": int}
+
+
+def user_table_path() -> Path:
+    """`$A2ATS_CROSSOVER_FILE`, else `crossover.json` in the engine's data dir."""
+    from ..data_dirs import crossover_table_path
+
+    return crossover_table_path()
+
+
+def entry_key(entry: Mapping[str, Any]) -> UserKey:
+    return (
+        entry["backend"],
+        entry["machine"],
+        entry["layers"],
+        entry["kv_heads"],
+        entry["head_dim"],
+    )
+
+
+def _valid_entry(entry: Any) -> bool:
+    if not isinstance(entry, dict):
+        return False
+    for name, kind in _REQUIRED.items():
+        value = entry.get(name)
+        if isinstance(value, bool) or not isinstance(value, kind):
+            return False
+    eb = entry.get("exact_below")
+    return isinstance(eb, int) and not isinstance(eb, bool) and eb >= 0
+
+
+def parse_table(text: str, where: str) -> tuple[dict[UserKey, dict], str | None]:
+    """(entries by key, problem or None) from a table file's text. Never raises: an unreadable
+    file gives no entries and says why; malformed rows are dropped and counted."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        return {}, f"{where} is not valid JSON ({exc})"
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
+        return {}, f"{where} has no 'entries' list"
+    entries: dict[UserKey, dict] = {}
+    bad = 0
+    for entry in data["entries"]:
+        if _valid_entry(entry):
+            entries[entry_key(entry)] = entry
+        else:
+            bad += 1
+    problem = f"{where}: {bad} malformed row(s) ignored" if bad else None
+    return entries, problem
+
+
+_loaded: dict[str, dict[UserKey, dict]] = {}  # path -> entries, read once per process
+
+
+def user_table(path: Path | None = None) -> dict[UserKey, dict]:
+    """The user table's rows by key, read once per process and path (`reload_user_table`
+    forgets it). A missing file is an empty table; an unreadable one warns once and is empty."""
+    path = Path(path) if path is not None else user_table_path()
+    key = str(path)
+    if key not in _loaded:
+        entries: dict[UserKey, dict] = {}
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            text = None
+        except OSError as exc:
+            text = None
+            warnings.warn(
+                f"A2ATS: crossover table {path} is unreadable ({exc}): ignored", stacklevel=2
+            )
+        if text is not None:
+            entries, problem = parse_table(text, str(path))
+            if problem:
+                warnings.warn(f"A2ATS: crossover table {problem}: ignored", stacklevel=2)
+        _loaded[key] = entries
+    return _loaded[key]
+
+
+def reload_user_table() -> None:
+    """Forget every table read so far: the next lookup reads the file again (tests, and after
+    `record_crossover`)."""
+    _loaded.clear()
+
+
+def record_crossover(entry: dict[str, Any], path: Path | None = None) -> Path:
+    """Write `entry` (a row with the `_REQUIRED` key fields and `exact_below`) into the user
+    table, replacing the row with the same key; atomic (temporary file renamed into place). An
+    unreadable table is moved aside to `<name>.corrupt` (with a warning) and started afresh."""
+    if not _valid_entry(entry):
+        raise ValueError(f"crossover row {entry!r} lacks a key field or exact_below")
+    path = Path(path) if path is not None else user_table_path()
+    entries: dict[UserKey, dict] = {}
+    if path.exists():
+        entries, problem = parse_table(
+            path.read_text(encoding="utf-8", errors="replace"), str(path)
+        )
+        if problem and not entries:
+            aside = path.with_name(path.name + ".corrupt")
+            os.replace(path, aside)
+            warnings.warn(f"A2ATS: crossover table {problem}; moved to {aside}", stacklevel=2)
+    entries[entry_key(entry)] = entry
+    data = {"format": FORMAT, "version": VERSION, "entries": list(entries.values())}
+    from ..files import atomic_write_text
+
+    atomic_write_text(path, json.dumps(data, indent=2) + "\n")
+    reload_user_table()
+    return path
+
+
+def today() -> str:
+    return _dt.datetime.now(_dt.UTC).date().isoformat()
+
+
+# -- lookup -------------------------------------------------------------------------------------
+
+
+def lookup_crossover(num_layers: int, num_kv_heads: int, head_dim: int) -> Crossover | None:
+    """The crossover that applies on this machine and backend to this geometry: the user
+    table's row, else the built-in one, else None (module docstring)."""
+    be = backend()
+    path = user_table_path()
+    row = user_table(path).get((be, machine_id(), num_layers, num_kv_heads, head_dim))
+    if row is not None:
+        return Crossover(
+            int(row["exact_below"]),
+            _row_source(row),
+            origin=str(path),
+            never=bool(row.get("never", False)),
+        )
+    return MEASURED.get((be, num_layers, num_kv_heads, head_dim))
+
+
+def _row_source(row: Mapping[str, Any]) -> str:
+    """'SmolLM2-135M-Instruct, 2026-05-01: 512 0.76x, 2048 0.90x' from a user-table row."""
+    ratios = row.get("ratios")
+    text = ""
+    if isinstance(ratios, dict):
+        text = ", ".join(f"{n} {r:.2f}x" for n, r in ratios.items() if isinstance(r, int | float))
+    head = ", ".join(str(row[k]) for k in ("model", "date") if row.get(k))
+    return f"{head}: {text}" if text else head
+
+
 def measured_crossover(num_layers: int, num_kv_heads: int, head_dim: int) -> int:
-    """The measured crossover for this backend and geometry, 0 where none was measured."""
-    row = MEASURED.get((backend(), num_layers, num_kv_heads, head_dim))
+    """The measured crossover for this machine, backend and geometry, 0 where none was
+    measured (user table first, then the built-in table; module docstring)."""
+    row = lookup_crossover(num_layers, num_kv_heads, head_dim)
     return row.tokens if row is not None else 0
+
+
+def describe_crossover(num_layers: int, num_kv_heads: int, head_dim: int, source: str) -> str:
+    """What `a2ats info SOURCE` says about the default `exact_below` for this geometry."""
+    row = lookup_crossover(num_layers, num_kv_heads, head_dim)
+    if row is None:
+        return (
+            f"none measured: retrieval from the first step; run `a2ats crossover {source}` "
+            "to measure it on this machine"
+        )
+    if row.origin == "built-in":
+        where = f"built-in table: {row.source}"
+    else:
+        where = f"measured on this machine: {row.origin}; {row.source}"
+    if row.never:
+        return (
+            f"exact until {row.tokens:,} tokens, retrieval beyond (not measured: retrieval was "
+            f"slower at every measured context) ({where})"
+        )
+    return f"exact until {row.tokens:,} tokens ({where})"

@@ -1,4 +1,7 @@
-"""`a2ats fetch-demo`, `a2ats import-gguf FILE --out DIR`, `a2ats info SOURCE`."""
+"""`a2ats fetch-demo`, `a2ats import-gguf FILE --out DIR`, `a2ats info SOURCE`.
+
+`a2ats info` also says which default `exact_below` (the crossover, `cache/crossover.py`) A2ATS
+caches of the model use on this machine: the user's measured table, the built-in one, or none."""
 
 from __future__ import annotations
 
@@ -44,7 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "info",
         help="describe a model: architecture, heads, RoPE, context, quantization, size",
         description=f"Print what a model is. SOURCE is {SOURCE_HELP}. GGUF files are converted "
-        "(once, cached) to read them.",
+        "(once, cached) to read them. 'exact below' says which crossover (the default "
+        "exact_below) A2ATS uses for it on this machine: measured here (`a2ats crossover`), "
+        "the built-in table, or none.",
     )
     p.add_argument("source", metavar="SOURCE", help=SOURCE_HELP)
     p.add_argument("--json", action="store_true", help="print the ModelInfo as JSON")
@@ -95,15 +100,27 @@ def run_info(args: argparse.Namespace) -> int:
     from ..loading.models import describe
 
     info = describe(args.source, progress=_StageReporter())
+    crossover = crossover_text(info, args.source)
     if args.json:
-        print(json.dumps(info.to_dict(), indent=2))
+        print(json.dumps({**info.to_dict(), "crossover": crossover}, indent=2))
     else:
-        print(format_info(info))
+        print(format_info(info, crossover))
     return 0
 
 
-def format_info(info) -> str:
-    """ModelInfo as aligned `field: value` lines."""
+def crossover_text(info, source: str) -> str | None:
+    """Which default `exact_below` applies to the model on this machine (`cache/crossover.py`),
+    None when A2ATS serves none of its layers."""
+    from ..cache.crossover import describe_crossover
+
+    plan = info.layer_plan
+    if plan is None or plan.refused or not plan.a2ats_layers:
+        return None
+    return describe_crossover(info.num_layers, info.num_kv_heads, info.head_dim, source)
+
+
+def format_info(info, crossover: str | None = None) -> str:
+    """ModelInfo as aligned `field: value` lines (and the crossover line when given)."""
     rope = info.rope
     if "error" in rope:
         rope_text = f"unsupported ({rope['error']})"
@@ -132,7 +149,10 @@ def format_info(info) -> str:
     rows.append(("A2ATS plan", plan.summary() if plan is not None else "unknown (probe failed)"))
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
-    return "\n".join(lines + [f"{'':<{width}}{line}" for line in _plan_lines(plan)])
+    lines += [f"{'':<{width}}{line}" for line in _plan_lines(plan)]
+    if crossover is not None:
+        lines.append(f"{'exact below':<{width}}  {crossover}")
+    return "\n".join(lines)
 
 
 def _plan_lines(plan) -> list[str]:

@@ -1,0 +1,173 @@
+"""`a2ats crossover SOURCE`: measure where A2ATS retrieval starts to pay off for a model on this
+machine, and record it as the model's default `exact_below` (`cache/crossover.py`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .models import SOURCE_HELP
+
+DEFAULT_CONTEXTS = "512,1024,2048,4096,8192,16384"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "crossover",
+        help="measure the context from which A2ATS retrieval decodes faster than full "
+        "attention on this machine, and record it as the model's default exact_below",
+        description=(
+            f"SOURCE is {SOURCE_HELP}. At each context, fill mlx-lm's own caches (full) and A2ATS "
+            "caches retrieving from the first step with the same random keys and values (no "
+            "prefill), time greedy decode of both interleaved, and take the median ratio "
+            "a2ats / full over the repeats. The crossover is the first context from which the "
+            "ratio is >= 1 at every larger context measured; when retrieval is slower even at "
+            "the largest context, the model attends exactly through it and retrieves beyond. "
+            "The result goes into crossover.json in the user data dir ($A2ATS_CROSSOVER_FILE "
+            "overrides the path), keyed by backend, machine and attention geometry: every "
+            "A2ATS cache with exact_below unset uses it (A2ATSConfig.exact_below overrides it). "
+            "Measure on a quiet machine: other work makes the ratios noisy."
+        ),
+    )
+    p.add_argument("source", metavar="SOURCE", help=SOURCE_HELP)
+    p.add_argument(
+        "--codebook",
+        metavar="FILE",
+        help="codebook file (default: the model's own, else a random one of 256 centroids, "
+        "which times the same if the model's codebook has that size)",
+    )
+    p.add_argument(
+        "--contexts",
+        default=DEFAULT_CONTEXTS,
+        help=f"comma-separated context lengths in tokens (default {DEFAULT_CONTEXTS})",
+    )
+    p.add_argument(
+        "--steps", type=int, default=12, help="decode steps timed per method (default 12)"
+    )
+    p.add_argument(
+        "--repeats", type=int, default=3, help="measurements per context; the median ratio counts"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--dry-run", action="store_true", help="measure and decide, record nothing")
+    p.set_defaults(func=run)
+
+
+def parse_contexts(text: str) -> list[int]:
+    """'512,2048' -> [512, 2048] (sorted, distinct). ValueError naming the bad entry."""
+    out = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            n = int(part)
+        except ValueError:
+            raise ValueError(f"--contexts: {part!r} is not a whole number of tokens") from None
+        if n < 1:
+            raise ValueError(f"--contexts: {n} is out of range: a context must be >= 1 token")
+        out.add(n)
+    if not out:
+        raise ValueError("--contexts is empty: give at least one context length")
+    return sorted(out)
+
+
+def _check_count(flag: str, value: int) -> int:
+    if value < 1:
+        raise ValueError(f"{flag}={value} is out of range: must be an integer >= 1")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    contexts = parse_contexts(args.contexts)
+    steps = _check_count("--steps", args.steps)
+    repeats = _check_count("--repeats", args.repeats)
+
+    from ..bench.crossover_probe import probe_crossover
+    from ..cache import crossover as xo
+    from ..cache.layer_plan import plan_for
+    from ..cache.rope import model_geometry
+    from ..loading.models import load_model
+    from ._bench_common import (
+        a2ats_config,
+        find_codebook,
+        machine,
+        silence_random_codebook_warning,
+        stderr_progress,
+    )
+
+    model, _, info = load_model(args.source)
+    plan = plan_for(model).require()
+    codebook, codebook_desc = find_codebook(args.codebook, args.source, info.path, required=False)
+    if codebook is None:
+        from ..cache.a2ats_cache import RANDOM_CENTROIDS
+
+        silence_random_codebook_warning()
+        codebook_desc = f"random ({RANDOM_CENTROIDS} centroids; none found for this model)"
+    config = a2ats_config(codebook, model, exact_below=0)
+    geo = model_geometry(model)
+    timings = probe_crossover(
+        model,
+        contexts,
+        steps=steps,
+        repeats=repeats,
+        config=config,
+        codebook=codebook,
+        progress=stderr_progress(not args.json),
+    )
+    decision = xo.decide_crossover({t.context: t.ratio for t in timings})
+    entry = {
+        "backend": xo.backend(),
+        "machine": xo.machine_id(),
+        "layers": geo.num_layers,
+        "kv_heads": geo.num_kv_heads,
+        "head_dim": geo.head_dim,
+        "exact_below": decision.exact_below,
+        "never": decision.never,
+        "model": info.name,
+        "a2ats_layers": len(plan.a2ats_layers),
+        "date": xo.today(),
+        "ratios": {str(t.context): round(t.ratio, 3) for t in timings},
+        "steps": steps,
+        "repeats": repeats,
+        "budget": config.budget,
+        "rerank": config.rerank,
+        "codebook": codebook_desc,
+        "measured_on": machine(),
+    }
+    path = None if args.dry_run else xo.record_crossover(entry)
+    results = [
+        {
+            "context": t.context,
+            "full_tokens_per_s": round(t.full_tokens_per_s, 2),
+            "a2ats_tokens_per_s": round(t.a2ats_tokens_per_s, 2),
+            "ratio": round(t.ratio, 3),
+            "ratio_runs": [round(r, 3) for r in t.ratios],
+        }
+        for t in timings
+    ]
+    if args.json:
+        out = {**entry, "results": results, "recorded": str(path) if path else None}
+        print(json.dumps(out))
+        return 0
+    print(
+        f"model {info.name}: {plan.summary()}; {geo.num_layers} attention layers, "
+        f"{geo.num_kv_heads} KV heads, head_dim {geo.head_dim}"
+    )
+    print(
+        f"codebook {codebook_desc}; budget {config.budget}, rerank {config.rerank}; "
+        f"{steps} steps, median of {repeats} run(s)"
+    )
+    print(f"machine: {entry['backend']}, {entry['machine']}")
+    print(f"{'context':>8} {'full tok/s':>11} {'a2ats tok/s':>12} {'a2ats/full':>11}  every run")
+    for r in results:
+        runs = ", ".join(f"{x:.2f}" for x in r["ratio_runs"])
+        print(
+            f"{r['context']:>8} {r['full_tokens_per_s']:>11.2f} {r['a2ats_tokens_per_s']:>12.2f} "
+            f"{r['ratio']:>10.2f}x  {runs}"
+        )
+    print(f"crossover: {decision.describe(contexts[-1])} (exact_below = {decision.exact_below})")
+    if path is None:
+        print(f"--dry-run: nothing recorded (would update {xo.user_table_path()})")
+    else:
+        print(f"recorded in {path}: A2ATS caches of this geometry on this machine use it")
+    return 0

@@ -1,0 +1,261 @@
+"""The measured crossover: the decision rule, the user table, the lookup order, `a2ats crossover`
+and what `a2ats info` says (cache/crossover.py, commands/crossover.py)."""
+
+import json
+import re
+import warnings
+
+import pytest
+from tiny import save_tiny_model
+
+from a2ats_engine.cache import crossover as xo
+from a2ats_engine.cache.a2ats_cache import A2ATSCache, make_cache
+from a2ats_engine.cache.codebook import Codebook
+from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cli import main
+from a2ats_engine.loading.models import load_model
+
+from .test_cache import D, filled_cache
+
+
+@pytest.fixture
+def table(tmp_path, monkeypatch):
+    """The user table at a fresh path (nothing read from it yet)."""
+    path = tmp_path / "data" / "crossover.json"
+    monkeypatch.setenv("A2ATS_CROSSOVER_FILE", str(path))
+    xo.reload_user_table()
+    yield path
+    xo.reload_user_table()
+
+
+def row(exact_below=1234, *, backend="cpu", machine=None, geometry=(30, 3, 64), **extra):
+    layers, kv, hd = geometry
+    return {
+        "backend": backend,
+        "machine": xo.machine_id() if machine is None else machine,
+        "layers": layers,
+        "kv_heads": kv,
+        "head_dim": hd,
+        "exact_below": exact_below,
+        "never": False,
+        "model": "test-model",
+        "date": "2026-01-01",
+        "ratios": {"512": 0.8, "1024": 1.1},
+        **extra,
+    }
+
+
+# -- the decision rule ----------------------------------------------------------------------------
+
+
+def test_monotone_ratios_cross_at_the_first_context_at_least_as_fast():
+    d = xo.decide_crossover({512: 0.76, 1024: 0.82, 2048: 0.9, 4096: 1.01, 8192: 1.24})
+    assert d == xo.Decision(4096, never=False)
+    assert xo.decide_crossover({4096: 1.0, 512: 0.5}).exact_below == 4096  # 1.0 counts, any order
+
+
+def test_noisy_ratios_cross_only_where_they_stay_at_least_1():
+    # 1024 is faster by noise, 2048 slower again: the crossover is the start of the last run
+    d = xo.decide_crossover({512: 0.8, 1024: 1.02, 2048: 0.97, 4096: 1.1, 8192: 1.3})
+    assert d == xo.Decision(4096, never=False)
+
+
+def test_never_within_the_range_attends_exactly_through_the_largest_context():
+    d = xo.decide_crossover({512: 0.5, 2048: 0.7, 16384: 0.82})
+    assert d == xo.Decision(16385, never=True)
+    # faster in the middle but slower at the largest context: still never
+    assert xo.decide_crossover({512: 1.1, 1024: 0.95}) == xo.Decision(1025, never=True)
+    assert "every context measured (up to 16,384)" in d.describe(16384)
+
+
+def test_always_faster_crosses_at_the_smallest_context():
+    assert xo.decide_crossover({1024: 1.3, 512: 1.05}) == xo.Decision(512, never=False)
+
+
+def test_no_measurement_is_an_error():
+    with pytest.raises(ValueError, match="at least one measured context"):
+        xo.decide_crossover({})
+
+
+# -- the user table -------------------------------------------------------------------------------
+
+
+def test_table_round_trip_replaces_the_row_with_the_same_key(table):
+    assert xo.record_crossover(row(1234)) == table
+    xo.record_crossover(row(777, geometry=(16, 8, 64)))
+    xo.record_crossover(row(2048))  # same key as the first: replaces it
+    data = json.loads(table.read_text())
+    assert data["format"] == xo.FORMAT and data["version"] == xo.VERSION
+    assert sorted(e["exact_below"] for e in data["entries"]) == [777, 2048]
+    entries = xo.user_table()
+    assert entries[("cpu", xo.machine_id(), 30, 3, 64)]["exact_below"] == 2048
+    assert entries[("cpu", xo.machine_id(), 16, 8, 64)]["model"] == "test-model"
+    assert not list(table.parent.glob("*.tmp"))  # the temporary file was renamed away
+
+
+def test_a_row_without_its_key_is_refused(table):
+    bad = row()
+    del bad["machine"]
+    with pytest.raises(ValueError, match="lacks a key field"):
+        xo.record_crossover(bad)
+    assert not table.exists()
+
+
+def test_a_corrupt_table_warns_once_and_is_ignored(table, monkeypatch):
+    monkeypatch.setattr(xo, "backend", lambda: "cpu")
+    table.parent.mkdir(parents=True)
+    table.write_text("{not json")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert xo.measured_crossover(30, 3, 64) == 4096  # the built-in row, no crash
+        assert xo.measured_crossover(30, 3, 64) == 4096
+        assert xo.measured_crossover(2, 2, 64) == 0
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and "not valid JSON" in messages[0], messages
+    # recording over it keeps the bad file aside and starts a new table
+    with pytest.warns(UserWarning, match="moved to"):
+        xo.record_crossover(row(999))
+    assert (table.parent / "crossover.json.corrupt").read_text() == "{not json"
+    assert xo.measured_crossover(30, 3, 64) == 999
+
+
+def test_malformed_rows_are_dropped_and_the_good_ones_used(table, monkeypatch):
+    monkeypatch.setattr(xo, "backend", lambda: "cpu")
+    table.parent.mkdir(parents=True)
+    good = row(3000)
+    entries = [good, {**row(), "layers": "30"}, {**row(), "exact_below": -1}, "junk"]
+    table.write_text(json.dumps({"entries": entries}))
+    with pytest.warns(UserWarning, match="3 malformed row"):
+        assert xo.measured_crossover(30, 3, 64) == 3000
+    table.write_text(json.dumps([good]))  # not a table at all
+    xo.reload_user_table()
+    with pytest.warns(UserWarning, match="no 'entries' list"):
+        assert xo.measured_crossover(30, 3, 64) == 4096
+
+
+def test_rows_of_another_machine_or_backend_are_not_used(table, monkeypatch):
+    monkeypatch.setattr(xo, "backend", lambda: "cpu")
+    xo.record_crossover(row(111, machine="Darwin arm64, 12 cores, Apple M2 Pro"))
+    xo.record_crossover(row(222, backend="metal"))
+    assert xo.measured_crossover(30, 3, 64) == 4096  # the built-in row for the demo on the CPU
+    assert xo.measured_crossover(2, 2, 64) == 0
+    monkeypatch.setattr(xo, "backend", lambda: "metal")
+    assert xo.measured_crossover(30, 3, 64) == 222
+
+
+def test_the_user_table_wins_over_the_built_in_one(table, monkeypatch):
+    monkeypatch.setattr(xo, "backend", lambda: "cpu")
+    assert xo.lookup_crossover(30, 3, 64).origin == "built-in"
+    xo.record_crossover(row(1234, never=True))
+    found = xo.lookup_crossover(30, 3, 64)
+    assert (found.tokens, found.origin, found.never) == (1234, str(table), True)
+    assert found.source == "test-model, 2026-01-01: 512 0.80x, 1024 1.10x"
+    assert xo.measured_crossover(30, 3, 64) == 1234
+
+
+def test_a_cache_with_exact_below_unset_uses_the_user_table(table, monkeypatch):
+    monkeypatch.setattr(xo, "backend", lambda: "cpu")
+    book = Codebook.random(3, 2, D, 16, seed=0)
+    rope = filled_cache(n=1)[2]
+    assert A2ATSCache(0, rope, book, A2ATSConfig(), 8192).exact_below == 0
+    xo.record_crossover(row(640, geometry=(3, 2, D)))
+    assert A2ATSCache(0, rope, book, A2ATSConfig(), 8192).exact_below == 640
+    assert A2ATSCache(0, rope, book, A2ATSConfig(exact_below=5), 8192).exact_below == 5
+
+
+def test_machine_id_names_os_architecture_and_cores():
+    import os
+    import platform
+
+    assert xo.machine_id().startswith(
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores"
+    )
+
+
+# -- `a2ats crossover` and `a2ats info` -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("xo") / "tiny-llama", "llama", hidden_size=256)
+
+
+ARGV = ["--contexts", "300,150", "--steps", "2", "--repeats", "2"]
+
+
+def test_cli_dry_run_measures_and_writes_nothing(tiny_folder, table, capsys):
+    assert main(["crossover", str(tiny_folder), *ARGV, "--dry-run", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert not table.exists() and out["recorded"] is None
+    assert [r["context"] for r in out["results"]] == [150, 300]
+    for r in out["results"]:
+        assert len(r["ratio_runs"]) == 2 and r["full_tokens_per_s"] > 0
+    assert (out["layers"], out["kv_heads"], out["head_dim"]) == (2, 2, 64)
+    assert out["exact_below"] in (150, 300, 301)
+    assert out["never"] == (out["exact_below"] == 301)
+    assert main(["crossover", str(tiny_folder), *ARGV, "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"^crossover: .*\(exact_below = \d+\)$", text, re.M)
+    assert "--dry-run: nothing recorded" in text and not table.exists()
+
+
+def test_cli_records_the_table_that_caches_and_info_then_use(tiny_folder, table, capsys):
+    assert main(["info", str(tiny_folder)]) == 0
+    before = capsys.readouterr().out
+    assert re.search(r"^exact below +none measured: retrieval from the first step", before, re.M)
+    assert f"`a2ats crossover {tiny_folder}`" in before
+
+    assert main(["crossover", str(tiny_folder), *ARGV, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["recorded"] == str(table)
+    (entry,) = json.loads(table.read_text())["entries"]
+    assert entry["model"] == "tiny-llama" and entry["exact_below"] == out["exact_below"]
+    assert (entry["backend"], entry["machine"]) == (xo.backend(), xo.machine_id())
+    assert set(entry["ratios"]) == {"150", "300"}
+
+    model, _, _ = load_model(str(tiny_folder))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the random codebook's warning
+        caches = make_cache(model, A2ATSConfig())
+    assert [c.exact_below for c in caches] == [entry["exact_below"]] * 2
+
+    assert main(["info", str(tiny_folder)]) == 0
+    after = capsys.readouterr().out
+    n = entry["exact_below"]
+    assert re.search(rf"^exact below +exact until {n:,} tokens", after, re.M)
+    assert f"measured on this machine: {table}; tiny-llama" in after
+    assert main(["info", "--json", str(tiny_folder)]) == 0
+    assert json.loads(capsys.readouterr().out)["crossover"].startswith(f"exact until {n:,}")
+
+
+def test_info_names_the_built_in_row(monkeypatch, capsys):
+    from a2ats_engine.commands.models import crossover_text
+
+    class Plan:
+        refused = None
+        a2ats_layers = (0, 1)
+
+    class Info:
+        layer_plan, num_layers, num_kv_heads, head_dim = Plan(), 30, 3, 64
+
+    monkeypatch.setattr(xo, "backend", lambda: "cpu")
+    assert crossover_text(Info(), "demo").startswith("exact until 4,096 tokens (built-in table: ")
+    Plan.a2ats_layers = ()
+    assert crossover_text(Info(), "demo") is None
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (["--contexts", "512,x"], "--contexts: 'x' is not a whole number"),
+        (["--contexts", "0"], "--contexts: 0 is out of range"),
+        (["--contexts", ","], "--contexts is empty"),
+        (["--steps", "0"], "--steps=0 is out of range"),
+        (["--repeats", "0"], "--repeats=0 is out of range"),
+    ],
+)
+def test_cli_bad_input_is_one_line(tiny_folder, table, capsys, bad, message):
+    assert main(["crossover", str(tiny_folder), *bad]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err
+    assert not table.exists()
