@@ -348,3 +348,80 @@ def bench_memory(
             results.append(_memory_result(method, n, caches))
             del caches
     return results
+
+
+# -- prefill / time to first token ------------------------------------------------------------
+
+PREFILL_METHODS = ("full", "a2ats")
+
+
+def time_to_first_token(
+    model: nn.Module, caches: list, ids: list[int], chunk: int = 2048
+) -> tuple[float, int]:
+    """(seconds, first token) of a prefill the way the app runs one (mlx-lm's `generate_step`):
+    `chunk`-token pieces (`prefill_step_size`, the chat session's 2048) while more than a chunk
+    remains, every cache's state evaluated (A2ATS codes and quantized K/V included, not left
+    lazy), then the rest in one call whose last logits give the greedy first token, read back
+    on the host."""
+    began = time.perf_counter()
+    rest = list(ids)
+    while len(rest) > chunk:
+        model(mx.array([rest[:chunk]]), cache=caches)
+        mx.eval([c.state for c in caches])
+        rest = rest[chunk:]
+    logits = model(mx.array([rest]), cache=caches)
+    token = int(mx.argmax(logits[0, -1]).item())
+    mx.eval([c.state for c in caches])
+    return time.perf_counter() - began, token
+
+
+def bench_prefill(
+    model: nn.Module,
+    tokenizer,
+    contexts: list[int],
+    *,
+    config: A2ATSConfig | None = None,
+    codebook=None,
+    repeats: int = 3,
+    chunk: int = 2048,
+) -> list[dict[str, Any]]:
+    """Time to first token of `full` (mlx-lm's caches) and `a2ats` (the model's layer plan with
+    `config`) for a `context`-token prompt: per context, `repeats` rounds in which both methods
+    prefill the same tokens, in alternating order (load changes hit both alike). Rows carry the
+    median seconds, and for `a2ats` the median of the per-round ratios to `full` with their
+    spread. Both methods must produce the same first token (exact prefill): a mismatch raises."""
+    config = config or A2ATSConfig()
+    rows = []
+    for n in contexts:
+        ids = filler_tokens(tokenizer, n)
+        seconds: dict[str, list[float]] = {m: [] for m in PREFILL_METHODS}
+        for r in range(repeats):
+            order = PREFILL_METHODS if r % 2 == 0 else PREFILL_METHODS[::-1]
+            tokens = {}
+            for method in order:
+                caches = (
+                    make_prompt_cache(model)
+                    if method == "full"
+                    else make_cache(model, config, codebook)
+                )
+                seconds[method].append(0.0)
+                seconds[method][-1], tokens[method] = time_to_first_token(model, caches, ids, chunk)
+                del caches
+            if tokens["a2ats"] != tokens["full"]:
+                raise RuntimeError(
+                    f"prefill of {n} tokens: a2ats's first token {tokens['a2ats']} differs from "
+                    f"full's {tokens['full']} (prefill attention must be exact)"
+                )
+        ratios = sorted(a / f for a, f in zip(seconds["a2ats"], seconds["full"], strict=True))
+        for method in PREFILL_METHODS:
+            row: dict[str, Any] = {
+                "method": method,
+                "context": n,
+                "seconds": round(sorted(seconds[method])[len(seconds[method]) // 2], 3),
+                "seconds_runs": [round(s, 3) for s in seconds[method]],
+            }
+            if method == "a2ats":
+                row["ratio_median"] = round(ratios[len(ratios) // 2], 3)
+                row["ratio_spread"] = [round(ratios[0], 3), round(ratios[-1], 3)]
+            rows.append(row)
+    return rows

@@ -63,6 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--json", action="store_true", help="print one JSON object")
     d.set_defaults(func=run_decode)
     _register_memory(bench)
+    _register_prefill(bench)
     _register_passkey(bench)
     _register_tasks(bench)
     _register_seed_synthetic(bench)
@@ -276,6 +277,61 @@ def run_decode(args: argparse.Namespace) -> int:
 
 
 # -- memory -------------------------------------------------------------------------------------
+
+
+def _register_prefill(bench) -> None:
+    p = bench.add_parser(
+        "prefill",
+        help="time to first token of A2ATS vs mlx-lm's KVCache (prefill codes every key)",
+        description=(
+            "Prefill a prompt of each context length the way the app does (2048-token chunks, "
+            "every cache state evaluated) with mlx-lm's caches and with A2ATS, alternating the "
+            "order each round, and read the first token back. Prints the median seconds and the "
+            "median per-round ratio a2ats / full with its spread."
+        ),
+    )
+    p.add_argument("--model", default="demo", help="model source (default: demo)")
+    p.add_argument("--codebook", help="codebook file (default: the model's default, else random)")
+    p.add_argument("--contexts", default="1024,4096,8192", help="comma-separated prompt lengths")
+    p.add_argument("--repeats", type=int, default=3, help="rounds per context (median)")
+    p.add_argument("--kv-bits", type=int, choices=(8, 4), default=None, help="A2ATS K/V storage")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run_prefill)
+
+
+def run_prefill(args: argparse.Namespace) -> int:
+    from ..bench.speed import bench_prefill
+    from ..loading.models import load_model
+    from ._bench_common import a2ats_config, machine, parse_list, silence_random_codebook_warning
+
+    contexts = parse_list(args.contexts)
+    if not contexts or min(contexts) < 2:
+        raise ValueError(f"--contexts={args.contexts!r} is out of range: lengths must be >= 2")
+    silence_random_codebook_warning()
+    model, tokenizer, info = load_model(args.model)
+    codebook, codebook_desc = _load_codebook(args.codebook, args.model, info.path)
+    config = a2ats_config(codebook, model, kv_bits=args.kv_bits)
+    rows = bench_prefill(
+        model, tokenizer, contexts, config=config, codebook=codebook,
+        repeats=_check_repeats(args.repeats),
+    )  # fmt: skip
+    meta = {
+        "model": info.name,
+        "codebook": Path(codebook_desc).name,
+        "kv_bits": config.kv_bits,
+        "repeats": args.repeats,
+        "machine": machine(),
+        "command": "a2ats bench prefill " + " ".join(sys.argv[3:]),
+    }
+    if args.json:
+        print(json.dumps({**meta, "results": rows}))
+        return 0
+    print(f"model {info.name}, codebook {meta['codebook']}, kv_bits {config.kv_bits}")
+    print(f"{'context':>8} {'method':<6} {'TTFT s':>8} {'vs full':>8}")
+    for row in rows:
+        ratio = f"{row['ratio_median']:.2f}x" if "ratio_median" in row else "1.00x"
+        print(f"{row['context']:>8} {row['method']:<6} {row['seconds']:>8.3f} {ratio:>8}")
+    return 0
 
 
 def _register_memory(bench) -> None:

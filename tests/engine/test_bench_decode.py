@@ -165,3 +165,47 @@ def test_window_decode_method_attends_sinks_and_the_recent_window_plus_k():
     ref_caches = [Held(src.keys[..., idx, :], src.values[..., idx, :]) for src in base]
     ref = model(mx.array([[7]]), cache=ref_caches)
     assert float(mx.abs(got - ref).max()) < 1e-4
+
+
+def test_bench_prefill_times_both_methods_and_checks_the_first_token(tmp_path, capsys):
+    """`a2ats bench prefill`: a row per (context, method), A2ATS with its ratio to full; the
+    run itself checks that both prefills give the same first token (exact prefill)."""
+    folder = save_tiny_model(tmp_path / "m", "llama", hidden_size=256)
+    rc = main(["bench", "prefill", "--model", str(folder), "--contexts", "100,300",
+               "--repeats", "2", "--json"])  # fmt: skip
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = out["results"]
+    assert [(r["context"], r["method"]) for r in rows] == [
+        (100, "full"), (100, "a2ats"), (300, "full"), (300, "a2ats")
+    ]  # fmt: skip
+    for r in rows:
+        assert len(r["seconds_runs"]) == 2 and r["seconds"] > 0
+    a2ats = rows[1]
+    lo, hi = a2ats["ratio_spread"]
+    assert lo <= a2ats["ratio_median"] <= hi
+    assert out["command"].startswith("a2ats bench prefill")
+    assert main(["bench", "prefill", "--model", str(folder), "--contexts", "1"]) != 0
+    assert "--contexts='1' is out of range" in capsys.readouterr().err
+
+
+def test_time_to_first_token_evaluates_the_a2ats_codes():
+    """The prefill timing includes coding every key: after it the A2ATS caches hold evaluated
+    codes for every prompt token (nothing left lazy for the first decode step to pay)."""
+    import mlx.core as mx
+
+    from a2ats_engine.bench.speed import time_to_first_token
+    from a2ats_engine.cache.a2ats_cache import make_cache
+    from a2ats_engine.cache.codebook import Codebook
+    from a2ats_engine.cache.rope import model_geometry
+    from a2ats_engine.loading.tiny_model import tiny_model
+
+    model = tiny_model("llama")
+    geo = model_geometry(model)
+    book = Codebook.random(geo.num_layers, geo.num_kv_heads, geo.head_dim, 16, seed=0)
+    caches = make_cache(model, None, book)
+    seconds, token = time_to_first_token(model, caches, list(range(3, 53)), chunk=16)
+    assert seconds > 0 and isinstance(token, int)
+    assert all(c.offset == 50 for c in caches)
+    codes = caches[0].codes[..., :50, :]
+    assert codes.shape[-2] == 50 and mx.all(codes < 16).item()
