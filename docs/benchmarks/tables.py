@@ -606,6 +606,94 @@ def codebook_sweep_table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def _text_label(desc: str) -> str:
+    """A short name for an evaluation text's description."""
+    for needle, label in (("http/client", "code"), ("essay", "prose"), ("dialogue", "dialogue")):
+        if needle in desc:
+            return label
+    return desc.split(" (")[0]
+
+
+def texts_table(data: dict) -> str:
+    """`a2ats eval --texts ...`: every method on every text, then pooled over the texts."""
+    rows = [
+        "| text | method | recall | output rel. error | ppl / full (95% CI) | argmax = full "
+        "| attended per KV head | tokens |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for text in data["texts"]:
+        label = _text_label(text["text"])
+        for name, r in text["runs"][0]["methods"].items():
+            low, high = r.get("ppl_vs_full_ci95", [1.0, 1.0])
+            rows.append(
+                f"| {label} | {name} | {r['recall']:.4f} | {r['output_rel_error']:.4f} | "
+                f"{r.get('ppl_vs_full', 1.0):.3f} ({low:.3f}-{high:.3f}) | "
+                f"{r.get('argmax_agreement', 1.0):.3f} | {r['attended_per_head']:.0f} | "
+                f"{r['tokens']} |"
+            )
+    pooled = data["pooled"][0]
+    labels = ", ".join(_text_label(t["text"]) for t in data["texts"])
+    for name, r in pooled["methods"].items():
+        low, high = r.get("ppl_vs_full_ci95", [1.0, 1.0])
+        rows.append(
+            f"| **pooled** ({labels}) | {name} | {r['recall']:.4f} | {r['output_rel_error']:.4f} "
+            f"| {r.get('ppl_vs_full', 1.0):.3f} ({low:.3f}-{high:.3f}) | | | {r['tokens']} |"
+        )
+    texts = "; ".join(f"{_text_label(t['text'])}: {t['text']}" for t in data["texts"])
+    rows += [
+        "",
+        f"Context {data['context']}, budget {data['budgets'][0]}, {data['decode']} teacher-forced "
+        f"tokens per text; pooled intervals: {pooled['rests_on']['ci95']}. Texts: {texts}. "
+        f"Codebook {data['codebook']}; {data['machine']}.",
+    ]
+    return "\n".join(rows)
+
+
+def alloc_table(data: dict) -> str:
+    """Per layer: plain a2ats's recall on the development text, the budget multiplier
+    `a2ats_alloc` gave the layer, and both methods' recall pooled over the evaluation texts."""
+    first = data["texts"][0]["runs"][0]["methods"]["a2ats_alloc"]
+    pooled = data["pooled"][0]["methods"]
+    dev, mult = first["dev_recall_per_layer"], first["layer_budgets"]
+    plain, alloc = pooled["a2ats"]["recall_per_layer"], pooled["a2ats_alloc"]["recall_per_layer"]
+
+    def cell(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    rows = [
+        "| layer | recall on the dev text (a2ats) | budget multiplier | recall a2ats | "
+        "recall a2ats_alloc |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for i, (d, m, a, b) in enumerate(zip(dev, mult, plain, alloc, strict=True)):
+        rows.append(f"| {i} | {cell(d)} | {m:.2f} | {cell(a)} | {cell(b)} |")
+    note = next((n for n in data["notes"] if n.startswith("a2ats_alloc")), "")
+    rows += ["", f"{note}; recall pooled over the evaluation texts."]
+    return "\n".join(rows)
+
+
+def prefill_table(data: dict) -> str:
+    """`a2ats bench prefill`: time to first token, median of the rounds, A2ATS's ratio."""
+    rows = [
+        f"Median of {data['repeats']} rounds (`{data['command']}`; {data['machine']}; codebook "
+        f"{data['codebook']}, kv_bits {data['kv_bits']}).",
+        "",
+        "| prompt tokens | method | time to first token (s) | vs full (median) | spread | every round (s) |",
+        "|---:|---|---:|---:|---|---|",
+    ]
+    for r in data["results"]:
+        runs = ", ".join(f"{x:.2f}" for x in r["seconds_runs"])
+        if "ratio_median" in r:
+            lo, hi = r["ratio_spread"]
+            ratio, spread = f"{r['ratio_median']:.2f}x", f"{lo:.2f}-{hi:.2f}"
+        else:
+            ratio, spread = "1.00x", ""
+        rows.append(
+            f"| {r['context']} | {r['method']} | {r['seconds']:.2f} | {ratio} | {spread} | {runs} |"
+        )
+    return "\n".join(rows)
+
+
 def blocks() -> dict[str, str]:
     """{KEY: generated text} for every table whose JSON is recorded here."""
     ev, mem = _load("eval_4k_b003.json"), _load("memory.json")
@@ -631,10 +719,18 @@ def blocks() -> dict[str, str]:
         ("fair-eval", "eval_4k_fair_baselines.json", eval_table),
         ("paper-b", "eval_4k_fair_baselines.json", paper_b_table),
         ("codebook-sweep", "codebook_sweep.json", codebook_sweep_table),
+        ("tasks-8k", "tasks_8k.json", tasks_table),
+        ("decode-v3", "decode_v3.json", decode_v2_table),
+        ("decode-ladder", "decode_ladder_8k.json", decode_v2_table),
+        ("prefill", "prefill.json", prefill_table),
     )
     for key, fname, fn in simple:
         if (data := _load(fname)) is not None:
             out[key] = fn(data)
+    if (texts := _load("eval_4k_texts.json")) is not None:
+        out["texts"] = texts_table(texts)
+        if "a2ats_alloc" in texts["pooled"][0]["methods"]:
+            out["alloc"] = alloc_table(texts)
     if (fair := _load("eval_4k_fair_baselines.json")) is not None:
         out["readme-fair"] = readme_fair_line(fair)
     if mem is not None and "break_even" in mem:
