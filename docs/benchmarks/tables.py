@@ -694,6 +694,71 @@ def prefill_table(data: dict) -> str:
     return "\n".join(rows)
 
 
+def targets15_table(
+    decode: dict, geometries: dict[str, dict], texts: dict, tasks: list[dict]
+) -> str:
+    """Issue 15's targets against the recorded runs (demo model unless a geometry is named)."""
+    by = {(r["context"], r["method"]): r for r in decode["results"]}
+    short = [by[(c, "a2ats")]["speed_vs_full"] for c in (512, 1024, 2048)]
+    at8k = by[(8192, "a2ats")]["speed_vs_full"]
+    rows = [
+        "| target | measured | met |",
+        "|---|---|---|",
+        "| decode >= 0.97x KVCache at 512, 1K, 2K (default settings) | "
+        + ", ".join(f"{x:.2f}x" for x in short)
+        + f" | {'yes' if min(short) >= 0.97 else '**no**'} |",
+        f"| decode >= 1.5x KVCache at 8K | {at8k:.2f}x | {'yes' if at8k >= 1.5 else '**no**'} |",
+    ]
+    cells, met = [], []
+    for name, geo in geometries.items():
+        r = next(x for x in geo["results"] if x["context"] == 32768 and x["method"] == "a2ats")
+        cells.append(f"{name} {r['speed_vs_full']:.2f}x")
+        met.append(r["speed_vs_full"] >= 2.0)
+    rows.append(
+        f"| decode >= 2x at 32K on real geometry | {', '.join(cells)} | "
+        f"{'yes' if all(met) else ('on ' + str(sum(met)) + ' of ' + str(len(met))) if any(met) else '**no**'} |"
+    )
+    for method, label in (("a2ats", "default"), ("a2ats_estimate", "with the estimate")):
+        ppl = {
+            _text_label(t["text"]): t["runs"][0]["methods"][method]["ppl_vs_full"]
+            for t in texts["texts"]
+            if method in t["runs"][0]["methods"]
+        }
+        if ppl:
+            ok = all(v <= 1.015 for v in ppl.values())
+            rows.append(
+                f"| ppl <= 1.015x full at 4K, budget 0.03, every text ({label}) | "
+                + ", ".join(f"{k} {v:.3f}x" for k, v in ppl.items())
+                + f" | {'yes' if ok else '**no**'} |"
+            )
+    for method, label in (("a2ats", "default"), ("a2ats_estimate", "with the estimate")):
+        cmp = []
+        for t in texts["texts"]:
+            m = t["runs"][0]["methods"]
+            if method in m and "oracle_topk" in m:
+                cmp.append((_text_label(t["text"]), m[method]["output_rel_error"],
+                            m["oracle_topk"]["output_rel_error"]))  # fmt: skip
+        if cmp:
+            ok = all(a <= o for _, a, o in cmp)
+            rows.append(
+                f"| output error <= oracle_topk's ({label}) | "
+                + ", ".join(f"{k} {a:.3f} vs {o:.3f}" for k, a, o in cmp)
+                + f" | {'yes' if ok else '**no**'} |"
+            )
+    for data in tasks:
+        res = {(r["task"], r["method"]): r["score"] for r in data["results"]}
+        names = list(dict.fromkeys(r["task"] for r in data["results"]))
+        ctx = data["results"][0]["context"]
+        short_of = [t for t in names if res[(t, "a2ats")] < 0.95 * res[(t, "full")]]
+        rows.append(
+            f"| tasks: a2ats >= 0.95x full on every task at {ctx} | "
+            f"{len(names) - len(short_of)} of {len(names)} tasks"
+            + (f" (short: {', '.join(short_of)})" if short_of else "")
+            + f" | {'yes' if not short_of else '**no**'} |"
+        )
+    return "\n".join(rows)
+
+
 def blocks() -> dict[str, str]:
     """{KEY: generated text} for every table whose JSON is recorded here."""
     ev, mem = _load("eval_4k_b003.json"), _load("memory.json")
@@ -749,6 +814,12 @@ def blocks() -> dict[str, str]:
     for name in ("llama-3.2-1b", "qwen3-0.6b", "gemma-3-1b"):
         if (geo := _load(f"geometry_{name}.json")) is not None:
             out[f"geometry-{name.replace('.', '-')}"] = geometry_table(geo)
+    geos = {n: g for n in ("qwen3-0.6b", "llama-3.2-1b", "gemma-3-1b")
+            if (g := _load(f"geometry_{n}.json")) is not None}  # fmt: skip
+    v3, texts_run = _load("decode_v3.json"), _load("eval_4k_texts.json")
+    task_runs = [t for t in (_load("tasks.json"), _load("tasks_8k.json")) if t is not None]
+    if v3 is not None and texts_run is not None:
+        out["targets15"] = targets15_table(v3, geos, texts_run, task_runs)
     if None not in (ev, passkey, decode, mem):
         out["targets"] = targets_table(ev, passkey, decode, decode_1, mem)
     if None not in (ev, mem):
