@@ -59,14 +59,18 @@ def parse_list(text: str, kind=int) -> list:
 
 
 def machine() -> str:
-    """One line naming the machine (OS, CPU architecture, cores, MLX device)."""
+    """One line naming the machine (OS, CPU architecture, cores, CPU name, MLX device)."""
     import os
 
     import mlx.core as mx
 
+    from ..cache.crossover import _cpu_name
+
+    cpu = _cpu_name()
     return (
-        f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores, "
-        f"MLX {mx.__version__} on {mx.default_device()}"
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores"
+        + (f" ({cpu})" if cpu else "")
+        + f", MLX {mx.__version__} on {mx.default_device()}"
     )
 
 
