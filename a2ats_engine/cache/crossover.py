@@ -96,13 +96,13 @@ def backend() -> str:
 def machine_id() -> str:
     """'Linux x86_64, 2 cores, Intel(R) Xeon(R) ...': this machine in the user table's key."""
     parts = [f"{platform.system()} {platform.machine()}", f"{os.cpu_count()} cores"]
-    name = _cpu_name()
+    name = cpu_name()
     if name:
         parts.append(name)
     return ", ".join(parts)
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     """The CPU or chip name where the OS says it cheaply, else ""."""
     try:
         if sys.platform.startswith("linux"):

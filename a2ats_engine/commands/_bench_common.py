@@ -64,9 +64,9 @@ def machine() -> str:
 
     import mlx.core as mx
 
-    from ..cache.crossover import _cpu_name
+    from ..cache.crossover import cpu_name
 
-    cpu = _cpu_name()
+    cpu = cpu_name()
     return (
         f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores"
         + (f" ({cpu})" if cpu else "")
