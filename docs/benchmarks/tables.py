@@ -749,11 +749,15 @@ def targets15_table(
         res = {(r["task"], r["method"]): r["score"] for r in data["results"]}
         names = list(dict.fromkeys(r["task"] for r in data["results"]))
         ctx = data["results"][0]["context"]
-        short_of = [t for t in names if res[(t, "a2ats")] < 0.95 * res[(t, "full")]]
+        # a task full attention scores 0 on compares nothing: named apart, not counted as met
+        unsolved = [t for t in names if res[(t, "full")] == 0]
+        solved = [t for t in names if t not in unsolved]
+        short_of = [t for t in solved if res[(t, "a2ats")] < 0.95 * res[(t, "full")]]
         rows.append(
             f"| tasks: a2ats >= 0.95x full on every task at {ctx} | "
-            f"{len(names) - len(short_of)} of {len(names)} tasks"
+            f"{len(solved) - len(short_of)} of the {len(solved)} tasks full scores on"
             + (f" (short: {', '.join(short_of)})" if short_of else "")
+            + (f"; full scores 0 on {', '.join(unsolved)}" if unsolved else "")
             + f" | {'yes' if not short_of else '**no**'} |"
         )
     return "\n".join(rows)
