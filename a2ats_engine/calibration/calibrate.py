@@ -596,21 +596,13 @@ def codebook_from_data(
 DEMO_CENTROIDS = 512
 DEMO_TOKENS = 12288
 DEMO_SIZING = """Why 512 centroids and 12288 tokens for the demo model (SmolLM2-135M: 30 layers x 3 KV
-heads, head_dim 64), measured on the 2-core x86 development machine (shared with other jobs, so
-CPU seconds are quoted; wall time was about 2.3x). Keys from 24576 calibration tokens, held-out
-score error on 4 held-out chunks (relative, query-aware vs plain VQ):
-
-    centroids  keys/head  Lloyd iters  CPU s per fit  query-aware  plain VQ
-       256       4096        10             8.5          0.0109      0.0212
-       256       8192         8            12.8          0.0105      0.0201
-       256       8192        20            25.7          0.0105      0.0201
-       512       8192        10            24.6          0.0092      0.0180
-      1024       8192        20            76.3          0.0082      0.0164
-
-Lloyd iterations past about 8 do not lower the error (hence max_iters 10); 4x the centroids
-buys about 20% lower error at 6x the time. 512 centroids (9-bit codes) on 8192 keys per head is
-the knee. 12288 tokens (12 chunks of 1024, one held out) give the 8192 training keys per head
-with some to spare; the forward pass over them dominates the build time."""
+heads, head_dim 64): chosen from the recorded codebook sweep (`a2ats bench codebooks`,
+docs/benchmarks/codebook_sweep.json, read in docs/BENCHMARKS.md section 2, "Codebook size and
+calibration tokens"). On the three evaluation texts at 4K, budget 0.03, recall was 0.888-0.892
+from 256 to 2048 centroids; output error fell only from 0.113 (512) to 0.108 (2048) while the
+codebook held in memory went from 35 to 137 MiB and the fit from 67 to 261 s. 12288 tokens
+rather than 6144 lower the held-out score error from 0.0111 to 0.0069 for about 110 s more,
+once."""
 
 
 def ensure_demo_codebook(
