@@ -788,6 +788,7 @@ def blocks() -> dict[str, str]:
         ("fair-eval", "eval_4k_fair_baselines.json", eval_table),
         ("paper-b", "eval_4k_fair_baselines.json", paper_b_table),
         ("codebook-sweep", "codebook_sweep.json", codebook_sweep_table),
+        ("codebook-sweep-4096", "codebook_sweep_4096.json", codebook_sweep_table),
         ("tasks-8k", "tasks_8k.json", tasks_table),
         ("decode-v3", "decode_v3.json", decode_v2_table),
         ("decode-ladder", "decode_ladder_8k.json", decode_v2_table),
