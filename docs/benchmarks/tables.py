@@ -676,7 +676,8 @@ def prefill_table(data: dict) -> str:
     """`a2ats bench prefill`: time to first token, median of the rounds, A2ATS's ratio."""
     rows = [
         f"Median of {data['repeats']} rounds (`{data['command']}`; {data['machine']}; codebook "
-        f"{data['codebook']}, kv_bits {data['kv_bits']}).",
+        f"{data['codebook']}, K/V storage "
+        f"{'float' if data['kv_bits'] is None else str(data['kv_bits']) + '-bit'}).",
         "",
         "| prompt tokens | method | time to first token (s) | vs full (median) | spread | every round (s) |",
         "|---:|---|---:|---:|---|---|",
