@@ -51,3 +51,31 @@ def test_a_region_without_a_table_is_an_error(tables, generated):
     text = "a\n<!-- begin generated: nope -->\nx\n<!-- end generated: nope -->\n"
     with pytest.raises(ValueError, match="nope"):
         tables.render(text, generated)
+
+
+def _decode_run(ratios: dict[int, float]) -> dict:
+    rows = [{"context": c, "method": "full", "speed_vs_full": 1.0} for c in ratios]
+    rows += [{"context": c, "method": "a2ats", "speed_vs_full": r} for c, r in ratios.items()]
+    return {"results": rows}
+
+
+def test_targets15_counts_no_task_full_attention_fails_as_met(tables):
+    texts = tables._load("eval_4k_texts.json")
+    tasks = {
+        "results": [
+            {"task": "needle", "context": 4096, "method": "full", "score": 1.0},
+            {"task": "needle", "context": 4096, "method": "a2ats", "score": 1.0},
+            {"task": "chain", "context": 4096, "method": "full", "score": 0.0},
+            {"task": "chain", "context": 4096, "method": "a2ats", "score": 0.0},
+        ]
+    }
+    first = _decode_run({512: 0.97, 1024: 1.03, 2048: 0.85, 8192: 1.31})
+    rerun = _decode_run({512: 0.98, 1024: 0.99, 2048: 0.99})
+    table = tables.targets15_table(first, {}, texts, [tasks], [("quiet rerun", rerun)])
+    task_row = next(line for line in table.splitlines() if "tasks:" in line)
+    assert "1 of the 1 tasks full scores on" in task_row  # the unsolved task is not counted
+    assert "full scores 0 on chain" in task_row
+    rows = [line for line in table.splitlines() if "512, 1K, 2K" in line]
+    assert len(rows) == 2  # both runs shown, neither picked over the other
+    assert rows[0].endswith("| **no** |") and "0.85x" in rows[0]
+    assert "(quiet rerun)" in rows[1] and rows[1].endswith("| yes |")
