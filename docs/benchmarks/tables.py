@@ -822,6 +822,7 @@ def blocks() -> dict[str, str]:
         ("decode-v3", "decode_v3.json", decode_v2_table),
         ("decode-ladder", "decode_ladder_8k.json", decode_v2_table),
         ("decode-short", "decode_short.json", decode_v2_table),
+        ("texts-rerank", "eval_4k_texts_rerank.json", texts_table),
         ("prefill", "prefill.json", prefill_table),
     )
     for key, fname, fn in simple:
