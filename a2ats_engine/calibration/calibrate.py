@@ -601,9 +601,8 @@ docs/benchmarks/codebook_sweep.json and codebook_sweep_4096.json, read in docs/B
 section 2, "Codebook size and calibration tokens"). On the three evaluation texts at 4K, budget
 0.03, recall was 0.888-0.893 from 256 to 4096 centroids; output error fell only from 0.113 (512)
 to 0.106 (4096) while the codebook held in memory went from 35 to 273 MiB and the fit from 67 to
-622 s. 12288 tokens
-rather than 6144 lower the held-out score error from 0.0111 to 0.0069 for about 110 s more,
-once."""
+622 s. 12288 tokens rather than 6144 lower the held-out score error from 0.0111 to 0.0069 for
+about 110 s more, once."""
 
 
 def ensure_demo_codebook(
