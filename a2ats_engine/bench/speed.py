@@ -18,8 +18,9 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
-from ..cache.a2ats_cache import A2ATSCache, make_cache
+from ..cache.a2ats_cache import A2ATSCache
 from ..cache.config import A2ATSConfig
+from ..cache.model_cache import make_cache
 from .methods import decode_variant_knobs
 
 
@@ -78,7 +79,7 @@ def _copy_into_a2ats(model: nn.Module, kv: list, config: A2ATSConfig, codebook) 
             continue
         k, v = src.keys[..., : src.offset, :], src.values[..., : src.offset, :]
         dst.update_and_fetch(k, v)
-        mx.eval(dst.keys, dst.values, dst.codes)
+        mx.eval(dst.state)
     return caches
 
 
@@ -285,12 +286,13 @@ def kv_dtype(model: nn.Module) -> mx.Dtype:
 
 def _memory_result(method: str, n: int, caches: list) -> MemoryResult:
     """Split what `caches` hold after `n` tokens into per-token storage and fixed costs."""
-    from ..cache.a2ats_cache import model_codebook_bytes
+    from ..cache.model_cache import model_codebook_bytes
 
     layers = [c for c in caches if isinstance(c, A2ATSCache)]
     codebook = model_codebook_bytes(caches)
-    fixed = codebook + sum(c.overhead_bytes for c in layers)
-    storage = cache_bytes(caches) - sum(c.overhead_bytes for c in layers)
+    extras = sum(c.nbytes - c.resident_bytes for c in layers)  # rotations, estimate sums
+    fixed = codebook + extras
+    storage = cache_bytes(caches) - extras
     return MemoryResult(method, n, storage + fixed, storage / n, fixed, codebook)
 
 

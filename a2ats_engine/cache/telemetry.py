@@ -25,7 +25,9 @@ class LayerStats:
                    tokens (length n_centroids; for product VQ, the first subspace). Sent on the
                    first snapshot after the cache was made, prefilled, trimmed or restored;
                    () on the other steps, which send `new_codes` instead.
-    bytes_held:    bytes this layer's cache actually holds (K/V storage + codes).
+    bytes_held:    bytes this layer's cache holds in process memory (resident K/V + codes +
+                   its own extras); with the cold tier the far K/V rows are not here.
+    bytes_on_disk: bytes of this layer's K/V rows in the cold tier's file (0 when resident).
     bytes_fp16:    bytes an fp16 full K/V cache of the same length would hold.
     exact:         True when exact attention was used: nothing could be dropped, or the
                    context was below the cache's `exact_below` crossover.
@@ -66,6 +68,7 @@ class LayerStats:
     exact_until: int = 0
     budget_used: tuple[np.ndarray, ...] | None = None
     reused: bool = False
+    bytes_on_disk: int = 0
 
     @property
     def retrieved(self) -> tuple[np.ndarray, ...]:
@@ -101,6 +104,11 @@ class CacheSnapshot:
         return sum(layer.bytes_fp16 for layer in self.layers)
 
     @property
+    def bytes_on_disk(self) -> int:
+        """Bytes of K/V rows the A2ATS layers keep in the cold tier's files."""
+        return sum(layer.bytes_on_disk for layer in self.layers)
+
+    @property
     def bytes_total(self) -> int:
         """Everything held for this model: A2ATS layers, native layers and the codebook."""
         return self.bytes_held + self.native_bytes + self.codebook_bytes
@@ -126,7 +134,8 @@ class GenerationStats:
     generation_tps: float
     peak_memory_gb: float
     stop_reason: str  # "stop" (EOS), "length" (max tokens), "cancelled", "error"
-    cache_bytes: int = 0  # this chat's caches (A2ATS layers with their extras, native layers)
+    cache_bytes: int = 0  # this chat's caches in memory (A2ATS layers with extras, native)
+    cache_disk_bytes: int = 0  # K/V rows of this chat in the A2ATS cold tier's files
     codebook_bytes: int = 0  # the model's codebook, shared by all chats of that model
     context_tokens: int = 0
     extra: dict = field(default_factory=dict)

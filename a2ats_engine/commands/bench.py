@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from . import bench_cold
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks (decode speed, memory, ...)")
@@ -63,6 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--json", action="store_true", help="print one JSON object")
     d.set_defaults(func=run_decode)
     _register_memory(bench)
+    bench_cold.register(bench)
     _register_prefill(bench)
     _register_passkey(bench)
     _register_tasks(bench)
@@ -134,7 +137,7 @@ def run_geometry_decode(args: argparse.Namespace) -> int:
     knobs = {"budget": parse_budget(args.budget)}
     if args.rerank is not None:
         knobs["rerank"] = args.rerank
-    from ..cache.a2ats_cache import RANDOM_CENTROIDS
+    from ..cache.model_cache import RANDOM_CENTROIDS
 
     config = A2ATSConfig(**knobs)
     contexts = [int(c) for c in args.contexts.split(",") if c]

@@ -195,8 +195,8 @@ def test_time_to_first_token_evaluates_the_a2ats_codes():
     import mlx.core as mx
 
     from a2ats_engine.bench.speed import time_to_first_token
-    from a2ats_engine.cache.a2ats_cache import make_cache
     from a2ats_engine.cache.codebook import Codebook
+    from a2ats_engine.cache.model_cache import make_cache
     from a2ats_engine.cache.rope import model_geometry
     from a2ats_engine.loading.tiny_model import tiny_model
 

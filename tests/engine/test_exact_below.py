@@ -89,7 +89,7 @@ def test_eval_measures_retrieval_even_below_the_crossover(tmp_path, monkeypatch,
 
 
 def test_attention_steps_count_exact_and_retrieved_decode_steps():
-    from a2ats_engine.cache.a2ats_cache import attention_steps
+    from a2ats_engine.cache.model_cache import attention_steps
 
     config = A2ATSConfig(window=16, sinks=4, budget=8, exact_below=203)
     cache, _, _ = filled_cache(n=200, config=config)
