@@ -26,6 +26,7 @@ _EXPORTS = {
     "A2ATSCache": "cache.a2ats_cache",
     "make_cache": "cache.model_cache",
     "snapshot": "cache.model_cache",
+    "sweep_stale": "cache.cold",
     "save_session": "cache.persist",
     "load_session": "cache.persist",
     "install_hooks": "cache.hooks",

@@ -36,7 +36,7 @@ def run_one(geometry: str, context: int, method: str, steps: int, config_json: s
     from ..cache.config import A2ATSConfig
     from ..cache.model_cache import make_cache
     from .geometries import fill_synthetic, geometry_model
-    from .process_memory import PeakSampler, anonymous_bytes, mlx_memory, peak_resident_bytes
+    from ..process_memory import PeakSampler, anonymous_bytes, mlx_memory, peak_resident_bytes
     from .speed import fp16_bytes_per_token
 
     config = A2ATSConfig.from_dict(json.loads(config_json))

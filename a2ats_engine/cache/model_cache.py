@@ -9,6 +9,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import _BaseCache
 
 from ..errors import ModelNotSupportedError
+from ..process_memory import anonymous_bytes
 from . import hooks
 from .a2ats_cache import A2ATSCache
 from .codebook import Codebook
@@ -82,6 +83,7 @@ def snapshot(caches: list, token_id: int | None = None) -> CacheSnapshot | None:
         token_id=token_id,
         native_bytes=native,
         codebook_bytes=model_codebook_bytes(caches),
+        process_bytes=anonymous_bytes(),
     )
 
 

@@ -83,13 +83,16 @@ class CacheSnapshot:
     layer plan's `native` layers: sliding windows, SSM state...), which have no LayerStats.
     `codebook_bytes`: the model's codebook (centroids, Cholesky factors, assignment matrices),
     held once per model and shared by all chats of that model; a layer's `bytes_held` already
-    counts its storage and its own extras (rotation matrices)."""
+    counts its storage and its own extras (rotation matrices). `process_bytes`: the whole
+    process's private resident memory when the snapshot was taken (`process_memory.py`:
+    measured, not computed; None where the platform gives no figure)."""
 
     step: int
     layers: tuple[LayerStats, ...]
     token_id: int | None = None
     native_bytes: int = 0
     codebook_bytes: int = 0
+    process_bytes: int | None = None  # measured private memory of the process (RssAnon...)
 
     @property
     def offset(self) -> int:

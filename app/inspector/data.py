@@ -242,6 +242,8 @@ class MemorySummary:
     fp16: np.ndarray
     native: int = 0
     codebook: int = 0
+    on_disk: int = 0  # K/V rows in the A2ATS cold tier's files (not in memory)
+    process: int | None = None  # the process's measured private memory, if the OS gives it
 
     @property
     def total_held(self) -> int:
@@ -265,7 +267,14 @@ def memory_summary(snapshot: CacheSnapshot) -> MemorySummary:
     """Per-layer bytes held and fp16 bytes of one snapshot."""
     held = np.array([layer.bytes_held for layer in snapshot.layers], dtype=np.int64)
     fp16 = np.array([layer.bytes_fp16 for layer in snapshot.layers], dtype=np.int64)
-    return MemorySummary(held, fp16, int(snapshot.native_bytes), int(snapshot.codebook_bytes))
+    return MemorySummary(
+        held,
+        fp16,
+        int(snapshot.native_bytes),
+        int(snapshot.codebook_bytes),
+        int(snapshot.bytes_on_disk),
+        snapshot.process_bytes,
+    )
 
 
 # ----- the layer plan in the map ------------------------------------------------------------
