@@ -21,24 +21,25 @@ import resource
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import replace
 from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+from ..cache.a2ats_cache import A2ATSCache
+from ..cache.config import A2ATSConfig
+from ..cache.model_cache import make_cache
+from ..process_memory import PeakSampler, anonymous_bytes, mlx_memory, peak_resident_bytes
+from .geometries import fill_synthetic, geometry_model
+from .speed import fp16_bytes_per_token
 
 METHODS = ("full", "a2ats", "a2ats_cold")
 
 
 def run_one(geometry: str, context: int, method: str, steps: int, config_json: str) -> dict:
     """One measured run in this process (the child side of `measure`)."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
-
-    from ..cache.a2ats_cache import A2ATSCache
-    from ..cache.config import A2ATSConfig
-    from ..cache.model_cache import make_cache
-    from .geometries import fill_synthetic, geometry_model
-    from ..process_memory import PeakSampler, anonymous_bytes, mlx_memory, peak_resident_bytes
-    from .speed import fp16_bytes_per_token
-
     config = A2ATSConfig.from_dict(json.loads(config_json))
     if method == "a2ats_cold":
         config = replace(config, kv_memory=0)
@@ -49,8 +50,6 @@ def run_one(geometry: str, context: int, method: str, steps: int, config_json: s
         if method == "full":
             caches = make_prompt_cache(model)
         else:
-            import warnings
-
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 caches = make_cache(model, config, None)
