@@ -215,3 +215,26 @@ def test_kv_memory_is_range_checked_and_not_combined_with_kv_bits():
         A2ATSConfig(kv_memory=-1)
     with pytest.raises(ValueError, match="kv_memory=0 cannot be combined with kv_bits=8"):
         A2ATSConfig(kv_memory=0, kv_bits=8)
+
+
+@pytest.mark.demo
+def test_the_demo_model_answers_the_same_from_the_cold_tier(tmp_path):
+    """The real model, 1.5K tokens of context, retrieval on every step: the same 16 greedy
+    tokens with every K/V row in the file as with rows in memory, and only codes resident."""
+    from a2ats_engine.cache.codebook import Codebook
+    from a2ats_engine.data_dirs import demo_codebook_path
+    from a2ats_engine.loading.models import load_model
+    from tests.demo_gate import require_demo
+
+    require_demo()
+    model, tokenizer, _ = load_model("demo")
+    book = Codebook.load(demo_codebook_path())
+    text = " ".join(f"Item {i} is stored in box {i * 7 % 101}." for i in range(160))
+    prompt = tokenizer.encode(text + " Item 42 is stored in box")[:1500]
+    config = A2ATSConfig(exact_below=0)
+    warm = decode(model, make_cache(model, config, book), prompt, steps=16)
+    cache = make_cache(model, A2ATSConfig(exact_below=0, kv_memory=0), book)
+    coldrun = decode(model, cache, prompt, steps=16)
+    assert coldrun[0] == warm[0]
+    assert all(c.rows.spilled and c.resident_bytes == c.codes.nbytes for c in cache)
+    assert cache[0].retrieved_steps == 16
