@@ -229,9 +229,17 @@ class A2ATSCache(_BaseCache):
 
     @property
     def state(self):
+        """The resident arrays (K/V rows, codes). A cold tier's rows are in its file, not here:
+        `export_state` reads them back (for saving a session or rebuilding the cache)."""
         if self.codes is None:
             return []
         return [*self.rows.arrays(self.offset), self.codes[..., : self.offset, :]]
+
+    def export_state(self) -> list[mx.array]:
+        """Every row and code, as `from_state` takes them: `state`, with cold rows read back."""
+        if self.codes is None:
+            return []
+        return [*self.rows.export(self.offset), self.codes[..., : self.offset, :]]
 
     @state.setter
     def state(self, arrays) -> None:
@@ -242,6 +250,11 @@ class A2ATSCache(_BaseCache):
         seen = self.tokens_seen
         self._clear()
         self.tokens_seen = seen  # tokens this cache's life has seen (meta_state's record)
+        if len(arrays) == 1:
+            raise ValueError(
+                "A2ATSCache state holds codes only (a cold tier's state): rebuild from "
+                "export_state(), which reads the rows back"
+            )
         if arrays:
             n = self.rows.load(arrays[:-1])
             self.codes = arrays[-1].astype(mx.uint16)
@@ -283,7 +296,7 @@ class A2ATSCache(_BaseCache):
         spec = RopeSpec.from_dict(json.loads(rope))
         cfg = A2ATSConfig.from_dict(json.loads(config))
         pending = self.__dict__.pop("_pending_state", None)
-        kept = None if pending is not None or not hasattr(self, "codes") else self.state
+        kept = None if pending is not None or not hasattr(self, "codes") else self.export_state()
         self._configure(int(layer), spec, codebook, cfg, int(max_context), share)
         self._clear()
         if pending is not None or kept:

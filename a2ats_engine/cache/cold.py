@@ -284,7 +284,14 @@ class ColdRows:
             self._stamp_file()
 
     def arrays(self, end: int) -> list[mx.array]:
-        """The rows [0, end) as `state` arrays (keys, values): read whole from the map."""
+        """The resident rows [0, end) as `state` arrays: none once spilled (the rows are in the
+        file; mlx-lm evaluates `state` after every prefill chunk, which must not read them)."""
+        if self._row is None or self.spilled:
+            return []
+        return self.memory.arrays(end)
+
+    def export(self, end: int) -> list[mx.array]:
+        """Every row [0, end) as (keys, values) arrays, read back from the file when spilled."""
         if self._row is None:
             return []
         return list(self.fetch(end))

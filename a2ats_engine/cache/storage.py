@@ -200,6 +200,8 @@ class ResidentRows:
             *RowStorage.arrays(rows(self.values, end)),
         ]
 
+    export = arrays  # every row is resident: what `state` holds is everything
+
     def load(self, arrays: list[mx.array]) -> int:
         """Take rows from `state` arrays (as `arrays` gives them); returns the row count."""
         per = self.fmt.n_arrays

@@ -15,6 +15,7 @@ from a2ats_engine.cache.a2ats_cache import A2ATSCache
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig
 from a2ats_engine.cache.model_cache import make_cache
+from a2ats_engine.cache.persist import load_session, save_session
 from tests.tiny import tiny_model
 
 CONFIG = A2ATSConfig(window=16, sinks=4, budget=8, exact_below=0)
@@ -102,15 +103,22 @@ def test_trim_truncates_the_file_and_continues_like_a_fresh_prefill(model, book)
 
 
 @pytest.mark.filterwarnings("ignore:codebook records no model fingerprint")
-def test_state_round_trip_of_a_cold_cache(model, book):
+def test_state_round_trip_of_a_cold_cache_and_a_saved_session(model, book, tmp_path):
     cache = make_cache(model, cold_config(), book)
     model(mx.array([PROMPT]), cache=cache)
-    rebuilt = [A2ATSCache.from_state(c.state, c.meta_state, codebook=book) for c in cache]
+    # `state` holds what is resident (the codes): mlx-lm evaluates it after every prefill chunk
+    assert [a.shape for a in cache[0].state] == [cache[0].codes[..., :300, :].shape]
+    with pytest.raises(ValueError, match="codes only"):
+        A2ATSCache.from_state(cache[0].state, cache[0].meta_state, codebook=book)
+    rebuilt = [A2ATSCache.from_state(c.export_state(), c.meta_state, codebook=book) for c in cache]
     assert rebuilt[0].kv_share == 0 and rebuilt[0].rows.spilled
     assert rebuilt[0].rows.path != cache[0].rows.path  # two caches never share a file
+    save_session(tmp_path / "s.safetensors", cache)
+    loaded, _ = load_session(tmp_path / "s.safetensors", model, book)
     a = model(mx.array([[7]]), cache=cache)
     b = model(mx.array([[7]]), cache=rebuilt)
-    assert float(mx.abs(a - b).max()) < 1e-5
+    c = model(mx.array([[7]]), cache=loaded)
+    assert float(mx.abs(a - b).max()) < 1e-5 and float(mx.abs(a - c).max()) < 1e-5
 
 
 @pytest.mark.filterwarnings("ignore:codebook records no model fingerprint")
