@@ -36,11 +36,18 @@ def record_step(
     else:
         pos, rep = np.array(positions[0]), np.array(repeat[0])
         selected = tuple(np.unique(pos[h][~rep[h]]).astype(np.int32) for h in range(n_kv))
-    recall = recall_ms = None
+    recall = recall_ms = would = None
     every = cache.config.fidelity_every
     if every and positions is not None and step % every == 0:
         start = time.perf_counter()
         recall = attention_recall(cache, queries, positions, repeat, scale)
+        recall_ms = (time.perf_counter() - start) * 1e3
+    elif positions is None and not lay.exact:
+        # an exact step that could have dropped tokens: what retrieval would keep, and its recall
+        start = time.perf_counter()
+        shadow, shadow_repeat = cache.retrieval.shadow(cache, queries, lay, scale)
+        recall = attention_recall(cache, queries, shadow, shadow_repeat, scale)
+        would = _far_per_head(shadow, shadow_repeat, lay)
         recall_ms = (time.perf_counter() - start) * 1e3
     retrieval = cache.retrieval
     cache.stats_final = False
@@ -62,7 +69,15 @@ def record_step(
         budget_used=_budget_per_head(retrieval.budget_used, positions),
         reused=retrieval.reused and positions is not None,
         bytes_on_disk=cache.disk_bytes,
+        would_retrieve=would,
     )
+
+
+def _far_per_head(positions: mx.array, repeat: mx.array, lay: att.Layout) -> tuple:
+    """Per KV head (batch row 0), the far positions of a selection: sorted unique int32."""
+    pos, rep = np.array(positions[0]), np.array(repeat[0])
+    far = (pos >= lay.n_sinks) & (pos < lay.window_start) & ~rep
+    return tuple(np.unique(pos[h][far[h]]).astype(np.int32) for h in range(pos.shape[0]))
 
 
 def fp16_bytes(cache: A2ATSCache) -> int:

@@ -124,6 +124,17 @@ class Retrieval:
         self.anchor = (lay.k, lay.n, pre, None)  # the selection is filled in by the caller
         return None
 
+    def shadow(self, cache: A2ATSCache, queries: mx.array, lay: att.Layout, scale: float):
+        """What retrieval would select at a step that attends exactly (the inspector's shadow
+        selection): (positions, repeat) [B, n_kv, M] as a retrieval step would attend them.
+        Nothing of the step's state is kept (no reuse anchor, no retrieved count)."""
+        B, n_q, _, d = queries.shape
+        group = queries.reshape(B, cache.codes.shape[1], n_q // cache.codes.shape[1], d)
+        anchor = self.anchor
+        top = self._far_selection(cache, queries, group, lay, scale)
+        self.anchor, self.step_tables = anchor, None
+        return cache.top_k.select(top, lay, count=False)
+
     def _far_selection(
         self, cache: A2ATSCache, queries: mx.array, group: mx.array, lay: att.Layout, scale: float
     ):

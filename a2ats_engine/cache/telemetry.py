@@ -28,6 +28,10 @@ class LayerStats:
     bytes_held:    bytes this layer's cache holds in process memory (resident K/V + codes +
                    its own extras); with the cold tier the far K/V rows are not here.
     bytes_on_disk: bytes of this layer's K/V rows in the cold tier's file (0 when resident).
+    would_retrieve: on an exact step that could have dropped tokens (below the crossover), the
+                   shadow selection: per KV head the far positions retrieval would keep (sorted
+                   int32); `recall` is then that selection's share of the step's exact
+                   attention mass and `recall_ms` what computing both cost. None otherwise.
     bytes_fp16:    bytes an fp16 full K/V cache of the same length would hold.
     exact:         True when exact attention was used: nothing could be dropped, or the
                    context was below the cache's `exact_below` crossover.
@@ -69,6 +73,7 @@ class LayerStats:
     budget_used: tuple[np.ndarray, ...] | None = None
     reused: bool = False
     bytes_on_disk: int = 0
+    would_retrieve: tuple[np.ndarray, ...] | None = None
 
     @property
     def retrieved(self) -> tuple[np.ndarray, ...]:
