@@ -504,3 +504,22 @@ def test_status_bar_says_exact_until_then_retrieving(qtbot):
     assert bar.attention.text() == "A2ATS retrieving"
     bar.set_cache(1000, None, a2ats=False)
     assert bar.attention.text() == ""
+
+
+def test_below_the_crossover_the_panels_show_what_retrieval_would_keep(panel):
+    from dataclasses import replace
+
+    def shadow_layer(i: int, step: int):
+        layer = make_layer(offset=100 + step, retrieved=[[], []], exact=True, layer=i, step=step)
+        would = (np.array([20, 30], np.int32), np.array([30, 50], np.int32))
+        return replace(layer, would_retrieve=would, recall=(0.8, 0.6), exact_until=4096)
+
+    feed(panel, [make_snapshot(s, [shadow_layer(i, s) for i in range(3)]) for s in range(3)])
+    summary = panel.map_panel.summary.text()
+    assert "exact until 4,096 tokens" in summary and "would keep 70% of attention" in summary
+    fid = panel.fidelity_panel
+    assert fid.showing_strip  # the would-be recall is measured even with the fidelity pass off
+    assert "attended exactly: retrieval there would keep 0.700" in fid.info.text()
+    assert "miss 0.300" in fid.info.text()
+    legend = " ".join(str(item[1]) for item in panel.map_panel.legend._items)
+    assert "would retrieve" in legend
