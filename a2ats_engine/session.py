@@ -56,6 +56,7 @@ def resolve_cache_factory(
         return make_cache(model, config, codebook)
 
     a2ats_factory.a2ats_config = config  # type: ignore[attr-defined]  (for display / tests)
+    a2ats_factory.codebook = codebook  # type: ignore[attr-defined]  (saved caches check it)
     return a2ats_factory
 
 
@@ -139,7 +140,7 @@ def _apply_template(tokenizer: Any, conversation: list[dict]) -> list[int]:
     return _token_list(ids)
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:
@@ -311,6 +312,13 @@ class ChatSession:
         self._factory = resolve_cache_factory(factory, a2ats=a2ats, codebook=codebook)
         self._cache_stale = True
 
+    def adopt_cache(self, caches: list, token_ids: list[int]) -> None:
+        """Use `caches` holding `token_ids` as the prompt cache (a restored session file,
+        `session_file.restore_cache`): the next reply prefills only what follows them."""
+        self._ensure_idle()
+        _close_caches(self._cache)
+        self._cache, self._cache_ids, self._cache_stale = caches, list(token_ids), False
+
     def load_messages(self, messages: list[dict]) -> None:
         """Restore a saved conversation. A leading system message becomes the system prompt."""
         self._ensure_idle()
@@ -401,7 +409,7 @@ class ChatSession:
         if self._cache is None or self._cache_stale or not self._cache_consistent():
             self._new_cache()
             rebuilt = True
-        common = min(_common_prefix(self._cache_ids, prompt_ids), len(prompt_ids) - 1)
+        common = min(common_prefix(self._cache_ids, prompt_ids), len(prompt_ids) - 1)
         excess = len(self._cache_ids) - common
         trimmed = 0
         if excess > 0:
