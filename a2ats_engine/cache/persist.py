@@ -129,6 +129,7 @@ def load_session(path: str | os.PathLike, model=None, codebook=None) -> tuple[li
     book = _session_codebook(path.name, meta, arrays)
     if codebook is not None and book is not None:
         _check_codebook(path.name, meta, codebook)
+        book = codebook  # the live codebook: caches share it, no second copy in memory
     if model is not None:
         _check_model(path.name, meta, book, model)
     caches = []
@@ -164,9 +165,13 @@ def _session_codebook(name: str, meta: dict, arrays: dict):
             for k, v in arrays.items()
             if k.startswith(CODEBOOK_PREFIX)
         }
-    return Codebook.from_arrays(
+    book = Codebook.from_arrays(
         arrays, info["metadata"], info["num_layers"], CODEBOOK_PREFIX, where=name
     )
+    saved = info.get("sha256")
+    if isinstance(saved, str) and saved:
+        book.identify_as(saved)  # the codebook file it was saved from (same arrays)
+    return book
 
 
 def _meta_state(entry: dict) -> list[str]:

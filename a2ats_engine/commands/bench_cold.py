@@ -7,6 +7,7 @@ import json
 
 
 def register(bench) -> None:
+    _register_reopen(bench)
     p = bench.add_parser(
         "cold",
         help="measured process memory and decode speed: KVCache vs A2ATS vs A2ATS cold tier",
@@ -97,3 +98,57 @@ def _print_run(r: dict) -> None:
         f"{r['cache_disk_bytes'] / mib:8.1f} MiB  fp16 KVCache {r['fp16_kvcache_bytes'] / mib:8.1f}"
         f" MiB  {r['tokens_per_s']:.2f} tok/s"
     )
+
+
+def _register_reopen(bench) -> None:
+    p = bench.add_parser(
+        "reopen",
+        help="reopening a long chat from its saved cache vs prefilling it again",
+        description=(
+            "Per context: a chat of that many tokens is answered, its caches saved, then a new "
+            "session answers a follow-up after restoring them and after prefilling the whole "
+            "conversation (the first tokens must agree). Prints save/restore seconds, file bytes "
+            "and both times to first token."
+        ),
+    )
+    p.add_argument("--model", default="demo", help="model source (default: demo)")
+    p.add_argument("--codebook", help="codebook file (default: the model's default, else random)")
+    p.add_argument("--contexts", default="2048,4096", help="comma-separated contexts")
+    p.add_argument("--cold", action="store_true", help="every K/V row in the cold tier")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run_reopen)
+
+
+def run_reopen(args: argparse.Namespace) -> int:
+    from ..bench.reopen import bench_reopen
+    from ..loading.models import load_model
+    from ._bench_common import (
+        a2ats_config,
+        find_codebook,
+        machine,
+        parse_list,
+        silence_random_codebook_warning,
+    )
+
+    contexts = parse_list(args.contexts)
+    if not contexts or any(not 16 <= c <= 1 << 20 for c in contexts):
+        raise ValueError(f"--contexts={args.contexts!r}: each in [16, 1048576]")
+    silence_random_codebook_warning()
+    model, tokenizer, info = load_model(args.model)
+    limit = getattr(getattr(model, "args", None), "max_position_embeddings", None)
+    if limit and max(contexts) + 64 > limit:
+        raise ValueError(f"--contexts: {max(contexts)} tokens exceed the model's {limit}")
+    codebook, _ = find_codebook(args.codebook, args.model, info.path, required=False)
+    config = a2ats_config(codebook, model)
+    rows = bench_reopen(model, tokenizer, contexts, config, codebook, cold=args.cold)
+    out = {"model": info.name, "cold": args.cold, "machine": machine(), "results": rows}
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    for r in rows:
+        print(
+            f"{r['context']:>7} tokens: reopen {r['reopen_total_s']:.2f} s (restore "
+            f"{r['restore_s']:.2f} s, file {r['file_bytes'] / 2**20:.1f} MiB) vs prefill again "
+            f"{r['reprefill_ttft_s']:.2f} s: {r['speedup']}x"
+        )
+    return 0

@@ -98,3 +98,31 @@ def test_a_saved_cache_for_anything_else_is_refused_by_name(model, tokenizer, bo
     )
     with pytest.raises(Exception, match="no cache to save"):
         save_cache(chat(model, tokenizer, book), tmp_path / "empty.safetensors")
+
+
+def test_a_codebook_loaded_from_its_file_restores_too(model, tokenizer, book, tmp_path):
+    """A codebook file's sha256 is the file's: the session file keeps it for its caches."""
+    book.save(tmp_path / "book.safetensors")
+    loaded = Codebook.load(tmp_path / "book.safetensors")
+    first = chat(model, tokenizer, loaded)
+    run(first.send(HISTORY))
+    save_cache(first, tmp_path / "chat.safetensors")
+    again = chat(model, tokenizer, Codebook.load(tmp_path / "book.safetensors"))
+    again.load_messages(first.messages)
+    assert restore_cache(again, tmp_path / "chat.safetensors") is None
+    assert again.caches[0].codebook is again.cache_factory.codebook  # no second copy
+
+
+def test_bench_reopen_reports_both_times(tmp_path, capsys):
+    import json
+
+    from tiny import save_tiny_model
+
+    from a2ats_engine.cli import main
+
+    folder = save_tiny_model(tmp_path / "m", "llama")
+    assert main(["bench", "reopen", "--model", str(folder), "--contexts", "120", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["results"][0]
+    assert row["reused_tokens"] >= 100 and row["file_bytes"] > 0
+    assert row["reopen_total_s"] > 0 and row["reprefill_ttft_s"] > 0
+    assert main(["bench", "reopen", "--model", str(folder), "--contexts", "5"]) != 0
