@@ -56,7 +56,7 @@ def main(n: int) -> None:
         if rerank > 1:
             group = q.reshape(1, 3, 3, 64)
             bench("  rerank (top-2K, exact)", lambda: att.rerank(
-                group, scores, lay, rerank * lay.k, cache.keys, cache.storage,
+                group, scores, lay, rerank * lay.k, lambda p: cache.rows.gather(0, p),
                 cache.top_k))  # fmt: skip
 
 
