@@ -12,7 +12,6 @@ step's selection is `retrieval.py`, its telemetry `layer_stats.py`, the models' 
 from __future__ import annotations
 
 import json
-import warnings
 
 import mlx.core as mx
 from mlx_lm.models.cache import _BaseCache, create_attention_mask
@@ -24,7 +23,7 @@ from . import layer_stats
 from .config import A2ATSConfig
 from .crossover import measured_crossover
 from .kinds import check_storage, group_size, make_rows
-from .retrieval import Retrieval
+from .retrieval import Retrieval, estimate_applies
 from .rope import RopeSpec, bucket_plan
 from .storage import STEP
 from .telemetry import LayerStats
@@ -64,10 +63,7 @@ class A2ATSCache(_BaseCache):
         max_context: int | None,
         kv_share: int | None = None,
     ) -> None:
-        """Everything fixed for the cache's life (what `meta_state` records), and what follows.
-
-        With `config.layer_budgets` the cache keeps its own layer's settings
-        (`A2ATSConfig.for_layer`: the scaled budget, no per-layer list)."""
+        """What is fixed for the cache's life (`meta_state`); a layer's own budget (`for_layer`)."""
         self.layer, self.rope, self.codebook = layer, rope, codebook
         self.config = config = config.for_layer(layer)
         self.max_context = planning_context(max_context)
@@ -79,21 +75,14 @@ class A2ATSCache(_BaseCache):
         )
         self.kv_share = kv_share
         check_storage(config, rope.head_dim, kv_share)
-        # the estimate needs one code per token and KV head (a full-dimension codebook)
-        self.estimates = config.estimate_missed and codebook.num_subspaces == 1
-        if config.estimate_missed and not self.estimates:
-            warnings.warn(
-                f"A2ATS: estimate_missed is off for this codebook: it needs a full-dimension "
-                f"codebook, this one has {codebook.num_subspaces} subspaces (product VQ)",
-                stacklevel=4,
-            )
+        self.estimates = estimate_applies(config, codebook)
         self.n_slots = len(self.buckets[0]) * codebook.n_centroids  # (bucket, code) pairs
         # decode steps of this cache's life that attended exactly / retrieved (`attention_steps`)
         self.exact_steps = self.retrieved_steps = 0
-        self.exact_below = config.exact_below
-        if self.exact_below is None:  # the measured crossover (crossover.py)
-            book = codebook
-            self.exact_below = measured_crossover(book.num_layers, book.num_kv_heads, rope.head_dim)
+        self.exact_below = config.exact_below  # None: the measured crossover (crossover.py)
+        if self.exact_below is None:
+            geometry = (codebook.num_layers, codebook.num_kv_heads, rope.head_dim)
+            self.exact_below = measured_crossover(*geometry)
 
     def _clear(self) -> None:
         """No tokens held: the state of a fresh cache."""
@@ -119,11 +108,8 @@ class A2ATSCache(_BaseCache):
 
     # -- storage ----------------------------------------------------------------------------
     def update_and_fetch(self, keys: mx.array, values: mx.array):
-        """Store post-RoPE keys/values [B, n_kv, L, d] and their codes; return K/V for the
-        model's attention call, which reaches `attend` (the hook) with them.
-
-        What the model's attention gets is the storage kind's `for_attention`.
-        """
+        """Store post-RoPE keys/values [B, n_kv, L, d] and their codes; return what the model's
+        attention call (which reaches `attend`) gets: the storage kind's `for_attention`."""
         L = keys.shape[2]
         if self._unattended:
             raise ModelNotSupportedError(
@@ -189,12 +175,16 @@ class A2ATSCache(_BaseCache):
                 mx.eval(out)  # let the rows read back from the file go before the next layer
             if L == 1:
                 self.exact_steps += 1
-                layer_stats.record_step(self, lay, None, None, queries, scale)
+                self._record(lay, None, None, queries, scale)
             return out
         self.retrieved_steps += 1
         out, positions, repeat = self.retrieval.step(self, queries, lay, scale, sinks)
-        layer_stats.record_step(self, lay, positions, repeat, queries, scale)
+        self._record(lay, positions, repeat, queries, scale)
         return out
+
+    def _record(self, lay: att.Layout, positions, repeat, queries: mx.array, scale: float) -> None:
+        args = (self, lay, positions, repeat, queries, scale)
+        self.retrieval.timed(self.layer, "telemetry", lambda: layer_stats.record_step(*args))
 
     def far_token_scores(self, queries: mx.array, lay: att.Layout) -> mx.array:
         """Approximate scores of the far tokens: post-RoPE queries [B, n_q, 1, d] ->

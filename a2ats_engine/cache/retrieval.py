@@ -9,7 +9,11 @@ are the pure functions of `attention.py`; docs/ARCHITECTURE.md ("The method") ha
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import time
+import warnings
+from collections import defaultdict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
@@ -20,11 +24,56 @@ if TYPE_CHECKING:
     from .a2ats_cache import A2ATSCache
 
 
+def estimate_applies(config, codebook) -> bool:
+    """Whether `estimate_missed` runs: it needs one code per token and KV head (a
+    full-dimension codebook); with product VQ it is off, and a warning says so."""
+    if config.estimate_missed and codebook.num_subspaces != 1:
+        warnings.warn(
+            f"A2ATS: estimate_missed is off for this codebook: it needs a full-dimension "
+            f"codebook, this one has {codebook.num_subspaces} subspaces (product VQ)",
+            stacklevel=5,
+        )
+        return False
+    return config.estimate_missed
+
+
+class PhaseClock:
+    """Opt-in timing of a decode step's phases (`a2ats bench decode --profile`): each phase is
+    evaluated on its own (`mx.eval`), so the time it took is its own and not spread over the
+    next lazy evaluation. Totals in seconds per (layer, phase); off (None) on the hot path."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[tuple[int, str], float] = defaultdict(float)
+        self.calls: dict[tuple[int, str], int] = defaultdict(int)
+
+    def run(self, layer: int, phase: str, fn: Callable[[], Any]) -> Any:
+        began = time.perf_counter()
+        out = fn()
+        mx.eval([a for a in _arrays(out)])
+        self.seconds[(layer, phase)] += time.perf_counter() - began
+        self.calls[(layer, phase)] += 1
+        return out
+
+
+def _arrays(value: Any) -> list:
+    if isinstance(value, mx.array):
+        return [value]
+    if isinstance(value, tuple | list):
+        return [a for v in value for a in _arrays(v)]
+    return []
+
+
 class Retrieval:
     """The retrieval state of one cache (cleared by `forget` on prefill, trim and restore)."""
 
+    clock: PhaseClock | None = None  # set to time the phases of each step (profiling only)
+
     def __init__(self) -> None:
         self.forget()
+
+    def timed(self, layer: int, phase: str, fn: Callable[[], Any]) -> Any:
+        """fn(), timed as `phase` of `layer` when a PhaseClock is set."""
+        return fn() if self.clock is None else self.clock.run(layer, phase, fn)
 
     def forget(self) -> None:
         """Drop the per-slot sums: the next decode step rebuilds them from codes and values."""
@@ -83,19 +132,35 @@ class Retrieval:
         B, n_q, _, d = queries.shape
         n_kv = cache.codes.shape[1]
         group = queries.reshape(B, n_kv, n_q // n_kv, d)
+        timed, layer = self.timed, cache.layer
         top = self._reusable_selection(cache, group, lay)
         if top is None:
             top = self._far_selection(cache, queries, group, lay, scale)
-        positions, repeat = cache.top_k.select(top, lay)
-        k_sel = cache.rows.gather(KEYS, positions)
-        v_sel = cache.rows.gather(VALUES, positions)
+        positions, repeat = timed(layer, "union", lambda: cache.top_k.select(top, lay))
+        k_sel, v_sel = timed(
+            layer,
+            "gather K/V",
+            lambda: (cache.rows.gather(KEYS, positions), cache.rows.gather(VALUES, positions)),
+        )
         if cache.estimates:
-            missed = self._missed_estimate(cache, queries, lay, positions, repeat)
-            out, self.missed_share = att.selected_attention_with_estimate(
-                group, k_sel, v_sel, repeat, scale, missed, sinks
+            missed = timed(
+                layer,
+                "estimate",
+                lambda: self._missed_estimate(cache, queries, lay, positions, repeat),
+            )
+            out, self.missed_share = timed(
+                layer,
+                "attention",
+                lambda: att.selected_attention_with_estimate(
+                    group, k_sel, v_sel, repeat, scale, missed, sinks
+                ),
             )
         else:
-            out = att.selected_attention(group, k_sel, v_sel, repeat, scale, sinks)
+            out = timed(
+                layer,
+                "attention",
+                lambda: att.selected_attention(group, k_sel, v_sel, repeat, scale, sinks),
+            )
         self.step_tables = None  # the step's tables are not kept past it
         return out.reshape(B, n_q, 1, d), positions, repeat
 
@@ -140,8 +205,8 @@ class Retrieval:
     ):
         """This step's far indices [B, n_kv, G, k] (the top-K strategy's array type): top-K of
         the approximate scores, reranked by exact scores when rerank > 1."""
-        cfg = cache.config
-        scores = cache.far_token_scores(queries, lay)
+        cfg, timed = cache.config, self.timed
+        scores = timed(cache.layer, "code scores", lambda: cache.far_token_scores(queries, lay))
         candidates = min(cfg.rerank * lay.k, lay.n_far) if cache.reranks else lay.k
         self.budget_used = None
         if candidates > lay.k:
@@ -152,13 +217,24 @@ class Retrieval:
             def gather_keys(positions: mx.array) -> mx.array:
                 return cache.rows.gather(KEYS, positions)
 
-            top = att.rerank(
-                group, scores, lay, candidates, gather_keys, cache.top_k, cover, cfg.rerank_shared
+            top = timed(
+                cache.layer,
+                "top-K + rerank",
+                lambda: att.rerank(
+                    group,
+                    scores,
+                    lay,
+                    candidates,
+                    gather_keys,
+                    cache.top_k,
+                    cover,
+                    cfg.rerank_shared,
+                ),
             )
             if cover is not None:
                 top, self.budget_used = top
         else:
-            top = cache.top_k.top(scores, lay.k)
+            top = timed(cache.layer, "top-K", lambda: cache.top_k.top(scores, lay.k))
         if self.anchor is not None and self.anchor[3] is None:
             self.anchor = (*self.anchor[:3], top)
         return top
