@@ -167,9 +167,9 @@ def run_codebook_info(args: argparse.Namespace) -> int:
     else:
         print(book.summary())
         m = book.metadata
-        if m.get("heldout_score_error") is not None:
+        if isinstance(m.get("heldout_score_error"), int | float):
             line = f"held-out relative score error: {m['heldout_score_error']:.4f}"
-            if m.get("heldout_score_error_plain") is not None:
+            if isinstance(m.get("heldout_score_error_plain"), int | float):
                 line += f" (plain VQ {m['heldout_score_error_plain']:.4f})"
             print(line)
     if args.model is None:
