@@ -1,7 +1,8 @@
 """The `a2ats` command. Subcommands live in `a2ats_engine/commands/*.py`, each with `register()`.
 
-Bad input (an `A2ATSError` or `ValueError` from the engine) prints one line and exits 1;
-`--debug` shows the traceback instead.
+Bad input (an `A2ATSError` or `ValueError` from the engine) prints one line and exits 1
+(control characters quoted in it shown as escapes, `terminal.printable`); `--debug` shows the
+traceback instead.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 
 from . import commands
 from .errors import A2ATSError
+from .terminal import printable
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     except (A2ATSError, ValueError, FileNotFoundError, OSError) as exc:
         if args.debug:
             raise
-        print(f"a2ats {args.command}: error: {exc}", file=sys.stderr)
+        text = printable(str(exc), newlines=False)
+        print(f"a2ats {args.command}: error: {text}", file=sys.stderr)
         return 1
 
 

@@ -160,12 +160,13 @@ def run_codebook_info(args: argparse.Namespace) -> int:
 
     from ..cache.codebook import Codebook
     from ..errors import CodebookError
+    from ..terminal import printable
 
     book = Codebook.load(args.file)
     if args.json:
         print(json.dumps(book.metadata, indent=2, default=str))
     else:
-        print(book.summary())
+        print(printable(book.summary()))
         m = book.metadata
         if isinstance(m.get("heldout_score_error"), int | float):
             line = f"held-out relative score error: {m['heldout_score_error']:.4f}"
@@ -182,9 +183,9 @@ def run_codebook_info(args: argparse.Namespace) -> int:
         try:
             found = book.validate_for(model)
         except CodebookError as exc:
-            print(f"fits {info.name}: no ({exc})")
+            print(printable(f"fits {info.name}: no ({exc})", newlines=False))
             return 1
-    print(f"fits {info.name}: yes")
+    print(printable(f"fits {info.name}: yes", newlines=False))
     for message in found:
-        print(f"  warning: {message}")
+        print(printable(f"  warning: {message}", newlines=False))
     return 0
