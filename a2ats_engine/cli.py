@@ -17,8 +17,34 @@ from .errors import A2ATSError
 from .terminal import printable
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Help that shows every option's default (unless its text already says it, or the default
+    is None / a flag's False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text.lower()
+            or default is None
+            or default is False
+            or default is argparse.SUPPRESS
+            or not action.option_strings
+        ):
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+
+
+class Parser(argparse.ArgumentParser):
+    """ArgumentParser whose help shows defaults; sub-commands' parsers are of this class too."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="a2ats",
         description="A2ATS Chat engine: chat, models, codebooks, evaluation and benchmarks.",
     )

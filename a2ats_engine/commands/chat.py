@@ -89,6 +89,11 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_tokens=args.max_tokens,
     )
+    from . import _limits as limits
+
+    limits.count("--max-tokens", args.max_tokens, 1, limits.MAX_CONTEXT)
+    limits.count("--top-k", args.top_k, 0, 1 << 24)
+    limits.config_check(budget=args.budget, window=args.window)  # before the model loads
     model, tokenizer, model_path = load(args.model)
     a2ats, codebook = _cache_choice(args, model, model_path)
     session = ChatSession(
