@@ -402,6 +402,11 @@ class Codebook:
         book._sha256 = sha256_file(path)
         return book
 
+    def identify_as(self, sha256: str) -> None:
+        """Take the sha256 of the file these arrays were read from (a session file stores the
+        codebook's arrays, not its file: caches saved with it record the file's hash)."""
+        self._sha256 = sha256
+
     @property
     def sha256(self) -> str:
         """SHA-256 of the file this codebook was loaded from / saved to, else of its arrays."""

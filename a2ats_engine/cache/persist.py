@@ -80,6 +80,8 @@ def save_session(path: str | os.PathLike, caches: list, metadata: dict | None = 
             state = []
         elif isinstance(cache, KVCache):
             state = [a[..., : cache.offset, :] for a in (cache.keys, cache.values)]
+        elif isinstance(cache, A2ATSCache):
+            state = cache.export_state()  # a cold tier's rows read back into the file
         else:
             state = list(cache.state)
         for j, arr in enumerate(state):
@@ -154,6 +156,7 @@ def _load(name: str, meta: dict, arrays: dict, model, codebook) -> tuple[list, d
     _check_layers(name, meta, arrays, book)
     if codebook is not None and book is not None:
         _check_codebook(name, meta, codebook)
+        book = codebook  # the live codebook: caches share it, no second copy in memory
     if model is not None:
         _check_model(name, meta, book, model)
     caches = []
@@ -191,9 +194,13 @@ def _session_codebook(name: str, meta: dict, arrays: dict):
             for k, v in arrays.items()
             if k.startswith(CODEBOOK_PREFIX)
         }
-    return Codebook.from_arrays(
+    book = Codebook.from_arrays(
         arrays, info["metadata"], info["num_layers"], CODEBOOK_PREFIX, where=name
     )
+    saved = info.get("sha256")
+    if isinstance(saved, str) and saved:
+        book.identify_as(saved)  # the codebook file it was saved from (same arrays)
+    return book
 
 
 def _check_safetensors(path: Path) -> None:
@@ -287,10 +294,12 @@ def _check_layer(entry: Any, i: int, n_layers: int, arrays: dict, book) -> None:
         if book is None:
             raise ValueError("an A2ATS layer but no codebook in the file")
         state = _meta_state(entry)
-        if not isinstance(state, list | tuple) or len(state) not in (5, 6):
-            raise ValueError("meta_state is not 5 or 6 strings")
+        if not isinstance(state, list | tuple) or len(state) not in (5, 6, 7):
+            raise ValueError("meta_state is not 5 to 7 strings")
         if not all(isinstance(x, str) for x in state):
-            raise ValueError("meta_state is not 5 or 6 strings")
+            raise ValueError("meta_state is not 5 to 7 strings")
+        if len(state) == 7 and state[6]:
+            _whole("kv_share", state[6], 0, 1 << 50)
         _whole("layer", state[0], 0, n_layers - 1)
         if not isinstance(json.loads(state[1]), dict):
             raise ValueError("config is not an object")

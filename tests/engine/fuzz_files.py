@@ -195,9 +195,9 @@ def _session_file():
     from tiny import tiny_model
 
     from a2ats_engine import save_session
-    from a2ats_engine.cache.a2ats_cache import make_cache
     from a2ats_engine.cache.codebook import Codebook
     from a2ats_engine.cache.config import A2ATSConfig
+    from a2ats_engine.cache.model_cache import make_cache
 
     path = WORK / "base_session.safetensors"
     if not path.exists():

@@ -11,9 +11,9 @@ import pytest
 from tiny import tiny_model
 
 from a2ats_engine import load_session, save_session
-from a2ats_engine.cache.a2ats_cache import make_cache
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cache.model_cache import make_cache
 from a2ats_engine.errors import A2ATSError
 
 from .bounded import run_capped

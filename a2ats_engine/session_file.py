@@ -1,0 +1,96 @@
+"""Reopen a long chat without prefilling it again: a ChatSession's caches in a file.
+
+`save_cache` writes the session's caches (`cache/persist.py`: every layer's rows and codes, the
+codebook, a cold tier's rows read back) with what they were made for: the model's fingerprint
+(geometry, RoPE, config hash) and a hash of a sample of its weights, the A2ATS settings, the
+codebook's sha256 and the token ids the caches hold. `restore_cache` adopts them only when all
+of that matches the session now and the ids start like the conversation's prompt; anything
+else is refused with the reason (the next reply then prefills as usual), so a cache is never
+used for another model, codebook or setting.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
+
+from .cache.codebook import model_fingerprint
+from .cache.persist import load_session, save_session
+from .errors import A2ATSError
+from .session import ChatSession, common_prefix
+
+KIND = "a2ats-chat-cache"
+SAMPLED_ARRAYS = 8  # weights hashed: the first elements of this many parameter arrays
+SAMPLED_VALUES = 4096
+
+
+def weights_sample_hash(model: Any) -> str:
+    """sha256 (16 hex) of the first values of the model's first parameter arrays: two models
+    with one config but other weights (a fine-tune) differ here."""
+    digest = hashlib.sha256()
+    for name, array in tree_flatten(model.parameters())[:SAMPLED_ARRAYS]:
+        sample = array.reshape(-1)[:SAMPLED_VALUES]
+        if sample.dtype == mx.bfloat16:
+            sample = sample.astype(mx.float32)
+        digest.update(name.encode())
+        digest.update(np.array(sample).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _identity(session: ChatSession) -> dict[str, Any]:
+    """What a saved cache must match: model, weights, cache kind and settings, codebook."""
+    factory = session.cache_factory
+    config = getattr(factory, "a2ats_config", None)
+    codebook = getattr(factory, "codebook", None)
+    return {
+        "model": model_fingerprint(session.model),
+        "weights": weights_sample_hash(session.model),
+        "a2ats": None if config is None else config.to_dict(),
+        "codebook": None if codebook is None else codebook.sha256,
+    }
+
+
+def save_cache(session: ChatSession, path: str | os.PathLike) -> None:
+    """Write the session's caches and what they were made for (nothing when it has none)."""
+    caches = session.caches
+    if not caches or not session.context_tokens:
+        raise A2ATSError("this chat has no cache to save yet (nothing was generated)")
+    meta = {"kind": KIND, "identity": _identity(session), "token_ids": session.cached_token_ids}
+    save_session(path, caches, meta)
+
+
+def restore_cache(session: ChatSession, path: str | os.PathLike) -> str | None:
+    """Adopt the caches saved at `path` when they fit this session; None when adopted, else
+    the reason they were refused (the next reply prefills the conversation)."""
+    factory = session.cache_factory
+    codebook = getattr(factory, "codebook", None)
+    try:
+        caches, meta = load_session(path, session.model, codebook)
+    except A2ATSError as exc:
+        return str(exc)
+    if not isinstance(meta, dict) or meta.get("kind") != KIND:
+        return f"{os.fspath(path)}: not a saved chat cache"
+    ids = meta.get("token_ids")
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        return f"{os.fspath(path)}: the token ids are missing or damaged"
+    saved, now = meta.get("identity") or {}, _identity(session)
+    for key, what in (
+        ("model", "another model"),
+        ("weights", "another model's weights"),
+        ("a2ats", "other cache settings"),
+        ("codebook", "another codebook"),
+    ):
+        if saved.get(key) != now[key]:
+            return f"the saved cache was made with {what}; the chat will be prefilled again"
+    if not session.messages:
+        return "load the conversation before its cache (the cache must match its start)"
+    prompt = session.prompt_token_ids()
+    if common_prefix(ids, prompt) == 0:
+        return "the saved cache does not match this conversation; it will be prefilled again"
+    session.adopt_cache(caches, ids)  # the next reply trims it to the shared prefix
+    return None
