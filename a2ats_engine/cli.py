@@ -1,7 +1,8 @@
 """The `a2ats` command. Subcommands live in `a2ats_engine/commands/*.py`, each with `register()`.
 
-Bad input (an `A2ATSError` or `ValueError` from the engine) prints one line and exits 1;
-`--debug` shows the traceback instead.
+Bad input (an `A2ATSError` or `ValueError` from the engine) prints one line and exits 1
+(control characters quoted in it shown as escapes, `terminal.printable`); `--debug` shows the
+traceback instead.
 """
 
 from __future__ import annotations
@@ -13,10 +14,37 @@ import sys
 
 from . import commands
 from .errors import A2ATSError
+from .terminal import printable
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Help that shows every option's default (unless its text already says it, or the default
+    is None / a flag's False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text.lower()
+            or default is None
+            or default is False
+            or default is argparse.SUPPRESS
+            or not action.option_strings
+        ):
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+
+
+class Parser(argparse.ArgumentParser):
+    """ArgumentParser whose help shows defaults; sub-commands' parsers are of this class too."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="a2ats",
         description="A2ATS Chat engine: chat, models, codebooks, evaluation and benchmarks.",
     )
@@ -42,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     except (A2ATSError, ValueError, FileNotFoundError, OSError) as exc:
         if args.debug:
             raise
-        print(f"a2ats {args.command}: error: {exc}", file=sys.stderr)
+        text = printable(str(exc), newlines=False)
+        print(f"a2ats {args.command}: error: {text}", file=sys.stderr)
         return 1
 
 

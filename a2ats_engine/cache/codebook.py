@@ -44,6 +44,9 @@ METADATA_KEY = "a2ats"
 DEFAULT_RIDGE = 1e-3
 _MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 _ASSIGN_BLOCK_ELEMENTS = 1 << 24  # bound on a [.., N_chunk, K] distance block in `assign`
+MAX_ABS_VALUE = 1e12
+"""Largest magnitude a loaded codebook array may hold: squared distances and score tables of
+larger values overflow float32 (a calibrated codebook's values are below 1e4)."""
 
 # A2ATSConfig fields calibration records in the metadata that shape the query moments (the
 # distances queries are rotated to): a cache that changes one gets a warning.
@@ -373,6 +376,11 @@ class Codebook:
                     )
                 layer_arrays.append(arr)
             parts.append(layer_arrays)
+        for name, layer_arrays in zip(
+            ("centroids", "assign_centroids", "chol"), parts, strict=True
+        ):
+            for i, arr in enumerate(layer_arrays):
+                _check_values(arr, f"{where}: file is damaged ({prefix}layers.{i}.{name}")
         try:
             return cls(parts[0], parts[2], metadata, assign_centroids=parts[1])
         except ValueError as exc:
@@ -708,6 +716,20 @@ def _rope_mismatch(recorded: dict[str, Any], geometry: dict[str, Any]) -> str | 
     return f"codebook was calibrated for a different RoPE ({detail})"
 
 
+def _check_values(arr: Any, problem: str) -> None:
+    """CodebookError `problem` + why, unless `arr` is a real array of finite values no larger
+    than `MAX_ABS_VALUE` (NaN or huge centroids would make every score table garbage)."""
+    if not isinstance(arr, mx.array) or not (
+        mx.issubdtype(arr.dtype, mx.floating) or mx.issubdtype(arr.dtype, mx.integer)
+    ):
+        raise CodebookError(f"{problem} is not a real-valued array)")
+    values = arr.astype(mx.float32)
+    if not bool(mx.all(mx.isfinite(values)).item()):
+        raise CodebookError(f"{problem} holds values that are not finite: NaN or infinity)")
+    if values.size and float(mx.max(mx.abs(values)).item()) > MAX_ABS_VALUE:
+        raise CodebookError(f"{problem} holds values beyond +-{MAX_ABS_VALUE:g})")
+
+
 def _read_metadata(path: Path) -> dict[str, Any]:
     """Parse the safetensors header by hand so every failure gets a precise one-line message."""
     name = path.name
@@ -760,4 +782,15 @@ def _read_metadata(path: Path) -> dict[str, Any]:
     expected = 8 + header_len + data_end
     if size < expected:
         raise CodebookError(f"{name}: file is truncated ({size} of {expected} bytes)")
+    _check_metadata_types(name, meta)
     return meta
+
+
+def _check_metadata_types(name: str, meta: dict[str, Any]) -> None:
+    """CodebookError for metadata fields of the wrong type (code reads them as such)."""
+    if meta.get("model") is not None and not isinstance(meta["model"], dict):
+        raise CodebookError(f"{name}: file is damaged (metadata 'model' is not an object)")
+    for key in (*CALIBRATED_SETTINGS, "num_layers", "n_centroids", "sub_dim", "tokens"):
+        value = meta.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise CodebookError(f"{name}: file is damaged (metadata {key!r} is not an integer)")

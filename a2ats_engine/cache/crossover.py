@@ -58,6 +58,8 @@ from typing import Any
 
 FORMAT = "a2ats-crossover"
 VERSION = 1
+MAX_TABLE_BYTES = 4 * 1024 * 1024
+"""A user table larger than this is not read (a real one holds a few hundred bytes per row)."""
 
 
 @dataclass(frozen=True)
@@ -204,8 +206,10 @@ def parse_table(text: str, where: str) -> tuple[dict[UserKey, dict], str | None]
     file gives no entries and says why; malformed rows are dropped and counted."""
     try:
         data = json.loads(text)
+    except RecursionError:
+        return {}, f"{where} is not valid JSON (nested too deep)"
     except ValueError as exc:
-        return {}, f"{where} is not valid JSON ({exc})"
+        return {}, f"{where} is not valid JSON ({_one_line(exc)})"
     if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
         return {}, f"{where} has no 'entries' list"
     entries: dict[UserKey, dict] = {}
@@ -229,21 +233,37 @@ def user_table(path: Path | None = None) -> dict[UserKey, dict]:
     key = str(path)
     if key not in _loaded:
         entries: dict[UserKey, dict] = {}
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            text = None
-        except OSError as exc:
-            text = None
-            warnings.warn(
-                f"A2ATS: crossover table {path} is unreadable ({exc}): ignored", stacklevel=2
-            )
+        text, problem = _read_table_text(path)
+        if problem:
+            warnings.warn(f"A2ATS: crossover table {problem}: ignored", stacklevel=2)
         if text is not None:
             entries, problem = parse_table(text, str(path))
             if problem:
                 warnings.warn(f"A2ATS: crossover table {problem}: ignored", stacklevel=2)
         _loaded[key] = entries
     return _loaded[key]
+
+
+def _read_table_text(path: Path) -> tuple[str | None, str | None]:
+    """(text, problem): the table file's text, or None and why it cannot be used (None, None
+    for a missing file). Never raises: too large, unreadable and non-UTF-8 files are problems."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_TABLE_BYTES + 1)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"{path} is unreadable ({exc.strerror or exc})"
+    if len(raw) > MAX_TABLE_BYTES:
+        return None, f"{path} is larger than {MAX_TABLE_BYTES:,} bytes"
+    try:
+        return raw.decode("utf-8"), None
+    except UnicodeDecodeError as exc:
+        return None, f"{path} is not UTF-8 text (byte {exc.start})"
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
 
 
 def reload_user_table() -> None:
@@ -261,9 +281,9 @@ def record_crossover(entry: dict[str, Any], path: Path | None = None) -> Path:
     path = Path(path) if path is not None else user_table_path()
     entries: dict[UserKey, dict] = {}
     if path.exists():
-        entries, problem = parse_table(
-            path.read_text(encoding="utf-8", errors="replace"), str(path)
-        )
+        text, problem = _read_table_text(path)
+        if text is not None:
+            entries, problem = parse_table(text, str(path))
         if problem and not entries:
             aside = path.with_name(path.name + ".corrupt")
             os.replace(path, aside)

@@ -13,7 +13,9 @@ scalar leaves in the JSON, rebuilt by class name from an allow-list.
 from __future__ import annotations
 
 import json
+import math
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,13 @@ FORMAT = "a2ats-session"
 VERSION = 2
 CODEBOOK_PREFIX = "codebook."
 NATIVE_CLASSES = ("RotatingKVCache", "ArraysCache")  # model-owned caches a session may hold
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
+MAX_CONTEXT = 1 << 24  # largest max_context / tokens_seen a session may record
+MAX_ARRAYS_PER_LAYER = 16
+_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "U16": 2, "I16": 2, "F16": 2, "BF16": 2, "U32": 4,
+                "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8}  # fmt: skip
+_DAMAGE = (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError,
+           OverflowError)  # fmt: skip
 
 
 def _native_state(cache) -> tuple[list[mx.array], list[dict[str, Any]]]:
@@ -116,22 +125,40 @@ def load_session(path: str | os.PathLike, model=None, codebook=None) -> tuple[li
     path = Path(path)
     if not path.is_file():
         raise A2ATSError(f"session file not found: {path}")
+    _check_safetensors(path)
     try:
         arrays, file_meta = mx.load(str(path), format="safetensors", return_metadata=True)
         meta = json.loads(file_meta[FORMAT])
     except Exception as exc:
-        raise A2ATSError(f"{path.name}: not an A2ATS session file ({exc})") from exc
+        detail = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise A2ATSError(f"{path.name}: not an A2ATS session file ({detail})") from exc
+    if not isinstance(meta, dict):
+        raise A2ATSError(f"{path.name}: not an A2ATS session file (metadata is not an object)")
+    try:
+        return _load(path.name, meta, arrays, model, codebook)
+    except A2ATSError as exc:
+        if str(exc).startswith(path.name):
+            raise
+        raise A2ATSError(f"{path.name}: {exc}") from exc
+    except _DAMAGE as exc:
+        detail = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise A2ATSError(f"{path.name}: session file is damaged ({detail})") from exc
+
+
+def _load(name: str, meta: dict, arrays: dict, model, codebook) -> tuple[list, dict]:
+    """`load_session` once the file is read: checks, then the caches."""
     if not isinstance(meta.get("version"), int) or meta["version"] > VERSION:
         raise A2ATSError(
-            f"{path.name}: session format version {meta.get('version')} is newer than this app "
+            f"{name}: session format version {meta.get('version')} is newer than this app "
             f"supports ({VERSION}); update A2ATS Chat"
         )
-    book = _session_codebook(path.name, meta, arrays)
+    book = _session_codebook(name, meta, arrays)
+    _check_layers(name, meta, arrays, book)
     if codebook is not None and book is not None:
-        _check_codebook(path.name, meta, codebook)
+        _check_codebook(name, meta, codebook)
         book = codebook  # the live codebook: caches share it, no second copy in memory
     if model is not None:
-        _check_model(path.name, meta, book, model)
+        _check_model(name, meta, book, model)
     caches = []
     for i, entry in enumerate(meta["layers"]):
         state = [arrays[f"layers.{i}.{j}"] for j in range(entry["n_arrays"])]
@@ -159,6 +186,8 @@ def _session_codebook(name: str, meta: dict, arrays: dict):
     if "codebook" not in meta:
         return None
     info = meta["codebook"]
+    if not isinstance(info, dict) or not isinstance(info.get("metadata"), dict):
+        raise A2ATSError(f"{name}: session file is damaged (codebook record is not an object)")
     if meta["version"] == 1:  # `codebook.{l}.name` -> the shared `codebook.layers.{l}.name`
         arrays = {
             CODEBOOK_PREFIX + "layers." + k[len(CODEBOOK_PREFIX) :]: v
@@ -172,6 +201,122 @@ def _session_codebook(name: str, meta: dict, arrays: dict):
     if isinstance(saved, str) and saved:
         book.identify_as(saved)  # the codebook file it was saved from (same arrays)
     return book
+
+
+def _check_safetensors(path: Path) -> None:
+    """A2ATSError unless the file's safetensors header is sound: its length fits the file, it
+    is a JSON object, and every array's dtype, shape and byte range agree and lie in the file
+    (MLX's reader is never handed sizes the file cannot back)."""
+    name = path.name
+
+    def refuse(why: str) -> A2ATSError:
+        return A2ATSError(f"{name}: not an A2ATS session file ({why})")
+
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise refuse(f"only {size} bytes")
+        (length,) = struct.unpack("<Q", head)
+        if length > min(size - 8, MAX_HEADER_BYTES):
+            raise refuse(f"header of {length:,} bytes in a file of {size:,}")
+        raw = f.read(length)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise refuse("header is not JSON") from None
+    if not isinstance(header, dict):
+        raise refuse("header is not a JSON object")
+    data = size - 8 - length
+    for key, info in header.items():
+        if key == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+            count = math.prod(shape)
+            ok = (
+                dtype in _DTYPE_BYTES
+                and all(isinstance(n, int) and n >= 0 for n in [*shape, begin, end])
+                and begin <= end <= data
+                and count * _DTYPE_BYTES[dtype] == end - begin
+            )
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise refuse(f"array {key[:60]!r} is damaged or extends past the end of the file")
+
+
+def _whole(what: str, value: Any, lo: int, hi: int) -> int:
+    """An integer (or integer string) in [lo, hi], else ValueError naming `what`."""
+    number = int(value) if isinstance(value, str) and value.strip().lstrip("-").isdigit() else value
+    if isinstance(number, bool) or not isinstance(number, int) or not lo <= number <= hi:
+        raise ValueError(f"{what} {str(value)[:40]!r} is not an integer in [{lo}, {hi}]")
+    return number
+
+
+def _check_layers(name: str, meta: dict, arrays: dict, book) -> None:
+    """A2ATSError naming the first layer entry whose record is malformed, before any cache is
+    built from it: every size a layer's strings state (RoPE head dim and dims, contexts, layer
+    index) is range-checked and the head dim must be the codebook's."""
+    layers = meta.get("layers")
+    if not isinstance(layers, list) or not layers:
+        raise A2ATSError(f"{name}: session file is damaged (no layer list)")
+    if not isinstance(meta.get("metadata", {}), dict):
+        raise A2ATSError(f"{name}: session file is damaged (metadata is not an object)")
+    for i, entry in enumerate(layers):
+        try:
+            _check_layer(entry, i, len(layers), arrays, book)
+        except _DAMAGE as exc:
+            detail = " ".join(str(exc).split())[:200] or type(exc).__name__
+            raise A2ATSError(f"{name}: session file is damaged (layer {i}: {detail})") from None
+
+
+def _check_layer(entry: Any, i: int, n_layers: int, arrays: dict, book) -> None:
+    if not isinstance(entry, dict):
+        raise ValueError("not an object")
+    n = _whole("n_arrays", entry.get("n_arrays"), 0, MAX_ARRAYS_PER_LAYER)
+    missing = [j for j in range(n) if f"layers.{i}.{j}" not in arrays]
+    if missing:
+        raise ValueError(f"array layers.{i}.{missing[0]} missing")
+    kind = entry.get("kind")
+    if kind == "kv":
+        _whole("offset", entry.get("offset", 0), 0, MAX_CONTEXT)
+    elif kind == "native":
+        leaves = entry.get("leaves")
+        if not isinstance(leaves, list):
+            raise ValueError("native cache without leaves")
+        for leaf in leaves:
+            if not isinstance(leaf, dict) or not isinstance(leaf.get("key"), str):
+                raise ValueError("malformed native cache leaf")
+            if "array" in leaf:
+                _whole("leaf array", leaf["array"], 0, n - 1)
+    elif kind == "a2ats":
+        if book is None:
+            raise ValueError("an A2ATS layer but no codebook in the file")
+        state = _meta_state(entry)
+        if not isinstance(state, list | tuple) or len(state) not in (5, 6, 7):
+            raise ValueError("meta_state is not 5 to 7 strings")
+        if not all(isinstance(x, str) for x in state):
+            raise ValueError("meta_state is not 5 to 7 strings")
+        if len(state) == 7 and state[6]:
+            _whole("kv_share", state[6], 0, 1 << 50)
+        _whole("layer", state[0], 0, n_layers - 1)
+        if not isinstance(json.loads(state[1]), dict):
+            raise ValueError("config is not an object")
+        rope = json.loads(state[2])
+        if not isinstance(rope, dict):
+            raise ValueError("RoPE spec is not an object")
+        head_dim = _whole("RoPE head_dim", rope.get("head_dim"), 1, 1 << 16)
+        if head_dim != book.head_dim:
+            raise ValueError(f"RoPE head_dim {head_dim} is not the codebook's {book.head_dim}")
+        dims = _whole("RoPE dims", rope.get("dims"), 0, head_dim)
+        freqs = rope.get("freqs")
+        if freqs is not None and (not isinstance(freqs, list) or len(freqs) > dims):
+            raise ValueError("RoPE freqs do not match its dims")
+        _whole("max_context", state[3], 0, MAX_CONTEXT)
+        _whole("tokens_seen", state[4], 0, MAX_CONTEXT)
+    else:
+        raise ValueError(f"unknown layer kind {str(kind)[:40]!r}")
 
 
 def _meta_state(entry: dict) -> list[str]:

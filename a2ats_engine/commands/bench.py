@@ -7,7 +7,14 @@ import json
 import sys
 from pathlib import Path
 
+from . import _limits as limits
 from . import bench_cold
+
+DECODE_METHOD_NAMES = (
+    "full, kv8, kv4, window, a2ats, a2ats_kv8, a2ats_kv4, a2ats_telemetry, a2ats_noest, "
+    "a2ats_est, a2ats_rr<N>[g], a2ats_cov<NN>, a2ats_eb<N> (suffixes combine in that order: "
+    "a2ats_kv4_rr2_eb0)"
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -74,9 +81,26 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _check_repeats(repeats: int) -> int:
-    if repeats < 1:
-        raise ValueError(f"--repeats={repeats} is out of range: must be an integer >= 1")
-    return repeats
+    return limits.count("--repeats", repeats, 1, limits.MAX_REPEATS)
+
+
+def _is_decode_method(name: str) -> bool:
+    from ..bench.methods import decode_variant_knobs
+
+    return name in ("full", "kv8", "kv4", "window") or decode_variant_knobs(name) is not None
+
+
+def check_decode_args(args: argparse.Namespace) -> tuple[list[int], float | int, list[str]]:
+    """(contexts, budget, methods) of `bench decode`, every flag range-checked before any
+    model is loaded (ValueError naming the flag)."""
+    contexts = limits.contexts("--contexts", args.contexts)
+    limits.count("--steps", args.steps)
+    _check_repeats(args.repeats)
+    limits.count("--calibration-tokens", args.calibration_tokens, 0, limits.MAX_CALIBRATION_TOKENS)
+    budget = limits.budget(args.budget)
+    limits.config_check("--rerank", rerank=args.rerank)
+    methods = limits.names("--methods", args.methods, _is_decode_method, [DECODE_METHOD_NAMES])
+    return contexts, budget, methods
 
 
 def median_results(runs: list[list]) -> list:
@@ -128,19 +152,21 @@ def run_geometry_decode(args: argparse.Namespace) -> int:
     )
     from ..cache.config import A2ATSConfig
     from ..cache.layer_plan import plan_for
-    from ._bench_common import machine, parse_budget
+    from ..cache.rope import model_geometry
+    from ._bench_common import machine
 
+    contexts, budget, _ = check_decode_args(args)
     if args.geometry not in GEOMETRIES:
         known = ", ".join(GEOMETRIES)
         raise ValueError(f"--geometry={args.geometry!r} is unknown: choose one of {known}")
     model = geometry_model(args.geometry)
-    knobs = {"budget": parse_budget(args.budget)}
+    limits.check_model_context("--contexts", contexts, model_geometry(model).max_context)
+    knobs = {"budget": budget}
     if args.rerank is not None:
         knobs["rerank"] = args.rerank
     from ..cache.model_cache import RANDOM_CENTROIDS
 
     config = A2ATSConfig(**knobs)
-    contexts = [int(c) for c in args.contexts.split(",") if c]
     runs = [
         bench_geometry_decode(model, contexts, steps=args.steps, config=config, seed=i)
         for i in range(_check_repeats(args.repeats))
@@ -204,17 +230,17 @@ def run_decode(args: argparse.Namespace) -> int:
         return run_geometry_decode(args)
     from ..bench.speed import bench_decode, fp16_bytes_per_token
     from ..loading.models import load_model
-    from ._bench_common import a2ats_config, machine, parse_budget
+    from ._bench_common import a2ats_config, machine
 
+    contexts, budget, methods = check_decode_args(args)
     model, tokenizer, info = load_model(args.model)
+    limits.check_model_context("--contexts", contexts, info.context_length)
     codebook, codebook_desc = _load_codebook(args.codebook, args.model, info.path)
-    contexts = [int(c) for c in args.contexts.split(",") if c]
-    methods = [m for m in args.methods.split(",") if m]
     if "full" not in methods:  # every figure is a ratio to mlx-lm's KVCache in the same run
         methods.insert(0, "full")
     if args.telemetry and "a2ats_telemetry" not in methods:
         methods.append("a2ats_telemetry")
-    config = a2ats_config(codebook, model, budget=parse_budget(args.budget), rerank=args.rerank)
+    config = a2ats_config(codebook, model, budget=budget, rerank=args.rerank)
 
     def progress(stage, done, total):
         if not args.json:
@@ -311,16 +337,18 @@ def _register_prefill(bench) -> None:
 def run_prefill(args: argparse.Namespace) -> int:
     from ..bench.speed import PREFILL_METHODS, bench_prefill
     from ..loading.models import load_model
-    from ._bench_common import a2ats_config, machine, parse_list, silence_random_codebook_warning
+    from ._bench_common import a2ats_config, machine, silence_random_codebook_warning
 
-    contexts = parse_list(args.contexts)
-    if not contexts or min(contexts) < 2:
-        raise ValueError(f"--contexts={args.contexts!r} is out of range: lengths must be >= 2")
-    methods = tuple(m for m in args.methods.split(",") if m)
-    if "full" not in methods or not set(methods) <= set(PREFILL_METHODS):
+    contexts = limits.contexts("--contexts", args.contexts, lo=2)
+    _check_repeats(args.repeats)
+    methods = tuple(
+        limits.names("--methods", args.methods, PREFILL_METHODS.__contains__, PREFILL_METHODS)
+    )
+    if "full" not in methods:
         raise ValueError(f"--methods={args.methods!r}: full plus any of a2ats, a2ats_cold")
     silence_random_codebook_warning()
     model, tokenizer, info = load_model(args.model)
+    limits.check_model_context("--contexts", contexts, info.context_length)
     codebook, codebook_desc = _load_codebook(args.codebook, args.model, info.path)
     config = a2ats_config(codebook, model, kv_bits=args.kv_bits)
     rows = bench_prefill(
@@ -363,24 +391,30 @@ def _register_memory(bench) -> None:
     m.add_argument("--model", default="demo", help="model source (default: demo)")
     m.add_argument("--codebook", help="codebook file (default: the model's default, else random)")
     m.add_argument("--contexts", default="1024,4096,8192,16384", help="comma-separated contexts")
-    m.add_argument("--methods", default="full,kv8,kv4,a2ats,a2ats_kv8,a2ats_kv4")
+    m.add_argument(
+        "--methods",
+        default="full,kv8,kv4,a2ats,a2ats_kv8,a2ats_kv4",
+        help="comma list of: full, kv8, kv4, a2ats, a2ats_kv8, a2ats_kv4",
+    )
     m.add_argument("--json", action="store_true", help="print one JSON object")
     m.set_defaults(func=run_memory)
 
 
 def run_memory(args: argparse.Namespace) -> int:
-    from ..bench.speed import bench_memory, fp16_bytes_per_token, kv_dtype
+    from ..bench.speed import MEMORY_METHODS, bench_memory, fp16_bytes_per_token, kv_dtype
     from ..loading.models import load_model
-    from ._bench_common import a2ats_config, machine, parse_list, silence_random_codebook_warning
+    from ._bench_common import a2ats_config, machine, silence_random_codebook_warning
 
+    contexts = limits.contexts("--contexts", args.contexts)
+    methods = tuple(
+        limits.names("--methods", args.methods, MEMORY_METHODS.__contains__, MEMORY_METHODS)
+    )
     silence_random_codebook_warning()
     model, _, info = load_model(args.model)
+    limits.check_cache_memory("--contexts", contexts, fp16_bytes_per_token(model))
     codebook, codebook_desc = _load_codebook(args.codebook, args.model, info.path)
     config = a2ats_config(codebook, model)
-    methods = tuple(m for m in args.methods.split(",") if m)
-    results = bench_memory(
-        model, parse_list(args.contexts), methods=methods, config=config, codebook=codebook
-    )
+    results = bench_memory(model, contexts, methods=methods, config=config, codebook=codebook)
     fp16 = fp16_bytes_per_token(model)
     rows = []
     for r in results:
@@ -488,14 +522,29 @@ def _retrieval_run(args: argparse.Namespace):
     """(model, tokenizer, info, codebook, codebook description, config) for a benchmark that
     measures retrieval itself: `exact_below=0`, so no step attends exactly below the crossover."""
     from ..loading.models import load_model
-    from ._bench_common import a2ats_config, find_codebook, parse_budget
+    from ._bench_common import a2ats_config, find_codebook
 
+    contexts = limits.contexts("--contexts", args.contexts)
+    limits.fractions("--depths", args.depths)
+    budget = limits.budget(args.budget)
+    limits.config_check("--rerank", rerank=args.rerank)
     model, tokenizer, info = load_model(args.model)
+    limits.check_model_context("--contexts", contexts, info.context_length)
     codebook, desc = find_codebook(args.codebook, args.model, info.path, required=True)
-    config = a2ats_config(
-        codebook, model, budget=parse_budget(args.budget), rerank=args.rerank, exact_below=0
-    )
+    config = a2ats_config(codebook, model, budget=budget, rerank=args.rerank, exact_below=0)
     return model, tokenizer, info, codebook, desc, config
+
+
+def _is_eval_method(name: str) -> bool:
+    from ..bench.methods import METHODS
+
+    return name in METHODS
+
+
+def _eval_method_names() -> list[str]:
+    from ..bench.methods import METHODS
+
+    return list(METHODS)
 
 
 def run_passkey(args: argparse.Namespace) -> int:
@@ -506,10 +555,13 @@ def run_passkey(args: argparse.Namespace) -> int:
         stderr_progress,
     )
 
+    methods = limits.names("--methods", args.methods, _is_eval_method, _eval_method_names())
+    limits.count("--answer-tokens", args.answer_tokens, 1, 1024)
+    limits.count("--seed", args.seed, 0, limits.MAX_SEED)
     model, tokenizer, info, codebook, desc, config = _retrieval_run(args)
     trials = bench_passkey(
         model, tokenizer, parse_list(args.contexts), parse_list(args.depths, float),
-        codebook=codebook, config=config, methods=tuple(m for m in args.methods.split(",") if m),
+        codebook=codebook, config=config, methods=tuple(methods),
         answer_tokens=args.answer_tokens, seed=args.seed,
         progress=stderr_progress(True),
     )  # fmt: skip
@@ -577,7 +629,8 @@ def run_tasks(args: argparse.Namespace) -> int:
     unknown = [x for x in names if x not in tk.TASKS]
     if unknown:
         raise ValueError(f"--tasks {unknown} unknown: must be among {', '.join(tk.TASKS)}")
-    methods = tuple(m for m in args.methods.split(",") if m)
+    methods = tuple(limits.names("--methods", args.methods, _is_eval_method, _eval_method_names()))
+    limits.count("--seeds", args.seeds, 1, limits.MAX_REPEATS)
     if args.haystack:
         haystack, haystack_desc = Path(args.haystack).read_text(encoding="utf-8"), args.haystack
     else:
@@ -652,17 +705,19 @@ def _register_seed_synthetic(bench) -> None:
     )
     s.add_argument("--sequences", default="200,400", help="comma-separated sequence lengths")
     s.add_argument("--centroids", type=int, default=64, help="codebook size (default 64)")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int, default=0, help="random seed")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.set_defaults(func=run_seed_synthetic)
 
 
 def run_seed_synthetic(args: argparse.Namespace) -> int:
     from ..bench.seed_synthetic import SyntheticSettings, run
-    from ._bench_common import parse_list
 
+    sequences = limits.int_list("--sequences", args.sequences, 2, 1 << 16)
+    limits.count("--centroids", args.centroids, 2, 1 << 16)
+    limits.count("--seed", args.seed, 0, limits.MAX_SEED)
     settings = SyntheticSettings(n_centroids=args.centroids, seed=args.seed)
-    out = run(settings, sequences=tuple(parse_list(args.sequences)))
+    out = run(settings, sequences=tuple(sequences))
     if args.json:
         print(json.dumps(out))
         return 0
@@ -770,9 +825,12 @@ def _check_codebook_args(args: argparse.Namespace) -> tuple[list[int], list[int]
         repeated = sorted({v for v in values if values.count(v) > 1})
         if repeated:
             raise ValueError(f"{flag} lists {', '.join(map(str, repeated))} more than once")
-    for flag, value in (("--context", args.context), ("--decode", args.decode)):
-        if value < 1:
-            raise ValueError(f"{flag} {value} is out of range: must be >= 1")
+    limits.count("--context", args.context, 1, limits.MAX_CONTEXT)
+    limits.count("--decode", args.decode)
+    limits.budget(args.budget)
+    limits.count("--seed", args.seed, 0, limits.MAX_SEED)
+    for v in tokens:
+        limits.count("--calib-tokens", v, 2, limits.MAX_CALIBRATION_TOKENS)
     known = builtin_texts()
     names = [n.strip() for n in args.texts.split(",") if n.strip()]
     if not names:
@@ -795,6 +853,7 @@ def run_codebooks(args: argparse.Namespace) -> int:
     centroids, tokens, texts = _check_codebook_args(args)
     config = A2ATSConfig(budget=parse_budget(args.budget))
     model, tokenizer, info = load_model(args.model)
+    limits.check_model_context("--context", [args.context + args.decode], info.context_length)
     ids = [tokenizer.encode(text) for text, _ in texts]
     run = sweep_codebooks(
         model, tokenizer, ids, centroids=centroids, calib_tokens=tokens, context=args.context,

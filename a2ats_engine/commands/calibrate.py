@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=DEFAULT_MAX_ITERS,
         help=f"max Lloyd iterations (default {DEFAULT_MAX_ITERS})",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="k-means and sampling seed")
     p.add_argument(
         "--no-compare", action="store_true", help="skip the plain-VQ comparison (faster)"
     )
@@ -109,10 +109,19 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from ..calibration.codebook_spec import CodebookSpec
     from ..calibration.corpus import load_texts
     from ..loading.models import load_model
+    from . import _limits as limits
 
     out = Path(args.out)
     if out.exists() and not args.force:
         raise ValueError(f"{out} exists (use --force to overwrite)")
+    limits.count("--tokens", args.tokens, 2, limits.MAX_CALIBRATION_TOKENS)
+    limits.count("--centroids", args.centroids, 2, 1 << 16)
+    limits.number("--beta", args.beta, 0.0, 1.0)
+    limits.optional_count("--sub-dim", args.sub_dim, 1, 1 << 16)
+    limits.optional_count("--keys-per-head", args.keys_per_head, 1, limits.MAX_CALIBRATION_TOKENS)
+    limits.count("--iters", args.iters, 1, limits.MAX_STEPS)
+    limits.count("--seed", args.seed, 0, limits.MAX_SEED)
+    limits.config_check("--far-offset", far_offset=args.far_offset)
     spec = CodebookSpec(n_centroids=args.centroids, sub_dim=args.sub_dim, beta=args.beta)
     config = A2ATSConfig(far_offset=args.far_offset)
     began = time.perf_counter()
@@ -160,16 +169,17 @@ def run_codebook_info(args: argparse.Namespace) -> int:
 
     from ..cache.codebook import Codebook
     from ..errors import CodebookError
+    from ..terminal import printable
 
     book = Codebook.load(args.file)
     if args.json:
         print(json.dumps(book.metadata, indent=2, default=str))
     else:
-        print(book.summary())
+        print(printable(book.summary()))
         m = book.metadata
-        if m.get("heldout_score_error") is not None:
+        if isinstance(m.get("heldout_score_error"), int | float):
             line = f"held-out relative score error: {m['heldout_score_error']:.4f}"
-            if m.get("heldout_score_error_plain") is not None:
+            if isinstance(m.get("heldout_score_error_plain"), int | float):
                 line += f" (plain VQ {m['heldout_score_error_plain']:.4f})"
             print(line)
     if args.model is None:
@@ -182,9 +192,9 @@ def run_codebook_info(args: argparse.Namespace) -> int:
         try:
             found = book.validate_for(model)
         except CodebookError as exc:
-            print(f"fits {info.name}: no ({exc})")
+            print(printable(f"fits {info.name}: no ({exc})", newlines=False))
             return 1
-    print(f"fits {info.name}: yes")
+    print(printable(f"fits {info.name}: yes", newlines=False))
     for message in found:
-        print(f"  warning: {message}")
+        print(printable(f"  warning: {message}", newlines=False))
     return 0

@@ -110,6 +110,12 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_tokens=args.max_tokens,
     )
+    from . import _limits as limits
+
+    limits.count("--max-tokens", args.max_tokens, 1, limits.MAX_CONTEXT)
+    limits.count("--top-k", args.top_k, 0, 1 << 24)
+    # before the model loads
+    limits.config_check(budget=args.budget, window=args.window, kv_memory=args.kv_memory)
     model, tokenizer, model_path = load(args.model)
     a2ats, codebook = _cache_choice(args, model, model_path)
     session = ChatSession(
@@ -184,6 +190,7 @@ def _cache_choice(args: argparse.Namespace, model: Any, model_path: Path | None)
 def _a2ats(args: argparse.Namespace, model: Any, path: Path) -> tuple:
     from ..cache.codebook import Codebook
     from ..cache.config import A2ATSConfig
+    from ..terminal import printable
 
     codebook = Codebook.load(path)
     knobs = {"budget": args.budget, "window": args.window, "kv_memory": args.kv_memory}
@@ -194,7 +201,7 @@ def _a2ats(args: argparse.Namespace, model: Any, path: Path) -> tuple:
         warnings.simplefilter("ignore")  # printed once below, not as Python warnings
         notes = list(codebook.validate_for(model, config) or [])
     for note in notes:
-        print(f"warning: {note}", file=sys.stderr)
+        print(f"warning: {printable(note, newlines=False)}", file=sys.stderr)
         # make_cache validates again when the session builds its caches: say it only once
         warnings.filterwarnings("ignore", message=re.escape(note))
     print(f"cache: a2ats, codebook {path}", file=sys.stderr)
@@ -220,11 +227,12 @@ def stats_line(stats: Any) -> str:
 def _print_reply(events: Any) -> Any:
     """Stream token text to stdout; print the stats line to stderr; return the stats."""
     from ..cache.telemetry import GenerationStats, TokenEvent
+    from ..terminal import for_stream
 
     stats = None
     for event in events:
         if isinstance(event, TokenEvent):
-            print(event.text, end="", flush=True)
+            print(for_stream(event.text, sys.stdout), end="", flush=True)
         elif isinstance(event, GenerationStats):
             stats = event
     print(flush=True)

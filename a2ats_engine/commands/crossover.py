@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from . import _limits as limits
 from .models import SOURCE_HELP
 
 DEFAULT_CONTEXTS = "512,1024,2048,4096,8192,16384"
@@ -53,34 +54,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def parse_contexts(text: str) -> list[int]:
-    """'512,2048' -> [512, 2048] (sorted, distinct). ValueError naming the bad entry."""
-    out = set()
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            n = int(part)
-        except ValueError:
-            raise ValueError(f"--contexts: {part!r} is not a whole number of tokens") from None
-        if n < 1:
-            raise ValueError(f"--contexts: {n} is out of range: a context must be >= 1 token")
-        out.add(n)
-    if not out:
+    """'512,2048' -> [512, 2048] (sorted, distinct), each in [1, MAX_CONTEXT]. ValueError
+    naming the bad entry."""
+    if not any(part.strip() for part in text.split(",")):
         raise ValueError("--contexts is empty: give at least one context length")
-    return sorted(out)
-
-
-def _check_count(flag: str, value: int) -> int:
-    if value < 1:
-        raise ValueError(f"{flag}={value} is out of range: must be an integer >= 1")
-    return value
+    return sorted(set(limits.contexts("--contexts", text)))
 
 
 def run(args: argparse.Namespace) -> int:
     contexts = parse_contexts(args.contexts)
-    steps = _check_count("--steps", args.steps)
-    repeats = _check_count("--repeats", args.repeats)
+    steps = limits.count("--steps", args.steps)
+    repeats = limits.count("--repeats", args.repeats, 1, limits.MAX_REPEATS)
 
     from ..bench.crossover_probe import probe_crossover
     from ..cache import crossover as xo
@@ -96,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     )
 
     model, _, info = load_model(args.source)
+    limits.check_cache_memory("--contexts", contexts, _fp16_bytes_per_token(model))
     plan = plan_for(model).require()
     codebook, codebook_desc = find_codebook(args.codebook, args.source, info.path, required=False)
     if codebook is None:
@@ -171,3 +156,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"recorded in {path}: A2ATS caches of this geometry on this machine use it")
     return 0
+
+
+def _fp16_bytes_per_token(model) -> int:
+    from ..bench.speed import fp16_bytes_per_token
+
+    return fp16_bytes_per_token(model)

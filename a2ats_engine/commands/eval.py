@@ -6,7 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from ._bench_common import a2ats_config, find_codebook, machine, parse_budget, stderr_progress
+from . import _limits as limits
+from ._bench_common import a2ats_config, find_codebook, machine, stderr_progress
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -131,11 +132,12 @@ def run_eval(args: argparse.Namespace) -> int:
     from ..bench.evaluate import evaluate
     from ..loading.models import load_model
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    budgets = [parse_budget(b) for b in (args.budgets or args.budget).split(",") if b.strip()]
+    methods, budgets = check_eval_args(args)
     progress = stderr_progress(True)
     model, tokenizer, info = load_model(args.model)
     codebook, codebook_desc = find_codebook(args.codebook, args.model, info.path, required=True)
+    span = args.context + args.decode
+    limits.check_model_context("--context + --decode", [span], info.context_length)
     # exact_below 0: the methods measure retrieval (a2ats_auto runs the measured crossover)
     config = a2ats_config(
         codebook, model, far_buckets=args.far_buckets, rerank=args.rerank, kv_bits=args.kv_bits,
@@ -210,6 +212,25 @@ def run_eval(args: argparse.Namespace) -> int:
     for run in runs:
         print(format_table(run))
     return 0
+
+
+def check_eval_args(args: argparse.Namespace) -> tuple[list[str], list[float | int]]:
+    """(methods, budgets) of `a2ats eval`, every flag range-checked before the model loads
+    and before any ablation codebook is trained (ValueError naming the flag)."""
+    from ..bench.methods import METHODS
+
+    limits.count("--context", args.context, 1, limits.MAX_CONTEXT)
+    limits.count("--decode", args.decode)
+    if args.budgets:
+        budgets = limits.budgets(args.budgets)
+    else:
+        budgets = [limits.budget(args.budget)]
+    methods = limits.names("--methods", args.methods, METHODS.__contains__, list(METHODS))
+    limits.config_check(far_buckets=args.far_buckets, rerank=args.rerank)
+    limits.optional_count("--calib-tokens", args.calib_tokens, 2, limits.MAX_CALIBRATION_TOKENS)
+    if args.tune_paper_b:
+        limits.int_list("--tune-paper-b", args.tune_paper_b, 1, limits.MAX_CONTEXT)
+    return methods, budgets
 
 
 def _tune_b(args, model, tokenizer, codebook, config, texts, budgets, progress):

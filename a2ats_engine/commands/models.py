@@ -104,7 +104,9 @@ def run_info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**info.to_dict(), "crossover": crossover}, indent=2))
     else:
-        print(format_info(info, crossover))
+        from ..terminal import printable
+
+        print(printable(format_info(info, crossover)))
     return 0
 
 

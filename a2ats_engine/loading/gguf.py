@@ -27,6 +27,7 @@ import re
 import shutil
 import tempfile
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +151,7 @@ def tensor_types(path: str | Path) -> dict[str, int]:
 
 def _scalar(metadata: dict, key: str, default: Any = None) -> Any:
     value = metadata.get(key, default)
-    if hasattr(value, "item"):
+    if hasattr(value, "item") and getattr(value, "size", 1) == 1:
         return value.item()
     return value
 
@@ -168,7 +169,7 @@ def architecture(metadata: dict) -> str:
 def file_type_name(metadata: dict, tensors: dict | None = None) -> str:
     """The GGUF's quantization as llama.cpp names it ("Q4_1", "Q4_K_M", "F16"...)."""
     code = _scalar(metadata, "general.file_type")
-    declared = FILE_TYPES.get(int(code)) if code is not None else None
+    declared = FILE_TYPES.get(code) if isinstance(code, int) else None
     packed = tensors is not None and any(name.endswith(".scales") for name in tensors)
     if declared is not None and not (packed and declared in UNQUANTIZED_FILE_TYPES):
         return declared
@@ -191,9 +192,15 @@ def _float_name(tensors: dict) -> str:
 
 def _rope_scaling(metadata: dict, arch: str, tensors: dict, head_dim: int, theta: float):
     kind = _scalar(metadata, f"{arch}.rope.scaling.type")
-    factor = _scalar(metadata, f"{arch}.rope.scaling.factor")
+    factor = _float_field(metadata, f"{arch}.rope.scaling.factor", None, 0.0, 1e6)
     if "rope_freqs.weight" in tensors:
-        return _llama3_scaling(tensors["rope_freqs.weight"], head_dim, theta)
+        freqs = tensors["rope_freqs.weight"]
+        if freqs.size != head_dim // 2:
+            raise ModelLoadError(
+                f"rope_freqs has {freqs.size} factors, the head dim {head_dim} needs "
+                f"{head_dim // 2}"
+            )
+        return _llama3_scaling(freqs, head_dim, theta)
     if kind in (None, "none") or (kind == "linear" and (factor is None or factor == 1.0)):
         return None
     if kind == "linear":
@@ -239,42 +246,150 @@ def _llama3_factors(dims, theta, factor, low, high, original) -> list[float]:
     return out
 
 
-def _required_int(metadata: dict, key: str) -> int:
+MAX_CONTEXT_LENGTH = 1 << 24
+"""Largest `context_length` a GGUF may state (16,777,216 tokens)."""
+_MISSING = object()
+
+
+def _int_field(metadata: dict, key: str, default: Any, lo: int, hi: int) -> int:
+    """An integer metadata field in [lo, hi] (`default` when absent or 0, as llama.cpp reads
+    it; `_MISSING`: required). ModelLoadError naming the key, the value and the range."""
+    value = _scalar(metadata, key)
+    zero = isinstance(value, int) and not isinstance(value, bool) and value == 0
+    if value is None or (zero and default is not _MISSING):
+        if default is _MISSING:
+            raise ModelLoadError(f"GGUF metadata is missing {key}")
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ModelLoadError(
+            f"GGUF metadata {key}={_short(value)} is out of range: must be an integer in "
+            f"[{lo}, {hi:,}]"
+        )
+    return value
+
+
+def _float_field(metadata: dict, key: str, default: Any, lo: float, hi: float) -> Any:
+    """A number in (lo, hi] from the metadata (`default` when absent), else ModelLoadError."""
     value = _scalar(metadata, key)
     if value is None:
-        raise ModelLoadError(f"GGUF metadata is missing {key}")
-    return int(value)
+        return default
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not lo < value <= hi
+    ):
+        raise ModelLoadError(
+            f"GGUF metadata {key}={_short(value)} is out of range: must be a number in "
+            f"({lo:g}, {hi:g}]"
+        )
+    return float(value)
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _rows(tensors: dict, name: str) -> int | None:
+    """Rows (output features) of a tensor, packed or not; None when the file lacks it."""
+    tensor = tensors.get(name)
+    return int(tensor.shape[0]) if tensor is not None and tensor.ndim >= 1 else None
+
+
+def _check_shapes(arch: str, sizes: dict[str, int], tensors: dict) -> None:
+    """ModelLoadError unless the sizes the metadata states match the tensors the file holds,
+    so nothing is ever sized from the metadata alone (a hostile file can state any number)."""
+    a = arch
+    layers = {int(m[1]) for name in tensors if (m := re.match(r"blk\.(\d+)\.", name))}
+    if layers != set(range(sizes["layers"])):
+        raise ModelLoadError(
+            f"GGUF metadata {a}.block_count={sizes['layers']:,} does not match the tensors "
+            f"(layers {min(layers, default=0)}..{max(layers, default=-1)} present)"
+        )
+    heads, kv, head_dim = sizes["heads"], sizes["kv_heads"], sizes["head_dim"]
+    if heads % kv:
+        raise ModelLoadError(
+            f"GGUF metadata {a}.attention.head_count_kv={kv} does not divide "
+            f"{a}.attention.head_count={heads}"
+        )
+    norm = tensors.get("blk.0.attn_norm.weight")
+    expected = [(f"{a}.embedding_length", sizes["hidden"], norm, "blk.0.attn_norm.weight")]
+    if arch == "phi3":
+        qkv = (heads + 2 * kv) * head_dim
+        checks = [
+            ("attn_qkv", qkv, f"({a}.attention.head_count + 2 x head_count_kv) x key_length"),
+            ("ffn_up", 2 * sizes["ff"], f"2 x {a}.feed_forward_length"),
+        ]
+    else:
+        checks = [
+            ("attn_q", heads * head_dim, f"{a}.attention.head_count x key_length"),
+            ("attn_k", kv * head_dim, f"{a}.attention.head_count_kv x key_length"),
+            ("ffn_up", sizes["ff"], f"{a}.feed_forward_length"),
+        ]
+    for base, want, what in checks:
+        got = _rows(tensors, f"blk.0.{base}.weight")
+        if got is None:
+            raise ModelLoadError(f"GGUF has no blk.0.{base}.weight tensor")
+        if got != want:
+            raise ModelLoadError(
+                f"GGUF metadata does not match the tensors: {what} = {want:,}, but "
+                f"blk.0.{base}.weight has {got:,} rows (key_length {head_dim:,}, "
+                f"head_count {heads:,}, head_count_kv {kv:,})"
+            )
+    for key, want, tensor, name in expected:
+        if tensor is None or tensor.shape[-1] != want:
+            got = "no such tensor" if tensor is None else f"{tensor.shape[-1]:,} values"
+            raise ModelLoadError(
+                f"GGUF metadata {key}={want:,} does not match the tensors ({name}: {got})"
+            )
 
 
 def model_config(metadata: dict, tensors: dict) -> dict:
     """config.json for the mlx-lm model of the GGUF's architecture (without the quantization
-    map)."""
+    map). Every size the metadata states is range-checked and compared with the tensors
+    (`_check_shapes`) before anything is computed from it."""
     arch = architecture(metadata)
-    if (_scalar(metadata, f"{arch}.expert_count") or 0) > 0:
-        experts = _scalar(metadata, f"{arch}.expert_count")
+    experts = _int_field(metadata, f"{arch}.expert_count", 0, 0, 1 << 16)
+    if experts > 0:
         raise ModelLoadError(f"not supported yet: {arch} mixture of experts ({experts} experts)")
     if "token_embd.weight" not in tensors:
         raise ModelLoadError("GGUF has no token_embd.weight tensor")
-    hidden = _required_int(metadata, f"{arch}.embedding_length")
-    heads = _required_int(metadata, f"{arch}.attention.head_count")
-    head_dim = int(_scalar(metadata, f"{arch}.attention.key_length") or hidden // heads)
-    rope_dims = int(_scalar(metadata, f"{arch}.rope.dimension_count") or head_dim)
+    big = 1 << 20  # every size is then compared with the tensors' own
+    hidden = _int_field(metadata, f"{arch}.embedding_length", _MISSING, 1, big)
+    heads = _int_field(metadata, f"{arch}.attention.head_count", _MISSING, 1, big)
+    head_dim = _int_field(metadata, f"{arch}.attention.key_length", hidden // heads, 1, big)
+    rope_dims = _int_field(metadata, f"{arch}.rope.dimension_count", head_dim, 1, big)
+    sizes = {
+        "hidden": hidden,
+        "heads": heads,
+        "head_dim": head_dim,
+        "kv_heads": _int_field(metadata, f"{arch}.attention.head_count_kv", heads, 1, big),
+        "layers": _int_field(metadata, f"{arch}.block_count", _MISSING, 1, 1 << 16),
+        "ff": _int_field(metadata, f"{arch}.feed_forward_length", _MISSING, 1, big),
+    }
+    _check_shapes(arch, sizes, tensors)
+    if rope_dims > head_dim or rope_dims % 2:
+        raise ModelLoadError(
+            f"GGUF metadata {arch}.rope.dimension_count={rope_dims:,} must be even and at most "
+            f"the head dim {head_dim:,}"
+        )
     if rope_dims != head_dim and arch != "phi3":
         raise ModelLoadError(f"not supported yet: partial rotary ({rope_dims} of {head_dim} dims)")
-    theta = float(_scalar(metadata, f"{arch}.rope.freq_base") or 10000.0)
+    theta = _float_field(metadata, f"{arch}.rope.freq_base", 10000.0, 0.0, 1e12)
+    eps_key = f"{arch}.attention.layer_norm_rms_epsilon"
+    context_key = f"{arch}.context_length"
     config: dict[str, Any] = {
         "model_type": _ARCHS[arch][0],
         "hidden_size": hidden,
-        "num_hidden_layers": _required_int(metadata, f"{arch}.block_count"),
-        "intermediate_size": _required_int(metadata, f"{arch}.feed_forward_length"),
+        "num_hidden_layers": sizes["layers"],
+        "intermediate_size": sizes["ff"],
         "num_attention_heads": heads,
-        "num_key_value_heads": int(_scalar(metadata, f"{arch}.attention.head_count_kv") or heads),
+        "num_key_value_heads": sizes["kv_heads"],
         "head_dim": head_dim,
-        "rms_norm_eps": float(
-            _scalar(metadata, f"{arch}.attention.layer_norm_rms_epsilon") or 1e-5
-        ),
+        "rms_norm_eps": _float_field(metadata, eps_key, 1e-5, 0.0, 1.0) or 1e-5,
         "vocab_size": int(tensors["token_embd.weight"].shape[0]),
-        "max_position_embeddings": int(_scalar(metadata, f"{arch}.context_length") or 4096),
+        "max_position_embeddings": _int_field(metadata, context_key, 4096, 1, MAX_CONTEXT_LENGTH),
         "rope_theta": theta,
         "rope_traditional": arch == "llama",
         "tie_word_embeddings": "output.weight" not in tensors,
@@ -297,19 +412,23 @@ def model_config(metadata: dict, tensors: dict) -> dict:
             config["eos_token_id"] = stops[0] if len(stops) == 1 else stops
         bos = _scalar(metadata, "tokenizer.ggml.bos_token_id")
         if bos is not None:
-            config["bos_token_id"] = int(bos)
+            vocab = config["vocab_size"]
+            config["bos_token_id"] = _int_field(
+                metadata, "tokenizer.ggml.bos_token_id", 0, 0, max(vocab - 1, 0)
+            )
     return config
 
 
 def _gemma3_config(metadata: dict, config: dict) -> dict:
     """Gemma 3 fields llama.cpp does not store (it hard-codes them): the sliding pattern, the
     local RoPE base and the query scale (head dim; hidden / heads for the 62-layer 27B)."""
-    window = _scalar(metadata, "gemma3.attention.sliding_window")
+    context = config["max_position_embeddings"]
+    window = _int_field(metadata, "gemma3.attention.sliding_window", 512, 1, context)
     scalar = config["head_dim"]
     if config["num_hidden_layers"] == 62:
         scalar = config["hidden_size"] // config["num_attention_heads"]
     return {
-        "sliding_window": int(window) if window else 512,
+        "sliding_window": window,
         "sliding_window_pattern": GEMMA3_SLIDING_PATTERN,
         "rope_local_base_freq": GEMMA3_LOCAL_BASE,
         "query_pre_attn_scalar": scalar,
@@ -321,9 +440,10 @@ def _phi3_config(metadata: dict, tensors: dict, rope_dims: int, head_dim: int) -
     import mlx.core as mx
 
     out: dict[str, Any] = {"partial_rotary_factor": rope_dims / head_dim}
-    original = _scalar(metadata, "phi3.rope.scaling.original_context_length")
+    key = "phi3.rope.scaling.original_context_length"
+    original = _int_field(metadata, key, None, 1, MAX_CONTEXT_LENGTH)
     if original is not None:
-        out["original_max_position_embeddings"] = int(original)
+        out["original_max_position_embeddings"] = original
     if "rope_factors_long.weight" in tensors:
 
         def factors(name: str) -> list[float]:
@@ -492,6 +612,33 @@ def convert_gguf(
     check_gguf_header(path)
     if progress is not None:
         progress("read gguf", 0, 1)
+    with _naming_the_file(path):
+        return _convert(path, out_dir, name, sha256, origin, progress)
+
+
+@contextmanager
+def _naming_the_file(path: Path):
+    """Every failure while converting `path` as one ModelLoadError line that names the file
+    (metadata problems are found far from where the file is known)."""
+    try:
+        yield
+    except ModelLoadError as exc:
+        text = str(exc)
+        if str(path) in text or path.name in text:
+            raise
+        raise ModelLoadError(f"cannot convert GGUF {path}: {text}") from exc
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError) as exc:
+        detail = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise ModelLoadError(f"cannot convert GGUF {path}: damaged metadata ({detail})") from exc
+
+
+def _text_field(metadata: dict, key: str) -> str | None:
+    """A string metadata field (None when absent, empty or not a string)."""
+    value = metadata.get(key)
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def _convert(path, out_dir, name, sha256, origin, progress) -> Path:
     tensors, header = _read_gguf(path)
     metadata = header.metadata
     architecture(metadata)  # fail fast on unsupported architectures
@@ -502,7 +649,7 @@ def convert_gguf(
         "converter_version": CONVERTER_VERSION,
         "source": origin or str(path.resolve()),
         "sha256": sha256 or sha256_file(path),
-        "name": name or _scalar(metadata, "general.name") or path.stem,
+        "name": name or _text_field(metadata, "general.name") or path.stem,
         "gguf_file_type": file_type_name(metadata, tensors),
         "tensor_types": dict(Counter(t.type_name for t in header.tensors).most_common()),
         "disk_bytes": path.stat().st_size,

@@ -30,6 +30,7 @@ MLX packs b-bit codes of a row as one little-endian bit stream in uint32 words.
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -41,6 +42,9 @@ import numpy as np
 from ..errors import ModelLoadError
 
 QK_K = 256
+MAX_ARRAY_DEPTH = 8
+"""Metadata arrays of arrays nest at most this deep (llama.cpp writes one level)."""
+MAX_TENSOR_DIMS = 4  # GGML_MAX_DIMS
 
 
 @dataclass(frozen=True)
@@ -137,16 +141,23 @@ class _Cursor:
         n = self.unpack("<Q", what)
         return bytes(self.take(n, what)).decode("utf-8", errors="replace")
 
-    def value(self, kind: int, what: str):
+    def value(self, kind: int, what: str, depth: int = 0):
         if kind == 8:
             return self.string(what)
         if kind == 9:
+            if depth >= MAX_ARRAY_DEPTH:
+                raise ModelLoadError(
+                    f"cannot read GGUF {self.path}: metadata arrays nested more than "
+                    f"{MAX_ARRAY_DEPTH} deep ({what})"
+                )
             item_kind, count = self.unpack("<I", what), self.unpack("<Q", what)
             if item_kind in _NUMPY_TYPES:
                 dtype = np.dtype(_NUMPY_TYPES[item_kind])
                 data = self.take(count * dtype.itemsize, what)
                 return np.frombuffer(data, dtype=dtype).copy()
-            return [self.value(item_kind, what) for _ in range(count)]
+            if count > len(self.buffer) - self.pos:  # every item takes at least one byte
+                self.take(count, what)  # raises: extends past the end of the file
+            return [self.value(item_kind, what, depth + 1) for _ in range(count)]
         if kind in _SCALAR_FORMATS:
             return self.unpack(_SCALAR_FORMATS[kind], what)
         raise ModelLoadError(f"cannot read GGUF {self.path}: unknown metadata type {kind} ({what})")
@@ -184,20 +195,42 @@ def _parse(cur: _Cursor, size: int) -> GGUFHeader:
     for _ in range(n_tensors):
         name = cur.string("tensor name")
         n_dims = cur.unpack("<I", f"tensor {name}")
+        if n_dims > MAX_TENSOR_DIMS:
+            raise ModelLoadError(
+                f"cannot read GGUF {cur.path}: tensor {name} has {n_dims} dimensions "
+                f"(at most {MAX_TENSOR_DIMS})"
+            )
         dims = [cur.unpack("<Q", f"tensor {name}") for _ in range(n_dims)]
         kind, offset = cur.unpack("<I", f"tensor {name}"), cur.unpack("<Q", f"tensor {name}")
         raw_tensors.append((name, dims, kind, offset))
-    alignment = int(metadata.get("general.alignment", 32)) or 32
+    alignment = _alignment(cur.path, metadata.get("general.alignment", 32))
     data_start = -(-cur.pos // alignment) * alignment
     tensors = [_tensor_info(cur.path, data_start, size, *t) for t in raw_tensors]
     return GGUFHeader(version, metadata, tensors, size)
 
 
+def _alignment(path: Path, value: Any) -> int:
+    """`general.alignment`: a positive multiple of 8 (the GGUF spec), else ModelLoadError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 8 or value % 8:
+        raise ModelLoadError(
+            f"cannot read GGUF {path}: general.alignment={_short(value)} is not a positive "
+            "multiple of 8"
+        )
+    return value
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _tensor_info(path, data_start, size, name, dims, kind, offset) -> TensorInfo:
     ggml = GGML_TYPES.get(kind)
     if ggml is None:
-        raise ModelLoadError(f"not supported yet: GGML tensor type {kind} (tensor {name})")
-    count = int(np.prod(dims)) if dims else 1
+        raise ModelLoadError(
+            f"cannot read GGUF {path}: not supported yet: GGML tensor type {kind} (tensor {name})"
+        )
+    count = math.prod(dims)  # Python ints: no overflow to a small product
     if dims and dims[0] % ggml.block_elems:
         raise ModelLoadError(
             f"cannot read GGUF {path}: tensor {name} row length {dims[0]} is not a multiple of "

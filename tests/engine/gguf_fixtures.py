@@ -199,7 +199,13 @@ def quantize_q4_0(weight: np.ndarray) -> tuple[bytes, np.ndarray]:
 # ---------------------------------------------------------------------------------------------
 # Writer
 
-_SCALARS = {"u32": (4, "<I"), "i32": (5, "<i"), "f32": (6, "<f"), "bool": (7, "<?")}
+_SCALARS = {
+    "u32": (4, "<I"),
+    "i32": (5, "<i"),
+    "f32": (6, "<f"),
+    "bool": (7, "<?"),
+    "u64": (10, "<Q"),
+}
 
 
 def _string(text: str) -> bytes:
@@ -208,6 +214,8 @@ def _string(text: str) -> bytes:
 
 
 def _value(value) -> bytes:
+    if isinstance(value, bytes):  # a pre-encoded value (type code and payload), for bad files
+        return value
     if isinstance(value, str):
         return struct.pack("<I", 8) + _string(value)
     if isinstance(value, list):  # list of strings
@@ -228,7 +236,8 @@ def _pad(data: bytes) -> bytes:
 def write_gguf(path: str | Path, tensors: dict, metadata: dict) -> Path:
     """Write a GGUF v3 file. tensors: name -> float32 numpy array (stored F32), or
     name -> (ggml_type, shape, raw_bytes) for pre-encoded blocks. Metadata values: str,
-    list[str], or (kind, value) with kind in u32/i32/f32/bool or "<kind>[]" for arrays."""
+    list[str], (kind, value) with kind in u32/i32/f32/bool/u64 or "<kind>[]" for arrays, or
+    bytes (type code and payload as they go into the file)."""
     infos, blobs, offset = [], [], 0
     for name, value in tensors.items():
         if isinstance(value, np.ndarray):

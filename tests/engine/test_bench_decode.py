@@ -186,7 +186,7 @@ def test_bench_prefill_times_both_methods_and_checks_the_first_token(tmp_path, c
     assert lo <= a2ats["ratio_median"] <= hi
     assert out["command"].startswith("a2ats bench prefill")
     assert main(["bench", "prefill", "--model", str(folder), "--contexts", "1"]) != 0
-    assert "--contexts='1' is out of range" in capsys.readouterr().err
+    assert "--contexts: 1 is out of range: must be in [2, " in capsys.readouterr().err
 
 
 def test_bench_prefill_times_the_cold_tier_reading_the_past_back(tmp_path, capsys, monkeypatch):

@@ -247,3 +247,56 @@ def test_changed_buckets_or_window_warn_like_far_offset():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert book.validate_for(model, A2ATSConfig(window=64, far_buckets=4)) == []
+
+
+@pytest.mark.parametrize(
+    "name, value, problem",
+    [
+        ("centroids", float("nan"), "not finite"),
+        ("assign_centroids", float("inf"), "not finite"),
+        ("chol", float("-inf"), "not finite"),
+        ("centroids", 1e30, "beyond"),
+    ],
+)
+def test_non_finite_or_absurd_arrays_are_refused_at_load(tmp_path, name, value, problem):
+    book = Codebook.random(2, 2, 16, n_centroids=8, seed=0)
+    path = tmp_path / "bad.safetensors"
+    book.save(path)
+    arrays, meta = mx.load(str(path), return_metadata=True)
+    arrays[f"layers.1.{name}"] = mx.full(arrays[f"layers.1.{name}"].shape, value)
+    mx.save_safetensors(str(path), arrays, metadata=meta)
+    with pytest.raises(CodebookError, match=problem) as info:
+        Codebook.load(path)
+    message = str(info.value)
+    assert message.startswith("bad.safetensors:") and f"layers.1.{name}" in message
+    assert "\n" not in message
+
+
+def test_codebook_info_says_a_nan_codebook_does_not_load(tmp_path, capsys):
+    from a2ats_engine.cli import main
+
+    book = Codebook.random(2, 2, 16, n_centroids=8, seed=0)
+    path = tmp_path / "nan.safetensors"
+    book.save(path)
+    arrays, meta = mx.load(str(path), return_metadata=True)
+    arrays = {k: mx.full(v.shape, float("nan")) for k, v in arrays.items()}
+    mx.save_safetensors(str(path), arrays, metadata=meta)
+    assert main(["codebook-info", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert "fits" not in captured.out
+    assert "nan.safetensors" in captured.err and "not finite" in captured.err
+
+
+@pytest.mark.parametrize("key, value", [("model", "x"), ("far_offset", "abc"), ("tokens", 1.5)])
+def test_metadata_of_the_wrong_type_is_refused_at_load(tmp_path, key, value):
+    import json
+
+    book = Codebook.random(2, 2, 16, n_centroids=8, seed=0)
+    path = tmp_path / "meta.safetensors"
+    book.save(path)
+    arrays, meta = mx.load(str(path), return_metadata=True)
+    blob = json.loads(meta["a2ats"])
+    blob[key] = value
+    mx.save_safetensors(str(path), arrays, metadata={"a2ats": json.dumps(blob)})
+    with pytest.raises(CodebookError, match=f"meta.safetensors: file is damaged .*{key}"):
+        Codebook.load(path)

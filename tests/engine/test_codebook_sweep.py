@@ -134,9 +134,11 @@ def test_bench_codebooks_bad_input_is_one_line(tiny_folder, capsys):
         (["--calib-tokens", "512,512"], "--calib-tokens lists 512 more than once"),
         (["--calib-tokens", "1"], "--calib-tokens 1 is out of range"),
         (["--texts", "poem"], "--texts 'poem' is unknown"),
-        (["--decode", "0"], "--decode 0 is out of range"),
+        (["--decode", "0"], "--decode=0 is out of range"),
         (["--centroids", "16", "--calib-tokens", "256", "--context", "10000000"],
-         "context 10000000 + decode 64 needs"),
+         "--context=10000000 is out of range"),
+        (["--centroids", "16", "--calib-tokens", "256", "--context", "1000000"],
+         "1,000,064 tokens is longer than the model's context"),
     ]  # fmt: skip
     for extra, message in cases:
         assert main(base + extra) == 1, extra

@@ -260,3 +260,48 @@ def test_cli_bad_input_is_one_line(tiny_folder, table, capsys, bad, message):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and message in err
     assert not table.exists()
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (b'\xff\xfe{"entries": []}', "not UTF-8"),
+        (b"[" * 100_000, "nested too deep"),
+        (b'{"entries": [' + b"1" * 5000 + b"]}", "not valid JSON"),
+    ],
+)
+def test_an_undecodable_or_deeply_nested_table_warns_once_and_is_ignored(
+    table, monkeypatch, content, problem
+):
+    monkeypatch.setattr(xo, "backend", lambda: "cpu")
+    table.parent.mkdir(parents=True)
+    table.write_bytes(content)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert xo.measured_crossover(30, 3, 64) == 4096  # the built-in row, no crash
+        assert xo.measured_crossover(2, 2, 64) == 0
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1, messages
+    assert str(table) in messages[0] and problem in messages[0] and "ignored" in messages[0]
+    assert "\n" not in messages[0]
+
+
+def test_an_oversized_table_is_ignored_without_reading_it_whole(table, monkeypatch):
+    monkeypatch.setattr(xo, "backend", lambda: "cpu")
+    table.parent.mkdir(parents=True)
+    with open(table, "wb") as f:
+        f.truncate(xo.MAX_TABLE_BYTES + 1)  # sparse: nothing written
+    with pytest.warns(UserWarning, match="larger than"):
+        assert xo.measured_crossover(30, 3, 64) == 4096
+
+
+def test_info_and_chat_survive_an_undecodable_table(tiny_folder, table, capsys):
+    table.parent.mkdir(parents=True)
+    table.write_bytes(b'\xff\xfe{"entries": []}')
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["info", str(tiny_folder)]) == 0
+        assert "none measured" in capsys.readouterr().out
+        assert (
+            main(["chat", "--model", str(tiny_folder), "--prompt", "hi", "--max-tokens", "2"]) == 0
+        )

@@ -460,7 +460,7 @@ def test_missing_file(tmp_path):
 def test_unsupported_architecture(llama, tmp_path):
     path = tmp_path / "mamba.gguf"
     write_tiny_gguf(path, llama, **{"general.architecture": "mamba"})
-    with pytest.raises(ModelLoadError, match=r"^not supported yet: mamba$"):
+    with pytest.raises(ModelLoadError, match=r"mamba\.gguf: not supported yet: mamba$"):
         load_model(str(path))
 
 
@@ -478,3 +478,97 @@ def test_convert_refuses_a_non_empty_folder(llama_gguf, tmp_path):
     (tmp_path / "out" / "keep.txt").write_text("mine")
     with pytest.raises(ModelLoadError, match="already exists and is not empty"):
         gguf.convert_gguf(llama_gguf, tmp_path / "out")
+
+
+# --- hostile metadata -------------------------------------------------------------------------
+
+
+def _nested_arrays(depth: int) -> bytes:
+    """A metadata value (type code + payload): arrays of one array, `depth` deep, of a u32."""
+    import struct
+
+    inner = struct.pack("<IIQ", 9, 4, 1) + struct.pack("<I", 7)
+    return struct.pack("<I", 9) + struct.pack("<IQ", 9, 1) * (depth - 1) + inner[4:]
+
+
+def test_metadata_arrays_nested_too_deep_are_one_error_naming_the_file(llama, tmp_path):
+    path = tmp_path / "deep.gguf"
+    write_tiny_gguf(path, llama, **{"general.deep": _nested_arrays(5000)})
+    with pytest.raises(ModelLoadError, match=r"deep\.gguf.*nested .*deep.*general\.deep"):
+        read_header(path)
+    with pytest.raises(ModelLoadError, match=r"deep\.gguf"):
+        load_model(str(path))
+
+
+def test_two_levels_of_nested_arrays_still_read(llama, tmp_path):
+    path = tmp_path / "nest2.gguf"
+    write_tiny_gguf(path, llama, **{"general.nested": _nested_arrays(2)})
+    value = read_header(path).metadata["general.nested"]
+    assert [list(x) for x in value] == [[7]]
+
+
+@pytest.mark.parametrize("alignment", ["abc", ("f32", 1.5), ("u32", 0), ("u32", 12)])
+def test_a_bad_alignment_is_one_error_naming_the_file_and_the_key(llama, tmp_path, alignment):
+    path = tmp_path / "align.gguf"
+    write_tiny_gguf(path, llama, **{"general.alignment": alignment})
+    with pytest.raises(ModelLoadError, match=r"align\.gguf.*general\.alignment"):
+        read_header(path)
+
+
+def _huge_head_gguf(llama, tmp_path, **more):
+    tensors = gguf_tensors(llama)
+    tensors["rope_freqs.weight"] = np.ones(4, dtype=np.float32)
+    meta = {
+        "llama.attention.key_length": ("u64", 1 << 40),
+        "llama.rope.dimension_count": ("u64", 1 << 40),
+        **more,
+    }
+    return write_gguf(tmp_path / "huge.gguf", tensors, tiny_gguf_metadata(llama.config, **meta))
+
+
+def test_sizes_from_metadata_are_checked_against_the_tensors_before_allocating(llama, tmp_path):
+    from .bounded import run_capped
+
+    path = _huge_head_gguf(llama, tmp_path)
+    out = tmp_path / "out"
+    result = run_capped(
+        f"""
+        from a2ats_engine.loading import gguf
+        gguf.convert_gguf({str(path)!r}, {str(out)!r})
+        """
+    )
+    assert result["kind"] == "ModelLoadError", result
+    assert "huge.gguf" in result["message"] and "key_length" in result["message"]
+    assert "\n" not in result["message"]
+
+
+@pytest.mark.parametrize(
+    "key, value, problem",
+    [
+        ("llama.attention.head_count", ("u32", 1 << 30), "head_count"),
+        ("llama.attention.head_count_kv", ("u32", 3), "head_count_kv"),
+        ("llama.embedding_length", ("u32", 1 << 31), "embedding_length"),
+        ("llama.feed_forward_length", ("u32", 7), "feed_forward_length"),
+        ("llama.block_count", ("u32", 1 << 31), "block_count"),
+        ("llama.context_length", ("u64", 1 << 60), "context_length"),
+        ("llama.rope.freq_base", ("f32", float("nan")), "freq_base"),
+        ("llama.attention.layer_norm_rms_epsilon", ("f32", -1.0), "rms_epsilon"),
+        ("llama.block_count", "abc", "block_count"),
+    ],
+)
+def test_each_size_in_the_metadata_must_agree_with_the_tensors(
+    llama, tmp_path, key, value, problem
+):
+    path = tmp_path / "bad.gguf"
+    write_tiny_gguf(path, llama, **{key: value})
+    with pytest.raises(ModelLoadError, match=rf"bad\.gguf.*{problem}") as info:
+        gguf.convert_gguf(path, tmp_path / "out")
+    assert "\n" not in str(info.value)
+
+
+def test_rope_freqs_of_the_wrong_length_is_refused(llama, tmp_path):
+    tensors = gguf_tensors(llama)
+    tensors["rope_freqs.weight"] = np.ones(3, dtype=np.float32)  # head_dim 16 needs 8
+    path = write_gguf(tmp_path / "rf.gguf", tensors, tiny_gguf_metadata(llama.config))
+    with pytest.raises(ModelLoadError, match=r"rf\.gguf.*rope_freqs.*3.*8"):
+        gguf.convert_gguf(path, tmp_path / "out")
