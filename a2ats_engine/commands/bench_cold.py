@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+MAX_COLD_CONTEXT = 1 << 18  # 262,144 tokens: each method runs in a process of its own
+
 
 def register(bench) -> None:
     _register_reopen(bench)
@@ -34,27 +36,18 @@ def register(bench) -> None:
 
 
 def _check(args: argparse.Namespace) -> tuple[list[int], list[str]]:
+    """Every flag range-checked before any work (`_limits.py`)."""
     from ..bench.cold_tier import METHODS
     from ..bench.geometries import GEOMETRIES
+    from . import _limits
 
-    if args.geometry not in GEOMETRIES:
-        raise ValueError(f"--geometry={args.geometry!r} is unknown: one of {', '.join(GEOMETRIES)}")
-    try:
-        contexts = [int(c) for c in args.contexts.split(",") if c]
-    except ValueError:
-        raise ValueError(f"--contexts={args.contexts!r}: comma-separated integers") from None
-    if not contexts or any(not 64 <= c <= 262144 for c in contexts):
-        raise ValueError(f"--contexts={args.contexts!r}: each in [64, 262144]")
-    methods = [m for m in args.methods.split(",") if m]
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown or not methods:
-        raise ValueError(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
-    if not 3 <= args.steps <= 1024:
-        raise ValueError(f"--steps={args.steps}: must be in [3, 1024]")
-    if not 1 <= args.repeats <= 20:
-        raise ValueError(f"--repeats={args.repeats}: must be in [1, 20]")
-    if args.data_limit is not None and not 0.1 <= args.data_limit <= 4096:
-        raise ValueError(f"--data-limit={args.data_limit}: GiB in [0.1, 4096]")
+    _limits.names("--geometry", args.geometry, GEOMETRIES.__contains__, GEOMETRIES)
+    contexts = _limits.int_list("--contexts", args.contexts, 64, MAX_COLD_CONTEXT)
+    methods = _limits.names("--methods", args.methods, METHODS.__contains__, METHODS)
+    _limits.count("--steps", args.steps, 3, 1024)
+    _limits.count("--repeats", args.repeats, 1, 20)
+    if args.data_limit is not None:
+        _limits.number("--data-limit", args.data_limit, 0.1, 4096)
     return contexts, methods
 
 
@@ -122,22 +115,14 @@ def _register_reopen(bench) -> None:
 def run_reopen(args: argparse.Namespace) -> int:
     from ..bench.reopen import bench_reopen
     from ..loading.models import load_model
-    from ._bench_common import (
-        a2ats_config,
-        find_codebook,
-        machine,
-        parse_list,
-        silence_random_codebook_warning,
-    )
+    from . import _limits
+    from ._bench_common import a2ats_config, find_codebook, machine, silence_random_codebook_warning
 
-    contexts = parse_list(args.contexts)
-    if not contexts or any(not 16 <= c <= 1 << 20 for c in contexts):
-        raise ValueError(f"--contexts={args.contexts!r}: each in [16, 1048576]")
+    contexts = _limits.int_list("--contexts", args.contexts, 16, _limits.MAX_CONTEXT)
     silence_random_codebook_warning()
     model, tokenizer, info = load_model(args.model)
     limit = getattr(getattr(model, "args", None), "max_position_embeddings", None)
-    if limit and max(contexts) + 64 > limit:
-        raise ValueError(f"--contexts: {max(contexts)} tokens exceed the model's {limit}")
+    _limits.check_model_context("--contexts", [c + 64 for c in contexts], limit)
     codebook, _ = find_codebook(args.codebook, args.model, info.path, required=False)
     config = a2ats_config(codebook, model)
     rows = bench_reopen(model, tokenizer, contexts, config, codebook, cold=args.cold)

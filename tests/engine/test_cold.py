@@ -246,3 +246,35 @@ def test_the_demo_model_answers_the_same_from_the_cold_tier(tmp_path):
     assert coldrun[0] == warm[0]
     assert all(c.rows.spilled and c.resident_bytes == c.codes.nbytes for c in cache)
     assert cache[0].retrieved_steps == 16
+
+
+def test_bench_cold_checks_every_flag_before_any_work(capsys, monkeypatch):
+    from a2ats_engine.bench import cold_tier
+    from a2ats_engine.cli import main
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("a run started before the flags were checked")
+
+    monkeypatch.setattr(cold_tier, "measure", no_run)
+    for flags, message in (
+        (["--contexts", "10"], "--contexts: 10 is out of range"),
+        (["--methods", "full,bogus"], "unknown 'bogus'; valid: full, a2ats, a2ats_cold"),
+        (["--geometry", "gpt5"], "--geometry: unknown 'gpt5'"),
+        (["--steps", "0"], "--steps=0 is out of range"),
+        (["--data-limit", "-1"], "--data-limit=-1.0 is out of range"),
+    ):
+        assert main(["bench", "cold", *flags]) != 0
+        assert message in capsys.readouterr().err
+
+
+def test_bench_cold_measures_each_method_in_its_own_process(tmp_path, monkeypatch):
+    """A real run on the built-in tiny geometry: the cold tier holds the codes only and gives
+    the same greedy tokens."""
+    from a2ats_engine.bench.cold_tier import measure
+
+    monkeypatch.setenv("A2ATS_CACHE_DIR", str(tmp_path / "cache"))
+    runs = {m: measure("tiny", 256, m, 4, A2ATSConfig()) for m in ("a2ats", "a2ats_cold")}
+    assert runs["a2ats"]["tokens"] == runs["a2ats_cold"]["tokens"]
+    assert runs["a2ats_cold"]["cache_disk_bytes"] > 0 == runs["a2ats"]["cache_disk_bytes"]
+    assert runs["a2ats_cold"]["cache_resident_bytes"] < runs["a2ats"]["cache_resident_bytes"] / 4
+    assert runs["a2ats_cold"]["anon_peak_sampled"] > 0
