@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from . import _limits as limits
-from . import bench_cold
+from . import bench_cold, bench_profile
 
 DECODE_METHOD_NAMES = (
     "full, kv8, kv4, window, a2ats, a2ats_kv8, a2ats_kv4, a2ats_telemetry, a2ats_noest, "
@@ -56,6 +56,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     d.add_argument(
         "--telemetry", action="store_true", help="also time a2ats with telemetry on (overhead)"
+    )
+    d.add_argument(
+        "--profile",
+        action="store_true",
+        help="time each phase of an A2ATS decode step per layer (retrieval forced), beside a "
+        "KVCache step and exact attention, with the thread settings",
     )
     d.add_argument(
         "--geometry",
@@ -226,6 +232,8 @@ def run_geometry_decode(args: argparse.Namespace) -> int:
 
 
 def run_decode(args: argparse.Namespace) -> int:
+    if args.profile:
+        return bench_profile.run_profile(args)
     if args.geometry:
         return run_geometry_decode(args)
     from ..bench.speed import bench_decode, fp16_bytes_per_token

@@ -224,3 +224,20 @@ def test_time_to_first_token_evaluates_the_a2ats_codes():
     assert all(c.offset == 50 for c in caches)
     codes = caches[0].codes[..., :50, :]
     assert codes.shape[-2] == 50 and mx.all(codes < 16).item()
+
+
+def test_bench_decode_profile_times_every_phase_with_the_thread_settings(tmp_path, capsys):
+    """`--profile`: a row per context with the KVCache and A2ATS step times, exact attention per
+    layer and the retrieval phases (retrieval forced even at a short context)."""
+    folder = save_tiny_model(tmp_path / "m", "llama", hidden_size=256)
+    rc = main(["bench", "decode", "--model", str(folder), "--contexts", "300", "--steps", "3",
+               "--profile", "--json"])  # fmt: skip
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "blas_threads" in out["threads"] and out["threads"]["cpus"] >= 1
+    row = out["results"][0]
+    assert row["retrieved_steps"] >= 6  # uninstrumented and instrumented steps both retrieved
+    phases = row["phases_ms_per_step"]
+    assert {"code scores", "top-K + rerank", "union", "gather K/V", "attention"} <= set(phases)
+    assert all(ms >= 0 for ms in phases.values()) and row["exact_attention_ms_per_layer"] > 0
+    assert row["kvcache_step_ms"] > 0 and row["a2ats_step_ms"] > 0

@@ -1,0 +1,150 @@
+"""`a2ats bench decode --profile`: where the time of one A2ATS decode step goes, per phase.
+
+Per context: the same prompt is prefilled into mlx-lm's caches and A2ATS's; then
+- `steps` decode steps of each, timed whole (no instrumentation): the step times to compare;
+- `steps` more A2ATS steps with a `PhaseClock` on every A2ATS layer: each phase (code scores,
+  top-K or top-K + rerank, union, gather K/V, estimate, attention over the selection, telemetry)
+  evaluated and timed on its own, summed over layers, as ms per step and per layer;
+- exact attention (mlx-lm's `scaled_dot_product_attention`) over one layer's whole cache, the
+  cost each layer's retrieval replaces.
+Evaluating phase by phase adds MLX's per-evaluation overhead, so the phases add up to more than
+an uninstrumented step; the gap is reported. The thread settings of MLX's BLAS (OpenBLAS) and
+NumPy's own BLAS are reported beside the figures (`threads`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from dataclasses import replace
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache
+
+from .._backend import blas_library
+from ..cache.a2ats_cache import A2ATSCache
+from ..cache.config import A2ATSConfig
+from ..cache.model_cache import make_cache
+from ..cache.retrieval import PhaseClock
+from .speed import filler_tokens, time_to_first_token
+
+_GETTERS = ("openblas_get_num_threads", "openblas_get_num_threads64_",
+            "scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads")  # fmt: skip
+
+
+def _blas_threads(path: str) -> int | None:
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError:
+        return None
+    for name in _GETTERS:
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            return int(fn())
+    return None
+
+
+def _loaded_blas() -> list[str]:
+    """Paths of the BLAS libraries mapped into this process (Linux; [] elsewhere)."""
+    try:
+        with open("/proc/self/maps", encoding="ascii", errors="replace") as f:
+            paths = {line.split()[-1] for line in f if "blas" in line.lower() and "/" in line}
+    except OSError:
+        return []
+    return sorted(p for p in paths if p.startswith("/"))
+
+
+def threads() -> dict[str, Any]:
+    """The thread settings the figures depend on."""
+    libs = {os.path.basename(p): _blas_threads(p) for p in _loaded_blas()}
+    env = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE")
+    return {
+        "cpus": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "mlx_blas": os.path.basename(blas_library) if blas_library else "MLX's own",
+        "blas_threads": libs,
+        "env": {k: os.environ[k] for k in env if k in os.environ},
+    }
+
+
+def _decode(model: nn.Module, caches: list, token: mx.array, steps: int) -> tuple[float, mx.array]:
+    """Mean seconds of `steps` greedy decode steps (the token read back each step, as
+    mlx-lm's generate does) and the last token."""
+    began = time.perf_counter()
+    for _ in range(steps):
+        logits = model(token[None], cache=caches)[:, -1]
+        token = mx.argmax(logits, axis=-1)
+        mx.eval(token)
+    return (time.perf_counter() - began) / steps, token
+
+
+def _exact_layer_ms(cache: A2ATSCache, n_q: int, reps: int = 5) -> float:
+    """Exact attention over one layer's whole cache: ms per call (what retrieval replaces)."""
+    keys, values = cache.rows.fetch(cache.offset)
+    q = mx.random.normal((1, n_q, 1, keys.shape[-1])).astype(keys.dtype)
+    scale = keys.shape[-1] ** -0.5
+    mx.eval(keys, values, q)
+    mx.eval(mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale))
+    began = time.perf_counter()
+    for _ in range(reps):
+        mx.eval(mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale))
+    return (time.perf_counter() - began) / reps * 1e3
+
+
+def profile_decode(
+    model: nn.Module,
+    tokenizer,
+    contexts: list[int],
+    *,
+    steps: int = 8,
+    config: A2ATSConfig | None = None,
+    codebook=None,
+) -> list[dict[str, Any]]:
+    """One row per context (see the module docstring). Retrieval is forced at every context
+    (`exact_below=0`), so a short context shows the fixed cost of a retrieval step."""
+    config = replace(config or A2ATSConfig(), exact_below=0)
+    n_q = int(getattr(model.args, "num_attention_heads", 1))
+    rows = []
+    for n in contexts:
+        ids = filler_tokens(tokenizer, n)
+        full, a2ats = make_prompt_cache(model), make_cache(model, config, codebook)
+        _, first = time_to_first_token(model, full, ids)
+        time_to_first_token(model, a2ats, ids)
+        token = mx.array([first])
+        full_s, _ = _decode(model, full, token, steps)
+        a2ats_s, last = _decode(model, a2ats, token, steps)
+        layers = [c for c in a2ats if isinstance(c, A2ATSCache)]
+        clock = PhaseClock()
+        for c in layers:
+            c.retrieval.clock = clock
+        timed_s, _ = _decode(model, a2ats, last, steps)
+        for c in layers:
+            c.retrieval.clock = None
+        phases: dict[str, float] = {}
+        for (_, phase), seconds in clock.seconds.items():
+            phases[phase] = phases.get(phase, 0.0) + seconds
+        per_step = {p: s / steps * 1e3 for p, s in sorted(phases.items(), key=lambda x: -x[1])}
+        rows.append(
+            {
+                "context": n,
+                "a2ats_layers": len(layers),
+                "retrieved_steps": max((c.retrieved_steps for c in layers), default=0),
+                "kvcache_step_ms": round(full_s * 1e3, 2),
+                "a2ats_step_ms": round(a2ats_s * 1e3, 2),
+                "a2ats_vs_kvcache": round(full_s / a2ats_s, 3),
+                "instrumented_step_ms": round(timed_s * 1e3, 2),
+                "phases_ms_per_step": {p: round(ms, 3) for p, ms in per_step.items()},
+                "phases_ms_per_layer": {
+                    p: round(ms / max(len(layers), 1), 3) for p, ms in per_step.items()
+                },
+                "exact_attention_ms_per_layer": round(_exact_layer_ms(layers[0], n_q), 3)
+                if layers
+                else None,
+            }
+        )
+        for cache in (full, a2ats):
+            del cache
+    return rows
