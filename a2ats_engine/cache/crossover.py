@@ -337,16 +337,27 @@ def measured_crossover(num_layers: int, num_kv_heads: int, head_dim: int) -> int
     return row.tokens if row is not None else 0
 
 
-def describe_crossover(num_layers: int, num_kv_heads: int, head_dim: int, source: str) -> str:
-    """What `a2ats info SOURCE` says about the default `exact_below` for this geometry."""
+def describe_crossover(
+    num_layers: int, num_kv_heads: int, head_dim: int, source: str, estimate: int | None = None
+) -> str:
+    """What `a2ats info SOURCE` says about the default `exact_below` for this geometry:
+    measured on this machine, the built-in row, or `estimate` (the cost model's,
+    `crossover_model.py`) until a measurement exists."""
     row = lookup_crossover(num_layers, num_kv_heads, head_dim)
+    if row is None and estimate is not None:
+        return (
+            f"exact until {estimate:,} tokens (estimated from the geometry: nothing measured on "
+            f"this machine yet; the app measures it the first time the model is loaded, or run "
+            f"`a2ats crossover {source}`)"
+        )
     if row is None:
         return (
             f"none measured: retrieval from the first step; run `a2ats crossover {source}` "
             "to measure it on this machine"
         )
     if row.origin == "built-in":
-        where = f"built-in table: {row.source}"
+        where = f"built-in table, measured on another machine: {row.source}; `a2ats crossover "
+        where += f"{source}` measures this one"
     else:
         where = f"measured on this machine: {row.origin}; {row.source}"
     if row.never:

@@ -113,12 +113,16 @@ def run_info(args: argparse.Namespace) -> int:
 def crossover_text(info, source: str) -> str | None:
     """Which default `exact_below` applies to the model on this machine (`cache/crossover.py`),
     None when A2ATS serves none of its layers."""
+    from .._backend import is_cpu_only
     from ..cache.crossover import describe_crossover
+    from ..cache.crossover_model import estimate_crossover
 
     plan = info.layer_plan
     if plan is None or plan.refused or not plan.a2ats_layers:
         return None
-    return describe_crossover(info.num_layers, info.num_kv_heads, info.head_dim, source)
+    kv_bytes = 4 if is_cpu_only() else 2  # float32 K/V on CPU-only MLX (weights dequantized)
+    estimate = estimate_crossover(info.num_heads, info.num_kv_heads, info.head_dim, kv_bytes)
+    return describe_crossover(info.num_layers, info.num_kv_heads, info.head_dim, source, estimate)
 
 
 def format_info(info, crossover: str | None = None) -> str:

@@ -203,7 +203,10 @@ def test_cli_dry_run_measures_and_writes_nothing(tiny_folder, table, capsys):
 def test_cli_records_the_table_that_caches_and_info_then_use(tiny_folder, table, capsys):
     assert main(["info", str(tiny_folder)]) == 0
     before = capsys.readouterr().out
-    assert re.search(r"^exact below +none measured: retrieval from the first step", before, re.M)
+    # nothing measured: the cost model's estimate, never 0, says it is one and how to measure
+    assert re.search(
+        r"^exact below +exact until [\d,]+ tokens \(estimated from the geometry", before, re.M
+    )
     assert f"`a2ats crossover {tiny_folder}`" in before
 
     assert main(["crossover", str(tiny_folder), *ARGV, "--json"]) == 0
@@ -237,10 +240,12 @@ def test_info_names_the_built_in_row(monkeypatch, capsys):
         a2ats_layers = (0, 1)
 
     class Info:
-        layer_plan, num_layers, num_kv_heads, head_dim = Plan(), 30, 3, 64
+        layer_plan, num_layers, num_heads, num_kv_heads, head_dim = Plan(), 30, 9, 3, 64
 
     monkeypatch.setattr(xo, "backend", lambda: "cpu")
-    assert crossover_text(Info(), "demo").startswith("exact until 4,096 tokens (built-in table: ")
+    text = crossover_text(Info(), "demo")
+    assert text.startswith("exact until 4,096 tokens (built-in table, measured on another machine")
+    assert "`a2ats crossover demo` measures this one" in text
     Plan.a2ats_layers = ()
     assert crossover_text(Info(), "demo") is None
 
@@ -301,7 +306,45 @@ def test_info_and_chat_survive_an_undecodable_table(tiny_folder, table, capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert main(["info", str(tiny_folder)]) == 0
-        assert "none measured" in capsys.readouterr().out
+        assert "estimated from the geometry" in capsys.readouterr().out
         assert (
             main(["chat", "--model", str(tiny_folder), "--prompt", "hi", "--max-tokens", "2"]) == 0
         )
+
+
+def test_the_cost_model_reproduces_the_measured_row_and_is_never_zero():
+    from a2ats_engine.cache.crossover_model import MIN_ESTIMATE, estimate_crossover
+
+    # calibrated on the demo's measured crossover (9 query / 3 KV heads, d 64, float32)
+    assert estimate_crossover(9, 3, 64, 4) == xo.MEASURED[("cpu", 30, 3, 64)].tokens == 4096
+    # more bytes per token for exact attention: retrieval pays off sooner
+    qwen3, llama, gemma = (
+        estimate_crossover(*g, 4) for g in ((16, 8, 128), (32, 8, 64), (4, 1, 256))
+    )
+    assert qwen3 < llama < gemma < 4096  # more bytes per token than the demo: sooner
+    assert estimate_crossover(9, 3, 64, 2) > 4096  # fp16 K/V: exact attention reads half
+    assert estimate_crossover(2, 2, 16, 4) >= MIN_ESTIMATE > 0  # tiny: never 0
+
+
+def test_the_app_and_chat_default_follows_a_measurement_over_the_estimate(tiny_folder, table):
+    """A fake timing source where retrieval is slower at every measured context on this machine:
+    the recorded row wins over the estimate, so the chat attends exactly there (never slower)."""
+    from a2ats_engine.cache.crossover_model import ESTIMATE_SOURCE, with_default_crossover
+
+    model, _, _ = load_model(str(tiny_folder))
+    config, row = with_default_crossover(model, A2ATSConfig())
+    assert row.origin == "estimate" and row.source == ESTIMATE_SOURCE and config.exact_below > 0
+    slower = {150: 0.8, 300: 0.9, 600: 0.95}  # a2ats / full at each context, as measured
+    decision = xo.decide_crossover(slower)
+    assert decision.never and decision.exact_below == 601
+    xo.record_crossover(
+        {"backend": xo.backend(), "machine": xo.machine_id(), "layers": 2, "kv_heads": 2,
+         "head_dim": 64, "exact_below": decision.exact_below, "never": True,
+         "ratios": {str(k): v for k, v in slower.items()}, "model": "tiny-llama"},
+        table,
+    )  # fmt: skip
+    xo.reload_user_table()
+    config, row = with_default_crossover(model, A2ATSConfig())
+    assert config.exact_below == 601 and row.never and row.origin == str(table)
+    pinned, _ = with_default_crossover(model, A2ATSConfig(exact_below=5))
+    assert pinned.exact_below == 5  # a setting wins over both
