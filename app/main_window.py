@@ -47,7 +47,7 @@ from .feedback import Feedback
 from .inert_text import rich_from_plain
 from .menus import fill_codebook_menu, fill_model_menu, model_tooltip
 from .reply_view import ReplyView
-from .settings import AppSettings
+from .settings import MAX_PIXELS, AppSettings
 from .status_bar import StatusBar
 from .theme import app_icon, theme
 from .top_bar import TopBar
@@ -100,6 +100,17 @@ class MainWindow(QMainWindow):
             telemetry=self.telemetry_enabled,
         )
         self.calibrate_dialog: CalibrateDialog | None = None
+        try:
+            self._build()
+        except BaseException:
+            # The engine thread already runs: end it, or Python destroys a running QThread
+            # ("QThread: Destroyed while thread is still running", abort).
+            self.controller.engine.shutdown(self.shutdown_timeout_ms)
+            raise
+        if settings_message:
+            self.statusBar().showMessage(settings_message, 15000)
+
+    def _build(self) -> None:
         self.setWindowTitle("A2ATS Chat")
         self.setWindowIcon(app_icon())
         self.setObjectName("MainWindow")
@@ -109,8 +120,6 @@ class MainWindow(QMainWindow):
         self._restore_layout()
         self.controller.load_history()
         self._update_ready()
-        if settings_message:
-            self.statusBar().showMessage(settings_message, 15000)
 
     @property
     def current(self) -> Conversation | None:
@@ -329,8 +338,9 @@ class MainWindow(QMainWindow):
             self.restoreGeometry(QByteArray.fromBase64(self.settings.window_geometry.encode()))
         if self.settings.window_state:
             self.restoreState(QByteArray.fromBase64(self.settings.window_state.encode()))
-        if len(self.settings.splitter_sizes) == 2:
-            self.splitter.setSizes(self.settings.splitter_sizes)
+        sizes = self.settings.splitter_sizes
+        if len(sizes) == 2 and all(0 < size <= MAX_PIXELS for size in sizes):
+            self.splitter.setSizes(sizes)
         self.dock.setVisible(self.settings.inspector_visible)
         self.inspector_button.setChecked(self.settings.inspector_visible)
         if not self.settings.window_geometry:

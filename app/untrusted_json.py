@@ -1,0 +1,42 @@
+"""Reading JSON files the app does not control (settings.json, chat files) without ever letting
+one stop the app: a size cap before anything is read, nesting too deep for the parser, bytes
+that are not UTF-8 and lone surrogates (`"\\udc80"`, valid JSON but not encodable) all end as a
+`ValueError` with one line, or as clean text."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+REPLACEMENT = "\ufffd"
+
+
+def clean_text(text: str) -> str:
+    """`text` with every lone surrogate (unencodable in UTF-8) replaced by U+FFFD."""
+    return _SURROGATE.sub(REPLACEMENT, text)
+
+
+def read_json(path: Path, max_bytes: int) -> Any:
+    """The JSON value in `path`. ValueError with a one-line reason when the file is larger than
+    `max_bytes`, is not UTF-8, is not JSON or nests too deeply; OSError when it cannot be read.
+    Strings keep lone surrogates: pass them through `clean_text` before they can be written."""
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise ValueError(f"the file is too large ({size:,} bytes, at most {max_bytes:,})")
+    with path.open("rb") as file:
+        raw = file.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise ValueError(f"the file is too large (more than {max_bytes:,} bytes)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text (byte {exc.start})") from None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
