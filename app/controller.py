@@ -213,9 +213,10 @@ class ChatController(QObject):
     def _write(self, write: Callable[[], None], what: str) -> bool:
         try:
             write()
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: text UTF-8 cannot encode
             if self._saves_ok:
-                message = f"Could not save {what}: {exc.strerror or exc}"
+                reason = exc.strerror if isinstance(exc, OSError) else None
+                message = f"Could not save {what}: {reason or exc}"
                 self.error_reported.emit(ErrorReport(SAVE, message, source=what))
             self._saves_ok = False
             return False
@@ -228,8 +229,13 @@ class ChatController(QObject):
         """Read every chat and show the last one used (or a new one)."""
         self.conversations = self.store.load_all()
         if self.store.skipped:
-            count = len(self.store.skipped)
-            self.notice.emit(f"Skipped {count} unreadable conversation file(s)", 10000)
+            skipped = self.store.skipped
+            first = skipped[0]
+            named = f"{first} ({self.store.reasons.get(first, 'unreadable')[:120]})"
+            more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
+            self.notice.emit(
+                f"Skipped {len(skipped)} unreadable conversation file(s): {named}{more}", 10000
+            )
         wanted = self.settings.last_conversation_id
         current = self.find(wanted) if wanted else None
         if current is None and self.conversations:

@@ -24,11 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from .app_dirs import atomic_write_text, conversations_dir, remove_stale_temp_files
+from .untrusted_json import clean_json, read_json
 
 FORMAT_VERSION = 1
 DEFAULT_TITLE = "New chat"
 ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 ROLES = ("user", "assistant")
+MAX_CHAT_FILE_BYTES = 256 << 20  # a larger chat file is skipped, never read into memory
 
 
 def is_valid_id(conversation_id: object) -> bool:
@@ -192,6 +194,7 @@ class HistoryStore:
     def __init__(self, folder: Path | None = None) -> None:
         self.folder = Path(folder) if folder is not None else conversations_dir()
         self.skipped: list[str] = []  # files that could not be read on the last load_all
+        self.reasons: dict[str, str] = {}  # why, per skipped file (one line each)
 
     def path_for(self, conversation_id: str) -> Path:
         """The file of a conversation; ValueError unless `conversation_id` is a valid id."""
@@ -202,18 +205,20 @@ class HistoryStore:
     def load_all(self) -> list[Conversation]:
         """Every readable conversation, most recently updated first. Unreadable files (not
         JSON, not an object, a name that is not a valid id) are listed in `self.skipped` and left
-        untouched on disk."""
-        self.skipped = []
+        untouched on disk. Lone surrogates in a file's strings become U+FFFD (the chat stays
+        savable)."""
+        self.skipped, self.reasons = [], {}
         conversations = []
         if not self.folder.is_dir():
             return conversations
         remove_stale_temp_files(self.folder)
         for path in sorted(self.folder.glob("*.json")):
             try:
-                data = json.loads(path.read_text("utf-8"))
+                data = clean_json(read_json(path, MAX_CHAT_FILE_BYTES))
                 conversations.append(Conversation.from_dict(data, conversation_id=path.stem))
-            except (OSError, ValueError, RecursionError):
+            except (OSError, ValueError, RecursionError) as exc:
                 self.skipped.append(path.name)
+                self.reasons[path.name] = str(exc).splitlines()[0] if str(exc) else "unreadable"
         conversations.sort(key=lambda c: c.updated, reverse=True)
         return conversations
 

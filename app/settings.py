@@ -22,7 +22,7 @@ from typing import Any
 from a2ats_engine.records import MODEL_SAMPLING_FIELDS, ModelInfo, SamplingSettings
 
 from .app_dirs import atomic_write_text, config_dir, remove_stale_temp_files
-from .untrusted_json import clean_text, read_json
+from .untrusted_json import clean_json, clean_text, read_json
 
 SCHEMA_VERSION = 1
 MAX_SETTINGS_BYTES = 1 << 20  # a larger settings.json is corrupt, not read
@@ -205,7 +205,7 @@ def load_settings(path: Path | None = None) -> tuple[AppSettings, str | None]:
     if not path.exists():
         return AppSettings(), None
     try:
-        data = _clean(read_json(path, MAX_SETTINGS_BYTES))
+        data = clean_json(read_json(path, MAX_SETTINGS_BYTES))
         return AppSettings.from_dict(data), None
     except (ValueError, TypeError, OSError, OverflowError, RecursionError) as exc:
         backup = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -219,25 +219,6 @@ def load_settings(path: Path | None = None) -> tuple[AppSettings, str | None]:
         return AppSettings(), (
             f"Settings file {path.name} was unreadable, defaults restored{where}: {reason}"
         )
-
-
-def _clean(value: Any) -> Any:
-    """`value` (parsed JSON) with lone surrogates in every string replaced (see `clean_text`)."""
-    stack, root = [], [value]
-    stack.append((root, 0))
-    while stack:
-        holder, key = stack.pop()
-        item = holder[key]
-        if isinstance(item, str):
-            holder[key] = clean_text(item)
-        elif isinstance(item, list):
-            stack.extend((item, i) for i in range(len(item)))
-        elif isinstance(item, dict):
-            cleaned = {clean_text(k): v for k, v in item.items()}
-            item.clear()
-            item.update(cleaned)
-            stack.extend((item, k) for k in item)
-    return root[0]
 
 
 def save_settings(settings: AppSettings, path: Path | None = None) -> None:

@@ -40,3 +40,23 @@ def read_json(path: Path, max_bytes: int) -> Any:
         raise ValueError("JSON nested too deeply") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+
+
+def clean_json(value: Any) -> Any:
+    """`value` (parsed JSON) with lone surrogates replaced in every string and key
+    (`clean_text`), in place where it can be; iterative, so any depth the parser accepted."""
+    root = [value]
+    stack: list[tuple[Any, Any]] = [(root, 0)]
+    while stack:
+        holder, key = stack.pop()
+        item = holder[key]
+        if isinstance(item, str):
+            holder[key] = clean_text(item)
+        elif isinstance(item, list):
+            stack.extend((item, i) for i in range(len(item)))
+        elif isinstance(item, dict):
+            cleaned = {clean_text(k): v for k, v in item.items()}
+            item.clear()
+            item.update(cleaned)
+            stack.extend((item, k) for k in item)
+    return root[0]

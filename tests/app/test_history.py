@@ -252,3 +252,41 @@ def test_stats_line_says_when_a2ats_attended_exactly(enabled, extra, label):
     c.messages[1].provenance = provenance
     cache_line = next(x for x in export_markdown(c).splitlines() if x.startswith("- cache:"))
     assert cache_line.startswith(f"- cache: {label if enabled else 'mlx-lm KVCache'}")
+
+
+def test_a_lone_surrogate_in_a_chat_file_leaves_the_chat_savable(make_window, app_dirs, qtbot):
+    from app.settings import settings_path
+
+    from .fakes import FakeBackend
+
+    store = HistoryStore()
+    store.folder.mkdir(parents=True)
+    # Valid JSON, but "\udc80" / "\ud800" are lone surrogates: not encodable as UTF-8.
+    (store.folder / "abc.json").write_text(
+        '{"title":"t\\udc80","messages":[{"role":"user","content":"hi \\ud800"}],"draft":"unsent"}'
+    )
+    window = make_window(FakeBackend())
+    current = window.controller.current
+    assert current.id == "abc" and current.title == "t\ufffd"
+    assert current.messages[0].content == "hi \ufffd"
+    errors = []
+    window.controller.error_reported.connect(errors.append)
+    current.draft = "changed"
+    assert window.controller.save(current)
+    assert errors == []
+    saved = json.loads((store.folder / "abc.json").read_text("utf-8"))
+    assert saved["title"] == "t\ufffd" and saved["draft"] == "changed"
+    window.close()
+    assert settings_path().exists()  # the quit still saved the settings
+
+
+def test_a_write_that_cannot_encode_is_reported_not_raised(make_window, app_dirs, message_boxes):
+    from .fakes import FakeBackend
+
+    window = make_window(FakeBackend())
+    errors = []
+    window.controller.error_reported.connect(errors.append)
+    current = window.controller.current
+    current.messages.append(Message("user", "bad \udc80 text"))  # from anywhere but a file
+    assert window.controller.save(current) is False
+    assert len(errors) == 1 and errors[0].message.startswith("Could not save")
