@@ -39,10 +39,15 @@ from .events import (
     ReplyMode,
     StopReason,
 )
+from .instance_lock import InstanceLock
 from .settings import AppSettings, save_settings
 from .worker import DEMO, EngineThread
 
 SAVE = "save"  # ErrorReport.task of a failed write of a chat or the settings
+READ_ONLY = (
+    "Another A2ATS Chat has this data folder open: this window is read-only "
+    "(nothing is sent or saved here)"
+)
 CHECKPOINT_SECONDS = 2.0  # a streaming reply is written to disk at least this often...
 CHECKPOINT_TOKENS = 32  # ...or every this many tokens, whichever comes first
 
@@ -147,6 +152,8 @@ class ChatController(QObject):
         self._job = Task.IDLE  # the engine job other than a reply
         self._overflow_choice: dict[str, OverflowPolicy] = {}
         self._saves_ok = True
+        self.lock = InstanceLock(self.store.folder)
+        self.read_only = False  # another instance holds the data folder (see load_history)
         self._connect()
 
     def _connect(self) -> None:
@@ -185,6 +192,8 @@ class ChatController(QObject):
         }
         if self._job in reasons:
             return reasons[self._job]
+        if self.read_only:
+            return READ_ONLY
         return "Choose a model to start chatting" if self.model is None else ""
 
     def reply_is_current(self) -> bool:
@@ -198,6 +207,8 @@ class ChatController(QObject):
     def save(self, conversation: Conversation) -> bool:
         """Write a chat (an empty new chat only once it has a message or a draft). A failed
         write is reported once per run of failures and never raised."""
+        if self.read_only or not self.store.changed(conversation):
+            return True
         if (
             not conversation.messages
             and not conversation.draft
@@ -208,6 +219,8 @@ class ChatController(QObject):
         return self._write(lambda: self.store.save(conversation), conversation.title)
 
     def save_settings(self) -> bool:
+        if self.read_only:
+            return True
         return self._write(lambda: save_settings(self.settings, self.settings_path), "settings")
 
     def _write(self, write: Callable[[], None], what: str) -> bool:
@@ -226,7 +239,11 @@ class ChatController(QObject):
     # ----- conversations ----------------------------------------------------------------------
 
     def load_history(self) -> None:
-        """Read every chat and show the last one used (or a new one)."""
+        """Take the data folder's lock (read-only without it: another instance writes there),
+        read every chat and show the last one used (or a new one)."""
+        self.read_only = not self.lock.acquire()
+        if self.read_only:
+            self.notice.emit(READ_ONLY, 0)
         self.conversations = self.store.load_all()
         if self.store.skipped:
             skipped = self.store.skipped
@@ -284,6 +301,9 @@ class ChatController(QObject):
         conversation = self.find(conversation_id)
         if conversation is None:
             return
+        if self.read_only:
+            self.notice.emit(READ_ONLY, 10000)
+            return
         if self.reply is not None and self.reply.conversation is conversation:
             self.stop()
         try:
@@ -310,7 +330,7 @@ class ChatController(QObject):
     def send(self, text: str) -> bool:
         """Send a new user message in the current chat; False when it cannot be sent now."""
         conversation = self.current
-        if conversation is None or self.model is None or self.task != Task.IDLE:
+        if conversation is None or self.model is None or self.task != Task.IDLE or self.read_only:
             return False
         history = conversation.chat_messages()
         before = list(conversation.messages)
@@ -325,7 +345,7 @@ class ChatController(QObject):
     def regenerate(self) -> bool:
         """Answer the last user message again; the old reply stays until the new one has text."""
         conversation = self.current
-        if conversation is None or self.model is None or self.task != Task.IDLE:
+        if conversation is None or self.model is None or self.task != Task.IDLE or self.read_only:
             return False
         last_user = conversation.last_index("user")
         if last_user is None:
@@ -345,7 +365,7 @@ class ChatController(QObject):
     def resend_edited(self, text: str) -> bool:
         """Replace the last user message with `text` (dropping what followed) and answer it."""
         conversation = self.current
-        if conversation is None or self.model is None or self.task != Task.IDLE:
+        if conversation is None or self.model is None or self.task != Task.IDLE or self.read_only:
             return False
         index = conversation.last_index("user")
         if index is None:
@@ -616,5 +636,6 @@ class ChatController(QObject):
                 self._checkpoint(self.reply, time.perf_counter())
             self.save_settings()
         finally:
+            self.lock.release()
             ended = self.engine.shutdown(timeout_ms)
         return ended

@@ -195,6 +195,7 @@ class HistoryStore:
         self.folder = Path(folder) if folder is not None else conversations_dir()
         self.skipped: list[str] = []  # files that could not be read on the last load_all
         self.reasons: dict[str, str] = {}  # why, per skipped file (one line each)
+        self._fingerprints: dict[str, str] = {}  # what each chat file holds, bar `updated`
 
     def path_for(self, conversation_id: str) -> Path:
         """The file of a conversation; ValueError unless `conversation_id` is a valid id."""
@@ -215,21 +216,36 @@ class HistoryStore:
         for path in sorted(self.folder.glob("*.json")):
             try:
                 data = clean_json(read_json(path, MAX_CHAT_FILE_BYTES))
-                conversations.append(Conversation.from_dict(data, conversation_id=path.stem))
+                loaded = Conversation.from_dict(data, conversation_id=path.stem)
+                self._fingerprints[loaded.id] = _fingerprint(loaded)
+                conversations.append(loaded)
             except (OSError, ValueError, RecursionError) as exc:
                 self.skipped.append(path.name)
                 self.reasons[path.name] = str(exc).splitlines()[0] if str(exc) else "unreadable"
         conversations.sort(key=lambda c: c.updated, reverse=True)
         return conversations
 
+    def changed(self, conversation: Conversation) -> bool:
+        """False when the chat's file already holds `conversation` (its `updated` aside), as
+        this store last read or wrote it: nothing to write."""
+        return self._fingerprints.get(conversation.id) != _fingerprint(conversation)
+
     def save(self, conversation: Conversation) -> None:
         atomic_write_text(
             self.path_for(conversation.id),
             json.dumps(conversation.to_dict(), indent=1, ensure_ascii=False) + "\n",
         )
+        self._fingerprints[conversation.id] = _fingerprint(conversation)
 
     def delete(self, conversation_id: str) -> None:
         self.path_for(conversation_id).unlink(missing_ok=True)
+        self._fingerprints.pop(conversation_id, None)
+
+
+def _fingerprint(conversation: Conversation) -> str:
+    data = conversation.to_dict()
+    data.pop("updated")
+    return json.dumps(data, ensure_ascii=False, sort_keys=True, default=str)
 
 
 def export_json(conversation: Conversation) -> str:

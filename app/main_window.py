@@ -385,7 +385,8 @@ class MainWindow(QMainWindow):
         conversation = self.controller.current
         if conversation is not None:
             self.header.show_conversation(conversation)
-            self.setWindowTitle(f"{conversation.title} \u2014 A2ATS Chat")
+            read_only = " (read-only)" if self.controller.read_only else ""
+            self.setWindowTitle(f"{conversation.title} \u2014 A2ATS Chat{read_only}")
 
     def _save_current(self) -> None:
         self.controller.save_current()
