@@ -42,9 +42,9 @@ class InstanceLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                return False
-            return True  # a file system without flock: behave as before (one writer assumed)
+            # Held elsewhere: read-only. A file system without flock (another errno): behave as
+            # before, one writer assumed.
+            return exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
         self._fd = fd
         return True
 
