@@ -151,7 +151,7 @@ class ChatController(QObject):
         self.reply: ReplyInProgress | None = None
         self._job = Task.IDLE  # the engine job other than a reply
         self._overflow_choice: dict[str, OverflowPolicy] = {}
-        self._saves_ok = True
+        self._failed: dict[str, str] = {}  # file key (chat id, "settings") -> its failure
         self.lock = InstanceLock(self.store.folder)
         self.read_only = False  # another instance holds the data folder (see load_history)
         self._connect()
@@ -216,25 +216,38 @@ class ChatController(QObject):
         ):
             return True
         conversation.touch()
-        return self._write(lambda: self.store.save(conversation), conversation.title)
+        return self._write(
+            lambda: self.store.save(conversation),
+            f"chat \u201c{conversation.title}\u201d",
+            conversation.id,
+        )
 
     def save_settings(self) -> bool:
         if self.read_only:
             return True
-        return self._write(lambda: save_settings(self.settings, self.settings_path), "settings")
+        return self._write(
+            lambda: save_settings(self.settings, self.settings_path), "settings", "settings"
+        )
 
-    def _write(self, write: Callable[[], None], what: str) -> bool:
+    def _write(self, write: Callable[[], None], what: str, key: str) -> bool:
+        """Run `write`; a failure is reported once per run of failures of the same file
+        (`key`), so a failing settings file never hides a failing chat, and is remembered
+        until that file is written again (`unsaved`)."""
         try:
             write()
         except (OSError, ValueError) as exc:  # ValueError: text UTF-8 cannot encode
-            if self._saves_ok:
-                reason = exc.strerror if isinstance(exc, OSError) else None
-                message = f"Could not save {what}: {reason or exc}"
+            reason = exc.strerror if isinstance(exc, OSError) else None
+            message = f"Could not save {what}: {reason or exc}"
+            if key not in self._failed:
                 self.error_reported.emit(ErrorReport(SAVE, message, source=what))
-            self._saves_ok = False
+            self._failed[key] = message
             return False
-        self._saves_ok = True
+        self._failed.pop(key, None)
         return True
+
+    def unsaved(self) -> list[str]:
+        """One line per file whose last write failed (what would be lost on quit)."""
+        return list(self._failed.values())
 
     # ----- conversations ----------------------------------------------------------------------
 
@@ -484,7 +497,11 @@ class ChatController(QObject):
             interrupted=True,
         )
         snapshot = replace(reply.conversation, messages=[*reply.conversation.messages, partial])
-        self._write(lambda: self.store.save(snapshot), reply.conversation.title)
+        self._write(
+            lambda: self.store.save(snapshot),
+            f"chat \u201c{reply.conversation.title}\u201d",
+            reply.conversation.id,
+        )
 
     def _on_context(self, context: ContextTokens) -> None:
         reply = self.reply
@@ -623,18 +640,25 @@ class ChatController(QObject):
 
     # ----- shutdown ---------------------------------------------------------------------------
 
-    def shutdown(self, draft: str = "", timeout_ms: int = 10000) -> bool:
-        """Save the current chat (with its draft), a reply still streaming (marked
-        interrupted) and the settings, then end the engine thread whatever the saves did.
-        False when the thread did not end in time."""
+    def save_before_quit(self, draft: str = "") -> list[str]:
+        """Save the current chat (with its draft), a reply still streaming (marked interrupted)
+        and the settings. Returns `unsaved()`: what a quit now would lose."""
+        if self.current is not None:
+            self.current.draft = draft
+            self.settings.last_conversation_id = self.current.id
+            self.save(self.current)
+        if self.reply is not None and self.reply.text:  # closed mid-reply: keep the part
+            self._checkpoint(self.reply, time.perf_counter())
+        self.save_settings()
+        return self.unsaved()
+
+    def shutdown(self, draft: str = "", timeout_ms: int = 10000, *, saved: bool = False) -> bool:
+        """Save as `save_before_quit` does (unless `saved`: the caller just did), release the
+        data folder and end the engine thread whatever the saves did. False when the thread
+        did not end in time."""
         try:
-            if self.current is not None:
-                self.current.draft = draft
-                self.settings.last_conversation_id = self.current.id
-                self.save(self.current)
-            if self.reply is not None and self.reply.text:  # closed mid-reply: keep the part
-                self._checkpoint(self.reply, time.perf_counter())
-            self.save_settings()
+            if not saved:
+                self.save_before_quit(draft)
         finally:
             self.lock.release()
             ended = self.engine.shutdown(timeout_ms)

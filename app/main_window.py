@@ -7,6 +7,7 @@ past-tense signals report. It holds no chat state of its own and never calls the
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -698,6 +699,28 @@ class MainWindow(QMainWindow):
         self.settings.splitter_sizes = [int(s) for s in self.splitter.sizes()]
         self.settings.inspector_visible = self.dock.isVisible()
         self._system_save_timer.stop()
-        if not self.controller.shutdown(self.composer.draft(), self.shutdown_timeout_ms):
+        draft = self.composer.draft()
+        unsaved = self.controller.save_before_quit(draft)
+        if unsaved and not self._quit_anyway(unsaved):
+            event.ignore()
+            return
+        if not self.controller.shutdown(draft, self.shutdown_timeout_ms, saved=True):
             self.statusBar().showMessage("The engine did not stop in time", 5000)
         super().closeEvent(event)
+
+    def _quit_anyway(self, unsaved: list[str]) -> bool:
+        """Some files could not be written (disk full, read-only folder): ask before a quit
+        loses them. Scripted runs say so on stderr and quit."""
+        text = "\n".join(unsaved)
+        if self.scripted:
+            print(f"a2ats-chat: quitting with unsaved changes: {text}", file=sys.stderr)
+            return True
+        answer = QMessageBox.question(
+            self,
+            "Quit without saving?",
+            rich_from_plain(
+                f"{text}\n\nQuitting now loses these changes. Free some space (or fix the "
+                "folder) and quit again to keep them. Quit anyway?"
+            ),
+        )
+        return answer == QMessageBox.StandardButton.Yes

@@ -460,3 +460,48 @@ def test_context_limit_on_the_real_engine_drop_oldest(make_controller, qtbot, sh
     held = [content for role, content in held_turns(controller) if role == "user"]
     assert held[-1] == texts[-1] and texts[0] not in held  # the oldest turns were left out
     assert [m.content for m in controller.current.messages if m.role == "user"] == texts
+
+
+def test_failed_saves_of_different_files_are_each_reported(make_controller, qtbot, monkeypatch):
+    controller = make_controller(FakeBackend())
+
+    def disk_full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("app.controller.save_settings", disk_full)
+    load(qtbot, controller)  # saves the settings: fails
+    monkeypatch.setattr(HistoryStore, "save", disk_full)
+    send(qtbot, controller, "keep me")  # saves the chat: fails too
+    reports = controller.spy.of("error_reported")
+    assert [r.task for r in reports] == [SAVE, SAVE]
+    assert "settings" in reports[0].message and "keep me" in reports[1].message
+    assert len(controller.unsaved()) == 2
+    monkeypatch.undo()
+    assert controller.save_before_quit("") == []  # both written now: nothing unsaved
+
+
+def test_quitting_with_an_unsaved_chat_asks_first(make_window, qtbot, monkeypatch, message_boxes):
+    from PySide6.QtWidgets import QMessageBox
+
+    from .helpers import load as load_window
+    from .helpers import reply
+
+    window = make_window(FakeBackend())
+    load_window(qtbot, window)
+    monkeypatch.setattr(
+        HistoryStore, "save", lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full"))
+    )
+    reply(qtbot, window, "precious")
+    answers = [QMessageBox.StandardButton.No, QMessageBox.StandardButton.Yes]
+    asked = []
+
+    def question(parent, title, text, *args, **kwargs):
+        asked.append(text)
+        return answers.pop(0)
+
+    monkeypatch.setattr(QMessageBox, "question", staticmethod(question))
+    assert not window.close()  # "No": the window stays and keeps its chat
+    assert window.isVisible() and window.controller.engine.thread.isRunning()
+    assert "precious" in asked[0] and "full" in asked[0]
+    assert window.close()  # "Yes": quit anyway
+    assert not window.controller.engine.thread.isRunning()
