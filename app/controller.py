@@ -20,7 +20,13 @@ from PySide6.QtCore import QObject, Signal
 
 from a2ats_engine.cache.telemetry import GenerationStats, TokenEvent
 
-from .conversations import Conversation, HistoryStore, Message, title_from_text
+from .conversations import (
+    MAX_ALTERNATIVES,
+    Conversation,
+    HistoryStore,
+    Message,
+    title_from_text,
+)
 from .events import (
     CalibrationFinished,
     CalibrationRequest,
@@ -66,8 +72,9 @@ class Task(StrEnum):
 class ReplyInProgress:
     """The reply being produced: its request, where it goes, and what arrived so far.
 
-    `replaces` is the old reply of a regenerate: it stays in the conversation until the new
-    reply has text, and comes back when the new one ends without any (stopped, failed)."""
+    `replaces` is the old reply of a regenerate: it stays in the conversation (and on disk)
+    until the new reply ends; a new reply with text takes its place and keeps it as an
+    alternative, one without text (stopped, failed) leaves it where it was."""
 
     request: GenerationRequest
     conversation: Conversation
@@ -468,20 +475,24 @@ class ChatController(QObject):
             reply.first_token_at = now
         reply.tokens += 1
         reply.text += event.text
-        if reply.replaces is not None and reply.text:
-            self._drop_replaced(reply)
         if self.reply_is_current():
             self.reply_text_added.emit(event.text)
         due = now - reply.checkpoint_at >= CHECKPOINT_SECONDS
         if reply.text and (due or reply.tokens - reply.checkpoint_tokens >= CHECKPOINT_TOKENS):
             self._checkpoint(reply, now)
 
-    def _drop_replaced(self, reply: ReplyInProgress) -> None:
-        """The new reply has text: the old one it regenerates leaves the conversation."""
+    def _replace_old_reply(self, reply: ReplyInProgress) -> None:
+        """The regenerated reply ended with text: it takes the old reply's place, and the old
+        one becomes its latest alternative."""
+        old, message = reply.replaces, reply.message
         messages = reply.conversation.messages
-        if messages and messages[-1] is reply.replaces:
-            messages.pop()
         reply.replaces = None
+        if old is None:
+            return
+        message.alternatives = [*old.alternatives, replace(old, alternatives=[])]
+        del message.alternatives[:-MAX_ALTERNATIVES]
+        if messages and messages[-1] is old:
+            messages.pop()
 
     def _checkpoint(self, reply: ReplyInProgress, now: float) -> None:
         """Write the chat with the partial reply marked interrupted, so a kill loses nothing.
@@ -496,7 +507,15 @@ class ChatController(QObject):
             provenance=self._provenance(reply, None),
             interrupted=True,
         )
-        snapshot = replace(reply.conversation, messages=[*reply.conversation.messages, partial])
+        messages = list(reply.conversation.messages)
+        if reply.replaces is not None and messages and messages[-1] is reply.replaces:
+            # A regenerate: the finished old reply stays the reply on disk until the new one
+            # completes; the partial new one is kept beside it as an alternative.
+            old = reply.replaces
+            messages[-1] = replace(old, alternatives=[*old.alternatives, partial])
+        else:
+            messages.append(partial)
+        snapshot = replace(reply.conversation, messages=messages)
         self._write(
             lambda: self.store.save(snapshot),
             f"chat \u201c{reply.conversation.title}\u201d",
@@ -530,9 +549,9 @@ class ChatController(QObject):
             StopReason.ERROR,
             StopReason.CONTEXT_FULL,
         )
+        restored = not keep and reply.replaces is not None
         if keep:
-            if reply.replaces is not None:
-                self._drop_replaced(reply)
+            self._replace_old_reply(reply)
             message.content = reply.text
             message.provenance = self._provenance(reply, stats)
             conversation.messages.append(message)
@@ -542,7 +561,6 @@ class ChatController(QObject):
         self.task_changed.emit(self.task)
         if stats.stop_reason == StopReason.CANCELLED:
             self.notice.emit("Stopped", 3000)
-        restored = not keep and reply.replaces is not None
         self.reply_ended.emit(
             ReplyEnded(conversation, message if keep else None, stats, note, restored)
         )

@@ -54,6 +54,9 @@ class Message:
     created: float = field(default_factory=time.time)
     provenance: dict[str, Any] | None = None
     interrupted: bool = False  # a partial reply checkpointed while it streamed (app closed)
+    # Earlier (or interrupted) versions of this reply, oldest first: a regenerate keeps the
+    # reply it replaces here, and a regenerate still streaming is checkpointed here.
+    alternatives: list[Message] = field(default_factory=list)
 
     def as_chat(self) -> dict[str, str]:
         """The {"role", "content"} form the engine's ChatSession uses."""
@@ -146,10 +149,22 @@ def _provenance(value: object) -> object:
     return clean
 
 
+MAX_ALTERNATIVES = 8  # versions kept per reply (the oldest go first)
+
+
+def _alternatives(value: object) -> object:
+    """Earlier versions of a reply: assistant messages without versions of their own."""
+    if not isinstance(value, list):
+        return _BAD
+    parsed = [_parse_message(item, nested=False) for item in value[-MAX_ALTERNATIVES:]]
+    return [m for m in parsed if m is not None and m.role == "assistant"]
+
+
 _MESSAGE_FIELDS: dict[str, Callable[[object], object]] = {
     "created": _timestamp,
     "provenance": _provenance,
     "interrupted": _flag,
+    "alternatives": _alternatives,
 }
 _CONVERSATION_FIELDS: dict[str, Callable[[object], object]] = {
     "title": _text,
@@ -170,14 +185,19 @@ def _read_fields(data: dict, readers: dict[str, Callable[[object], object]]) -> 
     return values
 
 
-def _parse_message(data: object) -> Message | None:
-    """A message, or None when it has no valid role and text (it is dropped)."""
+def _parse_message(data: object, nested: bool = True) -> Message | None:
+    """A message, or None when it has no valid role and text (it is dropped). `nested` False:
+    an alternative, whose own alternatives are ignored."""
     if not isinstance(data, dict):
         return None
     role, content = data.get("role"), data.get("content")
     if role not in ROLES or not isinstance(content, str):
         return None
-    return Message(role=role, content=content, **_read_fields(data, _MESSAGE_FIELDS))
+    fields = _read_fields(data, _MESSAGE_FIELDS if nested else _ALTERNATIVE_FIELDS)
+    return Message(role=role, content=content, **fields)
+
+
+_ALTERNATIVE_FIELDS = {k: v for k, v in _MESSAGE_FIELDS.items() if k != "alternatives"}
 
 
 def title_from_text(text: str, limit: int = 48) -> str:

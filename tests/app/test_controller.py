@@ -505,3 +505,38 @@ def test_quitting_with_an_unsaved_chat_asks_first(make_window, qtbot, monkeypatc
     assert "precious" in asked[0] and "full" in asked[0]
     assert window.close()  # "Yes": quit anyway
     assert not window.controller.engine.thread.isRunning()
+
+
+def test_a_crash_during_regenerate_keeps_the_finished_reply_on_disk(make_controller, qtbot):
+    finished = ("A complete answer. " * 24).strip()  # 455 characters, under max tokens
+    answers = iter([finished, "A new answer that never finishes " * 20])
+    backend = FakeBackend(reply_fn=lambda m: next(answers))
+    controller = make_controller(backend)
+    load(qtbot, controller)
+    send(qtbot, controller, "question")
+    path = controller.store.path_for(controller.current.id)
+    for session in backend.sessions:
+        session.delay = 0.005
+    kills: list[str] = []  # what the file holds at each checkpoint: what a kill would leave
+
+    def checkpointed():
+        text = path.read_text()
+        if '"interrupted": true' in text:
+            kills.append(text)
+        return bool(kills)
+
+    with qtbot.waitSignal(controller.reply_ended, timeout=20000):
+        assert controller.regenerate()
+        qtbot.waitUntil(checkpointed, timeout=10000)
+        controller.stop()
+    # The stopped reply had text, so it is the reply now; the finished one is its alternative.
+    (shown,) = controller.current.messages[1:]
+    assert shown.content.startswith("A new answer") and shown.alternatives[0].content == finished
+    saved = on_disk(controller, controller.current.id)["messages"]
+    assert saved[1]["alternatives"][0]["content"] == finished
+    path.write_text(kills[0])  # a kill at the first checkpoint
+    (left,) = [c for c in HistoryStore(path.parent).load_all() if c.id == controller.current.id]
+    replies = left.messages[1:]
+    assert [m.content for m in replies] == [finished] and not replies[0].interrupted
+    (partial,) = replies[0].alternatives
+    assert partial.interrupted and partial.content.startswith("A new answer")
