@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .app_dirs import atomic_write_text, conversations_dir, remove_stale_temp_files
+from .markdown_escape import escape_plain, inert_markdown
 from .untrusted_json import clean_json, read_json
 
 FORMAT_VERSION = 1
@@ -309,35 +310,39 @@ def _provenance_lines(provenance: dict[str, Any]) -> list[str]:
         if cache.get("a2ats_enabled")
         else "mlx-lm KVCache (A2ATS off)"
     )
+    plain = escape_plain
     lines = [
-        f"- model: {model.get('name', '?')} ({model.get('path', '?')})",
-        f"- cache: {cache_text}",
-        f"- codebook: {codebook.get('name', 'none')} sha256 {codebook.get('sha256', '-')}",
-        f"- sampling: {json.dumps(provenance.get('sampling', {}), sort_keys=True)}",
+        f"- model: {plain(str(model.get('name', '?')))} ({plain(str(model.get('path', '?')))})",
+        f"- cache: {plain(cache_text)}",
+        f"- codebook: {plain(str(codebook.get('name', 'none')))} "
+        f"sha256 {plain(str(codebook.get('sha256', '-')))}",
+        f"- sampling: {plain(json.dumps(provenance.get('sampling', {}), sort_keys=True))}",
     ]
     if stats:
         lines.append(
             "- stats: {gen} tokens, {tps:.1f} tok/s, TTFT {ttft:.3f} s, prompt {prompt} tokens, "
             "peak {peak:.2f} GB, cache {cache_bytes} bytes, stop: {stop}".format(
-                gen=stats.get("generation_tokens", 0),
+                gen=plain(str(stats.get("generation_tokens", 0))),
                 tps=number(stats.get("generation_tps")),
                 ttft=number(stats.get("time_to_first_token")),
-                prompt=stats.get("prompt_tokens", 0),
+                prompt=plain(str(stats.get("prompt_tokens", 0))),
                 peak=number(stats.get("peak_memory_gb")),
-                cache_bytes=stats.get("cache_bytes", 0),
-                stop=stats.get("stop_reason", "?"),
+                cache_bytes=plain(str(stats.get("cache_bytes", 0))),
+                stop=plain(str(stats.get("stop_reason", "?"))),
             )
         )
     return lines
 
 
 def export_markdown(conversation: Conversation) -> str:
-    """A readable Markdown transcript; each assistant reply is followed by its provenance."""
-    out = [f"# {conversation.title}", ""]
+    """A readable Markdown transcript; each assistant reply is followed by its provenance.
+    Chat text keeps its Markdown but nothing a viewer would load, run or follow
+    (`markdown_escape`); titles and provenance are plain text."""
+    out = [f"# {escape_plain(conversation.title)}", ""]
     if conversation.system_prompt:
-        out += ["**System prompt:**", "", conversation.system_prompt, ""]
+        out += ["**System prompt:**", "", inert_markdown(conversation.system_prompt), ""]
     for message in conversation.messages:
-        out += [f"## {message.role.capitalize()}", "", message.content, ""]
+        out += [f"## {message.role.capitalize()}", "", inert_markdown(message.content), ""]
         if message.provenance:
             out += ["<details><summary>Provenance</summary>", ""]
             out += _provenance_lines(message.provenance)
