@@ -27,7 +27,8 @@ def read_json(path: Path, max_bytes: int) -> Any:
     if size > max_bytes:
         raise ValueError(f"the file is too large ({size:,} bytes, at most {max_bytes:,})")
     with path.open("rb") as file:
-        raw = file.read(max_bytes + 1)
+        # read(n) allocates n bytes up front: ask for the size seen (+1 to notice growth)
+        raw = file.read(size + 1)
     if len(raw) > max_bytes:
         raise ValueError(f"the file is too large (more than {max_bytes:,} bytes)")
     try:
