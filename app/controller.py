@@ -105,6 +105,11 @@ class ReplyEnded:
     restored: bool = False
 
 
+def _by_time(messages: list[Message]) -> list[Message]:
+    """Versions of a reply in the order they were written (a stable sort: ties keep order)."""
+    return sorted(messages, key=lambda m: m.created)
+
+
 def jsonable(value: object) -> JsonValue:
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
@@ -336,6 +341,37 @@ class ChatController(QObject):
             self._show(self.conversations[0] if self.conversations else self._new_conversation())
         else:
             self.conversations_changed.emit()
+
+    def versions(self) -> tuple[int, int]:
+        """(number of the shown version, how many there are) of the current chat's last
+        reply: (1, 1) without alternatives, (0, 0) when the chat does not end with a reply.
+        Versions are numbered by when they were written."""
+        conversation = self.current
+        if conversation is None or not conversation.messages:
+            return 0, 0
+        last = conversation.messages[-1]
+        if last.role != "assistant":
+            return 0, 0
+        ordered = _by_time([*last.alternatives, last])
+        return ordered.index(last) + 1, len(ordered)
+
+    def show_version(self, step: int) -> bool:
+        """Make the version `step` away (-1 earlier, +1 later) the current chat's last reply;
+        the one shown becomes an alternative. Saved; False when there is no such version or
+        a reply is in flight."""
+        conversation = self.current
+        number, count = self.versions()
+        target = number - 1 + step
+        if conversation is None or self.reply is not None or not 0 <= target < count:
+            return False
+        last = conversation.messages[-1]
+        ordered = _by_time([*last.alternatives, last])
+        chosen = ordered[target]
+        others = [replace(m, alternatives=[]) for m in ordered if m is not chosen]
+        conversation.messages[-1] = replace(chosen, alternatives=others)
+        self.save(conversation)
+        self.current_changed.emit(conversation)
+        return True
 
     def set_system_prompt(self, text: str) -> None:
         if self.current is not None:

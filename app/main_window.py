@@ -303,6 +303,7 @@ class MainWindow(QMainWindow):
         )
         self.chat_view.regenerate_requested.connect(self.regenerate)
         self.chat_view.edit_requested.connect(self.begin_edit_last)
+        self.chat_view.version_requested.connect(self.controller.show_version)
         self.chat_view.copied.connect(lambda what: self.statusBar().showMessage(what, 2500))
 
     def _action(self, menu: QMenu, text: str, shortcut, slot) -> QAction:

@@ -75,6 +75,7 @@ class MessageWidget(QFrame):
     regenerate_clicked = Signal()
     edit_clicked = Signal()
     copied = Signal(str)
+    version_requested = Signal(int)  # -1: the earlier version of this reply, +1: the later
 
     def __init__(self, message: Message, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -113,6 +114,7 @@ class MessageWidget(QFrame):
         self.edit_button.clicked.connect(self.edit_clicked)
         self.regenerate_button = self._action("regenerate", "Regenerate reply")
         self.regenerate_button.clicked.connect(self.regenerate_clicked)
+        self._build_versions()
         self.actions = QWidget()
         self.actions.setObjectName("MessageActions")
         actions_layout = QHBoxLayout(self.actions)
@@ -123,6 +125,7 @@ class MessageWidget(QFrame):
         for button in (self.copy_button, self.edit_button, self.regenerate_button):
             actions_layout.addWidget(button)
         if not self.is_user:
+            actions_layout.addWidget(self.versions)
             actions_layout.addSpacing(8)
             actions_layout.addWidget(self.stats)
             actions_layout.addStretch(1)
@@ -134,6 +137,34 @@ class MessageWidget(QFrame):
         self.set_actions(can_edit=False, can_regenerate=False)
         self.set_content(message.content)
         self.set_provenance(message.provenance)
+
+    def _build_versions(self) -> None:
+        """ "< 2 / 3 >": the versions a regenerate kept of this reply (`Message.alternatives`)."""
+        self.versions = QWidget()
+        row = QHBoxLayout(self.versions)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.setSpacing(0)
+        self.previous_version_button = QToolButton()
+        self.previous_version_button.setText("\u2039")
+        self.previous_version_button.setToolTip("Earlier version of this reply")
+        self.previous_version_button.clicked.connect(lambda: self.version_requested.emit(-1))
+        self.next_version_button = QToolButton()
+        self.next_version_button.setText("\u203a")
+        self.next_version_button.setToolTip("Later version of this reply")
+        self.next_version_button.clicked.connect(lambda: self.version_requested.emit(1))
+        self.version_label = QLabel()
+        self.version_label.setObjectName("StatsLabel")
+        row.addWidget(self.previous_version_button)
+        row.addWidget(self.version_label)
+        row.addWidget(self.next_version_button)
+        self.versions.hide()
+
+    def set_versions(self, number: int, count: int, can_switch: bool) -> None:
+        """Show "number / count" (hidden for a single version); buttons only when `can_switch`."""
+        self.versions.setVisible(count > 1)
+        self.version_label.setText(f"{number} / {count}")
+        self.previous_version_button.setEnabled(can_switch and number > 1)
+        self.next_version_button.setEnabled(can_switch and number < count)
 
     def _build_more(self) -> None:
         """The row under a message cut at the render limit: how much shows, more, all."""

@@ -540,3 +540,21 @@ def test_a_crash_during_regenerate_keeps_the_finished_reply_on_disk(make_control
     assert [m.content for m in replies] == [finished] and not replies[0].interrupted
     (partial,) = replies[0].alternatives
     assert partial.interrupted and partial.content.startswith("A new answer")
+
+
+def test_versions_of_a_regenerated_reply_can_be_switched(make_controller, qtbot):
+    answers = iter(["first", "second"])
+    controller = make_controller(FakeBackend(reply_fn=lambda m: next(answers)))
+    load(qtbot, controller)
+    send(qtbot, controller, "question")
+    with qtbot.waitSignal(controller.reply_ended, timeout=20000):
+        controller.regenerate()
+    assert controller.versions() == (2, 2)
+    assert controller.show_version(-1)
+    last = controller.current.messages[-1]
+    assert last.content == "first" and [a.content for a in last.alternatives] == ["second"]
+    assert controller.versions() == (1, 2)
+    saved = on_disk(controller, controller.current.id)["messages"][-1]
+    assert saved["content"] == "first" and saved["alternatives"][0]["content"] == "second"
+    assert not controller.show_version(-1)  # already the first
+    assert controller.show_version(+1) and controller.current.messages[-1].content == "second"
