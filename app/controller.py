@@ -20,7 +20,13 @@ from PySide6.QtCore import QObject, Signal
 
 from a2ats_engine.cache.telemetry import GenerationStats, TokenEvent
 
-from .conversations import Conversation, HistoryStore, Message, title_from_text
+from .conversations import (
+    MAX_ALTERNATIVES,
+    Conversation,
+    HistoryStore,
+    Message,
+    title_from_text,
+)
 from .events import (
     CalibrationFinished,
     CalibrationRequest,
@@ -39,10 +45,15 @@ from .events import (
     ReplyMode,
     StopReason,
 )
+from .instance_lock import InstanceLock
 from .settings import AppSettings, save_settings
 from .worker import DEMO, EngineThread
 
 SAVE = "save"  # ErrorReport.task of a failed write of a chat or the settings
+READ_ONLY = (
+    "Another A2ATS Chat has this data folder open: this window is read-only "
+    "(nothing is sent or saved here)"
+)
 CHECKPOINT_SECONDS = 2.0  # a streaming reply is written to disk at least this often...
 CHECKPOINT_TOKENS = 32  # ...or every this many tokens, whichever comes first
 
@@ -61,8 +72,9 @@ class Task(StrEnum):
 class ReplyInProgress:
     """The reply being produced: its request, where it goes, and what arrived so far.
 
-    `replaces` is the old reply of a regenerate: it stays in the conversation until the new
-    reply has text, and comes back when the new one ends without any (stopped, failed)."""
+    `replaces` is the old reply of a regenerate: it stays in the conversation (and on disk)
+    until the new reply ends; a new reply with text takes its place and keeps it as an
+    alternative, one without text (stopped, failed) leaves it where it was."""
 
     request: GenerationRequest
     conversation: Conversation
@@ -91,6 +103,11 @@ class ReplyEnded:
     stats: GenerationStats
     note: str = ""
     restored: bool = False
+
+
+def _by_time(messages: list[Message]) -> list[Message]:
+    """Versions of a reply in the order they were written (a stable sort: ties keep order)."""
+    return sorted(messages, key=lambda m: m.created)
 
 
 def jsonable(value: object) -> JsonValue:
@@ -146,7 +163,9 @@ class ChatController(QObject):
         self.reply: ReplyInProgress | None = None
         self._job = Task.IDLE  # the engine job other than a reply
         self._overflow_choice: dict[str, OverflowPolicy] = {}
-        self._saves_ok = True
+        self._failed: dict[str, str] = {}  # file key (chat id, "settings") -> its failure
+        self.lock = InstanceLock(self.store.folder)
+        self.read_only = False  # another instance holds the data folder (see load_history)
         self._connect()
 
     def _connect(self) -> None:
@@ -185,6 +204,8 @@ class ChatController(QObject):
         }
         if self._job in reasons:
             return reasons[self._job]
+        if self.read_only:
+            return READ_ONLY
         return "Choose a model to start chatting" if self.model is None else ""
 
     def reply_is_current(self) -> bool:
@@ -198,6 +219,8 @@ class ChatController(QObject):
     def save(self, conversation: Conversation) -> bool:
         """Write a chat (an empty new chat only once it has a message or a draft). A failed
         write is reported once per run of failures and never raised."""
+        if self.read_only or not self.store.changed(conversation):
+            return True
         if (
             not conversation.messages
             and not conversation.draft
@@ -205,31 +228,56 @@ class ChatController(QObject):
         ):
             return True
         conversation.touch()
-        return self._write(lambda: self.store.save(conversation), conversation.title)
+        return self._write(
+            lambda: self.store.save(conversation),
+            f"chat \u201c{conversation.title}\u201d",
+            conversation.id,
+        )
 
     def save_settings(self) -> bool:
-        return self._write(lambda: save_settings(self.settings, self.settings_path), "settings")
+        if self.read_only:
+            return True
+        return self._write(
+            lambda: save_settings(self.settings, self.settings_path), "settings", "settings"
+        )
 
-    def _write(self, write: Callable[[], None], what: str) -> bool:
+    def _write(self, write: Callable[[], None], what: str, key: str) -> bool:
+        """Run `write`; a failure is reported once per run of failures of the same file
+        (`key`), so a failing settings file never hides a failing chat, and is remembered
+        until that file is written again (`unsaved`)."""
         try:
             write()
-        except OSError as exc:
-            if self._saves_ok:
-                message = f"Could not save {what}: {exc.strerror or exc}"
+        except (OSError, ValueError) as exc:  # ValueError: text UTF-8 cannot encode
+            reason = exc.strerror if isinstance(exc, OSError) else None
+            message = f"Could not save {what}: {reason or exc}"
+            if key not in self._failed:
                 self.error_reported.emit(ErrorReport(SAVE, message, source=what))
-            self._saves_ok = False
+            self._failed[key] = message
             return False
-        self._saves_ok = True
+        self._failed.pop(key, None)
         return True
+
+    def unsaved(self) -> list[str]:
+        """One line per file whose last write failed (what would be lost on quit)."""
+        return list(self._failed.values())
 
     # ----- conversations ----------------------------------------------------------------------
 
     def load_history(self) -> None:
-        """Read every chat and show the last one used (or a new one)."""
+        """Take the data folder's lock (read-only without it: another instance writes there),
+        read every chat and show the last one used (or a new one)."""
+        self.read_only = not self.lock.acquire()
+        if self.read_only:
+            self.notice.emit(READ_ONLY, 0)
         self.conversations = self.store.load_all()
         if self.store.skipped:
-            count = len(self.store.skipped)
-            self.notice.emit(f"Skipped {count} unreadable conversation file(s)", 10000)
+            skipped = self.store.skipped
+            first = skipped[0]
+            named = f"{first} ({self.store.reasons.get(first, 'unreadable')[:120]})"
+            more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
+            self.notice.emit(
+                f"Skipped {len(skipped)} unreadable conversation file(s): {named}{more}", 10000
+            )
         wanted = self.settings.last_conversation_id
         current = self.find(wanted) if wanted else None
         if current is None and self.conversations:
@@ -278,6 +326,9 @@ class ChatController(QObject):
         conversation = self.find(conversation_id)
         if conversation is None:
             return
+        if self.read_only:
+            self.notice.emit(READ_ONLY, 10000)
+            return
         if self.reply is not None and self.reply.conversation is conversation:
             self.stop()
         try:
@@ -290,6 +341,37 @@ class ChatController(QObject):
             self._show(self.conversations[0] if self.conversations else self._new_conversation())
         else:
             self.conversations_changed.emit()
+
+    def versions(self) -> tuple[int, int]:
+        """(number of the shown version, how many there are) of the current chat's last
+        reply: (1, 1) without alternatives, (0, 0) when the chat does not end with a reply.
+        Versions are numbered by when they were written."""
+        conversation = self.current
+        if conversation is None or not conversation.messages:
+            return 0, 0
+        last = conversation.messages[-1]
+        if last.role != "assistant":
+            return 0, 0
+        ordered = _by_time([*last.alternatives, last])
+        return ordered.index(last) + 1, len(ordered)
+
+    def show_version(self, step: int) -> bool:
+        """Make the version `step` away (-1 earlier, +1 later) the current chat's last reply;
+        the one shown becomes an alternative. Saved; False when there is no such version or
+        a reply is in flight."""
+        conversation = self.current
+        number, count = self.versions()
+        target = number - 1 + step
+        if conversation is None or self.reply is not None or not 0 <= target < count:
+            return False
+        last = conversation.messages[-1]
+        ordered = _by_time([*last.alternatives, last])
+        chosen = ordered[target]
+        others = [replace(m, alternatives=[]) for m in ordered if m is not chosen]
+        conversation.messages[-1] = replace(chosen, alternatives=others)
+        self.save(conversation)
+        self.current_changed.emit(conversation)
+        return True
 
     def set_system_prompt(self, text: str) -> None:
         if self.current is not None:
@@ -304,7 +386,7 @@ class ChatController(QObject):
     def send(self, text: str) -> bool:
         """Send a new user message in the current chat; False when it cannot be sent now."""
         conversation = self.current
-        if conversation is None or self.model is None or self.task != Task.IDLE:
+        if conversation is None or self.model is None or self.task != Task.IDLE or self.read_only:
             return False
         history = conversation.chat_messages()
         before = list(conversation.messages)
@@ -319,7 +401,7 @@ class ChatController(QObject):
     def regenerate(self) -> bool:
         """Answer the last user message again; the old reply stays until the new one has text."""
         conversation = self.current
-        if conversation is None or self.model is None or self.task != Task.IDLE:
+        if conversation is None or self.model is None or self.task != Task.IDLE or self.read_only:
             return False
         last_user = conversation.last_index("user")
         if last_user is None:
@@ -339,7 +421,7 @@ class ChatController(QObject):
     def resend_edited(self, text: str) -> bool:
         """Replace the last user message with `text` (dropping what followed) and answer it."""
         conversation = self.current
-        if conversation is None or self.model is None or self.task != Task.IDLE:
+        if conversation is None or self.model is None or self.task != Task.IDLE or self.read_only:
             return False
         index = conversation.last_index("user")
         if index is None:
@@ -429,20 +511,24 @@ class ChatController(QObject):
             reply.first_token_at = now
         reply.tokens += 1
         reply.text += event.text
-        if reply.replaces is not None and reply.text:
-            self._drop_replaced(reply)
         if self.reply_is_current():
             self.reply_text_added.emit(event.text)
         due = now - reply.checkpoint_at >= CHECKPOINT_SECONDS
         if reply.text and (due or reply.tokens - reply.checkpoint_tokens >= CHECKPOINT_TOKENS):
             self._checkpoint(reply, now)
 
-    def _drop_replaced(self, reply: ReplyInProgress) -> None:
-        """The new reply has text: the old one it regenerates leaves the conversation."""
+    def _replace_old_reply(self, reply: ReplyInProgress) -> None:
+        """The regenerated reply ended with text: it takes the old reply's place, and the old
+        one becomes its latest alternative."""
+        old, message = reply.replaces, reply.message
         messages = reply.conversation.messages
-        if messages and messages[-1] is reply.replaces:
-            messages.pop()
         reply.replaces = None
+        if old is None:
+            return
+        message.alternatives = [*old.alternatives, replace(old, alternatives=[])]
+        del message.alternatives[:-MAX_ALTERNATIVES]
+        if messages and messages[-1] is old:
+            messages.pop()
 
     def _checkpoint(self, reply: ReplyInProgress, now: float) -> None:
         """Write the chat with the partial reply marked interrupted, so a kill loses nothing.
@@ -457,8 +543,20 @@ class ChatController(QObject):
             provenance=self._provenance(reply, None),
             interrupted=True,
         )
-        snapshot = replace(reply.conversation, messages=[*reply.conversation.messages, partial])
-        self._write(lambda: self.store.save(snapshot), reply.conversation.title)
+        messages = list(reply.conversation.messages)
+        if reply.replaces is not None and messages and messages[-1] is reply.replaces:
+            # A regenerate: the finished old reply stays the reply on disk until the new one
+            # completes; the partial new one is kept beside it as an alternative.
+            old = reply.replaces
+            messages[-1] = replace(old, alternatives=[*old.alternatives, partial])
+        else:
+            messages.append(partial)
+        snapshot = replace(reply.conversation, messages=messages)
+        self._write(
+            lambda: self.store.save(snapshot),
+            f"chat \u201c{reply.conversation.title}\u201d",
+            reply.conversation.id,
+        )
 
     def _on_context(self, context: ContextTokens) -> None:
         reply = self.reply
@@ -487,9 +585,9 @@ class ChatController(QObject):
             StopReason.ERROR,
             StopReason.CONTEXT_FULL,
         )
+        restored = not keep and reply.replaces is not None
         if keep:
-            if reply.replaces is not None:
-                self._drop_replaced(reply)
+            self._replace_old_reply(reply)
             message.content = reply.text
             message.provenance = self._provenance(reply, stats)
             conversation.messages.append(message)
@@ -499,7 +597,6 @@ class ChatController(QObject):
         self.task_changed.emit(self.task)
         if stats.stop_reason == StopReason.CANCELLED:
             self.notice.emit("Stopped", 3000)
-        restored = not keep and reply.replaces is not None
         self.reply_ended.emit(
             ReplyEnded(conversation, message if keep else None, stats, note, restored)
         )
@@ -597,18 +694,26 @@ class ChatController(QObject):
 
     # ----- shutdown ---------------------------------------------------------------------------
 
-    def shutdown(self, draft: str = "", timeout_ms: int = 10000) -> bool:
-        """Save the current chat (with its draft), a reply still streaming (marked
-        interrupted) and the settings, then end the engine thread whatever the saves did.
-        False when the thread did not end in time."""
+    def save_before_quit(self, draft: str = "") -> list[str]:
+        """Save the current chat (with its draft), a reply still streaming (marked interrupted)
+        and the settings. Returns `unsaved()`: what a quit now would lose."""
+        if self.current is not None:
+            self.current.draft = draft
+            self.settings.last_conversation_id = self.current.id
+            self.save(self.current)
+        if self.reply is not None and self.reply.text:  # closed mid-reply: keep the part
+            self._checkpoint(self.reply, time.perf_counter())
+        self.save_settings()
+        return self.unsaved()
+
+    def shutdown(self, draft: str = "", timeout_ms: int = 10000, *, saved: bool = False) -> bool:
+        """Save as `save_before_quit` does (unless `saved`: the caller just did), release the
+        data folder and end the engine thread whatever the saves did. False when the thread
+        did not end in time."""
         try:
-            if self.current is not None:
-                self.current.draft = draft
-                self.settings.last_conversation_id = self.current.id
-                self.save(self.current)
-            if self.reply is not None and self.reply.text:  # closed mid-reply: keep the part
-                self._checkpoint(self.reply, time.perf_counter())
-            self.save_settings()
+            if not saved:
+                self.save_before_quit(draft)
         finally:
+            self.lock.release()
             ended = self.engine.shutdown(timeout_ms)
         return ended

@@ -24,11 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from .app_dirs import atomic_write_text, conversations_dir, remove_stale_temp_files
+from .markdown_escape import escape_plain, inert_markdown
+from .untrusted_json import clean_json, read_json
 
 FORMAT_VERSION = 1
 DEFAULT_TITLE = "New chat"
 ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 ROLES = ("user", "assistant")
+MAX_CHAT_FILE_BYTES = 256 << 20  # a larger chat file is skipped, never read into memory
 
 
 def is_valid_id(conversation_id: object) -> bool:
@@ -52,6 +55,9 @@ class Message:
     created: float = field(default_factory=time.time)
     provenance: dict[str, Any] | None = None
     interrupted: bool = False  # a partial reply checkpointed while it streamed (app closed)
+    # Earlier (or interrupted) versions of this reply, oldest first: a regenerate keeps the
+    # reply it replaces here, and a regenerate still streaming is checkpointed here.
+    alternatives: list[Message] = field(default_factory=list)
 
     def as_chat(self) -> dict[str, str]:
         """The {"role", "content"} form the engine's ChatSession uses."""
@@ -144,10 +150,22 @@ def _provenance(value: object) -> object:
     return clean
 
 
+MAX_ALTERNATIVES = 8  # versions kept per reply (the oldest go first)
+
+
+def _alternatives(value: object) -> object:
+    """Earlier versions of a reply: assistant messages without versions of their own."""
+    if not isinstance(value, list):
+        return _BAD
+    parsed = [_parse_message(item, nested=False) for item in value[-MAX_ALTERNATIVES:]]
+    return [m for m in parsed if m is not None and m.role == "assistant"]
+
+
 _MESSAGE_FIELDS: dict[str, Callable[[object], object]] = {
     "created": _timestamp,
     "provenance": _provenance,
     "interrupted": _flag,
+    "alternatives": _alternatives,
 }
 _CONVERSATION_FIELDS: dict[str, Callable[[object], object]] = {
     "title": _text,
@@ -168,14 +186,19 @@ def _read_fields(data: dict, readers: dict[str, Callable[[object], object]]) -> 
     return values
 
 
-def _parse_message(data: object) -> Message | None:
-    """A message, or None when it has no valid role and text (it is dropped)."""
+def _parse_message(data: object, nested: bool = True) -> Message | None:
+    """A message, or None when it has no valid role and text (it is dropped). `nested` False:
+    an alternative, whose own alternatives are ignored."""
     if not isinstance(data, dict):
         return None
     role, content = data.get("role"), data.get("content")
     if role not in ROLES or not isinstance(content, str):
         return None
-    return Message(role=role, content=content, **_read_fields(data, _MESSAGE_FIELDS))
+    fields = _read_fields(data, _MESSAGE_FIELDS if nested else _ALTERNATIVE_FIELDS)
+    return Message(role=role, content=content, **fields)
+
+
+_ALTERNATIVE_FIELDS = {k: v for k, v in _MESSAGE_FIELDS.items() if k != "alternatives"}
 
 
 def title_from_text(text: str, limit: int = 48) -> str:
@@ -192,6 +215,8 @@ class HistoryStore:
     def __init__(self, folder: Path | None = None) -> None:
         self.folder = Path(folder) if folder is not None else conversations_dir()
         self.skipped: list[str] = []  # files that could not be read on the last load_all
+        self.reasons: dict[str, str] = {}  # why, per skipped file (one line each)
+        self._fingerprints: dict[str, str] = {}  # what each chat file holds, bar `updated`
 
     def path_for(self, conversation_id: str) -> Path:
         """The file of a conversation; ValueError unless `conversation_id` is a valid id."""
@@ -202,29 +227,46 @@ class HistoryStore:
     def load_all(self) -> list[Conversation]:
         """Every readable conversation, most recently updated first. Unreadable files (not
         JSON, not an object, a name that is not a valid id) are listed in `self.skipped` and left
-        untouched on disk."""
-        self.skipped = []
+        untouched on disk. Lone surrogates in a file's strings become U+FFFD (the chat stays
+        savable)."""
+        self.skipped, self.reasons = [], {}
         conversations = []
         if not self.folder.is_dir():
             return conversations
         remove_stale_temp_files(self.folder)
         for path in sorted(self.folder.glob("*.json")):
             try:
-                data = json.loads(path.read_text("utf-8"))
-                conversations.append(Conversation.from_dict(data, conversation_id=path.stem))
-            except (OSError, ValueError, RecursionError):
+                data = clean_json(read_json(path, MAX_CHAT_FILE_BYTES))
+                loaded = Conversation.from_dict(data, conversation_id=path.stem)
+                self._fingerprints[loaded.id] = _fingerprint(loaded)
+                conversations.append(loaded)
+            except (OSError, ValueError, RecursionError) as exc:
                 self.skipped.append(path.name)
+                self.reasons[path.name] = str(exc).splitlines()[0] if str(exc) else "unreadable"
         conversations.sort(key=lambda c: c.updated, reverse=True)
         return conversations
+
+    def changed(self, conversation: Conversation) -> bool:
+        """False when the chat's file already holds `conversation` (its `updated` aside), as
+        this store last read or wrote it: nothing to write."""
+        return self._fingerprints.get(conversation.id) != _fingerprint(conversation)
 
     def save(self, conversation: Conversation) -> None:
         atomic_write_text(
             self.path_for(conversation.id),
             json.dumps(conversation.to_dict(), indent=1, ensure_ascii=False) + "\n",
         )
+        self._fingerprints[conversation.id] = _fingerprint(conversation)
 
     def delete(self, conversation_id: str) -> None:
         self.path_for(conversation_id).unlink(missing_ok=True)
+        self._fingerprints.pop(conversation_id, None)
+
+
+def _fingerprint(conversation: Conversation) -> str:
+    data = conversation.to_dict()
+    data.pop("updated")
+    return json.dumps(data, ensure_ascii=False, sort_keys=True, default=str)
 
 
 def export_json(conversation: Conversation) -> str:
@@ -268,35 +310,39 @@ def _provenance_lines(provenance: dict[str, Any]) -> list[str]:
         if cache.get("a2ats_enabled")
         else "mlx-lm KVCache (A2ATS off)"
     )
+    plain = escape_plain
     lines = [
-        f"- model: {model.get('name', '?')} ({model.get('path', '?')})",
-        f"- cache: {cache_text}",
-        f"- codebook: {codebook.get('name', 'none')} sha256 {codebook.get('sha256', '-')}",
-        f"- sampling: {json.dumps(provenance.get('sampling', {}), sort_keys=True)}",
+        f"- model: {plain(str(model.get('name', '?')))} ({plain(str(model.get('path', '?')))})",
+        f"- cache: {plain(cache_text)}",
+        f"- codebook: {plain(str(codebook.get('name', 'none')))} "
+        f"sha256 {plain(str(codebook.get('sha256', '-')))}",
+        f"- sampling: {plain(json.dumps(provenance.get('sampling', {}), sort_keys=True))}",
     ]
     if stats:
         lines.append(
             "- stats: {gen} tokens, {tps:.1f} tok/s, TTFT {ttft:.3f} s, prompt {prompt} tokens, "
             "peak {peak:.2f} GB, cache {cache_bytes} bytes, stop: {stop}".format(
-                gen=stats.get("generation_tokens", 0),
+                gen=plain(str(stats.get("generation_tokens", 0))),
                 tps=number(stats.get("generation_tps")),
                 ttft=number(stats.get("time_to_first_token")),
-                prompt=stats.get("prompt_tokens", 0),
+                prompt=plain(str(stats.get("prompt_tokens", 0))),
                 peak=number(stats.get("peak_memory_gb")),
-                cache_bytes=stats.get("cache_bytes", 0),
-                stop=stats.get("stop_reason", "?"),
+                cache_bytes=plain(str(stats.get("cache_bytes", 0))),
+                stop=plain(str(stats.get("stop_reason", "?"))),
             )
         )
     return lines
 
 
 def export_markdown(conversation: Conversation) -> str:
-    """A readable Markdown transcript; each assistant reply is followed by its provenance."""
-    out = [f"# {conversation.title}", ""]
+    """A readable Markdown transcript; each assistant reply is followed by its provenance.
+    Chat text keeps its Markdown but nothing a viewer would load, run or follow
+    (`markdown_escape`); titles and provenance are plain text."""
+    out = [f"# {escape_plain(conversation.title)}", ""]
     if conversation.system_prompt:
-        out += ["**System prompt:**", "", conversation.system_prompt, ""]
+        out += ["**System prompt:**", "", inert_markdown(conversation.system_prompt), ""]
     for message in conversation.messages:
-        out += [f"## {message.role.capitalize()}", "", message.content, ""]
+        out += [f"## {message.role.capitalize()}", "", inert_markdown(message.content), ""]
         if message.provenance:
             out += ["<details><summary>Provenance</summary>", ""]
             out += _provenance_lines(message.provenance)

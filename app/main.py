@@ -60,7 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     sweep_stale()  # cold-tier files a crashed instance left behind (live instances keep theirs)
     theme().apply(args.theme or settings.theme)
     scripted = bool(args.prompt or args.screenshot or args.export_telemetry)
-    window = MainWindow(settings, settings_message=message, scripted=scripted)
+    try:
+        window = MainWindow(settings, settings_message=message, scripted=scripted)
+    except Exception as exc:  # noqa: BLE001  (one line, never a traceback; the thread has ended)
+        print(f"a2ats-chat: could not start: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     if args.width and args.height:
         window.resize(args.width, args.height)
     window.show()

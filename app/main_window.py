@@ -7,6 +7,7 @@ past-tense signals report. It holds no chat state of its own and never calls the
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -47,7 +48,7 @@ from .feedback import Feedback
 from .inert_text import rich_from_plain
 from .menus import fill_codebook_menu, fill_model_menu, model_tooltip
 from .reply_view import ReplyView
-from .settings import AppSettings
+from .settings import MAX_PIXELS, AppSettings
 from .status_bar import StatusBar
 from .theme import app_icon, theme
 from .top_bar import TopBar
@@ -100,6 +101,17 @@ class MainWindow(QMainWindow):
             telemetry=self.telemetry_enabled,
         )
         self.calibrate_dialog: CalibrateDialog | None = None
+        try:
+            self._build()
+        except BaseException:
+            # The engine thread already runs: end it, or Python destroys a running QThread
+            # ("QThread: Destroyed while thread is still running", abort).
+            self.controller.engine.shutdown(self.shutdown_timeout_ms)
+            raise
+        if settings_message:
+            self.statusBar().showMessage(settings_message, 15000)
+
+    def _build(self) -> None:
         self.setWindowTitle("A2ATS Chat")
         self.setWindowIcon(app_icon())
         self.setObjectName("MainWindow")
@@ -109,8 +121,6 @@ class MainWindow(QMainWindow):
         self._restore_layout()
         self.controller.load_history()
         self._update_ready()
-        if settings_message:
-            self.statusBar().showMessage(settings_message, 15000)
 
     @property
     def current(self) -> Conversation | None:
@@ -293,6 +303,7 @@ class MainWindow(QMainWindow):
         )
         self.chat_view.regenerate_requested.connect(self.regenerate)
         self.chat_view.edit_requested.connect(self.begin_edit_last)
+        self.chat_view.version_requested.connect(self.controller.show_version)
         self.chat_view.copied.connect(lambda what: self.statusBar().showMessage(what, 2500))
 
     def _action(self, menu: QMenu, text: str, shortcut, slot) -> QAction:
@@ -329,8 +340,9 @@ class MainWindow(QMainWindow):
             self.restoreGeometry(QByteArray.fromBase64(self.settings.window_geometry.encode()))
         if self.settings.window_state:
             self.restoreState(QByteArray.fromBase64(self.settings.window_state.encode()))
-        if len(self.settings.splitter_sizes) == 2:
-            self.splitter.setSizes(self.settings.splitter_sizes)
+        sizes = self.settings.splitter_sizes
+        if len(sizes) == 2 and all(0 < size <= MAX_PIXELS for size in sizes):
+            self.splitter.setSizes(sizes)
         self.dock.setVisible(self.settings.inspector_visible)
         self.inspector_button.setChecked(self.settings.inspector_visible)
         if not self.settings.window_geometry:
@@ -375,7 +387,8 @@ class MainWindow(QMainWindow):
         conversation = self.controller.current
         if conversation is not None:
             self.header.show_conversation(conversation)
-            self.setWindowTitle(f"{conversation.title} \u2014 A2ATS Chat")
+            read_only = " (read-only)" if self.controller.read_only else ""
+            self.setWindowTitle(f"{conversation.title} \u2014 A2ATS Chat{read_only}")
 
     def _save_current(self) -> None:
         self.controller.save_current()
@@ -687,6 +700,28 @@ class MainWindow(QMainWindow):
         self.settings.splitter_sizes = [int(s) for s in self.splitter.sizes()]
         self.settings.inspector_visible = self.dock.isVisible()
         self._system_save_timer.stop()
-        if not self.controller.shutdown(self.composer.draft(), self.shutdown_timeout_ms):
+        draft = self.composer.draft()
+        unsaved = self.controller.save_before_quit(draft)
+        if unsaved and not self._quit_anyway(unsaved):
+            event.ignore()
+            return
+        if not self.controller.shutdown(draft, self.shutdown_timeout_ms, saved=True):
             self.statusBar().showMessage("The engine did not stop in time", 5000)
         super().closeEvent(event)
+
+    def _quit_anyway(self, unsaved: list[str]) -> bool:
+        """Some files could not be written (disk full, read-only folder): ask before a quit
+        loses them. Scripted runs say so on stderr and quit."""
+        text = "\n".join(unsaved)
+        if self.scripted:
+            print(f"a2ats-chat: quitting with unsaved changes: {text}", file=sys.stderr)
+            return True
+        answer = QMessageBox.question(
+            self,
+            "Quit without saving?",
+            rich_from_plain(
+                f"{text}\n\nQuitting now loses these changes. Free some space (or fix the "
+                "folder) and quit again to keep them. Quit anyway?"
+            ),
+        )
+        return answer == QMessageBox.StandardButton.Yes

@@ -51,6 +51,9 @@ class ScriptedRun(QObject):
             self.stage = "screenshot"
             QTimer.singleShot(300, self._finish)
             return
+        if self.window.controller.read_only:
+            self._fail(self.window.controller.ready_reason())  # another instance writes there
+            return
         self.stage = "generate"
         self.window.new_chat()
         self.window.send(self.args.prompt)

@@ -22,8 +22,11 @@ from typing import Any
 from a2ats_engine.records import MODEL_SAMPLING_FIELDS, ModelInfo, SamplingSettings
 
 from .app_dirs import atomic_write_text, config_dir, remove_stale_temp_files
+from .untrusted_json import clean_json, clean_text, read_json
 
 SCHEMA_VERSION = 1
+MAX_SETTINGS_BYTES = 1 << 20  # a larger settings.json is corrupt, not read
+MAX_PIXELS = 100_000  # splitter sizes beyond this overflow Qt's int and fit no screen
 MAX_RECENT_MODELS = 8
 THEMES = ("system", "light", "dark")
 
@@ -182,7 +185,10 @@ FIELD_TYPES = {
     "theme": (_is_str, "a string"),
     "window_geometry": (_is_str, "a string"),
     "window_state": (_is_str, "a string"),
-    "splitter_sizes": (_list_of(lambda v: _is_int(v) and v >= 0), "a list of integers >= 0"),
+    "splitter_sizes": (
+        _list_of(lambda v: _is_int(v) and 0 <= v <= MAX_PIXELS),
+        f"a list of integers from 0 to {MAX_PIXELS}",
+    ),
     "inspector_visible": (_is_bool, "true or false"),
     "last_conversation_id": (lambda v: v is None or _is_str(v), "a string or null"),
 }
@@ -194,15 +200,17 @@ def settings_path() -> Path:
 
 
 def load_settings(path: Path | None = None) -> tuple[AppSettings, str | None]:
-    """Read the settings file. Returns (settings, message); `message` is set when the file was
-    corrupt and has been backed up (defaults are returned then)."""
+    """Read the settings file. Returns (settings, message); `message` (one line naming the
+    file) is set when the file was corrupt and has been backed up (defaults are returned then).
+    Lone surrogates in its strings become U+FFFD, so the settings can always be saved again."""
     path = path or settings_path()
     remove_stale_temp_files(path.parent)
     if not path.exists():
         return AppSettings(), None
     try:
-        return AppSettings.from_dict(json.loads(path.read_text(encoding="utf-8"))), None
-    except (ValueError, TypeError, OSError, UnicodeDecodeError) as exc:
+        data = clean_json(read_json(path, MAX_SETTINGS_BYTES))
+        return AppSettings.from_dict(data), None
+    except (ValueError, TypeError, OSError, OverflowError, RecursionError) as exc:
         backup = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
         try:
             path.replace(backup)
@@ -210,7 +218,10 @@ def load_settings(path: Path | None = None) -> tuple[AppSettings, str | None]:
             backup = None
         where = f" (backed up to {backup.name})" if backup else ""
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return AppSettings(), f"Settings file was unreadable, defaults restored{where}: {reason}"
+        reason = clean_text(reason)[:300]
+        return AppSettings(), (
+            f"Settings file {path.name} was unreadable, defaults restored{where}: {reason}"
+        )
 
 
 def save_settings(settings: AppSettings, path: Path | None = None) -> None:

@@ -62,6 +62,7 @@ class ChatView(QWidget):
     regenerate_requested = Signal()
     edit_requested = Signal()
     copied = Signal(str)
+    version_requested = Signal(int)  # the last reply's earlier (-1) or later (+1) version
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -130,6 +131,7 @@ class ChatView(QWidget):
         widget.regenerate_clicked.connect(self.regenerate_requested)
         widget.edit_clicked.connect(self.edit_requested)
         widget.copied.connect(self.copied)
+        widget.version_requested.connect(self.version_requested)
         self.column_layout.insertWidget(self.column_layout.count() - 1, widget)
         self.widgets.append(widget)
         self.empty.setVisible(False)
@@ -158,10 +160,15 @@ class ChatView(QWidget):
         last_user = max((i for i, w in enumerate(self.widgets) if w.is_user), default=None)
         last = len(self.widgets) - 1
         for i, widget in enumerate(self.widgets):
+            can_regenerate = not self._busy and i == last and not widget.is_user
             widget.set_actions(
-                can_edit=not self._busy and i == last_user,
-                can_regenerate=not self._busy and i == last and not widget.is_user,
+                can_edit=not self._busy and i == last_user, can_regenerate=can_regenerate
             )
+            if not widget.is_user:
+                versions = [*widget.message.alternatives, widget.message]
+                ordered = sorted(versions, key=lambda m: m.created)
+                number = next(n for n, m in enumerate(ordered, 1) if m is widget.message)
+                widget.set_versions(number, len(ordered), can_regenerate)
         self.empty.setVisible(not self.widgets)
 
     # ----- streaming -------------------------------------------------------------------------

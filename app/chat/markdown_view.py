@@ -190,6 +190,7 @@ class MarkdownView(QTextBrowser):
         self.document().setDocumentMargin(2)
         self.document().documentLayout().documentSizeChanged.connect(self._fit_height)
         self._source = ""
+        self._full = ""
         self._placed: list[_Placed] = []
         self._code_blocks: list[str] = []
         self._highlights: list[tuple[int, int]] = []
@@ -205,9 +206,11 @@ class MarkdownView(QTextBrowser):
     def code_blocks(self) -> list[str]:
         return list(self._code_blocks)
 
-    def set_markdown(self, text: str, plain: bool = False) -> None:
-        """Render `text` (Markdown unless `plain`); keeps current highlights."""
+    def set_markdown(self, text: str, plain: bool = False, full: str | None = None) -> None:
+        """Render `text` (Markdown unless `plain`); keeps current highlights. `full`: the whole
+        message when `text` is only the part shown (what "Copy message" copies)."""
         self._source, self._plain = text, plain
+        self._full = text if full is None else full
         self._render()
 
     def _rerender(self) -> None:
@@ -458,7 +461,7 @@ class MarkdownView(QTextBrowser):
             action = menu.addAction("Copy code block")
             action.triggered.connect(lambda: self._copy(self._code_blocks[index], "Code copied"))
         action = menu.addAction("Copy message as Markdown")
-        action.triggered.connect(lambda: self._copy(self._source, "Message copied"))
+        action.triggered.connect(lambda: self._copy(self._full, "Message copied"))
         menu.exec(event.globalPos())
 
     def _copy(self, text: str, what: str) -> None:

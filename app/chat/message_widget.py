@@ -22,6 +22,9 @@ from ..theme import bind_icon
 from .markdown_view import MarkdownView
 
 STREAM_CURSOR = " \u258d"  # shown at the end of a reply while it streams
+# Laying out text costs time in proportion to its length (and far more for long unbroken
+# lines): a message renders at most this many characters until "Show more" / "Show all".
+RENDER_LIMIT = 20_000
 
 
 def stats_text(provenance: dict | None) -> str:
@@ -73,6 +76,7 @@ class MessageWidget(QFrame):
     regenerate_clicked = Signal()
     edit_clicked = Signal()
     copied = Signal(str)
+    version_requested = Signal(int)  # -1: the earlier version of this reply, +1: the later
 
     def __init__(self, message: Message, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -82,6 +86,7 @@ class MessageWidget(QFrame):
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Maximum)
         self.streaming = False
         self._ideal_width: int | None = None
+        self._limit: int | None = RENDER_LIMIT  # None: everything is shown
 
         self.view = MarkdownView()
         self.view.copied.connect(self.copied)
@@ -93,6 +98,7 @@ class MessageWidget(QFrame):
         bubble_layout.setContentsMargins(*pad)
         bubble_layout.addWidget(self.view)
 
+        self._build_more()
         self.stats = QLabel()
         self.stats.setObjectName("StatsLabel")
         self.note = QLabel()
@@ -109,6 +115,7 @@ class MessageWidget(QFrame):
         self.edit_button.clicked.connect(self.edit_clicked)
         self.regenerate_button = self._action("regenerate", "Regenerate reply")
         self.regenerate_button.clicked.connect(self.regenerate_clicked)
+        self._build_versions()
         self.actions = QWidget()
         self.actions.setObjectName("MessageActions")
         actions_layout = QHBoxLayout(self.actions)
@@ -119,6 +126,7 @@ class MessageWidget(QFrame):
         for button in (self.copy_button, self.edit_button, self.regenerate_button):
             actions_layout.addWidget(button)
         if not self.is_user:
+            actions_layout.addWidget(self.versions)
             actions_layout.addSpacing(8)
             actions_layout.addWidget(self.stats)
             actions_layout.addStretch(1)
@@ -130,6 +138,66 @@ class MessageWidget(QFrame):
         self.set_actions(can_edit=False, can_regenerate=False)
         self.set_content(message.content)
         self.set_provenance(message.provenance)
+
+    def _build_versions(self) -> None:
+        """ "< 2 / 3 >": the versions a regenerate kept of this reply (`Message.alternatives`)."""
+        self.versions = QWidget()
+        row = QHBoxLayout(self.versions)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.setSpacing(0)
+        self.previous_version_button = QToolButton()
+        self.previous_version_button.setText("\u2039")
+        self.previous_version_button.setToolTip("Earlier version of this reply")
+        self.previous_version_button.clicked.connect(lambda: self.version_requested.emit(-1))
+        self.next_version_button = QToolButton()
+        self.next_version_button.setText("\u203a")
+        self.next_version_button.setToolTip("Later version of this reply")
+        self.next_version_button.clicked.connect(lambda: self.version_requested.emit(1))
+        self.version_label = QLabel()
+        self.version_label.setObjectName("StatsLabel")
+        row.addWidget(self.previous_version_button)
+        row.addWidget(self.version_label)
+        row.addWidget(self.next_version_button)
+        self.versions.hide()
+
+    def set_versions(self, number: int, count: int, can_switch: bool) -> None:
+        """Show "number / count" (hidden for a single version); buttons only when `can_switch`."""
+        self.versions.setVisible(count > 1)
+        self.version_label.setText(f"{number} / {count}")
+        self.previous_version_button.setEnabled(can_switch and number > 1)
+        self.next_version_button.setEnabled(can_switch and number < count)
+
+    def _build_more(self) -> None:
+        """The row under a message cut at the render limit: how much shows, more, all."""
+        self.more = QWidget()
+        self.more.setObjectName("MoreRow")
+        row = QHBoxLayout(self.more)
+        row.setContentsMargins(0, 0, 0, 0)
+        self.more_label = QLabel()
+        self.more_label.setObjectName("NoteLabel")
+        plain_labels(self.more_label)
+        self.show_more_button = QToolButton()
+        self.show_more_button.setText("Show more")
+        self.show_more_button.clicked.connect(self.show_more)
+        self.show_all_button = QToolButton()
+        self.show_all_button.setText("Show all")
+        self.show_all_button.setToolTip("Long text without spaces can take a while to lay out")
+        self.show_all_button.clicked.connect(self.show_all)
+        row.addWidget(self.more_label)
+        row.addWidget(self.show_more_button)
+        row.addWidget(self.show_all_button)
+        row.addStretch(1)
+        self.more.hide()
+
+    def show_more(self) -> None:
+        """Render twice as much of the message (plus the limit)."""
+        if self._limit is not None:
+            self._limit = 2 * self._limit + RENDER_LIMIT
+            self.set_content(self.message.content, self.streaming)
+
+    def show_all(self) -> None:
+        self._limit = None
+        self.set_content(self.message.content, self.streaming)
 
     def _action(self, icon: str, tip: str) -> QToolButton:
         button = QToolButton()
@@ -148,6 +216,7 @@ class MessageWidget(QFrame):
         if self.is_user:
             outer.addStretch(1)
             column.addWidget(self.bubble, 0, Qt.AlignmentFlag.AlignRight)
+            column.addWidget(self.more, 0, Qt.AlignmentFlag.AlignRight)
             column.addWidget(self.note, 0, Qt.AlignmentFlag.AlignRight)
             column.addWidget(self.actions)
             outer.addLayout(column)
@@ -167,6 +236,7 @@ class MessageWidget(QFrame):
         header.setObjectName("RoleLabel")
         column.addWidget(header)
         column.addWidget(self.bubble)
+        column.addWidget(self.more)
         column.addWidget(self.note)
         column.addWidget(self.actions)
         outer.addLayout(column, 1)
@@ -174,11 +244,17 @@ class MessageWidget(QFrame):
     # ----- state -----------------------------------------------------------------------------
 
     def set_content(self, text: str, streaming: bool = False) -> None:
-        """Render `text`; a streaming reply shows a cursor at its end."""
+        """Render `text` (at most the render limit of it, see `show_more`); a streaming reply
+        shows a cursor at its end."""
         self.message.content = text
         self.streaming = streaming
-        shown = text + STREAM_CURSOR if streaming else text
-        self.view.set_markdown(shown, plain=self.is_user)
+        cut = self._limit is not None and len(text) > self._limit
+        shown = text[: self._limit] + "\u2026" if cut else text
+        shown = shown + STREAM_CURSOR if streaming else shown
+        self.view.set_markdown(shown, plain=self.is_user, full=text)
+        self.more.setVisible(cut and not streaming)
+        if cut:
+            self.more_label.setText(f"Showing {self._limit:,} of {len(text):,} characters")
         self._ideal_width = None
         self._fit_bubble()
 

@@ -460,3 +460,101 @@ def test_context_limit_on_the_real_engine_drop_oldest(make_controller, qtbot, sh
     held = [content for role, content in held_turns(controller) if role == "user"]
     assert held[-1] == texts[-1] and texts[0] not in held  # the oldest turns were left out
     assert [m.content for m in controller.current.messages if m.role == "user"] == texts
+
+
+def test_failed_saves_of_different_files_are_each_reported(make_controller, qtbot, monkeypatch):
+    controller = make_controller(FakeBackend())
+
+    def disk_full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("app.controller.save_settings", disk_full)
+    load(qtbot, controller)  # saves the settings: fails
+    monkeypatch.setattr(HistoryStore, "save", disk_full)
+    send(qtbot, controller, "keep me")  # saves the chat: fails too
+    reports = controller.spy.of("error_reported")
+    assert [r.task for r in reports] == [SAVE, SAVE]
+    assert "settings" in reports[0].message and "keep me" in reports[1].message
+    assert len(controller.unsaved()) == 2
+    monkeypatch.undo()
+    assert controller.save_before_quit("") == []  # both written now: nothing unsaved
+
+
+def test_quitting_with_an_unsaved_chat_asks_first(make_window, qtbot, monkeypatch, message_boxes):
+    from PySide6.QtWidgets import QMessageBox
+
+    from .helpers import load as load_window
+    from .helpers import reply
+
+    window = make_window(FakeBackend())
+    load_window(qtbot, window)
+    monkeypatch.setattr(
+        HistoryStore, "save", lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full"))
+    )
+    reply(qtbot, window, "precious")
+    answers = [QMessageBox.StandardButton.No, QMessageBox.StandardButton.Yes]
+    asked = []
+
+    def question(parent, title, text, *args, **kwargs):
+        asked.append(text)
+        return answers.pop(0)
+
+    monkeypatch.setattr(QMessageBox, "question", staticmethod(question))
+    assert not window.close()  # "No": the window stays and keeps its chat
+    assert window.isVisible() and window.controller.engine.thread.isRunning()
+    assert "precious" in asked[0] and "full" in asked[0]
+    assert window.close()  # "Yes": quit anyway
+    assert not window.controller.engine.thread.isRunning()
+
+
+def test_a_crash_during_regenerate_keeps_the_finished_reply_on_disk(make_controller, qtbot):
+    finished = ("A complete answer. " * 24).strip()  # 455 characters, under max tokens
+    answers = iter([finished, "A new answer that never finishes " * 20])
+    backend = FakeBackend(reply_fn=lambda m: next(answers))
+    controller = make_controller(backend)
+    load(qtbot, controller)
+    send(qtbot, controller, "question")
+    path = controller.store.path_for(controller.current.id)
+    for session in backend.sessions:
+        session.delay = 0.005
+    kills: list[str] = []  # what the file holds at each checkpoint: what a kill would leave
+
+    def checkpointed():
+        text = path.read_text()
+        if '"interrupted": true' in text:
+            kills.append(text)
+        return bool(kills)
+
+    with qtbot.waitSignal(controller.reply_ended, timeout=20000):
+        assert controller.regenerate()
+        qtbot.waitUntil(checkpointed, timeout=10000)
+        controller.stop()
+    # The stopped reply had text, so it is the reply now; the finished one is its alternative.
+    (shown,) = controller.current.messages[1:]
+    assert shown.content.startswith("A new answer") and shown.alternatives[0].content == finished
+    saved = on_disk(controller, controller.current.id)["messages"]
+    assert saved[1]["alternatives"][0]["content"] == finished
+    path.write_text(kills[0])  # a kill at the first checkpoint
+    (left,) = [c for c in HistoryStore(path.parent).load_all() if c.id == controller.current.id]
+    replies = left.messages[1:]
+    assert [m.content for m in replies] == [finished] and not replies[0].interrupted
+    (partial,) = replies[0].alternatives
+    assert partial.interrupted and partial.content.startswith("A new answer")
+
+
+def test_versions_of_a_regenerated_reply_can_be_switched(make_controller, qtbot):
+    answers = iter(["first", "second"])
+    controller = make_controller(FakeBackend(reply_fn=lambda m: next(answers)))
+    load(qtbot, controller)
+    send(qtbot, controller, "question")
+    with qtbot.waitSignal(controller.reply_ended, timeout=20000):
+        controller.regenerate()
+    assert controller.versions() == (2, 2)
+    assert controller.show_version(-1)
+    last = controller.current.messages[-1]
+    assert last.content == "first" and [a.content for a in last.alternatives] == ["second"]
+    assert controller.versions() == (1, 2)
+    saved = on_disk(controller, controller.current.id)["messages"][-1]
+    assert saved["content"] == "first" and saved["alternatives"][0]["content"] == "second"
+    assert not controller.show_version(-1)  # already the first
+    assert controller.show_version(+1) and controller.current.messages[-1].content == "second"

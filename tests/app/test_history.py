@@ -252,3 +252,83 @@ def test_stats_line_says_when_a2ats_attended_exactly(enabled, extra, label):
     c.messages[1].provenance = provenance
     cache_line = next(x for x in export_markdown(c).splitlines() if x.startswith("- cache:"))
     assert cache_line.startswith(f"- cache: {label if enabled else 'mlx-lm KVCache'}")
+
+
+def test_a_lone_surrogate_in_a_chat_file_leaves_the_chat_savable(make_window, app_dirs, qtbot):
+    from app.settings import settings_path
+
+    from .fakes import FakeBackend
+
+    store = HistoryStore()
+    store.folder.mkdir(parents=True)
+    # Valid JSON, but "\udc80" / "\ud800" are lone surrogates: not encodable as UTF-8.
+    (store.folder / "abc.json").write_text(
+        '{"title":"t\\udc80","messages":[{"role":"user","content":"hi \\ud800"}],"draft":"unsent"}'
+    )
+    window = make_window(FakeBackend())
+    current = window.controller.current
+    assert current.id == "abc" and current.title == "t\ufffd"
+    assert current.messages[0].content == "hi \ufffd"
+    errors = []
+    window.controller.error_reported.connect(errors.append)
+    current.draft = "changed"
+    assert window.controller.save(current)
+    assert errors == []
+    saved = json.loads((store.folder / "abc.json").read_text("utf-8"))
+    assert saved["title"] == "t\ufffd" and saved["draft"] == "changed"
+    window.close()
+    assert settings_path().exists()  # the quit still saved the settings
+
+
+def test_a_write_that_cannot_encode_is_reported_not_raised(make_window, app_dirs, message_boxes):
+    from .fakes import FakeBackend
+
+    window = make_window(FakeBackend())
+    errors = []
+    window.controller.error_reported.connect(errors.append)
+    current = window.controller.current
+    current.messages.append(Message("user", "bad \udc80 text"))  # from anywhere but a file
+    assert window.controller.save(current) is False
+    assert len(errors) == 1 and errors[0].message.startswith("Could not save")
+
+
+HOSTILE = (
+    'Look: <img src="file:///etc/passwd"> and <script>alert(1)</script>\n\n'
+    "![logo](file:///Users/me/secret.png) [click](javascript:alert(1)) "
+    "[local](file:///etc/hosts) [rel](../../etc/hosts) <javascript:alert(2)>\n\n"
+    "[ref]: javascript:alert(3)\n\n"
+    "\x1b[31mred\x1b[0m and a bell\x07\n\n"
+    "</details>\n\n# Injected heading\n\n"
+    "Fine: [docs](https://example.com/a?b=1) and `code <b>` stays.\n\n"
+    "```\n<script>in a fence</script>\n"  # an unclosed fence
+)
+
+
+def rendered_export(text: str) -> str:
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").render(text)  # HTML allowed, as many viewers do
+
+
+def test_markdown_export_keeps_model_text_inert():
+    chat = Conversation(title="<img src=x onerror=alert(1)> title")
+    hostile_provenance = {
+        **PROVENANCE,
+        "model": {"name": "</details><script>x</script>", "path": "\x1b]8;;file:///x\x07p"},
+    }
+    chat.messages += [
+        Message("user", HOSTILE),
+        Message("assistant", HOSTILE, provenance=hostile_provenance),
+        Message("user", "after"),
+    ]
+    text = export_markdown(chat)
+    html = rendered_export(text)
+    assert "\x1b" not in text and "\x07" not in text
+    assert "<img" not in html and "<script" not in html
+    assert 'href="javascript' not in html and 'href="file' not in html
+    assert 'href="../' not in html
+    assert html.count("<details>") == html.count("</details>") == 1
+    assert "<h1>Injected heading</h1>" in html  # model text still renders as Markdown...
+    assert '<a href="https://example.com/a?b=1">docs</a>' in html  # ...web links too
+    assert "<code>code &lt;b&gt;</code>" in html  # code spans are left as they were
+    assert "<h2>User</h2>" in html.split("</details>")[1]  # the fence was closed in its message

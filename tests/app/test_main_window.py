@@ -835,3 +835,17 @@ def test_context_overflow_is_asked_before_sending(make_window, qtbot, monkeypatc
         assert blocker.args[0].stop_reason == "length"
         assert blocker.args[0].context_tokens <= 100
         assert window.current.messages[-1].content == "r" * blocker.args[0].generation_tokens
+
+
+def test_the_last_reply_shows_its_versions_and_switches(make_window, qtbot):
+    answers = iter(["first", "second"])
+    window = make_window(FakeBackend(reply_fn=lambda m: next(answers)))
+    load(qtbot, window)
+    reply(qtbot, window, "question")
+    with qtbot.waitSignal(window.reply_finished, timeout=20000):
+        window.regenerate()
+    last = window.chat_view.widgets[-1]
+    assert not last.versions.isHidden() and last.version_label.text() == "2 / 2"
+    last.previous_version_button.click()
+    last = window.chat_view.widgets[-1]
+    assert last.message.content == "first" and last.version_label.text() == "1 / 2"

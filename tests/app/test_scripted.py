@@ -116,3 +116,34 @@ def test_scripted_mode_on_the_demo_model_with_its_default_codebook(tmp_path):
     codebook = reply["provenance"]["codebook"]
     if has_codebook:
         assert codebook["name"] == "demo-default.safetensors" and len(codebook["sha256"]) == 64
+
+
+def test_scripted_mode_over_a_surrogate_chat_and_huge_splitter_sizes(
+    app_dirs, tiny_folder, tmp_path
+):
+    chats = app_dirs["data"] / "conversations"
+    chats.mkdir(parents=True)
+    (chats / "abc.json").write_text(
+        '{"title":"t\\udc80","messages":[{"role":"user","content":"hi \\ud800"}],"draft":"unsent"}'
+    )
+    app_dirs["config"].mkdir(parents=True)
+    (app_dirs["config"] / "settings.json").write_text('{"splitter_sizes": [99999999999, 5]}')
+    result = run_app(["--model", str(tiny_folder), "--prompt", "Hello", "--quit"], app_dirs)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "reply: " in result.stdout
+    assert list(app_dirs["config"].glob("settings.json.corrupt-*"))
+    assert json.loads((app_dirs["config"] / "settings.json").read_text())  # saved on quit
+
+
+def test_scripted_mode_refuses_a_data_folder_another_instance_writes(app_dirs, tiny_folder):
+    from app.instance_lock import InstanceLock
+
+    lock = InstanceLock(app_dirs["data"] / "conversations")
+    assert lock.acquire()  # "another instance" (this process) holds the folder
+    try:
+        result = run_app(["--model", str(tiny_folder), "--prompt", "Hello", "--quit"], app_dirs)
+    finally:
+        lock.release()
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("a2ats-chat: Another A2ATS Chat")
+    assert not list((app_dirs["data"] / "conversations").glob("*.json"))

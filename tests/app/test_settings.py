@@ -16,6 +16,7 @@ from app.settings import (
     save_settings,
     settings_path,
 )
+from app.worker import EngineThread
 
 
 def test_dirs_follow_env_overrides(app_dirs):
@@ -236,3 +237,52 @@ def test_kv_storage_default_follows_the_backend(monkeypatch, app_dirs, cpu_only,
         save_settings(AppSettings(cache=CacheSettings(kv_bits=chosen)))
         loaded, message = load_settings()
         assert message is None and loaded.cache.kv_bits == chosen
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["[" * 100000, '{"a":' * 50000, json.dumps({"splitter_sizes": [99999999999, 5]})],
+    ids=["deep-list", "deep-object", "huge-splitter"],
+)
+def test_a_settings_file_that_used_to_stop_every_start_is_moved_aside(app_dirs, content):
+    path = settings_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(content)
+    settings, message = load_settings()
+    assert settings == AppSettings()
+    assert message is not None and "backed up" in message and "settings.json" in message
+    assert "\n" not in message
+    (backup,) = path.parent.glob("settings.json.corrupt-*")
+    assert backup.read_text() == content
+
+
+def test_an_oversized_settings_file_is_not_read_whole(app_dirs):
+    path = settings_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"default_system_prompt": "x" * (2 << 20)}))
+    settings, message = load_settings()
+    assert settings == AppSettings() and "too large" in message
+
+
+def test_the_window_starts_over_huge_splitter_sizes(make_window, app_dirs):
+    from .fakes import FakeBackend
+
+    settings = AppSettings()
+    settings.splitter_sizes = [2**31 - 1, 5]  # valid for the file, too wide for any screen
+    window = make_window(FakeBackend(), settings=settings)
+    assert all(0 < size < 2**31 - 1 for size in window.splitter.sizes())
+
+
+def test_a_window_that_fails_to_build_ends_its_engine_thread(qtbot, app_dirs, monkeypatch):
+    from app.main_window import MainWindow
+
+    from .fakes import FakeBackend
+
+    def broken(self):
+        raise RuntimeError("layout exploded")
+
+    monkeypatch.setattr(MainWindow, "_restore_layout", broken)
+    engine = EngineThread(FakeBackend())
+    with pytest.raises(RuntimeError, match="layout exploded"):
+        MainWindow(AppSettings(), engine=engine)
+    assert not engine.thread.isRunning()  # no "QThread: Destroyed while thread ... running"
