@@ -145,6 +145,13 @@ class EngineBackend:
             session.prefill_step_size = self.prefill_step_size
         return session
 
+    def with_crossover(self, model, config: A2ATSConfig) -> A2ATSConfig:
+        """`config` with the crossover that applies on this machine when it sets none: measured
+        here, the built-in row, or the engine's estimate from the geometry (never 0)."""
+        from a2ats_engine.cache.crossover_model import with_default_crossover
+
+        return with_default_crossover(model, config)[0]
+
     def configure_session(self, session, *, a2ats: A2ATSConfig | None, codebook) -> None:
         """Switch the cache kind for the next message (the session rebuilds its cache)."""
         if a2ats is None:

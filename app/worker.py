@@ -425,7 +425,8 @@ class EngineWorker(QObject):
         """The A2ATSConfig for the request (None = plain mlx-lm KVCache)."""
         if not request.cache.a2ats_enabled:
             return None
-        return request.cache.to_config(telemetry=request.telemetry)
+        config = request.cache.to_config(telemetry=request.telemetry)
+        return self.backend.with_crossover(self._model, config)
 
     def _prepare_session(self, request: GenerationRequest):
         """Create or adjust the session so it holds `request.history` with the requested

@@ -190,6 +190,7 @@ def _cache_choice(args: argparse.Namespace, model: Any, model_path: Path | None)
 def _a2ats(args: argparse.Namespace, model: Any, path: Path) -> tuple:
     from ..cache.codebook import Codebook
     from ..cache.config import A2ATSConfig
+    from ..cache.crossover_model import with_default_crossover
     from ..terminal import printable
 
     codebook = Codebook.load(path)
@@ -204,8 +205,22 @@ def _a2ats(args: argparse.Namespace, model: Any, path: Path) -> tuple:
         print(f"warning: {printable(note, newlines=False)}", file=sys.stderr)
         # make_cache validates again when the session builds its caches: say it only once
         warnings.filterwarnings("ignore", message=re.escape(note))
-    print(f"cache: a2ats, codebook {path}", file=sys.stderr)
+    config, crossover = with_default_crossover(model, config)
+    print(
+        f"cache: a2ats, codebook {path}; exact until {config.exact_below:,} tokens "
+        f"({crossover_origin(crossover)})",
+        file=sys.stderr,
+    )
     return config, codebook
+
+
+def crossover_origin(crossover: Any) -> str:
+    """Where the chat's crossover comes from, in a few words."""
+    if crossover.origin == "estimate":
+        return "estimated from the geometry; `a2ats crossover` measures it"
+    if crossover.origin == "built-in":
+        return "measured on another machine"
+    return "measured on this machine"
 
 
 # --------------------------------------------------------------------------- chatting

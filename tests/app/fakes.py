@@ -287,6 +287,9 @@ class FakeBackend:
         self.sessions.append(session)
         return session
 
+    def with_crossover(self, model, config):
+        return config  # the fake model has no geometry: the settings' exact_below as it is
+
     def configure_session(self, session, *, a2ats, codebook):
         session.set_cache_factory(a2ats=a2ats, codebook=codebook)
 
