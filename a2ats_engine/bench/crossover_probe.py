@@ -16,7 +16,10 @@ from dataclasses import dataclass, replace
 
 import mlx.nn as nn
 
+from ..cache import crossover as xo
 from ..cache.config import A2ATSConfig
+from ..cache.layer_plan import plan_for
+from ..cache.rope import model_geometry
 from ..progress import Progress
 from .geometries import bench_geometry_decode
 
@@ -79,3 +82,52 @@ def probe_crossover(
             )
         )
     return out
+
+
+AUTO_CONTEXTS = (1024, 2048, 4096, 8192)  # what the app measures the first time (short)
+
+
+def measure_crossover(
+    model: nn.Module,
+    model_name: str,
+    contexts: list[int],
+    *,
+    steps: int = 12,
+    repeats: int = 3,
+    config: A2ATSConfig | None = None,
+    codebook=None,
+    codebook_desc: str = "",
+    measured_on: str = "",
+    progress: Progress | None = None,
+) -> tuple[dict, list[ContextTiming]]:
+    """Probe the crossover of `model` on this machine and decide it: (the user-table entry to
+    record, the timings). `a2ats crossover` and the app's first-load measurement share it."""
+
+    plan = plan_for(model).require()
+    config = replace(config or A2ATSConfig(), exact_below=0)
+    geo = model_geometry(model)
+    timings = probe_crossover(
+        model, contexts, steps=steps, repeats=repeats, config=config, codebook=codebook,
+        progress=progress,
+    )  # fmt: skip
+    decision = xo.decide_crossover({t.context: t.ratio for t in timings})
+    entry = {
+        "backend": xo.backend(),
+        "machine": xo.machine_id(),
+        "layers": geo.num_layers,
+        "kv_heads": geo.num_kv_heads,
+        "head_dim": geo.head_dim,
+        "exact_below": decision.exact_below,
+        "never": decision.never,
+        "model": model_name,
+        "a2ats_layers": len(plan.a2ats_layers),
+        "date": xo.today(),
+        "ratios": {str(t.context): round(t.ratio, 3) for t in timings},
+        "steps": steps,
+        "repeats": repeats,
+        "budget": config.budget,
+        "rerank": config.rerank,
+        "codebook": codebook_desc,
+        "measured_on": measured_on,
+    }
+    return entry, timings

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     steps = limits.count("--steps", args.steps)
     repeats = limits.count("--repeats", args.repeats, 1, limits.MAX_REPEATS)
 
-    from ..bench.crossover_probe import probe_crossover
+    from ..bench.crossover_probe import measure_crossover
     from ..cache import crossover as xo
     from ..cache.layer_plan import plan_for
     from ..cache.rope import model_geometry
@@ -90,35 +90,12 @@ def run(args: argparse.Namespace) -> int:
         codebook_desc = f"random ({RANDOM_CENTROIDS} centroids; none found for this model)"
     config = a2ats_config(codebook, model, exact_below=0)
     geo = model_geometry(model)
-    timings = probe_crossover(
-        model,
-        contexts,
-        steps=steps,
-        repeats=repeats,
-        config=config,
-        codebook=codebook,
+    entry, timings = measure_crossover(
+        model, info.name, contexts, steps=steps, repeats=repeats, config=config,
+        codebook=codebook, codebook_desc=codebook_desc, measured_on=machine(),
         progress=stderr_progress(not args.json),
-    )
-    decision = xo.decide_crossover({t.context: t.ratio for t in timings})
-    entry = {
-        "backend": xo.backend(),
-        "machine": xo.machine_id(),
-        "layers": geo.num_layers,
-        "kv_heads": geo.num_kv_heads,
-        "head_dim": geo.head_dim,
-        "exact_below": decision.exact_below,
-        "never": decision.never,
-        "model": info.name,
-        "a2ats_layers": len(plan.a2ats_layers),
-        "date": xo.today(),
-        "ratios": {str(t.context): round(t.ratio, 3) for t in timings},
-        "steps": steps,
-        "repeats": repeats,
-        "budget": config.budget,
-        "rerank": config.rerank,
-        "codebook": codebook_desc,
-        "measured_on": machine(),
-    }
+    )  # fmt: skip
+    decision = xo.Decision(entry["exact_below"], entry["never"])
     path = None if args.dry_run else xo.record_crossover(entry)
     results = [
         {
