@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .cache.layer_plan import LayerPlan
 from .validation import check_int, check_number, from_known_fields
+
+if TYPE_CHECKING:  # an annotation only: records stay below the cache package
+    from .cache.layer_plan import LayerPlan
 
 DEFAULT_MAX_CONTEXT = 8192
 """Context length assumed for distance-bucket planning when a model does not state one."""
