@@ -32,7 +32,7 @@ import numpy as np
 
 from ..cache.codebook import Codebook, model_fingerprint
 from ..cache.config import A2ATSConfig
-from ..cache.rope import model_geometry
+from ..cache.geometry import model_geometry
 from ..calibration.codebook_spec import CodebookSpec
 from ..progress import Progress
 

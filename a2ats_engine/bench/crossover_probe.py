@@ -18,8 +18,8 @@ import mlx.nn as nn
 
 from ..cache import crossover as xo
 from ..cache.config import A2ATSConfig
+from ..cache.geometry import model_geometry
 from ..cache.layer_plan import plan_for
-from ..cache.rope import model_geometry
 from ..progress import Progress
 from .geometries import bench_geometry_decode
 

@@ -40,8 +40,8 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from ..cache.a2ats_cache import A2ATSCache
 from ..cache.config import A2ATSConfig
+from ..cache.geometry import model_geometry, rope_specs
 from ..cache.layer_budgets import CAP, allocate_layer_budgets
-from ..cache.rope import model_geometry, rope_specs
 from ..progress import Progress
 from .accounting import StepCost, cache_step_cost
 from .methods import (  # noqa: F401  (re-exported: the method caches are part of this API)

@@ -27,9 +27,10 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache
 from ..cache import attention as att
 from ..cache.a2ats_cache import A2ATSCache
 from ..cache.config import A2ATSConfig
+from ..cache.geometry import model_geometry
 from ..cache.layer_budgets import dense_first_budgets
 from ..cache.model_cache import check_layer_budgets
-from ..cache.rope import distance_buckets, model_geometry, retrieval_distances
+from ..cache.rope import distance_buckets, retrieval_distances
 
 # -- method caches ------------------------------------------------------------------------------
 

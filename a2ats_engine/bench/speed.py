@@ -239,7 +239,7 @@ def _method_cache(model: nn.Module, base: list, method: str, config: A2ATSConfig
 
 def fp16_bytes_per_token(model: nn.Module) -> int:
     """K+V bytes per token of an fp16 full cache for this model (all layers)."""
-    from ..cache.rope import model_geometry
+    from ..cache.geometry import model_geometry
 
     geo = model_geometry(model)
     return 2 * geo.num_layers * geo.num_kv_heads * geo.head_dim * 2
@@ -328,7 +328,7 @@ def bench_memory(
     geometry and K/V dtype (what a cache holds does not depend on the values; A2ATS codes are
     assigned as usual), so no model forward is needed beyond one token to find the dtype.
     """
-    from ..cache.rope import model_geometry
+    from ..cache.geometry import model_geometry
 
     config = config or A2ATSConfig()
     geo = model_geometry(model)

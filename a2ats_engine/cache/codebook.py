@@ -671,7 +671,7 @@ def relative_score_error_from_moments(
 
 def model_fingerprint(model: Any, name: str | None = None) -> dict[str, Any]:
     """What a codebook records about its model: geometry, RoPE spec and a hash of the config."""
-    from .rope import model_geometry
+    from .geometry import model_geometry
 
     geometry = model_geometry(model)
     args = getattr(model, "args", None)

@@ -95,8 +95,8 @@ class KVCacheBuilder:
     def for_model(model: nn.Module, config: KVCacheConfig) -> list:
         """A fresh cache list with the attention hook installed. Checks head_dim against the model."""
         from .codebook import Codebook
+        from .geometry import model_geometry
         from .model_cache import make_cache
-        from .rope import model_geometry
 
         geo = model_geometry(model)
         if geo.head_dim != config.head_dim:

@@ -27,7 +27,7 @@ from mlx.utils import tree_flatten
 from ..records import ModelGeometry
 from .config import A2ATSConfig
 from .crossover import Crossover, lookup_crossover
-from .rope import model_geometry
+from .geometry import model_geometry
 
 DEMO_GEOMETRY = (3, 9, 64, 4)  # KV heads, query heads, head dim, bytes per element (float32)
 DEMO_CROSSOVER = 4096  # measured: crossover.MEASURED[("cpu", 30, 3, 64)]

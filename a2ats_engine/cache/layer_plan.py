@@ -16,7 +16,7 @@ residual stream, hence every layer's pre-RoPE key, is the same in both runs):
 - a layer whose keys at P, un-rotated with the RopeSpec read from its `.rope`, equal its keys at
   0 un-rotated, is RoPE attention A2ATS reproduces exactly (the spec is verified, not assumed).
 
-`LayerPlan` and `LayerChoice` are plain records (no MLX): the app can show them as they are.
+`LayerPlan` and `LayerChoice` are plain records: the app can show them as they are.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ModelNotSupportedError
+from .rope import RopeSpec
 
 A2ATS = "a2ats"
 NATIVE = "native"
@@ -161,8 +162,6 @@ def attention_of(layer: Any) -> Any | None:
 
 def rope_spec_of(model: Any, choice: LayerChoice):
     """RopeSpec of a layer the plan marks `a2ats` (read from its `.rope`, verified by the probe)."""
-    from .rope import RopeSpec
-
     attn = attention_of(decoder_layers(model)[choice.layer])
     return RopeSpec.from_module(attn.rope, choice.head_dim)
 
@@ -228,8 +227,6 @@ def _choose(i: int, native, attn, first, second) -> LayerChoice:
     rope = getattr(attn, "rope", None) if attn is not None else None
     if rope is None:
         return LayerChoice(i, NATIVE, "keys are rotated by no RoPE module A2ATS can read", hd, n_kv)
-    from .rope import RopeSpec
-
     try:
         spec = RopeSpec.from_module(rope, hd)
     except ValueError:

@@ -14,8 +14,8 @@ from . import hooks
 from .a2ats_cache import A2ATSCache
 from .codebook import Codebook
 from .config import A2ATSConfig
+from .geometry import model_geometry
 from .layer_plan import A2ATS, native_caches, plan_for, rope_spec_of
-from .rope import model_geometry
 from .telemetry import CacheSnapshot
 
 RANDOM_CENTROIDS = 256  # the stand-in codebook's size when none is given (wiring, timing)

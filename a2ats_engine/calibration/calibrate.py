@@ -35,7 +35,8 @@ from mlx_lm.models.cache import KVCache
 
 from ..cache.codebook import Codebook, model_fingerprint, relative_score_error_from_moments
 from ..cache.config import A2ATSConfig
-from ..cache.rope import RopeSpec, model_geometry, retrieval_distances
+from ..cache.geometry import model_geometry
+from ..cache.rope import RopeSpec, retrieval_distances
 from ..data_dirs import DEMO_CODEBOOK_NAME, demo_codebook_path  # noqa: F401  (re-exported)
 from ..errors import A2ATSError
 from ..progress import Progress

@@ -157,8 +157,8 @@ def run_geometry_decode(args: argparse.Namespace) -> int:
         parameter_count,
     )
     from ..cache.config import A2ATSConfig
+    from ..cache.geometry import model_geometry
     from ..cache.layer_plan import plan_for
-    from ..cache.rope import model_geometry
     from ._bench_common import machine
 
     contexts, budget, _ = check_decode_args(args)

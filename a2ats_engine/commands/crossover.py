@@ -68,8 +68,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ..bench.crossover_probe import measure_crossover
     from ..cache import crossover as xo
+    from ..cache.geometry import model_geometry
     from ..cache.layer_plan import plan_for
-    from ..cache.rope import model_geometry
     from ..loading.models import load_model
     from ._bench_common import (
         a2ats_config,

@@ -458,7 +458,7 @@ def _quantization_text(source: _Source, config: dict, converted: bool) -> str | 
 
 
 def _model_info(source: _Source, model, config: dict, converted: bool) -> ModelInfo:
-    from ..cache.rope import model_geometry
+    from ..cache.geometry import model_geometry
 
     try:
         geometry = model_geometry(model)

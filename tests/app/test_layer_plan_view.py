@@ -114,10 +114,10 @@ def test_real_tiny_gemma3_snapshot_reports_native_bytes_and_maps_sliding_rows():
     from a2ats_engine.cache.a2ats_cache import A2ATSCache
     from a2ats_engine.cache.codebook import Codebook
     from a2ats_engine.cache.config import A2ATSConfig
+    from a2ats_engine.cache.geometry import model_geometry
     from a2ats_engine.cache.layer_plan import plan_for
     from a2ats_engine.cache.model_cache import make_cache, snapshot
     from a2ats_engine.cache.model_matrix import tiny_family_model
-    from a2ats_engine.cache.rope import model_geometry
 
     model = tiny_family_model("gemma3_text")
     plan = plan_for(model)

@@ -15,7 +15,7 @@ from a2ats_engine.bench.ablations import (
 from a2ats_engine.bench.methods import method_spec
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig
-from a2ats_engine.cache.rope import rope_specs
+from a2ats_engine.cache.geometry import rope_specs
 
 
 def test_training_stream_drops_the_held_out_chunk_by_hand():

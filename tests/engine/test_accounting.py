@@ -16,7 +16,7 @@ from a2ats_engine.cache import attention as att
 from a2ats_engine.cache.a2ats_cache import A2ATSCache
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig
-from a2ats_engine.cache.rope import rope_specs
+from a2ats_engine.cache.geometry import rope_specs
 
 
 def test_row_bytes_by_hand():

@@ -94,8 +94,8 @@ def test_decode_and_memory_benches_keep_the_models_own_caches_on_native_layers()
     from a2ats_engine.cache.a2ats_cache import A2ATSCache
     from a2ats_engine.cache.codebook import Codebook
     from a2ats_engine.cache.config import A2ATSConfig
+    from a2ats_engine.cache.geometry import model_geometry
     from a2ats_engine.cache.model_matrix import tiny_family_model
-    from a2ats_engine.cache.rope import model_geometry
 
     model = tiny_family_model("gemma3_text")
     geo = model_geometry(model)
@@ -211,8 +211,8 @@ def test_time_to_first_token_evaluates_the_a2ats_codes():
 
     from a2ats_engine.bench.speed import time_to_first_token
     from a2ats_engine.cache.codebook import Codebook
+    from a2ats_engine.cache.geometry import model_geometry
     from a2ats_engine.cache.model_cache import make_cache
-    from a2ats_engine.cache.rope import model_geometry
     from a2ats_engine.loading.tiny_model import tiny_model
 
     model = tiny_model("llama")

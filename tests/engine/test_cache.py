@@ -15,8 +15,9 @@ from a2ats_engine.cache import attention as att
 from a2ats_engine.cache.a2ats_cache import A2ATSCache
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cache.geometry import model_geometry
 from a2ats_engine.cache.model_cache import make_cache, model_codebook_bytes, snapshot
-from a2ats_engine.cache.rope import RopeSpec, distance_buckets, model_geometry
+from a2ats_engine.cache.rope import RopeSpec, distance_buckets
 from a2ats_engine.cache.topk import MlxTopK, NumpyTopK, choose_top_k
 
 D = 32

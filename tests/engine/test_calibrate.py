@@ -12,7 +12,8 @@ from tiny import tiny_model, tiny_tokenizer
 
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig
-from a2ats_engine.cache.rope import model_geometry, retrieval_distances, rope_specs
+from a2ats_engine.cache.geometry import model_geometry, rope_specs
+from a2ats_engine.cache.rope import retrieval_distances
 from a2ats_engine.calibration.calibrate import (
     CalibrationCancelled,
     calibrate,

@@ -15,13 +15,13 @@ from a2ats_engine.bench.methods import method_spec
 from a2ats_engine.cache.a2ats_cache import A2ATSCache
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig, scaled_budget
+from a2ats_engine.cache.geometry import rope_specs
 from a2ats_engine.cache.layer_budgets import (
     allocate_layer_budgets,
     dense_first_budgets,
     equal_cost_dense,
 )
 from a2ats_engine.cache.model_cache import make_cache, snapshot
-from a2ats_engine.cache.rope import rope_specs
 
 from .test_cache import D, decode_query, filled_cache, random_codebook
 

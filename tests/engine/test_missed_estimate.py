@@ -10,8 +10,9 @@ from a2ats_engine.bench.methods import METHODS, IdentityRope, decode_variant_kno
 from a2ats_engine.cache.a2ats_cache import A2ATSCache
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cache.geometry import model_geometry
 from a2ats_engine.cache.model_cache import make_cache
-from a2ats_engine.cache.rope import RopeSpec, model_geometry
+from a2ats_engine.cache.rope import RopeSpec
 
 D = 32
 

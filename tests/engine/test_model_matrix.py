@@ -35,7 +35,7 @@ MAC_FAMILIES = ["llama", "qwen3", "gemma3_text", "qwen3_next", "smollm3", "gpt_o
 
 
 def codebook_for(model, n_centroids: int = 16) -> Codebook:
-    from a2ats_engine.cache.rope import model_geometry
+    from a2ats_engine.cache.geometry import model_geometry
 
     first = next(c for c in plan_for(model).layers if c.kind == A2ATS)
     layers = model_geometry(model).num_layers  # decoder layers (KV-shared ones included)

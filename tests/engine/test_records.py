@@ -33,7 +33,7 @@ def test_sampling_settings_refuse_out_of_range_values(field, value):
 def test_model_geometry_is_a_record_model_info_reads():
     from tiny import tiny_model
 
-    from a2ats_engine.cache.rope import model_geometry
+    from a2ats_engine.cache.geometry import model_geometry
     from a2ats_engine.records import ModelGeometry, ModelInfo
 
     geo = model_geometry(tiny_model("qwen2", max_position_embeddings=2048))

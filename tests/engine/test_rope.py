@@ -4,7 +4,8 @@ import pytest
 from mlx_lm.models.rope_utils import initialize_rope
 from tiny import tiny_model
 
-from a2ats_engine.cache.rope import RopeSpec, distance_buckets, model_geometry, rope_specs
+from a2ats_engine.cache.geometry import model_geometry, rope_specs
+from a2ats_engine.cache.rope import RopeSpec, distance_buckets
 
 VARIANTS = [
     None,

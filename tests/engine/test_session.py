@@ -589,7 +589,7 @@ def test_reply_stats_say_how_the_a2ats_layers_attended(llama, tokenizer, exact_b
     then shows "A2ATS (exact)", never a bare "A2ATS" over exact attention)."""
     from a2ats_engine.cache.codebook import Codebook
     from a2ats_engine.cache.config import A2ATSConfig
-    from a2ats_engine.cache.rope import model_geometry
+    from a2ats_engine.cache.geometry import model_geometry
 
     geo = model_geometry(llama)
     book = Codebook.random(geo.num_layers, geo.num_kv_heads, geo.head_dim, 16, seed=0)
