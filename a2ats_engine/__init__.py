@@ -41,7 +41,7 @@ _EXPORTS = {
     "A2ATSError": "errors",
     "ChatSession": "session",
     "calibrate": "calibration.calibrate",
-    "CodebookSpec": "calibration.codebook_spec",
+    "CodebookSpec": "cache.codebook_spec",
 }
 
 __all__ = sorted(_EXPORTS)

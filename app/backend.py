@@ -92,8 +92,8 @@ class EngineBackend:
     ):
         """Train a codebook as `request` asks, save it, return it. The engine raises its
         CalibrationCancelled when `cancel` is set."""
+        from a2ats_engine.cache.codebook_spec import CodebookSpec
         from a2ats_engine.calibration.calibrate import calibrate
-        from a2ats_engine.calibration.codebook_spec import CodebookSpec
         from a2ats_engine.calibration.corpus import load_texts
 
         texts = load_texts(list(request.files), tokenizer) if request.files else None

@@ -31,9 +31,9 @@ import mlx.core as mx
 import numpy as np
 
 from ..cache.codebook import Codebook, model_fingerprint
+from ..cache.codebook_spec import CodebookSpec
 from ..cache.config import A2ATSConfig
 from ..cache.geometry import model_geometry
-from ..calibration.codebook_spec import CodebookSpec
 from ..progress import Progress
 
 KINDS = ("plain_vq", "paper", "no_wrope", "random")

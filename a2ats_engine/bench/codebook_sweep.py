@@ -148,8 +148,8 @@ def sweep_codebooks(
     config: calibration distances and the evaluation's A2ATS settings (budget included;
     default `A2ATSConfig()`); evaluation runs with `exact_below = 0`. save_dir: where each
     codebook is saved as `codebook-c{N}-t{T}.safetensors` (None: not saved)."""
+    from ..cache.codebook_spec import CodebookSpec
     from ..calibration.calibrate import codebook_from_data, default_keys_per_head
-    from ..calibration.codebook_spec import CodebookSpec
     from ..calibration.corpus import builtin_description
     from ..calibration.shared_collect import collect_shared
 

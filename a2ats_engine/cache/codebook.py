@@ -34,9 +34,9 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from ..calibration.kmeans import Interrupt, KMeansCallback, kmeans
 from ..errors import CodebookError
 from ..files import sha256_file
+from .kmeans import Interrupt, KMeansCallback, kmeans
 
 FORMAT_NAME = "a2ats-codebook"
 FORMAT_VERSION = 1

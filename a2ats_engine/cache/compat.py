@@ -22,7 +22,7 @@ from typing import Any
 
 import mlx.nn as nn
 
-from ..calibration.codebook_spec import CodebookSpec
+from .codebook_spec import CodebookSpec
 from .config import A2ATSConfig
 
 

@@ -80,7 +80,7 @@ class A2ATSConfig:
 
     What the codebook is (centroids, product-VQ split, beta) is not a cache setting: the cache
     reads it from the codebook it is given, and calibration takes a `CodebookSpec`
-    (`calibration/codebook_spec.py`).
+    (`cache/codebook_spec.py`).
     """
 
     window: int = 64

@@ -34,6 +34,7 @@ import numpy as np
 from mlx_lm.models.cache import KVCache
 
 from ..cache.codebook import Codebook, model_fingerprint, relative_score_error_from_moments
+from ..cache.codebook_spec import CodebookSpec
 from ..cache.config import A2ATSConfig
 from ..cache.geometry import model_geometry
 from ..cache.rope import RopeSpec, retrieval_distances
@@ -41,7 +42,6 @@ from ..data_dirs import DEMO_CODEBOOK_NAME, demo_codebook_path  # noqa: F401  (r
 from ..errors import A2ATSError
 from ..progress import Progress
 from ..validation import check_int
-from .codebook_spec import CodebookSpec
 
 STEP_TOKENS = 128  # forward step between cancel checks: cancel took 1.7 s on the demo model
 # with the 2-core CPU 4x oversubscribed, so well under a second on an idle one

@@ -46,14 +46,6 @@ def a2ats_config(codebook, model: Any, **knobs: Any):
     return config
 
 
-def parse_budget(text: str) -> float | int:
-    """'0.03' -> 0.03 (fraction), '128' -> 128 (token count)."""
-    value = float(text)
-    if value >= 1.0 and value.is_integer() and "." not in text:
-        return int(value)
-    return value
-
-
 def parse_list(text: str, kind=int) -> list:
     return [kind(x) for x in text.split(",") if x.strip()]
 

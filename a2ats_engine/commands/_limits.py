@@ -88,11 +88,17 @@ def fractions(flag: str, text: str) -> list[float]:
     return out
 
 
+def parse_budget(text: str) -> float | int:
+    """'0.03' -> 0.03 (fraction), '128' -> 128 (token count)."""
+    value = float(text)
+    if value >= 1.0 and value.is_integer() and "." not in text:
+        return int(value)
+    return value
+
+
 def budget(text: str, flag: str = "--budget") -> float | int:
     """A retrieval budget as `A2ATSConfig` takes it ('0.03' a fraction in (0, 1], '128' a
     token count >= 1), checked by `A2ATSConfig` itself; ValueError naming the flag."""
-    from ._bench_common import parse_budget
-
     try:
         value = parse_budget(str(text))
     except ValueError:

@@ -856,10 +856,10 @@ def run_codebooks(args: argparse.Namespace) -> int:
     from ..bench.evaluate import rests_on
     from ..cache.config import A2ATSConfig
     from ..loading.models import load_model
-    from ._bench_common import machine, parse_budget, stderr_progress
+    from ._bench_common import machine, stderr_progress
 
     centroids, tokens, texts = _check_codebook_args(args)
-    config = A2ATSConfig(budget=parse_budget(args.budget))
+    config = A2ATSConfig(budget=limits.parse_budget(args.budget))
     model, tokenizer, info = load_model(args.model)
     limits.check_model_context("--context", [args.context + args.decode], info.context_length)
     ids = [tokenizer.encode(text) for text, _ in texts]

@@ -104,9 +104,9 @@ def _unit(stage: str) -> str:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
+    from ..cache.codebook_spec import CodebookSpec
     from ..cache.config import A2ATSConfig
     from ..calibration.calibrate import calibrate
-    from ..calibration.codebook_spec import CodebookSpec
     from ..calibration.corpus import load_texts
     from ..loading.models import load_model
     from . import _limits as limits

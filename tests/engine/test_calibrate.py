@@ -11,6 +11,7 @@ from demo_gate import require_demo
 from tiny import tiny_model, tiny_tokenizer
 
 from a2ats_engine.cache.codebook import Codebook
+from a2ats_engine.cache.codebook_spec import CodebookSpec
 from a2ats_engine.cache.config import A2ATSConfig
 from a2ats_engine.cache.geometry import model_geometry, rope_specs
 from a2ats_engine.cache.rope import retrieval_distances
@@ -20,7 +21,6 @@ from a2ats_engine.calibration.calibrate import (
     collect,
     token_stream,
 )
-from a2ats_engine.calibration.codebook_spec import CodebookSpec
 from a2ats_engine.calibration.corpus import builtin_corpus, load_texts
 
 CONFIG = A2ATSConfig()

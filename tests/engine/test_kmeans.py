@@ -4,7 +4,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from a2ats_engine.calibration.kmeans import kmeans, nearest
+from a2ats_engine.cache.kmeans import kmeans, nearest
 
 
 def _blobs(h: int, per_blob: int, centres: np.ndarray, spread: float, seed: int) -> np.ndarray:
