@@ -100,7 +100,11 @@ def test_every_method_keeps_a_rotating_cache_on_sliding_layers(name):
                 continue
             assert type(cache) is RotatingKVCache, (method, choice.layer)
             assert cache is not src
-            assert (cache.offset, cache._idx, cache.max_size) == (src.offset, src._idx, src.max_size)
+            assert (cache.offset, cache._idx, cache.max_size) == (
+                src.offset,
+                src._idx,
+                src.max_size,
+            )
             assert bool(mx.array_equal(cache.keys, src.keys))
 
 
