@@ -649,17 +649,30 @@ def texts_table(data: dict) -> str:
     return "\n".join(rows)
 
 
-def model_texts_table(data: dict) -> str:
-    """`texts_table` for a model other than the demo: the model and the exact command first,
-    and after the table each retrieval method's pooled recall on each A2ATS layer."""
-    lines = [f"Model {data['model']}: `{data['command']}`", "", texts_table(data), ""]
-    for name, r in data["pooled"][0]["methods"].items():
+def _layer_recall_lines(methods: dict) -> list[str]:
+    """One line per retrieval method: its recall on each layer that retrieved (A2ATS layers)."""
+    lines = []
+    for name, r in methods.items():
         per_layer = r.get("recall_per_layer")
         if per_layer is None:
             continue
         cells = ", ".join(f"layer {i}: {x:.3f}" for i, x in enumerate(per_layer) if x is not None)
-        lines.append(f"- {name} recall per A2ATS layer (pooled): {cells}")
-    return "\n".join(lines)
+        lines.append(f"- {name} recall per A2ATS layer: {cells}")
+    return lines
+
+
+def model_eval_table(data: dict) -> str:
+    """`eval_table` for a model other than the demo: model, text and exact command first, then
+    the table and each retrieval method's recall per A2ATS layer."""
+    head = f"Model {data['model']}, {_text_label(data['text'])} text: `{data['command']}`"
+    return "\n".join([head, "", eval_table(data), "", *_layer_recall_lines(data["methods"])])
+
+
+def model_texts_table(data: dict) -> str:
+    """`texts_table` for a model other than the demo: the model and the exact command first,
+    and after the table each retrieval method's pooled recall on each A2ATS layer."""
+    lines = [f"Model {data['model']}: `{data['command']}`", "", texts_table(data), ""]
+    return "\n".join(lines + _layer_recall_lines(data["pooled"][0]["methods"]))
 
 
 def alloc_table(data: dict) -> str:
@@ -830,6 +843,7 @@ def blocks() -> dict[str, str]:
         ("decode-short", "decode_short.json", decode_v2_table),
         ("texts-rerank", "eval_4k_texts_rerank.json", texts_table),
         ("gemma-texts", "eval_gemma3_270m_4k_texts.json", model_texts_table),
+        ("gemma-diag", "eval_gemma3_270m_diagnostics.json", model_eval_table),
         ("prefill", "prefill.json", prefill_table),
     )
     for key, fname, fn in simple:
