@@ -180,7 +180,12 @@ def _spec(settings: dict[str, Any]) -> CodebookSpec:
 
 
 def _train(model, kind: str, stream: np.ndarray, settings: dict[str, Any], progress) -> Codebook:
-    from ..calibration.calibrate import collect, default_keys_per_head, fit_codebook
+    from ..calibration.calibrate import (
+        collect,
+        default_keys_per_head,
+        fit_codebook,
+        spread_to_layers,
+    )
 
     config = _config(settings)
     keys_per_head = settings["keys_per_head"] or default_keys_per_head(settings["n_centroids"])
@@ -205,12 +210,13 @@ def _train(model, kind: str, stream: np.ndarray, settings: dict[str, Any], progr
         sinks=settings["sinks"], window=settings["window"], seed=settings["seed"],
         progress=progress,
     )  # fmt: skip
-    return Codebook.fit(
+    book = Codebook.fit(
         keys, n_centroids=settings["n_centroids"], query_moments=moments,
         sub_dim=settings["sub_dim"], beta=settings["beta"], seed=settings["seed"],
         max_iters=20, metadata={**meta, "post_rope": True, "chunk_len": settings["chunk_len"]},
         callback=(lambda it, total: progress("clustering no-WRoPE", it, total)) if progress else None,
     )  # fmt: skip
+    return spread_to_layers(book, model)  # indexed by model layer, native ones unused
 
 
 class _StreamTokenizer:
@@ -237,42 +243,50 @@ def collect_post_rope(
     progress: Progress | None = None,
 ) -> tuple[list[mx.array], list[mx.array]]:
     """Post-RoPE keys `[n_kv, N, d]` and post-RoPE query moments `sum q^ q^T` `[n_kv, d, d]`
-    per layer, collected like `calibrate.collect` (fresh context per chunk, keys past the sinks
-    sampled uniformly, queries from position `sinks + window` on)."""
+    per A2ATS layer of the model's plan (in layer order), collected like `calibrate.collect`
+    (fresh context per chunk, keys past the sinks sampled uniformly, queries from position
+    `sinks + window` on; the plan's native layers run with the model's own caches, a sliding
+    window's `RotatingKVCache` included, so every captured layer sees the model's residuals)."""
     from ..cache import hooks
+    from ..cache.layer_plan import A2ATS, native_caches, plan_for
     from ..calibration.calibrate import STEP_TOKENS, CaptureCache, transformer_body
     from .methods import IdentityRope
 
-    geo = model_geometry(model)
-    n_kv, d, n_layers = geo.num_kv_heads, geo.head_dim, geo.num_layers
+    served = [c for c in plan_for(model).require().layers if c.kind == A2ATS]
     total = len(stream)
     bounds = [(s, min(s + chunk_len, total)) for s in range(0, total, chunk_len)]
     pool = np.concatenate([np.arange(s + min(sinks, e - s - 1), e) for s, e in bounds])
     rng = np.random.default_rng(seed)
     if len(pool) > keys_per_head:
         pool = np.sort(rng.choice(pool, size=keys_per_head, replace=False))
-    keys: list[list[mx.array]] = [[] for _ in range(n_layers)]
-    moments: list[mx.array | None] = [None] * n_layers
+    keys: list[list[mx.array]] = [[] for _ in served]
+    moments: list[mx.array | None] = [None] * len(served)
     was_installed = hooks.is_installed(model)
     hooks.install(model)
     body = transformer_body(model)
     try:
         for start, end in bounds:
             q_start = min(sinks + window, (end - start) // 2)
-            caches = [CaptureCache(IdentityRope(d), [0], n_kv, q_start) for _ in range(n_layers)]
+            captures = [
+                CaptureCache(IdentityRope(c.head_dim), [0], c.n_kv_heads, q_start) for c in served
+            ]
+            caches = native_caches(model)
+            for choice, capture in zip(served, captures, strict=True):
+                caches[choice.layer] = capture
             tokens = mx.array(stream[start:end])[None]
             for s in range(0, end - start, STEP_TOKENS):
                 body(tokens[:, s : s + STEP_TOKENS], cache=caches)
                 mx.eval(
-                    [c.keys for c in caches] + [c.moment for c in caches if c.moment is not None]
+                    [c.keys for c in captures]
+                    + [c.moment for c in captures if c.moment is not None]
                 )
             local = mx.array((pool[(pool >= start) & (pool < end)] - start).astype(np.int32))
-            for layer, cache in enumerate(caches):
+            for i, cache in enumerate(captures):
                 if local.size:
-                    keys[layer].append(mx.take(cache.pre_rope_keys()[0], local, axis=1))
+                    keys[i].append(mx.take(cache.pre_rope_keys()[0], local, axis=1))
                 if cache.moment is not None:
-                    prev = moments[layer]
-                    moments[layer] = cache.moment if prev is None else prev + cache.moment
+                    prev = moments[i]
+                    moments[i] = cache.moment if prev is None else prev + cache.moment
             mx.eval([k[-1] for k in keys if k] + [m for m in moments if m is not None])
             if progress is not None:
                 progress("collecting (post-RoPE)", end, total)

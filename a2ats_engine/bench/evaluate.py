@@ -1,10 +1,14 @@
 """Fidelity of A2ATS against exact attention and other caches on one teacher-forced trajectory.
 
-`evaluate` prefills `context` tokens of a text once (exact attention, mlx-lm `KVCache`), copies
-that state into every method's cache, and decodes the next `decode` tokens of the same text
-through each method (teacher forcing: every method reads the same tokens). Each layer's cache is
-wrapped in a `MeasuredCache`: on every decode step it gets the true post-RoPE query through the
-attention hook, computes exact attention over the full K/V, lets the method attend, and records
+`evaluate` prefills `context` tokens of a text once (exact attention, the model's own caches:
+mlx-lm's `make_prompt_cache`), copies that state into every method's caches following the
+model's layer plan (`plan_caches.py`: the method's cache on the plan's A2ATS layers, a copy of
+the model's own cache, a sliding window's `RotatingKVCache` included, on its native layers),
+and decodes the next `decode` tokens of the same text through each method (teacher forcing:
+every method reads the same tokens). The cache of each layer the plan serves with A2ATS is
+wrapped in a `MeasuredCache` (for every method, full included; native layers run unmeasured):
+on every decode step it gets the true post-RoPE query through the attention hook, computes
+exact attention over the full K/V, lets the method attend, and records
 
 - recall: exact attention mass on the positions the method attended (per query head; averaged
   over query heads, layers and steps);
@@ -40,8 +44,9 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from ..cache.a2ats_cache import A2ATSCache
 from ..cache.config import A2ATSConfig
-from ..cache.geometry import model_geometry, rope_specs
+from ..cache.geometry import model_geometry
 from ..cache.layer_budgets import CAP, allocate_layer_budgets
+from ..cache.layer_plan import plan_for
 from ..progress import Progress
 from .accounting import StepCost, cache_step_cost
 from .methods import (  # noqa: F401  (re-exported: the method caches are part of this API)
@@ -59,6 +64,7 @@ from .methods import (  # noqa: F401  (re-exported: the method caches are part o
     method_names,
     method_spec,
 )
+from .plan_caches import native_bytes, plan_caches, prefix
 from .stats import RESAMPLES, block_bootstrap_ci, default_block
 
 FIXED_METHODS = method_names(FIXED)  # full, kv8, kv4
@@ -163,22 +169,31 @@ class MeasuredCache:
         n = self.shadow.offset
         return self.shadow.keys[..., :n, :], self.shadow.values[..., :n, :]
 
-    def _method_output(self, queries, keys, values, scale, mask) -> mx.array:
+    def _method_output(self, queries, keys, values, scale, mask, sinks=None) -> mx.array:
         inner = self.inner
         if isinstance(inner, A2ATSCache):
-            return inner.attend(queries, keys, values, scale=scale, mask=mask)
+            return inner.attend(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
         if self.quantized:  # it scales its queries in place: hand it a copy
             return quantized_scaled_dot_product_attention(
                 queries * 1, keys, values, scale=scale, mask=mask,
                 group_size=inner.group_size, bits=inner.bits,
             )  # fmt: skip
+        if sinks is not None:
+            return mx.fast.scaled_dot_product_attention(
+                queries, keys, values, scale=scale, mask=mask, sinks=sinks
+            )
         return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
 
-    def attend(self, queries: mx.array, keys, values, *, scale: float, mask=None) -> mx.array:
-        """queries post-RoPE `[B, n_q, L, d]` -> the method's output `[B, n_q, L, d]`."""
-        out = self._method_output(queries, keys, values, scale, mask)
+    def attend(
+        self, queries: mx.array, keys, values, *, scale: float, mask=None, sinks=None
+    ) -> mx.array:
+        """queries post-RoPE `[B, n_q, L, d]` -> the method's output `[B, n_q, L, d]`.
+
+        sinks: per-query-head sink logits `[n_q]` (gpt_oss) join the softmax of the method and
+        of the exact reference alike."""
+        out = self._method_output(queries, keys, values, scale, mask, sinks)
         if queries.shape[2] == 1:
-            self._measure(queries, *self._exact_kv(keys, values), out, scale)
+            self._measure(queries, *self._exact_kv(keys, values), out, scale, sinks)
         return out
 
     def _attended_mask(self, n_kv: int, n: int) -> np.ndarray:
@@ -191,13 +206,20 @@ class MeasuredCache:
             mask[h, positions] = True
         return mask
 
-    def _measure(self, queries, keys, values, out, scale: float) -> None:
+    def _measure(self, queries, keys, values, out, scale: float, sinks=None) -> None:
         _, n_q, _, d = queries.shape
         k = keys[0].astype(mx.float32)  # [n_kv, N, d]
         n_kv, n = k.shape[0], k.shape[1]
         q = queries[0, :, 0, :].astype(mx.float32).reshape(n_kv, n_q // n_kv, d)
-        probs = mx.softmax((q * scale) @ k.swapaxes(-1, -2), axis=-1)  # [n_kv, G, N]
-        exact = probs @ values[0].astype(mx.float32)  # [n_kv, G, d]
+        logits = (q * scale) @ k.swapaxes(-1, -2)  # [n_kv, G, N]
+        if sinks is None:
+            probs = mx.softmax(logits, axis=-1)
+            exact = probs @ values[0].astype(mx.float32)  # [n_kv, G, d]
+        else:  # the sink takes its share of the softmax and contributes no value
+            sink = sinks.astype(mx.float32).reshape(n_kv, n_q // n_kv, 1)
+            with_sink = mx.softmax(mx.concatenate([sink, logits], axis=-1), axis=-1)[..., 1:]
+            exact = with_sink @ values[0].astype(mx.float32)
+            probs = with_sink / with_sink.sum(axis=-1, keepdims=True)  # recall over positions
         method = out[0, :, 0, :].astype(mx.float32).reshape(n_kv, n_q // n_kv, d)
         probs_np, exact_np, method_np = (np.array(a) for a in (probs, exact, method))
         mask = self._attended_mask(n_kv, n)
@@ -219,7 +241,9 @@ class MeasuredCache:
 
 
 def prefill(model: nn.Module, ids: Sequence[int], progress: Progress | None = None) -> list:
-    """Exact prefill of `ids` into fresh mlx-lm KVCaches (chunked), one per layer."""
+    """Exact prefill of `ids` (chunked) into the model's own fresh caches (mlx-lm's
+    `make_prompt_cache`: KVCache on global layers, RotatingKVCache on sliding ones, ...), one
+    per cache slot. Every method starts from a copy of it (`plan_caches.plan_caches`)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     cache = make_prompt_cache(model)
@@ -230,13 +254,18 @@ def prefill(model: nn.Module, ids: Sequence[int], progress: Progress | None = No
     return cache
 
 
-def _prefix(src: KVCache) -> tuple[mx.array, mx.array]:
-    return src.keys[..., : src.offset, :], src.values[..., : src.offset, :]
-
-
-def _filled(cache: Any, base: list, i: int) -> Any:
-    cache.update_and_fetch(*_prefix(base[i]))
-    return cache
+def measured_caches(model: nn.Module, base: list, spec: MethodSpec) -> list:
+    """The method's caches from the plan (`plan_caches`), each layer the plan serves with A2ATS
+    wrapped in a `MeasuredCache`; the native layers run as the model runs them, unmeasured."""
+    caches, measured = plan_caches(model, base, spec)
+    out = []
+    for cache, src, m in zip(caches, base, measured, strict=True):
+        if m:
+            cache = MeasuredCache(cache)
+            if cache.shadow is not None:  # exact float K/V beside quantized storage
+                cache.shadow.update_and_fetch(*prefix(src))
+        out.append(cache)
+    return out
 
 
 # -- running one method -------------------------------------------------------------------------
@@ -316,8 +345,7 @@ def run_method(
     from ..cache import hooks
 
     hooks.install(model)
-    specs = rope_specs(model)
-    caches = [_filled(MeasuredCache(spec.factory(i, s)), base, i) for i, s in enumerate(specs)]
+    caches = measured_caches(model, base, spec)
     began = time.perf_counter()
     nll, argmax = [], []
     for token, target in zip(inputs, targets, strict=True):
@@ -328,37 +356,48 @@ def run_method(
         nll.append(float(value[0]))
         argmax.append(int(value[1]))
     seconds = time.perf_counter() - began
-    records = [c.record for c in caches]
-    tokens = base[0].offset + len(inputs)
+    # one record per cache slot, None on the native layers (not measured)
+    per_slot = [c.record if isinstance(c, MeasuredCache) else None for c in caches]
+    records = [r for r in per_slot if r is not None]
+    tokens = context_length(base) + len(inputs)
     retrieved = [x for r in records for x in r.retrieved]
     result = MethodResult(
         name=spec.name,
         recall=float(np.mean([x for r in records for x in r.recall])),
         output_rel_error=float(np.mean([x for r in records for x in r.output_error])),
         ppl=float(np.exp(np.mean(nll))),
-        bytes_per_token=sum(c.inner.nbytes for c in caches) / tokens,
+        bytes_per_token=sum(getattr(c, "inner", c).nbytes for c in caches) / tokens,
         attended_per_head=float(np.mean([x for r in records for x in r.attended])),
         retrieved_per_head=float(np.mean(retrieved)) if retrieved else None,
         seconds=seconds,
         nll=np.asarray(nll),
         attended_fraction=float(np.mean([c.attended_fraction for r in records for c in r.cost])),
         bytes_read=bytes_read_per_step(records),
-        recall_per_layer=layer_recall(records),
+        recall_per_layer=layer_recall(per_slot),
         layer_budgets=None if spec.config is None else spec.config.layer_budgets,
     )
     return result, np.asarray(argmax)
 
 
-def layer_recall(records: Sequence[StepRecord]) -> list[float | None] | None:
-    """Per layer (one StepRecord each), the mean recall over its decode steps; None for a layer
+def layer_recall(records: Sequence[StepRecord | None]) -> list[float | None] | None:
+    """Per layer (one StepRecord each, None for a native layer the plan does not serve with
+    A2ATS), the mean recall over its decode steps; None for a native layer and for a layer
     none of whose steps selected (all exact: a dense layer, a context with nothing to drop),
     and None altogether when no layer selected (full, kv8, kv4: recall 1 by construction).
 
     Every layer records one recall per step, exact steps as 1, so the overall `recall` is the
     mean of this list with None read as the recall that layer recorded (1)."""
-    if not any(any(r.retrieval) for r in records):
+    if not any(r is not None and any(r.retrieval) for r in records):
         return None
-    return [float(np.mean(r.recall)) if any(r.retrieval) else None for r in records]
+    return [
+        float(np.mean(r.recall)) if r is not None and any(r.retrieval) else None for r in records
+    ]
+
+
+def context_length(base: list) -> int:
+    """Tokens the prefill `base` holds: the offset of its first attention cache (a rotating
+    cache's offset counts every token, not the ones its window keeps)."""
+    return int(next(c.offset for c in base if hasattr(c, "offset")))
 
 
 def bytes_read_per_step(records: Sequence[StepRecord]) -> dict[str, float]:
@@ -398,16 +437,19 @@ def build_caches(model: nn.Module, base: list, spec: MethodSpec) -> list:
     from ..cache import hooks
 
     hooks.install(model)
-    return [_filled(spec.factory(i, s), base, i) for i, s in enumerate(rope_specs(model))]
+    return plan_caches(model, base, spec)[0]
 
 
 def evicting_window_bytes(
-    model: nn.Module, attended: float, tokens: int, dtype_bytes: int
+    model: nn.Module, attended: float, tokens: int, dtype_bytes: int, native: int = 0
 ) -> float:
-    """Bytes per token a sinks + recent-window cache holds when it evicts everything else."""
+    """Bytes per token a sinks + recent-window cache holds when it evicts everything else: on
+    the plan's A2ATS layers `attended` tokens' K/V, plus `native` bytes the model's own caches
+    hold on the other layers (`plan_caches.native_bytes`)."""
     geo = model_geometry(model)
-    per_token = 2 * geo.num_layers * geo.num_kv_heads * geo.head_dim * dtype_bytes
-    return min(attended, tokens) * per_token / tokens
+    layers = len(plan_for(model).a2ats_layers)
+    per_token = 2 * layers * geo.num_kv_heads * geo.head_dim * dtype_bytes
+    return (min(attended, tokens) * per_token + native) / tokens
 
 
 # -- the whole evaluation ----------------------------------------------------------------------
@@ -518,7 +560,7 @@ def evaluate(
         )  # fmt: skip
     base = prefill(model, ids[:context], progress)
     inputs, targets = ids[context : context + decode], ids[context + 1 : context + decode + 1]
-    dtype_bytes = base[0].keys.dtype.size
+    dtype_bytes = base[plan_for(model).require().a2ats_layers[0]].keys.dtype.size
     fixed: dict[str, MethodResult] = {}
     reference: np.ndarray | None = None
     reference_nll: np.ndarray | None = None
@@ -558,8 +600,9 @@ def evaluate(
                 retrieved = a2.retrieved_per_head or 0.0
                 result = run("window", cfg, window_budget=max(1, round(retrieved)))
                 result.bytes_per_token = evicting_window_bytes(
-                    model, result.attended_per_head, context + decode, dtype_bytes
-                )
+                    model, result.attended_per_head, context + decode, dtype_bytes,
+                    native_bytes(model, base),
+                )  # fmt: skip
                 results[name] = result
             elif name == "a2ats_alloc":
                 multipliers, dev_recall = allocated[budget]

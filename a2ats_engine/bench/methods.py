@@ -339,11 +339,17 @@ def kv_group_size(head_dim: int) -> int | None:
 @dataclass
 class MethodSpec:
     """How to build one method's cache for layer i: `factory(layer, rope_spec)`; `config`: the
-    A2ATS settings it runs with (None for the mlx-lm caches)."""
+    A2ATS settings it runs with (None for the mlx-lm caches).
+
+    layer_copy: for the mlx-lm methods (full, kv8, kv4), the cache of a layer made from that
+    layer's prefilled own cache (`plan_caches.clone_native`, `plan_caches.quantized_copy`),
+    used on every layer; None for the A2ATS-shaped methods, which use `factory` on the plan's
+    `a2ats` layers and keep the model's own cache elsewhere (`plan_caches.plan_caches`)."""
 
     name: str
     factory: Callable[[int, Any], Any]
     config: A2ATSConfig | None = None
+    layer_copy: Callable[[Any], Any] | None = None
 
 
 def method_spec(
@@ -362,7 +368,7 @@ def method_spec(
     geo = model_geometry(model)
     hd = geo.head_dim
     if method.cache is None:
-        return MethodSpec(name, _mlx_lm_factory(method, hd))
+        return MethodSpec(name, _mlx_lm_factory(method, hd), layer_copy=_mlx_lm_copy(method, hd))
     cfg = method.config(config, window_budget)
     if method.dense_first:
         dense = dense_first_budgets(geo.num_layers, method.dense_first, cfg.budget)
@@ -397,6 +403,15 @@ def _mlx_lm_factory(method: Method, head_dim: int) -> Callable[[int, Any], Any]:
         raise ValueError(f"method {method.name} needs head_dim divisible by 32 (got {head_dim})")
     bits = method.kv_bits
     return lambda i, spec: QuantizedKVCache(group_size=gs, bits=bits)
+
+
+def _mlx_lm_copy(method: Method, head_dim: int) -> Callable[[Any], Any]:
+    from .plan_caches import clone_native, quantized_copy
+
+    if method.kv_bits is None:
+        return clone_native
+    gs, bits = kv_group_size(head_dim), method.kv_bits
+    return lambda src: quantized_copy(src, bits, gs)
 
 
 # -- decode-benchmark names ---------------------------------------------------------------------

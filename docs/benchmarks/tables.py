@@ -649,6 +649,32 @@ def texts_table(data: dict) -> str:
     return "\n".join(rows)
 
 
+def _layer_recall_lines(methods: dict) -> list[str]:
+    """One line per retrieval method: its recall on each layer that retrieved (A2ATS layers)."""
+    lines = []
+    for name, r in methods.items():
+        per_layer = r.get("recall_per_layer")
+        if per_layer is None:
+            continue
+        cells = ", ".join(f"layer {i}: {x:.3f}" for i, x in enumerate(per_layer) if x is not None)
+        lines.append(f"- {name} recall per A2ATS layer: {cells}")
+    return lines
+
+
+def model_eval_table(data: dict) -> str:
+    """`eval_table` for a model other than the demo: model, text and exact command first, then
+    the table and each retrieval method's recall per A2ATS layer."""
+    head = f"Model {data['model']}, {_text_label(data['text'])} text: `{data['command']}`"
+    return "\n".join([head, "", eval_table(data), "", *_layer_recall_lines(data["methods"])])
+
+
+def model_texts_table(data: dict) -> str:
+    """`texts_table` for a model other than the demo: the model and the exact command first,
+    and after the table each retrieval method's pooled recall on each A2ATS layer."""
+    lines = [f"Model {data['model']}: `{data['command']}`", "", texts_table(data), ""]
+    return "\n".join(lines + _layer_recall_lines(data["pooled"][0]["methods"]))
+
+
 def alloc_table(data: dict) -> str:
     """Per layer: plain a2ats's recall on the development text, the budget multiplier
     `a2ats_alloc` gave the layer, and both methods' recall pooled over the evaluation texts."""
@@ -816,6 +842,8 @@ def blocks() -> dict[str, str]:
         ("decode-ladder", "decode_ladder_8k.json", decode_v2_table),
         ("decode-short", "decode_short.json", decode_v2_table),
         ("texts-rerank", "eval_4k_texts_rerank.json", texts_table),
+        ("gemma-texts", "eval_gemma3_270m_4k_texts.json", model_texts_table),
+        ("gemma-diag", "eval_gemma3_270m_diagnostics.json", model_eval_table),
         ("prefill", "prefill.json", prefill_table),
     )
     for key, fname, fn in simple:

@@ -87,3 +87,29 @@ def test_tune_paper_b_calibrates_one_codebook_per_b_and_picks_the_best(tiny_setu
     with pytest.raises(ValueError, match="values is empty"):
         tune_paper_b(model, tokenizer, book, dev, values=(), context=150, decode=8, budget=0.1,
                      config=config)  # fmt: skip
+
+
+def test_no_wrope_keys_come_from_the_models_own_caches_on_sliding_layers():
+    """On a sliding-window model (tiny Gemma 3: layers 0 and 2 slide over 8 tokens) the
+    no-WRoPE collection captures the plan's A2ATS layers only, while the sliding layers run
+    their RotatingKVCache: the captured post-RoPE keys are those the model's own caches store."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from a2ats_engine.bench.ablations import collect_post_rope
+    from a2ats_engine.cache.layer_plan import A2ATS, plan_for
+    from a2ats_engine.cache.model_matrix import tiny_family_model
+
+    model = tiny_family_model("gemma3_text")
+    served = [c.layer for c in plan_for(model).layers if c.kind == A2ATS]
+    stream = np.random.default_rng(0).integers(3, 120, size=64)
+    sinks = 2
+    keys, moments = collect_post_rope(
+        model, stream, chunk_len=64, keys_per_head=10_000, sinks=sinks, window=4
+    )
+    assert len(keys) == len(moments) == len(served)
+    own = make_prompt_cache(model)
+    mx.eval(model(mx.array(stream)[None], cache=own))
+    for got, layer in zip(keys, served, strict=True):
+        want = own[layer].keys[0, :, sinks:64, :].astype(mx.float32)
+        assert float(mx.abs(got.astype(mx.float32) - want).max()) < 1e-4, layer

@@ -241,3 +241,27 @@ def test_bench_decode_profile_times_every_phase_with_the_thread_settings(tmp_pat
     assert {"code scores", "top-K + rerank", "union", "gather K/V", "attention"} <= set(phases)
     assert all(ms >= 0 for ms in phases.values()) and row["exact_attention_ms_per_layer"] > 0
     assert row["kvcache_step_ms"] > 0 and row["a2ats_step_ms"] > 0
+
+
+def test_decode_copies_of_a_hybrid_models_state_are_independent():
+    """A linear-attention layer's ArraysCache holds a list of states: a copy that shares the
+    list would let one method's decode move another's state (qwen3_next: layers 0 and 2)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import ArraysCache, make_prompt_cache
+
+    from a2ats_engine.bench import speed
+    from a2ats_engine.cache.config import A2ATSConfig
+    from a2ats_engine.cache.model_matrix import tiny_family_model
+
+    model = tiny_family_model("qwen3_next")
+    base = make_prompt_cache(model)
+    mx.eval(model(mx.array([list(range(1, 41))]), cache=base))
+    assert any(isinstance(c, ArraysCache) for c in base)
+    first = speed._method_cache(model, base, "full", A2ATSConfig(), None)
+    second = speed._method_cache(model, base, "full", A2ATSConfig(), None)
+    mx.eval(model(mx.array([[5]]), cache=first))  # one decode step through the first copy
+    ref = model(
+        mx.array([[7]]), cache=speed._method_cache(model, base, "full", A2ATSConfig(), None)
+    )
+    got = model(mx.array([[7]]), cache=second)
+    assert float(mx.abs(ref - got).max()) == 0.0

