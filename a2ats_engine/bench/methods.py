@@ -31,6 +31,7 @@ from ..cache.geometry import model_geometry
 from ..cache.layer_budgets import dense_first_budgets
 from ..cache.model_cache import check_layer_budgets
 from ..cache.rope import distance_buckets, retrieval_distances
+from .plan_caches import clone_native, quantized_copy
 
 # -- method caches ------------------------------------------------------------------------------
 
@@ -406,8 +407,6 @@ def _mlx_lm_factory(method: Method, head_dim: int) -> Callable[[int, Any], Any]:
 
 
 def _mlx_lm_copy(method: Method, head_dim: int) -> Callable[[Any], Any]:
-    from .plan_caches import clone_native, quantized_copy
-
     if method.kv_bits is None:
         return clone_native
     gs, bits = kv_group_size(head_dim), method.kv_bits

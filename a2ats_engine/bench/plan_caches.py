@@ -21,14 +21,16 @@ a scrambled ring (rotated order, the wrong positions) on every sliding layer.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from ..cache.layer_plan import A2ATS, plan_for, rope_spec_of
-from .methods import MethodSpec
+
+if TYPE_CHECKING:  # an annotation only: methods.py builds the copies with this module
+    from .methods import MethodSpec
 
 
 def clone_native(src: Any) -> Any:
