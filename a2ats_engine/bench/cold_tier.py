@@ -59,6 +59,7 @@ def run_one(geometry: str, context: int, method: str, steps: int, config_json: s
         after_fill = anonymous_bytes()
         token = mx.array([1])
         tokens, times = [], []
+        read_before = _read_bytes(caches)
         for _ in range(steps):
             t0 = time.perf_counter()
             logits = model(token[None], cache=caches)[:, -1]
@@ -67,6 +68,7 @@ def run_one(geometry: str, context: int, method: str, steps: int, config_json: s
             times.append(time.perf_counter() - t0)
             tokens.append(int(token.item()))
     own = [c for c in caches if isinstance(c, A2ATSCache)]
+    read_per_step = (_read_bytes(caches) - read_before) / max(steps, 1)
     timed = times[2:] or times
     return {
         "method": method,
@@ -88,8 +90,13 @@ def run_one(geometry: str, context: int, method: str, steps: int, config_json: s
         ),
         "cache_disk_bytes": int(sum(c.disk_bytes for c in own)),
         "fp16_kvcache_bytes": fp16_bytes_per_token(model) * context,
-        "read_rows_per_step": None,
+        "disk_read_bytes_per_step": int(read_per_step),
     }
+
+
+def _read_bytes(caches: list) -> int:
+    """Bytes the caches' cold tiers read back from their files so far (0 without one)."""
+    return int(sum(getattr(getattr(c, "rows", None), "read_bytes", 0) for c in caches))
 
 
 def _limit(data_limit: int | None):

@@ -132,6 +132,7 @@ class ColdRows:
         self._row: tuple[tuple[int, ...], mx.Dtype] | None = None  # ([2, B, n_kv, d], dtype)
         self._end = 0
         self._finalizer = None
+        self.read_bytes = 0  # bytes read back from the file so far (gathers and whole reads)
 
     # -- shape of a row ---------------------------------------------------------------------
     def _row_bytes(self) -> int:
@@ -239,8 +240,9 @@ class ColdRows:
         """Float K/V rows [0, end): `[B, n_kv, end, d]` each (read whole from the map)."""
         if not self.spilled:
             return self.memory.fetch(end)
-        rows = self._to_mx(np.ascontiguousarray(self._map(end)))  # [end, 2, B, n_kv, d]
-        rows = rows.transpose(1, 2, 3, 0, 4)
+        mapped = np.ascontiguousarray(self._map(end))  # [end, 2, B, n_kv, d]
+        self.read_bytes += mapped.nbytes
+        rows = self._to_mx(mapped).transpose(1, 2, 3, 0, 4)
         return rows[0], rows[1]
 
     def gather(self, which: int, positions: mx.array) -> mx.array:
@@ -252,7 +254,9 @@ class ColdRows:
         mapped = self._map(self._end)
         b = np.arange(B)[:, None, None]
         h = np.arange(n_kv)[None, :, None]
-        return self._to_mx(mapped[pos, which, b, h])
+        rows = mapped[pos, which, b, h]
+        self.read_bytes += rows.nbytes
+        return self._to_mx(rows)
 
     def for_attention(self, keys: mx.array, values: mx.array, start: int):
         """The incoming rows only: `attend` reads the past itself when it attends exactly."""
@@ -301,7 +305,7 @@ class ColdRows:
         if len(arrays) != 2:
             raise ValueError(f"stored rows need 2 arrays, got {len(arrays)}")
         self.close()
-        self.__init__(self.limit_bytes, self.label)
+        self.__init__(self.limit_bytes, self.label)  # a fresh, empty kind with the same share
         n = arrays[0].shape[2]
         if n:
             self.append(arrays[0], arrays[1], 0)

@@ -72,6 +72,11 @@ def test_cold_tier_decodes_exactly_like_rows_in_memory(model, book):
     n_kv, d = 2, 16
     assert c.disk_bytes == c.offset * 2 * n_kv * d * 4
     assert c.nbytes < warm[0].nbytes / 2
+    # a retrieval step reads back the rows it attends, not the file (the prefill read it whole)
+    before = c.rows.read_bytes
+    model(mx.array([[5]]), cache=coldc)
+    step = c.rows.read_bytes - before
+    assert 0 < step < c.disk_bytes / 4
 
 
 @pytest.mark.filterwarnings("ignore:codebook records no model fingerprint")
@@ -278,3 +283,8 @@ def test_bench_cold_measures_each_method_in_its_own_process(tmp_path, monkeypatc
     assert runs["a2ats_cold"]["cache_disk_bytes"] > 0 == runs["a2ats"]["cache_disk_bytes"]
     assert runs["a2ats_cold"]["cache_resident_bytes"] < runs["a2ats"]["cache_resident_bytes"] / 4
     assert runs["a2ats_cold"]["anon_peak_sampled"] > 0
+    assert (
+        runs["a2ats_cold"]["disk_read_bytes_per_step"]
+        > 0
+        == runs["a2ats"]["disk_read_bytes_per_step"]
+    )
