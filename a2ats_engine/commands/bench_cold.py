@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 MAX_COLD_CONTEXT = 1 << 18  # 262,144 tokens: each method runs in a process of its own
 
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         "data_limit_bytes": limit,
         "config": config.to_dict(),
         "machine": machine(),
+        "command": "a2ats bench cold " + " ".join(sys.argv[3:]),
         "runs": runs,
     }
     if args.json:
@@ -126,7 +128,13 @@ def run_reopen(args: argparse.Namespace) -> int:
     codebook, _ = find_codebook(args.codebook, args.model, info.path, required=False)
     config = a2ats_config(codebook, model)
     rows = bench_reopen(model, tokenizer, contexts, config, codebook, cold=args.cold)
-    out = {"model": info.name, "cold": args.cold, "machine": machine(), "results": rows}
+    out = {
+        "model": info.name,
+        "cold": args.cold,
+        "machine": machine(),
+        "command": "a2ats bench reopen " + " ".join(sys.argv[3:]),
+        "results": rows,
+    }
     if args.json:
         print(json.dumps(out))
         return 0

@@ -811,6 +811,107 @@ def targets15_table(
     return "\n".join(rows)
 
 
+def _mib(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**20:,.0f}"
+
+
+def cold_table(data: dict) -> str:
+    """`a2ats bench cold`: each method's process measured on its own, per context."""
+    runs = data["runs"]
+    limit = data.get("data_limit_bytes")
+    rows = [
+        f"`{data['command']}`; {data['machine']}; {data['steps']} greedy decode steps per run"
+        + (f"; every run under a private-memory cap of {limit / 2**30:.1f} GiB" if limit else "")
+        + ".",
+        "",
+        "| context | method | cache in memory (MiB) | on disk (MiB) | an fp16 KVCache (MiB) "
+        "| peak private memory (MiB) | resident peak (MiB) | decode tok/s | read from disk / step |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in runs:
+        if "failed" in r:
+            rows.append(f"| {r['context']:,} | {r['method']} | failed: {r['failed']} |||||||")
+            continue
+        read = r.get("disk_read_bytes_per_step")
+        rows.append(
+            f"| {r['context']:,} | {r['method']} | {r['cache_resident_bytes'] / 2**20:,.1f} | "
+            f"{_mib(r['cache_disk_bytes'])} | {_mib(r['fp16_kvcache_bytes'])} | "
+            f"{_mib(r['anon_peak_sampled'])} | {_mib(r['rss_peak'])} | {r['tokens_per_s']:.2f} | "
+            f"{'-' if not read else f'{read / 2**20:,.1f} MiB'} |"
+        )
+    return "\n".join(rows)
+
+
+def cold_summary(data: dict) -> str:
+    """Ratios of the cold tier against KVCache and in-memory A2ATS at each context."""
+    by = {(r["context"], r["method"]): r for r in data["runs"] if "failed" not in r}
+    lines = []
+    for n in sorted({r["context"] for r in data["runs"]}):
+        full, warm, cold = (by.get((n, m)) for m in ("full", "a2ats", "a2ats_cold"))
+        if cold is None:
+            continue
+        parts = [f"At {n:,} tokens the cold tier's A2ATS layers hold "
+                 f"{cold['cache_resident_bytes'] / cold['fp16_kvcache_bytes']:.3f}x of an fp16 "
+                 f"KVCache's bytes in memory"]  # fmt: skip
+        if full is not None:
+            parts.append(
+                f"the whole process peaks at {cold['anon_peak_sampled'] / full['anon_peak_sampled']:.2f}x "
+                f"the KVCache run's private memory"
+            )
+        if warm is not None:
+            parts.append(
+                f"it decodes at {cold['tokens_per_s'] / warm['tokens_per_s']:.2f}x in-memory A2ATS's "
+                f"speed, with {'the same' if cold['tokens'] == warm['tokens'] else 'different'} "
+                f"{len(cold['tokens'])} greedy tokens"
+            )
+        lines.append("- " + "; ".join(parts) + ".")
+    return "\n".join(lines)
+
+
+def reopen_table(data: dict) -> str:
+    """`a2ats bench reopen`: a chat reopened from its saved cache vs prefilled again."""
+    rows = [
+        f"`{data['command']}`; {data['machine']}; model {data['model']}"
+        + ("; every K/V row in the cold tier" if data.get("cold") else "")
+        + ".",
+        "",
+        "| context | file (MiB) | save (s) | restore (s) | reopen, to first token (s) "
+        "| prefill again, to first token (s) | faster |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in data["results"]:
+        rows.append(
+            f"| {r['context']:,} | {r['file_bytes'] / 2**20:,.1f} | {r['save_s']:.2f} | "
+            f"{r['restore_s']:.2f} | {r['reopen_total_s']:.2f} | {r['reprefill_ttft_s']:.2f} | "
+            f"{r['speedup']}x |"
+        )
+    return "\n".join(rows)
+
+
+def profile_table(data: dict) -> str:
+    """`a2ats bench decode --profile`: where an A2ATS decode step's time goes, per layer."""
+    threads = data["threads"]
+    blas = ", ".join(f"{k} {v}" for k, v in threads["blas_threads"].items()) or "none found"
+    rows = [
+        f"`{data['command']}`; {data['machine']}; MLX's BLAS {threads['mlx_blas']}, BLAS "
+        f"threads: {blas}. Retrieval forced at every context; each phase evaluated on its own.",
+        "",
+    ]
+    for r in data["results"]:
+        rows += [
+            f"Context {r['context']:,}: a KVCache step {r['kvcache_step_ms']:.1f} ms, an A2ATS step "
+            f"{r['a2ats_step_ms']:.1f} ms ({r['a2ats_vs_kvcache']:.2f}x KVCache's speed); exact "
+            f"attention over one layer {r['exact_attention_ms_per_layer']:.2f} ms.",
+            "",
+            "| phase | ms per layer | ms per step (all A2ATS layers) |",
+            "|---|---:|---:|",
+        ]
+        for phase, ms in r["phases_ms_per_layer"].items():
+            rows.append(f"| {phase} | {ms:.3f} | {r['phases_ms_per_step'][phase]:.2f} |")
+        rows.append("")
+    return "\n".join(rows).rstrip()
+
+
 def blocks() -> dict[str, str]:
     """{KEY: generated text} for every table whose JSON is recorded here."""
     ev, mem = _load("eval_4k_b003.json"), _load("memory.json")
@@ -845,6 +946,12 @@ def blocks() -> dict[str, str]:
         ("gemma-texts", "eval_gemma3_270m_4k_texts.json", model_texts_table),
         ("gemma-diag", "eval_gemma3_270m_diagnostics.json", model_eval_table),
         ("prefill", "prefill.json", prefill_table),
+        ("prefill-cold", "prefill_cold.json", prefill_table),
+        ("cold", "cold_tier_qwen3.json", cold_table),
+        ("cold-summary", "cold_tier_qwen3.json", cold_summary),
+        ("cold-limited", "cold_tier_limited.json", cold_table),
+        ("reopen", "reopen.json", reopen_table),
+        ("profile", "profile_step.json", profile_table),
     )
     for key, fname, fn in simple:
         if (data := _load(fname)) is not None:
