@@ -19,7 +19,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from .cache.codebook import model_fingerprint
+from .cache.codebook_check import model_fingerprint
 from .cache.persist import load_session, save_session
 from .errors import A2ATSError
 from .session import ChatSession, common_prefix

@@ -30,7 +30,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from ..cache.codebook import Codebook, model_fingerprint
+from ..cache.codebook import Codebook
+from ..cache.codebook_check import model_fingerprint
 from ..cache.codebook_spec import CodebookSpec
 from ..cache.config import A2ATSConfig
 from ..cache.geometry import model_geometry

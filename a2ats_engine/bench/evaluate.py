@@ -25,15 +25,15 @@ against exact attention over the float K/V (a shadow float cache).
 
 Methods: the `METHODS` registry in `methods.py` (full, kv8, kv4, window, oracle_topk, a2ats and
 its ablations; the diagnostics a2ats_exact_keys / a2ats_exact_rope, which split A2ATS's loss
-against oracle_topk, run only when asked for).
+against oracle_topk, run only when asked for). The metric functions live in `eval_metrics.py`,
+the records and their summaries (`MethodResult`, `EvalRun`, `pooled_figures`) in
+`eval_results.py`, the built-in texts in `eval_texts.py`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import mlx.core as mx
@@ -48,7 +48,15 @@ from ..cache.geometry import model_geometry
 from ..cache.layer_budgets import CAP, allocate_layer_budgets
 from ..cache.layer_plan import plan_for
 from ..progress import Progress
-from .accounting import StepCost, cache_step_cost
+from .accounting import cache_step_cost
+from .eval_metrics import attention_recall, paired_ppl_ratio, relative_l2_error
+from .eval_results import (
+    EvalRun,
+    MethodResult,
+    StepRecord,
+    bytes_read_per_step,
+    layer_recall,
+)
 from .methods import (  # noqa: F401  (re-exported: the method caches are part of this API)
     BUDGET,
     DIAGNOSTIC,
@@ -65,7 +73,6 @@ from .methods import (  # noqa: F401  (re-exported: the method caches are part o
     method_spec,
 )
 from .plan_caches import native_bytes, plan_caches, prefix
-from .stats import RESAMPLES, block_bootstrap_ci, default_block
 
 FIXED_METHODS = method_names(FIXED)  # full, kv8, kv4
 BUDGET_METHODS = method_names(BUDGET)  # a2ats, window, oracle_topk and the a2ats ablations
@@ -73,71 +80,6 @@ ALL_METHODS = FIXED_METHODS + BUDGET_METHODS
 DIAGNOSTIC_METHODS = method_names(DIAGNOSTIC)  # run only when asked for
 KNOWN_METHODS = ALL_METHODS + DIAGNOSTIC_METHODS
 PREFILL_CHUNK = 256  # fastest on a 2-core CPU (attention cost grows with the chunk)
-
-
-# -- metric functions ---------------------------------------------------------------------------
-
-
-def attention_recall(probs: np.ndarray, attended: np.ndarray) -> float:
-    """Mean exact-attention mass on the attended positions.
-
-    probs: exact attention probabilities `[..., N]` (rows sum to 1); attended: bool `[..., N]`
-    broadcastable to probs. Returns the mass on attended positions averaged over all rows.
-    """
-    probs = np.asarray(probs, dtype=np.float64)
-    mask = np.broadcast_to(np.asarray(attended, dtype=bool), probs.shape)
-    return float(np.where(mask, probs, 0.0).sum(axis=-1).mean())
-
-
-def relative_l2_error(approx: np.ndarray, exact: np.ndarray) -> float:
-    """`||approx - exact||_2 / ||exact||_2` over all elements (0 when both are zero)."""
-    approx = np.asarray(approx, dtype=np.float64)
-    exact = np.asarray(exact, dtype=np.float64)
-    norm = float(np.linalg.norm(exact))
-    diff = float(np.linalg.norm(approx - exact))
-    if norm == 0.0:
-        return 0.0 if diff == 0.0 else math.inf
-    return diff / norm
-
-
-def token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """Negative log-likelihood of each target: logits `[M, V]`, targets int `[M]` -> `[M]`."""
-    logits = np.asarray(logits, dtype=np.float64)
-    targets = np.asarray(targets, dtype=np.int64)
-    top = logits.max(axis=-1, keepdims=True)
-    log_z = top[:, 0] + np.log(np.exp(logits - top).sum(axis=-1))
-    return log_z - logits[np.arange(len(targets)), targets]
-
-
-def perplexity(logits: np.ndarray, targets: np.ndarray) -> float:
-    """exp(mean NLL) of the targets under the logits (`[M, V]`, `[M]`)."""
-    return float(np.exp(token_nll(logits, targets).mean()))
-
-
-def paired_ppl_ratio(
-    nll: np.ndarray, reference_nll: np.ndarray, block: int | None = None
-) -> tuple[float, float, float]:
-    """ppl(method) / ppl(reference) on the same tokens, with a 95% interval.
-
-    nll, reference_nll: per-token NLL `[M]` of the same consecutive targets. The ratio is
-    `exp(mean(nll - reference_nll))`; the interval is exp of the circular block bootstrap
-    interval of that mean (`stats.block_bootstrap_ci`, blocks of `block` tokens, default
-    floor(M^(1/3))): neighbouring tokens are not independent. Returns (ratio, low, high)."""
-    delta = np.asarray(nll, dtype=np.float64) - np.asarray(reference_nll, dtype=np.float64)
-    mean, low, high = block_bootstrap_ci(delta, block=block)
-    return math.exp(mean), math.exp(low), math.exp(high)
-
-
-@dataclass
-class StepRecord:
-    """What a MeasuredCache recorded over the decode steps of one layer."""
-
-    recall: list[float] = field(default_factory=list)
-    output_error: list[float] = field(default_factory=list)
-    attended: list[float] = field(default_factory=list)  # attended positions per KV head
-    retrieved: list[float] = field(default_factory=list)  # far tokens attended per KV head
-    retrieval: list[bool] = field(default_factory=list)  # the step selected (was not exact)
-    cost: list[StepCost] = field(default_factory=list)  # attended share and bytes read
 
 
 class MeasuredCache:
@@ -271,65 +213,6 @@ def measured_caches(model: nn.Module, base: list, spec: MethodSpec) -> list:
 # -- running one method -------------------------------------------------------------------------
 
 
-@dataclass
-class MethodResult:
-    """One method's figures on the trajectory (see the module docstring)."""
-
-    name: str
-    recall: float
-    output_rel_error: float
-    ppl: float
-    bytes_per_token: float
-    attended_per_head: float
-    retrieved_per_head: float | None
-    argmax_agreement: float | None = None
-    seconds: float = 0.0
-    nll: np.ndarray | None = None  # per-token NLL [M] (not serialized)
-    ppl_vs_full: float | None = None
-    ppl_vs_full_ci95: tuple[float, float] | None = None
-    attended_fraction: float | None = None
-    bytes_read: dict[str, float] | None = None  # per decode step, all layers (accounting.py)
-    # per model layer: mean recall over the decode steps, None for a layer that never selected
-    # (every step exact); None altogether when no layer selected (`layer_recall`)
-    recall_per_layer: list[float | None] | None = None
-    layer_budgets: tuple[float, ...] | None = None  # the multipliers it ran with, if any
-    dev_recall_per_layer: list[float | None] | None = None  # a2ats_alloc: what they came from
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {
-            "recall": round(self.recall, 5),
-            "output_rel_error": round(self.output_rel_error, 5),
-            "ppl": round(self.ppl, 4),
-            "bytes_per_token": round(self.bytes_per_token, 1),
-            "attended_per_head": round(self.attended_per_head, 1),
-        }
-        if self.nll is not None:
-            out["tokens"] = len(self.nll)
-        if self.retrieved_per_head is not None:
-            out["retrieved_per_head"] = round(self.retrieved_per_head, 1)
-        if self.attended_fraction is not None:
-            out["attended_fraction"] = round(self.attended_fraction, 5)
-        if self.bytes_read is not None:
-            out["bytes_read_per_step"] = round(self.bytes_read["total"])
-            out["bytes_read"] = {k: round(v) for k, v in self.bytes_read.items() if k != "total"}
-        if self.argmax_agreement is not None:
-            out["argmax_agreement"] = round(self.argmax_agreement, 4)
-        if self.ppl_vs_full is not None:
-            out["ppl_vs_full"] = round(self.ppl_vs_full, 4)
-            out["ppl_vs_full_ci95"] = [round(x, 4) for x in self.ppl_vs_full_ci95]
-        if self.recall_per_layer is not None:
-            out["recall_per_layer"] = _rounded(self.recall_per_layer)
-        if self.layer_budgets is not None:
-            out["layer_budgets"] = [round(m, 4) for m in self.layer_budgets]
-        if self.dev_recall_per_layer is not None:
-            out["dev_recall_per_layer"] = _rounded(self.dev_recall_per_layer)
-        return out
-
-
-def _rounded(values: Sequence[float | None]) -> list[float | None]:
-    return [None if v is None else round(v, 5) for v in values]
-
-
 def run_method(
     model: nn.Module,
     base: list,
@@ -379,38 +262,10 @@ def run_method(
     return result, np.asarray(argmax)
 
 
-def layer_recall(records: Sequence[StepRecord | None]) -> list[float | None] | None:
-    """Per layer (one StepRecord each, None for a native layer the plan does not serve with
-    A2ATS), the mean recall over its decode steps; None for a native layer and for a layer
-    none of whose steps selected (all exact: a dense layer, a context with nothing to drop),
-    and None altogether when no layer selected (full, kv8, kv4: recall 1 by construction).
-
-    Every layer records one recall per step, exact steps as 1, so the overall `recall` is the
-    mean of this list with None read as the recall that layer recorded (1)."""
-    if not any(r is not None and any(r.retrieval) for r in records):
-        return None
-    return [
-        float(np.mean(r.recall)) if r is not None and any(r.retrieval) else None for r in records
-    ]
-
-
 def context_length(base: list) -> int:
     """Tokens the prefill `base` holds: the offset of its first attention cache (a rotating
     cache's offset counts every token, not the ones its window keeps)."""
     return int(next(c.offset for c in base if hasattr(c, "offset")))
-
-
-def bytes_read_per_step(records: Sequence[StepRecord]) -> dict[str, float]:
-    """Bytes read per decode step summed over layers, averaged over steps: {"codes",
-    "centroids", "keys_scored", "rows", "total"} (accounting.py)."""
-    parts = ("codes", "centroids", "keys_scored", "rows")
-    steps = min(len(r.cost) for r in records)
-    out = {
-        part: float(np.mean([sum(getattr(r.cost[s], part) for r in records) for s in range(steps)]))
-        for part in parts
-    }
-    out["total"] = sum(out.values())
-    return out
 
 
 def greedy_decode(
@@ -453,76 +308,6 @@ def evicting_window_bytes(
 
 
 # -- the whole evaluation ----------------------------------------------------------------------
-
-
-@dataclass
-class EvalRun:
-    """All methods at one budget."""
-
-    context: int
-    decode: int
-    budget: float | int
-    methods: dict[str, MethodResult]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "context": self.context,
-            "decode": self.decode,
-            "budget": self.budget,
-            "rests_on": rests_on(self.decode),
-            "methods": {name: r.to_dict() for name, r in self.methods.items()},
-        }
-
-
-def rests_on(tokens: int, texts: int = 1) -> dict[str, Any]:
-    """What the figures of a run rest on: `tokens` teacher-forced tokens over `texts` texts
-    (ppl and ratios over those tokens; recall, output error and cost averaged over as many
-    decode steps and every layer) and how the 95% interval is made."""
-    return {
-        "tokens": tokens,
-        "texts": texts,
-        "ci95": f"circular block bootstrap over tokens, blocks of {default_block(tokens // texts)}"
-        f" tokens, {RESAMPLES} resamples" + (", stratified by text" if texts > 1 else ""),
-    }
-
-
-def pooled_figures(runs: Sequence[EvalRun]) -> dict[str, dict[str, Any]]:
-    """Figures of the same methods and budget over several texts (one EvalRun per text):
-    {method: {recall, output_rel_error (means over texts, equal decode steps each), ppl_vs_full
-    and its interval (tokens pooled, bootstrap stratified by text), tokens}}."""
-    out: dict[str, dict[str, Any]] = {}
-    for name in runs[0].methods:
-        rows = [run.methods[name] for run in runs]
-        pooled: dict[str, Any] = {
-            "recall": round(float(np.mean([r.recall for r in rows])), 5),
-            "output_rel_error": round(float(np.mean([r.output_rel_error for r in rows])), 5),
-            "tokens": int(sum(len(r.nll) for r in rows if r.nll is not None)),
-        }
-        per_layer = pooled_layer_recall([r.recall_per_layer for r in rows])
-        if per_layer is not None:
-            pooled["recall_per_layer"] = _rounded(per_layer)
-        if "full" in runs[0].methods and all(r.nll is not None for r in rows):
-            deltas = [r.nll - run.methods["full"].nll for r, run in zip(rows, runs, strict=True)]
-            mean, low, high = block_bootstrap_ci(deltas)
-            pooled["ppl_vs_full"] = round(math.exp(mean), 4)
-            pooled["ppl_vs_full_ci95"] = [round(math.exp(low), 4), round(math.exp(high), 4)]
-        out[name] = pooled
-    return out
-
-
-def pooled_layer_recall(
-    per_text: Sequence[list[float | None] | None],
-) -> list[float | None] | None:
-    """Per layer, the mean over texts of `recall_per_layer` (texts where the layer selected);
-    None where no text's layer selected, None altogether when no text has the list."""
-    lists = [x for x in per_text if x is not None]
-    if not lists:
-        return None
-    out: list[float | None] = []
-    for values in zip(*lists, strict=True):
-        seen = [v for v in values if v is not None]
-        out.append(float(np.mean(seen)) if seen else None)
-    return out
 
 
 def evaluate(
@@ -687,39 +472,3 @@ def _check_eval_args(ids, context: int, decode: int, methods, budgets) -> None:
         raise ValueError("budgets is empty: give at least one budget")
     for b in budgets:
         A2ATSConfig(budget=b)  # validates
-
-
-TEXTS = Path(__file__).resolve().parents[2] / "resources" / "texts"
-ESSAY = TEXTS / "brackmoor_canal_essay.txt"
-ESSAY_DESCRIPTION = (
-    "resources/texts/brackmoor_canal_essay.txt (original prose written for this repository; "
-    "not in the calibration corpus)"
-)
-DIALOGUE = TEXTS / "keeper_dialogue.txt"
-DIALOGUE_DESCRIPTION = (
-    "resources/texts/keeper_dialogue.txt (a two-person dialogue written for this repository; "
-    "not in the calibration corpus)"
-)
-
-
-def builtin_texts() -> dict[str, tuple[str, str]]:
-    """{name: (text, description)} of the evaluation texts shipped or found offline, none in
-    the calibration corpus: "code" (`default_text`), "prose" (resources/texts/
-    brackmoor_canal_essay.txt, an expository essay written for this repository, about 6.5K
-    tokens), "dialogue" (resources/texts/keeper_dialogue.txt, about 5.7K tokens); both are long
-    enough for a 4K context. The haystack of `a2ats bench tasks` (`tasks.default_haystack`) is
-    separate and unchanged."""
-    essay = (ESSAY.read_text(encoding="utf-8"), ESSAY_DESCRIPTION)
-    dialogue = (DIALOGUE.read_text(encoding="utf-8"), DIALOGUE_DESCRIPTION)
-    return {"code": default_text(), "prose": essay, "dialogue": dialogue}
-
-
-def default_text() -> tuple[str, str]:
-    """(text, description) of the built-in evaluation text: the source of Python's `http.client`
-    module (code and docstrings; not part of the calibration corpus)."""
-    import http.client
-    import inspect
-
-    return inspect.getsource(
-        http.client
-    ), "Python stdlib http/client.py (held out from calibration)"

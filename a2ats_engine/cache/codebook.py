@@ -1,4 +1,4 @@
-"""Codebook: query-aware VQ centroids per layer x KV head, its file format and model validation.
+"""Codebook: query-aware VQ centroids per layer x KV head (assign, score tables, reconstruct, fit).
 
 Math (docs/ARCHITECTURE.md, "The method"). Keys are row vectors in the pre-RoPE frame. The score
 error of a code is `E_q[(q~ . (k - c))^2] = (k - c)^T H (k - c)` with `H = E[q~ q~^T]` over the
@@ -12,20 +12,15 @@ k-means on `kL` minimises it. Per layer we hold
 S = head_dim // sub_dim subspaces (S = 1: full-dim VQ; S > 1: product VQ, H restricted to its
 diagonal blocks, per-subspace tables summed by the user of `score_tables`).
 
-File format: one safetensors file, arrays `layers.{l}.centroids`,
-`layers.{l}.assign_centroids`, `layers.{l}.chol`, and one string metadata entry `a2ats` holding a
-JSON object: format name, format version, model fingerprint, n_centroids, sub_dim, beta, far_offset,
-far_buckets, window (the calibration settings `validate_for` compares with a cache's config),
-corpus description, token count, creation time.
+The file format (`save`, `load`) lives in `codebook_file.py`; the model fingerprint and the
+checks of `validate_for` against a model and a config in `codebook_check.py`.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import hashlib
-import json
 import os
-import struct
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,21 +31,20 @@ import numpy as np
 
 from ..errors import CodebookError
 from ..files import sha256_file
+from .codebook_check import fit_problems
+from .codebook_file import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    layer_arrays,
+    read_codebook_arrays,
+    read_layer_arrays,
+    read_metadata,
+    write_codebook_file,
+)
 from .kmeans import Interrupt, KMeansCallback, kmeans
 
-FORMAT_NAME = "a2ats-codebook"
-FORMAT_VERSION = 1
-METADATA_KEY = "a2ats"
 DEFAULT_RIDGE = 1e-3
-_MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 _ASSIGN_BLOCK_ELEMENTS = 1 << 24  # bound on a [.., N_chunk, K] distance block in `assign`
-MAX_ABS_VALUE = 1e12
-"""Largest magnitude a loaded codebook array may hold: squared distances and score tables of
-larger values overflow float32 (a calibrated codebook's values are below 1e4)."""
-
-# A2ATSConfig fields calibration records in the metadata that shape the query moments (the
-# distances queries are rotated to): a cache that changes one gets a warning.
-CALIBRATED_SETTINGS = ("far_offset", "far_buckets", "window")
 
 
 class Codebook:
@@ -317,7 +311,7 @@ class Codebook:
         }
         return cls(centroids, None, meta)
 
-    # -- files --------------------------------------------------------------------------------
+    # -- files (format: codebook_file.py) ------------------------------------------------------
     def save(self, path: str | os.PathLike) -> None:
         """Write one safetensors file (atomically: a temporary file renamed into place)."""
         path = Path(path)
@@ -333,25 +327,13 @@ class Codebook:
             sub_dim=self.sub_dim,
         )
         self.metadata = meta
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.safetensors")
-        try:
-            mx.save_safetensors(str(tmp), arrays, metadata={METADATA_KEY: json.dumps(meta)})
-            os.replace(tmp, path)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        write_codebook_file(path, arrays, meta)
         self._sha256 = sha256_file(path)
 
     def to_arrays(self, prefix: str = "") -> dict[str, mx.array]:
         """The codebook's arrays under the one layout codebook and session files share:
         `{prefix}layers.{l}.centroids`, `.assign_centroids`, `.chol` for every layer l."""
-        arrays = {}
-        for i in range(self.num_layers):
-            arrays[f"{prefix}layers.{i}.centroids"] = self._centroids[i]
-            arrays[f"{prefix}layers.{i}.assign_centroids"] = self._assign[i]
-            arrays[f"{prefix}layers.{i}.chol"] = self._chol[i]
-        return arrays
+        return layer_arrays(self._centroids, self._assign, self._chol, prefix)
 
     @classmethod
     def from_arrays(
@@ -363,26 +345,9 @@ class Codebook:
         where: str = "codebook",
     ) -> Codebook:
         """The inverse of `to_arrays`. CodebookError naming `where` for a missing or bad array."""
-        if not isinstance(num_layers, int) or num_layers < 1:
-            raise CodebookError(f"{where}: file is damaged (no layer count in its metadata)")
-        parts = []
-        for name in ("centroids", "assign_centroids", "chol"):
-            layer_arrays = []
-            for i in range(num_layers):
-                arr = arrays.get(f"{prefix}layers.{i}.{name}")
-                if arr is None:
-                    raise CodebookError(
-                        f"{where}: file is damaged ({prefix}layers.{i}.{name} missing)"
-                    )
-                layer_arrays.append(arr)
-            parts.append(layer_arrays)
-        for name, layer_arrays in zip(
-            ("centroids", "assign_centroids", "chol"), parts, strict=True
-        ):
-            for i, arr in enumerate(layer_arrays):
-                _check_values(arr, f"{where}: file is damaged ({prefix}layers.{i}.{name}")
+        centroids, assign, chol = read_layer_arrays(arrays, num_layers, prefix, where)
         try:
-            return cls(parts[0], parts[2], metadata, assign_centroids=parts[1])
+            return cls(centroids, chol, metadata, assign_centroids=assign)
         except ValueError as exc:
             raise CodebookError(f"{where}: file is damaged ({exc})") from exc
 
@@ -391,11 +356,8 @@ class Codebook:
         """Read a codebook file. CodebookError (one line) for a missing, foreign, truncated,
         damaged or too-new file."""
         path = Path(path)
-        meta = _read_metadata(path)
-        try:
-            arrays = mx.load(str(path), format="safetensors")
-        except Exception as exc:  # MLX raises plain RuntimeError/ValueError on bad content
-            raise CodebookError(f"{path.name}: file is damaged ({exc})") from exc
+        meta = read_metadata(path)
+        arrays = read_codebook_arrays(path)
         book = cls.from_arrays(arrays, meta, meta.get("num_layers"), where=path.name)
         if (book.n_centroids, book.sub_dim) != (meta.get("n_centroids"), meta.get("sub_dim")):
             raise CodebookError(f"{path.name}: file is damaged (arrays disagree with metadata)")
@@ -417,7 +379,7 @@ class Codebook:
             self._sha256 = digest.hexdigest()
         return self._sha256
 
-    # -- model fit --------------------------------------------------------------------------
+    # -- model fit (checks: codebook_check.py) ----------------------------------------------
     def validate_for(self, model: Any, config: Any | None = None) -> list[str]:
         """Check that this codebook fits `model` (and `config`, an A2ATSConfig).
 
@@ -426,54 +388,10 @@ class Codebook:
         from the one the codebook was calibrated with: they set the distances its query moments
         were rotated to; a different model with the same geometry); each is also issued with
         `warnings.warn`. The codebook's own n_centroids and sub_dim are what a cache uses."""
-        geometry = model_fingerprint(model)
-        self._check_geometry(geometry)
-        found = []
-        recorded = self.metadata.get("model")
-        if not recorded:
-            found.append("codebook records no model fingerprint (random or hand-made codebook)")
-        else:
-            rope_message = _rope_mismatch(recorded, geometry)
-            if rope_message:
-                raise CodebookError(rope_message)
-            if recorded.get("config_hash") != geometry["config_hash"]:
-                found.append(
-                    f"codebook was calibrated on a different model "
-                    f"({recorded.get('model_type')}, config hash differs) with the same shape; "
-                    "retrieval may be less accurate"
-                )
-        if config is not None:
-            found.extend(self._config_warnings(config))
+        shape = (self.num_layers, self.num_kv_heads, self.head_dim)
+        found = fit_problems(shape, self.metadata, model, config)
         for message in found:
             warnings.warn(message, stacklevel=2)
-        return found
-
-    def _check_geometry(self, geometry: dict[str, Any]) -> None:
-        if geometry["num_layers"] != self.num_layers:
-            raise CodebookError(
-                f"codebook is for {self.num_layers} layers, the model has {geometry['num_layers']}"
-            )
-        if geometry["num_kv_heads"] != self.num_kv_heads:
-            raise CodebookError(
-                f"codebook is for {self.num_kv_heads} KV heads, "
-                f"the model has {geometry['num_kv_heads']}"
-            )
-        if geometry["head_dim"] != self.head_dim:
-            raise CodebookError(
-                f"codebook does not fit the model: head dim {self.head_dim} vs "
-                f"{geometry['head_dim']}"
-            )
-
-    def _config_warnings(self, config: Any) -> list[str]:
-        """One warning per calibration setting (recorded in the metadata) the config changes."""
-        found = []
-        for name in CALIBRATED_SETTINGS:
-            calibrated = self.metadata.get(name)
-            if calibrated is not None and calibrated != getattr(config, name):
-                found.append(
-                    f"codebook was calibrated with {name} {calibrated}, the cache uses "
-                    f"{getattr(config, name)}; retrieval may be less accurate"
-                )
         return found
 
     def summary(self) -> str:
@@ -664,133 +582,3 @@ def relative_score_error_from_moments(
         den = mx.sum((k32 @ second) * k32)
         ratios.append(float((num / mx.maximum(den, 1e-30)).item()))
     return float(np.mean(ratios))
-
-
-# -- model fingerprint and files ------------------------------------------------------------
-
-
-def model_fingerprint(model: Any, name: str | None = None) -> dict[str, Any]:
-    """What a codebook records about its model: geometry, RoPE spec and a hash of the config."""
-    from .geometry import model_geometry
-
-    geometry = model_geometry(model)
-    args = getattr(model, "args", None)
-    config = getattr(model, "config", None) or (vars(args) if args is not None else {})
-    blob = json.dumps(config, sort_keys=True, default=str)
-    return {
-        "name": name,
-        "model_type": geometry.model_type,
-        "num_layers": geometry.num_layers,
-        "num_heads": geometry.num_heads,
-        "num_kv_heads": geometry.num_kv_heads,
-        "head_dim": geometry.head_dim,
-        "rope": geometry.rope,
-        "rope_fingerprint": _rope_fingerprint([s.fingerprint() for s in _a2ats_specs(model)]),
-        "config_hash": hashlib.sha256(blob.encode()).hexdigest()[:16],
-    }
-
-
-def _a2ats_specs(model: Any) -> list:
-    """RopeSpecs of the layers the layer plan serves with A2ATS (what codes depend on)."""
-    from .layer_plan import A2ATS, plan_for, rope_spec_of
-
-    return [rope_spec_of(model, c) for c in plan_for(model).layers if c.kind == A2ATS]
-
-
-def _rope_fingerprint(per_layer: list[str]) -> str:
-    return hashlib.sha256("|".join(per_layer).encode()).hexdigest()[:16]
-
-
-def _rope_mismatch(recorded: dict[str, Any], geometry: dict[str, Any]) -> str | None:
-    if recorded.get("rope_fingerprint") == geometry["rope_fingerprint"]:
-        return None
-    a, b = recorded.get("rope") or {}, geometry["rope"]
-    diffs = [
-        f"{key} {a.get(key)} vs {b.get(key)}"
-        for key in ("kind", "dims", "traditional", "base", "pos_scale", "scale")
-        if a.get(key) != b.get(key)
-    ]
-    if not diffs and a.get("freqs") != b.get("freqs"):
-        diffs.append("frequencies differ")
-    detail = ", ".join(diffs) if diffs else "per-layer RoPE differs"
-    return f"codebook was calibrated for a different RoPE ({detail})"
-
-
-def _check_values(arr: Any, problem: str) -> None:
-    """CodebookError `problem` + why, unless `arr` is a real array of finite values no larger
-    than `MAX_ABS_VALUE` (NaN or huge centroids would make every score table garbage)."""
-    if not isinstance(arr, mx.array) or not (
-        mx.issubdtype(arr.dtype, mx.floating) or mx.issubdtype(arr.dtype, mx.integer)
-    ):
-        raise CodebookError(f"{problem} is not a real-valued array)")
-    values = arr.astype(mx.float32)
-    if not bool(mx.all(mx.isfinite(values)).item()):
-        raise CodebookError(f"{problem} holds values that are not finite: NaN or infinity)")
-    if values.size and float(mx.max(mx.abs(values)).item()) > MAX_ABS_VALUE:
-        raise CodebookError(f"{problem} holds values beyond +-{MAX_ABS_VALUE:g})")
-
-
-def _read_metadata(path: Path) -> dict[str, Any]:
-    """Parse the safetensors header by hand so every failure gets a precise one-line message."""
-    name = path.name
-    if not path.exists():
-        raise CodebookError(f"codebook file not found: {path}")
-    if path.is_dir():
-        raise CodebookError(f"{path} is a folder, not a codebook file")
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise CodebookError(f"{name}: not an A2ATS codebook file (only {size} bytes)")
-        header_len = struct.unpack("<Q", head)[0]
-        if header_len > _MAX_HEADER_BYTES:
-            raise CodebookError(f"{name}: not an A2ATS codebook file (not safetensors)")
-        raw = f.read(header_len)
-    if len(raw) < header_len:
-        # Could be a truncated codebook or a foreign file; say which when the prefix tells.
-        if raw.lstrip().startswith(b"{") and (b'"__metadata__"' in raw or b"layers." in raw):
-            raise CodebookError(f"{name}: file is truncated ({size} bytes, header incomplete)")
-        raise CodebookError(f"{name}: not an A2ATS codebook file (not safetensors)")
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise CodebookError(f"{name}: not an A2ATS codebook file (not safetensors)") from None
-    if not isinstance(header, dict):
-        raise CodebookError(f"{name}: not an A2ATS codebook file (not safetensors)")
-    blob = (header.get("__metadata__") or {}).get(METADATA_KEY)
-    try:
-        meta = json.loads(blob) if isinstance(blob, str) else None
-    except json.JSONDecodeError:
-        meta = None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-        raise CodebookError(
-            f"{name}: not an A2ATS codebook file (a safetensors file without codebook metadata)"
-        )
-    version = meta.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise CodebookError(
-            f"{name}: codebook format version {version} is newer than this app supports "
-            f"({FORMAT_VERSION}); update A2ATS Chat"
-        )
-    try:
-        data_end = max(
-            (int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"),
-            default=0,
-        )
-    except (KeyError, TypeError, ValueError, IndexError):
-        raise CodebookError(f"{name}: file is damaged (bad safetensors header)") from None
-    expected = 8 + header_len + data_end
-    if size < expected:
-        raise CodebookError(f"{name}: file is truncated ({size} of {expected} bytes)")
-    _check_metadata_types(name, meta)
-    return meta
-
-
-def _check_metadata_types(name: str, meta: dict[str, Any]) -> None:
-    """CodebookError for metadata fields of the wrong type (code reads them as such)."""
-    if meta.get("model") is not None and not isinstance(meta["model"], dict):
-        raise CodebookError(f"{name}: file is damaged (metadata 'model' is not an object)")
-    for key in (*CALIBRATED_SETTINGS, "num_layers", "n_centroids", "sub_dim", "tokens"):
-        value = meta.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise CodebookError(f"{name}: file is damaged (metadata {key!r} is not an integer)")

@@ -343,7 +343,7 @@ def _check_codebook(name: str, meta: dict, codebook) -> None:
 
 def _check_model(name: str, meta: dict, book, model) -> None:
     """A2ATSError when the session does not fit `model` (layers, RoPE, codebook)."""
-    from .codebook import model_fingerprint
+    from .codebook_check import check_geometry, model_fingerprint
     from .layer_plan import attention_of, decoder_layers
 
     decoders = decoder_layers(model)
@@ -355,7 +355,8 @@ def _check_model(name: str, meta: dict, book, model) -> None:
         )
     if book is not None:
         try:
-            book._check_geometry(model_fingerprint(model))
+            shape = (book.num_layers, book.num_kv_heads, book.head_dim)
+            check_geometry(shape, model_fingerprint(model))
         except A2ATSError as exc:
             raise A2ATSError(f"{name}: the session's {exc}") from None
     for entry in layers:

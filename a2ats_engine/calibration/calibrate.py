@@ -33,7 +33,8 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache
 
-from ..cache.codebook import Codebook, model_fingerprint, relative_score_error_from_moments
+from ..cache.codebook import Codebook, relative_score_error_from_moments
+from ..cache.codebook_check import model_fingerprint
 from ..cache.codebook_spec import CodebookSpec
 from ..cache.config import A2ATSConfig
 from ..cache.geometry import model_geometry

@@ -820,7 +820,7 @@ def _int_list(flag: str, text: str) -> list[int]:
 def _check_codebook_args(args: argparse.Namespace) -> tuple[list[int], list[int], list]:
     """(centroids, calibration token counts, [(text, description)]) or a one-line ValueError
     naming the flag (checked before the model loads: calibration is long)."""
-    from ..bench.evaluate import builtin_texts
+    from ..bench.eval_texts import builtin_texts
 
     centroids = _int_list("--centroids", args.centroids)
     tokens = _int_list("--calib-tokens", args.calib_tokens)
@@ -853,7 +853,7 @@ def _check_codebook_args(args: argparse.Namespace) -> tuple[list[int], list[int]
 
 def run_codebooks(args: argparse.Namespace) -> int:
     from ..bench.codebook_sweep import sweep_codebooks
-    from ..bench.evaluate import rests_on
+    from ..bench.eval_results import rests_on
     from ..cache.config import A2ATSConfig
     from ..loading.models import load_model
     from ._bench_common import machine, stderr_progress

@@ -266,7 +266,7 @@ def _tune_b(args, model, tokenizer, codebook, config, texts, budgets, progress):
 def _texts(args: argparse.Namespace) -> list[tuple[str, str]]:
     """[(text, description)] from --texts (built-in names) then --text files; the default
     text when neither is given."""
-    from ..bench.evaluate import builtin_texts, default_text
+    from ..bench.eval_texts import builtin_texts, default_text
 
     out = []
     if args.texts:
@@ -284,7 +284,7 @@ def _print_texts(
     args, texts, per_text, budgets, info, codebook, codebook_desc, config, notes, tuned=None
 ) -> int:
     """Several texts: each text's runs, and per budget the figures pooled over the texts."""
-    from ..bench.evaluate import pooled_figures, rests_on
+    from ..bench.eval_results import pooled_figures, rests_on
 
     pooled = [
         {

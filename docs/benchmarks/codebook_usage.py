@@ -60,7 +60,8 @@ def usage(codes) -> list[dict]:
 def main(argv: list[str]) -> int:
     import mlx.core as mx
 
-    from a2ats_engine.bench.evaluate import builtin_texts, prefill
+    from a2ats_engine.bench.eval_texts import builtin_texts
+    from a2ats_engine.bench.evaluate import prefill
     from a2ats_engine.cache.codebook import Codebook
     from a2ats_engine.cache.config import A2ATSConfig
     from a2ats_engine.cache.layer_plan import A2ATS, plan_for, rope_spec_of

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from a2ats_engine.errors import A2ATSError
 
-MAX_ABS_VALUE = 1e12  # cache/codebook.py: the largest magnitude a loaded codebook may hold
+MAX_ABS_VALUE = 1e12  # cache/codebook_file.py: the largest magnitude a loaded codebook may hold
 
 SETTINGS = settings(
     max_examples=40,

@@ -159,7 +159,7 @@ def test_eval_alloc_reports_layer_budgets_and_recall_per_layer(tiny_folder, caps
 
 
 def test_eval_runs_on_the_builtin_dialogue(tiny_folder, capsys):
-    from a2ats_engine.bench.evaluate import builtin_texts
+    from a2ats_engine.bench.eval_texts import builtin_texts
     from a2ats_engine.loading.models import load_model
 
     text, desc = builtin_texts()["dialogue"]
@@ -177,7 +177,7 @@ def test_eval_runs_on_the_builtin_dialogue(tiny_folder, capsys):
 
 
 def test_builtin_prose_is_the_essay_not_the_haystack():
-    from a2ats_engine.bench.evaluate import builtin_texts
+    from a2ats_engine.bench.eval_texts import builtin_texts
     from a2ats_engine.bench.tasks import default_haystack
 
     text, desc = builtin_texts()["prose"]
@@ -199,7 +199,7 @@ def test_builtin_texts_fit_a_4k_eval_with_the_demo_tokenizer():
     from demo_gate import require_demo
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-    from a2ats_engine.bench.evaluate import builtin_texts
+    from a2ats_engine.bench.eval_texts import builtin_texts
 
     tokenizer = load_tokenizer(require_demo())
     need = 4096 + 256 + 1  # `a2ats eval --context 4096 --decode 256`, as _check_eval_args asks

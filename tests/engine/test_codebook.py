@@ -9,10 +9,10 @@ from tiny import tiny_model
 
 from a2ats_engine.cache.codebook import (
     Codebook,
-    model_fingerprint,
     query_metric,
     relative_score_error,
 )
+from a2ats_engine.cache.codebook_check import model_fingerprint
 from a2ats_engine.cache.config import A2ATSConfig
 from a2ats_engine.errors import CodebookError
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from tiny import save_tiny_model, tiny_model, tiny_tokenizer
 
-from a2ats_engine.bench.evaluate import default_text, evaluate
+from a2ats_engine.bench.eval_texts import default_text
+from a2ats_engine.bench.evaluate import evaluate
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.codebook_spec import CodebookSpec
 from a2ats_engine.cache.config import A2ATSConfig

@@ -8,16 +8,18 @@ import pytest
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 from tiny import tiny_model
 
+from a2ats_engine.bench.eval_metrics import (
+    attention_recall,
+    perplexity,
+    relative_l2_error,
+    token_nll,
+)
 from a2ats_engine.bench.evaluate import (
     IdentityRope,
     MeasuredCache,
     OracleTopKCache,
     RecentWindowCache,
-    attention_recall,
     evaluate,
-    perplexity,
-    relative_l2_error,
-    token_nll,
 )
 from a2ats_engine.cache import attention as att
 from a2ats_engine.cache.a2ats_cache import A2ATSCache
@@ -238,7 +240,7 @@ def test_evaluate_rejects_bad_arguments(tiny):
 
 
 def test_paired_ppl_ratio():
-    from a2ats_engine.bench.evaluate import paired_ppl_ratio
+    from a2ats_engine.bench.eval_metrics import paired_ppl_ratio
 
     ref = np.array([1.0, 2.0, 3.0, 4.0])
     ratio, low, high = paired_ppl_ratio(ref + 0.1, ref)

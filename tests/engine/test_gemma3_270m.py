@@ -35,7 +35,7 @@ def gemma():
 
 @pytest.fixture(scope="module")
 def prose_ids(gemma):
-    from a2ats_engine.bench.evaluate import builtin_texts
+    from a2ats_engine.bench.eval_texts import builtin_texts
 
     _, tokenizer, _ = gemma
     return tokenizer.encode(builtin_texts()["prose"][0])

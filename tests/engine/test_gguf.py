@@ -14,7 +14,8 @@ from tiny import save_tiny_tokenizer, tiny_model
 
 from a2ats_engine import _backend
 from a2ats_engine.errors import ModelLoadError
-from a2ats_engine.loading import gguf
+from a2ats_engine.loading import gguf, gguf_config
+from a2ats_engine.loading.gguf_archs import mlx_tensor_name
 from a2ats_engine.loading.gguf_reader import DECODERS, load_tensors, mlx_layout, read_header
 from a2ats_engine.loading.gguf_tokenizer import (
     _PRE_TOKENIZERS,
@@ -256,18 +257,18 @@ def test_group16_formats_load_as_8bit(tmp_path):
 
 
 def test_tensor_names():
-    assert gguf.mlx_tensor_name("blk.7.attn_q.weight") == "model.layers.7.self_attn.q_proj.weight"
-    assert gguf.mlx_tensor_name("blk.0.ffn_down.biases") == "model.layers.0.mlp.down_proj.biases"
-    assert gguf.mlx_tensor_name("token_embd.scales") == "model.embed_tokens.scales"
-    assert gguf.mlx_tensor_name("output.weight") == "lm_head.weight"
-    assert gguf.mlx_tensor_name("rope_freqs.weight") is None
+    assert mlx_tensor_name("blk.7.attn_q.weight") == "model.layers.7.self_attn.q_proj.weight"
+    assert mlx_tensor_name("blk.0.ffn_down.biases") == "model.layers.0.mlp.down_proj.biases"
+    assert mlx_tensor_name("token_embd.scales") == "model.embed_tokens.scales"
+    assert mlx_tensor_name("output.weight") == "lm_head.weight"
+    assert mlx_tensor_name("rope_freqs.weight") is None
     with pytest.raises(ModelLoadError, match="unexpected tensor in GGUF: blk.0.ssm_conv1d"):
-        gguf.mlx_tensor_name("blk.0.ssm_conv1d.weight")
+        mlx_tensor_name("blk.0.ssm_conv1d.weight")
 
 
 def test_llama3_rope_frequency_factors_become_rope_scaling(llama, tmp_path):
     head_dim = 16
-    factors = gguf._llama3_factors(head_dim, 500000.0, 8.0, 1.0, 4.0, 8192)
+    factors = gguf_config._llama3_factors(head_dim, 500000.0, 8.0, 1.0, 4.0, 8192)
     tensors = gguf_tensors(llama)
     tensors["rope_freqs.weight"] = np.array(factors, dtype=np.float32)
     meta = tiny_gguf_metadata(llama.config, **{"llama.rope.freq_base": ("f32", 500000.0)})

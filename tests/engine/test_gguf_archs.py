@@ -12,7 +12,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.utils import load as mlx_lm_load
 from tiny import save_tiny_model, tiny_model
 
-from a2ats_engine.loading import gguf
+from a2ats_engine.loading import gguf, gguf_archs, gguf_config
 from a2ats_engine.loading.models import load_model
 
 from .gguf_fixtures import tiny_gguf_metadata, write_gguf
@@ -174,8 +174,8 @@ def test_gemma3_config_fills_what_llama_cpp_hard_codes(tmp_path):
     model = tiny_model("gemma3_text", seed=1, **overrides)
     metadata = gguf_metadata(model.config, "gemma3")
     tensors = {k: mx.array(v) for k, v in gguf_tensors(model, "gemma3").items()}
-    config = gguf.model_config(gguf_metadata_plain(metadata), tensors)
-    assert config["sliding_window_pattern"] == gguf.GEMMA3_SLIDING_PATTERN
+    config = gguf_config.model_config(gguf_metadata_plain(metadata), tensors)
+    assert config["sliding_window_pattern"] == gguf_archs.GEMMA3_SLIDING_PATTERN
     assert config["rope_local_base_freq"] == 10000.0
     assert config["query_pre_attn_scalar"] == 16 and config["sliding_window"] == 8
 
@@ -187,20 +187,20 @@ def gguf_metadata_plain(metadata: dict) -> dict:
 
 
 def test_gguf_tensor_names_per_architecture():
-    assert gguf.mlx_tensor_name("blk.2.attn_qkv.weight", "phi3") == (
+    assert gguf_archs.mlx_tensor_name("blk.2.attn_qkv.weight", "phi3") == (
         "model.layers.2.self_attn.qkv_proj.weight"
     )
     assert (
-        gguf.mlx_tensor_name("blk.0.ffn_up.weight", "phi3")
+        gguf_archs.mlx_tensor_name("blk.0.ffn_up.weight", "phi3")
         == "model.layers.0.mlp.gate_up_proj.weight"
     )
-    assert gguf.mlx_tensor_name("blk.1.ffn_norm.weight", "gemma3") == (
+    assert gguf_archs.mlx_tensor_name("blk.1.ffn_norm.weight", "gemma3") == (
         "model.layers.1.pre_feedforward_layernorm.weight"
     )
-    assert gguf.mlx_tensor_name("blk.1.ffn_norm.weight", "llama") == (
+    assert gguf_archs.mlx_tensor_name("blk.1.ffn_norm.weight", "llama") == (
         "model.layers.1.post_attention_layernorm.weight"
     )
-    assert gguf.mlx_tensor_name("blk.3.attn_k_norm.weight", "qwen3") == (
+    assert gguf_archs.mlx_tensor_name("blk.3.attn_k_norm.weight", "qwen3") == (
         "model.layers.3.self_attn.k_norm.weight"
     )
-    assert gguf.mlx_tensor_name("rope_factors_long.weight", "phi3") is None
+    assert gguf_archs.mlx_tensor_name("rope_factors_long.weight", "phi3") is None
