@@ -19,6 +19,12 @@ import a2ats_engine  # noqa: F401  (BLAS preload before mlx.core)
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="a2ats-chat", description=__doc__.splitlines()[0])
     parser.add_argument("--model", help='model folder, .gguf file, HF repo id or "demo"')
+    parser.add_argument(
+        "--self-test",
+        action="store_true",
+        help="check this installation headless (Qt, MLX, a reply through A2ATS caches from a "
+        "tiny model and from --model, default the demo when fetched, 'tiny' for none), then exit",
+    )
     parser.add_argument("--codebook", help="codebook file (.safetensors) to load")
     parser.add_argument("--prompt", help="scripted mode: message to send")
     parser.add_argument("--screenshot", help="scripted mode: PNG of the window after the reply")
