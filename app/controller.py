@@ -147,6 +147,8 @@ class ChatController(QObject):
         self._job = Task.IDLE  # the engine job other than a reply
         self._overflow_choice: dict[str, OverflowPolicy] = {}
         self._saves_ok = True
+        # Writes nothing (no chat, no settings): a scripted run's temporary chat leaves no trace.
+        self.ephemeral = False
         self._connect()
 
     def _connect(self) -> None:
@@ -211,6 +213,8 @@ class ChatController(QObject):
         return self._write(lambda: save_settings(self.settings, self.settings_path), "settings")
 
     def _write(self, write: Callable[[], None], what: str) -> bool:
+        if self.ephemeral:
+            return True
         try:
             write()
         except OSError as exc:

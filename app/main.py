@@ -2,10 +2,12 @@
 
     a2ats-chat [--model SOURCE]
     a2ats-chat --model SOURCE [--codebook FILE] --prompt TEXT --screenshot PNG [--quit]
+               [--keep-chat]
 
 Scripted mode loads the model (and codebook), sends the prompt in a new chat, waits for the
 whole reply, saves a screenshot of the window and, with --quit, exits 0. Any failure prints
-one line to stderr and exits 1. Works with QT_QPA_PLATFORM=offscreen.
+one line to stderr and exits 1. Works with QT_QPA_PLATFORM=offscreen. The chat is temporary:
+a scripted run writes no chat and no settings unless --keep-chat asks it to.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--screenshot", help="scripted mode: PNG of the window after the reply")
     parser.add_argument("--export-telemetry", help="scripted mode: inspector telemetry JSON")
     parser.add_argument("--quit", action="store_true", help="scripted mode: exit when done")
+    parser.add_argument(
+        "--keep-chat",
+        action="store_true",
+        help="scripted mode: keep the chat in the history and save the settings (default: a "
+        "temporary chat; the run writes no chat and no settings)",
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="scripted mode: seconds")
     parser.add_argument("--theme", choices=("system", "light", "dark"), help="override the theme")
     parser.add_argument("--width", type=int, default=0, help="window width (scripted mode)")
@@ -64,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     theme().apply(args.theme or settings.theme)
     scripted = bool(args.prompt or args.screenshot or args.export_telemetry)
     window = MainWindow(settings, settings_message=message, scripted=scripted)
+    window.controller.ephemeral = scripted and not args.keep_chat
     if args.width and args.height:
         window.resize(args.width, args.height)
     window.show()

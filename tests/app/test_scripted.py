@@ -29,7 +29,19 @@ def run_app(args, app_dirs, timeout=300):
     )  # fmt: skip
 
 
+def _files(app_dirs) -> dict[str, int]:
+    """Every file under the config and data folders, with its modification time."""
+    return {
+        str(path): path.stat().st_mtime_ns
+        for key in ("config", "data")
+        for path in app_dirs[key].rglob("*")
+        if path.is_file()
+    }
+
+
 def test_scripted_mode_writes_a_screenshot(app_dirs, tiny_folder, tmp_path):
+    save_settings(AppSettings(), app_dirs["config"] / "settings.json")
+    before = _files(app_dirs)
     shot = tmp_path / "shots" / "chat.png"
     result = run_app(
         ["--model", str(tiny_folder), "--prompt", "Hello there", "--screenshot", str(shot),
@@ -45,6 +57,15 @@ def test_scripted_mode_writes_a_screenshot(app_dirs, tiny_folder, tmp_path):
         image.pixel(x, y) for x in range(0, image.width(), 7) for y in range(0, image.height(), 7)
     }
     assert len(colours) > 20
+    # A temporary chat: no chat saved, the settings (window size included) untouched.
+    assert _files(app_dirs) == before
+    assert not list(app_dirs["data"].rglob("conversations/*.json"))
+
+
+def test_scripted_mode_keeps_the_chat_when_asked(app_dirs, tiny_folder, tmp_path):
+    result = run_app(["--model", str(tiny_folder), "--prompt", "Hello there", "--quit",
+                      "--keep-chat"], app_dirs)  # fmt: skip
+    assert result.returncode == 0, result.stderr
     # The exchange was saved with provenance.
     (saved,) = (app_dirs["data"] / "conversations").glob("*.json")
     messages = json.loads(saved.read_text())["messages"]
