@@ -56,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return selftest(argv)
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    missing = _missing_window_libraries()
+    if missing:
+        print(f"a2ats-chat: {missing}", file=sys.stderr)
+        return 1
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
@@ -86,6 +90,15 @@ def main(argv: list[str] | None = None) -> int:
         window.settings.model_source = args.model
     QTimer.singleShot(0, window.start)  # offers to fetch the demo model when it is missing
     return exit_now_if_stuck(app.exec())
+
+
+def _missing_window_libraries() -> str | None:
+    """A one-line note when Qt would open the window through xcb and its libraries are
+    missing (Qt itself would abort with a message that names none of them)."""
+    from .platform_libs import missing_xcb_libraries, missing_xcb_note, will_use_xcb
+
+    missing = missing_xcb_libraries() if will_use_xcb() else []
+    return missing_xcb_note(missing) if missing else None
 
 
 def exit_now_if_stuck(code: int) -> int:
