@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--methods",
-        default=",".join(_all_methods()),
+        default=None,  # every method: resolved at run time, so --help does not import MLX
         help="comma list of methods (default: all but the diagnostics a2ats_exact_keys, "
         "a2ats_exact_rope)",
     )
@@ -131,7 +131,9 @@ def run_eval(args: argparse.Namespace) -> int:
     from ..bench.evaluate import evaluate
     from ..loading.models import load_model
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = [
+        m.strip() for m in (args.methods or ",".join(_all_methods())).split(",") if m.strip()
+    ]
     budgets = [parse_budget(b) for b in (args.budgets or args.budget).split(",") if b.strip()]
     progress = stderr_progress(True)
     model, tokenizer, info = load_model(args.model)
