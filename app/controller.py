@@ -36,6 +36,7 @@ from .events import (
     JsonValue,
     ModelLoaded,
     OverflowPolicy,
+    PrefillProgress,
     ReplyMode,
     StopReason,
 )
@@ -73,6 +74,7 @@ class ReplyInProgress:
     started: GenerationStarted | None = None
     overflow: ContextOverflow | None = None
     text: str = ""
+    prefill: PrefillProgress | None = None  # the prompt prefill's last progress
     error: str = ""
     tokens: int = 0
     started_at: float = field(default_factory=time.perf_counter)
@@ -118,6 +120,7 @@ class ChatController(QObject):
     conversations_changed = Signal()  # the list, a title or an order changed
     reply_started = Signal(object)  # ReplyInProgress
     reply_text_added = Signal(str)  # text streamed into the current chat's reply
+    prefill_progressed = Signal(object)  # PrefillProgress of the current chat's reply
     context_updated = Signal(object)  # ContextTokens of the current chat's reply
     context_overflowed = Signal(object)  # ContextOverflow: call resolve_overflow()
     reply_ended = Signal(object)  # ReplyEnded, after the conversation was saved
@@ -162,6 +165,7 @@ class ChatController(QObject):
         worker.failed.connect(self._on_failed)
         worker.generation_started.connect(self._on_generation_started)
         worker.token_generated.connect(self._on_token)
+        worker.prefill_progressed.connect(self._on_prefill_progress)
         worker.context_updated.connect(self._on_context)
         worker.context_overflowed.connect(self._on_context_overflowed)
         worker.generation_finished.connect(self._on_generation_finished)
@@ -423,6 +427,14 @@ class ChatController(QObject):
         self.reply.started = started
         for note in started.notes:
             self.notice.emit(note, 10000)
+
+    def _on_prefill_progress(self, progress: PrefillProgress) -> None:
+        reply = self.reply
+        if reply is None or progress.request_id != reply.request.request_id:
+            return
+        reply.prefill = progress
+        if self.reply_is_current():
+            self.prefill_progressed.emit(progress)
 
     def _on_token(self, event: TokenEvent) -> None:
         reply = self.reply

@@ -56,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return selftest(argv)
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    import warnings
+
+    from a2ats_engine.cli import show_note
+
+    warnings.showwarning = show_note  # engine warnings on stderr: one `note:` line each
     missing = _missing_window_libraries()
     if missing:
         print(f"a2ats-chat: {missing}", file=sys.stderr)

@@ -137,3 +137,19 @@ def test_scripted_mode_on_the_demo_model_with_its_default_codebook(tmp_path):
     codebook = reply["provenance"]["codebook"]
     if has_codebook:
         assert codebook["name"] == "demo-default.safetensors" and len(codebook["sha256"]) == 64
+
+
+def test_scripted_mode_prints_the_progress_of_a_long_prefill(app_dirs, tiny_folder):
+    # About 2,600 prompt tokens: two prefill chunks of the session's 2,048.
+    result = run_app(["--model", str(tiny_folder), "--prompt", "word " * 1300, "--quit"],
+                     app_dirs)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("Reading the prompt")]
+    # Before the first chunk, after it, and after the second (mlx-lm keeps the prompt's last
+    # token for the first decode step).
+    assert len(lines) == 3, result.stderr
+    assert lines[0].startswith("Reading the prompt: 0 / ") and "left" not in lines[0]
+    assert lines[1].startswith("Reading the prompt: 2,048 / ") and lines[1].endswith(" left")
+    assert all(line.endswith(" left") for line in lines[1:])
+    # Engine warnings are one-line notes, as on the command line.
+    assert "UserWarning" not in result.stderr
