@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     window = MainWindow(settings, settings_message=message, scripted=scripted)
     window.controller.ephemeral = scripted and not args.keep_chat
     if args.width and args.height:
+        window.use_default_dock_share()
         window.resize(args.width, args.height)
     window.show()
     if scripted:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QEvent, QObject, QSize, Qt, QTimer, Signal, Slot
-from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QSplitter, QVBoxLayout, QWidget
 
 from a2ats_engine.cache.telemetry import CacheSnapshot
 
@@ -38,6 +38,9 @@ SECTION_TITLES = {
     "fidelity": "Fidelity: missed mass & budget",
 }
 SECTION_STRETCH = {"map": 40, "codebook": 19, "memory": 15, "fidelity": 26}
+PANEL_MIN_WIDTH = 360  # one column of panels
+SECOND_COLUMN = ("memory", "fidelity")  # the sections a second column takes when wide enough
+COLUMN_SPACING = 6
 
 
 class InspectorPanel(QWidget):
@@ -93,24 +96,72 @@ class InspectorPanel(QWidget):
             body.installEventFilter(self)
             self.splitter.addWidget(section)
             self.sections[key] = section
+            section.detached_changed.connect(self._on_section_docked)
         total = sum(SECTION_STRETCH.values())
         self.splitter.setSizes([int(900 * SECTION_STRETCH[k] / total) for k in self.sections])
+        # Wide (a big screen's dock): the memory and fidelity panels move to a second column.
+        self.second_splitter = QSplitter(Qt.Orientation.Vertical)
+        self.second_splitter.setChildrenCollapsible(True)
+        self.second_splitter.hide()
+        self.columns = 1
+        columns = QHBoxLayout()
+        columns.setContentsMargins(0, 0, 0, 0)
+        columns.setSpacing(COLUMN_SPACING)
+        columns.addWidget(self.splitter, 1)
+        columns.addWidget(self.second_splitter, 1)
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(0)
         layout.addWidget(self.scrubber)
-        layout.addWidget(self.splitter, 1)
+        layout.addLayout(columns, 1)
 
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
         self._timer.setInterval(self.throttle.interval_ms)
         self._timer.timeout.connect(self._redraw)
-        self.setMinimumWidth(360)
+        self.setMinimumWidth(PANEL_MIN_WIDTH)
         self._redraw()
 
     def sizeHint(self) -> QSize:  # noqa: N802 (Qt override: the dock's first size)
         return QSize(560, 940)
+
+    # ---- reflow --------------------------------------------------------------------------
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        self.set_columns(2 if self.width() >= self.two_columns_width() else 1)
+
+    def two_columns_width(self) -> int:
+        """The narrowest width at which both columns get their panels' minimum widths."""
+        first = [s for k, s in self.sections.items() if k not in SECOND_COLUMN]
+        second = [self.sections[k] for k in SECOND_COLUMN]
+
+        def least(sections) -> int:
+            return max([s.minimumSizeHint().width() for s in sections] + [PANEL_MIN_WIDTH // 2])
+
+        return max(least(first) + least(second) + COLUMN_SPACING, 2 * PANEL_MIN_WIDTH)
+
+    def set_columns(self, columns: int, force: bool = False) -> None:
+        """One column of panels, or two (map and codebook | memory and fidelity)."""
+        if columns == self.columns and not force:
+            return
+        self.columns = columns
+        target = self.second_splitter if columns == 2 else self.splitter
+        for key in SECOND_COLUMN:
+            section = self.sections[key]
+            if not section.detached:
+                target.addWidget(section)
+                section.show()
+        self.second_splitter.setVisible(columns == 2 and self.second_splitter.count() > 0)
+        for splitter in (self.splitter, self.second_splitter):
+            keys = [k for k, v in self.sections.items() if splitter.indexOf(v) >= 0]
+            if keys:
+                splitter.setSizes([int(900 * SECTION_STRETCH[k]) for k in keys])
+        self._schedule()
+
+    def _on_section_docked(self, detached: bool) -> None:
+        if not detached:  # back home: put it in the column the current width wants
+            self.set_columns(self.columns, force=True)
 
     # ---- slots the app connects ----------------------------------------------------------
     @Slot(object)

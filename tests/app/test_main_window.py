@@ -110,7 +110,8 @@ def _prefill_note(window) -> str:
 
 
 def test_a_long_prefill_shows_its_progress_in_the_reply(make_window, qtbot):
-    window = make_window(FakeBackend(delay=0.01, prefill_chunk=500))
+    # 10 chunks of 0.1 s: time enough to see the note however busy the machine is
+    window = make_window(FakeBackend(delay=0.1, prefill_chunk=300, reply_fn=lambda _m: "ok"))
     load(qtbot, window)
     window.send("p" * 3000)  # the fake tokenizer: one token per character
     qtbot.waitUntil(lambda: "left" in _prefill_note(window), timeout=10000)
