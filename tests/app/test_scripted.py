@@ -126,7 +126,7 @@ def test_scripted_mode_on_the_demo_model_with_its_default_codebook(tmp_path):
     shot = tmp_path / "demo.png"
     result = run_app(
         ["--model", "demo", "--prompt", "What is the capital of France?", "--screenshot",
-         str(shot), "--quit"],
+         str(shot), "--quit", "--keep-chat"],
         dirs, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
