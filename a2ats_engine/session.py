@@ -25,8 +25,8 @@ import mlx.nn as nn
 from mlx_lm.generate import stream_generate
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
-from .cache.a2ats_cache import attention_steps, model_codebook_bytes
 from .cache.config import A2ATSConfig
+from .cache.model_cache import attention_steps, make_cache, model_codebook_bytes, snapshot
 from .cache.telemetry import CacheSnapshot, GenerationStats, TokenEvent
 from .progress import Progress
 from .records import SamplingSettings
@@ -53,10 +53,6 @@ def resolve_cache_factory(
     config = a2ats if a2ats is not None else A2ATSConfig()
 
     def a2ats_factory(model: nn.Module) -> list:
-        from .cache.a2ats_cache import (
-            make_cache,  # lazy: keeps plain sessions free of the A2ATS modules
-        )
-
         return make_cache(model, config, codebook)
 
     a2ats_factory.a2ats_config = config  # type: ignore[attr-defined]  (for display / tests)
@@ -149,6 +145,18 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
         if a[i] != b[i]:
             return i
     return n
+
+
+def _close_caches(caches: list | None) -> None:
+    """Free what caches hold outside the arrays (an A2ATS cold tier's file)."""
+    for c in caches or []:
+        close = getattr(c, "close", None)
+        if callable(close):
+            close()
+
+
+def _cache_disk_bytes(caches: list | None) -> int:
+    return int(sum(getattr(c, "disk_bytes", 0) for c in caches or []))
 
 
 def _cache_nbytes(caches: list | None) -> int:
@@ -412,11 +420,13 @@ class ChatSession:
         return offset is None or offset == len(self._cache_ids)
 
     def _new_cache(self) -> None:
+        _close_caches(self._cache)
         self._cache = self._factory(self.model)
         self._cache_ids = []
         self._cache_stale = False
 
     def _drop_cache(self) -> None:
+        _close_caches(self._cache)  # a cold tier's files go now, not when collected
         self._cache = None
         self._cache_ids = []
 
@@ -512,8 +522,6 @@ class ChatSession:
         """`cache.snapshot` when the caches record telemetry (A2ATS caches), else None."""
         if not any(hasattr(c, "last_stats") for c in self._cache or []):
             return None
-        from .cache.a2ats_cache import snapshot  # lazy: only A2ATS caches have last_stats
-
         return snapshot
 
     def _finish(self, reply: _Reply, reason: str) -> GenerationStats:
@@ -546,6 +554,7 @@ class ChatSession:
             peak_memory_gb=mx.get_peak_memory() / 1e9,
             stop_reason=reason,
             cache_bytes=_cache_nbytes(self._cache),
+            cache_disk_bytes=_cache_disk_bytes(self._cache),
             codebook_bytes=model_codebook_bytes(self._cache or []),
             context_tokens=len(self._cache_ids),
             extra=extra,

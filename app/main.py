@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
+    from a2ats_engine import sweep_stale
+
     from .main_window import MainWindow
     from .scripted import ScriptedRun
     from .settings import load_settings
@@ -78,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     app.setOrganizationName("a2ats-chat")
     app.setWindowIcon(app_icon())
     settings, message = load_settings()
+    sweep_stale()  # cold-tier files a crashed instance left behind (live instances keep theirs)
     theme().apply(args.theme or settings.theme)
     scripted = bool(args.prompt or args.screenshot or args.export_telemetry)
     window = MainWindow(settings, settings_message=message, scripted=scripted)

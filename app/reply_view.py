@@ -120,7 +120,7 @@ class ReplyView(QObject):
         if self.controller.reply is not None:
             native = snapshot.native_bytes  # native layers hold the same either way
             held, fp16 = snapshot.bytes_held + native, snapshot.bytes_fp16 + native
-            self.status.set_cache(held, fp16, True, snapshot.codebook_bytes)
+            self.status.set_cache(held, fp16, True, snapshot.codebook_bytes, snapshot.bytes_on_disk)
             self.status.set_attention(attention_mode_text(snapshot))
 
     def _on_context(self, context: ContextTokens) -> None:
@@ -149,5 +149,7 @@ class ReplyView(QObject):
             )
             cache = (message.provenance or {}).get("cache") or {}
             a2ats = bool(cache.get("a2ats_enabled"))
-            self.status.set_cache(stats.cache_bytes, None, a2ats, stats.codebook_bytes)
+            self.status.set_cache(
+                stats.cache_bytes, None, a2ats, stats.codebook_bytes, stats.cache_disk_bytes
+            )
         self.finished.emit(stats)

@@ -45,7 +45,9 @@ class CacheSettings:
 
     Fields mirror `A2ATSConfig` (window, far_offset, sinks, budget, kv_bits, far_buckets, rerank,
     estimate_missed, min_k; kv_bits defaults per backend, `default_kv_bits`),
-    fidelity_every: the inspector's shadow exact-attention check every k decode steps, 0 = off);
+    fidelity_every: the inspector's shadow exact-attention check every k decode steps, 0 = off;
+    kv_memory: the KV memory limit in bytes, None = none: past it the far K/V rows go to the
+    cold tier's file and only the codes stay in memory; needs kv_bits None);
     the codebook's own properties (n_centroids, sub_dim, beta) come with the codebook, and
     telemetry follows the inspector.
     """
@@ -61,6 +63,7 @@ class CacheSettings:
     estimate_missed: bool = False  # the engine's default: off (it slows decode on the CPU)
     kv_bits: int | None = field(default_factory=default_kv_bits)  # None: float on CPU-only MLX
     fidelity_every: int = 0
+    kv_memory: int | None = None  # K/V bytes in memory at most; past it the cold tier (a file)
 
     def __post_init__(self) -> None:
         if not isinstance(self.a2ats_enabled, bool):

@@ -132,28 +132,33 @@ class StatusBar(QStatusBar):
         self.memory.setText("" if not peak_gb else f"peak {peak_gb:.2f} GB")
 
     def set_cache(
-        self, held: int | None, fp16: int | None = None, a2ats: bool = True, codebook: int = 0
+        self,
+        held: int | None,
+        fp16: int | None = None,
+        a2ats: bool = True,
+        codebook: int = 0,
+        on_disk: int = 0,
     ) -> None:
-        """`held`: the chat's cache bytes; `codebook`: the model's codebook (one per model,
-        shared by its chats), counted in the figure and in the ratio vs `fp16`."""
+        """`held`: the chat's cache bytes in memory; `codebook`: the model's codebook (one per
+        model, shared by its chats), counted in memory; `on_disk`: K/V rows in the cold tier's
+        files; `fp16`: what an fp16 cache would hold for the same tokens."""
         if not a2ats:
             self.attention.setText("")  # no A2ATS cache: nothing to say about how it attended
         if held is None:
             self.cache.setText("")
             return
         total = held + codebook
-        text = f"cache {human_bytes(total)}"
-        if codebook:
-            text += f" (codebook {human_bytes(codebook)})"
+        text = f"cache {human_bytes(total)} in memory"
+        if on_disk:
+            text += f", {human_bytes(on_disk)} on disk"
         if fp16 and total:
             ratio = fp16 / total
-            text += f" ({ratio:.1f}x smaller)" if ratio >= 1 else f" ({1 / ratio:.1f}x larger)"
+            text += f" ({ratio:.1f}x less" if ratio >= 1 else f" ({1 / ratio:.1f}x more"
+            text += f" than an fp16 cache's {human_bytes(fp16)})"
         self.cache.setText(text if a2ats else text + " KVCache")
-        self.cache.setToolTip(
-            "K/V cache bytes held by this chat"
-            + (
-                ", plus the model's codebook (shared by all chats of that model)"
-                if codebook
-                else ""
-            )
-        )
+        tip = "K/V cache bytes this chat holds in memory"
+        if codebook:
+            tip += f", with the model's codebook ({human_bytes(codebook)}, shared by all chats)"
+        if on_disk:
+            tip += "; K/V rows past the KV memory limit are in a file the OS can page out"
+        self.cache.setToolTip(tip)

@@ -130,3 +130,73 @@ def cache_step_cost(
         code_bytes_per_token=int(cache.codes.shape[-1] * cache.codes.dtype.size),
         centroid_bytes=int(cache.codebook.centroids[cache.layer].nbytes),
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LayerBytes:
+    """Where one A2ATS layer's bytes are (`layer_bytes`): all counted from the arrays held.
+
+    keys / values: resident K/V rows (stored format); codes: the code array; rotations and
+    estimate: the layer's fixed extras; on_disk: rows in the cold tier's file; fp16_keys: what an
+    fp16 KVCache would hold for the same tokens' keys (the same again for values);
+    codebook_share: the layer's share of the model's codebook (held once per model)."""
+
+    keys: int
+    values: int
+    codes: int
+    rotations: int
+    estimate: int
+    on_disk: int
+    fp16_keys: int
+    codebook_share: int
+    tokens: int
+    head_dim: int
+    n_kv: int
+
+    @property
+    def storage(self) -> int:
+        """Per-token storage in memory: K/V rows and codes."""
+        return self.keys + self.values + self.codes
+
+    @property
+    def held(self) -> int:
+        """Everything the layer holds in memory (the cache's `nbytes`)."""
+        return self.storage + self.rotations + self.estimate
+
+    @property
+    def compression_ratio(self) -> float:
+        """fp16 full-cache bytes / bytes held in memory (> 1 means less memory)."""
+        return 2 * self.fp16_keys / self.held if self.held else 0.0
+
+    @property
+    def bits_per_element(self) -> float:
+        """Bits held in memory per cached K/V element (storage only, per token held)."""
+        elements = 2 * self.n_kv * self.tokens * self.head_dim
+        return 8.0 * self.storage / elements if elements else 0.0
+
+
+def layer_bytes(cache: Any) -> LayerBytes:
+    """The byte breakdown of an A2ATSCache, from the arrays it holds now (no evaluation)."""
+    from ..cache.layer_stats import fp16_bytes
+    from ..cache.storage import RowStorage
+
+    rows = cache.rows
+    resident = rows.kind != "cold" or not rows.spilled
+    memory = rows if rows.kind != "cold" else rows.memory
+    codes = 0 if cache.codes is None else cache.codes[..., : cache.offset, :].nbytes
+    n_kv = 0 if cache.codes is None else cache.codes.shape[1]
+    capacity = 0 if cache.codes is None else cache.codes.shape[2]
+    # rows are allocated a STEP at a time: count what is allocated (held), per token held
+    return LayerBytes(
+        keys=RowStorage.nbytes(memory.keys) if resident else 0,
+        values=RowStorage.nbytes(memory.values) if resident else 0,
+        codes=codes * capacity // max(cache.offset, 1) if codes else 0,
+        rotations=int(cache.rotations.nbytes),
+        estimate=cache.retrieval.estimate_bytes,
+        on_disk=cache.disk_bytes,
+        fp16_keys=fp16_bytes(cache),
+        codebook_share=cache.codebook.nbytes // max(cache.codebook.num_layers, 1),
+        tokens=capacity,
+        head_dim=cache.rope.head_dim,
+        n_kv=n_kv,
+    )

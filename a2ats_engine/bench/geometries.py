@@ -18,8 +18,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
-from ..cache.a2ats_cache import make_cache
 from ..cache.config import A2ATSConfig
+from ..cache.model_cache import make_cache
 from .speed import DecodeResult, _decode_interleaved, cache_bytes
 
 # name -> (what it is, config.json of the real model's text part: public Hugging Face configs)

@@ -25,9 +25,10 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from ..cache import attention as att
-from ..cache.a2ats_cache import A2ATSCache, check_layer_budgets
+from ..cache.a2ats_cache import A2ATSCache
 from ..cache.config import A2ATSConfig
 from ..cache.layer_budgets import dense_first_budgets
+from ..cache.model_cache import check_layer_budgets
 from ..cache.rope import distance_buckets, model_geometry, retrieval_distances
 
 # -- method caches ------------------------------------------------------------------------------
@@ -45,7 +46,7 @@ class OracleTopKCache(A2ATSCache):
         B, n_q, _, d = queries.shape
         n_kv = self.codes.shape[1]
         group = queries.reshape(B, n_kv, n_q // n_kv, d).astype(mx.float32)
-        far = self._dequantized(self.keys)[..., lay.n_sinks : lay.window_start, :]
+        far = self.rows.fetch(lay.n)[0][..., lay.n_sinks : lay.window_start, :]
         return group @ far.astype(mx.float32).swapaxes(-1, -2)
 
 
@@ -79,7 +80,7 @@ class ExactKeyWRopeCache(A2ATSCache):
         dists = retrieval_distances(cfg.window, cfg.far_offset, cfg.far_buckets, self.max_context)
         group = queries.reshape(B, n_kv, G, d).astype(mx.float32)
         pre_q = self.rope.unrotate(group[..., None, :], lay.n - 1)[..., 0, :]  # all at n - 1
-        keys = self._dequantized(self.keys)[..., lay.n_sinks : lay.window_start, :]
+        keys = self.rows.fetch(lay.n)[0][..., lay.n_sinks : lay.window_start, :]
         pre_k = self.rope.unrotate(keys.astype(mx.float32), lay.n_sinks)
         per_bucket = [
             (pre_q @ self.rope.rotation_matrix(dist)) @ pre_k.swapaxes(-1, -2) for dist in dists

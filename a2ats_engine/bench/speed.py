@@ -18,8 +18,9 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
-from ..cache.a2ats_cache import A2ATSCache, make_cache
+from ..cache.a2ats_cache import A2ATSCache
 from ..cache.config import A2ATSConfig
+from ..cache.model_cache import make_cache
 from .methods import decode_variant_knobs
 
 
@@ -78,7 +79,7 @@ def _copy_into_a2ats(model: nn.Module, kv: list, config: A2ATSConfig, codebook) 
             continue
         k, v = src.keys[..., : src.offset, :], src.values[..., : src.offset, :]
         dst.update_and_fetch(k, v)
-        mx.eval(dst.keys, dst.values, dst.codes)
+        mx.eval(dst.state)
     return caches
 
 
@@ -285,12 +286,13 @@ def kv_dtype(model: nn.Module) -> mx.Dtype:
 
 def _memory_result(method: str, n: int, caches: list) -> MemoryResult:
     """Split what `caches` hold after `n` tokens into per-token storage and fixed costs."""
-    from ..cache.a2ats_cache import model_codebook_bytes
+    from ..cache.model_cache import model_codebook_bytes
 
     layers = [c for c in caches if isinstance(c, A2ATSCache)]
     codebook = model_codebook_bytes(caches)
-    fixed = codebook + sum(c.overhead_bytes for c in layers)
-    storage = cache_bytes(caches) - sum(c.overhead_bytes for c in layers)
+    extras = sum(c.nbytes - c.resident_bytes for c in layers)  # rotations, estimate sums
+    fixed = codebook + extras
+    storage = cache_bytes(caches) - extras
     return MemoryResult(method, n, storage + fixed, storage / n, fixed, codebook)
 
 
@@ -352,7 +354,7 @@ def bench_memory(
 
 # -- prefill / time to first token ------------------------------------------------------------
 
-PREFILL_METHODS = ("full", "a2ats")
+PREFILL_METHODS = ("full", "a2ats", "a2ats_cold")  # cold: every K/V row in the cold tier
 
 
 def time_to_first_token(
@@ -384,43 +386,52 @@ def bench_prefill(
     codebook=None,
     repeats: int = 3,
     chunk: int = 2048,
+    methods: tuple[str, ...] = ("full", "a2ats"),
 ) -> list[dict[str, Any]]:
-    """Time to first token of `full` (mlx-lm's caches) and `a2ats` (the model's layer plan with
-    `config`) for a `context`-token prompt: per context, `repeats` rounds in which both methods
-    prefill the same tokens, in alternating order (load changes hit both alike). Rows carry the
-    median seconds, and for `a2ats` the median of the per-round ratios to `full` with their
-    spread. Both methods must produce the same first token (exact prefill): a mismatch raises."""
+    """Time to first token of `full` (mlx-lm's caches), `a2ats` (the model's layer plan with
+    `config`) and `a2ats_cold` (the same with every K/V row in the cold tier: each chunk's exact
+    attention reads the past back from the file) for a `context`-token prompt: per context,
+    `repeats` rounds in which every method prefills the same tokens, in alternating order (load
+    changes hit all alike). Rows carry the median seconds, and for A2ATS methods the median of
+    the per-round ratios to `full` with their spread. Every method must produce full's first
+    token (exact prefill): a mismatch raises."""
     config = config or A2ATSConfig()
+    configs = {"a2ats": config, "a2ats_cold": replace(config, kv_bits=None, kv_memory=0)}
+    if "full" not in methods or not set(methods) <= set(PREFILL_METHODS):
+        raise ValueError(f"prefill methods {methods}: 'full' and any of {PREFILL_METHODS}")
     rows = []
     for n in contexts:
         ids = filler_tokens(tokenizer, n)
-        seconds: dict[str, list[float]] = {m: [] for m in PREFILL_METHODS}
+        seconds: dict[str, list[float]] = {m: [] for m in methods}
         for r in range(repeats):
-            order = PREFILL_METHODS if r % 2 == 0 else PREFILL_METHODS[::-1]
+            order = methods if r % 2 == 0 else methods[::-1]
             tokens = {}
             for method in order:
                 caches = (
                     make_prompt_cache(model)
                     if method == "full"
-                    else make_cache(model, config, codebook)
+                    else make_cache(model, configs[method], codebook)
                 )
                 seconds[method].append(0.0)
                 seconds[method][-1], tokens[method] = time_to_first_token(model, caches, ids, chunk)
                 del caches
-            if tokens["a2ats"] != tokens["full"]:
-                raise RuntimeError(
-                    f"prefill of {n} tokens: a2ats's first token {tokens['a2ats']} differs from "
-                    f"full's {tokens['full']} (prefill attention must be exact)"
-                )
-        ratios = sorted(a / f for a, f in zip(seconds["a2ats"], seconds["full"], strict=True))
-        for method in PREFILL_METHODS:
+            for method in methods:
+                if tokens[method] != tokens["full"]:
+                    raise RuntimeError(
+                        f"prefill of {n} tokens: {method}'s first token {tokens[method]} differs "
+                        f"from full's {tokens['full']} (prefill attention must be exact)"
+                    )
+        for method in methods:
             row: dict[str, Any] = {
                 "method": method,
                 "context": n,
                 "seconds": round(sorted(seconds[method])[len(seconds[method]) // 2], 3),
                 "seconds_runs": [round(s, 3) for s in seconds[method]],
             }
-            if method == "a2ats":
+            if method != "full":
+                ratios = sorted(
+                    a / f for a, f in zip(seconds[method], seconds["full"], strict=True)
+                )
                 row["ratio_median"] = round(ratios[len(ratios) // 2], 3)
                 row["ratio_spread"] = [round(ratios[0], 3), round(ratios[-1], 3)]
             rows.append(row)

@@ -1,5 +1,6 @@
 """Retrieval attention for one decode step: lookup-table scores, top-K, exact attention on the
-selection (docs/ARCHITECTURE.md, "The method"). Pure functions; `cache.py` holds the state.
+selection (docs/ARCHITECTURE.md, "The method"). Pure functions; `retrieval.py` holds a step's
+state and `a2ats_cache.py` the rows.
 
 Shapes: B batch, n_q query heads, n_kv KV heads, G = n_q / n_kv (GQA group), d head dim,
 N tokens in the cache, S product-VQ subspaces, C centroids, m distance buckets.
@@ -10,12 +11,12 @@ CPU-only MLX (`topk.py`). Stored K/V rows come in `storage.py`'s formats.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import mlx.core as mx
 
 from .rope import RopeSpec
-from .storage import RowStorage, Stored
 
 
 @dataclass(frozen=True)
@@ -67,11 +68,6 @@ def bucket_ids(n: int, n_sinks: int, window_start: int, lower_edges: tuple[int, 
     dist = (n - 1) - mx.arange(n_sinks, window_start, dtype=mx.int32)
     edges = mx.array(lower_edges, dtype=mx.int32)
     return (dist[:, None] >= edges[None, :]).sum(axis=-1).astype(mx.int32)
-
-
-@functools.lru_cache(maxsize=8)
-def _row_base(B: int, n_kv: int, capacity: int) -> mx.array:
-    return (mx.arange(B * n_kv, dtype=mx.int32) * capacity).reshape(B, n_kv, 1)
 
 
 def layout(n: int, window: int, sinks: int, k: int) -> Layout:
@@ -141,8 +137,7 @@ def rerank(
     scores: mx.array,
     lay: Layout,
     candidates: int,
-    keys: Stored,
-    storage: RowStorage,
+    gather_keys: Callable[[mx.array], mx.array],
     top_k,
     coverage: tuple[float, float, int] | None = None,
     shared: bool = False,
@@ -156,8 +151,8 @@ def rerank(
     coverage: None, or (scale, share, floor) for an adaptive per-head budget (`topk.covering`):
     then returns (top, used [B, n_kv, G] kept counts) instead of top alone.
 
-    queries: post-RoPE [B, n_kv, G, d]; scores: approximate [B, n_kv, G, F]; keys: the stored
-    post-RoPE keys in `storage`'s format; top_k: the cache's strategy (`topk.py`). Returns far
+    queries: post-RoPE [B, n_kv, G, d]; scores: approximate [B, n_kv, G, F]; gather_keys: the
+    cache's post-RoPE key rows at positions [B, n_kv, M] -> [B, n_kv, M, d]; top_k: the cache's strategy (`topk.py`). Returns far
     indices [B, n_kv, G, k] int32 (k = lay.k) in the strategy's array type, for its `select`.
     """
     B, n_kv, G, d = queries.shape
@@ -165,28 +160,17 @@ def rerank(
     if shared:
         cand = top_k.top(scores.max(axis=2, keepdims=True), candidates)  # [B, n_kv, 1, c]
         positions = (top_k.to_mx(cand) + lay.n_sinks).reshape(B, n_kv, candidates)
-        rows = gather_rows(keys, positions, storage).astype(mx.float32)  # [B, n_kv, c, d]
+        rows = gather_keys(positions).astype(mx.float32)  # [B, n_kv, c, d]
         exact = q @ rows.swapaxes(-1, -2)  # [B, n_kv, G, c]
     else:
         cand = top_k.top(scores, candidates)  # [B, n_kv, G, c]
         positions = (top_k.to_mx(cand) + lay.n_sinks).reshape(B, n_kv, G * candidates)
-        rows = gather_rows(keys, positions, storage)
+        rows = gather_keys(positions)
         keys_f = rows.reshape(B, n_kv, G, candidates, d).astype(mx.float32)
         exact = (keys_f @ q[..., None])[..., 0]  # [B, n_kv, G, c]
     if coverage is None:
         return top_k.pick(cand, exact, lay.k)
     return top_k.pick_covering(cand, exact, lay.k, *coverage)
-
-
-def gather_rows(stored: Stored, positions: mx.array, storage: RowStorage) -> mx.array:
-    """Rows of [B, n_kv, capacity, d] stored rows at `positions` [B, n_kv, M] -> [B, n_kv, M, d].
-
-    A flat `mx.take` on [B * n_kv * capacity, ...] (10-20x faster than take_along_axis with a
-    broadcast index; docs/ARCHITECTURE.md, "The method"). Quantized storage is dequantized after.
-    """
-    B, n_kv, M = positions.shape
-    flat = (positions + _row_base(B, n_kv, storage.capacity(stored))).reshape(-1)
-    return storage.take(stored, flat, (B, n_kv, M))
 
 
 def selected_attention(

@@ -94,8 +94,8 @@ class KVCacheBuilder:
     @staticmethod
     def for_model(model: nn.Module, config: KVCacheConfig) -> list:
         """A fresh cache list with the attention hook installed. Checks head_dim against the model."""
-        from .a2ats_cache import make_cache
         from .codebook import Codebook
+        from .model_cache import make_cache
         from .rope import model_geometry
 
         geo = model_geometry(model)

@@ -59,6 +59,12 @@ class A2ATSConfig:
                   anything can be dropped.
     kv_bits:      None = full K/V in the model dtype; 8 or 4 = stored with mx.quantize.
     kv_group_size: group size for kv_bits quantization (32, 64 or 128).
+    kv_memory:    None = K/V rows stay in process memory; B >= 0 = a limit in bytes on the
+                  resident K/V rows of one chat's A2ATS layers (each layer gets an equal share):
+                  past its share a layer moves its rows to the cold tier, a memory-mapped file
+                  under the cache folder (`cold.py`), and keeps only the codes in memory;
+                  0 = every row in the file from the first token. Float rows only (not with
+                  kv_bits). Native layers (sliding windows, SSM state) are not counted.
     telemetry:    record LayerStats after every decode step (costs a host sync per step).
     fidelity_every: with telemetry, every k-th decode step also runs a shadow exact attention
                   and records the attention mass recalled per KV head (0 = off).
@@ -92,6 +98,7 @@ class A2ATSConfig:
     coverage_floor: int = 16
     kv_bits: int | None = None
     kv_group_size: int = 64
+    kv_memory: int | None = None
     telemetry: bool = False
     fidelity_every: int = 0
     layer_budgets: tuple[float, ...] | None = None
@@ -126,6 +133,13 @@ class A2ATSConfig:
                 f"A2ATSConfig.kv_group_size={self.kv_group_size!r} is out of range: "
                 "must be 32, 64 or 128"
             )
+        if self.kv_memory is not None:
+            _check_int("kv_memory", self.kv_memory, 0, 2**50)
+            if self.kv_bits is not None:
+                raise ValueError(
+                    f"A2ATSConfig.kv_memory={self.kv_memory} cannot be combined with "
+                    f"kv_bits={self.kv_bits}: the cold tier keeps rows in the model dtype"
+                )
         _check_int("fidelity_every", self.fidelity_every, 0)
         c = self.coverage
         if c is not None and (

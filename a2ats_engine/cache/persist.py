@@ -71,6 +71,8 @@ def save_session(path: str | os.PathLike, caches: list, metadata: dict | None = 
             state = []
         elif isinstance(cache, KVCache):
             state = [a[..., : cache.offset, :] for a in (cache.keys, cache.values)]
+        elif isinstance(cache, A2ATSCache):
+            state = cache.export_state()  # a cold tier's rows read back into the file
         else:
             state = list(cache.state)
         for j, arr in enumerate(state):

@@ -342,3 +342,15 @@ def retrieval_distances(
         return [far_offset]
     plan = distance_buckets(window, planning_context(max_context), far_buckets)
     return [round(mid) for _, _, mid in plan]
+
+
+def bucket_plan(config, max_context: int | None) -> tuple[list[int], tuple[int, ...] | None]:
+    """An A2ATSConfig's retrieval distances and the lower edges of its buckets 1..m-1
+    (None for the paper's single distance b)."""
+    distances = retrieval_distances(
+        config.window, config.far_offset, config.far_buckets, max_context
+    )
+    if config.far_buckets == 1:
+        return distances, None
+    plan = distance_buckets(config.window, planning_context(max_context), config.far_buckets)
+    return distances, tuple(lo for lo, _, _ in plan[1:])

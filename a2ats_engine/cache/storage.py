@@ -1,19 +1,26 @@
-"""How an A2ATS cache stores its post-RoPE K/V rows: in the model dtype, or `mx.quantize`d.
+"""How an A2ATS cache stores its post-RoPE K/V rows: a value with kinds.
 
-A stored value is what mlx-lm's `QuantizedKVCache` keeps: one array `[B, n_kv, N, d]` (float),
+Kinds: `float` (the model dtype) and `kv8`/`kv4` (`mx.quantize`d), both resident
+(`ResidentRows`), and `cold` (`cold.py`: rows in a memory-mapped file, only the codes resident).
+Every kind answers the same calls (`append`, `fetch`, `gather`, `arrays`, `load`,
+`resident_bytes`, `disk_bytes`, `close`), so the cache and the retrieval never branch on it.
+
+A resident value is what mlx-lm's `QuantizedKVCache` keeps: one array `[B, n_kv, N, d]` (float),
 or the tuple `(w, scales, biases)` of `mx.quantize` over the last axis (quantized). `RowStorage`
-holds the format (bits, group size) and does every operation with `tree_map` over the value, so
-neither the cache nor the attention code branches on the kind of storage.
+holds the format (bits, group size) and does every operation with `tree_map` over the value.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map
 
 Stored = mx.array | tuple[mx.array, mx.array, mx.array]
+KEYS, VALUES = 0, 1  # which rows `gather` reads
+STEP = 256  # rows allocated at a time
 
 
 @dataclass(frozen=True)
@@ -101,3 +108,116 @@ class RowStorage:
     def capacity(stored: Stored) -> int:
         """Rows allocated (the token axis of the value's arrays)."""
         return RowStorage.arrays(stored)[0].shape[2]
+
+
+@functools.lru_cache(maxsize=8)
+def _row_base(B: int, n_kv: int, capacity: int) -> mx.array:
+    return (mx.arange(B * n_kv, dtype=mx.int32) * capacity).reshape(B, n_kv, 1)
+
+
+def gather_rows(stored: Stored, positions: mx.array, storage: RowStorage) -> mx.array:
+    """Rows of [B, n_kv, capacity, d] stored rows at `positions` [B, n_kv, M] -> [B, n_kv, M, d].
+
+    A flat `mx.take` on [B * n_kv * capacity, ...] (10-20x faster than take_along_axis with a
+    broadcast index; docs/ARCHITECTURE.md, "The method"). Quantized storage is dequantized after.
+    """
+    B, n_kv, M = positions.shape
+    flat = (positions + _row_base(B, n_kv, storage.capacity(stored))).reshape(-1)
+    return storage.take(stored, flat, (B, n_kv, M))
+
+
+class ResidentRows:
+    """K/V rows held in process memory, in `fmt`'s format (float or kv_bits), grown by STEP."""
+
+    def __init__(self, fmt: RowStorage) -> None:
+        self.fmt = fmt
+        self.keys: Stored | None = None
+        self.values: Stored | None = None
+
+    @property
+    def kind(self) -> str:
+        return "float" if self.fmt.bits is None else f"kv{self.fmt.bits}"
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.keys is None else RowStorage.capacity(self.keys)
+
+    def append(self, keys: mx.array, values: mx.array, start: int) -> None:
+        """Store float rows [B, n_kv, L, d] at [start, start + L) (rows past start are dropped)."""
+        k, v = self.fmt.encode(keys), self.fmt.encode(values)
+        end = start + keys.shape[2]
+        if self.keys is None or end > self.capacity:
+            self._grow(k, v, start, end)
+        RowStorage.write(self.keys, k, start, end)
+        RowStorage.write(self.values, v, start, end)
+
+    def _grow(self, k: Stored, v: Stored, start: int, end: int) -> None:
+        B, n_kv = RowStorage.arrays(k)[0].shape[:2]
+        size = ((end - start + STEP - 1) // STEP) * STEP
+        new_k = RowStorage.zeros_like(k, B, n_kv, size)
+        new_v = RowStorage.zeros_like(v, B, n_kv, size)
+        if self.keys is None:
+            self.keys, self.values = new_k, new_v
+            return
+        old_k, old_v = RowStorage.rows(self.keys, start), RowStorage.rows(self.values, start)
+        self.keys = RowStorage.concat(old_k, new_k)
+        self.values = RowStorage.concat(old_v, new_v)
+
+    def fetch(self, end: int) -> tuple[mx.array, mx.array]:
+        """Float K/V rows [0, end): `[B, n_kv, end, d]` each."""
+        deq = self.fmt.dequantize
+        return deq(RowStorage.rows(self.keys, end)), deq(RowStorage.rows(self.values, end))
+
+    def gather(self, which: int, positions: mx.array) -> mx.array:
+        """Float rows at positions [B, n_kv, M] of the keys (KEYS) or values -> [B, n_kv, M, d]."""
+        return gather_rows(self.values if which else self.keys, positions, self.fmt)
+
+    def for_attention(self, keys: mx.array, values: mx.array, start: int):
+        """What the model's attention call gets after rows [start, start + L) were appended:
+        float rows, the whole cache (lazy slices); kv_bits, the stored past dequantized then the
+        incoming rows as they came (prefill attention stays a plain, fast attention)."""
+        end = start + keys.shape[2]
+        if not self.fmt.quantized:
+            return self.fetch(end)
+        if start == 0:
+            return keys, values
+        past_k, past_v = self.fetch(start)
+        return (
+            mx.concatenate([past_k.astype(keys.dtype), keys], axis=2),
+            mx.concatenate([past_v.astype(values.dtype), values], axis=2),
+        )
+
+    def truncate(self, end: int) -> None:
+        """Rows past `end` are dead (overwritten by the next append); nothing to free."""
+
+    def arrays(self, end: int) -> list[mx.array]:
+        """The rows [0, end) as `state` arrays (keys' arrays, then values')."""
+        if self.keys is None:
+            return []
+        rows = RowStorage.rows
+        return [
+            *RowStorage.arrays(rows(self.keys, end)),
+            *RowStorage.arrays(rows(self.values, end)),
+        ]
+
+    export = arrays  # every row is resident: what `state` holds is everything
+
+    def load(self, arrays: list[mx.array]) -> int:
+        """Take rows from `state` arrays (as `arrays` gives them); returns the row count."""
+        per = self.fmt.n_arrays
+        if len(arrays) != 2 * per:
+            raise ValueError(f"stored rows need {2 * per} arrays, got {len(arrays)}")
+        self.keys = self.fmt.from_arrays(arrays[:per])
+        self.values = self.fmt.from_arrays(arrays[per:])
+        return RowStorage.capacity(self.keys)
+
+    @property
+    def resident_bytes(self) -> int:
+        return RowStorage.nbytes(self.keys) + RowStorage.nbytes(self.values)
+
+    @property
+    def disk_bytes(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        self.keys = self.values = None

@@ -25,7 +25,13 @@ class LayerStats:
                    tokens (length n_centroids; for product VQ, the first subspace). Sent on the
                    first snapshot after the cache was made, prefilled, trimmed or restored;
                    () on the other steps, which send `new_codes` instead.
-    bytes_held:    bytes this layer's cache actually holds (K/V storage + codes).
+    bytes_held:    bytes this layer's cache holds in process memory (resident K/V + codes +
+                   its own extras); with the cold tier the far K/V rows are not here.
+    bytes_on_disk: bytes of this layer's K/V rows in the cold tier's file (0 when resident).
+    would_retrieve: on an exact step that could have dropped tokens (below the crossover), the
+                   shadow selection: per KV head the far positions retrieval would keep (sorted
+                   int32); `recall` is then that selection's share of the step's exact
+                   attention mass and `recall_ms` what computing both cost. None otherwise.
     bytes_fp16:    bytes an fp16 full K/V cache of the same length would hold.
     exact:         True when exact attention was used: nothing could be dropped, or the
                    context was below the cache's `exact_below` crossover.
@@ -66,6 +72,8 @@ class LayerStats:
     exact_until: int = 0
     budget_used: tuple[np.ndarray, ...] | None = None
     reused: bool = False
+    bytes_on_disk: int = 0
+    would_retrieve: tuple[np.ndarray, ...] | None = None
 
     @property
     def retrieved(self) -> tuple[np.ndarray, ...]:
@@ -80,13 +88,16 @@ class CacheSnapshot:
     layer plan's `native` layers: sliding windows, SSM state...), which have no LayerStats.
     `codebook_bytes`: the model's codebook (centroids, Cholesky factors, assignment matrices),
     held once per model and shared by all chats of that model; a layer's `bytes_held` already
-    counts its storage and its own extras (rotation matrices)."""
+    counts its storage and its own extras (rotation matrices). `process_bytes`: the whole
+    process's private resident memory when the snapshot was taken (`process_memory.py`:
+    measured, not computed; None where the platform gives no figure)."""
 
     step: int
     layers: tuple[LayerStats, ...]
     token_id: int | None = None
     native_bytes: int = 0
     codebook_bytes: int = 0
+    process_bytes: int | None = None  # measured private memory of the process (RssAnon...)
 
     @property
     def offset(self) -> int:
@@ -99,6 +110,11 @@ class CacheSnapshot:
     @property
     def bytes_fp16(self) -> int:
         return sum(layer.bytes_fp16 for layer in self.layers)
+
+    @property
+    def bytes_on_disk(self) -> int:
+        """Bytes of K/V rows the A2ATS layers keep in the cold tier's files."""
+        return sum(layer.bytes_on_disk for layer in self.layers)
 
     @property
     def bytes_total(self) -> int:
@@ -126,7 +142,8 @@ class GenerationStats:
     generation_tps: float
     peak_memory_gb: float
     stop_reason: str  # "stop" (EOS), "length" (max tokens), "cancelled", "error"
-    cache_bytes: int = 0  # this chat's caches (A2ATS layers with their extras, native layers)
+    cache_bytes: int = 0  # this chat's caches in memory (A2ATS layers with extras, native)
+    cache_disk_bytes: int = 0  # K/V rows of this chat in the A2ATS cold tier's files
     codebook_bytes: int = 0  # the model's codebook, shared by all chats of that model
     context_tokens: int = 0
     extra: dict = field(default_factory=dict)

@@ -68,12 +68,13 @@ class MlxTopK:
     def to_mx(indices: mx.array) -> mx.array:
         return indices
 
-    def select(self, top: mx.array, lay: Layout) -> tuple[mx.array, mx.array]:
+    def select(self, top: mx.array, lay: Layout, count: bool = True) -> tuple[mx.array, mx.array]:
         """Far indices top [B, n_kv, G, k], unioned over the GQA group, plus sinks and window.
 
         Returns (positions [B, n_kv, M] int32, repeat [B, n_kv, M] bool),
         M = n_sinks + G * k + window; `repeat` marks duplicates of the union (masked in
-        attention). The union part is sorted, so duplicates are adjacent.
+        attention). The union part is sorted, so duplicates are adjacent. `count=False` for a
+        selection nothing attends (the shadow selection): `retrieved` is left as it is.
         """
         B, n_kv, G, k = top.shape
         union = mx.sort(top.reshape(B, n_kv, G * k), axis=-1) + lay.n_sinks
@@ -82,7 +83,8 @@ class MlxTopK:
         )
         repeat = mx.concatenate([no_s, first, union[..., 1:] == union[..., :-1], no_w], axis=-1)
         positions = mx.concatenate([sinks, union, window], axis=-1)
-        self._retrieved = self._retrieved + count_union(positions, lay)
+        if count:
+            self._retrieved = self._retrieved + count_union(positions, lay)
         return positions, repeat
 
     @property
@@ -118,7 +120,7 @@ class NumpyTopK:
     def to_mx(indices: np.ndarray) -> mx.array:
         return mx.array(indices)
 
-    def select(self, top: np.ndarray, lay: Layout) -> tuple[mx.array, mx.array]:
+    def select(self, top: np.ndarray, lay: Layout, count: bool = True) -> tuple[mx.array, mx.array]:
         """`MlxTopK.select` for far indices on the host: top [B, n_kv, G, k] (NumPy).
 
         The union bookkeeping is a handful of NumPy calls instead of a dozen small MLX ops.
@@ -126,7 +128,8 @@ class NumpyTopK:
         B, n_kv, G, k = top.shape
         union = np.sort(top.reshape(B, n_kv, G * k), axis=-1) + lay.n_sinks
         dup = union[..., 1:] == union[..., :-1]
-        self._retrieved += sum(int(np.unique(top[b]).size) for b in range(B))
+        if count:
+            self._retrieved += sum(int(np.unique(top[b]).size) for b in range(B))
         n_win = lay.n - lay.window_start
         positions = np.empty((B, n_kv, lay.n_sinks + G * k + n_win), dtype=np.int32)
         positions[..., : lay.n_sinks] = np.arange(lay.n_sinks, dtype=np.int32)

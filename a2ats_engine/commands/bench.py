@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from . import bench_cold
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks (decode speed, memory, ...)")
@@ -63,6 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--json", action="store_true", help="print one JSON object")
     d.set_defaults(func=run_decode)
     _register_memory(bench)
+    bench_cold.register(bench)
     _register_prefill(bench)
     _register_passkey(bench)
     _register_tasks(bench)
@@ -134,7 +137,7 @@ def run_geometry_decode(args: argparse.Namespace) -> int:
     knobs = {"budget": parse_budget(args.budget)}
     if args.rerank is not None:
         knobs["rerank"] = args.rerank
-    from ..cache.a2ats_cache import RANDOM_CENTROIDS
+    from ..cache.model_cache import RANDOM_CENTROIDS
 
     config = A2ATSConfig(**knobs)
     contexts = [int(c) for c in args.contexts.split(",") if c]
@@ -295,25 +298,34 @@ def _register_prefill(bench) -> None:
     p.add_argument("--contexts", default="1024,4096,8192", help="comma-separated prompt lengths")
     p.add_argument("--repeats", type=int, default=3, help="rounds per context (median)")
     p.add_argument("--kv-bits", type=int, choices=(8, 4), default=None, help="A2ATS K/V storage")
+    p.add_argument(
+        "--methods",
+        default="full,a2ats",
+        help="full plus any of a2ats, a2ats_cold (every K/V row in the cold tier; default: "
+        "full,a2ats)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run_prefill)
 
 
 def run_prefill(args: argparse.Namespace) -> int:
-    from ..bench.speed import bench_prefill
+    from ..bench.speed import PREFILL_METHODS, bench_prefill
     from ..loading.models import load_model
     from ._bench_common import a2ats_config, machine, parse_list, silence_random_codebook_warning
 
     contexts = parse_list(args.contexts)
     if not contexts or min(contexts) < 2:
         raise ValueError(f"--contexts={args.contexts!r} is out of range: lengths must be >= 2")
+    methods = tuple(m for m in args.methods.split(",") if m)
+    if "full" not in methods or not set(methods) <= set(PREFILL_METHODS):
+        raise ValueError(f"--methods={args.methods!r}: full plus any of a2ats, a2ats_cold")
     silence_random_codebook_warning()
     model, tokenizer, info = load_model(args.model)
     codebook, codebook_desc = _load_codebook(args.codebook, args.model, info.path)
     config = a2ats_config(codebook, model, kv_bits=args.kv_bits)
     rows = bench_prefill(
         model, tokenizer, contexts, config=config, codebook=codebook,
-        repeats=_check_repeats(args.repeats),
+        repeats=_check_repeats(args.repeats), methods=methods,
     )  # fmt: skip
     meta = {
         "model": info.name,
@@ -327,10 +339,10 @@ def run_prefill(args: argparse.Namespace) -> int:
         print(json.dumps({**meta, "results": rows}))
         return 0
     print(f"model {info.name}, codebook {meta['codebook']}, kv_bits {config.kv_bits}")
-    print(f"{'context':>8} {'method':<6} {'TTFT s':>8} {'vs full':>8}")
+    print(f"{'context':>8} {'method':<10} {'TTFT s':>8} {'vs full':>8}")
     for row in rows:
         ratio = f"{row['ratio_median']:.2f}x" if "ratio_median" in row else "1.00x"
-        print(f"{row['context']:>8} {row['method']:<6} {row['seconds']:>8.3f} {ratio:>8}")
+        print(f"{row['context']:>8} {row['method']:<10} {row['seconds']:>8.3f} {ratio:>8}")
     return 0
 
 

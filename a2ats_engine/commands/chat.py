@@ -66,7 +66,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(e.g. 0.03) or a token count (e.g. 256)",
     )
     p.add_argument("--window", type=int, help="A2ATS exact-RoPE window in tokens")
+    p.add_argument(
+        "--kv-memory",
+        type=memory_size,
+        metavar="SIZE",
+        help="A2ATS: K/V rows kept in memory at most (e.g. 512M, 2G; 0 = all in the cold tier): "
+        "past it the rows go to a memory-mapped file, only the codes stay (default: no limit)",
+    )
     p.set_defaults(func=run)
+
+
+def memory_size(text: str) -> int:
+    """'512M' / '2G' / '1.5GiB' / '1000000' -> bytes (binary units), within [0, 1 PiB]."""
+    units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    raw = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = raw[-1:] if raw[-1:] in units and raw[-1:] else ""
+    try:
+        value = float(raw[: len(raw) - len(unit)]) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512M, 2G, 0)") from None
+    if not 0 <= value <= 2**50:
+        raise argparse.ArgumentTypeError(f"size {text!r} is out of range: 0 to 1P")
+    return int(value)
 
 
 def _budget(text: str) -> float | int:
@@ -187,9 +208,10 @@ def _cache_choice(args: argparse.Namespace, model: Any, model_path: Path | None)
             "(make one with `a2ats calibrate --model SOURCE --out FILE`)"
         )
     if path is None or args.cache == "full":
-        if args.budget is not None or args.window is not None:
+        if args.budget is not None or args.window is not None or args.kv_memory is not None:
             print(
-                "note: --budget/--window apply to the A2ATS cache only; using the full cache",
+                "note: --budget/--window/--kv-memory apply to the A2ATS cache only; "
+                "using the full cache",
                 file=sys.stderr,
             )
         return None, None
@@ -201,7 +223,7 @@ def _a2ats(args: argparse.Namespace, model: Any, path: Path) -> tuple:
     from ..cache.config import A2ATSConfig
 
     codebook = Codebook.load(path)
-    knobs = {"budget": args.budget, "window": args.window}
+    knobs = {"budget": args.budget, "window": args.window, "kv_memory": args.kv_memory}
     if codebook.metadata.get("far_offset") is not None:  # use the b it was calibrated with
         knobs["far_offset"] = int(codebook.metadata["far_offset"])
     config = A2ATSConfig(**{k: v for k, v in knobs.items() if v is not None})
@@ -219,10 +241,16 @@ def _a2ats(args: argparse.Namespace, model: Any, path: Path) -> tuple:
 # --------------------------------------------------------------------------- chatting
 def stats_line(stats: Any) -> str:
     """`[12 prompt tokens, 30 generated, TTFT 0.21 s, 11.8 tok/s, peak 0.4 GB, stop]`."""
+    disk = getattr(stats, "cache_disk_bytes", 0)
+    kv = (
+        f"K/V {stats.cache_bytes / 2**20:.1f} MiB in memory, {disk / 2**20:.1f} MiB on disk, "
+        if disk
+        else ""
+    )
     return (
         f"[{stats.prompt_tokens} prompt tokens, {stats.generation_tokens} generated, "
         f"TTFT {stats.time_to_first_token:.2f} s, {stats.generation_tps:.1f} tok/s, "
-        f"peak {stats.peak_memory_gb:.2f} GB, {stats.stop_reason}]"
+        f"{kv}peak {stats.peak_memory_gb:.2f} GB, {stats.stop_reason}]"
     )
 
 

@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_for(model).require()
     codebook, codebook_desc = find_codebook(args.codebook, args.source, info.path, required=False)
     if codebook is None:
-        from ..cache.a2ats_cache import RANDOM_CENTROIDS
+        from ..cache.model_cache import RANDOM_CENTROIDS
 
         silence_random_codebook_warning()
         codebook_desc = f"random ({RANDOM_CENTROIDS} centroids; none found for this model)"

@@ -62,6 +62,7 @@ def provenance_tooltip(provenance: dict | None) -> str:
     config = cache.get("config")
     if isinstance(config, dict) and config:
         keys = ("window", "far_offset", "sinks", "budget", "far_buckets", "rerank", "kv_bits")
+        keys += ("kv_memory",) if config.get("kv_memory") is not None else ()
         lines.append("Cache: " + ", ".join(f"{k}={config.get(k)}" for k in keys))
     lines.append("Sampling: " + json.dumps(provenance.get("sampling", {}), sort_keys=True))
     return "\n".join(lines)

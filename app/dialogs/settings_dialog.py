@@ -45,6 +45,12 @@ KV_BITS_HELP = (
     "full precision on CPU-only MLX, 8-bit on Metal. Every choice also holds the codebook, once "
     "per model. (Demo model, 4K tokens: `a2ats eval --kv-bits`, `a2ats bench memory`.)"
 )
+KV_MEMORY_HELP = (
+    "At most this much K/V in memory per chat (A2ATS layers). Past it the K/V rows go to a file "
+    "in the cache folder that the OS can page out, and only the codes stay in memory: each "
+    "decode step reads back the few rows it attends. Needs full-precision storage. "
+    "\u201cno limit\u201d keeps every row in memory; 0 MB puts every row in the file."
+)
 FAR_OFFSET_TIP = "Far offset b (tokens): the one distance far tokens are scored at"
 FAR_OFFSET_IGNORED_TIP = (
     "Not used with more than one distance bucket: far tokens are then scored at their "
@@ -75,6 +81,11 @@ def describe_sampling(sampling: SamplingSettings) -> str:
             f"{label} {value:g}" + (" (greedy)" if name == "temperature" and not value else "")
         )
     return ", ".join(parts)
+
+
+def _mib(limit: int | None) -> int:
+    """A KV memory limit in bytes -> the spin box's MB (-1: no limit)."""
+    return -1 if limit is None else min(limit // 2**20, 1 << 24)
 
 
 def _spin(lo: int, hi: int, value: int, tip: str) -> QSpinBox:
@@ -183,6 +194,12 @@ class SettingsDialog(QDialog):
         for label, bits in KV_BITS:
             self.kv_bits.addItem(label, bits)
         self.kv_bits.setCurrentIndex([b for _, b in KV_BITS].index(cache.kv_bits))
+        self.kv_memory = _spin(-1, 1 << 24, _mib(cache.kv_memory), "K/V memory limit (MB)")
+        self.kv_memory.setSpecialValueText("no limit")
+        self.kv_memory.setSuffix(" MB")
+        self.kv_memory.setToolTip(KV_MEMORY_HELP)
+        self.kv_memory.valueChanged.connect(self._on_kv_memory_changed)
+        self._on_kv_memory_changed(self.kv_memory.value())
         self.fidelity_every = _spin(
             0, 1 << 16, cache.fidelity_every, "Fidelity check every k decode steps (0 = off)"
         )
@@ -207,6 +224,7 @@ class SettingsDialog(QDialog):
         kv_help.setWordWrap(True)
         self.kv_bits_help = kv_help
         form.addRow("", kv_help)
+        form.addRow("K/V memory limit", self.kv_memory)
         form.addRow("Fidelity check every", self.fidelity_every)
         note = QLabel(NEXT_MESSAGE_NOTE)
         note.setObjectName("HintLabel")
@@ -224,6 +242,18 @@ class SettingsDialog(QDialog):
         """b is used only with one distance bucket: disable it (and say why) otherwise."""
         self.far_offset.setEnabled(buckets == 1)
         self.far_offset.setToolTip(FAR_OFFSET_TIP if buckets == 1 else FAR_OFFSET_IGNORED_TIP)
+
+    def _on_kv_memory_changed(self, mib: int) -> None:
+        """A limit keeps rows in the model dtype: K/V storage is full precision then."""
+        limited = mib >= 0
+        if limited:
+            self.kv_bits.setCurrentIndex([b for _, b in KV_BITS].index(None))
+        self.kv_bits.setEnabled(not limited)
+        self.kv_bits.setToolTip(
+            "Full precision while a K/V memory limit is set (the file keeps the model dtype)"
+            if limited
+            else ""
+        )
 
     def _sampling_tab(self, sampling: SamplingSettings, use_model: bool) -> QWidget:
         page = QWidget()
@@ -335,6 +365,7 @@ class SettingsDialog(QDialog):
             estimate_missed=self.estimate_missed.isChecked(),
             kv_bits=self.kv_bits.currentData(),
             fidelity_every=self.fidelity_every.value(),
+            kv_memory=None if self.kv_memory.value() < 0 else self.kv_memory.value() * 2**20,
         )
         own = dict(self._own)
         if not self._showing_model_values():
@@ -370,6 +401,7 @@ class SettingsDialog(QDialog):
         self.estimate_missed.setChecked(cache.estimate_missed)
         self.kv_bits.setCurrentIndex([b for _, b in KV_BITS].index(cache.kv_bits))
         self.fidelity_every.setValue(cache.fidelity_every)
+        self.kv_memory.setValue(_mib(cache.kv_memory))
         self._own = {name: getattr(sampling, name) for name in MODEL_SAMPLING_FIELDS}
         self.use_model.setChecked(True)
         self._on_use_model_changed(True)  # shows the model's values, or the defaults

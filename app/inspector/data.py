@@ -23,12 +23,14 @@ WINDOW = 2  # exact-RoPE window (or every token of an exact step)
 SINK = 3  # leading sink tokens
 RETRIEVED = 4  # far token retrieved by the selected head(s)
 CURRENT = 5  # the token this step consumed
+WOULD = 6  # on an exact step: a far token retrieval would keep there (the shadow selection)
 CATEGORY_NAMES = {
     FAR: "far (not retrieved)",
     WINDOW: "exact window",
     SINK: "sinks",
     RETRIEVED: "retrieved",
     CURRENT: "current token",
+    WOULD: "would retrieve (exact step)",
 }
 
 ALL_HEADS = None  # head selector value meaning "union over the KV heads"
@@ -43,18 +45,30 @@ def retrieved_positions(layer: LayerStats, head: int | None = ALL_HEADS) -> np.n
     """Far positions one KV head retrieved, or the union over heads (head None).
 
     Returns int64 [n], sorted, unique. A head index beyond the layer's heads gives [0], and so
-    does an exact step (nothing was dropped, so nothing was retrieved).
+    does an exact step (nothing was dropped, so nothing was retrieved); `would_positions` gives
+    what retrieval would have kept there.
     """
     if layer.exact:
         return np.zeros(0, dtype=np.int64)
+    return _per_head(layer.retrieved, len(layer.selected), head)
+
+
+def would_positions(layer: LayerStats, head: int | None = ALL_HEADS) -> np.ndarray:
+    """On an exact step with a shadow selection: the far positions retrieval would keep (one KV
+    head, or the union); int64 [n] sorted unique, [0] otherwise."""
+    if not layer.exact or not layer.would_retrieve:
+        return np.zeros(0, dtype=np.int64)
+    return _per_head(layer.would_retrieve, len(layer.would_retrieve), head)
+
+
+def _per_head(parts: tuple, n_heads: int, head: int | None) -> np.ndarray:
     if head is None:
-        parts = layer.retrieved
         if not parts:
             return np.zeros(0, dtype=np.int64)
         return np.unique(np.concatenate(parts).astype(np.int64, copy=False))
-    if head >= len(layer.selected):
+    if head >= n_heads:
         return np.zeros(0, dtype=np.int64)
-    return np.asarray(layer.retrieved[head], dtype=np.int64)
+    return np.asarray(parts[head], dtype=np.int64)
 
 
 def category_row(layer: LayerStats, width: int, head: int | None = ALL_HEADS) -> np.ndarray:
@@ -67,6 +81,8 @@ def category_row(layer: LayerStats, width: int, head: int | None = ALL_HEADS) ->
     window_start = max(0, min(layer.window_start, end))
     if layer.exact:
         row[:end] = WINDOW  # nothing was dropped: every token took part exactly
+        would = would_positions(layer, head)
+        row[would[would < end]] = WOULD
     else:
         row[window_start:end] = WINDOW
         picked = retrieved_positions(layer, head)
@@ -132,8 +148,11 @@ def category_at(layer: LayerStats, position: int, head: int | None = ALL_HEADS) 
         return CURRENT
     if position < layer.sinks:
         return SINK
-    if layer.exact or position >= layer.window_start:
+    if position >= layer.window_start:
         return WINDOW
+    if layer.exact:
+        would = would_positions(layer, head)
+        return WOULD if np.isin(position, would) else WINDOW
     heads = heads_retrieving(layer, position)
     hit = bool(heads) if head is None else head in heads
     return RETRIEVED if hit else FAR
@@ -242,6 +261,8 @@ class MemorySummary:
     fp16: np.ndarray
     native: int = 0
     codebook: int = 0
+    on_disk: int = 0  # K/V rows in the A2ATS cold tier's files (not in memory)
+    process: int | None = None  # the process's measured private memory, if the OS gives it
 
     @property
     def total_held(self) -> int:
@@ -265,7 +286,14 @@ def memory_summary(snapshot: CacheSnapshot) -> MemorySummary:
     """Per-layer bytes held and fp16 bytes of one snapshot."""
     held = np.array([layer.bytes_held for layer in snapshot.layers], dtype=np.int64)
     fp16 = np.array([layer.bytes_fp16 for layer in snapshot.layers], dtype=np.int64)
-    return MemorySummary(held, fp16, int(snapshot.native_bytes), int(snapshot.codebook_bytes))
+    return MemorySummary(
+        held,
+        fp16,
+        int(snapshot.native_bytes),
+        int(snapshot.codebook_bytes),
+        int(snapshot.bytes_on_disk),
+        snapshot.process_bytes,
+    )
 
 
 # ----- the layer plan in the map ------------------------------------------------------------
@@ -442,6 +470,13 @@ def exact_until(snapshot: CacheSnapshot) -> int | None:
     return until if snapshot.offset < until else None
 
 
+def would_keep_share(snapshot: CacheSnapshot) -> float | None:
+    """Mean over layers (and KV heads) of the attention mass the shadow selection would keep
+    on an exact step; None when the step has no shadow selection."""
+    values = [np.mean(layer.recall) for layer in snapshot.layers if layer.would_retrieve]
+    return float(np.mean(values)) if values else None
+
+
 def attention_mode_text(snapshot: CacheSnapshot | None) -> str:
     """How the step attended, plainly: "exact until N tokens" below the crossover, "exact
     attention (nothing to drop yet)" on other exact steps, "A2ATS retrieving" otherwise, ""
@@ -450,6 +485,9 @@ def attention_mode_text(snapshot: CacheSnapshot | None) -> str:
         return ""
     until = exact_until(snapshot)
     if until is not None:
+        keep = would_keep_share(snapshot)
+        if keep is not None:
+            return f"exact until {until:,} tokens \u00b7 retrieval now would keep {100 * keep:.0f}% of attention"
         return f"exact until {until:,} tokens"
     if all(layer.exact for layer in snapshot.layers):
         return "exact attention (nothing to drop yet)"

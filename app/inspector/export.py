@@ -99,6 +99,10 @@ def _layer_dict(layer: LayerStats, previous: LayerStats | None, histograms: str)
         if layer.budget_used is None
         else [np.asarray(b).astype(int).tolist() for b in layer.budget_used],
         "reused": bool(layer.reused),
+        "bytes_on_disk": int(layer.bytes_on_disk),
+        "would_retrieve": None
+        if layer.would_retrieve is None
+        else [np.asarray(w).astype(int).tolist() for w in layer.would_retrieve],
     }
     same_shape = previous is not None and [c.size for c in previous.code_counts] == [
         c.size for c in layer.code_counts
@@ -150,6 +154,7 @@ def telemetry_dict(
                 "bytes_fp16": int(snap.bytes_fp16),
                 "native_bytes": int(snap.native_bytes),
                 "codebook_bytes": int(snap.codebook_bytes),
+                "process_bytes": None if snap.process_bytes is None else int(snap.process_bytes),
                 "layers": layers,
             }
         )
@@ -207,7 +212,7 @@ def _layer_from_dict(d: dict[str, Any], previous: LayerStats | None) -> LayerSta
             for p, c in zip(previous.code_counts, d["code_counts_delta"], strict=True)
         )
     recall, missed, budget = d.get("recall"), d.get("missed_mass"), d.get("budget_used")
-    recall_ms = d.get("recall_ms")
+    recall_ms, would = d.get("recall_ms"), d.get("would_retrieve")
     return LayerStats(
         step=int(d["step"]),
         offset=int(d["offset"]),
@@ -228,7 +233,15 @@ def _layer_from_dict(d: dict[str, Any], previous: LayerStats | None) -> LayerSta
         if budget is None
         else tuple(np.asarray(b, dtype=np.int32).reshape(-1) for b in budget),
         reused=bool(d.get("reused", False)),
+        bytes_on_disk=int(d.get("bytes_on_disk", 0)),
+        would_retrieve=None
+        if would is None
+        else tuple(np.asarray(w, dtype=np.int32).reshape(-1) for w in would),
     )
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def snapshots_from_dict(doc: dict[str, Any]) -> tuple[list[CacheSnapshot], list[int]]:
@@ -254,6 +267,7 @@ def snapshots_from_dict(doc: dict[str, Any]) -> tuple[list[CacheSnapshot], list[
                     None if token is None else int(token),
                     int(step.get("native_bytes", 0)),
                     int(step.get("codebook_bytes", 0)),
+                    _optional_int(step.get("process_bytes")),
                 )
             )
             replies.append(int(step.get("reply", 0)))

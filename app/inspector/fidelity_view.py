@@ -210,6 +210,13 @@ class FidelityPanel(QWidget):
         which = f"step {measured.snapshot.step}"
         if measured.seq != viewed.seq:
             which += " (latest measured)"
+        if any(layer.would_retrieve for layer in layers):  # an exact step's shadow selection
+            mean = float(np.nanmean(values))
+            return (
+                f"{which} attended exactly: retrieval there would keep {mean:.3f} of the "
+                f"attention (miss {1 - mean:.3f}) \u00b7 lowest layer {layers[worst].layer} "
+                f"({values[worst]:.3f}) \u00b7 highest {np.nanmax(values):.3f}"
+            )
         return (
             f"{which}: mean recall {np.nanmean(values):.3f} \u00b7 lowest layer "
             f"{layers[worst].layer} ({values[worst]:.3f}) \u00b7 highest "

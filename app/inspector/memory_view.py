@@ -1,4 +1,9 @@
-"""Memory saved: per-layer bytes held vs an fp16 full cache, totals, and a line over the reply.
+"""Memory: per-layer bytes in memory vs an fp16 full cache, totals, and a line over the reply.
+
+The summary names three figures: what the cache holds in memory, what it keeps on disk (the
+cold tier's file, `A2ATSConfig.kv_memory`), and what an fp16 cache would hold; beside them the
+process's private memory as the OS measures it. A cache that holds more than the fp16 cache is
+called larger, never "saved".
 
 Native layers (the model's own caches, `CacheSnapshot.native_bytes`) are one more bar, "native",
 and count in the totals on both sides: they hold the same with or without A2ATS. The codebook
@@ -153,25 +158,25 @@ class MemoryPanel(QWidget):
     def summary_text(summary: data.MemorySummary) -> str:
         if summary.total_held <= 0:
             return "No cache bytes reported yet."
-        saved_pct = 100.0 * summary.saved / summary.total_fp16 if summary.total_fp16 else 0.0
-        held = f"holding {format_bytes(summary.total_held)} vs {format_bytes(summary.total_fp16)}"
-        if summary.native:
-            held += f" (native layers {format_bytes(summary.native)} on both sides)"
+        parts = [f"in memory {format_bytes(summary.total_held)}"]
+        if summary.on_disk:
+            parts.append(f"on disk {format_bytes(summary.on_disk)}")
+        parts.append(f"an fp16 cache would hold {format_bytes(summary.total_fp16)}")
+        if summary.ratio >= 1:
+            parts.append(f"{summary.ratio:.2f}\u00d7 less in memory")
+        elif summary.ratio > 0:
+            parts.append(f"{1 / summary.ratio:.2f}\u00d7 more in memory")
+        if summary.process is not None:
+            parts.append(f"process {format_bytes(summary.process)} (measured)")
+        notes = []
         if summary.codebook:
-            held += (
-                f" (codebook {format_bytes(summary.codebook)} included: one per model, "
-                "shared by all its chats)"
+            notes.append(
+                f"codebook {format_bytes(summary.codebook)}: one per model, shared by all its chats"
             )
-        if summary.saved >= 0:
-            return (
-                f"{held} for an fp16 full cache \u00b7 {summary.ratio:.2f}\u00d7 smaller \u00b7 "
-                f"{summary.saved / MB:.1f} MB saved ({saved_pct:.0f}%)"
-            )
-        # e.g. K/V kept in float32 without kv_bits, or a short chat: codes and codebook cost
-        return (
-            f"{held} for an fp16 full cache \u00b7 {1 / summary.ratio:.2f}\u00d7 larger "
-            f"(K/V + codes + codebook; kv_bits 8 or 4 and longer chats save memory)"
-        )
+        if summary.native:
+            notes.append(f"native layers {format_bytes(summary.native)} on both sides")
+        text = " \u00b7 ".join(parts)
+        return f"{text} ({'; '.join(notes)})" if notes else text
 
     def _on_theme(self, theme: Theme) -> None:
         self._theme = theme

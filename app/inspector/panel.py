@@ -34,7 +34,7 @@ DEFAULT_REDRAW_BUDGET = 0.12  # share of one core the GUI thread may use before 
 SECTION_TITLES = {
     "map": "Window & retrieval map",
     "codebook": "Codebook usage",
-    "memory": "Memory saved",
+    "memory": "Memory",
     "fidelity": "Fidelity: missed mass & budget",
 }
 SECTION_STRETCH = {"map": 40, "codebook": 19, "memory": 15, "fidelity": 26}

@@ -61,6 +61,7 @@ class Theme:
                 data.SINK: REDDISH_PURPLE,
                 data.RETRIEVED: SKY_BLUE,
                 data.CURRENT: YELLOW,
+                data.WOULD: ORANGE,
             }
             heads = (SKY_BLUE, ORANGE, BLUISH_GREEN, REDDISH_PURPLE, YELLOW, VERMILLION)
             held, fp16, marker = SKY_BLUE, "#6B717B", YELLOW
@@ -72,6 +73,7 @@ class Theme:
                 data.SINK: REDDISH_PURPLE,
                 data.RETRIEVED: BLUE,
                 data.CURRENT: ORANGE,
+                data.WOULD: VERMILLION,
             }
             heads = (BLUE, ORANGE, BLUISH_GREEN, REDDISH_PURPLE, VERMILLION, SKY_BLUE)
             held, fp16, marker = BLUE, "#B9BEC7", VERMILLION
@@ -88,8 +90,8 @@ class Theme:
         )
 
     def category_lut(self) -> np.ndarray:
-        """uint8 [6, 4] RGBA lookup table indexed by category code (EMPTY is transparent)."""
-        lut = np.zeros((data.CURRENT + 1, 4), dtype=np.uint8)
+        """uint8 [7, 4] RGBA lookup table indexed by category code (EMPTY is transparent)."""
+        lut = np.zeros((max(self.categories) + 1, 4), dtype=np.uint8)
         for code, colour in self.categories.items():
             c = QColor(colour)
             lut[code] = (c.red(), c.green(), c.blue(), 0 if code == data.EMPTY else 255)

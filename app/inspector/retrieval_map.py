@@ -430,7 +430,13 @@ class RetrievalMapPanel(QWidget):
             f"{first.sinks} sinks",
         ]
         until = data.exact_until(snap)
-        if until is not None:
+        keep = data.would_keep_share(snap)
+        if until is not None and keep is not None:
+            parts.append(
+                f"exact until {until:,} tokens \u00b7 retrieval now would keep {100 * keep:.0f}% "
+                "of attention"
+            )
+        elif until is not None:
             parts.append(f"exact until {until:,} tokens (exact attention below the crossover)")
         elif exact == len(snap.layers):
             parts.append("exact attention (context too short to drop anything)")
@@ -464,7 +470,7 @@ class RetrievalMapPanel(QWidget):
             lut = np.zeros((256, 4), dtype=np.uint8)
             cat = theme.category_lut()
             lut[: len(cat)] = cat
-            order = (data.SINK, data.FAR, data.RETRIEVED, data.WINDOW, data.CURRENT)
+            order = (data.SINK, data.FAR, data.RETRIEVED, data.WINDOW, data.CURRENT, data.WOULD)
             items = [(theme.categories[c], data.CATEGORY_NAMES[c]) for c in order]
             items.append((theme.foreground, "window boundary", "line"))
             plan = self.state.plan

@@ -48,7 +48,7 @@ def main(n: int) -> None:
         print(f"context {n}, rerank {rerank}, K {lay.k}, top-K on host: {cache.top_k.on_host}")
         bench("mlx-lm attention (full)", lambda: mx.fast.scaled_dot_product_attention(
             q, keys, values, scale=0.125))  # fmt: skip
-        bench("A2ATS retrieval step", lambda: cache._retrieve(q, lay, 0.125))
+        bench("A2ATS retrieval step", lambda: cache.retrieval.step(cache, q, lay, 0.125, None))
         bench("  far-token scores", lambda: cache.far_token_scores(q, lay))
         scores = cache.far_token_scores(q, lay)
         mx.eval(scores)

@@ -7,8 +7,9 @@ Demo model, 1K tokens of the built-in evaluation text prefilled, 48 teacher-forc
 import mlx.core as mx
 
 from a2ats_engine.bench.evaluate import default_text
-from a2ats_engine.cache.a2ats_cache import A2ATSCache, make_cache
+from a2ats_engine.cache.a2ats_cache import A2ATSCache
 from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cache.model_cache import make_cache
 from a2ats_engine.commands._bench_common import find_codebook
 from a2ats_engine.loading.models import load_model
 

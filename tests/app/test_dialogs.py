@@ -287,3 +287,20 @@ def test_the_missed_attention_estimate_is_a_setting_off_by_default(qtbot):
     assert "0.81x" in dialog.estimate_missed.toolTip()  # says what it costs
     dialog.restore_defaults()
     assert not dialog.estimate_missed.isChecked()
+
+
+def test_settings_dialog_sets_a_kv_memory_limit_with_full_precision_storage(qtbot):
+    dialog = SettingsDialog(CacheSettings(kv_bits=8), SamplingSettings(), "system", "")
+    qtbot.addWidget(dialog)
+    assert dialog.kv_memory.text() == "no limit" and dialog.kv_bits.isEnabled()
+    assert dialog.values().cache.kv_memory is None
+    dialog.kv_memory.setValue(512)
+    cache = dialog.values().cache
+    assert cache.kv_memory == 512 * 2**20 and cache.kv_bits is None
+    assert not dialog.kv_bits.isEnabled()
+    assert cache.to_config().kv_memory == 512 * 2**20  # what the next message's cache gets
+    dialog.kv_memory.setValue(-1)
+    assert dialog.kv_bits.isEnabled() and dialog.values().cache.kv_memory is None
+    reopened = SettingsDialog(cache, SamplingSettings(), "system", "")
+    qtbot.addWidget(reopened)
+    assert reopened.kv_memory.value() == 512 and not reopened.kv_bits.isEnabled()

@@ -265,6 +265,7 @@ def assert_same_snapshots(a: list[CacheSnapshot], b: list[CacheSnapshot]) -> Non
     assert len(a) == len(b)
     for sa, sb in zip(a, b, strict=True):
         assert (sa.step, sa.token_id, len(sa.layers)) == (sb.step, sb.token_id, len(sb.layers))
+        assert sa.process_bytes == sb.process_bytes
         for la, lb in zip(sa.layers, sb.layers, strict=True):
             for name in (
                 "step",
@@ -276,8 +277,12 @@ def assert_same_snapshots(a: list[CacheSnapshot], b: list[CacheSnapshot]) -> Non
                 "exact",
                 "layer",
                 "recall",
+                "bytes_on_disk",
             ):
                 assert getattr(la, name) == getattr(lb, name), name
+            assert (la.would_retrieve is None) == (lb.would_retrieve is None)
+            for x, y in zip(la.would_retrieve or (), lb.would_retrieve or (), strict=True):
+                assert np.array_equal(x, y)
             assert len(la.selected) == len(lb.selected)
             for x, y in zip(la.selected, lb.selected, strict=True):
                 assert np.array_equal(x, y)
@@ -594,3 +599,38 @@ def test_export_keeps_missed_mass_budget_exact_until_and_reuse(tmp_path):
     layer = old.layers[0]
     assert layer.missed_mass is None and layer.budget_used is None
     assert layer.exact_until == 0 and not layer.reused and layer.recall_ms is None
+
+
+def test_an_exact_step_shows_what_retrieval_would_keep_in_its_own_colour():
+    from dataclasses import replace
+
+    exact = make_layer(offset=100, window=16, retrieved=[[], []], exact=True)
+    shadow = replace(
+        exact,
+        would_retrieve=(np.array([20, 30], np.int32), np.array([30, 50], np.int32)),
+        recall=(0.9, 0.7),
+        exact_until=4096,
+    )
+    row = data.category_row(shadow, 100)
+    assert row[20] == row[30] == row[50] == data.WOULD and row[21] == data.WINDOW
+    assert (row[:4] == data.SINK).all() and row[99] == data.CURRENT
+    head0 = data.category_row(shadow, 100, head=0)
+    assert head0[50] == data.WINDOW and head0[20] == data.WOULD
+    for head in (None, 0, 1):  # the hover agrees with the picture
+        expect = data.category_row(shadow, 100, head).tolist()
+        assert [data.category_at(shadow, p, head) for p in range(100)] == expect
+    assert data.retrieved_positions(shadow).size == 0  # nothing was retrieved: it was exact
+    assert data.would_positions(shadow).tolist() == [20, 30, 50]
+    assert data.would_positions(exact).size == 0
+    snap = make_snapshot(0, [shadow, replace(shadow, layer=1, recall=(0.5, 0.5))])
+    assert data.would_keep_share(snap) == pytest.approx(0.65)
+    assert data.attention_mode_text(snap) == (
+        "exact until 4,096 tokens \u00b7 retrieval now would keep 65% of attention"
+    )
+    assert data.would_keep_share(make_snapshot(0, [exact])) is None
+    from app.inspector import export
+
+    cold = replace(shadow, bytes_on_disk=12345)
+    snaps = [replace(make_snapshot(0, [cold]), process_bytes=7 << 20)]
+    doc = export.telemetry_dict(snaps)
+    assert_same_snapshots(snaps, export.snapshots_from_dict(doc)[0])

@@ -275,7 +275,7 @@ def test_memory_panel_bars_totals_and_line(panel):
     assert steps.tolist() == [0, 1, 2, 3]
     assert np.allclose(held * 1024 * 1024, [s.bytes_held for s in run])
     ratio = run[-1].bytes_fp16 / run[-1].bytes_held
-    assert f"{ratio:.2f}\u00d7 smaller" in mem.summary.text()
+    assert f"{ratio:.2f}\u00d7 less in memory" in mem.summary.text()
 
 
 def test_memory_panel_counts_the_codebook_as_its_own_bar(panel, tmp_path):
@@ -293,7 +293,7 @@ def test_memory_panel_counts_the_codebook_as_its_own_bar(panel, tmp_path):
     assert np.allclose(held * 1024 * 1024, [s.bytes_held + 5_000_000 for s in run])
     text = mem.summary.text()
     ratio = (last.bytes_held + 5_000_000) / last.bytes_fp16  # larger: the codebook outweighs
-    assert f"{ratio:.2f}\u00d7 larger" in text and "codebook 4.8 MB" in text
+    assert f"{ratio:.2f}\u00d7 more in memory" in text and "codebook 4.8 MB" in text
     assert "shared by all its chats" in text
     path = panel.export_telemetry(tmp_path / "t.json")
     assert [s.codebook_bytes for s in export.load_telemetry(path)[0]] == [5_000_000] * 4
@@ -305,12 +305,15 @@ def test_status_bar_counts_the_codebook(qtbot):
     bar = StatusBar()
     qtbot.addWidget(bar)
     bar.set_cache(1000, 8000)
-    assert bar.cache.text() == "cache 1000 B (8.0x smaller)"
+    assert bar.cache.text() == "cache 1000 B in memory (8.0x less than an fp16 cache's 7.8 KB)"
     bar.set_cache(1000, 8000, True, 3000)
-    assert bar.cache.text().endswith("(2.0x smaller)") and "codebook" in bar.cache.text()
+    assert "(2.0x less than" in bar.cache.text() and "codebook" in bar.cache.toolTip()
     bar.set_cache(1000, 2000, True, 3000)
-    assert bar.cache.text().endswith("(2.0x larger)")
+    assert "(2.0x more than an fp16 cache's" in bar.cache.text()
     assert "shared by all chats" in bar.cache.toolTip()
+    bar.set_cache(1000, 8000, True, 0, 5 << 20)
+    assert bar.cache.text().startswith("cache 1000 B in memory, 5.0 MB on disk (")
+    assert "saved" not in bar.cache.text() and "page out" in bar.cache.toolTip()
 
 
 def test_fidelity_off_by_default_then_strip(panel):
@@ -406,14 +409,22 @@ def test_short_context_exact_steps_and_empty_snapshots(panel):
     assert panel.codebook_panel.table.rowCount() == 0
 
 
-def test_memory_summary_wording_when_nothing_is_saved():
+def test_memory_summary_names_memory_disk_and_fp16_and_never_calls_a_loss_saved():
     from app.inspector.memory_view import MemoryPanel
 
-    saved = data.MemorySummary(np.array([100, 100]), np.array([400, 400]))
-    assert "4.00\u00d7 smaller" in MemoryPanel.summary_text(saved)
+    smaller = data.MemorySummary(np.array([100, 100]), np.array([400, 400]))
+    text = MemoryPanel.summary_text(smaller)
+    assert text.startswith("in memory 200 B") and "an fp16 cache would hold 800 B" in text
+    assert "4.00\u00d7 less in memory" in text and "on disk" not in text
     larger = data.MemorySummary(np.array([800, 900]), np.array([400, 400]))
     text = MemoryPanel.summary_text(larger)
-    assert "2.12\u00d7 larger" in text and "saved" not in text
+    assert "2.12\u00d7 more in memory" in text and "saved" not in text
+    cold = data.MemorySummary(
+        np.array([10, 10]), np.array([400, 400]), codebook=4096, on_disk=3 << 20, process=5 << 30
+    )
+    text = MemoryPanel.summary_text(cold)
+    assert "on disk 3.0 MB" in text and "process 5.0 GB (measured)" in text
+    assert "codebook 4.0 KB: one per model, shared by all its chats" in text
 
 
 def test_codebook_layout_follows_the_width(panel, qtbot):
@@ -520,3 +531,22 @@ def test_status_bar_says_exact_until_then_retrieving(qtbot):
     assert bar.attention.text() == "A2ATS retrieving"
     bar.set_cache(1000, None, a2ats=False)
     assert bar.attention.text() == ""
+
+
+def test_below_the_crossover_the_panels_show_what_retrieval_would_keep(panel):
+    from dataclasses import replace
+
+    def shadow_layer(i: int, step: int):
+        layer = make_layer(offset=100 + step, retrieved=[[], []], exact=True, layer=i, step=step)
+        would = (np.array([20, 30], np.int32), np.array([30, 50], np.int32))
+        return replace(layer, would_retrieve=would, recall=(0.8, 0.6), exact_until=4096)
+
+    feed(panel, [make_snapshot(s, [shadow_layer(i, s) for i in range(3)]) for s in range(3)])
+    summary = panel.map_panel.summary.text()
+    assert "exact until 4,096 tokens" in summary and "would keep 70% of attention" in summary
+    fid = panel.fidelity_panel
+    assert fid.showing_strip  # the would-be recall is measured even with the fidelity pass off
+    assert "attended exactly: retrieval there would keep 0.700" in fid.info.text()
+    assert "miss 0.300" in fid.info.text()
+    legend = " ".join(str(item[1]) for item in panel.map_panel.legend._items)
+    assert "would retrieve" in legend

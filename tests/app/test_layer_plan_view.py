@@ -111,10 +111,11 @@ def test_real_tiny_gemma3_snapshot_reports_native_bytes_and_maps_sliding_rows():
     import mlx.core as mx
     from mlx_lm.models.cache import RotatingKVCache
 
-    from a2ats_engine.cache.a2ats_cache import A2ATSCache, make_cache, snapshot
+    from a2ats_engine.cache.a2ats_cache import A2ATSCache
     from a2ats_engine.cache.codebook import Codebook
     from a2ats_engine.cache.config import A2ATSConfig
     from a2ats_engine.cache.layer_plan import plan_for
+    from a2ats_engine.cache.model_cache import make_cache, snapshot
     from a2ats_engine.cache.model_matrix import tiny_family_model
     from a2ats_engine.cache.rope import model_geometry
 

@@ -91,4 +91,4 @@ def test_coverage_validated_named_and_off_by_default():
     lay = att.layout(300, 16, 4, 20)
     cache, _, rope = filled_cache(n=300, config=A2ATSConfig(window=16, sinks=4, budget=20))
     cache.attend(decode_query(rope, 1, 299)[1], None, None, scale=0.1)
-    assert lay.k == 20 and cache._budget_used is None  # off: every head keeps K
+    assert lay.k == 20 and cache.retrieval.budget_used is None  # off: every head keeps K

@@ -189,14 +189,29 @@ def test_bench_prefill_times_both_methods_and_checks_the_first_token(tmp_path, c
     assert "--contexts='1' is out of range" in capsys.readouterr().err
 
 
+def test_bench_prefill_times_the_cold_tier_reading_the_past_back(tmp_path, capsys, monkeypatch):
+    """`--methods full,a2ats_cold`: every chunk's exact attention reads the past from the cold
+    tier's file; the first token must still be full's (checked inside the run)."""
+    monkeypatch.setenv("A2ATS_CACHE_DIR", str(tmp_path / "cache"))
+    folder = save_tiny_model(tmp_path / "m", "llama", hidden_size=256)
+    rc = main(["bench", "prefill", "--model", str(folder), "--contexts", "300", "--repeats",
+               "1", "--methods", "full,a2ats,a2ats_cold", "--json"])  # fmt: skip
+    assert rc == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    assert [r["method"] for r in rows] == ["full", "a2ats", "a2ats_cold"]
+    assert rows[2]["ratio_median"] > 0
+    assert main(["bench", "prefill", "--model", str(folder), "--methods", "a2ats"]) != 0
+    assert "full plus any of" in capsys.readouterr().err
+
+
 def test_time_to_first_token_evaluates_the_a2ats_codes():
     """The prefill timing includes coding every key: after it the A2ATS caches hold evaluated
     codes for every prompt token (nothing left lazy for the first decode step to pay)."""
     import mlx.core as mx
 
     from a2ats_engine.bench.speed import time_to_first_token
-    from a2ats_engine.cache.a2ats_cache import make_cache
     from a2ats_engine.cache.codebook import Codebook
+    from a2ats_engine.cache.model_cache import make_cache
     from a2ats_engine.cache.rope import model_geometry
     from a2ats_engine.loading.tiny_model import tiny_model
 

@@ -14,8 +14,9 @@ from a2ats_engine.bench.geometries import (
     geometry_model,
     parameter_count,
 )
-from a2ats_engine.cache.a2ats_cache import A2ATSCache, make_cache
+from a2ats_engine.cache.a2ats_cache import A2ATSCache
 from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cache.model_cache import make_cache
 from a2ats_engine.cache.model_matrix import tiny_family_model
 from a2ats_engine.cli import main
 

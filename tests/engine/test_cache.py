@@ -10,10 +10,12 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_lm.models.rope_utils import initialize_rope
 from tiny import tiny_model
 
+from a2ats_engine.bench.accounting import layer_bytes
 from a2ats_engine.cache import attention as att
-from a2ats_engine.cache.a2ats_cache import A2ATSCache, make_cache, model_codebook_bytes, snapshot
+from a2ats_engine.cache.a2ats_cache import A2ATSCache
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cache.model_cache import make_cache, model_codebook_bytes, snapshot
 from a2ats_engine.cache.rope import RopeSpec, distance_buckets, model_geometry
 from a2ats_engine.cache.topk import MlxTopK, NumpyTopK, choose_top_k
 
@@ -303,7 +305,8 @@ def test_kv_bits_storage_saves_bytes_and_stays_close(bits):
     b = model(mx.array([[5]]), cache=quant)
     rel = float(mx.abs(a - b).max() / mx.abs(a).max())
     assert rel < (0.05 if bits == 8 else 0.3)
-    assert quant[0].storage_bytes < full[0].storage_bytes * (0.4 if bits == 8 else 0.25)
+    quant_bytes, full_bytes = layer_bytes(quant[0]).storage, layer_bytes(full[0]).storage
+    assert quant_bytes < full_bytes * (0.4 if bits == 8 else 0.25)
     assert quant[0].nbytes < full[0].nbytes
     assert isinstance(quant[0].keys, tuple)
     # retrieval also works on quantized storage
@@ -335,16 +338,17 @@ def test_byte_accounting_is_what_is_held():
     model(mx.array([list(range(3, 259))]), cache=cache)
     c = cache[0]
     held = sum(a.nbytes for a in c.keys) + sum(a.nbytes for a in c.values) + c.codes.nbytes
-    assert c.storage_bytes == held == c.compressed_key_bytes + c.compressed_value_bytes
+    b = layer_bytes(c)
+    assert b.storage == held == c.resident_bytes and b.on_disk == c.disk_bytes == 0
     # the layer's own extras: its rotation matrices [d, m * d] (telemetry is off)
-    assert c.overhead_bytes == c._rotations.nbytes > 0
-    assert c.nbytes == held + c.overhead_bytes
-    assert c.fp16_key_bytes == c.fp16_value_bytes == 1 * 2 * 256 * 64 * 2
-    assert c.compression_ratio == pytest.approx((c.fp16_key_bytes * 2) / c.nbytes)
-    assert (c.fp16_key_bytes * 2) / c.storage_bytes > 2.5  # per-token storage
-    assert 1 < c.compression_ratio < 2.5  # 256 tokens: the fixed rotations still weigh
-    assert 4 < c.assigned_avg_bits < 6
-    assert c.codebook_bytes > 0 and c.tokens_seen == 256
+    assert b.rotations == c.rotations.nbytes > 0 and b.estimate == 0
+    assert c.nbytes == held + b.rotations == b.held
+    assert b.fp16_keys == 1 * 2 * 256 * 64 * 2
+    assert b.compression_ratio == pytest.approx((b.fp16_keys * 2) / c.nbytes)
+    assert (b.fp16_keys * 2) / b.storage > 2.5  # per-token storage
+    assert 1 < b.compression_ratio < 2.5  # 256 tokens: the fixed rotations still weigh
+    assert 4 < b.bits_per_element < 6
+    assert b.codebook_share > 0 and c.tokens_seen == 256
 
 
 def test_hook_routes_only_a2ats_caches(monkeypatch):
@@ -491,7 +495,7 @@ def test_snapshot_counts_the_codebook_once_and_rotations_in_the_layer():
     assert (
         snap.layers[0].bytes_held
         == c.nbytes
-        == c.storage_bytes + c._rotations.nbytes + c.estimate_bytes
+        == layer_bytes(c).storage + c.rotations.nbytes + c.retrieval.estimate_bytes
     )
     # a second chat of the same model shares the codebook
     other = make_cache(model, A2ATSConfig(telemetry=True), book)

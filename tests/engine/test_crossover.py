@@ -9,9 +9,10 @@ import pytest
 from tiny import save_tiny_model
 
 from a2ats_engine.cache import crossover as xo
-from a2ats_engine.cache.a2ats_cache import A2ATSCache, make_cache
+from a2ats_engine.cache.a2ats_cache import A2ATSCache
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cache.model_cache import make_cache
 from a2ats_engine.cli import main
 from a2ats_engine.loading.models import load_model
 

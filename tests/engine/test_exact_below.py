@@ -89,7 +89,7 @@ def test_eval_measures_retrieval_even_below_the_crossover(tmp_path, monkeypatch,
 
 
 def test_attention_steps_count_exact_and_retrieved_decode_steps():
-    from a2ats_engine.cache.a2ats_cache import attention_steps
+    from a2ats_engine.cache.model_cache import attention_steps
 
     config = A2ATSConfig(window=16, sinks=4, budget=8, exact_below=203)
     cache, _, _ = filled_cache(n=200, config=config)
@@ -100,3 +100,41 @@ def test_attention_steps_count_exact_and_retrieved_decode_steps():
     assert (cache.retrieved_steps, cache.exact_steps) == (3, 2)
     assert attention_steps([object(), cache]) == (3, 2)  # other caches are not counted
     assert attention_steps([object()]) == (0, 0)
+
+
+def test_an_exact_step_shows_what_retrieval_would_keep_and_its_recall():
+    """Below the crossover the step attends exactly, and with telemetry the shadow selection
+    says which far tokens retrieval would keep there and what share of this step's exact
+    attention they hold: the very tokens and recall a retrieving cache reports at that step."""
+    base = dict(window=16, sinks=4, budget=8, telemetry=True, fidelity_every=1)
+    exact, _, _ = filled_cache(n=200, config=A2ATSConfig(exact_below=10_000, **base))
+    live, _, _ = filled_cache(n=200, config=A2ATSConfig(exact_below=0, **base))
+    retrieved_before = exact.tokens_retrieved
+    for seed in (0, 1):
+        out_exact = step(exact, np.random.default_rng(seed))[0]
+        step(live, np.random.default_rng(seed))
+    shadow, real = exact.last_stats, live.last_stats
+    assert shadow.exact and not real.exact and real.would_retrieve is None
+    assert len(shadow.selected[0]) == shadow.offset  # it still attended everything
+    for would, kept in zip(shadow.would_retrieve, real.retrieved, strict=True):
+        assert would.tolist() == kept.tolist() and 0 < len(would) < shadow.offset
+    assert shadow.recall == pytest.approx(real.recall, abs=1e-6)
+    assert 0 < shadow.recall[0] < 1 and shadow.recall_ms > 0
+    assert exact.tokens_retrieved == retrieved_before  # a shadow retrieves nothing
+    # the exact step's output is exact attention, whatever the shadow computed
+    n = exact.offset
+    keys, values = exact.keys[..., :n, :], exact.values[..., :n, :]
+    _, q = decode_query(exact.rope, 2, n - 1, seed=n)
+    ref = mx.fast.scaled_dot_product_attention(q, keys, values, scale=D**-0.5)
+    assert float(mx.abs(out_exact - ref).max()) == 0.0
+
+
+def test_no_shadow_without_telemetry_or_when_nothing_can_be_dropped():
+    quiet, _, _ = filled_cache(n=200, config=A2ATSConfig(window=16, sinks=4, budget=8,
+                                                         exact_below=10_000))  # fmt: skip
+    step(quiet, np.random.default_rng(0))
+    assert quiet.last_stats is None
+    short, _, _ = filled_cache(n=20, config=A2ATSConfig(window=16, sinks=4, budget=8,
+                                                        telemetry=True))  # fmt: skip
+    step(short, np.random.default_rng(0))
+    assert short.last_stats.exact and short.last_stats.would_retrieve is None

@@ -12,7 +12,7 @@ from tiny import tiny_model
 from a2ats_engine import load_session, save_session
 from a2ats_engine.bench.evaluate import development_span, evaluate
 from a2ats_engine.bench.methods import method_spec
-from a2ats_engine.cache.a2ats_cache import A2ATSCache, make_cache, snapshot
+from a2ats_engine.cache.a2ats_cache import A2ATSCache
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig, scaled_budget
 from a2ats_engine.cache.layer_budgets import (
@@ -20,6 +20,7 @@ from a2ats_engine.cache.layer_budgets import (
     dense_first_budgets,
     equal_cost_dense,
 )
+from a2ats_engine.cache.model_cache import make_cache, snapshot
 from a2ats_engine.cache.rope import rope_specs
 
 from .test_cache import D, decode_query, filled_cache, random_codebook

@@ -7,9 +7,10 @@ from mlx_lm.models.rope_utils import initialize_rope
 from tiny import tiny_model
 
 from a2ats_engine.bench.methods import METHODS, IdentityRope, decode_variant_knobs
-from a2ats_engine.cache.a2ats_cache import A2ATSCache, make_cache
+from a2ats_engine.cache.a2ats_cache import A2ATSCache
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cache.model_cache import make_cache
 from a2ats_engine.cache.rope import RopeSpec, model_geometry
 
 D = 32
@@ -105,20 +106,21 @@ def test_incremental_sums_equal_a_rebuild_across_bucket_edges_trim_and_restore()
     def rebuilt(c: A2ATSCache):
         fresh = A2ATSCache.from_state(c.state, c.meta_state, codebook=c.codebook)
         fresh.attend(mx.zeros((1, 2, 1, D)), None, None, scale=0.2)  # first step: a rebuild
-        return fresh._missed_sums
+        return fresh.retrieval.missed_sums
 
     def assert_same(c: A2ATSCache) -> None:
-        for kept, fresh in zip(c._missed_sums, rebuilt(c), strict=True):
+        for kept, fresh in zip(c.retrieval.missed_sums, rebuilt(c), strict=True):
             np.testing.assert_allclose(np.array(kept), np.array(fresh), atol=1e-4)
 
     for _ in range(70):  # crosses several bucket edges (lower edges grow log-spaced)
         step(cache)
-    assert cache._missed_n == cache.offset
+    assert cache.retrieval.missed_n == cache.offset
     assert_same(cache)
     cache.trim(5)
     step(cache)
     assert_same(cache)
-    assert cache.estimate_bytes > 0 and cache.nbytes > cache.compressed_value_bytes * 2
+    assert cache.retrieval.estimate_bytes > 0
+    assert cache.nbytes > cache.resident_bytes + cache.retrieval.estimate_bytes
 
 
 def test_estimate_runs_on_a_model_and_reports_its_mass():

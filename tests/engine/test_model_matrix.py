@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
-from a2ats_engine.cache.a2ats_cache import A2ATSCache, make_cache
+from a2ats_engine.cache.a2ats_cache import A2ATSCache
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig
 from a2ats_engine.cache.layer_plan import A2ATS, NATIVE, NOPE, plan_for
+from a2ats_engine.cache.model_cache import make_cache
 from a2ats_engine.cache.model_matrix import FAMILIES, family_row, markdown, tiny_family_model
 from a2ats_engine.cache.persist import load_session, save_session
 from a2ats_engine.errors import ModelNotSupportedError

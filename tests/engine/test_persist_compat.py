@@ -9,9 +9,10 @@ from mlx_lm.models.cache import make_prompt_cache
 from tiny import tiny_model, tiny_tokenizer
 
 from a2ats_engine import KVCacheBuilder, KVCacheConfig, load_session, save_session
-from a2ats_engine.cache.a2ats_cache import A2ATSCache, make_cache
+from a2ats_engine.cache.a2ats_cache import A2ATSCache
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cache.model_cache import make_cache
 from a2ats_engine.errors import A2ATSError
 
 
@@ -72,12 +73,15 @@ def test_from_state_rebuilds_the_cache_in_both_mlx_lm_orders(kv_bits):
     saved = [(c.state, c.meta_state) for c in cache]
     mx.eval([s for s, _ in saved])
     a = model(mx.array([[17]]), cache=cache)
-    # mlx-lm's `type(c).from_state(state, meta_state)`, codebook found by its sha256
-    first = [type(c).from_state(s, m) for c, (s, m) in zip(cache, saved, strict=True)]
+    # mlx-lm's `type(c).from_state(state, meta_state)`, with the codebook given explicitly
+    first = [
+        type(c).from_state(s, m, codebook=codebook) for c, (s, m) in zip(cache, saved, strict=True)
+    ]
     # newer mlx-lm order: __new__, then state, then meta_state
     second = []
     for state, meta in saved:
         obj = A2ATSCache.__new__(A2ATSCache)
+        obj.codebook = codebook
         obj.state = state
         obj.meta_state = meta
         second.append(obj)
@@ -96,9 +100,11 @@ def test_meta_state_setter_reconfigures_and_a_missing_codebook_is_named():
     meta[1] = json.dumps(other.to_dict())
     cache[0].meta_state = meta
     assert cache[0].config == other and cache[0].offset == 247  # the tokens stay
+    with pytest.raises(A2ATSError, match="codebook of this A2ATS cache .* is not the one given"):
+        A2ATSCache.from_state(cache[0].state, meta)  # no codebook: nothing global is guessed
     meta[5] = "0" * 64
-    with pytest.raises(A2ATSError, match="codebook of this A2ATS cache .* is not loaded"):
-        A2ATSCache.from_state(cache[0].state, meta)
+    with pytest.raises(A2ATSError, match="codebook of this A2ATS cache .* is not the one given"):
+        A2ATSCache.from_state(cache[0].state, meta, codebook=cache[0].codebook)
 
 
 def test_session_and_codebook_files_share_one_array_layout(tmp_path):

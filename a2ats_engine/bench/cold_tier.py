@@ -1,0 +1,132 @@
+"""`a2ats bench cold`: memory measured in a process of its own per method, and decode speed.
+
+Each (method, context) runs in a fresh Python process (`run_one`), so its peak memory is its
+own: a real model's geometry with random float32 weights (`geometries.py`), every KV cache filled
+synthetically to the context, then greedy decode steps timed. Methods:
+  full        mlx-lm's own caches (KVCache)
+  a2ats       A2ATS, K/V rows in memory
+  a2ats_cold  A2ATS with `kv_memory = 0`: K/V rows in the cold tier's file, codes in memory
+Reported per run: anonymous resident bytes after the fill and after decoding, their sampled
+peak, the resident-set high-water mark, MLX's active/peak allocation, the cache's resident and
+on-disk bytes, an fp16 KVCache's bytes for the same context, decode tokens/s and the greedy
+tokens (so the cold tier's answer can be checked against the in-memory one). With
+`data_limit`, the child runs under `RLIMIT_DATA` (private memory cap, file maps not counted):
+a method that does not fit fails there and is reported as failed with its error.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import replace
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+from ..cache.a2ats_cache import A2ATSCache
+from ..cache.config import A2ATSConfig
+from ..cache.model_cache import make_cache
+from ..process_memory import PeakSampler, anonymous_bytes, mlx_memory, peak_resident_bytes
+from .geometries import fill_synthetic, geometry_model
+from .speed import fp16_bytes_per_token
+
+METHODS = ("full", "a2ats", "a2ats_cold")
+
+
+def run_one(geometry: str, context: int, method: str, steps: int, config_json: str) -> dict:
+    """One measured run in this process (the child side of `measure`)."""
+    config = A2ATSConfig.from_dict(json.loads(config_json))
+    if method == "a2ats_cold":
+        config = replace(config, kv_memory=0)
+    base = anonymous_bytes()
+    with PeakSampler() as sampler:
+        model = geometry_model(geometry)
+        weights = anonymous_bytes()
+        if method == "full":
+            caches = make_prompt_cache(model)
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                caches = make_cache(model, config, None)
+        start = time.perf_counter()
+        fill_synthetic(model, caches, context, chunk=512)
+        fill_s = time.perf_counter() - start
+        after_fill = anonymous_bytes()
+        token = mx.array([1])
+        tokens, times = [], []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            logits = model(token[None], cache=caches)[:, -1]
+            token = mx.argmax(logits, axis=-1)
+            mx.eval(token)
+            times.append(time.perf_counter() - t0)
+            tokens.append(int(token.item()))
+    own = [c for c in caches if isinstance(c, A2ATSCache)]
+    timed = times[2:] or times
+    return {
+        "method": method,
+        "context": context,
+        "steps": steps,
+        "tokens": tokens,
+        "tokens_per_s": len(timed) / sum(timed),
+        "fill_s": fill_s,
+        "anon_start": base,
+        "anon_weights": weights,
+        "anon_after_fill": after_fill,
+        "anon_after_decode": anonymous_bytes(),
+        "anon_peak_sampled": sampler.peak,
+        "rss_peak": peak_resident_bytes(),
+        **mlx_memory(),
+        "cache_resident_bytes": int(
+            sum(c.resident_bytes for c in own)
+            + sum(c.nbytes for c in caches if not isinstance(c, A2ATSCache))
+        ),
+        "cache_disk_bytes": int(sum(c.disk_bytes for c in own)),
+        "fp16_kvcache_bytes": fp16_bytes_per_token(model) * context,
+        "read_rows_per_step": None,
+    }
+
+
+def _limit(data_limit: int | None):
+    if data_limit is None:
+        return None
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_DATA, (data_limit, data_limit))
+
+    return apply
+
+
+def measure(
+    geometry: str,
+    context: int,
+    method: str,
+    steps: int,
+    config: Any,
+    data_limit: int | None = None,
+    timeout: float = 3600,
+) -> dict:
+    """Run `run_one` in a child process; a failed child gives {"failed": reason}."""
+    code = (
+        "import json, sys; import a2ats_engine; "
+        "from a2ats_engine.bench.cold_tier import run_one; "
+        "print('RESULT ' + json.dumps(run_one(*json.loads(sys.argv[1]))))"
+    )
+    args = json.dumps([geometry, context, method, steps, json.dumps(config.to_dict())])
+    proc = subprocess.run(
+        [sys.executable, "-c", code, args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=_limit(data_limit),
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
+    return {"method": method, "context": context, "failed": f"exit {proc.returncode}: {tail}"}

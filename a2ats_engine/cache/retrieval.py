@@ -1,0 +1,245 @@
+"""One A2ATS decode step's retrieval: score far tokens by their codes, select, attend.
+
+`Retrieval` holds what a step keeps between calls (the step's lookup tables, the reuse anchor,
+the missed-attention estimate's per-slot sums) and runs the step over its cache: it reads the
+cache's codes, codebook, RoPE and rows (`cache.rows.gather`), and asks the cache for
+`far_token_scores` (the hook the evaluation variants in bench/methods.py override). The maths
+are the pure functions of `attention.py`; docs/ARCHITECTURE.md ("The method") has the whole.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+
+from . import attention as att
+from .storage import KEYS, VALUES, RowStorage, gather_rows
+
+if TYPE_CHECKING:
+    from .a2ats_cache import A2ATSCache
+
+
+class Retrieval:
+    """The retrieval state of one cache (cleared by `forget` on prefill, trim and restore)."""
+
+    def __init__(self) -> None:
+        self.forget()
+
+    def forget(self) -> None:
+        """Drop the per-slot sums: the next decode step rebuilds them from codes and values."""
+        self.missed_sums = None  # (counts [B, n_kv, slots], value sums [B, n_kv, slots, d])
+        self.missed_n: int | None = None  # the context length the sums describe
+        self.missed_share = None  # the last step's estimated mass [B, n_kv, G]
+        self.budget_used = None  # the last step's kept far tokens per query head [B, n_kv, G]
+        # reuse_selection: (k, context, pre-RoPE query [B, n_kv, G, d], far indices) of the
+        # selection last computed, and whether the last step reused it
+        self.anchor: tuple | None = None
+        self.reused = False
+        self.step_tables = None  # (queries, context, tables) of the step being attended
+
+    @property
+    def estimate_bytes(self) -> int:
+        """Bytes of the per-slot count and value sums (0 when estimate_missed is off)."""
+        return sum(a.nbytes for a in self.missed_sums or ())
+
+    # -- scores -------------------------------------------------------------------------------
+    def far_token_scores(self, cache: A2ATSCache, queries: mx.array, lay: att.Layout) -> mx.array:
+        """Approximate windowed-RoPE scores of the far tokens for a decode query.
+
+        queries: post-RoPE [B, n_q, 1, d] at position lay.n - 1 -> [B, n_kv, G, F] float32,
+        F = far tokens [n_sinks, window_start). Each far token is scored with the query rotated
+        to its distance bucket's representative distance (the single distance b when
+        far_buckets = 1): table lookups `(R_D q) . C[code]`, never the keys themselves.
+        """
+        tables = self.slot_scores(cache, queries, lay)
+        _, lower_edges = cache.buckets
+        far_codes = cache.codes[..., lay.n_sinks : lay.window_start, :]
+        bucket_ids = None
+        if lower_edges is not None:
+            bucket_ids = att.bucket_ids(lay.n, lay.n_sinks, lay.window_start, lower_edges)
+        return att.far_scores(tables, far_codes, bucket_ids, cache.codebook.n_centroids)
+
+    def slot_scores(self, cache: A2ATSCache, queries: mx.array, lay: att.Layout) -> mx.array:
+        """The step's lookup tables: post-RoPE queries [B, n_q, 1, d] -> [B, n_kv, G, m * S * C]
+        (`attention.retrieval_tables`); with S = 1, the score of every (bucket, code) slot.
+        Built once per step: the far scores and the missed-attention estimate share them."""
+        memo = self.step_tables
+        if memo is not None and memo[0] is queries and memo[1] == lay.n:
+            return memo[2]
+        B, n_q, _, d = queries.shape
+        n_kv = cache.codes.shape[1]
+        group = queries.reshape(B, n_kv, n_q // n_kv, d)
+        tables = att.retrieval_tables(
+            group, cache.rope, lay.n - 1, cache.rotations, cache.codebook, cache.layer
+        )
+        self.step_tables = (queries, lay.n, tables)
+        return tables
+
+    # -- the step -----------------------------------------------------------------------------
+    def step(self, cache: A2ATSCache, queries: mx.array, lay: att.Layout, scale: float, sinks):
+        """Attention of one decode query over the selection: queries post-RoPE [B, n_q, 1, d]
+        -> ([B, n_q, 1, d], positions [B, n_kv, M], repeat [B, n_kv, M])."""
+        B, n_q, _, d = queries.shape
+        n_kv = cache.codes.shape[1]
+        group = queries.reshape(B, n_kv, n_q // n_kv, d)
+        top = self._reusable_selection(cache, group, lay)
+        if top is None:
+            top = self._far_selection(cache, queries, group, lay, scale)
+        positions, repeat = cache.top_k.select(top, lay)
+        k_sel = cache.rows.gather(KEYS, positions)
+        v_sel = cache.rows.gather(VALUES, positions)
+        if cache.estimates:
+            missed = self._missed_estimate(cache, queries, lay, positions, repeat)
+            out, self.missed_share = att.selected_attention_with_estimate(
+                group, k_sel, v_sel, repeat, scale, missed, sinks
+            )
+        else:
+            out = att.selected_attention(group, k_sel, v_sel, repeat, scale, sinks)
+        self.step_tables = None  # the step's tables are not kept past it
+        return out.reshape(B, n_q, 1, d), positions, repeat
+
+    def _reusable_selection(self, cache: A2ATSCache, group: mx.array, lay: att.Layout):
+        """With `reuse_selection`: the far indices chosen at an earlier step, if this is the next
+        step and every query head's pre-RoPE query is still within the threshold's cosine of the
+        query they were chosen for; else None (and the step selects afresh).
+
+        group: post-RoPE queries [B, n_kv, G, d]. One host sync per layer and step (opt-in).
+        """
+        threshold, anchor = cache.config.reuse_selection, self.anchor
+        self.reused = False
+        if threshold is None:
+            return None
+        pre = cache.rope.unrotate(group.astype(mx.float32)[..., None, :], lay.n - 1)[..., 0, :]
+        fresh = anchor is None or anchor[0] != lay.k or anchor[1] != lay.n - 1
+        if not fresh:
+            q0 = anchor[2]
+            cos = (pre * q0).sum(axis=-1) / (
+                mx.linalg.norm(pre, axis=-1) * mx.linalg.norm(q0, axis=-1) + 1e-12
+            )
+            if float(cos.min()) >= threshold:
+                self.reused = True
+                self.anchor = (lay.k, lay.n, q0, anchor[3])
+                return anchor[3]
+        self.anchor = (lay.k, lay.n, pre, None)  # the selection is filled in by the caller
+        return None
+
+    def shadow(self, cache: A2ATSCache, queries: mx.array, lay: att.Layout, scale: float):
+        """What retrieval would select at a step that attends exactly (the inspector's shadow
+        selection): (positions, repeat) [B, n_kv, M] as a retrieval step would attend them.
+        Nothing of the step's state is kept (no reuse anchor, no retrieved count)."""
+        B, n_q, _, d = queries.shape
+        group = queries.reshape(B, cache.codes.shape[1], n_q // cache.codes.shape[1], d)
+        anchor = self.anchor
+        top = self._far_selection(cache, queries, group, lay, scale)
+        self.anchor, self.step_tables = anchor, None
+        return cache.top_k.select(top, lay, count=False)
+
+    def _far_selection(
+        self, cache: A2ATSCache, queries: mx.array, group: mx.array, lay: att.Layout, scale: float
+    ):
+        """This step's far indices [B, n_kv, G, k] (the top-K strategy's array type): top-K of
+        the approximate scores, reranked by exact scores when rerank > 1."""
+        cfg = cache.config
+        scores = cache.far_token_scores(queries, lay)
+        candidates = min(cfg.rerank * lay.k, lay.n_far) if cache.reranks else lay.k
+        self.budget_used = None
+        if candidates > lay.k:
+            cover = None
+            if cfg.coverage is not None:
+                cover = (scale, cfg.coverage, min(cfg.coverage_floor, lay.k))
+
+            def gather_keys(positions: mx.array) -> mx.array:
+                return cache.rows.gather(KEYS, positions)
+
+            top = att.rerank(
+                group, scores, lay, candidates, gather_keys, cache.top_k, cover, cfg.rerank_shared
+            )
+            if cover is not None:
+                top, self.budget_used = top
+        else:
+            top = cache.top_k.top(scores, lay.k)
+        if self.anchor is not None and self.anchor[3] is None:
+            self.anchor = (*self.anchor[:3], top)
+        return top
+
+    # -- estimated missed attention -----------------------------------------------------------
+    def _bucket_of(self, cache: A2ATSCache, n: int, position: int) -> int:
+        """Distance bucket of a far token at `position` when the current token is n - 1."""
+        _, lower_edges = cache.buckets
+        return sum((n - 1) - position >= lo for lo in lower_edges or ())
+
+    def _slot_rows(self, cache: A2ATSCache, positions: mx.array, buckets, weights: mx.array):
+        """Signed per-slot sums of the tokens at `positions` [r] in distance buckets `buckets`."""
+        B, n_kv = cache.codes.shape[:2]
+        pos = mx.broadcast_to(positions.astype(mx.int32), (B, n_kv, positions.shape[0]))
+        codes = mx.take(cache.codes[..., 0], positions.astype(mx.int32), axis=2)  # [B, n_kv, r]
+        rows = cache.rows.gather(VALUES, pos)  # [B, n_kv, r, d]
+        slots = att.slots_of(codes, buckets, cache.codebook.n_centroids)
+        return att.slot_sums(slots, rows, weights, cache.n_slots)
+
+    def _sync_missed(self, cache: A2ATSCache, lay: att.Layout) -> None:
+        """Per-slot count and value sum of the far region [n_sinks, window_start) at this step.
+
+        After one appended token only the tokens that changed region or bucket move (the one
+        leaving the window, one per bucket edge); anything else (prefill, trim, restore)
+        rebuilds the sums from the stored codes and values, so they are never saved.
+        """
+        n, cfg = lay.n, cache.config
+        _, lower_edges = cache.buckets
+        if self.missed_n is not None and self.missed_n == n - 1:
+            old = att.layout(n - 1, cfg.window, cfg.sinks, lay.k)
+            candidates = {*range(old.window_start, lay.window_start)}
+            candidates |= {*range(old.n_sinks, lay.n_sinks)}
+            candidates |= {(n - 1) - lo for lo in lower_edges or ()}
+            moves: list[tuple[int, int, float]] = []
+            for p in sorted(candidates):
+                was = None
+                if old.n_sinks <= p < old.window_start:
+                    was = self._bucket_of(cache, n - 1, p)
+                now = self._bucket_of(cache, n, p) if lay.n_sinks <= p < lay.window_start else None
+                if was != now:
+                    moves += [(p, b, w) for b, w in ((was, -1.0), (now, 1.0)) if b is not None]
+            if moves:
+                pos, buckets, weights = (mx.array(list(col)) for col in zip(*moves, strict=True))
+                counts, sums = self._slot_rows(cache, pos, buckets, weights)
+                self.missed_sums = (self.missed_sums[0] + counts, self.missed_sums[1] + sums)
+        else:
+            pos = mx.arange(lay.n_sinks, lay.window_start, dtype=mx.int32)
+            buckets = 0
+            if lower_edges is not None and lay.n_far:
+                buckets = att.bucket_ids(n, lay.n_sinks, lay.window_start, lower_edges)
+            weights = mx.ones((lay.n_far,), mx.float32)
+            self.missed_sums = self._slot_rows(cache, pos, buckets, weights)
+        self.missed_n = n
+
+    def _missed_estimate(
+        self,
+        cache: A2ATSCache,
+        queries: mx.array,
+        lay: att.Layout,
+        positions: mx.array,
+        repeat: mx.array,
+    ) -> att.MissedEstimate:
+        """What `attention.selected_attention_with_estimate` needs for this step.
+
+        positions / repeat: [B, n_kv, M] as the top-K strategy's `select` returns them.
+        """
+        self._sync_missed(cache, lay)
+        tables = self.slot_scores(cache, queries, lay)  # [B, n_kv, G, slots]
+        B, n_kv, G, _ = tables.shape
+        M = positions.shape[-1]
+        codes = gather_rows(cache.codes[..., :1], positions, RowStorage())[..., 0]
+        _, lower_edges = cache.buckets
+        slots = codes.astype(mx.int32)
+        if lower_edges is not None:
+            dist = (lay.n - 1) - positions
+            edges = mx.array(lower_edges, dtype=mx.int32)
+            bucket = (dist[..., None] >= edges).sum(axis=-1).astype(mx.int32)
+            slots = slots + bucket * cache.codebook.n_centroids
+        index = mx.broadcast_to(slots[:, :, None, :], (B, n_kv, G, M))
+        far = (positions >= lay.n_sinks) & (positions < lay.window_start) & ~repeat
+        counts, sums = self.missed_sums
+        return att.MissedEstimate(
+            tables, counts, sums, mx.take_along_axis(tables, index, axis=-1), far
+        )

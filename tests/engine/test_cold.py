@@ -1,0 +1,248 @@
+"""The cold storage kind: K/V rows in a memory-mapped file, codes in memory (cache/cold.py)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+
+import mlx.core as mx
+import pytest
+
+from a2ats_engine.cache import cold
+from a2ats_engine.cache.a2ats_cache import A2ATSCache
+from a2ats_engine.cache.codebook import Codebook
+from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cache.model_cache import make_cache
+from a2ats_engine.cache.persist import load_session, save_session
+from tests.tiny import tiny_model
+
+CONFIG = A2ATSConfig(window=16, sinks=4, budget=8, exact_below=0)
+PROMPT = [3 + i % 390 for i in range(300)]
+
+
+@pytest.fixture(autouse=True)
+def kv_folder(tmp_path, monkeypatch):
+    """Every test gets its own cache folder and a fresh process folder."""
+    monkeypatch.setenv("A2ATS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(cold, "_process_dir", None)
+    return tmp_path / "cache" / "kv"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def book():
+    return Codebook.random(2, 2, 16, 32, seed=5)
+
+
+def decode(model, cache, prompt=PROMPT, steps=12):
+    """Greedy tokens after prefilling `prompt` (the last logits of each step compared too)."""
+    logits = model(mx.array([prompt]), cache=cache)[:, -1]
+    tokens, outs = [], []
+    for _ in range(steps):
+        tok = int(mx.argmax(logits, axis=-1).item())
+        tokens.append(tok)
+        logits = model(mx.array([[tok]]), cache=cache)[:, -1]
+        outs.append(logits)
+    return tokens, mx.stack(outs)
+
+
+def cold_config(limit=0, **kw):
+    return A2ATSConfig(**{**CONFIG.to_dict(), "kv_memory": limit, **kw})
+
+
+@pytest.mark.filterwarnings("ignore:codebook records no model fingerprint")
+def test_cold_tier_decodes_exactly_like_rows_in_memory(model, book):
+    warm = make_cache(model, CONFIG, book)
+    coldc = make_cache(model, cold_config(), book)
+    a, la = decode(model, warm)
+    b, lb = decode(model, coldc)
+    assert a == b
+    assert float(mx.abs(la - lb).max()) < 1e-5
+    assert coldc[0].retrieved_steps == 12  # the steps really retrieved (gathered from the file)
+    c = coldc[0]
+    assert c.rows.spilled and c.rows.path.is_file()
+    # in memory: the codes only; on disk: every K/V row (float32 here)
+    assert c.resident_bytes == c.codes.nbytes
+    n_kv, d = 2, 16
+    assert c.disk_bytes == c.offset * 2 * n_kv * d * 4
+    assert c.nbytes < warm[0].nbytes / 2
+
+
+@pytest.mark.filterwarnings("ignore:codebook records no model fingerprint")
+def test_a_kv_memory_limit_keeps_rows_resident_until_the_share_is_used(model, book):
+    row = 2 * 2 * 16 * 4  # K and V of one token, 2 KV heads, d 16, float32
+    limit = 2 * 200 * row  # two A2ATS layers, each 200 rows
+    cache = make_cache(model, cold_config(limit), book)
+    model(mx.array([PROMPT[:150]]), cache=cache)
+    assert cache[0].kv_share == 200 * row
+    assert not cache[0].rows.spilled and cache[0].disk_bytes == 0
+    model(mx.array([PROMPT[150:]]), cache=cache)
+    assert cache[0].rows.spilled and cache[0].resident_bytes == cache[0].codes.nbytes
+
+
+@pytest.mark.filterwarnings("ignore:codebook records no model fingerprint")
+def test_trim_truncates_the_file_and_continues_like_a_fresh_prefill(model, book):
+    cache = make_cache(model, cold_config(), book)
+    model(mx.array([PROMPT + list(range(3, 303))]), cache=cache)
+    path = cache[0].rows.path
+    before = path.stat().st_size
+    for c in cache:
+        c.trim(300)
+    assert path.stat().st_size < before
+    a = model(mx.array([[21]]), cache=cache)
+    fresh = make_cache(model, cold_config(), book)
+    model(mx.array([PROMPT]), cache=fresh)
+    b = model(mx.array([[21]]), cache=fresh)
+    assert float(mx.abs(a - b).max()) < 1e-5
+
+
+@pytest.mark.filterwarnings("ignore:codebook records no model fingerprint")
+def test_state_round_trip_of_a_cold_cache_and_a_saved_session(model, book, tmp_path):
+    cache = make_cache(model, cold_config(), book)
+    model(mx.array([PROMPT]), cache=cache)
+    # `state` holds what is resident (the codes): mlx-lm evaluates it after every prefill chunk
+    assert [a.shape for a in cache[0].state] == [cache[0].codes[..., :300, :].shape]
+    with pytest.raises(ValueError, match="codes only"):
+        A2ATSCache.from_state(cache[0].state, cache[0].meta_state, codebook=book)
+    rebuilt = [A2ATSCache.from_state(c.export_state(), c.meta_state, codebook=book) for c in cache]
+    assert rebuilt[0].kv_share == 0 and rebuilt[0].rows.spilled
+    assert rebuilt[0].rows.path != cache[0].rows.path  # two caches never share a file
+    save_session(tmp_path / "s.safetensors", cache)
+    loaded, _ = load_session(tmp_path / "s.safetensors", model, book)
+    a = model(mx.array([[7]]), cache=cache)
+    b = model(mx.array([[7]]), cache=rebuilt)
+    c = model(mx.array([[7]]), cache=loaded)
+    assert float(mx.abs(a - b).max()) < 1e-5 and float(mx.abs(a - c).max()) < 1e-5
+
+
+@pytest.mark.filterwarnings("ignore:codebook records no model fingerprint")
+def test_closing_or_dropping_a_cache_removes_its_file(model, book):
+    cache = make_cache(model, cold_config(), book)
+    model(mx.array([PROMPT]), cache=cache)
+    first, second = (c.rows.path for c in cache)
+    cache[0].close()
+    assert not first.exists() and second.exists()
+    del cache
+    import gc
+
+    gc.collect()
+    assert not second.exists()
+
+
+@pytest.mark.filterwarnings("ignore:codebook records no model fingerprint")
+def test_a_failed_write_brings_the_rows_back_to_memory_and_says_so(model, book, monkeypatch):
+    warm = make_cache(model, CONFIG, book)
+    coldc = make_cache(model, cold_config(), book)
+    model(mx.array([PROMPT]), cache=warm)
+    model(mx.array([PROMPT]), cache=coldc)
+    path = coldc[0].rows.path
+
+    def full_disk(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cold.os, "pwrite", full_disk)
+    with pytest.warns(UserWarning, match="could not be written .*No space left"):
+        a = model(mx.array([[9]]), cache=coldc)
+    b = model(mx.array([[9]]), cache=warm)
+    assert float(mx.abs(a - b).max()) < 1e-5  # nothing lost: the same answer
+    c = coldc[0]
+    assert not c.rows.spilled and "No space left" in c.rows.fault
+    assert not path.exists() and c.disk_bytes == 0
+
+
+@pytest.mark.filterwarnings("ignore:codebook records no model fingerprint")
+def test_a_read_only_cache_folder_keeps_rows_in_memory(model, book, kv_folder, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(cold, "kv_dir", refuse)
+    cache = make_cache(model, cold_config(), book)
+    with pytest.warns(UserWarning, match="could not write the cold tier .*Read-only"):
+        tokens, _ = decode(model, cache, steps=3)
+    assert tokens == decode(model, make_cache(model, CONFIG, book), steps=3)[0]
+    assert not cache[0].rows.spilled
+
+
+@pytest.mark.parametrize("damage", ["truncate", "overwrite", "replace"])
+@pytest.mark.filterwarnings("ignore:codebook records no model fingerprint")
+def test_a_file_damaged_behind_the_map_is_named_never_read(model, book, damage):
+    cache = make_cache(model, cold_config(), book)
+    model(mx.array([PROMPT]), cache=cache)
+    path = cache[0].rows.path
+    if damage == "truncate":
+        os.truncate(path, 1024)
+    elif damage == "overwrite":
+        with open(path, "r+b") as f:
+            f.write(b"\0" * 64)
+    else:
+        path.unlink()
+        path.write_bytes(b"\0" * 4096)
+    with pytest.raises(cold.ColdTierError, match=str(path.name)):
+        model(mx.array([[9]]), cache=cache)
+
+
+def test_folders_of_dead_processes_are_swept_and_live_ones_kept(kv_folder):
+    kv_folder.mkdir(parents=True)
+    dead = kv_folder / "999999-dead"
+    dead.mkdir()
+    (dead / cold._LOCK).touch()
+    (dead / "layer000-x.rows").write_bytes(b"\0" * 100)
+    half = kv_folder / "888888-half"  # a crash before the lock was made
+    half.mkdir()
+    live = kv_folder / "777777-live"
+    live.mkdir()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(60)",
+            str(live / cold._LOCK),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        mine = cold.kv_dir()  # the first use sweeps
+        assert not dead.exists() and not half.exists()
+        assert live.exists() and mine.exists() and mine.parent == kv_folder
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_kv_memory_is_range_checked_and_not_combined_with_kv_bits():
+    with pytest.raises(ValueError, match="kv_memory=-1 is out of range"):
+        A2ATSConfig(kv_memory=-1)
+    with pytest.raises(ValueError, match="kv_memory=0 cannot be combined with kv_bits=8"):
+        A2ATSConfig(kv_memory=0, kv_bits=8)
+
+
+@pytest.mark.demo
+def test_the_demo_model_answers_the_same_from_the_cold_tier(tmp_path):
+    """The real model, 1.5K tokens of context, retrieval on every step: the same 16 greedy
+    tokens with every K/V row in the file as with rows in memory, and only codes resident."""
+    from a2ats_engine.cache.codebook import Codebook
+    from a2ats_engine.data_dirs import demo_codebook_path
+    from a2ats_engine.loading.models import load_model
+    from tests.demo_gate import require_demo
+
+    require_demo()
+    model, tokenizer, _ = load_model("demo")
+    book = Codebook.load(demo_codebook_path())
+    text = " ".join(f"Item {i} is stored in box {i * 7 % 101}." for i in range(160))
+    prompt = tokenizer.encode(text + " Item 42 is stored in box")[:1500]
+    config = A2ATSConfig(exact_below=0)
+    warm = decode(model, make_cache(model, config, book), prompt, steps=16)
+    cache = make_cache(model, A2ATSConfig(exact_below=0, kv_memory=0), book)
+    coldrun = decode(model, cache, prompt, steps=16)
+    assert coldrun[0] == warm[0]
+    assert all(c.rows.spilled and c.resident_bytes == c.codes.nbytes for c in cache)
+    assert cache[0].retrieved_steps == 16
