@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QLabel, QSizePolicy, QWidget
 from .inert_text import rich_from_plain
 
 MIN_CHARS = 6  # the narrowest an elided label gets: a few characters and the ellipsis
+SLACK = 4  # px beyond the text's advance: a bold last glyph overhangs it
 
 
 class ElidedLabel(QLabel):
@@ -59,7 +60,7 @@ class ElidedLabel(QLabel):
     def sizeHint(self) -> QSize:  # noqa: N802 (Qt override: the whole text when room allows)
         margins = self.contentsMargins()
         width = self.fontMetrics().horizontalAdvance(self._full) + margins.left() + margins.right()
-        return QSize(width + 2, super().sizeHint().height())
+        return QSize(width + SLACK, super().sizeHint().height())
 
     def minimumSizeHint(self) -> QSize:  # noqa: N802 (Qt override)
         fm = self.fontMetrics()
@@ -73,11 +74,12 @@ class ElidedLabel(QLabel):
     def changeEvent(self, event) -> None:  # noqa: N802 (Qt override: a style sheet's font)
         super().changeEvent(event)
         if event.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange):
+            self.updateGeometry()  # the size hint was measured in the old font
             self._fit()
 
     def _fit(self) -> None:
         width = self.contentsRect().width()
-        shown = self.fontMetrics().elidedText(self._full, self._mode, max(width, 0))
+        shown = self.fontMetrics().elidedText(self._full, self._mode, max(width - SLACK // 2, 0))
         if not self._full:
             shown = ""
         QLabel.setText(self, shown)
