@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QEvent, QObject, QSize, Qt, QTimer, Signal, Slot
-from PySide6.QtWidgets import QHBoxLayout, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QScrollArea, QSplitter, QVBoxLayout, QWidget
 
 from a2ats_engine.cache.telemetry import CacheSnapshot
 
@@ -64,6 +64,9 @@ class InspectorPanel(QWidget):
         redraw_budget: float = DEFAULT_REDRAW_BUDGET,
     ) -> None:
         super().__init__(parent)
+        self.columns = 1  # panel columns: 2 when wide enough (`reflow`)
+        self._two_columns_least = 0
+        self._watched_holder: QWidget | None = None
         self.throttle = RedrawThrottle(redraw_hz, redraw_budget)
         self.state = InspectorState()
         self.state.ring.set_capacity(history_size)
@@ -103,7 +106,6 @@ class InspectorPanel(QWidget):
         self.second_splitter = QSplitter(Qt.Orientation.Vertical)
         self.second_splitter.setChildrenCollapsible(True)
         self.second_splitter.hide()
-        self.columns = 1
         columns = QHBoxLayout()
         columns.setContentsMargins(0, 0, 0, 0)
         columns.setSpacing(COLUMN_SPACING)
@@ -129,7 +131,34 @@ class InspectorPanel(QWidget):
     # ---- reflow --------------------------------------------------------------------------
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
         super().resizeEvent(event)
-        self.set_columns(2 if self.width() >= self.two_columns_width() else 1)
+        self.reflow()
+
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().showEvent(event)
+        holder = self.parentWidget()
+        if holder is not None and holder is not self._watched_holder:
+            holder.installEventFilter(self)  # a scroll area's viewport: its width is ours
+            self._watched_holder = holder
+
+    def available_width(self) -> int:
+        """The width the panels may use: a scroll area's viewport (which never scrolls
+        sideways), else our own."""
+        holder = self.parentWidget()
+        if holder is not None and isinstance(holder.parentWidget(), QScrollArea):
+            return holder.width()
+        return self.width()
+
+    def reflow(self) -> None:
+        """Two columns when both fit the available width at their panels' minimum widths (as
+        measured now: real data can widen a panel's axes), else one."""
+        available = self.available_width()
+        if self.columns == 2:
+            least = self.minimumSizeHint().width()
+            if least > available:
+                self._two_columns_least = least  # never try two columns below this again
+                self.set_columns(1)
+        elif available >= max(self.two_columns_width(), self._two_columns_least):
+            self.set_columns(2)
 
     def two_columns_width(self) -> int:
         """The narrowest width at which both columns get their panels' minimum widths."""
@@ -290,6 +319,8 @@ class InspectorPanel(QWidget):
         self._redraw(force=force)
 
     def _schedule(self) -> None:
+        if not hasattr(self, "_timer"):
+            return  # an event while the panel is being built: the first redraw comes anyway
         if not self._timer.isActive():
             self._timer.start()
 
@@ -303,6 +334,8 @@ class InspectorPanel(QWidget):
         self.scrubber.refresh()
         self._emit_highlight()
         self._timer.setInterval(self.throttle.after_redraw())
+        if self.columns == 2:  # new data may have widened a panel past the room it has
+            QTimer.singleShot(0, self.reflow)
 
     def _emit_highlight(self) -> None:
         positions = self.map_panel.highlight_for(self.state.entry())
@@ -311,6 +344,9 @@ class InspectorPanel(QWidget):
             self.highlight_requested.emit(positions)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 (Qt override)
-        if event.type() in (QEvent.Type.Show, QEvent.Type.Resize):
+        if watched is self._watched_holder:
+            if event.type() == QEvent.Type.Resize:
+                self.reflow()
+        elif event.type() in (QEvent.Type.Show, QEvent.Type.Resize):
             self._schedule()
         return super().eventFilter(watched, event)

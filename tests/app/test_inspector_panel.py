@@ -464,6 +464,16 @@ def test_panels_reflow_into_two_columns_when_wide(panel, qtbot):
     assert [panel.splitter.indexOf(s) for s in panel.sections.values()] == [0, 1, 2, 3]
 
 
+def test_two_columns_fall_back_to_one_when_a_panel_outgrows_its_room(panel, qtbot):
+    panel.resize(panel.two_columns_width(), 1000)
+    qtbot.waitUntil(lambda: panel.columns == 2, timeout=2000)
+    # real data widened a panel (longer axis labels, say): the columns no longer fit
+    panel.sections["fidelity"].body.setMinimumWidth(panel.width())
+    qtbot.waitUntil(lambda: panel.columns == 1, timeout=2000)  # the next redraw reflows
+    panel.resize(panel.width() + 1, 1000)  # and it does not flip back at the same width
+    assert panel.columns == 1
+
+
 # ---- estimated missed mass, budget per head, exact until ----------------------------------------
 def test_estimate_beside_measured_recall_and_fixed_budget(panel):
     panel.set_fidelity_info(True, every=4)

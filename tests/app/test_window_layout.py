@@ -68,6 +68,9 @@ def _check_size(window, size, shot) -> None:
     assert window.grab().save(str(shot))
     assert window.size().toTuple() == size  # nothing asks for more width than the screen has
     assert not cut_labels(window), cut_labels(window)
+    # the inspector's panels fit its scroll area, which never scrolls sideways
+    viewport = window.dock.widget().viewport()
+    assert window.inspector.width() <= viewport.width(), window.inspector.columns
 
 
 @pytest.mark.parametrize("size", SIZES, ids=str)
