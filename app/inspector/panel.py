@@ -153,8 +153,8 @@ class InspectorPanel(QWidget):
         measured now: real data can widen a panel's axes), else one."""
         available = self.available_width()
         if self.columns == 2:
-            least = self.minimumSizeHint().width()
-            if least > available:
+            least = max(self.minimumSizeHint().width(), self.width())
+            if least > available:  # a panel outgrew its column: we overflow the viewport
                 self._two_columns_least = least  # never try two columns below this again
                 self.set_columns(1)
         elif available >= max(self.two_columns_width(), self._two_columns_least):
