@@ -7,11 +7,18 @@ STAMP := $(VENV)/.installed
 .PHONY: run test lint format sysdeps venv demo bench package package-check clean
 
 # Debian's OpenBLAS makes MLX's CPU backend ~25x faster at matmul (the engine preloads it when
-# present); the X/GL libraries let Qt run offscreen on a bare machine. Only as root with apt-get.
+# present); the X/GL libraries let Qt run offscreen on a bare machine; the xcb ones are what Qt's
+# xcb platform plugin (a window on an X11 desktop) links (`ldd` on PySide6's
+# plugins/platforms/libqxcb.so; tests/app/test_platform_libs.py checks they resolve).
+# Only as root with apt-get.
+SYSDEPS := libopenblas0-pthread libgl1 libegl1 libxkbcommon0 libfontconfig1 libdbus-1-3 \
+  libglib2.0-0 libx11-xcb1 libxcb1 libxcb-cursor0 libxcb-icccm4 libxcb-image0 libxcb-keysyms1 \
+  libxcb-randr0 libxcb-render0 libxcb-render-util0 libxcb-shape0 libxcb-shm0 libxcb-sync1 \
+  libxcb-util1 libxcb-xfixes0 libxcb-xkb1 libxkbcommon-x11-0
 sysdeps:
 	@if [ "$$(uname)" = "Linux" ] && [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
 	  missing=""; \
-	  for p in libopenblas0-pthread libgl1 libegl1 libxkbcommon0 libfontconfig1 libdbus-1-3 libglib2.0-0; do \
+	  for p in $(SYSDEPS); do \
 	    dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; \
 	  done; \
 	  if [ -n "$$missing" ]; then \

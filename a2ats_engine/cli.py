@@ -2,7 +2,12 @@
 
 Bad input (an `A2ATSError` or `ValueError` from the engine) prints one line and exits 1
 (control characters quoted in it shown as escapes, `terminal.printable`); `--debug` shows the
-traceback instead.
+traceback instead. Warnings print as one `note: ...` line each (no file path); `--debug` shows
+them as Python prints them.
+
+`register()` must not import MLX, mlx-lm or transformers (import them in the command's run
+function): `a2ats --help` and `a2ats COMMAND --help` then answer at once
+(`tests/engine/test_cli_basics.py` checks).
 """
 
 from __future__ import annotations
@@ -11,8 +16,9 @@ import argparse
 import importlib
 import pkgutil
 import sys
+import warnings
 
-from . import commands
+from . import __version__, commands
 from .errors import A2ATSError
 from .terminal import printable
 
@@ -48,7 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="a2ats",
         description="A2ATS Chat engine: chat, models, codebooks, evaluation and benchmarks.",
     )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parser.add_argument("--version", action="version", version=f"a2ats {__version__}")
+    parser.add_argument(
+        "--debug", action="store_true", help="show tracebacks on errors, warnings in full"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
@@ -62,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    shown = warnings.showwarning
+    if not args.debug:
+        warnings.showwarning = show_note
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -73,6 +85,14 @@ def main(argv: list[str] | None = None) -> int:
         text = printable(str(exc), newlines=False)
         print(f"a2ats {args.command}: error: {text}", file=sys.stderr)
         return 1
+    finally:
+        warnings.showwarning = shown
+
+
+def show_note(message, category, filename, lineno, file=None, line=None) -> None:
+    """`warnings.showwarning` for the command line: `note: <message>` on one line."""
+    text = " ".join(str(message).split())
+    print(f"note: {text}", file=file if file is not None else sys.stderr)
 
 
 if __name__ == "__main__":

@@ -176,8 +176,14 @@ class EngineBackend:
         """Tokens of the rendered prompt for `turns` (plus the generation prompt)."""
         return len(session.prompt_token_ids([{"role": r, "content": c} for r, c in turns]))
 
-    def reply(self, session, mode: ReplyMode, text: str) -> Iterator[Event]:
-        """Start a reply (the session's stop flag is cleared now) and return its event stream."""
+    def reply(
+        self, session, mode: ReplyMode, text: str, progress: ProgressFn | None = None
+    ) -> Iterator[Event]:
+        """Start a reply (the session's stop flag is cleared now) and return its event stream.
+        `progress("prefill", done, total)` is called on the engine thread after each prefill
+        chunk (and once with done 0), when given."""
+        if progress is not None:
+            session.prefill_progress = progress
         if mode == ReplyMode.SEND:
             return session.send(text)
         if mode == ReplyMode.REGENERATE:

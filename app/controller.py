@@ -42,6 +42,7 @@ from .events import (
     JsonValue,
     ModelLoaded,
     OverflowPolicy,
+    PrefillProgress,
     ReplyMode,
     StopReason,
 )
@@ -85,6 +86,7 @@ class ReplyInProgress:
     started: GenerationStarted | None = None
     overflow: ContextOverflow | None = None
     text: str = ""
+    prefill: PrefillProgress | None = None  # the prompt prefill's last progress
     error: str = ""
     tokens: int = 0
     started_at: float = field(default_factory=time.perf_counter)
@@ -135,6 +137,7 @@ class ChatController(QObject):
     conversations_changed = Signal()  # the list, a title or an order changed
     reply_started = Signal(object)  # ReplyInProgress
     reply_text_added = Signal(str)  # text streamed into the current chat's reply
+    prefill_progressed = Signal(object)  # PrefillProgress of the current chat's reply
     context_updated = Signal(object)  # ContextTokens of the current chat's reply
     context_overflowed = Signal(object)  # ContextOverflow: call resolve_overflow()
     reply_ended = Signal(object)  # ReplyEnded, after the conversation was saved
@@ -166,6 +169,8 @@ class ChatController(QObject):
         self._failed: dict[str, str] = {}  # file key (chat id, "settings") -> its failure
         self.lock = InstanceLock(self.store.folder)
         self.read_only = False  # another instance holds the data folder (see load_history)
+        # Writes nothing (no chat, no settings): a scripted run's temporary chat leaves no trace.
+        self.ephemeral = False
         self._connect()
 
     def _connect(self) -> None:
@@ -179,6 +184,7 @@ class ChatController(QObject):
         worker.failed.connect(self._on_failed)
         worker.generation_started.connect(self._on_generation_started)
         worker.token_generated.connect(self._on_token)
+        worker.prefill_progressed.connect(self._on_prefill_progress)
         worker.context_updated.connect(self._on_context)
         worker.context_overflowed.connect(self._on_context_overflowed)
         worker.generation_finished.connect(self._on_generation_finished)
@@ -245,6 +251,8 @@ class ChatController(QObject):
         """Run `write`; a failure is reported once per run of failures of the same file
         (`key`), so a failing settings file never hides a failing chat, and is remembered
         until that file is written again (`unsaved`)."""
+        if self.ephemeral:
+            return True
         try:
             write()
         except (OSError, ValueError) as exc:  # ValueError: text UTF-8 cannot encode
@@ -501,6 +509,14 @@ class ChatController(QObject):
         self.reply.started = started
         for note in started.notes:
             self.notice.emit(note, 10000)
+
+    def _on_prefill_progress(self, progress: PrefillProgress) -> None:
+        reply = self.reply
+        if reply is None or progress.request_id != reply.request.request_id:
+            return
+        reply.prefill = progress
+        if self.reply_is_current():
+            self.prefill_progressed.emit(progress)
 
     def _on_token(self, event: TokenEvent) -> None:
         reply = self.reply

@@ -90,6 +90,18 @@ class CodebookLoaded:
 
 
 @dataclass(frozen=True)
+class PrefillProgress:
+    """The prompt prefill of request `request_id`: `done` of `total` new prompt tokens are in the
+    cache after `seconds` (from its start). Sent after each chunk; a stop is honoured between
+    chunks."""
+
+    request_id: int
+    done: int
+    total: int
+    seconds: float
+
+
+@dataclass(frozen=True)
 class Progress:
     """Progress of a long task. `total` 0 = indeterminate."""
 

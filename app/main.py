@@ -2,10 +2,12 @@
 
     a2ats-chat [--model SOURCE]
     a2ats-chat --model SOURCE [--codebook FILE] --prompt TEXT --screenshot PNG [--quit]
+               [--keep-chat]
 
 Scripted mode loads the model (and codebook), sends the prompt in a new chat, waits for the
 whole reply, saves a screenshot of the window and, with --quit, exits 0. Any failure prints
-one line to stderr and exits 1. Works with QT_QPA_PLATFORM=offscreen.
+one line to stderr and exits 1. Works with QT_QPA_PLATFORM=offscreen. The chat is temporary:
+a scripted run writes no chat and no settings unless --keep-chat asks it to.
 """
 
 from __future__ import annotations
@@ -19,11 +21,23 @@ import a2ats_engine  # noqa: F401  (BLAS preload before mlx.core)
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="a2ats-chat", description=__doc__.splitlines()[0])
     parser.add_argument("--model", help='model folder, .gguf file, HF repo id or "demo"')
+    parser.add_argument(
+        "--self-test",
+        action="store_true",
+        help="check this installation headless (Qt, MLX, a reply through A2ATS caches from a "
+        "tiny model and from --model, default the demo when fetched, 'tiny' for none), then exit",
+    )
     parser.add_argument("--codebook", help="codebook file (.safetensors) to load")
     parser.add_argument("--prompt", help="scripted mode: message to send")
     parser.add_argument("--screenshot", help="scripted mode: PNG of the window after the reply")
     parser.add_argument("--export-telemetry", help="scripted mode: inspector telemetry JSON")
     parser.add_argument("--quit", action="store_true", help="scripted mode: exit when done")
+    parser.add_argument(
+        "--keep-chat",
+        action="store_true",
+        help="scripted mode: keep the chat in the history and save the settings (default: a "
+        "temporary chat; the run writes no chat and no settings)",
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="scripted mode: seconds")
     parser.add_argument("--theme", choices=("system", "light", "dark"), help="override the theme")
     parser.add_argument("--width", type=int, default=0, help="window width (scripted mode)")
@@ -42,6 +56,15 @@ def main(argv: list[str] | None = None) -> int:
 
         return selftest(argv)
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    import warnings
+
+    from a2ats_engine.cli import show_note
+
+    warnings.showwarning = show_note  # engine warnings on stderr: one `note:` line each
+    missing = _missing_window_libraries()
+    if missing:
+        print(f"a2ats-chat: {missing}", file=sys.stderr)
+        return 1
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
@@ -62,10 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     scripted = bool(args.prompt or args.screenshot or args.export_telemetry)
     try:
         window = MainWindow(settings, settings_message=message, scripted=scripted)
+        window.controller.ephemeral = scripted and not args.keep_chat
     except Exception as exc:  # noqa: BLE001  (one line, never a traceback; the thread has ended)
         print(f"a2ats-chat: could not start: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     if args.width and args.height:
+        window.use_default_dock_share()
         window.resize(args.width, args.height)
     window.show()
     if scripted:
@@ -78,6 +103,15 @@ def main(argv: list[str] | None = None) -> int:
         window.settings.model_source = args.model
     QTimer.singleShot(0, window.start)  # offers to fetch the demo model when it is missing
     return exit_now_if_stuck(app.exec())
+
+
+def _missing_window_libraries() -> str | None:
+    """A one-line note when Qt would open the window through xcb and its libraries are
+    missing (Qt itself would abort with a message that names none of them)."""
+    from .platform_libs import missing_xcb_libraries, missing_xcb_note, will_use_xcb
+
+    missing = missing_xcb_libraries() if will_use_xcb() else []
+    return missing_xcb_note(missing) if missing else None
 
 
 def exit_now_if_stuck(code: int) -> int:

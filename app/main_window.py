@@ -11,7 +11,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QSignalBlocker, Qt, QTimer, Signal
+from PySide6.QtCore import QByteArray, QEvent, QSignalBlocker, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
     QDockWidget,
@@ -55,6 +55,8 @@ from .top_bar import TopBar
 from .worker import EngineThread
 
 INTERRUPTED_NOTE = "Interrupted: the app closed before this reply finished."
+DOCK_SHARE = 0.42  # the inspector's share of the window's width until the user drags its edge
+CHAT_ROOM = 620  # width the sidebar and a usable chat column keep beside the inspector
 
 
 def _load_inspector():
@@ -345,8 +347,60 @@ class MainWindow(QMainWindow):
             self.splitter.setSizes(sizes)
         self.dock.setVisible(self.settings.inspector_visible)
         self.inspector_button.setChecked(self.settings.inspector_visible)
-        if not self.settings.window_geometry:
-            self.resizeDocks([self.dock], [420], Qt.Orientation.Horizontal)
+        # The inspector keeps its share of the width as the window is resized (a user's drag of
+        # its edge sets a new share); a restored layout keeps its own until the first resize.
+        self._dock_share: float | None = None if self.settings.window_state else DOCK_SHARE
+        self._dock_fit_width = self._dock_target = 0
+        self._fitting_dock = False
+        self.dock.installEventFilter(self)
+
+    def use_default_dock_share(self) -> None:
+        """The inspector takes `DOCK_SHARE` of the width from the next resize on, whatever the
+        restored layout said (scripted runs at a given size)."""
+        self._dock_share = DOCK_SHARE
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        old, new = event.oldSize().width(), event.size().width()
+        if new != old and hasattr(self, "_dock_share"):
+            self._keep_dock_share(old, new)
+
+    def eventFilter(self, watched, event) -> bool:  # noqa: N802 (Qt override)
+        if (
+            watched is self.dock
+            and event.type() == QEvent.Type.Resize
+            and not getattr(self, "_fitting_dock", True)
+            and self.width() == self._dock_fit_width
+            and abs(self.dock.width() - self._dock_target) > 2  # not the width a fit asked for
+            and self._dock_docked_beside()
+        ):
+            self._dock_share = self.dock.width() / max(self.width(), 1)  # the user's drag
+        return super().eventFilter(watched, event)
+
+    def _dock_docked_beside(self) -> bool:
+        area = self.dockWidgetArea(self.dock)
+        beside = area in (
+            Qt.DockWidgetArea.RightDockWidgetArea,
+            Qt.DockWidgetArea.LeftDockWidgetArea,
+        )
+        return beside and not self.dock.isFloating()
+
+    def _keep_dock_share(self, old: int, new: int) -> None:
+        """Give the docked inspector its share of the new width (two columns on a big screen)."""
+        if not self._dock_docked_beside():
+            return
+        if self._dock_share is None:  # a restored layout: its proportion from now on
+            if old <= 0 or self.dock.width() <= 0:
+                return
+            self._dock_share = self.dock.width() / old
+        least = self.dock.minimumSizeHint().width()
+        target = max(least, min(round(self._dock_share * new), new - CHAT_ROOM))
+        self._fitting_dock, self._dock_target = True, target
+        try:
+            self.resizeDocks([self.dock], [target], Qt.Orientation.Horizontal)
+        finally:
+            self._fitting_dock = False
+        self._dock_fit_width = new
 
     # =========================================================================================
     # Conversations

@@ -9,10 +9,11 @@ import time
 from PySide6.QtCore import QObject, Signal
 
 from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats
+from a2ats_engine.progress import prefill_text
 
 from .chat.chat_view import ChatView
 from .controller import ChatController, ReplyEnded, ReplyInProgress
-from .events import ContextTokens, GenerationStarted, ReplyMode, StopReason
+from .events import ContextTokens, GenerationStarted, PrefillProgress, ReplyMode, StopReason
 from .inspector.data import attention_mode_text
 from .status_bar import StatusBar
 
@@ -36,6 +37,7 @@ class ReplyView(QObject):
         )
         controller.reply_started.connect(self._on_reply_started)
         controller.reply_text_added.connect(self._on_reply_text)
+        controller.prefill_progressed.connect(self._on_prefill)
         controller.context_updated.connect(self._on_context)
         controller.reply_ended.connect(self._on_reply_ended)
         controller.model_loaded.connect(self.show_plan)
@@ -94,6 +96,12 @@ class ReplyView(QObject):
             self.chat_view.begin_stream(reply.message)
         self.chat_view.set_busy(True)
         self.changed.emit()
+
+    def _on_prefill(self, progress: PrefillProgress) -> None:
+        """A long prompt's prefill: tokens done / total and the time left, under the reply."""
+        self.chat_view.set_stream_note(
+            prefill_text(progress.done, progress.total, progress.seconds)
+        )
 
     def _on_reply_text(self, text: str) -> None:
         reply = self.controller.reply

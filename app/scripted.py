@@ -8,7 +8,9 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QTimer
 from PySide6.QtWidgets import QApplication
 
-from .events import ErrorReport
+from a2ats_engine.progress import prefill_text
+
+from .events import ErrorReport, PrefillProgress
 
 
 class ScriptedRun(QObject):
@@ -27,6 +29,7 @@ class ScriptedRun(QObject):
         window.codebook_ready.connect(self._on_codebook_loaded)
         window.error_shown.connect(self._on_error)
         window.reply_finished.connect(self._on_reply_finished)
+        window.controller.prefill_progressed.connect(self._on_prefill)
 
     def start(self) -> None:
         self._timeout.start(int(self.args.timeout * 1000))
@@ -57,6 +60,12 @@ class ScriptedRun(QObject):
         self.stage = "generate"
         self.window.new_chat()
         self.window.send(self.args.prompt)
+
+    def _on_prefill(self, progress: PrefillProgress) -> None:
+        """A long prompt's prefill progress on stderr, one line per chunk."""
+        text = prefill_text(progress.done, progress.total, progress.seconds)
+        if text and self.stage == "generate":
+            print(text, file=sys.stderr, flush=True)
 
     def _on_reply_finished(self, stats) -> None:
         if self.stage != "generate":

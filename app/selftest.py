@@ -14,6 +14,8 @@ It runs offscreen (no display needed) and checks, in order:
              saved to a temporary folder, load through `load_model` (mlx-lm + transformers); a
              short chat reply is generated through A2ATS caches with the attention hook installed,
              and some decode steps must really retrieve (top-K far tokens, not exact attention).
+             The check sets `exact_below=0`: a chat this short is below any model's measured
+             crossover, where the app would attend exactly, and retrieval is what it checks.
 - demo:      the same with the demo model, when it has been fetched (skipped otherwise, or with
              `--model tiny`); its calibrated default codebook is used when present.
 
@@ -291,6 +293,7 @@ def chat_through_a2ats(model, tokenizer, codebook, tokens: int) -> str:
         sinks=SELFTEST_SINKS,
         budget=SELFTEST_BUDGET,
         far_buckets=1,
+        exact_below=0,  # retrieve at any context: the measured crossover is far above this chat
         telemetry=True,
     )
     sampling = SamplingSettings(temperature=0.0, max_tokens=tokens, seed=0)

@@ -4,11 +4,13 @@ tokens/s, peak memory, cache."""
 
 from __future__ import annotations
 
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QLabel, QStatusBar, QWidget
 
 from a2ats_engine.cache.layer_plan import LayerPlan
 
-from .inert_text import plain_labels, rich_from_plain
+from .elided_label import ElidedLabel
+from .inert_text import rich_from_plain
 from .units import human_bytes
 
 
@@ -33,18 +35,27 @@ def plan_tooltip(plan: LayerPlan | None) -> str:
 
 
 class StatusBar(QStatusBar):
-    """Model, context used/limit, TTFT, tokens/s, peak memory, cache bytes held."""
+    """Model, context used/limit, TTFT, tokens/s, peak memory, cache bytes held; and the
+    temporary message, in place of the first three while it is up. The texts elide (…) rather
+    than widen the window, with the whole text in their tooltips."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setSizeGripEnabled(False)
+        self.message = self._label("StatusMessage", "", "Status message")
+        self.message.hide()
+        self.addWidget(self.message, 1)
+        self._message_timer = QTimer(self)
+        self._message_timer.setSingleShot(True)
+        self._message_timer.timeout.connect(self.clearMessage)
         self.model = self._label("StatusModel", "No model", "Model")
         self.plan = self._label("StatusPlan", "", "Layers using A2ATS")
         self.attention = self._label("StatusAttention", "", "How the last step attended")
-        self.context = self._label("StatusContext", "", "Context used and limit")
-        self.ttft = self._label("StatusTTFT", "", "Time to first token")
-        self.speed = self._label("StatusSpeed", "", "Generation speed")
-        self.memory = self._label("StatusMemory", "", "Peak memory")
+        # Short numbers are never elided (a cut number says nothing); the texts above are.
+        self.context = self._label("StatusContext", "", "Context used and limit", elide=False)
+        self.ttft = self._label("StatusTTFT", "", "Time to first token", elide=False)
+        self.speed = self._label("StatusSpeed", "", "Generation speed", elide=False)
+        self.memory = self._label("StatusMemory", "", "Peak memory", elide=False)
         self.cache = self._label("StatusCache", "", "KV cache bytes held")
         labels = (
             self.model,
@@ -58,12 +69,39 @@ class StatusBar(QStatusBar):
         for label in (*labels, self.cache):
             self.addPermanentWidget(label)
 
-    def _label(self, name: str, text: str, accessible: str) -> QLabel:
-        label = QLabel(text)
+    def _label(self, name: str, text: str, accessible: str, elide: bool = True) -> QLabel:
+        label = ElidedLabel(text) if elide else QLabel(text)
+        label.setTextFormat(Qt.TextFormat.PlainText)  # the model's name is untrusted
         label.setObjectName(name)
         label.setAccessibleName(accessible)
-        plain_labels(label)  # the model's name is untrusted
         return label
+
+    # ---- the temporary message (QStatusBar's own would be cut off by the labels) ----------
+    def showMessage(self, text: str, timeout: int = 0) -> None:  # noqa: N802 (Qt override)
+        self.message.setText(text)
+        self._show_message(bool(text))
+        if timeout > 0:
+            self._message_timer.start(timeout)
+        else:
+            self._message_timer.stop()
+        self.messageChanged.emit(text)
+
+    def clearMessage(self) -> None:  # noqa: N802 (Qt override)
+        self._message_timer.stop()
+        if self.message.text():
+            self.message.setText("")
+            self._show_message(False)
+            self.messageChanged.emit("")
+
+    def currentMessage(self) -> str:  # noqa: N802 (Qt override)
+        return self.message.text()
+
+    def _show_message(self, shown: bool) -> None:
+        """A message takes the place of the model, plan and attention labels (the top bar and
+        the inspector show those too) while it is up, as QStatusBar's own message would."""
+        self.message.setVisible(shown)
+        for label in (self.model, self.plan, self.attention):
+            label.setVisible(not shown)
 
     def set_model(self, text: str) -> None:
         self.model.setText(text)

@@ -42,6 +42,7 @@ from .events import (
     JsonDict,
     ModelLoaded,
     OverflowPolicy,
+    PrefillProgress,
     Progress,
     ReplyMode,
     StopReason,
@@ -94,6 +95,7 @@ class EngineWorker(QObject):
     generation_started = Signal(object)  # GenerationStarted
     token_generated = Signal(object)  # TokenEvent
     snapshot_ready = Signal(object)  # CacheSnapshot
+    prefill_progressed = Signal(object)  # PrefillProgress, after each prompt chunk
     context_updated = Signal(object)  # ContextTokens
     context_overflowed = Signal(object)  # ContextOverflow (then generation_finished)
     generation_finished = Signal(object)  # GenerationStats
@@ -394,7 +396,9 @@ class EngineWorker(QObject):
             self.backend.set_sampling(session, sampling)
             cache, _, system = self._session_state
             self._session_state = (cache, None, system)  # the next request sets its own
-        events = self.backend.reply(session, request.mode, request.text)
+        events = self.backend.reply(
+            session, request.mode, request.text, self._prefill_progress(request.request_id)
+        )
         with self._lock:
             stopped_early = request.request_id in self._cancelled
         if stopped_early:  # a stop between the start of the request and the reply's start
@@ -412,6 +416,22 @@ class EngineWorker(QObject):
             elif isinstance(event, GenerationStats):
                 stats = event
         return stats
+
+    def _prefill_progress(self, request_id: int):
+        """The prefill callback of one request: emits PrefillProgress, timed from its first
+        call (done 0, before the first chunk)."""
+        started = time.perf_counter()
+
+        def progress(_stage: str, done: int, total: int) -> None:
+            nonlocal started
+            if done == 0:
+                started = time.perf_counter()
+            seconds = time.perf_counter() - started
+            self.prefill_progressed.emit(
+                PrefillProgress(request_id, int(done), int(total), seconds)
+            )
+
+        return progress
 
     def _emit_context(self, request_id: int, generated: list[int], *, streaming: bool) -> None:
         session = self._session

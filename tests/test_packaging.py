@@ -104,3 +104,37 @@ def test_the_app_self_test_and_the_tests_build_the_same_tiny_model(tmp_path):
     assert (info.num_layers, info.num_heads, info.num_kv_heads, info.head_dim) == (2, 4, 2, 16)
     tokens = mx.array([[1, 2, 3, 4]])
     assert mx.allclose(model(tokens), reference(tokens), atol=1e-5).item()
+
+
+@pytest.mark.demo
+def test_self_test_passes_on_the_demo_model_as_installed():
+    """`a2ats-chat --self-test` as a user runs it: the demo model at its shipped settings, whose
+    measured crossover is far above the self-test's short chat, must still retrieve."""
+    import os
+    import subprocess
+    import sys
+
+    from demo_gate import require_demo
+
+    require_demo()
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    done = subprocess.run(
+        [sys.executable, "-m", "app.main", "--self-test"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ok   demo" in done.stdout and "self-test passed" in done.stdout
+    assert " 0 retrieval steps" not in done.stdout
+
+
+def test_the_app_help_names_the_self_test(capsys):
+    from app.main import parse_args
+
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--help"])
+    assert exit_info.value.code == 0
+    assert "--self-test" in capsys.readouterr().out

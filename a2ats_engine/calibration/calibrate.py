@@ -43,11 +43,11 @@ from ..data_dirs import DEMO_CODEBOOK_NAME, demo_codebook_path  # noqa: F401  (r
 from ..errors import A2ATSError
 from ..progress import Progress
 from ..validation import check_int
+from .defaults import DEFAULT_MAX_ITERS, DEMO_CENTROIDS, DEMO_TOKENS
 
 STEP_TOKENS = 128  # forward step between cancel checks: cancel took 1.7 s on the demo model
 # with the 2-core CPU 4x oversubscribed, so well under a second on an idle one
 DEFAULT_CHUNK_LEN = 1024
-DEFAULT_MAX_ITERS = 10  # measured: the held-out error stops improving after about 8
 HELDOUT_KEY_SHARE = 4  # held-out keys per head = keys_per_head // HELDOUT_KEY_SHARE
 
 
@@ -595,8 +595,6 @@ def codebook_from_data(
 
 # -- demo default ---------------------------------------------------------------------------
 
-DEMO_CENTROIDS = 512
-DEMO_TOKENS = 12288
 DEMO_SIZING = """Why 512 centroids and 12288 tokens for the demo model (SmolLM2-135M: 30 layers x 3 KV
 heads, head_dim 64): chosen from the recorded codebook sweep (`a2ats bench codebooks`,
 docs/benchmarks/codebook_sweep.json and codebook_sweep_4096.json, read in docs/BENCHMARKS.md

@@ -757,7 +757,7 @@ def run_seed_synthetic(args: argparse.Namespace) -> int:
 
 
 def _register_codebooks(bench) -> None:
-    from ..calibration.calibrate import DEMO_TOKENS
+    from ..calibration.defaults import DEMO_TOKENS
 
     c = bench.add_parser(
         "codebooks",

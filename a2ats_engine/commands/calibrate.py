@@ -12,7 +12,7 @@ SOURCE_HELP = "an mlx-lm model folder, a .gguf file, a Hugging Face repo id or '
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ..calibration.calibrate import DEFAULT_MAX_ITERS, DEMO_CENTROIDS, DEMO_TOKENS
+    from ..calibration.defaults import DEFAULT_MAX_ITERS, DEMO_CENTROIDS, DEMO_TOKENS
 
     p = subparsers.add_parser(
         "calibrate",

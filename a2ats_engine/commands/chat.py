@@ -27,7 +27,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Chat with a model. With --prompt: print the reply, then exit. Without: a REPL "
             f"({REPL_HELP}; Ctrl-C stops a reply). Replies stream to stdout; the stats line "
             "[prompt tokens, generated tokens, TTFT, tok/s, peak memory, stop reason] and notes "
-            "go to stderr."
+            "go to stderr. Sampling follows the model's recommended settings (its "
+            "generation_config.json, a GGUF's sampling keys, greedy for the demo) as the app "
+            "does; --temp, --top-p, --min-p, --top-k and --repetition-penalty override them one "
+            "by one."
         ),
     )
     p.add_argument(
@@ -39,13 +42,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--system", metavar="TEXT", help="system prompt")
     p.add_argument("--prompt", metavar="TEXT", help="one-shot: answer TEXT and exit")
-    p.add_argument("--temp", type=float, default=0.7, help="temperature; 0 = greedy (default 0.7)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
-    p.add_argument("--min-p", type=float, default=0.0, help="min-p filter (default 0 = off)")
-    p.add_argument("--top-k", type=int, default=0, help="top-k filter (default 0 = off)")
-    p.add_argument(
-        "--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (default 1)"
-    )
+    # Sampling: the model's recommended values (as the app uses them), each flag overriding
+    # its own field; the plain defaults in the help apply when the model recommends none.
+    p.add_argument("--temp", type=float, help="temperature; 0 = greedy (default 0.7)")
+    p.add_argument("--top-p", type=float, help="nucleus sampling mass (default 1.0)")
+    p.add_argument("--min-p", type=float, help="min-p filter (default 0 = off)")
+    p.add_argument("--top-k", type=int, help="top-k filter (default 0 = off)")
+    p.add_argument("--repetition-penalty", type=float, help="> 1 discourages repeats (default 1)")
     p.add_argument("--max-tokens", type=int, default=512, help="reply length limit (default 512)")
     p.add_argument("--seed", type=int, help="random seed (default: unseeded)")
     p.add_argument(
@@ -98,25 +101,42 @@ def _budget(text: str) -> float | int:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..session import ChatSession, SamplingSettings
+SAMPLING_FLAGS = {
+    "temperature": "temp",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "top_k": "top_k",
+    "repetition_penalty": "repetition_penalty",
+}
+"""SamplingSettings field -> the `a2ats chat` flag (argparse dest) that sets it."""
 
-    sampling = SamplingSettings(
-        temperature=args.temp,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        top_k=args.top_k,
-        repetition_penalty=args.repetition_penalty,
-        seed=args.seed,
-        max_tokens=args.max_tokens,
-    )
+
+def sampling_for(args: argparse.Namespace, recommended: Any) -> Any:
+    """The reply's SamplingSettings: the model's `recommended` ones (or the defaults when it
+    recommends none), each sampling flag given overriding its field; max_tokens and seed
+    always from the flags."""
+    from ..records import SamplingSettings
+
+    base = recommended if recommended is not None else SamplingSettings()
+    fields = {f: getattr(base, f) for f in SAMPLING_FLAGS}
+    given = {f: getattr(args, dest) for f, dest in SAMPLING_FLAGS.items()}
+    fields.update({f: v for f, v in given.items() if v is not None})
+    return SamplingSettings(**fields, seed=args.seed, max_tokens=args.max_tokens)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..session import ChatSession
     from . import _limits as limits
 
     limits.count("--max-tokens", args.max_tokens, 1, limits.MAX_CONTEXT)
-    limits.count("--top-k", args.top_k, 0, 1 << 24)
-    # before the model loads
+    if args.top_k is not None:
+        limits.count("--top-k", args.top_k, 0, 1 << 24)
     limits.config_check(budget=args.budget, window=args.window, kv_memory=args.kv_memory)
-    model, tokenizer, model_path = load(args.model)
+    sampling_for(args, None)  # a bad flag fails before the model loads
+    model, tokenizer, model_path, recommended = _load(args.model)
+    sampling = sampling_for(args, recommended)
+    if recommended is not None:
+        print(f"sampling: the model's recommended, {_sampling_text(sampling)}", file=sys.stderr)
     a2ats, codebook = _cache_choice(args, model, model_path)
     session = ChatSession(
         model,
@@ -134,12 +154,28 @@ def run(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- model loading
 def load(source: str) -> tuple[Any, Any, Path | None]:
     """(model, tokenizer, model folder or None) through `a2ats_engine.models.load_model`."""
+    return _load(source)[:3]
+
+
+def _load(source: str) -> tuple[Any, Any, Path | None, Any]:
+    """`load` plus the model's recommended SamplingSettings (None when it names none)."""
     from ..loading.models import load_model
 
     model, tokenizer, info = load_model(source, progress=_progress if _tty() else None)
     if _tty():
         print(file=sys.stderr)
-    return model, tokenizer, Path(info.path) if info.path else None
+    folder = Path(info.path) if info.path else None
+    return model, tokenizer, folder, info.recommended_sampling
+
+
+def _sampling_text(sampling: Any) -> str:
+    """`temperature 0 (greedy), top p 1, min p 0, top k 0, repetition penalty 1`."""
+    parts = []
+    for field in SAMPLING_FLAGS:
+        value = getattr(sampling, field)
+        text = f"{field.replace('_', ' ')} {value:g}"
+        parts.append(text + " (greedy)" if field == "temperature" and value == 0 else text)
+    return ", ".join(parts)
 
 
 def _tty() -> bool:

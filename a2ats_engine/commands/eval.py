@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--methods",
-        default=",".join(_all_methods()),
+        default=None,  # every method: resolved at run time, so --help does not import MLX
         help="comma list of methods (default: all but the diagnostics a2ats_exact_keys, "
         "a2ats_exact_rope)",
     )
@@ -225,7 +225,8 @@ def check_eval_args(args: argparse.Namespace) -> tuple[list[str], list[float | i
         budgets = limits.budgets(args.budgets)
     else:
         budgets = [limits.budget(args.budget)]
-    methods = limits.names("--methods", args.methods, METHODS.__contains__, list(METHODS))
+    chosen = args.methods or ",".join(_all_methods())
+    methods = limits.names("--methods", chosen, METHODS.__contains__, list(METHODS))
     limits.config_check(far_buckets=args.far_buckets, rerank=args.rerank)
     limits.optional_count("--calib-tokens", args.calib_tokens, 2, limits.MAX_CALIBRATION_TOKENS)
     if args.tune_paper_b:

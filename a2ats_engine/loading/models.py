@@ -335,11 +335,27 @@ def _load_tokenizer(folder: Path, config: dict):
     from mlx_lm.utils import load_tokenizer
 
     try:
-        return load_tokenizer(folder, eos_token_ids=config.get("eos_token_id"))
+        tokenizer = load_tokenizer(folder, eos_token_ids=config.get("eos_token_id"))
     except Exception as exc:  # transformers raises many kinds for a bad tokenizer
         raise ModelLoadError(
             f"cannot load the tokenizer in {folder}: {type(exc).__name__}: {exc}"
         ) from exc
+    _quiet_length_warning(tokenizer)
+    return tokenizer
+
+
+LENGTH_WARNING = "sequence-length-is-longer-than-the-specified-maximum"
+
+
+def _quiet_length_warning(tokenizer) -> None:
+    """Mark transformers' "Token indices sequence length is longer than the specified maximum
+    sequence length" warning as already given. Whole texts are encoded here and then prefilled in
+    chunks, evaluated in slices or cut to the context (the session checks the context itself),
+    so a long text is never one forward pass of the model and the warning only misleads."""
+    inner = getattr(tokenizer, "_tokenizer", tokenizer)
+    given = getattr(inner, "deprecation_warnings", None)
+    if isinstance(given, dict):
+        given[LENGTH_WARNING] = True
 
 
 # ---------------------------------------------------------------------------------------------

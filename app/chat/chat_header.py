@@ -16,8 +16,10 @@ from PySide6.QtWidgets import (
 )
 
 from ..conversations import Conversation
-from ..inert_text import plain_labels
+from ..elided_label import ElidedLabel
 from ..theme import bind_icon
+
+ICONS_ONLY_BELOW = 560  # header width under which its buttons drop their text
 
 
 class ChatHeader(QWidget):
@@ -33,11 +35,11 @@ class ChatHeader(QWidget):
         layout.setContentsMargins(24, 10, 16, 10)
         titles = QVBoxLayout()
         titles.setSpacing(0)
-        self.chat_title = QLabel("New chat")
+        # Plain text (chat titles are untrusted), elided with the whole title as tooltip.
+        self.chat_title = ElidedLabel("New chat")
         self.chat_title.setObjectName("ChatTitle")
-        self.chat_subtitle = QLabel("")
+        self.chat_subtitle = ElidedLabel("")
         self.chat_subtitle.setObjectName("ChatSubtitle")
-        plain_labels(self.chat_title, self.chat_subtitle)  # chat titles are untrusted
         for label in (self.chat_title, self.chat_subtitle):  # a long title must not squeeze
             label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         titles.addWidget(self.chat_title)
@@ -61,6 +63,21 @@ class ChatHeader(QWidget):
         self.export_button.setMenu(export_menu)
         layout.addWidget(self.system_button)
         layout.addWidget(self.export_button)
+        for button in (self.system_button, self.export_button):
+            button.setToolTip(button.text())
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        """Narrow (a small window with the inspector open): the buttons show only their icons,
+        so the title keeps room."""
+        super().resizeEvent(event)
+        style = (
+            Qt.ToolButtonStyle.ToolButtonIconOnly
+            if self.width() < ICONS_ONLY_BELOW
+            else Qt.ToolButtonStyle.ToolButtonTextBesideIcon
+        )
+        for button in (self.system_button, self.export_button):
+            if button.toolButtonStyle() != style:
+                button.setToolButtonStyle(style)
 
     def show_conversation(self, conversation: Conversation) -> None:
         self.chat_title.setText(conversation.title)
@@ -72,6 +89,7 @@ class ChatHeader(QWidget):
         self.system_button.setText(
             "System prompt \u2022" if conversation.system_prompt else "System prompt"
         )
+        self.system_button.setToolTip(self.system_button.text())
 
 
 class SystemPromptPanel(QWidget):

@@ -182,10 +182,17 @@ class ChatView(QWidget):
         widget.set_streaming(True)
         return widget
 
+    def set_stream_note(self, text: str) -> None:
+        """A line under the streaming reply (the prompt prefill's progress); "" hides it."""
+        if self._stream_widget is not None and self._stream_widget.note.text() != text:
+            self._stream_widget.set_note(text)
+
     def append_stream_text(self, text: str) -> None:
         """Add streamed text; the render is throttled so long replies stay cheap."""
         if self._stream_widget is None:
             return
+        if not self._stream_text:
+            self.set_stream_note("")  # the prefill is over
         self._stream_text += text
         if not self._render_timer.isActive():
             self._render_timer.start()
@@ -207,6 +214,7 @@ class ChatView(QWidget):
         widget.set_streaming(False)
         widget.set_content(content)
         widget.set_provenance(provenance)
+        widget.set_note("")  # the prefill's progress, if the reply ended during it
         if note:
             widget.set_note(note, error=True)
         self._update_actions()

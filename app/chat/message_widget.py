@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
 )
 
 from ..conversations import Message, attention_label, number
+from ..elided_label import ElidedLabel
 from ..inert_text import plain_labels, rich_from_plain
 from ..theme import bind_icon
 from .markdown_view import MarkdownView
@@ -99,13 +100,13 @@ class MessageWidget(QFrame):
         bubble_layout.addWidget(self.view)
 
         self._build_more()
-        self.stats = QLabel()
+        # Elided (…) rather than widen the transcript; the tooltip has the whole provenance.
+        self.stats = ElidedLabel()
         self.stats.setObjectName("StatsLabel")
         self.note = QLabel()
         self.note.setObjectName("NoteLabel")
         self.note.setWordWrap(True)
-        plain_labels(self.stats, self.note)  # provenance and error notes are untrusted
-        self.stats.setMinimumWidth(80)  # clip the stats line rather than widen the transcript
+        plain_labels(self.note)  # provenance and error notes are untrusted
         self.stats.hide()
         self.note.hide()
 

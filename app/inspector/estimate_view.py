@@ -14,19 +14,20 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QStackedWidget, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QGridLayout, QLabel, QStackedWidget, QVBoxLayout, QWidget
 
 from . import data
 from .plot_theme import Theme, fraction_to_index
 from .retrieval_map import LayerAxis
 from .snapshot_ring import Entry
 from .state import InspectorState
-from .widgets import LegendBar, ThemedPlot, nice_ceiling, small_label
+from .widgets import TICK_DENSITY, LegendBar, ThemedPlot, nice_ceiling, small_label
 
 FIXED_BUDGET = (
     "fixed budget K: adaptive coverage is off, so every query head keeps the same K far tokens"
 )
 EXACT_BUDGET = "no budget at this step: attention was exact"
+WIDE_WIDTH = 560  # from this width on, the three plots share one row
 ESTIMATE_OFF = "no estimated missed mass at this step (exact step, or estimate_missed is off)"
 
 
@@ -53,7 +54,7 @@ class EstimateView(QWidget):
 
         self.step_plot = ThemedPlot()
         item = self.step_plot.plotItem
-        item.setLabel("bottom", "decode step (mean of layers)")
+        item.setLabel("bottom", "step (mean of layers)")
         item.setMouseEnabled(x=False, y=False)
         self.step_estimate = item.plot([], [])
         self.step_measured = item.plot([], [], connect="finite")
@@ -89,20 +90,46 @@ class EstimateView(QWidget):
         self.info = small_label("", 2)
         self.budget_info = small_label("", 1)
 
-        plots = QHBoxLayout()  # missed mass per layer | over steps | budget per head (narrow)
-        plots.setContentsMargins(0, 0, 0, 0)
-        plots.addWidget(self.layer_plot, 3)
-        plots.addWidget(self.step_plot, 3)
-        plots.addWidget(self.budget_stack, 2)
+        for plot in (self.layer_plot, self.step_plot, self.budget_plot):
+            plot.plotItem.getAxis("bottom").setTickDensity(TICK_DENSITY)
+        # Wide: missed mass per layer | over steps | budget per head in one row; narrow: the
+        # budget gets a row of its own, so no plot is too small for its ticks and axis title.
+        self.plots = QGridLayout()
+        self.plots.setContentsMargins(0, 0, 0, 0)
+        self.plots.setSpacing(4)
+        self.wide: bool | None = None
+        self._arrange(wide=False)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(2)
-        layout.addLayout(plots, 1)
+        layout.addLayout(self.plots, 1)
         layout.addWidget(self.legend)
         layout.addWidget(self.info)
         layout.addWidget(self.budget_info)
         self.layer_plot.on_theme = self._on_theme
         self._on_theme(self.layer_plot.theme)
+
+    def _arrange(self, wide: bool) -> None:
+        if wide == self.wide:
+            return
+        self.wide = wide
+        for widget in (self.layer_plot, self.step_plot, self.budget_stack):
+            self.plots.removeWidget(widget)
+        self.plots.addWidget(self.layer_plot, 0, 0)
+        self.plots.addWidget(self.step_plot, 0, 1)
+        if wide:
+            self.plots.addWidget(self.budget_stack, 0, 2)
+            stretches = ((0, 3), (1, 3), (2, 2))
+        else:
+            self.plots.addWidget(self.budget_stack, 1, 0, 1, 2)
+            stretches = ((0, 1), (1, 1), (2, 0))
+        for column, stretch in stretches:
+            self.plots.setColumnStretch(column, stretch)
+        self.plots.setRowStretch(1, 0 if wide else 1)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        self._arrange(self.width() >= WIDE_WIDTH)
 
     @property
     def showing_budget_heatmap(self) -> bool:

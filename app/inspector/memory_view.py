@@ -12,6 +12,8 @@ own bar, "codebook", counted in the held total and the ratio (an fp16 cache need
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
@@ -31,6 +33,9 @@ def format_bytes(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.1f} {unit}"
     return f"{int(n)} B"
+
+
+TICK_SPACING_PX = 34  # horizontal room per layer label on the bars' axis
 
 
 class MemoryPanel(QWidget):
@@ -99,7 +104,8 @@ class MemoryPanel(QWidget):
             self.summary.setText("Waiting for telemetry.")
             return
         series = self.state.ring.byte_series(entry.reply)
-        key = (entry.seq, len(series))
+        most_ticks = max(2, self.bars_plot.width() // TICK_SPACING_PX)
+        key = (entry.seq, len(series), most_ticks)
         if key == self._key:
             return
         self._key = key
@@ -107,7 +113,8 @@ class MemoryPanel(QWidget):
         self.last_summary = summary
         held, fp16 = summary.held, summary.fp16
         ids = [str(layer.layer) for layer in entry.snapshot.layers]
-        ticks = [(i, lid) for i, lid in enumerate(ids) if i % max(1, len(ids) // 10) == 0]
+        every = max(1, math.ceil(len(ids) / min(10, most_ticks)))  # labels that fit the width
+        ticks = [(i, lid) for i, lid in enumerate(ids) if i % every == 0]
         if summary.native:
             held, fp16 = np.append(held, summary.native), np.append(fp16, summary.native)
             ticks.append((len(ids), "native"))

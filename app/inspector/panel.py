@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QEvent, QObject, QSize, Qt, QTimer, Signal, Slot
-from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QScrollArea, QSplitter, QVBoxLayout, QWidget
 
 from a2ats_engine.cache.telemetry import CacheSnapshot
 
@@ -38,6 +38,9 @@ SECTION_TITLES = {
     "fidelity": "Fidelity: missed mass & budget",
 }
 SECTION_STRETCH = {"map": 40, "codebook": 19, "memory": 15, "fidelity": 26}
+PANEL_MIN_WIDTH = 360  # one column of panels
+SECOND_COLUMN = ("memory", "fidelity")  # the sections a second column takes when wide enough
+COLUMN_SPACING = 6
 
 
 class InspectorPanel(QWidget):
@@ -61,6 +64,9 @@ class InspectorPanel(QWidget):
         redraw_budget: float = DEFAULT_REDRAW_BUDGET,
     ) -> None:
         super().__init__(parent)
+        self.columns = 1  # panel columns: 2 when wide enough (`reflow`)
+        self._two_columns_least = 0
+        self._watched_holder: QWidget | None = None
         self.throttle = RedrawThrottle(redraw_hz, redraw_budget)
         self.state = InspectorState()
         self.state.ring.set_capacity(history_size)
@@ -93,24 +99,98 @@ class InspectorPanel(QWidget):
             body.installEventFilter(self)
             self.splitter.addWidget(section)
             self.sections[key] = section
+            section.detached_changed.connect(self._on_section_docked)
         total = sum(SECTION_STRETCH.values())
         self.splitter.setSizes([int(900 * SECTION_STRETCH[k] / total) for k in self.sections])
+        # Wide (a big screen's dock): the memory and fidelity panels move to a second column.
+        self.second_splitter = QSplitter(Qt.Orientation.Vertical)
+        self.second_splitter.setChildrenCollapsible(True)
+        self.second_splitter.hide()
+        columns = QHBoxLayout()
+        columns.setContentsMargins(0, 0, 0, 0)
+        columns.setSpacing(COLUMN_SPACING)
+        columns.addWidget(self.splitter, 1)
+        columns.addWidget(self.second_splitter, 1)
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(0)
         layout.addWidget(self.scrubber)
-        layout.addWidget(self.splitter, 1)
+        layout.addLayout(columns, 1)
 
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
         self._timer.setInterval(self.throttle.interval_ms)
         self._timer.timeout.connect(self._redraw)
-        self.setMinimumWidth(360)
+        self.setMinimumWidth(PANEL_MIN_WIDTH)
         self._redraw()
 
     def sizeHint(self) -> QSize:  # noqa: N802 (Qt override: the dock's first size)
         return QSize(560, 940)
+
+    # ---- reflow --------------------------------------------------------------------------
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        self.reflow()
+
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().showEvent(event)
+        holder = self.parentWidget()
+        if holder is not None and holder is not self._watched_holder:
+            holder.installEventFilter(self)  # a scroll area's viewport: its width is ours
+            self._watched_holder = holder
+
+    def available_width(self) -> int:
+        """The width the panels may use: a scroll area's viewport (which never scrolls
+        sideways), else our own."""
+        holder = self.parentWidget()
+        if holder is not None and isinstance(holder.parentWidget(), QScrollArea):
+            return holder.width()
+        return self.width()
+
+    def reflow(self) -> None:
+        """Two columns when both fit the available width at their panels' minimum widths (as
+        measured now: real data can widen a panel's axes), else one."""
+        available = self.available_width()
+        if self.columns == 2:
+            least = max(self.minimumSizeHint().width(), self.width())
+            if least > available:  # a panel outgrew its column: we overflow the viewport
+                self._two_columns_least = least  # never try two columns below this again
+                self.set_columns(1)
+        elif available >= max(self.two_columns_width(), self._two_columns_least):
+            self.set_columns(2)
+
+    def two_columns_width(self) -> int:
+        """The narrowest width at which both columns get their panels' minimum widths."""
+        first = [s for k, s in self.sections.items() if k not in SECOND_COLUMN]
+        second = [self.sections[k] for k in SECOND_COLUMN]
+
+        def least(sections) -> int:
+            return max([s.minimumSizeHint().width() for s in sections] + [PANEL_MIN_WIDTH // 2])
+
+        return max(least(first) + least(second) + COLUMN_SPACING, 2 * PANEL_MIN_WIDTH)
+
+    def set_columns(self, columns: int, force: bool = False) -> None:
+        """One column of panels, or two (map and codebook | memory and fidelity)."""
+        if columns == self.columns and not force:
+            return
+        self.columns = columns
+        target = self.second_splitter if columns == 2 else self.splitter
+        for key in SECOND_COLUMN:
+            section = self.sections[key]
+            if not section.detached:
+                target.addWidget(section)
+                section.show()
+        self.second_splitter.setVisible(columns == 2 and self.second_splitter.count() > 0)
+        for splitter in (self.splitter, self.second_splitter):
+            keys = [k for k, v in self.sections.items() if splitter.indexOf(v) >= 0]
+            if keys:
+                splitter.setSizes([int(900 * SECTION_STRETCH[k]) for k in keys])
+        self._schedule()
+
+    def _on_section_docked(self, detached: bool) -> None:
+        if not detached:  # back home: put it in the column the current width wants
+            self.set_columns(self.columns, force=True)
 
     # ---- slots the app connects ----------------------------------------------------------
     @Slot(object)
@@ -239,6 +319,8 @@ class InspectorPanel(QWidget):
         self._redraw(force=force)
 
     def _schedule(self) -> None:
+        if not hasattr(self, "_timer"):
+            return  # an event while the panel is being built: the first redraw comes anyway
         if not self._timer.isActive():
             self._timer.start()
 
@@ -252,6 +334,8 @@ class InspectorPanel(QWidget):
         self.scrubber.refresh()
         self._emit_highlight()
         self._timer.setInterval(self.throttle.after_redraw())
+        if self.columns == 2:  # new data may have widened a panel past the room it has
+            QTimer.singleShot(0, self.reflow)
 
     def _emit_highlight(self) -> None:
         positions = self.map_panel.highlight_for(self.state.entry())
@@ -260,6 +344,9 @@ class InspectorPanel(QWidget):
             self.highlight_requested.emit(positions)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 (Qt override)
-        if event.type() in (QEvent.Type.Show, QEvent.Type.Resize):
+        if watched is self._watched_holder:
+            if event.type() == QEvent.Type.Resize:
+                self.reflow()
+        elif event.type() in (QEvent.Type.Show, QEvent.Type.Resize):
             self._schedule()
         return super().eventFilter(watched, event)

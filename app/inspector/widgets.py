@@ -453,6 +453,8 @@ def small_label(text: str = "", lines: int = 1, bold: bool = False) -> StatusLin
     return StatusLine(text, lines, bold)
 
 
+TICK_DENSITY = 0.6  # fewer tick labels than pyqtgraph's default: small plots stay readable
+
 NICE_STEPS = (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
 
 

@@ -68,6 +68,8 @@ class FakeSession:
     sampling: object = None  # SamplingSettings: the reply stops at its max_tokens
     layer_ids: tuple[int, ...] = (0, 1)  # the A2ATS layers snapshots report
     native_bytes_per_token: int = 0  # what the plan's native layers hold, per cached token
+    prefill_chunk: int = 0  # > 0: the prompt is "prefilled" in chunks this long, `delay` each
+    prefill_progress: object = None  # progress("prefill", done, total), as the engine calls it
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -130,6 +132,8 @@ class FakeSession:
             reply = reply[: self.sampling.max_tokens]
         start = time.perf_counter()
         text, received, reason = [], [], "length" if limited else "stop"
+        if not self._prefill(len(prompt)):
+            reply, reason = "", "cancelled"
         for index, char in enumerate(reply):
             # a stop during the token's compute is honoured before it is shown (as the engine
             # honours one between prefill chunks); waiting on the flag keeps the test free of races
@@ -154,6 +158,20 @@ class FakeSession:
             cache_bytes=4096 + 64 * len(self.cached), context_tokens=len(self.cached),
             extra={"kind": kind},
         )  # fmt: skip
+
+    def _prefill(self, total: int) -> bool:
+        """Report chunked prefill progress as the engine does (done 0 first, then after each
+        chunk); False when a stop came between chunks."""
+        if self.prefill_progress is None or self.prefill_chunk <= 0:
+            return True
+        done = 0
+        self.prefill_progress("prefill", done, total)
+        while total - done > 1:
+            if self._stop.is_set() or self._stop.wait(self.delay):
+                return False
+            done = min(total - 1, done + self.prefill_chunk)
+            self.prefill_progress("prefill", done, total)
+        return True
 
 
 def make_snapshot(
@@ -200,12 +218,14 @@ class FakeBackend:
         context_length: int = 4096,
         plan: LayerPlan | None = None,
         native_bytes_per_token: int = 0,
+        prefill_chunk: int = 0,
     ):
         """`plan`: the model's layer plan (ModelInfo.layer_plan); snapshots then report its
         A2ATS layers, and `native_bytes_per_token` * offset bytes for its native ones."""
         self.context_length = context_length
         self.plan = plan
         self.native_bytes_per_token = native_bytes_per_token
+        self.prefill_chunk = prefill_chunk  # > 0: replies report chunked prefill progress
         self.demo_steps: list[str] = []
         self.delay = delay
         self.load_seconds = load_seconds
@@ -283,6 +303,7 @@ class FakeBackend:
             sampling=sampling,
             layer_ids=self.plan.a2ats_layers if self.plan is not None else (0, 1),
             native_bytes_per_token=self.native_bytes_per_token,
+            prefill_chunk=self.prefill_chunk,
         )
         self.sessions.append(session)
         return session
@@ -308,7 +329,8 @@ class FakeBackend:
     def prompt_length(self, session, turns):
         return len(session.prompt_token_ids([{"role": r, "content": c} for r, c in turns]))
 
-    def reply(self, session, mode, text):
+    def reply(self, session, mode, text, progress=None):
+        session.prefill_progress = progress
         if mode == ReplyMode.SEND:
             return session.send(text)
         if mode == ReplyMode.REGENERATE:

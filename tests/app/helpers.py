@@ -21,3 +21,33 @@ def streamed(window) -> int:
     """Tokens of the reply in progress (0 when none)."""
     reply = window.controller.reply
     return reply.tokens if reply is not None else 0
+
+
+def cut_labels(root) -> list[str]:
+    """Visible labels under `root` whose text does not fit them: a one-line label's text wider
+    than its contents, a word-wrapped one taller than its height. ("" when every label fits.)
+    Rich-text labels are left out (their width is the layout engine's)."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtGui import Qt as GuiQt
+    from PySide6.QtWidgets import QLabel
+
+    cut = []
+    for label in root.findChildren(QLabel):
+        shown = QLabel.text(label)  # what is drawn (an ElidedLabel's text() is the whole text)
+        if not shown or not label.isVisibleTo(root) or label.width() <= 0:
+            continue
+        if label.textFormat() == Qt.TextFormat.RichText or (
+            label.textFormat() == Qt.TextFormat.AutoText and GuiQt.mightBeRichText(shown)
+        ):
+            continue
+        room = label.contentsRect().width() - 2 * label.margin()
+        if label.wordWrap():
+            if label.heightForWidth(label.width()) > label.height() + 1:
+                cut.append(f"{label.objectName() or type(label).__name__} {shown!r}: wraps "
+                           f"taller than {label.height()} px")  # fmt: skip
+            continue
+        widest = max(label.fontMetrics().horizontalAdvance(line) for line in shown.split("\n"))
+        if widest > room + 1:
+            cut.append(f"{label.objectName() or type(label).__name__} {shown!r}: {widest} px "
+                       f"in {room} px")  # fmt: skip
+    return cut

@@ -353,20 +353,19 @@ def test_stop_during_a_long_prefill_is_honoured_between_chunks_real(qtbot, tiny_
     chunks = []
 
     class StopInPrefill(EngineBackend):
-        def make_session(self, *args, **kwargs):
-            session = super().make_session(*args, **kwargs)
-
+        def reply(self, session, mode, text, progress=None):
             def on_prefill(stage, done, total):
                 chunks.append((done, total))
+                progress(stage, done, total)  # the worker's own callback still runs
                 if len(chunks) == 2:
                     engine.stop()  # as the Stop button does, from outside the stream
 
-            session.prefill_progress = on_prefill
-            return session
+            return super().reply(session, mode, text, on_prefill)
 
     engine = EngineThread(StopInPrefill(prefill_step_size=16))
-    finished = []
+    finished, shown = [], []
     engine.worker.generation_finished.connect(finished.append)
+    engine.worker.prefill_progressed.connect(shown.append)
     try:
         with qtbot.waitSignal(engine.worker.model_loaded, timeout=60000):
             engine.load_model(str(tiny_folder))
@@ -385,6 +384,10 @@ def test_stop_during_a_long_prefill_is_honoured_between_chunks_real(qtbot, tiny_
     assert stats.generation_tokens == 0
     assert 0 < stats.prompt_tokens < total  # it stopped between chunks, not at the end
     assert stats.context_tokens == stats.prompt_tokens
+    # The worker reported each chunk: tokens done of the total, timed from the start.
+    qtbot.waitUntil(lambda: len(shown) == 2, timeout=10000)
+    assert [(p.done, p.total) for p in shown] == chunks == [(0, total), (16, total)]
+    assert shown[0].request_id == request.request_id and shown[1].seconds >= shown[0].seconds
 
 
 def test_codebook_mismatch_is_reported_and_the_chat_kept_real(

@@ -431,10 +431,47 @@ def test_codebook_layout_follows_the_width(panel, qtbot):
     from PySide6.QtCore import Qt
 
     cb = panel.codebook_panel
-    panel.resize(1000, 1000)
+    panel.resize(1400, 1000)  # two columns of panels, each wider than WIDE_LAYOUT_PX
     qtbot.waitUntil(lambda: cb.split.orientation() == Qt.Orientation.Horizontal, timeout=2000)
     panel.resize(420, 1000)
     qtbot.waitUntil(lambda: cb.split.orientation() == Qt.Orientation.Vertical, timeout=2000)
+
+
+def test_panels_reflow_into_two_columns_when_wide(panel, qtbot):
+    from app.inspector.panel import SECOND_COLUMN
+
+    feed(panel, growing_run(3))
+    panel.resize(500, 1000)
+    qtbot.waitUntil(lambda: panel.columns == 1, timeout=2000)
+    assert [panel.splitter.indexOf(s) for s in panel.sections.values()] == [0, 1, 2, 3]
+    assert not panel.second_splitter.isVisible()
+    wide = panel.two_columns_width()
+    panel.resize(wide, 1000)
+    qtbot.waitUntil(lambda: panel.columns == 2, timeout=2000)
+    for key, section in panel.sections.items():
+        column = panel.second_splitter if key in SECOND_COLUMN else panel.splitter
+        assert column.indexOf(section) >= 0, key
+        # every panel gets at least its minimum width: nothing is cut at the right edge
+        assert section.width() >= section.minimumSizeHint().width(), key
+    assert panel.second_splitter.isVisible()
+    # a section detached and docked again goes back into the column the width wants
+    memory = panel.sections["memory"]
+    memory.detach()
+    memory.window().close()
+    assert panel.second_splitter.indexOf(memory) >= 0
+    panel.resize(wide - 1, 1000)
+    qtbot.waitUntil(lambda: panel.columns == 1, timeout=2000)
+    assert [panel.splitter.indexOf(s) for s in panel.sections.values()] == [0, 1, 2, 3]
+
+
+def test_two_columns_fall_back_to_one_when_a_panel_outgrows_its_room(panel, qtbot):
+    panel.resize(panel.two_columns_width(), 1000)
+    qtbot.waitUntil(lambda: panel.columns == 2, timeout=2000)
+    # real data widened a panel (longer axis labels, say): the columns no longer fit
+    panel.sections["fidelity"].body.setMinimumWidth(panel.width())
+    qtbot.waitUntil(lambda: panel.columns == 1, timeout=2000)  # the next redraw reflows
+    panel.resize(panel.width() + 1, 1000)  # and it does not flip back at the same width
+    assert panel.columns == 1
 
 
 # ---- estimated missed mass, budget per head, exact until ----------------------------------------

@@ -104,6 +104,37 @@ def test_stop_keeps_the_partial_reply(make_window, qtbot, how):
     reply(qtbot, window, "again")  # the app is usable after a stop
 
 
+def _prefill_note(window) -> str:
+    widget = window.chat_view.last_widget()
+    return widget.note.text() if widget is not None and widget.note.isVisibleTo(window) else ""
+
+
+def test_a_long_prefill_shows_its_progress_in_the_reply(make_window, qtbot):
+    # 10 chunks of 0.1 s: time enough to see the note however busy the machine is
+    window = make_window(FakeBackend(delay=0.1, prefill_chunk=300, reply_fn=lambda _m: "ok"))
+    load(qtbot, window)
+    window.send("p" * 3000)  # the fake tokenizer: one token per character
+    qtbot.waitUntil(lambda: "left" in _prefill_note(window), timeout=10000)
+    note = _prefill_note(window)
+    total = len(window.controller.engine.worker.backend.sessions[-1].prompt_token_ids())
+    assert note.startswith("Reading the prompt: ") and f" / {total:,} tokens (" in note
+    reply(qtbot, window)
+    assert _prefill_note(window) == ""  # gone once the reply streams
+    assert window.current.messages[-1].content
+
+
+def test_stop_during_a_long_prefill_ends_the_reply_between_chunks(make_window, qtbot):
+    window = make_window(FakeBackend(delay=0.05, prefill_chunk=100))
+    load(qtbot, window)
+    window.send("p" * 3000)
+    qtbot.waitUntil(lambda: "left" in _prefill_note(window), timeout=10000)
+    with qtbot.waitSignal(window.reply_finished, timeout=10000) as blocker:
+        window.stop_action.trigger()
+    assert blocker.args[0].stop_reason == "cancelled" and blocker.args[0].generation_tokens == 0
+    assert _prefill_note(window) == ""
+    assert not window.composer.generating
+
+
 def test_regenerate_replaces_the_last_reply(make_window, qtbot):
     backend = FakeBackend(reply_fn=counting_reply())
     window = make_window(backend)

@@ -29,7 +29,19 @@ def run_app(args, app_dirs, timeout=300):
     )  # fmt: skip
 
 
+def _files(app_dirs) -> dict[str, int]:
+    """Every file under the config and data folders, with its modification time."""
+    return {
+        str(path): path.stat().st_mtime_ns
+        for key in ("config", "data")
+        for path in app_dirs[key].rglob("*")
+        if path.is_file()
+    }
+
+
 def test_scripted_mode_writes_a_screenshot(app_dirs, tiny_folder, tmp_path):
+    save_settings(AppSettings(), app_dirs["config"] / "settings.json")
+    before = _files(app_dirs)
     shot = tmp_path / "shots" / "chat.png"
     result = run_app(
         ["--model", str(tiny_folder), "--prompt", "Hello there", "--screenshot", str(shot),
@@ -45,6 +57,15 @@ def test_scripted_mode_writes_a_screenshot(app_dirs, tiny_folder, tmp_path):
         image.pixel(x, y) for x in range(0, image.width(), 7) for y in range(0, image.height(), 7)
     }
     assert len(colours) > 20
+    # A temporary chat: no chat saved, the settings (window size included) untouched.
+    assert _files(app_dirs) == before
+    assert not list(app_dirs["data"].rglob("conversations/*.json"))
+
+
+def test_scripted_mode_keeps_the_chat_when_asked(app_dirs, tiny_folder, tmp_path):
+    result = run_app(["--model", str(tiny_folder), "--prompt", "Hello there", "--quit",
+                      "--keep-chat"], app_dirs)  # fmt: skip
+    assert result.returncode == 0, result.stderr
     # The exchange was saved with provenance.
     (saved,) = (app_dirs["data"] / "conversations").glob("*.json")
     messages = json.loads(saved.read_text())["messages"]
@@ -105,7 +126,7 @@ def test_scripted_mode_on_the_demo_model_with_its_default_codebook(tmp_path):
     shot = tmp_path / "demo.png"
     result = run_app(
         ["--model", "demo", "--prompt", "What is the capital of France?", "--screenshot",
-         str(shot), "--quit"],
+         str(shot), "--quit", "--keep-chat"],
         dirs, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -128,7 +149,8 @@ def test_scripted_mode_over_a_surrogate_chat_and_huge_splitter_sizes(
     )
     app_dirs["config"].mkdir(parents=True)
     (app_dirs["config"] / "settings.json").write_text('{"splitter_sizes": [99999999999, 5]}')
-    result = run_app(["--model", str(tiny_folder), "--prompt", "Hello", "--quit"], app_dirs)
+    argv = ["--model", str(tiny_folder), "--prompt", "Hello", "--keep-chat", "--quit"]
+    result = run_app(argv, app_dirs)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr and "reply: " in result.stdout
     assert list(app_dirs["config"].glob("settings.json.corrupt-*"))
@@ -147,3 +169,19 @@ def test_scripted_mode_refuses_a_data_folder_another_instance_writes(app_dirs, t
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith("a2ats-chat: Another A2ATS Chat")
     assert not list((app_dirs["data"] / "conversations").glob("*.json"))
+
+
+def test_scripted_mode_prints_the_progress_of_a_long_prefill(app_dirs, tiny_folder):
+    # About 2,600 prompt tokens: two prefill chunks of the session's 2,048.
+    result = run_app(["--model", str(tiny_folder), "--prompt", "word " * 1300, "--quit"],
+                     app_dirs)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("Reading the prompt")]
+    # Before the first chunk, after it, and after the second (mlx-lm keeps the prompt's last
+    # token for the first decode step).
+    assert len(lines) == 3, result.stderr
+    assert lines[0].startswith("Reading the prompt: 0 / ") and "left" not in lines[0]
+    assert lines[1].startswith("Reading the prompt: 2,048 / ") and lines[1].endswith(" left")
+    assert all(line.endswith(" left") for line in lines[1:])
+    # Engine warnings are one-line notes, as on the command line.
+    assert "UserWarning" not in result.stderr
