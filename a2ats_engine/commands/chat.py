@@ -63,6 +63,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(e.g. 0.03) or a token count (e.g. 256)",
     )
     p.add_argument("--window", type=int, help="A2ATS exact-RoPE window in tokens")
+    p.add_argument(
+        "--hosts",
+        metavar="FILE",
+        help="split the model over the hosts of an mlx.launch hostfile (README 'Several "
+        "machines'); runs `mlx.launch --hostfile FILE -m a2ats_engine.distributed`",
+    )
+    p.add_argument("--port", type=int, help="with --hosts: the ring backend's first port")
     p.set_defaults(func=run)
 
 
@@ -78,6 +85,10 @@ def _budget(text: str) -> float | int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "hosts", None):
+        from ..distributed.launch import run_on_hosts
+
+        return run_on_hosts(args)
     from ..session import ChatSession, SamplingSettings
 
     sampling = SamplingSettings(

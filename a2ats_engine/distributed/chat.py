@@ -172,7 +172,9 @@ def _run(args: argparse.Namespace, group: Any, dog: Watchdog) -> int:
         print(REPL_HELP, file=sys.stderr)
     while True:
         line = _read_line() if rank0 else None
-        line = share_json(line, group)  # waits for rank 0's next line
+        dog.arm(rank0)  # rank 0 has its line: the others must take it now; they wait for it
+        line = share_json(line, group)
+        dog.arm(False)
         if line is None or line.strip() in ("/exit", "/quit"):
             recorder.write()
             return 0
