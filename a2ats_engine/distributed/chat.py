@@ -137,8 +137,11 @@ def _run(args: argparse.Namespace, group: Any, dog: Watchdog) -> int:
     from .pipeline import pipeline_factory
 
     rank0 = group.rank() == 0
-    dog.arm(True)
+    # not watched while loading (a rank reads its weights at its own pace; a rank that dies
+    # there ends the others through mlx.launch or a ring error); watched from then on, except
+    # while waiting for the user's next line
     model, tokenizer, info, stage = load_stage(args.model, group, split=_split(args.split))
+    dog.arm(True)
     described = gather_json(stage.describe(), group)
     if rank0:
         for line in described:
@@ -163,7 +166,6 @@ def _run(args: argparse.Namespace, group: Any, dog: Watchdog) -> int:
     )
     session.prefill_progress = lambda *_: dog.beat()  # a long prompt is progress too
     recorder = _Recorder(args.stats_json, model, stage, session)
-    dog.arm(False)
     if args.prompt is not None:
         _reply(session, args.prompt, rank0, dog, recorder)
         recorder.write()
@@ -171,10 +173,11 @@ def _run(args: argparse.Namespace, group: Any, dog: Watchdog) -> int:
     if rank0:
         print(REPL_HELP, file=sys.stderr)
     while True:
+        dog.arm(False)  # the user may take their time
         line = _read_line() if rank0 else None
         dog.arm(rank0)  # rank 0 has its line: the others must take it now; they wait for it
         line = share_json(line, group)
-        dog.arm(False)
+        dog.arm(True)
         if line is None or line.strip() in ("/exit", "/quit"):
             recorder.write()
             return 0
@@ -199,7 +202,7 @@ def _reply(session: Any, text: str, rank0: bool, dog: Watchdog, recorder: _Recor
     from ..cache.telemetry import GenerationStats, TokenEvent
     from ..commands.chat import stats_line
 
-    dog.arm(True)
+    dog.beat()
     stats = None
     tokens: list[int] = []
     for event in session.send(text):
@@ -212,7 +215,7 @@ def _reply(session: Any, text: str, rank0: bool, dog: Watchdog, recorder: _Recor
         elif isinstance(event, GenerationStats):
             stats = event
     _settle(session)
-    dog.arm(False)
+    dog.beat()
     recorder.on_reply(tokens, stats)
     if rank0:
         print(flush=True)

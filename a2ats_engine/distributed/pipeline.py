@@ -170,8 +170,12 @@ class RemoteLayer(nn.Module):
         if attn is not None:  # the layer plan and the codebook read geometry and RoPE from it
             setattr(self, name, RemoteAttention(attn))
 
-    def __call__(self, x: mx.array, *args, cache: Any = None, **kwargs) -> mx.array:
+    def __call__(self, x: mx.array, *args, **kwargs) -> mx.array:
         stage = self._stage
+        # model files pass the cache by keyword (llama) or by position (qwen3: layer(h, mask, c))
+        cache = kwargs.get("cache")
+        if cache is None:
+            cache = next((a for a in args if isinstance(a, RemoteCache)), None)
         if isinstance(cache, RemoteCache):
             cache.offset += x.shape[1]
         if not stage.live:
