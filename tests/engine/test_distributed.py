@@ -19,7 +19,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from a2ats_engine.cache.a2ats_cache import attention_steps
+from a2ats_engine.cache.a2ats_cache import attention_steps, model_codebook_bytes
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig
 from a2ats_engine.cache.layer_plan import A2ATS, NATIVE, LayerChoice, LayerPlan
@@ -229,7 +229,7 @@ def _ranks(prefix: Path) -> list[dict]:
 
 
 def _reference(model_dir: Path, codebook: Path, config: A2ATSConfig, prompt: str, sampling):
-    """Tokens, cache bytes and retrieved steps of the same chat on one process."""
+    """Tokens, cache bytes, retrieved steps and codebook bytes of the chat on one process."""
     from a2ats_engine.cache.telemetry import TokenEvent
     from a2ats_engine.loading.models import load_model
 
@@ -239,7 +239,8 @@ def _reference(model_dir: Path, codebook: Path, config: A2ATSConfig, prompt: str
     )
     tokens = [e.token_id for e in session.send(prompt) if isinstance(e, TokenEvent)]
     held = sum(int(c.nbytes) for c in session.caches)
-    return tokens, held, attention_steps(session.caches)[0]
+    book_bytes = model_codebook_bytes(session.caches)
+    return tokens, held, attention_steps(session.caches)[0], book_bytes
 
 
 PROMPT = (
@@ -265,7 +266,7 @@ def test_two_ranks_sample_the_tokens_of_one_process_with_half_the_cache(two_rank
     ranks = _ranks(tmp_path / "s")
     config = A2ATSConfig(window=16, budget=8, exact_below=0)
     sampling = SamplingSettings(temperature=1.0, seed=11, max_tokens=24)
-    tokens, held, retrieved = _reference(model_dir, book, config, PROMPT, sampling)
+    tokens, held, retrieved, _ = _reference(model_dir, book, config, PROMPT, sampling)
     assert retrieved > 0  # the comparison covers retrieval, not only exact attention
     assert len(set(tokens)) > 3
     for rank in ranks:
@@ -294,15 +295,14 @@ def test_demo_two_ranks_greedy_equals_one_process(two_ranks, tmp_path):
     ranks = _ranks(tmp_path / "d")
     config = A2ATSConfig(exact_below=0, far_offset=int(Codebook.load(book).metadata["far_offset"]))
     sampling = SamplingSettings(temperature=0.0, max_tokens=12)
-    tokens, held, retrieved = _reference(folder, book, config, prompt, sampling)
+    tokens, held, retrieved, book_bytes = _reference(folder, book, config, prompt, sampling)
     assert retrieved > 0
     for rank in ranks:
         assert rank["replies"][0]["tokens"] == tokens
     per_rank = [r["replies"][0]["cache_bytes"] for r in ranks]
     assert sum(per_rank) == held and all(0.4 * held <= b <= 0.6 * held for b in per_rank)
-    books = [r["replies"][0]["codebook_bytes"] for r in ranks]
-    full = Codebook.load(book).nbytes
-    assert all(b <= 0.6 * full for b in books)
+    books = [r["replies"][0]["codebook_bytes"] for r in ranks]  # each rank: its layers' rows
+    assert sum(books) == book_bytes and all(b <= 0.6 * book_bytes for b in books)
 
 
 def test_killed_rank_is_reported_on_rank0_in_bounded_time(two_ranks, tmp_path):
