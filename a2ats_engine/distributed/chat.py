@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -78,32 +77,51 @@ def _split(text: str | None) -> list[int] | None:
 
 
 class Watchdog:
-    """Ends the process (exit 1, one line on stderr from rank 0) when no `beat()` came for
-    `timeout` seconds while armed: a rank that hangs or was stopped blocks every collective."""
+    """Ends this rank (one line on stderr, then SIGKILL) when no `beat()` came for `timeout`
+    seconds while armed: a rank that hangs or was stopped blocks every collective.
+
+    It is a forked process reading a shared heartbeat, not a thread: MLX's `eval` keeps the GIL
+    while it waits for a `recv`, so no thread of this process could run then."""
 
     def __init__(self, timeout: float, rank: int) -> None:
+        import mmap
+        import struct
+
         self.timeout, self.rank = timeout, rank
-        self.last = time.monotonic()
-        self.armed = False
-        thread = threading.Thread(target=self._watch, daemon=True, name="a2ats-peer-watchdog")
-        thread.start()
+        self._pack = struct.Struct("ddd")  # last beat (monotonic seconds), armed (0 / 1), rank
+        self._shared = mmap.mmap(-1, self._pack.size)
+        self.beat()
+        parent = os.getpid()
+        if os.fork() == 0:  # the watcher: plain Python, no MLX, no sockets
+            try:
+                os.closerange(3, 1024)
+                self._watch(parent)
+            finally:
+                os._exit(0)
+
+    def _write(self, armed: bool) -> None:
+        self._shared[:] = self._pack.pack(time.monotonic(), 1.0 if armed else 0.0, self.rank)
 
     def beat(self) -> None:
-        self.last = time.monotonic()
+        self._write(getattr(self, "armed", False))
 
     def arm(self, on: bool) -> None:
-        self.beat()
         self.armed = on
+        self._write(on)
 
-    def _watch(self) -> None:
-        while True:
+    def _watch(self, parent: int) -> None:
+        while os.getppid() == parent:
             time.sleep(min(1.0, self.timeout / 4))
-            if self.armed and time.monotonic() - self.last > self.timeout:
-                _fail(
-                    self.rank,
-                    f"no progress from the other ranks for {self.timeout:.0f} s "
-                    "(a rank hung, was stopped or lost its network)",
+            last, armed, rank = self._pack.unpack(self._shared[:])
+            if armed and time.monotonic() - last > self.timeout:
+                print(
+                    f"error (rank {rank:.0f}): no progress from the other ranks for "
+                    f"{self.timeout:.0f} s (a rank hung, was stopped or lost its network)",
+                    file=sys.stderr,
+                    flush=True,
                 )
+                os.kill(parent, signal.SIGKILL)
+                return
 
 
 def _fail(rank: int, message: str) -> None:
@@ -115,12 +133,10 @@ def run(args: argparse.Namespace) -> int:
     """Collective: every rank runs it with the same arguments."""
     import mlx.core as mx  # a2ats_engine (imported first by -m) preloaded BLAS
 
+    rank = int(os.environ.get("MLX_RANK", "0") or 0)  # the launcher's; init() agrees
+    dog = Watchdog(args.peer_timeout, rank)  # forked before MLX opens the ring's sockets
     group = mx.distributed.init()
-    rank = group.rank()
-    signal.signal(
-        signal.SIGTERM, lambda *_: _fail(rank, "stopped by the launcher (another rank exited)")
-    )
-    dog = Watchdog(args.peer_timeout, rank)
+    dog.rank = group.rank()
     try:
         return _run(args, group, dog)
     except RuntimeError as exc:
