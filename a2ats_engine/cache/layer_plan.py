@@ -130,6 +130,12 @@ def plan_for(model: Any) -> LayerPlan:
     return plan
 
 
+def remember_plan(model: Any, plan: LayerPlan) -> None:
+    """Use `plan` for `model` from now on: a plan decided elsewhere (the ranks of a pipeline
+    split each probe their own layers; `distributed/plan.py` joins them)."""
+    _plans[id(model)] = (weakref.ref(model), plan)
+
+
 def model_type(model: Any) -> str:
     args = getattr(model, "args", None)
     return str(getattr(args, "model_type", None) or type(model).__module__.rsplit(".", 1)[-1])

@@ -73,6 +73,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="A2ATS: K/V rows kept in memory at most (e.g. 512M, 2G; 0 = all in the cold tier): "
         "past it the rows go to a memory-mapped file, only the codes stay (default: no limit)",
     )
+    p.add_argument(
+        "--hosts",
+        metavar="FILE",
+        help="split the model over the hosts of an mlx.launch hostfile (README 'Several "
+        "machines'); runs `mlx.launch --hostfile FILE -m a2ats_engine.distributed`",
+    )
+    p.add_argument("--port", type=int, help="with --hosts: the ring backend's first port")
     p.set_defaults(func=run)
 
 
@@ -125,8 +132,15 @@ def sampling_for(args: argparse.Namespace, recommended: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..session import ChatSession
     from . import _limits as limits
+
+    if getattr(args, "hosts", None):
+        if args.port is not None:
+            limits.count("--port", args.port, 1024, 65535)
+        from ..distributed.launch import run_on_hosts
+
+        return run_on_hosts(args)
+    from ..session import ChatSession
 
     limits.count("--max-tokens", args.max_tokens, 1, limits.MAX_CONTEXT)
     if args.top_k is not None:

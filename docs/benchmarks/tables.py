@@ -912,6 +912,38 @@ def profile_table(data: dict) -> str:
     return "\n".join(rows).rstrip()
 
 
+def distributed_table(records: list[dict]) -> str:
+    """1 rank vs 2 ranks per model (a2ats_engine/distributed/bench.py): what each rank holds and
+    sends per decode step; tok/s from a shared machine (indicative only)."""
+    mb = 1e6
+    lines = [
+        "| model | ranks | rank: layers | weights MB | A2ATS cache MB | codebook MB | peak MB "
+        "| sent B / decode step | received B / step | tok/s | tokens = 1 process |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for rec in records:
+        for n, run in rec["runs"].items():
+            for r in run["ranks"]:
+                lo, hi = r["layers"]
+                lines.append(
+                    f"| {rec['model']} | {n} | {r['rank']}: {lo}-{hi - 1} "
+                    f"| {r['weight_bytes'] / mb:.0f} | {r['cache_bytes'] / mb:.1f} "
+                    f"| {r['codebook_bytes'] / mb:.1f} | {r['peak_memory_bytes'] / mb:.0f} "
+                    f"| {r['sent_bytes_per_decode_step']:.0f} "
+                    f"| {r['received_bytes_per_decode_step']:.0f} | {r['generation_tps']:.2f} "
+                    f"| {'yes' if run['tokens_equal_to_one_process'] else '**no**'} |"
+                )
+    prompts = ", ".join(
+        f"{rec['model']} {rec['runs']['1']['ranks'][0]['prompt_tokens']}" for rec in records
+    )
+    lines.append("")
+    lines.append(
+        f"Prompt tokens: {prompts}; greedy, A2ATS retrieving from the first step. "
+        + records[0]["note"]
+    )
+    return "\n".join(lines)
+
+
 def blocks() -> dict[str, str]:
     """{KEY: generated text} for every table whose JSON is recorded here."""
     ev, mem = _load("eval_4k_b003.json"), _load("memory.json")
@@ -987,6 +1019,9 @@ def blocks() -> dict[str, str]:
             ("quiet rerun", "decode_short.json"), ("speed-ladder run", "decode_ladder_8k.json"),
         ) if (run := _load(name)) is not None)  # fmt: skip
         out["targets15"] = targets15_table(v3, geos, texts_run, task_runs, reruns)
+    names = ("distributed_demo.json", "distributed_qwen3-0.6b.json")
+    if dist := [d for n in names if (d := _load(n)) is not None]:
+        out["distributed"] = distributed_table(dist)
     if None not in (ev, passkey, decode, mem):
         out["targets"] = targets_table(ev, passkey, decode, decode_1, mem)
     if None not in (ev, mem):

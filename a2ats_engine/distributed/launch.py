@@ -1,0 +1,86 @@
+"""`a2ats chat --hosts FILE`: start `mlx.launch` with `python -m a2ats_engine.distributed`.
+
+The hosts file is mlx.launch's own (`--hostfile`): a JSON list of hosts, or an object with
+`hosts` (and optionally `backend`, `envs`), each host `{"ssh": NAME, "ips": [IP, ...]}`. A host
+whose `ssh` is 127.0.0.1 runs locally; any other is reached with ssh, where the same Python
+(`sys.executable`), package, model and codebook paths must exist. We add nothing to MLX's
+runtime: this module only builds the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+# `a2ats chat` options forwarded as they are: (attribute, flag)
+FORWARDED = (
+    ("model", "--model"),
+    ("system", "--system"),
+    ("prompt", "--prompt"),
+    ("temp", "--temp"),
+    ("top_p", "--top-p"),
+    ("min_p", "--min-p"),
+    ("top_k", "--top-k"),
+    ("repetition_penalty", "--repetition-penalty"),
+    ("max_tokens", "--max-tokens"),
+    ("seed", "--seed"),
+    ("cache", "--cache"),
+    ("codebook", "--codebook"),
+    ("budget", "--budget"),
+    ("window", "--window"),
+)
+
+
+def read_hosts(path: str | Path) -> list[dict]:
+    """The hosts of an mlx.launch hostfile. ValueError (one line) for a file mlx.launch would
+    refuse: missing, not JSON, no hosts, a host without `ssh`."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--hosts={path}: no such file")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--hosts={path}: not JSON ({exc})") from None
+    hosts = data.get("hosts") if isinstance(data, dict) else data
+    if not isinstance(hosts, list) or not hosts:
+        raise ValueError(f"--hosts={path}: needs a list of hosts (mlx.launch's hostfile format)")
+    for i, host in enumerate(hosts):
+        if not isinstance(host, dict) or not isinstance(host.get("ssh"), str):
+            raise ValueError(f'--hosts={path}: host {i} needs an "ssh" name (and "ips")')
+    return hosts
+
+
+def launcher() -> str:
+    """mlx.launch beside this Python, else on PATH."""
+    beside = Path(sys.executable).with_name("mlx.launch")
+    found = str(beside) if beside.is_file() else shutil.which("mlx.launch")
+    if not found:
+        raise ValueError("mlx.launch not found (it comes with the mlx package)")
+    return found
+
+
+def launch_command(args: argparse.Namespace, hosts: str | Path, port: int | None = None) -> list:
+    """The mlx.launch command line running `a2ats_engine.distributed` with `args`' options."""
+    read_hosts(hosts)
+    command = [launcher(), "--hostfile", str(hosts), "--python", sys.executable]
+    if port is not None:
+        command += ["--starting-port", str(port)]
+    command += ["-m", "a2ats_engine.distributed"]
+    for name, flag in FORWARDED:
+        value = getattr(args, name, None)
+        if value is not None:
+            command += [flag, str(value)]
+    return command
+
+
+def run_on_hosts(args: argparse.Namespace) -> int:
+    """`a2ats chat --hosts FILE`: run the chat over the hosts; the exit code of mlx.launch."""
+    command = launch_command(args, args.hosts, getattr(args, "port", None))
+    return subprocess.call(command)
+
+
+__all__ = ["read_hosts", "launch_command", "run_on_hosts", "FORWARDED"]

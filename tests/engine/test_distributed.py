@@ -1,0 +1,366 @@
+"""The model split over MLX distributed ranks (a2ats_engine/distributed/).
+
+Unit tests run in this process (a group of one). The two-rank tests start two processes on the
+loopback address with mlx.launch's ring backend (or, to kill one, the same environment by hand)
+and compare what they print and record (`--stats-json`) with one process run here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+from a2ats_engine.cache.a2ats_cache import attention_steps, model_codebook_bytes
+from a2ats_engine.cache.codebook import Codebook
+from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cache.layer_plan import A2ATS, NATIVE, LayerChoice, LayerPlan
+from a2ats_engine.distributed.codebook import load_rank_codebook
+from a2ats_engine.distributed.launch import launch_command, read_hosts
+from a2ats_engine.distributed.pipeline import (
+    RemoteCache,
+    pipeline_caches,
+    shard_pipeline,
+    split_layers,
+    stage_for,
+)
+from a2ats_engine.distributed.plan import join_plans
+from a2ats_engine.session import ChatSession, SamplingSettings
+from tests.demo_gate import require_demo
+from tests.tiny import save_tiny_model, tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON = sys.executable
+LAUNCH = str(Path(sys.executable).with_name("mlx.launch"))
+TIMEOUT = 600  # a bound for a whole two-rank run on a busy machine, not a speed assertion
+
+
+# -- unit ----------------------------------------------------------------------------------
+
+
+def test_split_layers_even_custom_and_refused():
+    assert split_layers(30, 2) == [15, 15]
+    assert split_layers(5, 2) == [3, 2]  # rank 0 (the last layers) takes the extra one
+    assert split_layers(4, 2, [1, 3]) == [1, 3]
+    for bad in ([2, 2, 0], [1, 1], [0, 4]):
+        with pytest.raises(ValueError, match="split="):
+            split_layers(4, 2 if len(bad) == 2 else 3, bad)
+
+
+class _Group:
+    def __init__(self, rank: int, size: int) -> None:
+        self._rank, self._size = rank, size
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+
+def test_stage_rank0_serves_the_last_layers():
+    first, last = stage_for(_Group(1, 2), 5), stage_for(_Group(0, 2), 5)
+    assert (first.start, first.end) == (0, 2)
+    assert (last.start, last.end) == (2, 5)
+
+
+def test_group_of_one_leaves_the_model_as_it_is():
+    model = tiny_model("llama")
+    layers = list(model.model.layers)
+    stage = shard_pipeline(model, mx.distributed.init())
+    assert stage.size == 1 and list(model.model.layers) == layers
+    assert pipeline_caches([1, 2], stage) == [1, 2]
+
+
+def test_remote_cache_counts_tokens_masks_and_trims_like_kvcache():
+    from mlx_lm.models.cache import KVCache
+
+    remote, kv = RemoteCache(), KVCache()
+    remote.offset = 5
+    kv.update_and_fetch(mx.zeros((1, 2, 5, 4)), mx.zeros((1, 2, 5, 4)))
+    for n in (1, 3):
+        kw = {"return_array": True, "window_size": None}
+        a, b = remote.make_mask(n, **kw), kv.make_mask(n, **kw)
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert mx.array_equal(a, b)
+    assert remote.trim(2) == 2 and remote.offset == 3
+    assert remote.nbytes == 0
+    remote.pending = mx.ones((2,))
+    assert len(remote.state) == 1 and remote.state == []  # handed out once
+
+
+def test_join_plans_takes_each_layer_from_the_rank_serving_it():
+    rows = [
+        {
+            "model_type": "llama",
+            "choices": [
+                {"layer": 2, "kind": A2ATS, "reason": "", "head_dim": 16, "n_kv_heads": 2},
+                {
+                    "layer": 3,
+                    "kind": NATIVE,
+                    "reason": "sliding window 8",
+                    "head_dim": 16,
+                    "n_kv_heads": 2,
+                },
+            ],
+            "refused": "",
+            "unrouted": False,
+            "shared_layers": 0,
+        },
+        {
+            "model_type": "llama",
+            "choices": [
+                {"layer": 0, "kind": A2ATS, "reason": "", "head_dim": 16, "n_kv_heads": 2},
+                {"layer": 1, "kind": A2ATS, "reason": "", "head_dim": 16, "n_kv_heads": 2},
+            ],
+            "refused": "",
+            "unrouted": False,
+            "shared_layers": 0,
+        },
+    ]
+    plan = join_plans(rows, 4)
+    assert plan.a2ats_layers == (0, 1, 2) and plan.refused is None
+    assert plan.layers[3] == LayerChoice(3, NATIVE, "sliding window 8", 16, 2)
+    assert join_plans(rows[:1], 4).refused  # a rank missing: refused, not guessed
+    assert isinstance(plan, LayerPlan)
+
+
+def test_rank_codebook_holds_only_its_layers_and_codes_as_the_full_one(tmp_path):
+    book = Codebook.random(4, 2, 16, 64, seed=1)
+    path = tmp_path / "book.safetensors"
+    book.save(path)
+    full = Codebook.load(path)
+    part = load_rank_codebook(path, range(2, 4))
+    keys = mx.random.normal((1, 2, 7, 16))
+    assert mx.array_equal(part.assign(3, keys), full.assign(3, keys))
+
+    def rows(layers):
+        return sum(
+            a[i].nbytes for a in (full.centroids, full.assign_centroids, full.chol) for i in layers
+        )
+
+    weights = full.nbytes - rows(range(4))  # layer 3's assignment matrix, built by `assign`
+    assert part.nbytes == rows((2, 3)) + weights
+    assert part.sha256 == full.sha256 and part.num_layers == 4
+    with pytest.raises(ValueError, match="another rank"):
+        part.assign(0, keys)
+
+
+def test_hosts_file_and_launch_command(tmp_path):
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2))
+    assert len(read_hosts(hosts)) == 2
+    import argparse
+
+    args = argparse.Namespace(model="demo", temp=0.0, prompt="hi", seed=None, budget=0.03)
+    command = launch_command(args, hosts, port=40000)
+    assert command[command.index("-m") + 1] == "a2ats_engine.distributed"
+    assert command[command.index("--hostfile") + 1] == str(hosts)
+    assert "--seed" not in command and command[command.index("--temp") + 1] == "0.0"
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"hosts": [{"ips": []}]}')
+    with pytest.raises(ValueError, match="ssh"):
+        read_hosts(bad)
+    with pytest.raises(ValueError, match="no such file"):
+        read_hosts(tmp_path / "none.json")
+
+
+# -- two ranks on the loopback address --------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _hosts(tmp_path: Path, n: int = 2) -> Path:
+    path = tmp_path / "hosts.json"
+    path.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * n))
+    return path
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _launch(tmp_path: Path, args: list[str]) -> subprocess.CompletedProcess:
+    command = [LAUNCH, "--backend", "ring", "--hostfile", str(_hosts(tmp_path))]
+    command += ["--starting-port", str(_free_port()), "--python", PYTHON]
+    command += ["-m", "a2ats_engine.distributed", *args]
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        cwd=tmp_path,
+        start_new_session=True,  # the ranks are in its process group: a hang ends them all
+    )
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """Skip (with mlx.launch's words) only where mlx.launch cannot start two ranks here."""
+    folder = tmp_path_factory.mktemp("ring")
+    script = folder / "ring_ok.py"
+    script.write_text(
+        "import mlx.core as mx\n"
+        "g = mx.distributed.init(strict=True)\n"
+        "print('sum', mx.distributed.all_sum(mx.array(1.0), group=g).item(), g.size())\n"
+    )
+    command = [LAUNCH, "--backend", "ring", "--hostfile", str(_hosts(folder))]
+    command += ["--starting-port", str(_free_port()), "--python", PYTHON, str(script)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"mlx.launch cannot start two ranks here: {exc}")
+    if done.stdout.count("sum 2.0 2") != 2:
+        pytest.skip(f"mlx.launch cannot start two ranks here: {done.stderr.strip()[-300:]}")
+
+
+def _ranks(prefix: Path) -> list[dict]:
+    return [json.loads(Path(f"{prefix}.rank{r}.json").read_text()) for r in range(2)]
+
+
+def _reference(model_dir: Path, codebook: Path, config: A2ATSConfig, prompt: str, sampling):
+    """Tokens, cache bytes, retrieved steps and codebook bytes of the chat on one process."""
+    from a2ats_engine.cache.telemetry import TokenEvent
+    from a2ats_engine.loading.models import load_model
+
+    model, tokenizer, _ = load_model(str(model_dir))
+    session = ChatSession(
+        model, tokenizer, sampling=sampling, a2ats=config, codebook=Codebook.load(codebook)
+    )
+    tokens = [e.token_id for e in session.send(prompt) if isinstance(e, TokenEvent)]
+    held = sum(int(c.nbytes) for c in session.caches)
+    book_bytes = model_codebook_bytes(session.caches)
+    return tokens, held, attention_steps(session.caches)[0], book_bytes
+
+
+PROMPT = (
+    "The ring backend carries one hidden state per decode step from the first layers to the "
+    "last. Each rank keeps codes, keys and values for its own layers only, so the cache "
+    "halves on two ranks while the tokens stay those of one process."
+)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_two_ranks_sample_the_tokens_of_one_process_with_half_the_cache(two_ranks, tmp_path, arch):
+    """Sampled (temperature 1, one seed) so a wrong hidden state or seed shows in the tokens;
+    A2ATS retrieves from the first decode step (exact_below 0, small window and budget)."""
+    extra = {"head_dim": 16} if arch == "qwen3" else {}  # qwen3's file has its own pipeline()
+    model_dir = save_tiny_model(tmp_path / "tiny", arch, num_hidden_layers=4, seed=3, **extra)
+    book = tmp_path / "book.safetensors"
+    Codebook.random(4, 2, 16, 64, seed=2).save(book)
+    options = ["--model", str(model_dir), "--codebook", str(book), "--temp", "1.0"]
+    options += ["--seed", "11", "--max-tokens", "24", "--window", "16", "--budget", "8"]
+    options += ["--exact-below", "0", "--prompt", PROMPT, "--stats-json", str(tmp_path / "s")]
+    done = _launch(tmp_path, options)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ranks = _ranks(tmp_path / "s")
+    config = A2ATSConfig(window=16, budget=8, exact_below=0)
+    sampling = SamplingSettings(temperature=1.0, seed=11, max_tokens=24)
+    tokens, held, retrieved, _ = _reference(model_dir, book, config, PROMPT, sampling)
+    assert retrieved > 0  # the comparison covers retrieval, not only exact attention
+    assert len(set(tokens)) > 3
+    for rank in ranks:
+        assert rank["replies"][0]["tokens"] == tokens
+    assert [r["layers"] for r in ranks] == [[2, 4], [0, 2]]
+    per_rank = [r["replies"][0]["cache_bytes"] for r in ranks]
+    assert sum(per_rank) == held
+    assert all(0.4 * held <= b <= 0.6 * held for b in per_rank)
+    assert ranks[0]["replies"][0]["sent_bytes_per_decode_step"] == 64 * 4  # the gather
+    assert ranks[1]["replies"][0]["sent_bytes_per_decode_step"] == 2 * 64 * 4  # send + gather
+
+
+@pytest.mark.demo
+def test_demo_two_ranks_greedy_equals_one_process(two_ranks, tmp_path):
+    folder = require_demo()
+    from a2ats_engine.data_dirs import demo_codebook_path
+
+    book = demo_codebook_path()
+    if not book.is_file():
+        pytest.skip("the demo codebook is not built (run `a2ats fetch-demo`)")
+    prompt = "Explain in three sentences why the sky is blue. " + PROMPT * 3
+    options = ["--model", "demo", "--temp", "0", "--max-tokens", "12", "--exact-below", "0"]
+    options += ["--prompt", prompt, "--stats-json", str(tmp_path / "d")]
+    done = _launch(tmp_path, options)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ranks = _ranks(tmp_path / "d")
+    config = A2ATSConfig(exact_below=0, far_offset=int(Codebook.load(book).metadata["far_offset"]))
+    sampling = SamplingSettings(temperature=0.0, max_tokens=12)
+    tokens, held, retrieved, book_bytes = _reference(folder, book, config, prompt, sampling)
+    assert retrieved > 0
+    for rank in ranks:
+        assert rank["replies"][0]["tokens"] == tokens
+    per_rank = [r["replies"][0]["cache_bytes"] for r in ranks]
+    assert sum(per_rank) == held and all(0.4 * held <= b <= 0.6 * held for b in per_rank)
+    books = [r["replies"][0]["codebook_bytes"] for r in ranks]  # each rank: its layers' rows
+    assert sum(books) == book_bytes and all(b <= 0.6 * book_bytes for b in books)
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])
+def test_lost_rank_is_reported_on_rank0_in_bounded_time(two_ranks, tmp_path, how):
+    """Rank 1 is killed (MLX's ring error) or stopped (the watchdog, --peer-timeout 20) mid-reply;
+    rank 0 prints an error and ends."""
+    model_dir = save_tiny_model(tmp_path / "tiny", "llama", num_hidden_layers=4)
+    port = _free_port()
+    hostfile = tmp_path / "ring.json"
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{port}"], [f"127.0.0.1:{port + 1}"]]))
+    options = ["--model", str(model_dir), "--cache", "full", "--temp", "0"]
+    options += ["--max-tokens", "3000", "--peer-timeout", "20"]
+    procs = []
+    for rank in range(2):
+        env = _env() | {"MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)}
+        procs.append(
+            subprocess.Popen(
+                [PYTHON, "-m", "a2ats_engine.distributed", *options],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                cwd=tmp_path,
+            )
+        )
+    rank0, rank1 = procs
+    try:
+        os.set_blocking(rank0.stdout.fileno(), False)
+        rank0.stdin.write(b"tell me a long story\n")
+        rank0.stdin.flush()
+        seen = b""
+        deadline = time.monotonic() + TIMEOUT
+        while seen.count(b"R") + len(seen) < 40 and time.monotonic() < deadline:
+            seen += rank0.stdout.read() or b""
+            time.sleep(0.2)
+        assert len(seen) >= 20, "rank 0 printed no reply before the kill"
+        rank1.send_signal(how)
+        killed = time.monotonic()
+        rank0.wait(timeout=120)
+        waited = time.monotonic() - killed
+        err = rank0.stderr.read().decode()
+        assert rank0.returncode != 0
+        assert "error (rank 0)" in err, err[-1000:]
+        assert waited < 60, f"rank 0 took {waited:.0f} s to report the lost rank"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
