@@ -51,3 +51,11 @@ def from_known_fields(cls: type[T], data: dict[str, Any]) -> T:
     written by a newer version); missing keys take the field defaults."""
     names = {f.name for f in fields(cls)}
     return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def parse_budget(text: str) -> float | int:
+    """'0.03' -> 0.03 (fraction), '128' -> 128 (token count)."""
+    value = float(text)
+    if value >= 1.0 and value.is_integer() and "." not in text:
+        return int(value)
+    return value

@@ -265,7 +265,7 @@ def check_model_chat(source: str, tokens: int) -> str | None:
 def _codebook_for(source: str, model, info):
     """The calibrated codebook found for the model, else a random one (wiring check only)."""
     from a2ats_engine.cache.codebook import Codebook
-    from a2ats_engine.commands.chat import default_codebook
+    from a2ats_engine.loading.fetched_models import default_codebook
     from a2ats_engine.loading.models import demo_model_path
 
     folder = demo_model_path() if source == "demo" else Path(info.path)

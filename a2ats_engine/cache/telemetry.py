@@ -147,3 +147,18 @@ class GenerationStats:
     codebook_bytes: int = 0  # the model's codebook, shared by all chats of that model
     context_tokens: int = 0
     extra: dict = field(default_factory=dict)
+
+    def line(self) -> str:
+        """`[12 prompt tokens, 30 generated, TTFT 0.21 s, 11.8 tok/s, peak 0.4 GB, stop]` (with
+        the K/V bytes in memory and on disk when the cold tier holds some)."""
+        disk = self.cache_disk_bytes
+        kv = (
+            f"K/V {self.cache_bytes / 2**20:.1f} MiB in memory, {disk / 2**20:.1f} MiB on disk, "
+            if disk
+            else ""
+        )
+        return (
+            f"[{self.prompt_tokens} prompt tokens, {self.generation_tokens} generated, "
+            f"TTFT {self.time_to_first_token:.2f} s, {self.generation_tps:.1f} tok/s, "
+            f"{kv}peak {self.peak_memory_gb:.2f} GB, {self.stop_reason}]"
+        )

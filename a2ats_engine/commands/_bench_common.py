@@ -13,7 +13,7 @@ def find_codebook(path: str | None, source: str, model_path: str | None, *, requ
     """(Codebook | None, description). `path` wins; else `codebook.safetensors` in the model
     folder or, for the demo, its default codebook. ValueError when required and none found."""
     from ..cache.codebook import Codebook
-    from .chat import default_codebook
+    from ..loading.fetched_models import default_codebook
 
     found = (
         Path(path) if path else default_codebook(source, Path(model_path) if model_path else None)

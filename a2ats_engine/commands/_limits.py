@@ -15,6 +15,8 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..validation import parse_budget
+
 MAX_CONTEXT = 1 << 22
 """Largest context any flag accepts before a model is loaded (4,194,304 tokens)."""
 MAX_STEPS = 100_000
@@ -86,14 +88,6 @@ def fractions(flag: str, text: str) -> list[float]:
             raise ValueError(f"{flag}: {item} is out of range: must be in [0, 1]")
         out.append(value)
     return out
-
-
-def parse_budget(text: str) -> float | int:
-    """'0.03' -> 0.03 (fraction), '128' -> 128 (token count)."""
-    value = float(text)
-    if value >= 1.0 and value.is_integer() and "." not in text:
-        return int(value)
-    return value
 
 
 def budget(text: str, flag: str = "--budget") -> float | int:

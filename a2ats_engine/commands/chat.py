@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 REPL_HELP = "commands: /reset clears the conversation, /exit (or Ctrl-D) quits"
-CODEBOOK_FILE = "codebook.safetensors"  # a codebook kept inside a model folder is found there
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -56,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=("a2ats", "full"),
         help="KV cache: a2ats (retrieval cache, needs a codebook) or full (mlx-lm KVCache). "
         "Default: a2ats when a codebook for the model is found (--codebook, "
-        f"{CODEBOOK_FILE} in the model folder, or the demo's default codebook), else full",
+        "codebook.safetensors in the model folder, or the demo's default codebook), else full",
     )
     p.add_argument("--codebook", metavar="FILE", help="A2ATS codebook file (.safetensors)")
     p.add_argument(
@@ -202,21 +201,10 @@ def _progress(stage: str, done: int, total: int) -> None:
 
 
 # --------------------------------------------------------------------------- cache choice
-def default_codebook(source: str, model_path: Path | None) -> Path | None:
-    """A codebook found for the model: `codebook.safetensors` in its folder, or the default
-    codebook of a model fetched by name (`demo`, `gemma3-270m`)."""
-    from ..loading.fetched_models import default_codebook_path, is_named
-
-    candidates = []
-    if model_path is not None and model_path.is_dir():
-        candidates.append(model_path / CODEBOOK_FILE)
-    if is_named(source):
-        candidates.append(default_codebook_path(source))
-    return next((path for path in candidates if path.is_file()), None)
-
-
 def _cache_choice(args: argparse.Namespace, model: Any, model_path: Path | None) -> tuple:
     """(A2ATSConfig, Codebook) for --cache a2ats, (None, None) for the full cache."""
+    from ..loading.fetched_models import default_codebook
+
     if args.cache == "full" and args.codebook:
         raise ValueError("--codebook needs --cache a2ats (or no --cache)")
     path = Path(args.codebook) if args.codebook else None
@@ -277,17 +265,7 @@ def crossover_origin(crossover: Any) -> str:
 # --------------------------------------------------------------------------- chatting
 def stats_line(stats: Any) -> str:
     """`[12 prompt tokens, 30 generated, TTFT 0.21 s, 11.8 tok/s, peak 0.4 GB, stop]`."""
-    disk = getattr(stats, "cache_disk_bytes", 0)
-    kv = (
-        f"K/V {stats.cache_bytes / 2**20:.1f} MiB in memory, {disk / 2**20:.1f} MiB on disk, "
-        if disk
-        else ""
-    )
-    return (
-        f"[{stats.prompt_tokens} prompt tokens, {stats.generation_tokens} generated, "
-        f"TTFT {stats.time_to_first_token:.2f} s, {stats.generation_tps:.1f} tok/s, "
-        f"{kv}peak {stats.peak_memory_gb:.2f} GB, {stats.stop_reason}]"
-    )
+    return stats.line()
 
 
 def _print_reply(events: Any) -> Any:
@@ -344,4 +322,4 @@ def _reply_interruptibly(session: Any, text: str) -> None:
             signal.signal(signal.SIGINT, previous)
 
 
-__all__ = ["register", "run", "load", "default_codebook", "stats_line"]
+__all__ = ["register", "run", "load", "stats_line"]

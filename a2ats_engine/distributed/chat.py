@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ..commands.chat import _budget
+from ..validation import parse_budget
 
 REPL_HELP = "commands: /reset clears the conversation, /exit (or Ctrl-D) quits"
 LOST = ("connection to a peer was lost", "[ring]", "[mpi]", "closed by the peer")
@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache", choices=("a2ats", "full"), help="KV cache (as `a2ats chat`)")
     p.add_argument("--codebook", metavar="FILE", help="A2ATS codebook file (on every host)")
     p.add_argument(
-        "--budget", type=_budget, help="A2ATS budget: fraction (e.g. 0.03) or token count"
+        "--budget", type=parse_budget, help="A2ATS budget: fraction (e.g. 0.03) or token count"
     )
     p.add_argument("--window", type=int, help="A2ATS exact-RoPE window in tokens")
     p.add_argument(
@@ -216,7 +216,6 @@ def _read_line() -> str | None:
 
 def _reply(session: Any, text: str, rank0: bool, dog: Watchdog, recorder: _Recorder) -> None:
     from ..cache.telemetry import GenerationStats, TokenEvent
-    from ..commands.chat import stats_line
 
     dog.beat()
     stats = None
@@ -236,7 +235,7 @@ def _reply(session: Any, text: str, rank0: bool, dog: Watchdog, recorder: _Recor
     if rank0:
         print(flush=True)
         if stats is not None:
-            print(stats_line(stats), file=sys.stderr, flush=True)
+            print(stats.line(), file=sys.stderr, flush=True)
 
 
 def _settle(session: Any) -> None:
@@ -253,7 +252,7 @@ def _settle(session: Any) -> None:
 def _cache_choice(args, model, info, stage, rank0: bool) -> tuple:
     """(A2ATSConfig, RankCodebook) as `a2ats chat` chooses them, or (None, None) for full."""
     from ..cache.config import A2ATSConfig
-    from ..commands.chat import default_codebook
+    from ..loading.fetched_models import default_codebook
     from .codebook import load_rank_codebook
 
     if args.cache == "full" and args.codebook:
@@ -300,7 +299,7 @@ class _Recorder:
         self._count += 1
 
     def on_reply(self, tokens: list[int], stats: Any) -> None:
-        from ..cache.a2ats_cache import model_codebook_bytes
+        from ..cache.model_cache import model_codebook_bytes
 
         caches = self.session.caches or []
         steps = max(self._count - 1, 1)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from ..cache.codebook import Codebook, _read_metadata
+from ..cache.codebook import Codebook
+from ..cache.codebook_file import read_metadata
 from ..errors import CodebookError
 from ..files import sha256_file
 
@@ -45,7 +46,7 @@ def load_rank_codebook(path: str | os.PathLike, owned: list[int] | range) -> Ran
     """The codebook at `path` with real arrays only for the `owned` model layers.
     CodebookError (one line) for a missing or damaged file, as `Codebook.load`."""
     path = Path(path)
-    meta = _read_metadata(path)
+    meta = read_metadata(path)
     try:
         arrays = mx.load(str(path), format="safetensors")
     except Exception as exc:  # MLX raises plain RuntimeError/ValueError on bad content

