@@ -114,7 +114,7 @@ class EngineBackend:
         return codebook
 
     def is_cancellation(self, exc: BaseException) -> bool:
-        from a2ats_engine.calibration.calibrate import CalibrationCancelled
+        from a2ats_engine.calibration.capture import CalibrationCancelled
 
         return isinstance(exc, CalibrationCancelled)
 

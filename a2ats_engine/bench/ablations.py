@@ -147,8 +147,8 @@ def _kind_note(kind: str, settings: dict[str, Any]) -> str:
 
 def training_stream(stream: np.ndarray, settings: dict[str, Any]) -> np.ndarray:
     """The tokens calibration trains on: `stream` in chunks of the codebook's chunk length,
-    less the held-out chunks (`calibrate.collect`'s split), in order -> `[T']`."""
-    from ..calibration.calibrate import _chunks, _heldout_chunks
+    less the held-out chunks (`capture.collect`'s split), in order -> `[T']`."""
+    from ..calibration.capture import _chunks, _heldout_chunks
 
     chunks = _chunks(len(stream), calibration_settings_chunk(settings))
     held = _heldout_chunks(len(chunks), HELDOUT)
@@ -162,7 +162,7 @@ def calibration_settings_chunk(settings: dict[str, Any]) -> int:
 
 
 def _corpus_stream(tokenizer: Any, settings: dict[str, Any], progress) -> np.ndarray:
-    from ..calibration.calibrate import token_stream
+    from ..calibration.capture import token_stream
     from ..calibration.corpus import builtin_corpus
 
     texts = builtin_corpus(tokenizer, seed=settings["seed"], chars=8 * settings["tokens"])
@@ -181,12 +181,8 @@ def _spec(settings: dict[str, Any]) -> CodebookSpec:
 
 
 def _train(model, kind: str, stream: np.ndarray, settings: dict[str, Any], progress) -> Codebook:
-    from ..calibration.calibrate import (
-        collect,
-        default_keys_per_head,
-        fit_codebook,
-        spread_to_layers,
-    )
+    from ..calibration.calibrate import fit_codebook, spread_to_layers
+    from ..calibration.capture import collect, default_keys_per_head
 
     config = _config(settings)
     keys_per_head = settings["keys_per_head"] or default_keys_per_head(settings["n_centroids"])
@@ -221,7 +217,7 @@ def _train(model, kind: str, stream: np.ndarray, settings: dict[str, Any], progr
 
 
 class _StreamTokenizer:
-    """Feeds an already tokenized stream to `calibrate.collect` (its `encode` returns it)."""
+    """Feeds an already tokenized stream to `capture.collect` (its `encode` returns it)."""
 
     eos_token_id = None
 
@@ -244,13 +240,13 @@ def collect_post_rope(
     progress: Progress | None = None,
 ) -> tuple[list[mx.array], list[mx.array]]:
     """Post-RoPE keys `[n_kv, N, d]` and post-RoPE query moments `sum q^ q^T` `[n_kv, d, d]`
-    per A2ATS layer of the model's plan (in layer order), collected like `calibrate.collect`
+    per A2ATS layer of the model's plan (in layer order), collected like `capture.collect`
     (fresh context per chunk, keys past the sinks sampled uniformly, queries from position
     `sinks + window` on; the plan's native layers run with the model's own caches, a sliding
     window's `RotatingKVCache` included, so every captured layer sees the model's residuals)."""
     from ..cache import hooks
     from ..cache.layer_plan import A2ATS, native_caches, plan_for
-    from ..calibration.calibrate import STEP_TOKENS, CaptureCache, transformer_body
+    from ..calibration.capture import STEP_TOKENS, CaptureCache, transformer_body
     from .methods import IdentityRope
 
     served = [c for c in plan_for(model).require().layers if c.kind == A2ATS]

@@ -149,7 +149,8 @@ def sweep_codebooks(
     default `A2ATSConfig()`); evaluation runs with `exact_below = 0`. save_dir: where each
     codebook is saved as `codebook-c{N}-t{T}.safetensors` (None: not saved)."""
     from ..cache.codebook_spec import CodebookSpec
-    from ..calibration.calibrate import codebook_from_data, default_keys_per_head
+    from ..calibration.calibrate import codebook_from_data
+    from ..calibration.capture import default_keys_per_head
     from ..calibration.corpus import builtin_description
     from ..calibration.shared_collect import collect_shared
 

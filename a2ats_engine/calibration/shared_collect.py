@@ -29,7 +29,7 @@ import numpy as np
 
 from ..cache.config import A2ATSConfig
 from ..progress import Progress
-from .calibrate import (
+from .capture import (
     DEFAULT_CHUNK_LEN,
     Accumulator,
     CalibrationData,
@@ -148,7 +148,7 @@ def collect_shared(
     texts: the calibration documents (None: the built-in corpus, built per token count as
     `calibrate` builds it, `chars = 8 * tokens`). Everything else as `collect`. Progress
     stages: "tokenizing", "collecting" (tokens actually run). Raises CalibrationCancelled."""
-    from .calibrate import _check_positive
+    from .capture import _check_positive
     from .corpus import builtin_corpus
 
     if not requests:

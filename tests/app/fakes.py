@@ -351,7 +351,7 @@ class FakeBackend:
         for stage, total in (("collecting", 40), ("clustering", 20)):
             for done in range(total + 1):
                 if cancel.is_set():
-                    from a2ats_engine.calibration.calibrate import CalibrationCancelled
+                    from a2ats_engine.calibration.capture import CalibrationCancelled
 
                     raise CalibrationCancelled("calibration cancelled")
                 progress(stage, done, total)
@@ -361,7 +361,7 @@ class FakeBackend:
         return FakeCodebook()
 
     def is_cancellation(self, exc):
-        from a2ats_engine.calibration.calibrate import CalibrationCancelled
+        from a2ats_engine.calibration.capture import CalibrationCancelled
 
         return isinstance(exc, CalibrationCancelled)
 

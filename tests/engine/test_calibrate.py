@@ -15,12 +15,8 @@ from a2ats_engine.cache.codebook_spec import CodebookSpec
 from a2ats_engine.cache.config import A2ATSConfig
 from a2ats_engine.cache.geometry import model_geometry, rope_specs
 from a2ats_engine.cache.rope import retrieval_distances
-from a2ats_engine.calibration.calibrate import (
-    CalibrationCancelled,
-    calibrate,
-    collect,
-    token_stream,
-)
+from a2ats_engine.calibration.calibrate import calibrate
+from a2ats_engine.calibration.capture import CalibrationCancelled, collect, token_stream
 from a2ats_engine.calibration.corpus import builtin_corpus, load_texts
 
 CONFIG = A2ATSConfig()

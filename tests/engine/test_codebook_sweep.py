@@ -15,7 +15,8 @@ from a2ats_engine.bench.evaluate import evaluate
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.codebook_spec import CodebookSpec
 from a2ats_engine.cache.config import A2ATSConfig
-from a2ats_engine.calibration.calibrate import calibrate, collect
+from a2ats_engine.calibration.calibrate import calibrate
+from a2ats_engine.calibration.capture import collect
 from a2ats_engine.calibration.corpus import builtin_corpus
 from a2ats_engine.calibration.shared_collect import collect_shared
 from a2ats_engine.cli import main
