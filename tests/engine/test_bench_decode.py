@@ -69,7 +69,7 @@ def test_decode_method_names_set_kv_bits_rerank_and_telemetry():
 
 def test_median_results_take_ratios_within_each_run():
     from a2ats_engine.bench.speed import DecodeResult
-    from a2ats_engine.commands.bench import median_results
+    from a2ats_engine.commands.bench.decode import median_results
 
     def run(full: float, a2ats: float) -> list:
         return [DecodeResult("full", 8, full, 1, 1.0), DecodeResult("a2ats", 8, a2ats, 1, 1.0)]

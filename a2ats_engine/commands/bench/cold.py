@@ -38,9 +38,9 @@ def register(bench) -> None:
 
 def _check(args: argparse.Namespace) -> tuple[list[int], list[str]]:
     """Every flag range-checked before any work (`_limits.py`)."""
-    from ..bench.cold_tier import METHODS
-    from ..bench.geometries import GEOMETRIES
-    from . import _limits
+    from ...bench.cold_tier import METHODS
+    from ...bench.geometries import GEOMETRIES
+    from .. import _limits
 
     _limits.names("--geometry", args.geometry, GEOMETRIES.__contains__, GEOMETRIES)
     contexts = _limits.int_list("--contexts", args.contexts, 64, MAX_COLD_CONTEXT)
@@ -54,9 +54,9 @@ def _check(args: argparse.Namespace) -> tuple[list[int], list[str]]:
 
 def run(args: argparse.Namespace) -> int:
     contexts, methods = _check(args)
-    from ..bench.cold_tier import measure
-    from ..cache.config import A2ATSConfig
-    from ._bench_common import machine
+    from ...bench.cold_tier import measure
+    from ...cache.config import A2ATSConfig
+    from .._bench_common import machine
 
     limit = None if args.data_limit is None else int(args.data_limit * 2**30)
     config = A2ATSConfig()
@@ -115,10 +115,15 @@ def _register_reopen(bench) -> None:
 
 
 def run_reopen(args: argparse.Namespace) -> int:
-    from ..bench.reopen import bench_reopen
-    from ..loading.models import load_model
-    from . import _limits
-    from ._bench_common import a2ats_config, find_codebook, machine, silence_random_codebook_warning
+    from ...bench.reopen import bench_reopen
+    from ...loading.models import load_model
+    from .. import _limits
+    from .._bench_common import (
+        a2ats_config,
+        find_codebook,
+        machine,
+        silence_random_codebook_warning,
+    )
 
     contexts = _limits.int_list("--contexts", args.contexts, 16, _limits.MAX_CONTEXT)
     silence_random_codebook_warning()

@@ -6,14 +6,14 @@ import argparse
 import json
 import sys
 
-from . import _limits
+from .. import _limits
 
 
 def run_profile(args: argparse.Namespace) -> int:
     """The profile of `--model` at `--contexts` over `--steps` steps (flags already checked)."""
-    from ..bench.profile import profile_decode, threads
-    from ..loading.models import load_model
-    from ._bench_common import a2ats_config, find_codebook, machine
+    from ...bench.profile import profile_decode, threads
+    from ...loading.models import load_model
+    from .._bench_common import a2ats_config, find_codebook, machine
 
     contexts = _limits.contexts("--contexts", args.contexts, 64)
     steps = _limits.count("--steps", args.steps, 2, 1024)

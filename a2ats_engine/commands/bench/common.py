@@ -1,0 +1,47 @@
+"""What several `a2ats bench` subcommands share: repeats, the codebook, the retrieval run."""
+
+from __future__ import annotations
+
+import argparse
+
+from .. import _limits as limits
+
+
+def check_repeats(repeats: int) -> int:
+    return limits.count("--repeats", repeats, 1, limits.MAX_REPEATS)
+
+
+def load_codebook(path: str | None, model_source: str, model_path: str | None = None):
+    """(Codebook or None, description: its path or "random (no codebook found)")."""
+    from .._bench_common import find_codebook
+
+    return find_codebook(path, model_source, model_path, required=False)
+
+
+def retrieval_run(args: argparse.Namespace):
+    """(model, tokenizer, info, codebook, codebook description, config) for a benchmark that
+    measures retrieval itself: `exact_below=0`, so no step attends exactly below the crossover."""
+    from ...loading.models import load_model
+    from .._bench_common import a2ats_config, find_codebook
+
+    contexts = limits.contexts("--contexts", args.contexts)
+    limits.fractions("--depths", args.depths)
+    budget = limits.budget(args.budget)
+    limits.config_check("--rerank", rerank=args.rerank)
+    model, tokenizer, info = load_model(args.model)
+    limits.check_model_context("--contexts", contexts, info.context_length)
+    codebook, desc = find_codebook(args.codebook, args.model, info.path, required=True)
+    config = a2ats_config(codebook, model, budget=budget, rerank=args.rerank, exact_below=0)
+    return model, tokenizer, info, codebook, desc, config
+
+
+def is_eval_method(name: str) -> bool:
+    from ...bench.methods import METHODS
+
+    return name in METHODS
+
+
+def eval_method_names() -> list[str]:
+    from ...bench.methods import METHODS
+
+    return list(METHODS)

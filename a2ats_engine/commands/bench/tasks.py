@@ -1,0 +1,111 @@
+"""`a2ats bench tasks`: RULER-style tasks scored against full attention."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .. import _limits as limits
+from .common import eval_method_names, is_eval_method, retrieval_run
+
+
+def register(bench) -> None:
+    t = bench.add_parser(
+        "tasks",
+        help="RULER-style long-context tasks (needles, multi-hop, aggregation) per method",
+        description=(
+            "Generate needle-in-a-haystack (number, word, UUID, multi-key, multi-value), "
+            "variable-tracking and common-word tasks offline at each context, depth and seed; "
+            "answer greedily with each method from one exact prefill (the last prompt token and "
+            "every answer token go through the method's decode attention). Score: share of the "
+            "reference answers found, in [0, 1], per task, context and method, and relative to "
+            "`full` on the same prompts."
+        ),
+    )
+    t.add_argument("--model", default="demo", help="model source (default: demo)")
+    t.add_argument("--codebook", help="codebook file (default: the model's default codebook)")
+    t.add_argument("--contexts", default="4096", help="comma-separated contexts (default 4096)")
+    t.add_argument("--methods", default="full,a2ats,window,oracle_topk", help="comma list")
+    t.add_argument("--tasks", default=None, help="comma list of tasks (default: all)")
+    t.add_argument("--depths", default="0.1,0.5,0.9", help="needle depths in [0, 1]")
+    t.add_argument("--seeds", type=int, default=1, help="prompts per task, context and depth")
+    t.add_argument("--haystack", help="filler text file (default: built-in public-domain prose)")
+    t.add_argument("--budget", default="0.03", help="retrieval budget: fraction or token count")
+    t.add_argument("--rerank", type=int, default=None, help="A2ATS rerank factor")
+    t.add_argument("--trials", action="store_true", help="also list every answer in the JSON")
+    t.add_argument("--json", action="store_true", help="print one JSON object")
+    t.set_defaults(func=run_tasks)
+
+
+def run_tasks(args: argparse.Namespace) -> int:
+    from ...bench import tasks as tk
+    from .._bench_common import (
+        machine,
+        parse_list,
+        stderr_progress,
+    )
+
+    names = tuple(x for x in (args.tasks or ",".join(tk.TASKS)).split(",") if x)
+    unknown = [x for x in names if x not in tk.TASKS]
+    if unknown:
+        raise ValueError(f"--tasks {unknown} unknown: must be among {', '.join(tk.TASKS)}")
+    methods = tuple(limits.names("--methods", args.methods, is_eval_method, eval_method_names()))
+    limits.count("--seeds", args.seeds, 1, limits.MAX_REPEATS)
+    if args.haystack:
+        haystack, haystack_desc = Path(args.haystack).read_text(encoding="utf-8"), args.haystack
+    else:
+        haystack, haystack_desc = tk.default_haystack()
+    model, tokenizer, info, codebook, desc, config = retrieval_run(args)
+    prompts = tk.task_prompts(
+        tokenizer, names, parse_list(args.contexts), parse_list(args.depths, float), args.seeds,
+        haystack,
+    )  # fmt: skip
+    trials = tk.bench_tasks(
+        model, tokenizer, prompts, codebook=codebook, config=config, methods=methods,
+        progress=stderr_progress(True),
+    )  # fmt: skip
+    out = {
+        "model": info.name,
+        "codebook": Path(desc).name,  # the file name only: paths are machine-specific
+        "budget": config.budget,
+        "rerank": config.rerank,
+        "haystack": haystack_desc if args.haystack is None else Path(args.haystack).name,
+        "depths": parse_list(args.depths, float),
+        "seeds": args.seeds,
+        "machine": machine(),
+        "command": _tasks_command(args),
+        "results": tk.summarize(trials),
+        "relative_to_full": tk.relative_to_full(trials),
+    }
+    if args.trials:
+        out["trials"] = [vars(t) for t in trials]
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"model {info.name}; codebook {desc}; budget {config.budget}; haystack {haystack_desc}")
+    print(f"{'task':<18} {'context':>7} " + "".join(f"{m:>13}" for m in methods))
+    scores = {(r["task"], r["context"], r["method"]): r["score"] for r in out["results"]}
+    for task in names:
+        for context in parse_list(args.contexts):
+            cells = "".join(f"{scores[(task, context, m)]:>13.2f}" for m in methods)
+            print(f"{task:<18} {context:>7} {cells}")
+    return 0
+
+
+def _tasks_command(args: argparse.Namespace) -> str:
+    """The command line that reproduces a tasks run (file arguments by name only)."""
+    parts = ["a2ats bench tasks", f"--contexts {args.contexts}", f"--methods {args.methods}"]
+    if args.tasks:
+        parts.append(f"--tasks {args.tasks}")
+    parts += [f"--depths {args.depths}", f"--seeds {args.seeds}", f"--budget {args.budget}"]
+    if args.rerank is not None:
+        parts.append(f"--rerank {args.rerank}")
+    for flag, value in (("--haystack", args.haystack), ("--codebook", args.codebook)):
+        if value:
+            parts.append(f"{flag} {Path(value).name}")
+    if args.model != "demo":
+        parts.append("--model MODEL")
+    if args.trials:
+        parts.append("--trials")
+    return " ".join(parts + ["--json"])
