@@ -282,7 +282,7 @@ def _pct(x: float) -> str:
 
 
 def targets_table(ev: dict, passkey: dict, decode: dict, decode_1: dict | None, mem: dict) -> str:
-    """Issue 5's targets against the recorded runs."""
+    """The first round of targets (fidelity, memory, speed) against the recorded runs."""
     m = ev["methods"]
     a2, oracle = m["a2ats"], m["oracle_topk"]
     ratio = a2["recall"] / oracle["recall"]
@@ -746,7 +746,7 @@ def targets15_table(
     tasks: list[dict],
     reruns: tuple[tuple[str, dict], ...] = (),
 ) -> str:
-    """Issue 15's targets against the recorded runs (demo model unless a geometry is named).
+    """The beyond-the-paper targets against the recorded runs (demo model unless a geometry is named).
     reruns: (label, `bench decode` JSON) of later runs of the same contexts; each adds its own
     row for the contexts it measured, so no run is picked over another."""
     rows = ["| target | measured | met |", "|---|---|---|"]
