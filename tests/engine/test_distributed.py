@@ -19,10 +19,10 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from a2ats_engine.cache.a2ats_cache import attention_steps, model_codebook_bytes
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig
 from a2ats_engine.cache.layer_plan import A2ATS, NATIVE, LayerChoice, LayerPlan
+from a2ats_engine.cache.model_cache import attention_steps, model_codebook_bytes
 from a2ats_engine.distributed.codebook import load_rank_codebook
 from a2ats_engine.distributed.launch import launch_command, read_hosts
 from a2ats_engine.distributed.pipeline import (
