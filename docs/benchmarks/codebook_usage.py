@@ -65,7 +65,7 @@ def main(argv: list[str]) -> int:
     from a2ats_engine.cache.codebook import Codebook
     from a2ats_engine.cache.config import A2ATSConfig
     from a2ats_engine.cache.layer_plan import A2ATS, plan_for, rope_spec_of
-    from a2ats_engine.commands.chat import default_codebook
+    from a2ats_engine.loading.fetched_models import default_codebook
     from a2ats_engine.loading.models import load_model
     from a2ats_engine.records import planning_context
 
