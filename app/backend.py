@@ -32,6 +32,10 @@ def file_sha256(path: str | Path) -> str:
     return sha256_file(path)
 
 
+class CrossoverCancelled(Exception):
+    """The crossover measurement was cancelled (a message was sent while it ran)."""
+
+
 class EngineBackend:
     """Real engine calls (MLX). `prefill_step_size`: tokens per prefill chunk of new sessions
     (a stop is honoured between chunks; None = the engine's default)."""
@@ -144,6 +148,41 @@ class EngineBackend:
         if self.prefill_step_size is not None:
             session.prefill_step_size = self.prefill_step_size
         return session
+
+    def crossover_measured_here(self, model) -> bool:
+        """Whether this machine has its own measured crossover for the model's geometry."""
+        from a2ats_engine.cache.crossover import lookup_crossover
+        from a2ats_engine.cache.geometry import model_geometry
+
+        geo = model_geometry(model)
+        row = lookup_crossover(geo.num_layers, geo.num_kv_heads, geo.head_dim)
+        return row is not None and row.origin not in ("built-in", "estimate")
+
+    def measure_crossover(self, model, name: str, codebook, progress, cancel) -> dict:
+        """Measure the model's crossover on this machine (short: one run of a few steps at
+        1K-8K tokens within its context), record it in the user table and return the entry.
+        `cancel.is_set()` is polled between contexts: CrossoverCancelled then."""
+        from a2ats_engine.bench.crossover_probe import AUTO_CONTEXTS, measure_crossover
+        from a2ats_engine.cache import crossover as xo
+        from a2ats_engine.cache.config import A2ATSConfig
+        from a2ats_engine.cache.geometry import model_geometry
+
+        limit = model_geometry(model).max_context or max(AUTO_CONTEXTS)
+        contexts = [c for c in AUTO_CONTEXTS if c <= limit] or [min(AUTO_CONTEXTS)]
+
+        def report(stage: str, done: int, total: int) -> None:
+            if cancel.is_set():
+                raise CrossoverCancelled("measurement cancelled")
+            progress(f"Measuring where retrieval pays off on this machine ({stage})", done, total)
+
+        entry, _ = measure_crossover(
+            model, name, contexts, steps=6, repeats=1, config=A2ATSConfig(), codebook=codebook,
+            codebook_desc="the loaded codebook" if codebook is not None else "random",
+            measured_on=xo.machine_id(), progress=report,
+        )  # fmt: skip
+        xo.record_crossover(entry)
+        xo.reload_user_table()
+        return entry
 
     def with_crossover(self, model, config: A2ATSConfig) -> A2ATSConfig:
         """`config` with the crossover that applies on this machine when it sets none: measured

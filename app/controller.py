@@ -11,6 +11,7 @@ task "save", and the reply, the composer and shutdown carry on.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -143,6 +144,7 @@ class ChatController(QObject):
     reply_ended = Signal(object)  # ReplyEnded, after the conversation was saved
     calibration_finished = Signal(object)  # CalibrationFinished
     calibration_cancelled = Signal()
+    crossover_measured = Signal(object)  # CrossoverMeasured
 
     def __init__(
         self,
@@ -176,6 +178,7 @@ class ChatController(QObject):
     def _connect(self) -> None:
         worker = self.engine.worker
         worker.model_loaded.connect(self._on_model_loaded)
+        worker.crossover_measured.connect(self.crossover_measured)
         worker.codebook_loaded.connect(self._on_codebook_loaded)
         worker.codebook_cleared.connect(self._on_codebook_cleared)
         worker.demo_found.connect(self._on_demo_found)
@@ -452,6 +455,7 @@ class ChatController(QObject):
         replaces: Message | None = None,
         before: list[Message] | None = None,
     ) -> None:
+        self.engine.cancel_crossover()  # a reply comes first: a running measurement ends now
         request = GenerationRequest(
             request_id=self.engine.next_request_id(),
             conversation_id=conversation.id,
@@ -664,6 +668,21 @@ class ChatController(QObject):
         self.save_settings()
         self._set_job(Task.IDLE)
         self.model_loaded.emit(loaded)
+        if self.auto_measure_crossover():
+            self.engine.measure_crossover(loaded.source, automatic=True)
+
+    def auto_measure_crossover(self) -> bool:
+        """Measure a model's crossover the first time it is loaded here: on by default (setting
+        `auto_measure_crossover`), never in a scripted run, never with A2ATS_NO_AUTO_CROSSOVER=1
+        (the test suite sets it: a measurement would write the crossover table tests read)."""
+        disabled = os.environ.get("A2ATS_NO_AUTO_CROSSOVER") == "1"
+        return self.settings.auto_measure_crossover and not self.ephemeral and not disabled
+
+    def measure_crossover(self) -> None:
+        """Measure the loaded model's crossover on this machine again (model menu); it runs on
+        the engine thread in the background and a sent message cancels it."""
+        if self.model is not None:
+            self.engine.measure_crossover(self.model.source, automatic=False)
 
     def load_codebook(self, path: str) -> None:
         self.engine.load_codebook(path, False)

@@ -25,6 +25,7 @@ class Job(StrEnum):
     LOAD_CODEBOOK = "load_codebook"
     CALIBRATE = "calibrate"
     GENERATE = "generate"
+    CROSSOVER = "crossover"  # measuring where retrieval pays off on this machine
 
 
 class ReplyMode(StrEnum):
@@ -99,6 +100,19 @@ class PrefillProgress:
     done: int
     total: int
     seconds: float
+
+
+@dataclass(frozen=True)
+class CrossoverMeasured:
+    """The crossover measured on this machine for the loaded model (recorded in the user table,
+    used from the next reply on), or why there is none: `skipped` (already measured here),
+    `cancelled` (a message was sent while it ran)."""
+
+    exact_below: int = 0
+    never: bool = False
+    ratios: tuple[tuple[int, float], ...] = ()
+    skipped: bool = False
+    cancelled: bool = False
 
 
 @dataclass(frozen=True)

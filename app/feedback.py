@@ -11,7 +11,7 @@ from PySide6.QtWidgets import QMainWindow, QMessageBox
 
 from .controller import SAVE, ChatController, Task
 from .dialogs.progress import TaskProgressDialog
-from .events import ContextOverflow, ErrorReport, Job, OverflowPolicy, Progress
+from .events import ContextOverflow, CrossoverMeasured, ErrorReport, Job, OverflowPolicy, Progress
 from .inert_text import plain_message_box
 
 ERROR_TITLES = {
@@ -51,6 +51,7 @@ class Feedback(QObject):
         controller.context_overflowed.connect(self._on_context_overflowed)
         controller.demo_missing.connect(self._on_demo_missing)
         controller.task_changed.connect(self._on_task_changed)
+        controller.crossover_measured.connect(self._on_crossover_measured)
 
     def _status(self, text: str, ms: int) -> None:
         self.window.statusBar().showMessage(text, ms)
@@ -86,6 +87,22 @@ class Feedback(QObject):
         total = f" {progress.done}/{progress.total}" if progress.total else ""
         self._status(f"{progress.stage}{total}", 2000)
 
+    def _on_crossover_measured(self, measured: CrossoverMeasured) -> None:
+        if measured.skipped:
+            return
+        if measured.cancelled:
+            self._status(
+                "Crossover measurement stopped for the reply (Model menu: measure again)", 8000
+            )
+            return
+        ratios = ", ".join(f"{n:,}: {r:.2f}x" for n, r in measured.ratios)
+        if measured.never:
+            text = f"retrieval was slower at every context measured ({ratios}): exact attention "
+            text += f"through {measured.exact_below - 1:,} tokens"
+        else:
+            text = f"retrieval pays off from {measured.exact_below:,} tokens ({ratios})"
+        self._status(f"Measured on this machine: {text}", 15000)
+
     def _on_error(self, report: ErrorReport) -> None:
         dialog = self.calibrate_dialog()
         if report.task == Job.GENERATE:
@@ -94,6 +111,8 @@ class Feedback(QObject):
             dialog.on_failed(report.message)
         elif report.task == Job.LOAD_CODEBOOK and report.automatic:
             self._status(f"Saved codebook not loaded: {report.message}", 10000)
+        elif report.task == Job.CROSSOVER:
+            self._status(f"Crossover not measured: {report.message}", 10000)
         else:
             self._error_dialog(report)
             return

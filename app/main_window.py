@@ -533,6 +533,10 @@ class MainWindow(QMainWindow):
             ("Open GGUF file\u2026", "file", self.open_gguf_file),
             ("Download from Hugging Face\u2026", "cloud", self.download_from_hf),
         ]
+        if self.controller.model is not None:
+            openers.append(
+                ("Measure crossover on this machine", "info", self.controller.measure_crossover)
+            )
         busy = self.controller.task not in (Task.IDLE, Task.GENERATING)
         fill_model_menu(
             self.model_menu, self.settings.recent_models, busy, self.load_model, openers

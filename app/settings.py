@@ -101,6 +101,7 @@ class AppSettings:
     splitter_sizes: list[int] = field(default_factory=list)
     inspector_visible: bool = True
     last_conversation_id: str | None = None
+    auto_measure_crossover: bool = True  # the first load of a model measures its crossover
 
     def __post_init__(self) -> None:
         for name, (check, expected) in FIELD_TYPES.items():
@@ -191,6 +192,7 @@ FIELD_TYPES = {
     ),
     "inspector_visible": (_is_bool, "true or false"),
     "last_conversation_id": (lambda v: v is None or _is_str(v), "a string or null"),
+    "auto_measure_crossover": (_is_bool, "true or false"),
 }
 """Every AppSettings field: (check, what it must be). A test keeps this in step with the fields."""
 

@@ -26,7 +26,7 @@ from a2ats_engine.cache.config import A2ATSConfig
 from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats, TokenEvent
 from a2ats_engine.records import ModelInfo, SamplingSettings
 
-from .backend import EngineBackend, Turns
+from .backend import CrossoverCancelled, EngineBackend, Turns
 from .context_text import TokenTextCache
 from .events import (
     CalibrationFinished,
@@ -34,6 +34,7 @@ from .events import (
     CodebookLoaded,
     ContextOverflow,
     ContextTokens,
+    CrossoverMeasured,
     DemoStatus,
     ErrorReport,
     GenerationRequest,
@@ -101,6 +102,7 @@ class EngineWorker(QObject):
     generation_finished = Signal(object)  # GenerationStats
     calibration_finished = Signal(object)  # CalibrationFinished
     calibration_cancelled = Signal()
+    crossover_measured = Signal(object)  # CrossoverMeasured
 
     def __init__(self, backend: EngineBackend | None = None) -> None:
         super().__init__()
@@ -109,6 +111,7 @@ class EngineWorker(QObject):
         self._cancelled: set[int] = set()
         self._active_request: int | None = None
         self._calibration_cancel = threading.Event()
+        self._crossover_cancel = threading.Event()
         self._calibration_seq = 0  # the calibration running now (0 = none)
         self._calibrations_cancelled = 0  # every calibration up to this seq is cancelled
         self._model = None
@@ -236,6 +239,39 @@ class EngineWorker(QObject):
         )
 
     # ----- calibration ------------------------------------------------------------------------
+
+    def cancel_crossover(self) -> None:
+        """Thread-safe: end a running crossover measurement at its next context."""
+        self._crossover_cancel.set()
+
+    @Slot(str, bool)
+    def measure_crossover(self, name: str, automatic: bool) -> None:
+        """Measure the loaded model's crossover on this machine and record it; `automatic`
+        (the first load of a model here): only when this machine has no measurement yet."""
+        if self._model is None:
+            return
+        self._crossover_cancel.clear()
+        try:
+            if automatic and self.backend.crossover_measured_here(self._model):
+                self.crossover_measured.emit(CrossoverMeasured(skipped=True))
+                return
+
+            def report(stage: str, done: int, total: int) -> None:
+                self.progress.emit(Progress(Job.CROSSOVER, stage, done, total))
+
+            entry = self.backend.measure_crossover(
+                self._model, name, self._codebook, report, self._crossover_cancel
+            )
+        except CrossoverCancelled:
+            self.crossover_measured.emit(CrossoverMeasured(cancelled=True))
+            return
+        except Exception as exc:  # noqa: BLE001  (reported, the app carries on)
+            self._report(Job.CROSSOVER, exc, name, automatic=automatic)
+            return
+        ratios = tuple((int(n), float(r)) for n, r in entry["ratios"].items())
+        self.crossover_measured.emit(
+            CrossoverMeasured(int(entry["exact_below"]), bool(entry["never"]), ratios)
+        )
 
     @Slot(object)
     def calibrate(self, request: CalibrationRequest) -> None:
@@ -529,6 +565,7 @@ class EngineThread(QObject):
     _clear_codebook = Signal()
     _calibrate = Signal(object)
     _generate = Signal(object)
+    _measure_crossover = Signal(str, bool)
 
     # every EngineThread not yet garbage-collected (tests check none is left running)
     live: ClassVar[weakref.WeakSet[EngineThread]] = weakref.WeakSet()
@@ -549,12 +586,19 @@ class EngineThread(QObject):
         self._clear_codebook.connect(self.worker.clear_codebook)
         self._calibrate.connect(self.worker.calibrate)
         self._generate.connect(self.worker.generate)
+        self._measure_crossover.connect(self.worker.measure_crossover)
         self._next_request = 0
         self._next_calibration = 0
         self.thread.start()
 
     def load_model(self, source: str, codebook: str = "", demo_codebook: bool = True) -> None:
         self._load_model.emit(source, codebook, demo_codebook)
+
+    def measure_crossover(self, name: str, automatic: bool = False) -> None:
+        self._measure_crossover.emit(name, automatic)
+
+    def cancel_crossover(self) -> None:
+        self.worker.cancel_crossover()
 
     def find_demo(self) -> None:
         self._find_demo.emit()

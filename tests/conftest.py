@@ -12,6 +12,8 @@ os.environ.setdefault(
     "A2ATS_CROSSOVER_FILE",
     str(Path(tempfile.gettempdir()) / f"a2ats-tests-{os.getpid()}-no-crossover.json"),
 )
+# the app measures a model's crossover on its first load: not in tests (it would write that table)
+os.environ.setdefault("A2ATS_NO_AUTO_CROSSOVER", "1")
 sys.path.insert(0, str(Path(__file__).parent))
 
 import a2ats_engine  # noqa: E402,F401  (BLAS preload before anything imports mlx.core)

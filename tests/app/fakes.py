@@ -228,6 +228,9 @@ class FakeBackend:
         self.prefill_chunk = prefill_chunk  # > 0: replies report chunked prefill progress
         self.demo_steps: list[str] = []
         self.delay = delay
+        self.crossover_known = False  # this machine has its own measurement for the model
+        self.crossover_runs = 0
+        self.crossover_delay = 0.0
         self.load_seconds = load_seconds
         self.reply_fn = reply_fn
         self.snapshots = snapshots
@@ -307,6 +310,24 @@ class FakeBackend:
         )
         self.sessions.append(session)
         return session
+
+    def crossover_measured_here(self, model):
+        return self.crossover_known
+
+    def measure_crossover(self, model, name, codebook, progress, cancel):
+        from app.backend import CrossoverCancelled
+
+        self.crossover_runs += 1
+        for i, n in enumerate((1024, 2048, 4096)):
+            if cancel.is_set():
+                raise CrossoverCancelled("cancelled")
+            progress(f"context {n}", i, 3)
+            time.sleep(self.crossover_delay)
+        return {
+            "exact_below": 2048,
+            "never": False,
+            "ratios": {"1024": 0.9, "2048": 1.1, "4096": 1.3},
+        }
 
     def with_crossover(self, model, config):
         return config  # the fake model has no geometry: the settings' exact_below as it is

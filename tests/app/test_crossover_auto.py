@@ -1,0 +1,121 @@
+"""The app measures a model's crossover the first time it is loaded on a machine (background,
+cancellable, re-measurable from the Model menu), and the engine backend records it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.events import CrossoverMeasured
+from app.settings import AppSettings
+
+from .fakes import FakeBackend
+from .test_controller import load, send
+
+
+@pytest.fixture
+def auto(monkeypatch):
+    monkeypatch.delenv("A2ATS_NO_AUTO_CROSSOVER", raising=False)
+
+
+@pytest.fixture
+def controllers(qtbot, app_dirs):
+    from app.controller import ChatController
+    from app.conversations import HistoryStore
+    from app.worker import EngineThread
+
+    made = []
+
+    def make(backend, settings: AppSettings | None = None) -> ChatController:
+        controller = ChatController(
+            settings or AppSettings(), engine=EngineThread(backend), store=HistoryStore()
+        )
+        controller.load_history()
+        made.append(controller)
+        return controller
+
+    yield make
+    for controller in made:
+        controller.engine.shutdown()
+
+
+def measured(qtbot, controller, action) -> CrossoverMeasured:
+    with qtbot.waitSignal(controller.crossover_measured, timeout=60000) as blocker:
+        action()
+    return blocker.args[0]
+
+
+def test_the_first_load_measures_the_crossover_in_the_background(
+    auto,
+    controllers,
+    qtbot,
+):
+    backend = FakeBackend()
+    controller = controllers(backend)
+    stages = []
+    controller.progress.connect(lambda p: stages.append(p.stage) if p.task == "crossover" else 0)
+    result = measured(qtbot, controller, lambda: controller.load_model("fake"))
+    assert result == CrossoverMeasured(2048, False, ((1024, 0.9), (2048, 1.1), (4096, 1.3)))
+    assert backend.crossover_runs == 1
+    assert stages and stages[0] == "context 1024"  # progress for the status bar
+    # measured here already: the next load says so and measures nothing
+    backend.crossover_known = True
+    again = measured(qtbot, controller, lambda: controller.load_model("fake"))
+    assert again.skipped and backend.crossover_runs == 1
+    # the Model menu measures again whatever the table holds
+    menu = measured(qtbot, controller, controller.measure_crossover)
+    assert menu.exact_below == 2048 and backend.crossover_runs == 2
+
+
+def test_a_message_sent_while_it_measures_cancels_it_and_is_answered(auto, controllers, qtbot):
+    backend = FakeBackend()
+    backend.crossover_delay = 0.5
+    controller = controllers(backend)
+    with qtbot.waitSignal(controller.crossover_measured, timeout=60000) as blocker:
+        load(qtbot, controller)
+        controller.new_chat()
+        ended = send(qtbot, controller, "Hello")
+    assert blocker.args[0].cancelled
+    assert ended.message is not None and ended.message.content
+
+
+def test_no_measurement_when_switched_off_or_scripted(
+    auto,
+    controllers,
+    qtbot,
+):
+    backend = FakeBackend()
+    controller = controllers(backend, AppSettings(auto_measure_crossover=False))
+    load(qtbot, controller)
+    scripted = controllers(backend)
+    scripted.ephemeral = True
+    load(qtbot, scripted)
+    qtbot.wait(200)
+    assert backend.crossover_runs == 0
+
+
+def test_the_engine_backend_measures_records_and_can_be_cancelled(tmp_path, monkeypatch):
+    import threading
+
+    from tiny import tiny_model
+
+    from a2ats_engine.cache import crossover as xo
+    from app.backend import CrossoverCancelled, EngineBackend
+
+    table = tmp_path / "crossover.json"
+    monkeypatch.setenv("A2ATS_CROSSOVER_FILE", str(table))
+    xo.reload_user_table()
+    model = tiny_model("llama", max_position_embeddings=2048)
+    backend, stages = EngineBackend(), []
+    assert not backend.crossover_measured_here(model)
+    cancel = threading.Event()
+    entry = backend.measure_crossover(model, "tiny", None, lambda *a: stages.append(a), cancel)
+    assert set(entry["ratios"]) == {"1024", "2048"}  # the contexts within the model's own
+    (row,) = json.loads(table.read_text())["entries"]
+    assert row["exact_below"] == entry["exact_below"] and row["model"] == "tiny"
+    assert backend.crossover_measured_here(model) and stages
+    cancel.set()
+    with pytest.raises(CrossoverCancelled):
+        backend.measure_crossover(model, "tiny", None, lambda *a: None, cancel)
+    xo.reload_user_table()
