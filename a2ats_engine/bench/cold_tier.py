@@ -94,6 +94,40 @@ def run_one(geometry: str, context: int, method: str, steps: int, config_json: s
     }
 
 
+def speed_one(geometry: str, context: int, steps: int, repeats: int, config_json: str) -> dict:
+    """Decode speed of in-memory A2ATS and the cold tier in ONE process, interleaved a few
+    steps at a time (load changes hit both alike): per repeat, the ratio cold / in memory."""
+    from .speed import _decode_interleaved
+
+    config = A2ATSConfig.from_dict(json.loads(config_json))
+    model = geometry_model(geometry)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        caches = {
+            "a2ats": make_cache(model, config, None),
+            "a2ats_cold": make_cache(model, replace(config, kv_memory=0), None),
+        }
+    for cache in caches.values():
+        fill_synthetic(model, cache, context, chunk=512)
+    vocab = int(model.args.vocab_size)
+    ratios, rates = [], []
+    for r in range(repeats):
+        tokens = [(7919 * (r * steps + i)) % vocab for i in range(steps + 2)]
+        rate = _decode_interleaved(model, caches, tokens)
+        rates.append(rate)
+        ratios.append(rate["a2ats_cold"] / rate["a2ats"])
+    return {
+        "context": context,
+        "steps": steps,
+        "ratio_runs": [round(x, 3) for x in ratios],
+        "ratio_median": round(sorted(ratios)[len(ratios) // 2], 3),
+        "tokens_per_s": [{k: round(v, 3) for k, v in rate.items()} for rate in rates],
+        "disk_read_bytes_per_step": int(
+            _read_bytes(caches["a2ats_cold"]) / max(repeats * (steps + 2), 1)
+        ),
+    }
+
+
 def _read_bytes(caches: list) -> int:
     """Bytes the caches' cold tiers read back from their files so far (0 without one)."""
     return int(sum(getattr(getattr(c, "rows", None), "read_bytes", 0) for c in caches))
@@ -117,14 +151,20 @@ def measure(
     config: Any,
     data_limit: int | None = None,
     timeout: float = 3600,
+    repeats: int = 1,
 ) -> dict:
-    """Run `run_one` in a child process; a failed child gives {"failed": reason}."""
+    """Run `run_one` (or `speed_one` for method "speed", `steps` then per repeat) in a child
+    process; a failed child gives {"failed": reason}."""
+    fn = "speed_one" if method == "speed" else "run_one"
     code = (
         "import json, sys; import a2ats_engine; "
-        "from a2ats_engine.bench.cold_tier import run_one; "
-        "print('RESULT ' + json.dumps(run_one(*json.loads(sys.argv[1]))))"
+        f"from a2ats_engine.bench.cold_tier import {fn}; "
+        f"print('RESULT ' + json.dumps({fn}(*json.loads(sys.argv[1]))))"
     )
-    args = json.dumps([geometry, context, method, steps, json.dumps(config.to_dict())])
+    if method == "speed":
+        args = json.dumps([geometry, context, steps, repeats, json.dumps(config.to_dict())])
+    else:
+        args = json.dumps([geometry, context, method, steps, json.dumps(config.to_dict())])
     proc = subprocess.run(
         [sys.executable, "-c", code, args],
         capture_output=True,

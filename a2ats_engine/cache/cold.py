@@ -225,7 +225,10 @@ class ColdRows:
             for mm in self._maps:
                 mm.close()
             self._maps.clear()
-            self._maps.append(mmap.mmap(self._fd, self._size, prot=mmap.PROT_READ))
+            mapped = mmap.mmap(self._fd, self._size, prot=mmap.PROT_READ)
+            if hasattr(mmap, "MADV_RANDOM"):  # a step reads scattered rows: no readahead
+                mapped.madvise(mmap.MADV_RANDOM)
+            self._maps.append(mapped)
             self._mapped = self._size
         shape, _ = self._row
         flat = np.frombuffer(

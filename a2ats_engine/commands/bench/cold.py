@@ -32,6 +32,12 @@ def register(bench) -> None:
     p.add_argument(
         "--data-limit", type=float, default=None, help="private-memory cap per run, in GiB"
     )
+    p.add_argument(
+        "--speed",
+        action="store_true",
+        help="instead: decode speed of the cold tier vs in-memory A2ATS in one process, "
+        "interleaved, --repeats times (the median ratio and every run's)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -60,6 +66,15 @@ def run(args: argparse.Namespace) -> int:
 
     limit = None if args.data_limit is None else int(args.data_limit * 2**30)
     config = A2ATSConfig()
+    if args.speed:
+        rows = [
+            measure(args.geometry, n, "speed", args.steps, config, limit, repeats=args.repeats)
+            for n in contexts
+        ]
+        out = {"geometry": args.geometry, "machine": machine(), "config": config.to_dict(),
+               "command": "a2ats bench cold " + " ".join(sys.argv[3:]), "speed": rows}  # fmt: skip
+        print(json.dumps(out) if args.json else "\n".join(str(r) for r in rows))
+        return 0
     runs = []
     for context in contexts:
         for _ in range(args.repeats):
