@@ -859,13 +859,29 @@ def cold_summary(data: dict) -> str:
                 f"the KVCache run's private memory"
             )
         if warm is not None:
-            parts.append(
-                f"it decodes at {cold['tokens_per_s'] / warm['tokens_per_s']:.2f}x in-memory A2ATS's "
-                f"speed, with {'the same' if cold['tokens'] == warm['tokens'] else 'different'} "
-                f"{len(cold['tokens'])} greedy tokens"
-            )
+            same = "the same" if cold["tokens"] == warm["tokens"] else "**different**"
+            parts.append(f"it gives {same} {len(cold['tokens'])} greedy tokens as in-memory A2ATS")
         lines.append("- " + "; ".join(parts) + ".")
     return "\n".join(lines)
+
+
+def cold_speed_table(data: dict) -> str:
+    """`a2ats bench cold --speed`: the cold tier against in-memory A2ATS, interleaved."""
+    rows = [
+        f"`{data['command']}`; {data['machine']}.",
+        "",
+        "| context | cold / in memory (median) | every run | tok/s in memory, cold (each run) "
+        "| read from disk / step |",
+        "|---:|---:|---|---|---:|",
+    ]
+    for r in data["speed"]:
+        each = "; ".join(f"{t['a2ats']:.3f}, {t['a2ats_cold']:.3f}" for t in r["tokens_per_s"])
+        runs = ", ".join(f"{x:.2f}" for x in r["ratio_runs"])
+        rows.append(
+            f"| {r['context']:,} | {r['ratio_median']:.2f}x | {runs} | {each} | "
+            f"{r['disk_read_bytes_per_step'] / 2**20:,.1f} MiB |"
+        )
+    return "\n".join(rows)
 
 
 def reopen_table(data: dict) -> str:
@@ -982,6 +998,7 @@ def blocks() -> dict[str, str]:
         ("cold", "cold_tier_qwen3.json", cold_table),
         ("cold-summary", "cold_tier_qwen3.json", cold_summary),
         ("cold-limited", "cold_tier_limited.json", cold_table),
+        ("cold-speed", "cold_speed_qwen3.json", cold_speed_table),
         ("reopen", "reopen.json", reopen_table),
         ("profile", "profile_step.json", profile_table),
     )
