@@ -50,7 +50,9 @@ class CacheSettings:
     estimate_missed, min_k; kv_bits defaults per backend, `default_kv_bits`),
     fidelity_every: the inspector's shadow exact-attention check every k decode steps, 0 = off;
     kv_memory: the KV memory limit in bytes, None = none: past it the far K/V rows go to the
-    cold tier's file and only the codes stay in memory; needs kv_bits None);
+    cold tier's file and only the codes stay in memory; needs kv_bits None;
+    exact_below: None = the crossover measured on this machine (or estimated until it is), a
+    number pins it);
     the codebook's own properties (n_centroids, sub_dim, beta) come with the codebook, and
     telemetry follows the inspector.
     """
@@ -67,6 +69,7 @@ class CacheSettings:
     kv_bits: int | None = field(default_factory=default_kv_bits)  # None: float on CPU-only MLX
     fidelity_every: int = 0
     kv_memory: int | None = None  # K/V bytes in memory at most; past it the cold tier (a file)
+    exact_below: int | None = None  # None: the crossover that applies on this machine
 
     def __post_init__(self) -> None:
         if not isinstance(self.a2ats_enabled, bool):

@@ -124,6 +124,7 @@ class SettingsDialog(QDialog):
         model_name: str = "",
     ) -> None:
         super().__init__(parent)
+        self._exact_below = cache.exact_below  # not edited here: kept as the settings hold it
         self._sampling = sampling
         self._model_sampling = model_sampling
         self._model_name = model_name
@@ -366,6 +367,7 @@ class SettingsDialog(QDialog):
             kv_bits=self.kv_bits.currentData(),
             fidelity_every=self.fidelity_every.value(),
             kv_memory=None if self.kv_memory.value() < 0 else self.kv_memory.value() * 2**20,
+            exact_below=self._exact_below,
         )
         own = dict(self._own)
         if not self._showing_model_values():

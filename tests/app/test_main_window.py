@@ -667,8 +667,9 @@ def test_model_menu_lists_demo_recent_and_openers(make_window, qtbot, tmp_path):
     texts = [a.text() for a in window.model_menu.actions()]
     assert texts[0].startswith("Demo model")
     assert any(t.startswith("recent-model") for t in texts)
-    assert texts[-3:] == [
+    assert texts[-4:] == [
         "Open model folder\u2026", "Open GGUF file\u2026", "Download from Hugging Face\u2026",
+        "Measure crossover on this machine",  # a model is loaded: its crossover, again
     ]  # fmt: skip
 
 
@@ -698,7 +699,9 @@ def test_hugging_face_download_error_is_clear(
 
 def test_fidelity_setting_reaches_engine_and_inspector(make_window, qtbot, tiny_folder):
     settings, _ = load_settings()
-    settings.cache = CacheSettings(window=16, sinks=4, budget=8, fidelity_every=2)
+    # retrieval from the first step: below the crossover every step would attend exactly (and
+    # measure what retrieval would keep there, on every step)
+    settings.cache = CacheSettings(window=16, sinks=4, budget=8, fidelity_every=2, exact_below=0)
     settings.sampling = SamplingSettings(max_tokens=6, seed=1, temperature=0.0)
     window = make_window(None, settings=settings, inspector=True)
     assert window.inspector.state.fidelity.enabled and window.inspector.state.fidelity.every == 2

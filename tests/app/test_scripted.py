@@ -35,7 +35,7 @@ def _files(app_dirs) -> dict[str, int]:
         str(path): path.stat().st_mtime_ns
         for key in ("config", "data")
         for path in app_dirs[key].rglob("*")
-        if path.is_file()
+        if path.is_file() and path.name != ".instance.lock"  # the one-writer lock, empty
     }
 
 

@@ -145,7 +145,7 @@ def test_codebook_in_model_folder_is_the_default(tmp_path, capsys):
     [
         (["--cache", "a2ats"], "--cache a2ats needs a codebook"),
         (["--temp", "-1"], "SamplingSettings.temperature=-1.0"),
-        (["--max-tokens", "0"], "SamplingSettings.max_tokens=0"),
+        (["--max-tokens", "0"], "--max-tokens=0 is out of range"),
         (["--cache", "a2ats", "--codebook", "/no/such/codebook.safetensors"], "codebook"),
     ],
 )
