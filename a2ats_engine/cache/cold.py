@@ -192,6 +192,7 @@ class ColdRows:
         if end * rb > self._size:
             self._size = ((end + STEP - 1) // STEP) * STEP * rb
             os.ftruncate(self._fd, self._size)
+            self._stamp_file()  # our own growth: a failed write below still reads back
         written = os.pwrite(self._fd, data.tobytes(), start * rb)
         if written != data.nbytes:
             raise OSError(f"short write ({written} of {data.nbytes} bytes)")
@@ -231,9 +232,8 @@ class ColdRows:
             self._maps.append(mapped)
             self._mapped = self._size
         shape, _ = self._row
-        flat = np.frombuffer(
-            self._maps[0], dtype=self._np_dtype(), count=self._size // self._row[1].size
-        )
+        count = self._mapped // self._row[1].size  # what is mapped (the file may have grown)
+        flat = np.frombuffer(self._maps[0], dtype=self._np_dtype(), count=count)
         return flat.reshape(-1, *shape)[:end]
 
     def _to_mx(self, rows: np.ndarray) -> mx.array:
