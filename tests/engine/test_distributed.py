@@ -298,7 +298,10 @@ def test_demo_two_ranks_greedy_equals_one_process(two_ranks, tmp_path):
 
     book = demo_codebook_path()
     if not book.is_file():
-        pytest.skip("the demo codebook is not built (run `a2ats fetch-demo`)")
+        message = "the demo codebook is not built (run `a2ats fetch-demo`)"
+        if os.environ.get("A2ATS_REQUIRE_DEMO") == "1":  # CI: the demo tests never skip
+            pytest.fail(f"A2ATS_REQUIRE_DEMO=1: {message}")
+        pytest.skip(message)
     prompt = "Explain in three sentences why the sky is blue. " + PROMPT * 3
     options = ["--model", "demo", "--temp", "0", "--max-tokens", "12", "--exact-below", "0"]
     options += ["--prompt", prompt, "--stats-json", str(tmp_path / "d")]
