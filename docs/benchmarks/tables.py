@@ -884,6 +884,16 @@ def cold_speed_table(data: dict) -> str:
     return "\n".join(rows)
 
 
+def readme_cold_speed_line(data: dict) -> str:
+    """One README line per context: the cold tier's speed against rows in memory."""
+    return "\n".join(
+        f"- {r['context']:,} tokens: {r['ratio_median']:.2f}x in-memory A2ATS's decode speed "
+        f"(runs {', '.join(f'{x:.2f}' for x in r['ratio_runs'])}; `{data['command']}`, "
+        f"{data['machine']})"
+        for r in data["speed"]
+    )
+
+
 def reopen_table(data: dict) -> str:
     """`a2ats bench reopen`: a chat reopened from its saved cache vs prefilled again."""
     rows = [
@@ -999,6 +1009,7 @@ def blocks() -> dict[str, str]:
         ("cold-summary", "cold_tier_qwen3.json", cold_summary),
         ("cold-limited", "cold_tier_limited.json", cold_table),
         ("cold-speed", "cold_speed_qwen3.json", cold_speed_table),
+        ("readme-cold-speed", "cold_speed_qwen3.json", readme_cold_speed_line),
         ("reopen", "reopen.json", reopen_table),
         ("profile", "profile_step.json", profile_table),
     )
