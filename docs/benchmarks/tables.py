@@ -1010,6 +1010,8 @@ def blocks() -> dict[str, str]:
         ("cold-limited", "cold_tier_limited.json", cold_table),
         ("cold-speed", "cold_speed_qwen3.json", cold_speed_table),
         ("readme-cold-speed", "cold_speed_qwen3.json", readme_cold_speed_line),
+        ("cold-speed-32k", "cold_speed_qwen3_32k.json", cold_speed_table),
+        ("readme-cold-speed-32k", "cold_speed_qwen3_32k.json", readme_cold_speed_line),
         ("reopen", "reopen.json", reopen_table),
         ("profile", "profile_step.json", profile_table),
     )
