@@ -26,7 +26,13 @@ from mlx_lm.generate import stream_generate
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
 from .cache.config import A2ATSConfig
-from .cache.model_cache import attention_steps, make_cache, model_codebook_bytes, snapshot
+from .cache.model_cache import (
+    attention_steps,
+    cache_nbytes,
+    make_cache,
+    model_codebook_bytes,
+    snapshot,
+)
 from .cache.telemetry import CacheSnapshot, GenerationStats, TokenEvent
 from .progress import Progress
 from .records import SamplingSettings
@@ -161,13 +167,7 @@ def _cache_disk_bytes(caches: list | None) -> int:
 
 
 def _cache_nbytes(caches: list | None) -> int:
-    total = 0
-    for c in caches or []:
-        try:
-            total += int(c.nbytes)
-        except (AttributeError, NotImplementedError):
-            continue
-    return total
+    return sum(cache_nbytes(c) for c in caches or [])
 
 
 def _check_messages(messages: list[dict]) -> list[dict]:

@@ -76,7 +76,7 @@ def snapshot(caches: list, token_id: int | None = None) -> CacheSnapshot | None:
     )
     if not layers:
         return None
-    native = sum(_native_nbytes(c) for c in caches if not isinstance(c, A2ATSCache))
+    native = sum(cache_nbytes(c) for c in caches if not isinstance(c, A2ATSCache))
     return CacheSnapshot(
         step=layers[0].step,
         layers=layers,
@@ -105,7 +105,7 @@ def model_codebook_bytes(caches: list) -> int:
     return int(sum(book.nbytes for book in books.values()))
 
 
-def _native_nbytes(cache: _BaseCache) -> int:
+def cache_nbytes(cache: _BaseCache) -> int:
     """Bytes a model's own cache holds (0 for a cache kind that does not report them)."""
     try:
         return int(cache.nbytes)

@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ..cache.model_cache import cache_nbytes
 from ..validation import parse_budget
 
 REPL_HELP = "commands: /reset clears the conversation, /exit (or Ctrl-D) quits"
@@ -309,7 +310,7 @@ class _Recorder:
                 "tokens": tokens,
                 "generation_tps": getattr(stats, "generation_tps", None),
                 "prompt_tokens": getattr(stats, "prompt_tokens", None),
-                "cache_bytes": int(sum(_nbytes(c) for c in caches)),
+                "cache_bytes": int(sum(cache_nbytes(c) for c in caches)),
                 "codebook_bytes": model_codebook_bytes(caches),
                 "peak_memory_bytes": int(_peak()),
                 "sent_bytes_per_decode_step": (last[0] - first[0]) / steps,
@@ -332,13 +333,6 @@ class _Recorder:
             "replies": self.replies,
         }
         Path(f"{self.prefix}.rank{self.stage.rank}.json").write_text(json.dumps(record, indent=1))
-
-
-def _nbytes(cache: Any) -> int:
-    try:
-        return int(cache.nbytes)
-    except (AttributeError, NotImplementedError):
-        return 0
 
 
 def _peak() -> int:
