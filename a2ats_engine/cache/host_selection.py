@@ -52,14 +52,6 @@ def _bucket_ids(n: int, n_sinks: int, window_start: int, lower_edges: tuple[int,
     return np.searchsorted(np.asarray(lower_edges), dist, side="right")
 
 
-def applies(cache: A2ATSCache) -> bool:
-    """Whether a step's selection runs here: with the host top-K strategy, the cache's own
-    scores (an evaluation variant's `far_token_scores`, bench/methods.py, runs in MLX) and no
-    missed-attention estimate (it reads the step's MLX lookup tables)."""
-    scores = type(cache).far_token_scores.__qualname__ == "A2ATSCache.far_token_scores"
-    return cache.top_k.on_host and scores and not cache.estimates
-
-
 def _f32(a: mx.array) -> np.ndarray:
     """An evaluated MLX array as float32 NumPy: a view when NumPy can read its dtype."""
     if a.dtype in _HOST_DTYPES:

@@ -139,7 +139,7 @@ class Retrieval:
         top = self._reusable_selection(cache, group, lay)
         if top is None:
             top = self._far_selection(cache, queries, group, lay, scale)
-        if host.applies(cache) and sinks is None and host.host_rows(cache):
+        if cache.selects_on_host and sinks is None and host.host_rows(cache):
             # rows read in place: the union and the attention over it in NumPy too
             host.sync_inputs(cache, queries)
             pos, rep = timed(layer, "union", lambda: cache.top_k.select_host(top, lay))
@@ -217,7 +217,7 @@ class Retrieval:
         the approximate scores, reranked by exact scores when rerank > 1."""
         cfg, timed = cache.config, self.timed
         self.budget_used = None
-        if host.applies(cache):
+        if cache.selects_on_host:
             top = timed(
                 cache.layer, "host selection", lambda: host.select(cache, queries, lay, scale)
             )

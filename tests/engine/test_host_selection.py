@@ -59,8 +59,8 @@ CONFIGS = {
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_host_step_selects_and_attends_as_the_mlx_step(name, monkeypatch):
     (on_host, on_device), q = _pair(CONFIGS[name], monkeypatch)
-    assert isinstance(on_host.top_k, NumpyTopK) and host.applies(on_host)
-    assert isinstance(on_device.top_k, MlxTopK) and not host.applies(on_device)
+    assert isinstance(on_host.top_k, NumpyTopK) and on_host.selects_on_host
+    assert isinstance(on_device.top_k, MlxTopK) and not on_device.selects_on_host
     cfg = on_host.config
     lay = att.layout(N, cfg.window, cfg.sinks, cfg.top_k(N))
     out_h, pos_h, rep_h = on_host.retrieval.step(on_host, q, lay, D**-0.5, None)
@@ -113,8 +113,8 @@ def test_evaluation_variants_and_the_estimate_keep_the_mlx_step(monkeypatch):
     rope = RopeSpec.from_module(initialize_rope(D, 10000.0, False, None, 8192), D)
     pre = np.random.default_rng(0).standard_normal((N_KV, 64, D)).astype(np.float32)
     variant = OwnScores(0, rope, _codebook(pre, 1), CONFIGS["rerank"], max_context=8192)
-    assert isinstance(variant.top_k, NumpyTopK) and not host.applies(variant)
+    assert isinstance(variant.top_k, NumpyTopK) and not variant.selects_on_host
     estimating = A2ATSCache(
         0, rope, _codebook(pre, 1), A2ATSConfig(estimate_missed=True), max_context=8192
     )
-    assert not host.applies(estimating)
+    assert not estimating.selects_on_host
