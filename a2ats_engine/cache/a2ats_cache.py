@@ -191,14 +191,6 @@ class A2ATSCache(_BaseCache):
         [B, n_kv, G, F] (`Retrieval.far_token_scores`; evaluation variants override this)."""
         return self.retrieval.far_token_scores(self, queries, lay)
 
-    @property
-    def selects_on_host(self) -> bool:
-        """Whether a step's selection runs in NumPy (`host_selection.py`): with the host top-K
-        strategy, the cache's own scores (an evaluation variant's `far_token_scores` runs in
-        MLX) and no missed-attention estimate (it reads the step's MLX lookup tables)."""
-        own = type(self).far_token_scores is A2ATSCache.far_token_scores
-        return self.top_k.on_host and own and not self.estimates
-
     def take_stats(self) -> LayerStats | None:
         """The last step's LayerStats with its codes, for a snapshot (`layer_stats.take_stats`)."""
         return layer_stats.take_stats(self)

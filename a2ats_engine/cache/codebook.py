@@ -85,7 +85,6 @@ class Codebook:
         mx.eval(self._centroids, self._chol, self._assign)
         self.metadata: dict[str, Any] = dict(metadata or {})
         self._assign_weights: dict[int, mx.array] = {}
-        self._host_centroids: dict[int, np.ndarray] = {}
         self._sha256: str | None = None
 
     # -- geometry -------------------------------------------------------------------------
@@ -132,8 +131,7 @@ class Codebook:
     def nbytes(self) -> int:
         """Bytes held in memory: C, C', L and the lazily built assignment matrices."""
         held = self._centroids + self._assign + self._chol + list(self._assign_weights.values())
-        host = sum(a.nbytes for a in self._host_centroids.values() if a.base is None)
-        return int(sum(a.nbytes for a in held) + host)
+        return int(sum(a.nbytes for a in held))
 
     # -- use --------------------------------------------------------------------------------
     def _weights(self, layer: int) -> mx.array:
@@ -150,18 +148,6 @@ class Codebook:
             mx.eval(w)
             self._assign_weights[layer] = w
         return w
-
-    def host_centroids(self, layer: int) -> np.ndarray:
-        """C of one layer as a float32 NumPy array `[n_kv, S, K, sub_dim]` (the host selection,
-        `host_selection.py`): a view of the MLX array (no copy) when it is float32."""
-        c = self._host_centroids.get(layer)
-        if c is None:
-            self._check_layer(layer)
-            arr = self._centroids[layer]
-            mx.eval(arr)
-            c = np.asarray(arr) if arr.dtype == mx.float32 else np.array(arr, dtype=np.float32)
-            self._host_centroids[layer] = c
-        return c
 
     def _check_layer(self, layer: int) -> None:
         if not 0 <= layer < self.num_layers:

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 
 from . import attention as att
-from . import host_selection as host
 from .storage import KEYS, VALUES, RowStorage, gather_rows
 
 if TYPE_CHECKING:
@@ -134,18 +133,9 @@ class Retrieval:
         n_kv = cache.codes.shape[1]
         group = queries.reshape(B, n_kv, n_q // n_kv, d)
         timed, layer = self.timed, cache.layer
-        if self.clock is not None:  # the model's work up to here, so no phase is charged for it
-            timed(layer, "layer inputs", lambda: [queries, *cache.state])
         top = self._reusable_selection(cache, group, lay)
         if top is None:
             top = self._far_selection(cache, queries, group, lay, scale)
-        if cache.selects_on_host and sinks is None and host.host_rows(cache):
-            # rows read in place: the union and the attention over it in NumPy too
-            host.sync_inputs(cache, queries)
-            pos, rep = timed(layer, "union", lambda: cache.top_k.select_host(top, lay))
-            out = timed(layer, "attention", lambda: host.attend(cache, queries, pos, rep, scale))
-            self.step_tables = None
-            return out, mx.array(pos), mx.array(rep)
         positions, repeat = timed(layer, "union", lambda: cache.top_k.select(top, lay))
         k_sel, v_sel = timed(
             layer,
@@ -216,16 +206,6 @@ class Retrieval:
         """This step's far indices [B, n_kv, G, k] (the top-K strategy's array type): top-K of
         the approximate scores, reranked by exact scores when rerank > 1."""
         cfg, timed = cache.config, self.timed
-        self.budget_used = None
-        if cache.selects_on_host:
-            top = timed(
-                cache.layer, "host selection", lambda: host.select(cache, queries, lay, scale)
-            )
-            if cfg.coverage is not None and isinstance(top, tuple):
-                top, self.budget_used = top
-            if self.anchor is not None and self.anchor[3] is None:
-                self.anchor = (*self.anchor[:3], top)
-            return top
         scores = timed(cache.layer, "code scores", lambda: cache.far_token_scores(queries, lay))
         candidates = min(cfg.rerank * lay.k, lay.n_far) if cache.reranks else lay.k
         self.budget_used = None

@@ -125,13 +125,6 @@ class NumpyTopK:
 
         The union bookkeeping is a handful of NumPy calls instead of a dozen small MLX ops.
         """
-        positions, repeat = self.select_host(top, lay, count)
-        return mx.array(positions), mx.array(repeat)
-
-    def select_host(
-        self, top: np.ndarray, lay: Layout, count: bool = True
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """`select` with NumPy arrays out (for the host attention, `host_selection.attend`)."""
         B, n_kv, G, k = top.shape
         union = np.sort(top.reshape(B, n_kv, G * k), axis=-1) + lay.n_sinks
         dup = union[..., 1:] == union[..., :-1]
@@ -144,7 +137,7 @@ class NumpyTopK:
         positions[..., lay.n_sinks + G * k :] = np.arange(lay.window_start, lay.n, dtype=np.int32)
         repeat = np.zeros(positions.shape, dtype=bool)
         repeat[..., lay.n_sinks + 1 : lay.n_sinks + G * k] = dup
-        return positions, repeat
+        return mx.array(positions), mx.array(repeat)
 
     @property
     def retrieved(self) -> int:
