@@ -2,8 +2,10 @@
 
 Per context: the same prompt is prefilled into mlx-lm's caches and A2ATS's; then
 - `steps` decode steps of each, timed whole (no instrumentation): the step times to compare;
-- `steps` more A2ATS steps with a `PhaseClock` on every A2ATS layer: each phase (code scores,
-  top-K or top-K + rerank, union, gather K/V, estimate, attention over the selection, telemetry)
+- `steps` more A2ATS steps with a `PhaseClock` on every A2ATS layer: first the layer's inputs
+  (`layer inputs`: the model's work up to the attention call, i.e. the previous layer's MLP,
+  this layer's projections and the new key's code), then each phase (code scores, top-K or
+  top-K + rerank, union, gather K/V, estimate, attention over the selection, telemetry)
   evaluated and timed on its own, summed over layers, as ms per step and per layer;
 - exact attention (mlx-lm's `scaled_dot_product_attention`) over one layer's whole cache, the
   cost each layer's retrieval replaces.

@@ -133,6 +133,8 @@ class Retrieval:
         n_kv = cache.codes.shape[1]
         group = queries.reshape(B, n_kv, n_q // n_kv, d)
         timed, layer = self.timed, cache.layer
+        if self.clock is not None:  # the model's work up to here, so no phase is charged for it
+            timed(layer, "layer inputs", lambda: [queries, *cache.state])
         top = self._reusable_selection(cache, group, lay)
         if top is None:
             top = self._far_selection(cache, queries, group, lay, scale)
