@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from . import host_attention
 from .rope import RopeSpec
 
 
@@ -81,7 +82,11 @@ def exact_attention(
 ):
     """Plain attention over the whole cache. queries [B, n_q, L, d] -> [B, n_q, L, d].
 
-    sinks: optional per-query-head logits [n_q] that join every softmax (gpt_oss)."""
+    sinks: optional per-query-head logits [n_q] that join every softmax (gpt_oss).
+    A prefill chunk on CPU-only MLX is computed in NumPy (`host_attention.py`: MLX's CPU exp
+    makes its softmax the bulk of a prefill)."""
+    if host_attention.applies(queries, keys, mask, sinks):
+        return host_attention.attention(queries, keys, values, scale, mask)
     return mx.fast.scaled_dot_product_attention(
         queries, keys, values, scale=scale, mask=mask, sinks=sinks
     )

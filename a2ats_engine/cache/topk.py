@@ -20,20 +20,18 @@ Both strategies have the same operations and agree exactly:
 
 from __future__ import annotations
 
-import functools
 import os
 
 import mlx.core as mx
 import numpy as np
 
 from .attention import Layout, fixed_parts
+from .host_attention import cpu_only
 
 ENV = "A2ATS_TOPK"
 
 
-@functools.lru_cache(maxsize=1)
-def _cpu_only() -> bool:
-    return mx.default_device() == mx.cpu or not mx.metal.is_available()
+_cpu_only = cpu_only
 
 
 def choose_top_k() -> MlxTopK | NumpyTopK:
