@@ -2,6 +2,7 @@
 prints from the recorded JSON in docs/benchmarks/ (no hand-edited numbers)."""
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -41,8 +42,10 @@ def test_every_table_is_in_a_doc(tables, generated):
 def test_a_changed_number_is_caught(tables, generated):
     text = (ROOT / "docs/BENCHMARKS.md").read_text(encoding="utf-8")
     key = tables.regions(text)[0]
-    first_number = next(t for t in generated[key].split("|") if any(c.isdigit() for c in t))
-    edited = text.replace(first_number, first_number.replace("0", "9").replace("1", "8"), 1)
+    start = text.index(f"<!-- begin generated: {key} -->")
+    number = re.search(r"\d+\.\d+", text[start:])
+    at = start + number.end() - 1
+    edited = text[:at] + ("1" if text[at] != "1" else "2") + text[at + 1 :]  # last digit changed
     assert edited != text
     assert tables.render(edited, generated) == text  # regenerating restores the recorded value
 
@@ -53,29 +56,45 @@ def test_a_region_without_a_table_is_an_error(tables, generated):
         tables.render(text, generated)
 
 
-def _decode_run(ratios: dict[int, float]) -> dict:
-    rows = [{"context": c, "method": "full", "speed_vs_full": 1.0} for c in ratios]
-    rows += [{"context": c, "method": "a2ats", "speed_vs_full": r} for c, r in ratios.items()]
-    return {"results": rows}
+def test_every_recorded_json_feeds_a_table_or_the_history(tables, generated):
+    recorded = {p.name for p in (ROOT / "docs/benchmarks").glob("*.json")}
+    shown, history = set(tables.LOADED), set(tables.HISTORY)
+    assert not shown & history, f"in a current table and in the history: {shown & history}"
+    assert recorded == shown | history, (
+        f"recorded but neither in a table nor in tables.HISTORY: {recorded - shown - history}; "
+        f"named but not recorded: {(shown | history) - recorded}"
+    )
 
 
-def test_targets15_counts_no_task_full_attention_fails_as_met(tables):
-    texts = tables._load("eval_4k_texts.json")
-    tasks = {
-        "results": [
-            {"task": "needle", "context": 4096, "method": "full", "score": 1.0},
-            {"task": "needle", "context": 4096, "method": "a2ats", "score": 1.0},
-            {"task": "chain", "context": 4096, "method": "full", "score": 0.0},
-            {"task": "chain", "context": 4096, "method": "a2ats", "score": 0.0},
-        ]
-    }
-    first = _decode_run({512: 0.97, 1024: 1.03, 2048: 0.85, 8192: 1.31})
-    rerun = _decode_run({512: 0.98, 1024: 0.99, 2048: 0.99})
-    table = tables.targets15_table(first, {}, texts, [tasks], [("quiet rerun", rerun)])
-    task_row = next(line for line in table.splitlines() if "tasks:" in line)
-    assert "1 of the 1 tasks full scores on" in task_row  # the unsolved task is not counted
-    assert "full scores 0 on chain" in task_row
-    rows = [line for line in table.splitlines() if "512, 1K, 2K" in line]
-    assert len(rows) == 2  # both runs shown, neither picked over the other
-    assert rows[0].endswith("| **no** |") and "0.85x" in rows[0]
-    assert "(quiet rerun)" in rows[1] and rows[1].endswith("| yes |")
+def test_history_names_only_recorded_files(tables, monkeypatch):
+    monkeypatch.setitem(tables.HISTORY, "nope.json", ("2026-01-01", "never recorded"))
+    with pytest.raises(FileNotFoundError, match="nope.json"):
+        tables.history_list()
+
+
+def _decode_run(ratios: dict[int, float], extra: tuple[str, ...] = ()) -> dict:
+    rows = []
+    for c, r in ratios.items():
+        rows.append({"context": c, "method": "full", "speed_vs_full": 1.0, "tokens_per_s": 10.0,
+                     "ratio_spread": [1.0, 1.0], "ratio_runs": [1.0]})  # fmt: skip
+        for m in ("a2ats_noest", "a2ats_eb0_noest", "a2ats", *extra):
+            rows.append({"context": c, "method": m, "speed_vs_full": r, "tokens_per_s": 10 * r,
+                         "ratio_spread": [r - 0.01, r + 0.01], "ratio_runs": [r]})  # fmt: skip
+    return {"results": rows, "repeats": 1, "steps": 4, "command": "cmd", "machine": "here"}
+
+
+def test_speed_table_shows_the_shipped_default_and_its_spread(tables):
+    table = tables.speed_table(_decode_run({512: 0.97, 8192: 1.3}))
+    row = next(line for line in table.splitlines() if line.startswith("| 8,192 "))
+    assert "| 1.30x (1.29-1.31) |" in row
+    assert row.count("1.30x") == 3  # the default, from the first step, with the estimate
+
+
+def test_speed_options_are_relative_to_the_default_of_the_same_run(tables):
+    run = _decode_run({8192: 1.25}, extra=("a2ats_rr1",))
+    for r in run["results"]:
+        if r["method"] == "a2ats_rr1":
+            r["speed_vs_full"], r["ratio_runs"] = 1.5, [1.5]
+    table = tables.speed_options_table(run)
+    assert "| rerank 1 (the paper's selection) | 1.20x | 1.20 |" in table
+    assert "1.25" not in table and "1.50" not in table  # no figure against KVCache

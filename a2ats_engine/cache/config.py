@@ -29,7 +29,7 @@ class A2ATSConfig:
     rerank:       1 = keep the top-K of the approximate scores (the paper); r > 1 = take the
                   top r*K candidates by approximate score, then keep the K with the highest
                   exact scores among them (their stored keys are gathered and scored exactly).
-                  Default 2: recall 0.899 -> 0.915 of the attention mass, ppl 1.044x -> 1.026x
+                  Default 2: recall 0.899 -> 0.915 of the attention mass, ppl 1.044x -> 1.024x
                   full at 4K / budget 0.03 on the demo model (docs/BENCHMARKS.md).
     rerank_shared: with rerank > 1, the candidates are the top rerank*K of the GQA group's best
                   approximate score (max over its query heads), gathered once per KV head and
@@ -45,7 +45,7 @@ class A2ATSConfig:
                   share). Output error 0.086 -> 0.059 (below oracle top-K's 0.065), ppl
                   1.024x -> 1.015x full at 4K / budget 0.03 on the demo model, but off by
                   default: on the CPU it costs decode speed (8K: 0.81x full with it, 1.22x
-                  without; docs/benchmarks/decode_v2.json, docs/BENCHMARKS.md section 9). Needs a full-dimension codebook (sub_dim = head_dim):
+                  without; docs/benchmarks/decode_v2.json, docs/BENCHMARKS.md section 2). Needs a full-dimension codebook (sub_dim = head_dim):
                   with a product-VQ codebook the cache warns and runs without it.
     coverage:     None = every query head keeps its K far tokens; p in (0, 1) = an adaptive
                   budget: of the rerank's candidates (exact scores) each head keeps the fewest

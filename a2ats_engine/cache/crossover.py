@@ -81,7 +81,7 @@ MEASURED: dict[tuple[str, int, int, int], Crossover] = {
     ("cpu", 30, 3, 64): Crossover(
         4096,
         "SmolLM2-135M (the demo model), 2-core x86_64, rerank 2, no estimate: retrieval from "
-        "the start (a2ats_eb0_noest) 0.90x full at 2K, 1.02x at 4K, 1.24x at 8K, median of 3 "
+        "the start (a2ats_eb0_noest) 0.90x full at 2K, 1.01x at 4K, 1.24x at 8K, median of 3 "
         "runs (docs/benchmarks/decode_v2.json)",
     ),
 }

@@ -11,8 +11,8 @@ and a retrieval step reads the codes, the rerank candidates' keys and the select
 with K = max(min_k, ceil(budget * N)) and G query heads per KV head. The estimate is the
 smallest context (tokens) from which exact(N) >= retrieval(N). FIXED_BYTES is calibrated on the
 one crossover measured on a quiet machine (the demo model's 4,096 tokens on a 2-core x86_64
-CPU, `crossover.MEASURED`); docs/BENCHMARKS.md compares the estimate with the measured rows of
-the three real geometries. It is a starting value, never 0: the app measures the real crossover
+CPU, `crossover.MEASURED`); docs/BENCHMARKS.md section 4 has the decode speed measured on three
+real geometries, which this estimate is not checked against. It is a starting value, never 0: the app measures the real crossover
 on each machine (`a2ats crossover`), and a measurement always wins (`crossover.lookup_crossover`).
 """
 

@@ -204,7 +204,7 @@ def codebook_from_data(
 DEMO_SIZING = """Why 512 centroids and 12288 tokens for the demo model (SmolLM2-135M: 30 layers x 3 KV
 heads, head_dim 64): chosen from the recorded codebook sweep (`a2ats bench codebooks`,
 docs/benchmarks/codebook_sweep.json and codebook_sweep_4096.json, read in docs/BENCHMARKS.md
-section 2, "Codebook size and calibration tokens"). On the three evaluation texts at 4K, budget
+section 1, "What the settings change"). On the three evaluation texts at 4K, budget
 0.03, recall was 0.888-0.893 from 256 to 4096 centroids; output error fell only from 0.113 (512)
 to 0.106 (4096) while the codebook held in memory went from 35 to 273 MiB and the fit from 67 to
 622 s. 12288 tokens rather than 6144 lower the held-out score error from 0.0111 to 0.0069 for

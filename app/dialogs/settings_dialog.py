@@ -188,7 +188,7 @@ class SettingsDialog(QDialog):
             "Folds the far tokens that were not retrieved into the softmax through their codebook "
             "slots: perplexity 1.024x -> 1.015x full at 4K on the demo model, but an 8K decode "
             "step drops from 1.22x to 0.81x of full attention's speed on a 2-core CPU "
-            "(docs/BENCHMARKS.md section 9). Inspector > Fidelity shows the estimated mass."
+            "(docs/BENCHMARKS.md section 2). Inspector > Fidelity shows the estimated mass."
         )
         self.kv_bits = QComboBox()
         self.kv_bits.setAccessibleName("Stored K/V precision")

@@ -1,0 +1,327 @@
+"""Figures quoted outside the generated tables are the recorded ones, and the paths docs name exist.
+
+A measured figure (a ratio such as `1.22x`, a fraction with three or four decimals such as
+`0.915`) in README.md, docs/ARCHITECTURE.md or the code's user-facing text (help strings of
+a2ats_engine/commands/, what `a2ats info` prints, the settings dialog, `A2ATSConfig`'s field
+docs, the crossover table's sources) must either sit in a region docs/benchmarks/tables.py
+generates, or inside a phrase of FIGURES below, which renders the phrase from the recorded JSON
+in docs/benchmarks/. A figure that drifts from its JSON, or a new figure nobody tied to a JSON,
+fails here. NOT_RECORDED lists the few strings that look like figures but quote no run.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "docs" / "benchmarks"
+FIGURE = re.compile(r"(?<![\d.])(\d+\.\d{2}x|\d+\.\d{3,4}x?)(?![\d.])")
+REGION = re.compile(r"<!-- begin generated: ([\w-]+) -->\n.*?<!-- end generated: \1 -->", re.S)
+
+DOCS = ("README.md", "docs/ARCHITECTURE.md")
+CODE = (
+    "a2ats_engine/calibration/calibrate.py",
+    "a2ats_engine/cache/config.py",
+    "a2ats_engine/cache/crossover.py",
+    "app/dialogs/settings_dialog.py",
+)
+
+
+@cache
+def j(name: str) -> dict:
+    return json.loads((BENCH / name).read_text(encoding="utf-8"))
+
+
+def speed(name: str, context: int, method: str) -> float:
+    return next(
+        r["speed_vs_full"]
+        for r in j(name)["results"]
+        if r["context"] == context and r["method"] == method
+    )
+
+
+def ev(name: str, method: str, field: str) -> float:
+    return j(name)["methods"][method][field]
+
+
+def per_token(method: str) -> float:
+    rows = j("memory.json")["results"]
+    last = max(r["context"] for r in rows)
+    return next(r for r in rows if r["context"] == last and r["method"] == method)
+
+
+def codebook_rows() -> list[dict]:
+    return j("codebook_sweep.json")["results"] + j("codebook_sweep_4096.json")["results"]
+
+
+def sweep_row(centroids: int, tokens: int) -> dict:
+    return next(
+        r for r in codebook_rows() if r["centroids"] == centroids and r["calib_tokens"] == tokens
+    )
+
+
+def default_codebook() -> dict:
+    return sweep_row(512, 12288)
+
+
+def shipped_below_8k() -> list[float]:
+    return [speed("decode_v2.json", c, "a2ats_noest") for c in (512, 1024, 2048, 4096)]
+
+
+def first_context_at_full_speed() -> int:
+    """The crossover rule on decode_v2.json: the first context from which retrieval from the
+    first step is at least as fast as KVCache at every larger one."""
+    rows = {
+        r["context"]: r["speed_vs_full"]
+        for r in j("decode_v2.json")["results"]
+        if r["method"] == "a2ats_eb0_noest"
+    }
+    contexts = sorted(rows)
+    return next(c for i, c in enumerate(contexts) if all(rows[x] >= 1 for x in contexts[i:]))
+
+
+# (file, phrase with format fields, the recorded values it renders): the phrase must occur in
+# the file's text (whitespace runs read as one space; in .py files, the string constants).
+FIGURES: list[tuple[str, str, Callable[[], tuple]]] = [
+    # README: the demo codebook and the sweep it was chosen from
+    ("README.md", "{:.0f} MiB in memory, calibrated in {:.0f} s",
+     lambda: (default_codebook()["codebook_bytes"] / 2**20, default_codebook()["calib_seconds"])),
+    ("README.md", "recall was flat ({:.3f}-{:.3f}) while memory ({:.0f}-{:.0f} MiB) and fit "
+     "time ({:.0f}-{:.0f} s)",
+     lambda: (min(r["recall"] for r in codebook_rows()), max(r["recall"] for r in codebook_rows()),
+              min(r["codebook_bytes"] for r in codebook_rows()) / 2**20,
+              max(r["codebook_bytes"] for r in codebook_rows()) / 2**20,
+              min(r["fit_seconds"] for r in codebook_rows()),
+              max(r["fit_seconds"] for r in codebook_rows()))),
+    # the demo codebook's sizing (calibrate.DEMO_SIZING)
+    ("a2ats_engine/calibration/calibrate.py", "recall was {:.3f}-{:.3f} from 256 to 4096 centroids; "
+     "output error fell only from {:.3f} (512) to {:.3f} (4096) while the codebook held in memory "
+     "went from {:.0f} to {:.0f} MiB and the fit from {:.0f} to {:.0f} s. 12288 tokens rather than "
+     "6144 lower the held-out score error from {:.4f} to {:.4f} for about {:.0f} s more",
+     lambda: (min(r["recall"] for r in codebook_rows()), max(r["recall"] for r in codebook_rows()),
+              default_codebook()["output_rel_error"], sweep_row(4096, 12288)["output_rel_error"],
+              default_codebook()["codebook_bytes"] / 2**20,
+              sweep_row(4096, 12288)["codebook_bytes"] / 2**20,
+              default_codebook()["fit_seconds"], sweep_row(4096, 12288)["fit_seconds"],
+              sweep_row(512, 6144)["heldout_score_error"], default_codebook()["heldout_score_error"],
+              default_codebook()["calib_seconds"] - sweep_row(512, 6144)["calib_seconds"])),
+    # README: K/V storage in the settings
+    ("README.md", "(ppl {:.3f}x full attention against {:.3f}x with float K/V, for {:.2f}x the "
+     "bytes)",
+     lambda: (ev("eval_4k_kv8.json", "a2ats", "ppl_vs_full"),
+              ev("eval_4k_kv_float.json", "a2ats", "ppl_vs_full"),
+              per_token("a2ats_kv8")["bytes_per_token"] / per_token("a2ats")["bytes_per_token"])),
+    # README: the cold tier's read per step
+    ("README.md", "({:.0f} MiB per step at {}K on that geometry)",
+     lambda: (j("cold_speed_qwen3_32k.json")["speed"][0]["disk_read_bytes_per_step"] / 2**20,
+              j("cold_speed_qwen3_32k.json")["speed"][0]["context"] // 1024)),
+    # README: the crossover and the limitations
+    ("README.md", "(`exact_below`: {:,} tokens for the demo model on this CPU",
+     lambda: (first_context_at_full_speed(),)),
+    ("README.md", "({:.2f}-{:.2f}x measured), and it pays off above it ({:.2f}x KVCache at 8K)",
+     lambda: (min(shipped_below_8k()), max(shipped_below_8k()),
+              speed("decode_v2.json", 8192, "a2ats_noest"))),
+    ("README.md", "the time to first token measured {:.2f}x KVCache's at 1K tokens and {:.2f}x at "
+     "4K",
+     lambda: tuple(r["ratio_median"] for r in j("prefill.json")["results"] if "ratio_median" in r)),
+    # ARCHITECTURE and A2ATSConfig: the estimate's quality and its decode cost
+    ("docs/ARCHITECTURE.md", "the attention-output error from {:.3f} to {:.3f} (below oracle "
+     "top-K's {:.3f}) and perplexity from {:.3f}x to {:.3f}x full",
+     lambda: (ev("eval_estimate_4k_b003.json", "a2ats", "output_rel_error"),
+              ev("eval_estimate_4k_b003.json", "a2ats_estimate", "output_rel_error"),
+              ev("eval_estimate_4k_b003.json", "oracle_topk", "output_rel_error"),
+              ev("eval_estimate_4k_b003.json", "a2ats", "ppl_vs_full"),
+              ev("eval_estimate_4k_b003.json", "a2ats_estimate", "ppl_vs_full"))),
+    ("docs/ARCHITECTURE.md", "(8K: {:.2f}x KVCache with it, {:.2f}x without, `decode_v2.json`",
+     lambda: (speed("decode_v2.json", 8192, "a2ats"), speed("decode_v2.json", 8192, "a2ats_noest"))),
+    ("a2ats_engine/cache/config.py", "Default 2: recall {:.3f} -> {:.3f} of the attention mass, "
+     "ppl {:.3f}x -> {:.3f}x full at 4K / budget 0.03 on the demo model",
+     lambda: (ev("eval_4k_b003.json", "a2ats_no_rerank", "recall"),
+              ev("eval_4k_b003.json", "a2ats", "recall"),
+              ev("eval_4k_b003.json", "a2ats_no_rerank", "ppl_vs_full"),
+              ev("eval_4k_b003.json", "a2ats", "ppl_vs_full"))),
+    ("a2ats_engine/cache/config.py", "Output error {:.3f} -> {:.3f} (below oracle top-K's {:.3f}), "
+     "ppl {:.3f}x -> {:.3f}x full at 4K / budget 0.03 on the demo model",
+     lambda: (ev("eval_estimate_4k_b003.json", "a2ats", "output_rel_error"),
+              ev("eval_estimate_4k_b003.json", "a2ats_estimate", "output_rel_error"),
+              ev("eval_estimate_4k_b003.json", "oracle_topk", "output_rel_error"),
+              ev("eval_estimate_4k_b003.json", "a2ats", "ppl_vs_full"),
+              ev("eval_estimate_4k_b003.json", "a2ats_estimate", "ppl_vs_full"))),
+    ("a2ats_engine/cache/config.py", "(8K: {:.2f}x full with it, {:.2f}x without; "
+     "docs/benchmarks/decode_v2.json",
+     lambda: (speed("decode_v2.json", 8192, "a2ats"), speed("decode_v2.json", 8192, "a2ats_noest"))),
+    # the built-in crossover row (`a2ats info` prints its source)
+    ("a2ats_engine/cache/crossover.py", "(a2ats_eb0_noest) {:.2f}x full at 2K, {:.2f}x at 4K, "
+     "{:.2f}x at 8K, median of 3 runs (docs/benchmarks/decode_v2.json)",
+     lambda: tuple(speed("decode_v2.json", c, "a2ats_eb0_noest") for c in (2048, 4096, 8192))),
+    # the settings dialog
+    ("app/dialogs/settings_dialog.py", "ppl {:.3f}x full attention. 8-bit: {:.2f}x an fp16 cache, "
+     "ppl {:.3f}x; decodes more slowly on a CPU (dequantization). 4-bit: {:.2f}x an fp16 cache, "
+     "ppl {:.3f}x.",
+     lambda: (ev("eval_4k_kv_float.json", "a2ats", "ppl_vs_full"),
+              per_token("a2ats_kv8")["vs_fp16_full"],
+              ev("eval_4k_kv8.json", "a2ats", "ppl_vs_full"),
+              per_token("a2ats_kv4")["vs_fp16_full"],
+              ev("eval_4k_kv4.json", "a2ats", "ppl_vs_full"))),
+    ("app/dialogs/settings_dialog.py", "perplexity {:.3f}x -> {:.3f}x full at 4K on the demo model, "
+     "but an 8K decode step drops from {:.2f}x to {:.2f}x of full attention's speed",
+     lambda: (ev("eval_estimate_4k_b003.json", "a2ats", "ppl_vs_full"),
+              ev("eval_estimate_4k_b003.json", "a2ats_estimate", "ppl_vs_full"),
+              speed("decode_v2.json", 8192, "a2ats_noest"), speed("decode_v2.json", 8192, "a2ats"))),
+]  # fmt: skip
+
+# strings that look like figures but quote no recorded run: (file, the exact phrase)
+NOT_RECORDED = [
+    # the format of a user-table row's source, in a docstring
+    ("a2ats_engine/cache/crossover.py", "'SmolLM2-135M-Instruct, 2026-05-01: 512 0.76x, 2048 0.90x'"),
+    # a literal of the prefill table's printout: `full` against itself
+    ("a2ats_engine/commands/bench/prefill.py", "1.00x"),
+]  # fmt: skip
+
+
+def _py_text(path: Path) -> str:
+    """The string constants of a module (docstrings, messages, f-string parts), one per line."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return "\n".join(
+        n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    )
+
+
+def _text(rel: str) -> str:
+    """What a reader sees of `rel`, whitespace runs as one space, generated regions removed."""
+    path = ROOT / rel
+    raw = _py_text(path) if path.suffix == ".py" else REGION.sub("", path.read_text("utf-8"))
+    return re.sub(r"\s+", " ", raw)
+
+
+def _scope() -> list[str]:
+    commands = sorted(
+        str(p.relative_to(ROOT)) for p in (ROOT / "a2ats_engine/commands").rglob("*.py")
+    )
+    return [*DOCS, *CODE, *commands]
+
+
+def _rendered(template: str, values: Callable[[], tuple]) -> str:
+    return template.format(*values())
+
+
+@pytest.mark.parametrize(
+    "rel, template, values", FIGURES, ids=[f"{f}: {t[:40]}" for f, t, _ in FIGURES]
+)
+def test_a_quoted_figure_is_the_recorded_one(rel, template, values):
+    phrase = _rendered(template, values)
+    assert phrase in _text(rel), f"{rel} should say, from the recorded JSON: {phrase!r}"
+
+
+@pytest.mark.parametrize("rel", _scope())
+def test_every_figure_is_generated_or_tied_to_a_recorded_run(rel):
+    text = _text(rel)
+    covered = [False] * len(text)
+    phrases = [_rendered(t, v) for f, t, v in FIGURES if f == rel]
+    phrases += [p for f, p in NOT_RECORDED if f == rel]
+    for phrase in phrases:
+        for m in re.finditer(re.escape(phrase), text):
+            covered[m.start() : m.end()] = [True] * (m.end() - m.start())
+    loose = [
+        text[max(0, m.start() - 60) : m.end() + 20]
+        for m in FIGURE.finditer(text)
+        if not all(covered[m.start() : m.end()])
+    ]
+    assert not loose, (
+        f"{rel}: figures not from a generated table and not in tests/test_docs_figures.py's "
+        f"FIGURES: {loose}"
+    )
+
+
+def test_a_drifted_figure_fails():
+    rel, template, values = next(f for f in FIGURES if f[0].endswith("crossover.py"))
+    drifted = template.format(*(v + 0.01 for v in values()))
+    assert drifted not in _text(rel)
+    text = _text(rel).replace(_rendered(template, values), drifted)
+    assert any(not _covered(m, text, _rendered(template, values)) for m in FIGURE.finditer(text))
+
+
+def _covered(m: re.Match, text: str, phrase: str) -> bool:
+    return any(p.start() <= m.start() and m.end() <= p.end() for p in re.finditer(re.escape(phrase), text))  # fmt: skip
+
+
+# paths a doc may name that are not in this repository: other projects' files, user data
+EXTERNAL = {
+    "http/client.py", "argparse.py", "mlx_lm/models/llama.py",  # Python's and mlx-lm's sources
+    "config.json", "generation_config.json",  # a model folder's
+    "settings.json", "crossover.json", "hosts.json", "a2ats_source.json",  # written at run time
+}  # fmt: skip
+PATH = re.compile(r"(?<![\w/.<>-])((?:[\w*-]+/)*[\w*-]+\.(?:py|json|md))(?![\w/])")
+BASES = ("", "a2ats_engine/", "app/", "docs/", "docs/benchmarks/", "tests/")
+
+
+@cache
+def _tracked() -> tuple[str, ...]:
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return tuple(out.split())
+
+
+def _exists(name: str) -> bool:
+    """`a/b.py` relative to the root or a package folder; a bare `b.py` anywhere; `*` a glob."""
+    pattern = re.escape(name).replace(r"\*", "[^/]*")
+    if "/" in name:
+        return any(re.fullmatch(re.escape(b) + pattern, f) for b in BASES for f in _tracked())
+    return any(re.fullmatch(pattern, f.rsplit("/", 1)[-1]) for f in _tracked())
+
+
+@pytest.mark.parametrize(
+    "rel", ["README.md", "CONTRIBUTING.md", "docs/ARCHITECTURE.md", "docs/BENCHMARKS.md",
+            "docs/MODELS.md", *CODE],
+)  # fmt: skip
+def test_every_named_file_exists(rel):
+    path = ROOT / rel
+    text = _py_text(path) if path.suffix == ".py" else path.read_text(encoding="utf-8")
+    missing = sorted({p for p in PATH.findall(text) if p not in EXTERNAL and not _exists(p)})
+    assert not missing, f"{rel} names files that are not in the repository: {missing}"
+
+
+def test_a_missing_module_is_caught():
+    assert _exists("a2ats_engine/cache/crossover.py") and _exists("cache/crossover.py")
+    assert _exists("loading/gguf*.py") and _exists("crossover.py")
+    assert not _exists("a2ats_engine/cache/cache.py") and not _exists("cache.py")
+
+
+def test_section_references_point_to_a_section():
+    """`docs/BENCHMARKS.md section N, "Title"` names a numbered section (and a heading in it)."""
+    bench = (ROOT / "docs/BENCHMARKS.md").read_text(encoding="utf-8")
+    numbers = set(re.findall(r"^## (\d+)\.", bench, re.M))
+    headings = {h.strip() for h in re.findall(r"^#+ (?:\d+\. )?(.+)$", bench, re.M)}
+    ref = re.compile(r'BENCHMARKS\.md,? section (\d+)(?:, "([^"]+)")?')
+    for rel in (*DOCS, *CODE, "CONTRIBUTING.md"):
+        for number, title in ref.findall(_text(rel)):
+            assert number in numbers, f"{rel}: docs/BENCHMARKS.md has no section {number}"
+            if title:
+                assert title in headings, f"{rel}: docs/BENCHMARKS.md has no heading {title!r}"
+
+
+def test_no_issue_numbers_in_documents():
+    docs = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").glob("*.md")]
+    for path in docs:
+        text = path.read_text(encoding="utf-8")
+        found = re.findall(r"\bissues?[ -]#?\d+|(?<![\w&])#\d+(?![\w-])", text, re.I)
+        assert not found, f"{path.name} cites issue numbers: {found}"
+
+
+def test_readme_benchmark_part_fits_on_one_screen():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    part = text.split("## Benchmarks (summary)", 1)[1].split("\n## ", 1)[0]
+    lines = part.strip("\n").splitlines()
+    assert len(lines) <= 40, f"README's benchmark part has {len(lines)} lines"
+    assert max(map(len, lines)) <= 600
+    assert "docs/BENCHMARKS.md" in part
