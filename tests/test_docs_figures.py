@@ -129,8 +129,8 @@ FIGURES: list[tuple[str, str, Callable[[], tuple]]] = [
     ("README.md", "({:.2f}-{:.2f}x measured), and it pays off above it ({:.2f}x KVCache at 8K)",
      lambda: (min(shipped_below_8k()), max(shipped_below_8k()),
               speed("decode_v2.json", 8192, "a2ats_noest"))),
-    ("README.md", "the time to first token measured {:.2f}x KVCache's at 1K tokens and {:.2f}x at "
-     "4K",
+    ("README.md", "so the first token took {:.2f}x KVCache's time at 1K tokens, {:.2f}x at 4K "
+     "and {:.2f}x at 8K",
      lambda: tuple(r["ratio_median"] for r in j("prefill.json")["results"] if "ratio_median" in r)),
     # ARCHITECTURE and A2ATSConfig: the estimate's quality and its decode cost
     ("docs/ARCHITECTURE.md", "the attention-output error from {:.3f} to {:.3f} (below oracle "

@@ -1,10 +1,11 @@
 """Exact multi-token attention (prefill) in NumPy on CPU-only MLX.
 
 On MLX's CPU backend a prefill's attention is dominated by the softmax's exponentials: MLX's CPU
-`exp` costs about 13.6 ns an element on a 2-core AMD EPYC host, NumPy's 1 ns (a vectorised
-exp), so `mx.fast.scaled_dot_product_attention` of a 512-token chunk over 8,192 keys takes 767 ms
-where the same maths in NumPy (its BLAS for the two matmuls, its exp for the softmax) takes 152 ms
-(docs/BENCHMARKS.md, "Time to first token"). An A2ATS layer's exact attention over more than one
+`exp` is an order of magnitude slower than NumPy's (a vectorised exp), so
+`mx.fast.scaled_dot_product_attention` of a prefill chunk takes several times longer than the
+same maths in NumPy (its BLAS for the two matmuls, its exp for the softmax): measured by
+docs/benchmarks/softmax_cost.py, docs/BENCHMARKS.md, "Time to first token". An A2ATS layer's
+exact attention over more than one
 query (a prefill chunk) runs here when MLX has no GPU; the result is the same to float32
 rounding (tests/engine/test_host_attention.py). On Metal nothing changes.
 

@@ -483,6 +483,24 @@ def model_texts_table(data: dict) -> str:
     return "\n".join(lines + _layer_recall_lines(data["pooled"][0]["methods"]))
 
 
+def softmax_cost_table(data: dict) -> str:
+    """`docs/benchmarks/softmax_cost.py`: MLX's vs NumPy's exp, and a prefill chunk's attention."""
+    exp = data["exp_ns_per_element"]
+    rows = [
+        f"`{data['command']}` ({data['machine']}): `exp` costs {exp['mlx']:.1f} ns an element "
+        f"in MLX and {exp['numpy']:.1f} ns in NumPy.",
+        "",
+        "| queries | keys | MLX's attention (ms) | NumPy's (ms) | MLX / NumPy | largest difference |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in data["chunk_attention"]:
+        rows.append(
+            f"| {r['queries']:,} | {r['keys']:,} | {r['mlx_ms']:.1f} | {r['numpy_ms']:.1f} | "
+            f"{r['mlx_ms'] / r['numpy_ms']:.1f}x | {r['max_abs_difference']:.1e} |"
+        )
+    return "\n".join(rows)
+
+
 def prefill_table(data: dict) -> str:
     """`a2ats bench prefill`: time to first token, median of the rounds, A2ATS's ratio."""
     rows = [
@@ -745,6 +763,11 @@ def readme_summary(d: dict[str, dict]) -> str:
 
 # Recorded runs that no current table shows: (date first recorded, what it measured).
 HISTORY = {
+    "prefill_xeon.json": (
+        "2026-12-01",
+        "time to first token at 1K and 4K on the slower Intel host, before prefill attention "
+        "ran in NumPy on the CPU (A2ATS 1.07x and 0.97x of KVCache's time)",
+    ),
     "decode.json": (
         "2026-11-30",
         "decode at 1K-8K with 2 BLAS threads, one run each, before the crossover "
@@ -828,6 +851,7 @@ def blocks() -> dict[str, str]:
         ("gemma-texts", "eval_gemma3_270m_4k_texts.json", model_texts_table),
         ("gemma-diag", "eval_gemma3_270m_diagnostics.json", model_eval_table),
         ("prefill", "prefill.json", prefill_table),
+        ("softmax-cost", "softmax_cost.json", softmax_cost_table),
         ("prefill-cold", "prefill_cold.json", prefill_table),
         ("cold", "cold_tier_qwen3.json", cold_table),
         ("cold-summary", "cold_tier_qwen3.json", cold_summary),
