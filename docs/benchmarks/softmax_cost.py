@@ -15,10 +15,10 @@ import statistics
 import sys
 import time
 
-import a2ats_engine  # noqa: F401  (BLAS preload before mlx.core)
 import mlx.core as mx
 import numpy as np
 
+import a2ats_engine  # noqa: F401  (BLAS preload before mlx.core)
 from a2ats_engine.cache import host_attention
 from a2ats_engine.commands._bench_common import machine
 
