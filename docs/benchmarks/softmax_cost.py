@@ -8,6 +8,7 @@ queries over N keys) through `mx.fast.scaled_dot_product_attention` and through
     python docs/benchmarks/softmax_cost.py > docs/benchmarks/softmax_cost.json
 """
 
+# ruff: noqa: I001  (a2ats_engine first: it preloads OpenBLAS before mlx.core)
 from __future__ import annotations
 
 import json
@@ -15,10 +16,9 @@ import statistics
 import sys
 import time
 
+import a2ats_engine  # noqa: F401  (BLAS preload before mlx.core)
 import mlx.core as mx
 import numpy as np
-
-import a2ats_engine  # noqa: F401  (BLAS preload before mlx.core)
 from a2ats_engine.cache import host_attention
 from a2ats_engine.commands._bench_common import machine
 
@@ -53,10 +53,11 @@ def main() -> int:
         k = mx.random.normal((1, 3, keys, 64))
         v = mx.random.normal((1, 3, keys, 64))
         mx.eval(q, k, v)
+        args = (q, k, v)
         mlx_ms = _median_ms(
-            lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal")
+            lambda a=args: mx.fast.scaled_dot_product_attention(*a, scale=0.125, mask="causal")
         )
-        np_ms = _median_ms(lambda: host_attention.attention(q, k, v, 0.125, "causal"))
+        np_ms = _median_ms(lambda a=args: host_attention.attention(*a, 0.125, "causal"))
         want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal")
         diff = float(mx.abs(host_attention.attention(q, k, v, 0.125, "causal") - want).max())
         out["chunk_attention"].append(
