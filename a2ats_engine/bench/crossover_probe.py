@@ -18,6 +18,7 @@ import mlx.nn as nn
 
 from ..cache import crossover as xo
 from ..cache.config import A2ATSConfig
+from ..cache.crossover import TOP_K_STRATEGIES
 from ..cache.geometry import model_geometry
 from ..cache.layer_plan import plan_for
 from ..progress import Progress
@@ -33,6 +34,8 @@ class ContextTiming:
     full_tokens_per_s: float
     a2ats_tokens_per_s: float
     ratios: tuple[float, ...]
+    top_k: str | None = None  # the top-K strategy timed faster (None: only the default timed)
+    top_k_ratios: dict[str, float] | None = None  # median a2ats / full per strategy
 
     @property
     def ratio(self) -> float:
@@ -55,6 +58,7 @@ def probe_crossover(
     config = replace(config or A2ATSConfig(), exact_below=0)
     contexts = sorted(set(contexts))
     total = repeats * len(contexts)
+    top_ks = TOP_K_STRATEGIES if xo.backend() == "cpu" else ()
     runs = []
     for i in range(repeats):
 
@@ -65,23 +69,35 @@ def probe_crossover(
         runs.append(
             bench_geometry_decode(
                 model, contexts, steps=steps, config=config, codebook=codebook, seed=i,
-                progress=report,
+                progress=report, top_ks=top_ks,
             )
         )  # fmt: skip
     if progress:
         progress("measured", total, total)
-    out = []
-    for n in contexts:
-        rates = [{r.method: r.tokens_per_s for r in run if r.context == n} for run in runs]
-        out.append(
-            ContextTiming(
-                n,
-                float(statistics.median(r["full"] for r in rates)),
-                float(statistics.median(r["a2ats"] for r in rates)),
-                tuple(r["a2ats"] / r["full"] for r in rates),
-            )
+    return timings_of(runs, contexts)
+
+
+def timings_of(runs: list[list], contexts: list[int]) -> list[ContextTiming]:
+    """ContextTiming per context from the repeats' DecodeResults. Where both top-K strategies
+    were timed (`a2ats_mlx`, `a2ats_numpy`), A2ATS is the one faster at the largest context
+    (median over repeats) at every context: the strategy the caches will use."""
+    rates = {n: [{r.method: r.tokens_per_s for r in run if r.context == n} for run in runs]
+             for n in contexts}  # fmt: skip
+    methods = [m for m in rates[contexts[-1]][0] if m.startswith("a2ats")]
+    best = max(methods, key=lambda m: statistics.median(r[m] for r in rates[contexts[-1]]))
+    top_k = best.removeprefix("a2ats_") if best != "a2ats" else None
+    return [
+        ContextTiming(
+            n,
+            float(statistics.median(r["full"] for r in rates[n])),
+            float(statistics.median(r[best] for r in rates[n])),
+            tuple(r[best] / r["full"] for r in rates[n]),
+            top_k,
+            {m.removeprefix("a2ats_"): round(statistics.median(r[m] / r["full"] for r in rates[n]), 3)
+             for m in methods if m != "a2ats"},
         )
-    return out
+        for n in contexts
+    ]  # fmt: skip
 
 
 AUTO_CONTEXTS = (1024, 2048, 4096, 8192)  # what the app measures the first time (short)
@@ -123,6 +139,14 @@ def measure_crossover(
         "a2ats_layers": len(plan.a2ats_layers),
         "date": xo.today(),
         "ratios": {str(t.context): round(t.ratio, 3) for t in timings},
+        **(
+            {
+                "top_k": timings[-1].top_k,
+                "top_k_ratios": {str(t.context): t.top_k_ratios for t in timings},
+            }
+            if timings and timings[-1].top_k
+            else {}
+        ),
         "steps": steps,
         "repeats": repeats,
         "budget": config.budget,

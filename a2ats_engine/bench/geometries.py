@@ -11,6 +11,7 @@ so a user knows what calibrating a model of that size costs.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -20,6 +21,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from ..cache.config import A2ATSConfig
 from ..cache.model_cache import make_cache
+from ..cache.topk import forced
 from .speed import DecodeResult, _decode_interleaved, cache_bytes
 
 # name -> (what it is, config.json of the real model's text part: public Hugging Face configs)
@@ -173,9 +175,11 @@ def bench_geometry_decode(
     codebook=None,
     seed: int = 0,
     progress=None,
+    top_ks: tuple[str, ...] = (),
 ) -> list[DecodeResult]:
     """Decode tokens/s and bytes held of `full` (mlx-lm's own caches) and `a2ats` (the layer
-    plan's caches) at each context, both filled synthetically, timed interleaved."""
+    plan's caches) at each context, both filled synthetically, timed interleaved. With `top_ks`
+    ("mlx", "numpy"), one A2ATS method per top-K strategy instead (`a2ats_mlx`, ...)."""
     import random
 
     config = config or A2ATSConfig()
@@ -185,7 +189,11 @@ def bench_geometry_decode(
     for ci, n in enumerate(contexts):
         if progress:
             progress(f"fill {n}", ci, len(contexts))
-        caches = {"full": make_prompt_cache(model), "a2ats": make_cache(model, config, codebook)}
+        caches = {"full": make_prompt_cache(model)}
+        for strategy in top_ks or (None,):
+            with forced(strategy) if strategy else contextlib.nullcontext():
+                name = f"a2ats_{strategy}" if strategy else "a2ats"
+                caches[name] = make_cache(model, config, codebook)
         for cache in caches.values():
             fill_synthetic(model, cache, n, seed=seed)
         held = {method: cache_bytes(cache) for method, cache in caches.items()}

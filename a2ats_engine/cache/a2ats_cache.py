@@ -67,7 +67,8 @@ class A2ATSCache(_BaseCache):
         self.layer, self.rope, self.codebook = layer, rope, codebook
         self.config = config = config.for_layer(layer)
         self.max_context = planning_context(max_context)
-        self.top_k = choose_top_k()  # NumPy or MLX top-K, decided once (topk.py)
+        geometry = (codebook.num_layers, codebook.num_kv_heads, rope.head_dim)
+        self.top_k = choose_top_k(geometry)  # NumPy or MLX top-K, decided once (topk.py)
         self.buckets = bucket_plan(config, self.max_context)
         # [d, m * d]: rotation to each far distance (the retrieval queries' frames), built once
         self.rotations = mx.concatenate(
@@ -81,7 +82,6 @@ class A2ATSCache(_BaseCache):
         self.exact_steps = self.retrieved_steps = 0
         self.exact_below = config.exact_below  # None: the measured crossover (crossover.py)
         if self.exact_below is None:
-            geometry = (codebook.num_layers, codebook.num_kv_heads, rope.head_dim)
             self.exact_below = measured_crossover(*geometry)
 
     def _clear(self) -> None:

@@ -74,6 +74,7 @@ class Crossover:
     source: str
     origin: str = "built-in"
     never: bool = False
+    top_k: str | None = None  # the top-K strategy measured faster here ("mlx" or "numpy")
 
 
 # (backend, attention layers, KV heads, head dim) -> crossover
@@ -89,9 +90,9 @@ MEASURED: dict[tuple[str, int, int, int], Crossover] = {
 
 def backend() -> str:
     """ "cpu" on CPU-only MLX, else "metal" (the same test as the top-K strategy's)."""
-    from .topk import _cpu_only
+    from .host_attention import cpu_only
 
-    return "cpu" if _cpu_only() else "metal"
+    return "cpu" if cpu_only() else "metal"
 
 
 @lru_cache(maxsize=1)
@@ -311,13 +312,26 @@ def lookup_crossover(num_layers: int, num_kv_heads: int, head_dim: int) -> Cross
     path = user_table_path()
     row = user_table(path).get((be, machine_id(), num_layers, num_kv_heads, head_dim))
     if row is not None:
+        top_k = row.get("top_k")
         return Crossover(
             int(row["exact_below"]),
             _row_source(row),
             origin=str(path),
             never=bool(row.get("never", False)),
+            top_k=top_k if top_k in TOP_K_STRATEGIES else None,
         )
     return MEASURED.get((be, num_layers, num_kv_heads, head_dim))
+
+
+TOP_K_STRATEGIES = ("mlx", "numpy")
+_STRATEGY_NAMES = {"mlx": "MLX", "numpy": "NumPy"}
+
+
+def measured_top_k(num_layers: int, num_kv_heads: int, head_dim: int) -> str | None:
+    """The top-K strategy (`topk.py`) the crossover measurement found faster on this machine
+    for this geometry ("mlx" or "numpy"), None where none was measured."""
+    row = lookup_crossover(num_layers, num_kv_heads, head_dim)
+    return row.top_k if row is not None else None
 
 
 def _row_source(row: Mapping[str, Any]) -> str:
@@ -327,6 +341,8 @@ def _row_source(row: Mapping[str, Any]) -> str:
     if isinstance(ratios, dict):
         text = ", ".join(f"{n} {r:.2f}x" for n, r in ratios.items() if isinstance(r, int | float))
     head = ", ".join(str(row[k]) for k in ("model", "date") if row.get(k))
+    if row.get("top_k") in TOP_K_STRATEGIES:
+        text += f"; top-K in {_STRATEGY_NAMES[row['top_k']]}, measured faster"
     return f"{head}: {text}" if text else head
 
 

@@ -2,10 +2,14 @@
 
 `MlxTopK` keeps everything on the device (`mx.argpartition`, the union built with MLX ops, the
 retrieved-token counter an MLX scalar): no host sync. `NumpyTopK` pulls the step's scores to the
-host once and does top-K and the union bookkeeping in NumPy: on CPU-only MLX that is faster
-(MLX's argpartition measured 0.63 vs NumPy's 0.09 ms for 9 x 8K scores) and the sync costs
-little. `choose_top_k()` picks NumPy on CPU-only MLX and MLX otherwise; `A2ATS_TOPK=mlx|numpy`
-overrides (read when the cache is made, never per step).
+host once and does top-K and the union bookkeeping in NumPy. Which is faster depends on the
+machine, not only the backend: on one CPU-only host NumPy's argpartition was 7x faster than
+MLX's (0.09 vs 0.63 ms for 9 x 8K scores); on another a whole decode step at 8K was faster with
+MLX's (no host syncs; docs/BENCHMARKS.md, "Where a decode step's time goes"). So the crossover
+measurement (`a2ats crossover`, the app's first-load measurement) times both on CPU-only MLX
+and records the faster per machine and geometry (`crossover.measured_top_k`); `choose_top_k()`
+takes it, else NumPy on CPU-only MLX and MLX otherwise; `A2ATS_TOPK=mlx|numpy` overrides (read
+when the cache is made, never per step).
 
 Both strategies have the same operations and agree exactly:
     top(scores [..., F], k)       -> far indices [..., k] int32 (unordered)
@@ -20,12 +24,15 @@ Both strategies have the same operations and agree exactly:
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import mlx.core as mx
 import numpy as np
 
 from .attention import Layout, fixed_parts
+from .crossover import TOP_K_STRATEGIES, measured_top_k
 from .host_attention import cpu_only
 
 ENV = "A2ATS_TOPK"
@@ -34,10 +41,30 @@ ENV = "A2ATS_TOPK"
 _cpu_only = cpu_only
 
 
-def choose_top_k() -> MlxTopK | NumpyTopK:
-    """A fresh strategy for one cache: NumPy on CPU-only MLX, else MLX; `A2ATS_TOPK` overrides."""
-    choice = os.environ.get(ENV, "").strip().lower()
-    host = choice == "numpy" if choice in ("mlx", "numpy") else _cpu_only()
+_forced: str | None = None
+
+
+@contextlib.contextmanager
+def forced(strategy: str) -> Iterator[None]:
+    """Caches made inside the block use `strategy` ("mlx" or "numpy"): the crossover probe
+    times both (`bench/crossover_probe.py`)."""
+    global _forced
+    before, _forced = _forced, strategy
+    try:
+        yield
+    finally:
+        _forced = before
+
+
+def choose_top_k(geometry: tuple[int, int, int] | None = None) -> MlxTopK | NumpyTopK:
+    """A fresh strategy for one cache. In order: a `forced` one, `A2ATS_TOPK`, the one the
+    crossover measurement found faster on this machine for this geometry (attention layers, KV
+    heads, head dim; `crossover.measured_top_k`), else NumPy on CPU-only MLX and MLX otherwise.
+    """
+    choice = (_forced or os.environ.get(ENV, "")).strip().lower()
+    if choice not in TOP_K_STRATEGIES and geometry is not None:
+        choice = measured_top_k(*geometry) or ""
+    host = choice == "numpy" if choice in TOP_K_STRATEGIES else _cpu_only()
     return NumpyTopK() if host else MlxTopK()
 
 

@@ -27,6 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "The result goes into crossover.json in the user data dir ($A2ATS_CROSSOVER_FILE "
             "overrides the path), keyed by backend, machine and attention geometry: every "
             "A2ATS cache with exact_below unset uses it (A2ATSConfig.exact_below overrides it). "
+            "On CPU-only MLX both top-K strategies (MLX's, NumPy's) are timed and the faster "
+            "one at the largest context is recorded for the caches to use. "
             "Measure on a quiet machine: other work makes the ratios noisy."
         ),
     )
@@ -127,6 +129,13 @@ def run(args: argparse.Namespace) -> int:
             f"{r['context']:>8} {r['full_tokens_per_s']:>11.2f} {r['a2ats_tokens_per_s']:>12.2f} "
             f"{r['ratio']:>10.2f}x  {runs}"
         )
+    if entry.get("top_k"):
+        names = {"mlx": "MLX", "numpy": "NumPy"}
+        each = "; ".join(
+            f"{n}: " + ", ".join(f"{names[s]} {r:.2f}x" for s, r in per.items())
+            for n, per in entry["top_k_ratios"].items()
+        )
+        print(f"top-K: {names[entry['top_k']]} measured faster at {contexts[-1]:,} ({each})")
     print(f"crossover: {decision.describe(contexts[-1])} (exact_below = {decision.exact_below})")
     if path is None:
         print(f"--dry-run: nothing recorded (would update {xo.user_table_path()})")

@@ -198,6 +198,8 @@ def test_cli_dry_run_measures_and_writes_nothing(tiny_folder, table, capsys):
     text = capsys.readouterr().out
     assert re.search(r"^crossover: .*\(exact_below = \d+\)$", text, re.M)
     assert "--dry-run: nothing recorded" in text and not table.exists()
+    if xo.backend() == "cpu":
+        assert re.search(r"^top-K: (MLX|NumPy) measured faster", text, re.M)
 
 
 def test_cli_records_the_table_that_caches_and_info_then_use(tiny_folder, table, capsys):
@@ -216,6 +218,8 @@ def test_cli_records_the_table_that_caches_and_info_then_use(tiny_folder, table,
     assert entry["model"] == "tiny-llama" and entry["exact_below"] == out["exact_below"]
     assert (entry["backend"], entry["machine"]) == (xo.backend(), xo.machine_id())
     assert set(entry["ratios"]) == {"150", "300"}
+    if xo.backend() == "cpu":  # both top-K strategies timed; the faster one recorded
+        assert entry["top_k"] in ("mlx", "numpy") and set(entry["top_k_ratios"]) == {"150", "300"}
 
     model, _, _ = load_model(str(tiny_folder))
     with warnings.catch_warnings():
@@ -348,3 +352,54 @@ def test_the_app_and_chat_default_follows_a_measurement_over_the_estimate(tiny_f
     assert config.exact_below == 601 and row.never and row.origin == str(table)
     pinned, _ = with_default_crossover(model, A2ATSConfig(exact_below=5))
     assert pinned.exact_below == 5  # a setting wins over both
+
+
+# -- the top-K strategy, measured per machine ------------------------------------------------------
+
+
+def test_the_top_k_strategy_follows_forced_then_env_then_the_measurement(table, monkeypatch):
+    from a2ats_engine.cache import topk
+
+    monkeypatch.setattr(xo, "backend", lambda: "cpu")
+    monkeypatch.delenv(topk.ENV, raising=False)
+    geometry = (3, 2, D)
+    platform = topk.NumpyTopK if topk._cpu_only() else topk.MlxTopK
+    assert isinstance(topk.choose_top_k(geometry), platform)  # nothing measured
+    xo.record_crossover(row(640, geometry=geometry, top_k="mlx"))
+    assert xo.measured_top_k(*geometry) == "mlx"
+    assert isinstance(topk.choose_top_k(geometry), topk.MlxTopK)
+    assert isinstance(topk.choose_top_k(), platform)  # no geometry: no lookup
+    monkeypatch.setenv(topk.ENV, "numpy")
+    assert isinstance(topk.choose_top_k(geometry), topk.NumpyTopK)  # the env overrides
+    with topk.forced("mlx"):
+        assert isinstance(topk.choose_top_k(geometry), topk.MlxTopK)  # forced overrides both
+    assert isinstance(topk.choose_top_k(geometry), topk.NumpyTopK)
+    monkeypatch.delenv(topk.ENV)
+    book = Codebook.random(3, 2, D, 16, seed=0)
+    rope = filled_cache(n=1)[2]
+    assert isinstance(A2ATSCache(0, rope, book, A2ATSConfig(), 8192).top_k, topk.MlxTopK)
+    xo.record_crossover(row(640, geometry=geometry, top_k="bogus"))  # hostile: not a strategy
+    assert xo.measured_top_k(*geometry) is None
+    assert xo.lookup_crossover(*geometry).source.endswith("1024 1.10x")
+
+
+def test_the_probe_keeps_the_strategy_faster_at_the_largest_context():
+    from a2ats_engine.bench.crossover_probe import timings_of
+    from a2ats_engine.bench.speed import DecodeResult
+
+    def run(rates):  # (context, method) -> tokens/s
+        return [DecodeResult(m, n, r, 0, 0.0) for (n, m), r in rates.items()]
+
+    # NumPy faster at 1K, MLX at 8K: MLX is kept, at every context
+    runs = [
+        run({(1024, "full"): 10, (1024, "a2ats_numpy"): 9, (1024, "a2ats_mlx"): 8,
+             (8192, "full"): 5, (8192, "a2ats_numpy"): 4.5, (8192, "a2ats_mlx"): 5.5 + i / 10})
+        for i in range(3)
+    ]  # fmt: skip
+    timings = timings_of(runs, [1024, 8192])
+    assert [t.top_k for t in timings] == ["mlx", "mlx"]
+    assert timings[0].ratio == pytest.approx(0.8) and timings[1].ratio == pytest.approx(1.12)
+    assert timings[1].top_k_ratios == {"numpy": 0.9, "mlx": 1.12}
+    # only the default timed (Metal): no strategy recorded
+    plain = timings_of([run({(512, "full"): 4, (512, "a2ats"): 5})], [512])
+    assert plain[0].top_k is None and plain[0].ratio == pytest.approx(1.25)
