@@ -32,6 +32,21 @@ def file_sha256(path: str | Path) -> str:
     return sha256_file(path)
 
 
+def is_cpu_only() -> bool:
+    """True when MLX has no GPU (Metal) backend (the engine's `_backend.is_cpu_only`)."""
+    from a2ats_engine import _backend
+
+    return _backend.is_cpu_only()
+
+
+def show_note(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+    """`warnings.showwarning` for engine warnings: one `note: <message>` line, as the `a2ats`
+    command prints them (`a2ats_engine/cli.py`)."""
+    from a2ats_engine.cli import show_note as engine_note
+
+    engine_note(message, category, filename, lineno, file, line)
+
+
 class CrossoverCancelled(Exception):
     """The crossover measurement was cancelled (a message was sent while it ran)."""
 

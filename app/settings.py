@@ -37,9 +37,9 @@ def default_kv_bits() -> int | None:
     1.024x with float K/V, for 0.28x the bytes; but on the CPU the dequantization costs decode
     speed, while on a unified-memory Mac memory is what matters. A choice saved in
     settings.json is kept as is."""
-    from a2ats_engine import _backend
+    from .backend import is_cpu_only
 
-    return None if _backend.is_cpu_only() else 8
+    return None if is_cpu_only() else 8
 
 
 @dataclass(frozen=True)
@@ -114,10 +114,14 @@ class AppSettings:
         if self.theme not in THEMES:
             raise ValueError(f"AppSettings.theme={self.theme!r} must be one of {THEMES}")
 
+    def recent_with(self, source: str) -> list[str]:
+        """The recent-models list with `source` first (deduplicated, capped); changes nothing."""
+        recent = [source, *[m for m in self.recent_models if m != source]]
+        return recent[:MAX_RECENT_MODELS]
+
     def remember_model(self, source: str) -> None:
         """Put `source` first in the recent-models list (deduplicated, capped)."""
-        self.recent_models = [source, *[m for m in self.recent_models if m != source]]
-        del self.recent_models[MAX_RECENT_MODELS:]
+        self.recent_models = self.recent_with(source)
 
     def sampling_for(self, info: ModelInfo | None) -> SamplingSettings:
         """The sampling for the next reply of the model `info` describes: the model's

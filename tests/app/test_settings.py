@@ -213,14 +213,15 @@ def test_a_reply_uses_the_loaded_models_recommended_sampling(make_window, qtbot,
     load(qtbot, window)
     recommended = SamplingSettings(temperature=0.0, top_k=20)
     window.controller.model = replace(
-        window.model, info=replace(window.model.info, recommended_sampling=recommended)
+        window.controller.model,
+        info=replace(window.controller.model.info, recommended_sampling=recommended),
     )
     reply(qtbot, window, "hello")
-    used = window.current.messages[-1].provenance["sampling"]
+    used = window.controller.current.messages[-1].provenance["sampling"]
     assert (used["temperature"], used["top_k"], used["max_tokens"]) == (0.0, 20, 5)
-    window.settings.use_model_sampling = False
+    window.controller.settings.use_model_sampling = False
     reply(qtbot, window, "again")
-    used = window.current.messages[-1].provenance["sampling"]
+    used = window.controller.current.messages[-1].provenance["sampling"]
     assert (used["temperature"], used["top_k"]) == (0.9, 0)
 
 
