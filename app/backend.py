@@ -1,8 +1,10 @@
-"""The one seam between the app and the engine: every call into a2ats_engine goes through here.
+"""The one seam between the app and the engine: every engine operation goes through here (the
+rest of the app imports only the engine's public names and records: tests/test_boundaries.py).
 
 `EngineWorker` (worker.py) holds the model, tokenizer, codebook and chat session as opaque
 handles and does everything with them through an `EngineBackend`: loading, codebooks,
-calibration, and each chat-session operation (configure, load history, stream a reply, stop).
+calibration, and each chat-session operation (make, configure for a request, fit the turn into
+the context, stream a reply, stop), each one call into the engine's `ChatSession`.
 GUI tests hand the worker a fake with the same methods (`tests/app/fakes.py`). Only the engine
 thread calls these methods, except `stop`, which is thread-safe.
 """

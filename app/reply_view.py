@@ -68,7 +68,7 @@ class ReplyView(QObject):
         """Tell the inspector whether the fidelity shadow pass runs (settings) and its cost."""
         if self.inspector is None:
             return
-        every = self.controller.settings.cache.fidelity_every
+        every = self.controller.settings.cache.config.fidelity_every
         self.inspector.set_fidelity_info(every > 0, every=every or None, cost_ms=cost_ms)
 
     def _on_fidelity_cost(self, snapshot: CacheSnapshot) -> None:

@@ -569,7 +569,7 @@ def test_settings_change_through_the_controller(make_controller, qtbot, app_dirs
     controller = make_controller(FakeBackend())
     changed: list[frozenset[str]] = []
     controller.settings_changed.connect(changed.append)
-    cache = CacheSettings(window=32, kv_bits=None)
+    cache = CacheSettings.of(window=32, kv_bits=None)
     assert controller.change_settings(cache=cache, theme="dark") == {"cache", "theme"}
     assert changed == [{"cache", "theme"}]
     saved, message = load_settings(settings_path())

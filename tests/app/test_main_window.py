@@ -390,7 +390,7 @@ def test_settings_and_history_survive_restart(make_window, qtbot, app_dirs):
     from app.dialogs.settings_dialog import SettingsResult
 
     window.apply_settings(SettingsResult(
-        cache=CacheSettings(window=32, budget=0.05), sampling=SamplingSettings(temperature=0.3),
+        cache=CacheSettings.of(window=32, budget=0.05), sampling=SamplingSettings(temperature=0.3),
         theme="dark", default_system_prompt="Be kind.",
     ))  # fmt: skip
     conversation_id = window.controller.current.id
@@ -398,7 +398,7 @@ def test_settings_and_history_survive_restart(make_window, qtbot, app_dirs):
     assert settings_path().exists()
 
     again = make_window(FakeBackend())
-    assert again.controller.settings.cache == CacheSettings(window=32, budget=0.05)
+    assert again.controller.settings.cache == CacheSettings.of(window=32, budget=0.05)
     assert (
         again.controller.settings.sampling.temperature == 0.3
         and again.controller.settings.theme == "dark"
@@ -719,7 +719,7 @@ def test_fidelity_setting_reaches_engine_and_inspector(make_window, qtbot, tiny_
     settings, _ = load_settings()
     # retrieval from the first step: below the crossover every step would attend exactly (and
     # measure what retrieval would keep there, on every step)
-    settings.cache = CacheSettings(window=16, sinks=4, budget=8, fidelity_every=2, exact_below=0)
+    settings.cache = CacheSettings.of(window=16, sinks=4, budget=8, fidelity_every=2, exact_below=0)
     settings.sampling = SamplingSettings(max_tokens=6, seed=1, temperature=0.0)
     window = make_window(None, settings=settings, inspector=True)
     assert window.inspector.state.fidelity.enabled and window.inspector.state.fidelity.every == 2
