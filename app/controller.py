@@ -51,7 +51,7 @@ from .events import (
     StopReason,
 )
 from .instance_lock import InstanceLock
-from .settings import AppSettings, save_settings
+from .settings import FIELD_TYPES, AppSettings, save_settings
 from .worker import DEMO, EngineThread
 
 SAVE = "save"  # ErrorReport.task of a failed write of a chat or the settings
@@ -244,6 +244,10 @@ class ChatController(QObject):
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"AppSettings has no field {', '.join(unknown)}")
+        for name, value in values.items():
+            check, expected = FIELD_TYPES[name]
+            if not check(value):  # the same checks as a settings file's (settings.py)
+                raise ValueError(f"AppSettings.{name}={value!r} must be {expected}")
         changed = frozenset(k for k, v in values.items() if getattr(self.settings, k) != v)
         for name in changed:
             setattr(self.settings, name, values[name])

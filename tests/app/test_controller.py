@@ -577,6 +577,9 @@ def test_settings_change_through_the_controller(make_controller, qtbot, app_dirs
     assert controller.change_settings(cache=cache) == frozenset() and len(changed) == 1
     with pytest.raises(ValueError, match="no_such_field"):
         controller.change_settings(no_such_field=1)
+    with pytest.raises(ValueError, match="recent_models"):  # typed as a settings file is
+        controller.change_settings(recent_models="demo")
+    assert controller.settings.recent_models == [] and len(changed) == 1
     controller.change_settings(inspector_visible=False, save=False)  # the window's layout
     assert (
         changed[-1] == {"inspector_visible"} and load_settings(settings_path())[0].inspector_visible
