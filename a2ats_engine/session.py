@@ -9,6 +9,11 @@ recomputing, and a cancelled reply leaves the cache consistent with its token li
 
 Events streamed by `send()` and friends: `TokenEvent` per generated token, `CacheSnapshot` after
 each decode step when the caches record telemetry, and one `GenerationStats` last.
+
+A turn driven from outside (the app's worker) is three calls: `configure(...)` (system prompt,
+sampling, cache, conversation; only what differs changes), `fit(mode, text, ...)` (the prompt
+and max tokens against the context, by an overflow policy) and `reply(mode, text)`; the turn's
+rules (the conversation a reply answers, fitting, rendering) live in chat_turn.py.
 """
 
 from __future__ import annotations
