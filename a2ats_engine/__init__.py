@@ -40,6 +40,9 @@ _EXPORTS = {
     "CodebookError": "errors",
     "A2ATSError": "errors",
     "ChatSession": "session",
+    "ContextFit": "chat_turn",
+    "OverflowPolicy": "chat_turn",
+    "ReplyMode": "chat_turn",
     "calibrate": "calibration.calibrate",
     "CodebookSpec": "cache.codebook_spec",
 }

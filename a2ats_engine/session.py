@@ -9,6 +9,11 @@ recomputing, and a cancelled reply leaves the cache consistent with its token li
 
 Events streamed by `send()` and friends: `TokenEvent` per generated token, `CacheSnapshot` after
 each decode step when the caches record telemetry, and one `GenerationStats` last.
+
+A turn driven from outside (the app's worker) is three calls: `configure(...)` (system prompt,
+sampling, cache, conversation; only what differs changes), `fit(mode, text, ...)` (the prompt
+and max tokens against the context, by an overflow policy) and `reply(mode, text)`; the turn's
+rules (the conversation a reply answers, fitting, rendering) live in chat_turn.py.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import copy
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import mlx.core as mx
@@ -34,6 +39,15 @@ from .cache.model_cache import (
     snapshot,
 )
 from .cache.telemetry import CacheSnapshot, GenerationStats, TokenEvent
+from .chat_turn import (
+    ContextFit,
+    OverflowPolicy,
+    ReplyMode,
+    after_turn,
+    fit_turn,
+    last_user_index,
+    render_prompt,
+)
 from .progress import Progress
 from .records import SamplingSettings
 
@@ -66,54 +80,6 @@ def resolve_cache_factory(
     return a2ats_factory
 
 
-def _token_list(ids: Any) -> list[int]:
-    """Normalize what a tokenizer returns (list, array, BatchEncoding-like) to a list of ints."""
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
-    ids = list(ids)
-    if ids and isinstance(ids[0], list | tuple):  # batched output of one conversation
-        ids = list(ids[0])
-    return [int(i) for i in ids]
-
-
-def _plain_transcript(conversation: list[dict]) -> str:
-    """Fallback rendering for tokenizers without a chat template."""
-    lines = [f"{m['role'].capitalize()}: {m['content']}" for m in conversation]
-    return "\n\n".join(lines + ["Assistant:"])
-
-
-def _fold_system(system_prompt: str, messages: list[dict]) -> list[dict]:
-    """Put the system prompt in front of the first user message (templates without a system role)."""
-    folded = [dict(m) for m in messages]
-    for m in folded:
-        if m["role"] == "user":
-            m["content"] = f"{system_prompt}\n\n{m['content']}"
-            return folded
-    return [{"role": "user", "content": system_prompt}, *folded]
-
-
-def render_prompt(tokenizer: Any, messages: list[dict], system_prompt: str | None) -> list[int]:
-    """Token ids of the conversation plus the assistant generation prompt.
-
-    Uses the tokenizer's chat template. A template that rejects the system role (it raises while
-    rendering) gets the system prompt folded into the first user message; a tokenizer without
-    any chat template gets a plain "Role: text" transcript.
-    """
-    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    if not getattr(tokenizer, "has_chat_template", True):
-        text = _plain_transcript(system + messages)
-        return _token_list(tokenizer.encode(text))
-    try:
-        return _apply_template(tokenizer, system + messages)
-    except Exception as exc:  # jinja2 TemplateError, ValueError, ...: the template refused
-        if not system_prompt:
-            raise ValueError(f"the model's chat template failed to render: {exc}") from exc
-    try:
-        return _apply_template(tokenizer, _fold_system(system_prompt, messages))
-    except Exception as exc:
-        raise ValueError(f"the model's chat template failed to render: {exc}") from exc
-
-
 def vocab_rows(model: Any) -> int | None:
     """Rows of the model's input embedding table (None when it has no recognisable one)."""
     import mlx.nn as nn
@@ -139,11 +105,6 @@ def check_token_ids(rows: int | None, ids: list[int]) -> None:
             f"token id {bad} is outside the model's vocabulary (embedding rows 0-{rows - 1}): "
             "the tokenizer does not match the model"
         )
-
-
-def _apply_template(tokenizer: Any, conversation: list[dict]) -> list[int]:
-    ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
-    return _token_list(ids)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -312,6 +273,60 @@ class ChatSession:
         self._factory = resolve_cache_factory(factory, a2ats=a2ats, codebook=codebook)
         self._cache_stale = True
 
+    def configure(
+        self,
+        *,
+        system_prompt: str | None,
+        sampling: SamplingSettings,
+        a2ats: A2ATSConfig | None,
+        codebook: Any | None,
+        messages: list[dict] | None = None,
+    ) -> None:
+        """Set everything the next reply uses in one call, changing only what differs from what
+        the session holds: the cache is rebuilt only when the A2ATS config (None = mlx-lm's
+        KVCache) or the codebook (compared by identity) changed, the conversation is replaced
+        only when `messages` (None = keep it) differs from it."""
+        self._ensure_idle()
+        codebook = codebook if a2ats is not None else None
+        held = self._factory
+        same = getattr(held, "a2ats_config", None) == a2ats and (
+            getattr(held, "codebook", None) is codebook
+        )
+        if not same:
+            self.set_cache_factory(a2ats=a2ats, codebook=codebook)
+        self.set_sampling(sampling)
+        self.set_system_prompt(system_prompt)
+        if messages is not None and _check_messages(messages) != self._messages:
+            self.load_messages(messages)
+
+    def fit(
+        self,
+        mode: ReplyMode | str,
+        text: str = "",
+        *,
+        context_length: int | None,
+        policy: OverflowPolicy | str = OverflowPolicy.ASK,
+    ) -> ContextFit:
+        """Make the reply `reply(mode, text)` would start fit `context_length` with the
+        sampling's max tokens, as `policy` says (chat_turn.py): DROP_OLDEST leaves the oldest
+        turns out of the conversation, a cut lowers this session's max tokens; ASK changes
+        nothing and reports `overflow`. ValueError when the prompt alone fills the context."""
+        self._ensure_idle()
+        fit, messages = fit_turn(
+            self._messages,
+            mode,
+            text,
+            max_tokens=self._sampling.max_tokens,
+            context_length=context_length,
+            policy=policy,
+            prompt_length=lambda msgs: len(self.prompt_token_ids(msgs)),
+        )
+        if fit.dropped:
+            self._messages = messages
+        if fit.cut:
+            self._sampling = replace(self._sampling, max_tokens=fit.max_tokens)
+        return fit
+
     def adopt_cache(self, caches: list, token_ids: list[int]) -> None:
         """Use `caches` holding `token_ids` as the prompt cache (a restored session file,
         `session_file.restore_cache`): the next reply prefills only what follows them."""
@@ -340,38 +355,35 @@ class ChatSession:
         self._stop.set()
 
     # ------------------------------------------------------------ generation
+    def reply(self, mode: ReplyMode | str, text: str = "") -> Iterator[Event]:
+        """`send(text)`, `regenerate()` or `edit_last_user_message(text)` by `mode`."""
+        mode = ReplyMode(mode)
+        if mode == ReplyMode.SEND:
+            return self.send(text)
+        if mode == ReplyMode.REGENERATE:
+            return self.regenerate()
+        return self.edit_last_user_message(text)
+
     def send(self, text: str) -> Iterator[Event]:
         """Add a user message and stream the assistant's reply (events; GenerationStats last)."""
         if not isinstance(text, str):
             raise ValueError(f"message text must be a string, got {type(text).__name__}")
         self._stop.clear()
-        return self._reply(lambda msgs: [*msgs, {"role": "user", "content": text}])
+        return self._reply(lambda msgs: after_turn(msgs, ReplyMode.SEND, text))
 
     def regenerate(self) -> Iterator[Event]:
         """Drop the last assistant reply and answer the last user message again."""
-        self._last_user_index(self._messages)  # fail now, not at the first next()
+        last_user_index(self._messages)  # fail now, not at the first next()
         self._stop.clear()
-        return self._reply(lambda msgs: msgs[: self._last_user_index(msgs) + 1])
+        return self._reply(lambda msgs: after_turn(msgs, ReplyMode.REGENERATE))
 
     def edit_last_user_message(self, text: str) -> Iterator[Event]:
         """Replace the last user message (dropping what followed it) and answer it."""
         if not isinstance(text, str):
             raise ValueError(f"message text must be a string, got {type(text).__name__}")
-        self._last_user_index(self._messages)  # fail now, not at the first next()
+        last_user_index(self._messages)  # fail now, not at the first next()
         self._stop.clear()
-
-        def edit(msgs: list[dict]) -> list[dict]:
-            i = self._last_user_index(msgs)
-            return [*msgs[:i], {"role": "user", "content": text}]
-
-        return self._reply(edit)
-
-    @staticmethod
-    def _last_user_index(messages: list[dict]) -> int:
-        for i in range(len(messages) - 1, -1, -1):
-            if messages[i]["role"] == "user":
-                return i
-        raise ValueError("there is no user message to answer yet")
+        return self._reply(lambda msgs: after_turn(msgs, ReplyMode.EDIT, text))
 
     def _ensure_idle(self) -> None:
         if self._busy.locked():

@@ -1,8 +1,10 @@
-"""The one seam between the app and the engine: every call into a2ats_engine goes through here.
+"""The one seam between the app and the engine: every engine operation goes through here (the
+rest of the app imports only the engine's public names and records: tests/test_boundaries.py).
 
 `EngineWorker` (worker.py) holds the model, tokenizer, codebook and chat session as opaque
 handles and does everything with them through an `EngineBackend`: loading, codebooks,
-calibration, and each chat-session operation (configure, load history, stream a reply, stop).
+calibration, and each chat-session operation (make, configure for a request, fit the turn into
+the context, stream a reply, stop), each one call into the engine's `ChatSession`.
 GUI tests hand the worker a fake with the same methods (`tests/app/fakes.py`). Only the engine
 thread calls these methods, except `stop`, which is thread-safe.
 """
@@ -16,10 +18,13 @@ from typing import Any
 
 from a2ats_engine.cache.config import A2ATSConfig
 from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats, TokenEvent
+from a2ats_engine.chat_turn import ContextFit, OverflowPolicy, ReplyMode
 from a2ats_engine.progress import Progress as ProgressFn
 from a2ats_engine.records import SamplingSettings
 
-from .events import CalibrationRequest, ReplyMode
+from .events import CalibrationRequest
+
+__all__ = ["ContextFit", "CrossoverCancelled", "EngineBackend", "file_sha256", "is_cpu_only"]
 
 Event = TokenEvent | CacheSnapshot | GenerationStats
 Turns = list[tuple[str, str]]  # (role, content), no system message
@@ -30,6 +35,21 @@ def file_sha256(path: str | Path) -> str:
     from a2ats_engine.files import sha256_file
 
     return sha256_file(path)
+
+
+def is_cpu_only() -> bool:
+    """True when MLX has no GPU (Metal) backend (the engine's `_backend.is_cpu_only`)."""
+    from a2ats_engine import _backend
+
+    return _backend.is_cpu_only()
+
+
+def show_note(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+    """`warnings.showwarning` for engine warnings: one `note: <message>` line, as the `a2ats`
+    command prints them (`a2ats_engine/cli.py`)."""
+    from a2ats_engine.cli import show_note as engine_note
+
+    engine_note(message, category, filename, lineno, file, line)
 
 
 class CrossoverCancelled(Exception):
@@ -124,27 +144,11 @@ class EngineBackend:
 
     # ----- chat sessions ----------------------------------------------------------------------
 
-    def make_session(
-        self,
-        model,
-        tokenizer,
-        *,
-        system_prompt: str,
-        sampling: SamplingSettings,
-        a2ats: A2ATSConfig | None,
-        codebook,
-    ):
-        """A ChatSession; `a2ats` None = mlx-lm's KVCache."""
+    def make_session(self, model, tokenizer):
+        """A ChatSession with mlx-lm's KVCache until `configure_session` says otherwise."""
         from a2ats_engine.session import ChatSession
 
-        session = ChatSession(
-            model,
-            tokenizer,
-            system_prompt=system_prompt or None,
-            sampling=sampling,
-            a2ats=a2ats,
-            codebook=codebook,
-        )
+        session = ChatSession(model, tokenizer)
         if self.prefill_step_size is not None:
             session.prefill_step_size = self.prefill_step_size
         return session
@@ -191,29 +195,41 @@ class EngineBackend:
 
         return with_default_crossover(model, config)[0]
 
-    def configure_session(self, session, *, a2ats: A2ATSConfig | None, codebook) -> None:
-        """Switch the cache kind for the next message (the session rebuilds its cache)."""
-        if a2ats is None:
-            session.set_cache_factory(None)
-        else:
-            session.set_cache_factory(a2ats=a2ats, codebook=codebook)
+    def configure_session(
+        self,
+        session,
+        *,
+        system_prompt: str,
+        sampling: SamplingSettings,
+        a2ats: A2ATSConfig | None,
+        codebook,
+        turns: Turns,
+    ) -> None:
+        """Everything the next reply uses, in one call (`ChatSession.configure`: only what
+        differs changes; `a2ats` None = mlx-lm's KVCache)."""
+        session.configure(
+            system_prompt=system_prompt or None,
+            sampling=sampling,
+            a2ats=a2ats,
+            codebook=codebook,
+            messages=[{"role": r, "content": c} for r, c in turns],
+        )
 
-    def set_sampling(self, session, sampling: SamplingSettings) -> None:
-        session.set_sampling(sampling)
-
-    def set_system_prompt(self, session, text: str) -> None:
-        session.set_system_prompt(text or None)
+    def fit(
+        self,
+        session,
+        mode: ReplyMode,
+        text: str,
+        *,
+        context_length: int | None,
+        policy: OverflowPolicy,
+    ) -> ContextFit:
+        """Fit the reply into the context as `policy` says (`ChatSession.fit`)."""
+        return session.fit(mode, text, context_length=context_length, policy=policy)
 
     def session_turns(self, session) -> Turns:
         """The conversation the session holds, as (role, content) pairs without the system."""
         return [(m["role"], m["content"]) for m in session.messages if m["role"] != "system"]
-
-    def load_turns(self, session, turns: Turns) -> None:
-        session.load_messages([{"role": r, "content": c} for r, c in turns])
-
-    def prompt_length(self, session, turns: Turns) -> int:
-        """Tokens of the rendered prompt for `turns` (plus the generation prompt)."""
-        return len(session.prompt_token_ids([{"role": r, "content": c} for r, c in turns]))
 
     def reply(
         self, session, mode: ReplyMode, text: str, progress: ProgressFn | None = None
@@ -221,15 +237,11 @@ class EngineBackend:
         """Start a reply (the session's stop flag is cleared now) and return its event stream.
         `progress("prefill", done, total)` is called on the engine thread after each prefill
         chunk (and once with done 0), when given."""
+        if mode not in list(ReplyMode):
+            raise ValueError(f"GenerationRequest.mode={mode!r} must be one of {list(ReplyMode)}")
         if progress is not None:
             session.prefill_progress = progress
-        if mode == ReplyMode.SEND:
-            return session.send(text)
-        if mode == ReplyMode.REGENERATE:
-            return session.regenerate()
-        if mode == ReplyMode.EDIT:
-            return session.edit_last_user_message(text)
-        raise ValueError(f"GenerationRequest.mode={mode!r} must be one of {list(ReplyMode)}")
+        return session.reply(mode, text)
 
     def stop(self, session) -> None:
         """Thread-safe: the running reply ends before its next token or prefill chunk."""

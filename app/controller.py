@@ -1,5 +1,7 @@
-"""ChatController: the app's model. Owns the engine thread, the conversations and the current
-one, the reply in progress and the task the engine is busy with; emits past-tense signals.
+"""ChatController: the app's model. Owns the engine thread, the settings, the conversations and
+the current one, the reply in progress and the task the engine is busy with; emits past-tense
+signals, and is the views' only event source (it re-emits the engine's snapshots and the start
+and end of every request). Settings change through `change_settings` (`settings_changed`).
 
 No widgets: `MainWindow` (main_window.py) binds widgets to these signals and methods, and tests
 drive the controller alone (tests/app/test_controller.py). Every engine request goes to the
@@ -14,8 +16,9 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
+from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
@@ -48,7 +51,7 @@ from .events import (
     StopReason,
 )
 from .instance_lock import InstanceLock
-from .settings import AppSettings, save_settings
+from .settings import FIELD_TYPES, AppSettings, save_settings
 from .worker import DEMO, EngineThread
 
 SAVE = "save"  # ErrorReport.task of a failed write of a chat or the settings
@@ -145,6 +148,11 @@ class ChatController(QObject):
     calibration_finished = Signal(object)  # CalibrationFinished
     calibration_cancelled = Signal()
     crossover_measured = Signal(object)  # CrossoverMeasured
+    settings_changed = Signal(object)  # frozenset[str]: the AppSettings fields that changed
+    # The engine's own events the views show, re-emitted here so no view reaches the worker:
+    generation_started = Signal(object)  # GenerationStarted (every request, any chat)
+    snapshot_ready = Signal(object)  # CacheSnapshot, after each decode step with telemetry on
+    generation_finished = Signal(object)  # GenerationStats (every request, also a refused one)
 
     def __init__(
         self,
@@ -153,14 +161,13 @@ class ChatController(QObject):
         engine: EngineThread | None = None,
         store: HistoryStore | None = None,
         settings_path=None,
-        telemetry: Callable[[], bool] = lambda: False,
     ) -> None:
         super().__init__()
         self.settings = settings
         self.settings_path = settings_path
         self.store = store if store is not None else HistoryStore()
         self.engine = engine if engine is not None else EngineThread()
-        self.telemetry = telemetry
+        self.telemetry = False  # per-step telemetry for the next request (set_telemetry)
         self.conversations: list[Conversation] = []
         self.current: Conversation | None = None
         self.model: ModelLoaded | None = None
@@ -193,6 +200,10 @@ class ChatController(QObject):
         worker.generation_finished.connect(self._on_generation_finished)
         worker.calibration_finished.connect(self._on_calibration_finished)
         worker.calibration_cancelled.connect(self._on_calibration_cancelled)
+        # Relayed after the controller's own handlers (signal to signal: queued to this thread).
+        worker.generation_started.connect(self.generation_started)
+        worker.snapshot_ready.connect(self.snapshot_ready)
+        worker.generation_finished.connect(self.generation_finished)
 
     # ----- state ------------------------------------------------------------------------------
 
@@ -222,6 +233,34 @@ class ChatController(QObject):
 
     def find(self, conversation_id: str) -> Conversation | None:
         return next((c for c in self.conversations if c.id == conversation_id), None)
+
+    # ----- settings ---------------------------------------------------------------------------
+
+    def change_settings(self, *, save: bool = True, **values: Any) -> frozenset[str]:
+        """Set `AppSettings` fields (by name) and, with `save`, write the settings file (also
+        when nothing changed: the file then holds what is in memory). Emits `settings_changed`
+        with the names whose value changed, and returns them."""
+        known = {f.name for f in fields(self.settings)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"AppSettings has no field {', '.join(unknown)}")
+        for name, value in values.items():
+            check, expected = FIELD_TYPES[name]
+            if not check(value):  # the same checks as a settings file's (settings.py)
+                raise ValueError(f"AppSettings.{name}={value!r} must be {expected}")
+        changed = frozenset(k for k, v in values.items() if getattr(self.settings, k) != v)
+        for name in changed:
+            setattr(self.settings, name, values[name])
+        if save:
+            self.save_settings()
+        if changed:
+            self.settings_changed.emit(changed)
+        return changed
+
+    def set_telemetry(self, enabled: bool) -> None:
+        """Per-step telemetry for the requests that follow (it costs a host sync per decode
+        step: the window turns it on while the inspector can show it)."""
+        self.telemetry = bool(enabled)
 
     # ----- saving -----------------------------------------------------------------------------
 
@@ -465,7 +504,7 @@ class ChatController(QObject):
             system_prompt=conversation.system_prompt,
             sampling=self.settings.sampling_for(self.model.info if self.model else None),
             cache=self.settings.cache,
-            telemetry=self.telemetry(),
+            telemetry=self.telemetry,
             overflow=self._overflow_choice.get(conversation.id, OverflowPolicy.ASK),
         )
         self.reply = ReplyInProgress(
@@ -663,9 +702,8 @@ class ChatController(QObject):
 
     def _on_model_loaded(self, loaded: ModelLoaded) -> None:
         self.model, self.codebook = loaded, None
-        self.settings.model_source = loaded.source
-        self.settings.remember_model(loaded.source)
-        self.save_settings()
+        recent = self.settings.recent_with(loaded.source)
+        self.change_settings(model_source=loaded.source, recent_models=recent)
         self._set_job(Task.IDLE)
         self.model_loaded.emit(loaded)
         if self.auto_measure_crossover():
@@ -693,15 +731,16 @@ class ChatController(QObject):
     def _on_codebook_loaded(self, info: CodebookLoaded) -> None:
         self.codebook = info
         if self.model is not None and not info.automatic:
-            self.settings.codebook_for_model[self.model.source] = info.path
-            self.save_settings()
+            remembered = {**self.settings.codebook_for_model, self.model.source: info.path}
+            self.change_settings(codebook_for_model=remembered)
         self.codebook_loaded.emit(info)
 
     def _on_codebook_cleared(self) -> None:
         self.codebook = None
         if self.model is not None:
-            self.settings.codebook_for_model.pop(self.model.source, None)
-            self.save_settings()
+            remembered = dict(self.settings.codebook_for_model)
+            remembered.pop(self.model.source, None)
+            self.change_settings(codebook_for_model=remembered)
         self.codebook_cleared.emit()
 
     def calibrate(self, request: CalibrationRequest) -> None:

@@ -1,6 +1,7 @@
 """Frozen records the engine worker emits to the GUI (besides the engine's own TokenEvent,
 CacheSnapshot and GenerationStats), and the string enums they use. Everything is immutable or a
-private copy, so a record can cross from the engine thread to the GUI thread safely."""
+private copy, so a record can cross from the engine thread to the GUI thread safely.
+`ReplyMode` and `OverflowPolicy` are the engine's own (a2ats_engine/chat_turn.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from a2ats_engine import OverflowPolicy, ReplyMode  # the engine's chat turn (chat_turn.py)
 from a2ats_engine.records import ModelInfo, SamplingSettings
 
 if TYPE_CHECKING:
@@ -28,14 +30,6 @@ class Job(StrEnum):
     CROSSOVER = "crossover"  # measuring where retrieval pays off on this machine
 
 
-class ReplyMode(StrEnum):
-    """How a reply is asked for: a new message, the last reply again, or an edited message."""
-
-    SEND = "send"
-    REGENERATE = "regenerate"
-    EDIT = "edit"
-
-
 class StopReason(StrEnum):
     """Why a reply ended (`GenerationStats.stop_reason`; the engine's strings plus two)."""
 
@@ -44,14 +38,6 @@ class StopReason(StrEnum):
     CANCELLED = "cancelled"  # the user stopped it
     ERROR = "error"  # the engine failed (an ErrorReport came first)
     CONTEXT_FULL = "context_full"  # prompt + max tokens do not fit; nothing was generated
-
-
-class OverflowPolicy(StrEnum):
-    """What to do when prompt + max tokens exceed the model's context (LM Studio's choices)."""
-
-    ASK = "ask"  # do not generate; report ContextOverflow so the user can choose
-    STOP_AT_LIMIT = "stop_at_limit"  # cut max tokens so the reply ends at the context limit
-    DROP_OLDEST = "drop_oldest"  # leave the oldest turns out of the prompt until it fits
 
 
 @dataclass(frozen=True)

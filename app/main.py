@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     import warnings
 
-    from a2ats_engine.cli import show_note
+    from .backend import show_note
 
     warnings.showwarning = show_note  # engine warnings on stderr: one `note:` line each
     missing = _missing_window_libraries()
@@ -100,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         return exit_now_if_stuck(run.exit_code)
     _close_on_sigint(window)
     if args.model:
-        window.settings.model_source = args.model
-    QTimer.singleShot(0, window.start)  # offers to fetch the demo model when it is missing
+        window.controller.change_settings(model_source=args.model, save=False)
+    # offers to fetch the demo model when it is missing
+    QTimer.singleShot(0, window.controller.start)
     return exit_now_if_stuck(app.exec())
 
 

@@ -2,7 +2,9 @@
 
 The window lays out the conversation list, chat view, composer, top bar, status bar and the
 inspector dock, forwards user actions to the controller and shows what the controller's
-past-tense signals report. It holds no chat state of its own and never calls the engine.
+past-tense signals report. It holds no state the controller owns (settings, chats, model,
+codebook): it reads them from the controller and changes them through it, and never calls the
+engine.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from .conversations import Conversation, HistoryStore
 from .dialogs.calibrate_dialog import CalibrateDialog
 from .dialogs.codebook_info import CodebookInfoDialog
 from .dialogs.hf_dialog import HuggingFaceDialog
-from .dialogs.settings_dialog import SettingsDialog
+from .dialogs.settings_dialog import SettingsDialog, SettingsResult
 from .events import (
     CalibrationFinished,
     CodebookLoaded,
@@ -93,14 +95,12 @@ class MainWindow(QMainWindow):
         settings_path: Path | str | None = None,
     ) -> None:
         super().__init__()
-        self.settings = settings
         self.scripted = scripted
         self.controller = ChatController(
             settings,
             engine=engine,
             store=store,
             settings_path=Path(settings_path) if settings_path is not None else None,
-            telemetry=self.telemetry_enabled,
         )
         self.calibrate_dialog: CalibrateDialog | None = None
         try:
@@ -124,24 +124,12 @@ class MainWindow(QMainWindow):
         self.controller.load_history()
         self._update_ready()
 
-    @property
-    def current(self) -> Conversation | None:
-        return self.controller.current
-
-    @property
-    def model(self) -> ModelLoaded | None:
-        return self.controller.model
-
-    @property
-    def codebook(self) -> CodebookLoaded | None:
-        return self.controller.codebook
-
     # =========================================================================================
     # UI construction
     # =========================================================================================
 
     def _build_ui(self) -> None:
-        self.top_bar = TopBar(self.settings.cache.a2ats_enabled)
+        self.top_bar = TopBar(self.controller.settings.cache.a2ats_enabled)
         self.addToolBar(Qt.ToolBarArea.TopToolBarArea, self.top_bar)
         bar = self.top_bar
         self.model_button, self.model_menu = bar.model_button, bar.model_menu
@@ -276,10 +264,10 @@ class MainWindow(QMainWindow):
 
         chat_menu = menubar.addMenu("&Chat")
         self.stop_action = self._action(
-            chat_menu, "Stop", QKeySequence("Ctrl+."), self.stop_generation
+            chat_menu, "Stop", QKeySequence("Ctrl+."), self.controller.stop
         )
         self.regenerate_action = self._action(
-            chat_menu, "Regenerate reply", QKeySequence("Ctrl+R"), self.regenerate
+            chat_menu, "Regenerate reply", QKeySequence("Ctrl+R"), self.controller.regenerate
         )
         self._action(chat_menu, "Edit last message", QKeySequence("Ctrl+E"), self.begin_edit_last)
         chat_menu.addSeparator()
@@ -295,15 +283,15 @@ class MainWindow(QMainWindow):
 
         self.sidebar.new_requested.connect(self.new_chat)
         self.sidebar.selected.connect(self.select_conversation)
-        self.sidebar.rename_requested.connect(self.rename_conversation)
+        self.sidebar.rename_requested.connect(self.controller.rename)
         self.sidebar.delete_requested.connect(self.delete_conversation)
         self.sidebar.export_requested.connect(self.export_conversation)
         self.composer.send_requested.connect(self.send)
-        self.composer.stop_requested.connect(self.stop_generation)
+        self.composer.stop_requested.connect(self.controller.stop)
         self.composer.edit_cancelled.connect(
             lambda: self.statusBar().showMessage("Edit cancelled", 3000)
         )
-        self.chat_view.regenerate_requested.connect(self.regenerate)
+        self.chat_view.regenerate_requested.connect(self.controller.regenerate)
         self.chat_view.edit_requested.connect(self.begin_edit_last)
         self.chat_view.version_requested.connect(self.controller.show_version)
         self.chat_view.copied.connect(lambda what: self.statusBar().showMessage(what, 2500))
@@ -328,6 +316,7 @@ class MainWindow(QMainWindow):
         c.conversations_changed.connect(self._refresh_sidebar)
         c.calibration_finished.connect(self._on_calibration_finished)
         c.calibration_cancelled.connect(self._on_calibration_cancelled)
+        c.settings_changed.connect(self._on_settings_changed)
         self.replies = ReplyView(c, self.chat_view, self.status, self.inspector)
         self.replies.changed.connect(self._on_reply_changed)
         self.replies.restore_requested.connect(self._show_conversation)
@@ -338,18 +327,19 @@ class MainWindow(QMainWindow):
         self.feedback.shown.connect(self.error_shown)
 
     def _restore_layout(self) -> None:
-        if self.settings.window_geometry:
-            self.restoreGeometry(QByteArray.fromBase64(self.settings.window_geometry.encode()))
-        if self.settings.window_state:
-            self.restoreState(QByteArray.fromBase64(self.settings.window_state.encode()))
-        sizes = self.settings.splitter_sizes
+        settings = self.controller.settings
+        if settings.window_geometry:
+            self.restoreGeometry(QByteArray.fromBase64(settings.window_geometry.encode()))
+        if settings.window_state:
+            self.restoreState(QByteArray.fromBase64(settings.window_state.encode()))
+        sizes = settings.splitter_sizes
         if len(sizes) == 2 and all(0 < size <= MAX_PIXELS for size in sizes):
             self.splitter.setSizes(sizes)
-        self.dock.setVisible(self.settings.inspector_visible)
-        self.inspector_button.setChecked(self.settings.inspector_visible)
+        self.dock.setVisible(settings.inspector_visible)
+        self.inspector_button.setChecked(settings.inspector_visible)
         # The inspector keeps its share of the width as the window is resized (a user's drag of
         # its edge sets a new share); a restored layout keeps its own until the first resize.
-        self._dock_share: float | None = None if self.settings.window_state else DOCK_SHARE
+        self._dock_share: float | None = None if settings.window_state else DOCK_SHARE
         self._dock_fit_width = self._dock_target = 0
         self._fitting_dock = False
         self.dock.installEventFilter(self)
@@ -459,9 +449,6 @@ class MainWindow(QMainWindow):
             self.controller.keep_draft(self.composer.draft())
             self.controller.select(conversation_id)
 
-    def rename_conversation(self, conversation_id: str, title: str) -> None:
-        self.controller.rename(conversation_id, title)
-
     def delete_conversation(self, conversation_id: str, confirm: bool = True) -> None:
         conversation = self.controller.find(conversation_id)
         if conversation is None:
@@ -506,17 +493,6 @@ class MainWindow(QMainWindow):
     # Models, codebooks, calibration
     # =========================================================================================
 
-    def start(self) -> None:
-        """Load the remembered model (offering to fetch the demo model on first run)."""
-        self.controller.start(ask_for_demo=not self.scripted)
-
-    def fetch_demo(self) -> None:
-        self.controller.fetch_demo()
-
-    def load_model(self, source: str) -> None:
-        """Load a model (folder, .gguf, HF repo id or "demo") on the engine thread."""
-        self.controller.load_model(source)
-
     def _on_model_loaded(self, loaded: ModelLoaded) -> None:
         label = model_label(loaded)
         self.model_button.setText(f"{label}  \u25be")
@@ -539,23 +515,27 @@ class MainWindow(QMainWindow):
             )
         busy = self.controller.task not in (Task.IDLE, Task.GENERATING)
         fill_model_menu(
-            self.model_menu, self.settings.recent_models, busy, self.load_model, openers
+            self.model_menu,
+            self.controller.settings.recent_models,
+            busy,
+            self.controller.load_model,
+            openers,
         )
 
     def open_model_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Open model folder (mlx-lm format)")
         if folder:
-            self.load_model(folder)
+            self.controller.load_model(folder)
 
     def open_gguf_file(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Open GGUF file", "", "GGUF models (*.gguf)")
         if path:
-            self.load_model(path)
+            self.controller.load_model(path)
 
     def download_from_hf(self) -> None:
         dialog = HuggingFaceDialog(self)
         if dialog.exec():
-            self.load_model(dialog.repo_id())
+            self.controller.load_model(dialog.repo_id())
 
     def load_codebook_dialog(self) -> None:
         if self.controller.model is None:
@@ -566,10 +546,7 @@ class MainWindow(QMainWindow):
             self, "Load codebook", start, "Codebooks (*.safetensors)"
         )
         if path:
-            self.load_codebook(path)
-
-    def load_codebook(self, path: str) -> None:
-        self.controller.load_codebook(path)
+            self.controller.load_codebook(path)
 
     def _on_codebook_loaded(self, info: CodebookLoaded) -> None:
         self._show_codebook_state()
@@ -636,57 +613,66 @@ class MainWindow(QMainWindow):
     # =========================================================================================
 
     def open_settings(self) -> None:
+        settings = self.controller.settings
         info = self.controller.model.info if self.controller.model is not None else None
         dialog = SettingsDialog(
-            self.settings.cache,
-            self.settings.sampling,
-            self.settings.theme,
-            self.settings.default_system_prompt,
+            settings.cache,
+            settings.sampling,
+            settings.theme,
+            settings.default_system_prompt,
             self,
             model_sampling=info.recommended_sampling if info is not None else None,
-            use_model_sampling=self.settings.use_model_sampling,
+            use_model_sampling=settings.use_model_sampling,
             model_name=info.name if info is not None else "",
         )
         if dialog.exec() and dialog.result_value is not None:
             self.apply_settings(dialog.result_value)
 
-    def apply_settings(self, result) -> None:
-        changed_cache = (
-            result.cache != self.settings.cache
-            or result.sampling != self.settings.sampling
-            or result.use_model_sampling != self.settings.use_model_sampling
+    def apply_settings(self, result: SettingsResult) -> None:
+        """The settings dialog's result, through the controller (saved, `settings_changed`)."""
+        changed = self.controller.change_settings(
+            cache=result.cache,
+            sampling=result.sampling,
+            use_model_sampling=result.use_model_sampling,
+            default_system_prompt=result.default_system_prompt,
+            theme=result.theme,
         )
-        self.settings.cache = result.cache
-        self.settings.sampling = result.sampling
-        self.settings.use_model_sampling = result.use_model_sampling
-        self.replies.update_fidelity_info()
-        self.replies.show_plan()
-        self.settings.default_system_prompt = result.default_system_prompt
-        if result.theme != self.settings.theme:
-            self.settings.theme = result.theme
-            theme().apply(result.theme)
-        with QSignalBlocker(self.a2ats_toggle):
-            self.a2ats_toggle.setChecked(result.cache.a2ats_enabled)
-        self.controller.save_settings()
-        if changed_cache:
+        if changed & {"cache", "sampling", "use_model_sampling"}:
             self.statusBar().showMessage("Settings saved; they apply to the next message", 6000)
 
     def _on_a2ats_toggled(self, enabled: bool) -> None:
-        self.settings.cache = replace(self.settings.cache, a2ats_enabled=enabled)
-        self.controller.save_settings()
-        self.replies.show_plan()
+        cache = replace(self.controller.settings.cache, a2ats_enabled=enabled)
+        self.controller.change_settings(cache=cache)
         kind = "A2ATS cache" if enabled else "mlx-lm KVCache (A2ATS off)"
         self.statusBar().showMessage(f"The next message uses the {kind}", 6000)
 
+    def _on_settings_changed(self, changed: frozenset[str]) -> None:
+        settings = self.controller.settings
+        if "theme" in changed:
+            theme().apply(settings.theme)
+        if "cache" in changed:
+            with QSignalBlocker(self.a2ats_toggle):
+                self.a2ats_toggle.setChecked(settings.cache.a2ats_enabled)
+
     def _on_dock_visibility(self, visible: bool) -> None:
         if self.isVisible() or self.scripted:
-            self.settings.inspector_visible = self.dock.isVisible() if self.isVisible() else visible
+            shown = self.dock.isVisible() if self.isVisible() else visible
+            self.controller.change_settings(inspector_visible=shown, save=False)
         with QSignalBlocker(self.inspector_button):
             self.inspector_button.setChecked(visible)
+        self._sync_telemetry()
 
-    def telemetry_enabled(self) -> bool:
+    def _sync_telemetry(self) -> None:
         """Telemetry costs a host sync per step: on only while the inspector can show it."""
-        return self.inspector is not None and self.dock.isVisible()
+        self.controller.set_telemetry(self.inspector is not None and self.dock.isVisible())
+
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().showEvent(event)
+        self._sync_telemetry()
+
+    def hideEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().hideEvent(event)
+        self._sync_telemetry()
 
     # =========================================================================================
     # Chat
@@ -714,10 +700,6 @@ class MainWindow(QMainWindow):
         if sent:
             self.composer.edit.clear()
 
-    def regenerate(self) -> None:
-        """Answer the last user message again (the session trims its cache)."""
-        self.controller.regenerate()
-
     def begin_edit_last(self) -> None:
         conversation = self.controller.current
         if conversation is None or self.controller.reply is not None:
@@ -725,10 +707,6 @@ class MainWindow(QMainWindow):
         index = conversation.last_index("user")
         if index is not None:
             self.composer.begin_edit(conversation.messages[index].content)
-
-    def stop_generation(self) -> None:
-        """Stop the reply in flight (direct call into the worker, not queued behind it)."""
-        self.controller.stop()
 
     def show_about(self) -> None:
         QMessageBox.about(
@@ -745,7 +723,7 @@ class MainWindow(QMainWindow):
     def keyPressEvent(self, event) -> None:  # noqa: N802
         """Esc anywhere in the window stops the reply (the composer handles its own Esc)."""
         if event.key() == Qt.Key.Key_Escape and self.controller.reply is not None:
-            self.stop_generation()
+            self.controller.stop()
             event.accept()
             return
         super().keyPressEvent(event)
@@ -753,10 +731,13 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802
         """Save the layout, the chat and its draft; the engine thread ends whatever the saves
         did, and a thread that does not end in time is left running instead of aborting."""
-        self.settings.window_geometry = bytes(self.saveGeometry().toBase64()).decode()
-        self.settings.window_state = bytes(self.saveState().toBase64()).decode()
-        self.settings.splitter_sizes = [int(s) for s in self.splitter.sizes()]
-        self.settings.inspector_visible = self.dock.isVisible()
+        self.controller.change_settings(
+            window_geometry=bytes(self.saveGeometry().toBase64()).decode(),
+            window_state=bytes(self.saveState().toBase64()).decode(),
+            splitter_sizes=[int(s) for s in self.splitter.sizes()],
+            inspector_visible=self.dock.isVisible(),
+            save=False,  # save_before_quit writes them
+        )
         self._system_save_timer.stop()
         draft = self.composer.draft()
         unsaved = self.controller.save_before_quit(draft)

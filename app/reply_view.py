@@ -41,16 +41,19 @@ class ReplyView(QObject):
         controller.context_updated.connect(self._on_context)
         controller.reply_ended.connect(self._on_reply_ended)
         controller.model_loaded.connect(self.show_plan)
-        worker = controller.engine.worker
-        worker.snapshot_ready.connect(self._on_snapshot)
+        controller.settings_changed.connect(self._on_settings_changed)
+        controller.snapshot_ready.connect(self._on_snapshot)
         if inspector is not None:
-            # Receivers must be GUI-thread QObjects' methods (never lambdas): a lambda has no
-            # thread affinity and would run on the engine thread.
-            worker.snapshot_ready.connect(inspector.on_snapshot)
-            worker.snapshot_ready.connect(self._on_fidelity_cost)
-            worker.generation_started.connect(self._on_inspector_started)
-            worker.generation_finished.connect(self._on_inspector_finished)
+            controller.snapshot_ready.connect(inspector.on_snapshot)
+            controller.snapshot_ready.connect(self._on_fidelity_cost)
+            controller.generation_started.connect(self._on_inspector_started)
+            controller.generation_finished.connect(self._on_inspector_finished)
             self.update_fidelity_info()
+
+    def _on_settings_changed(self, changed: frozenset[str]) -> None:
+        if "cache" in changed:  # A2ATS on or off, the fidelity pass's interval
+            self.update_fidelity_info()
+            self.show_plan()
 
     def show_plan(self, _loaded: object = None) -> None:
         """The loaded model's layer plan in the status bar ("A2ATS on 5 of 26 layers", or "A2ATS
@@ -65,7 +68,7 @@ class ReplyView(QObject):
         """Tell the inspector whether the fidelity shadow pass runs (settings) and its cost."""
         if self.inspector is None:
             return
-        every = self.controller.settings.cache.fidelity_every
+        every = self.controller.settings.cache.config.fidelity_every
         self.inspector.set_fidelity_info(every > 0, every=every or None, cost_ms=cost_ms)
 
     def _on_fidelity_cost(self, snapshot: CacheSnapshot) -> None:

@@ -34,14 +34,14 @@ class ScriptedRun(QObject):
     def start(self) -> None:
         self._timeout.start(int(self.args.timeout * 1000))
         self.stage = "load_model"
-        self.window.load_model(self.args.model)
+        self.window.controller.load_model(self.args.model)
 
     def _on_model_ready(self, _loaded) -> None:
         if self.stage != "load_model":
             return
         if self.args.codebook:
             self.stage = "load_codebook"
-            self.window.load_codebook(self.args.codebook)
+            self.window.controller.load_codebook(self.args.codebook)
         else:
             self._send()
 
@@ -98,7 +98,7 @@ class ScriptedRun(QObject):
                 if window.inspector is None:
                     raise RuntimeError("the cache inspector is not available")
                 meta = {
-                    "model": window.model.source if window.model else None,
+                    "model": window.controller.model.source if window.controller.model else None,
                     "prompt": self.args.prompt,
                 }
                 out = window.inspector.export_telemetry(self.args.export_telemetry, meta)
@@ -107,8 +107,8 @@ class ScriptedRun(QObject):
             self._fail(str(exc))
             return
         reply = (
-            window.current.messages[-1].content
-            if window.current and window.current.messages
+            window.controller.current.messages[-1].content
+            if window.controller.current and window.controller.current.messages
             else ""
         )
         if reply:

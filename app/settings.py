@@ -5,8 +5,9 @@ A corrupt or unreadable settings file never stops the app: it is moved aside
 "Corrupt" includes a value of the wrong type (`{"window_geometry": 5}`): every field's type is
 checked (`FIELD_TYPES`) when the settings are built, so a bad file never reaches the window.
 
-Sampling is the engine's own `SamplingSettings` (validated there, so the app never accepts
-what the engine would refuse). Each model's recommended sampling
+Sampling is the engine's own `SamplingSettings`, and the cache's knobs its own `A2ATSConfig`
+(`CacheSettings.config`), both validated there, so the app never accepts what the engine would
+refuse and never restates the engine's fields or defaults. Each model's recommended sampling
 (`ModelInfo.recommended_sampling`) is the default; the user's own values override it only while
 `use_model_sampling` is off (`sampling_for`).
 """
@@ -19,6 +20,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from a2ats_engine.cache.config import A2ATSConfig
 from a2ats_engine.records import MODEL_SAMPLING_FIELDS, ModelInfo, SamplingSettings
 
 from .app_dirs import atomic_write_text, config_dir, remove_stale_temp_files
@@ -37,52 +39,64 @@ def default_kv_bits() -> int | None:
     1.024x with float K/V, for 0.28x the bytes; but on the CPU the dequantization costs decode
     speed, while on a unified-memory Mac memory is what matters. A choice saved in
     settings.json is kept as is."""
-    from a2ats_engine import _backend
+    from .backend import is_cpu_only
 
-    return None if _backend.is_cpu_only() else 8
+    return None if is_cpu_only() else 8
+
+
+def default_config() -> A2ATSConfig:
+    """The engine's defaults, with K/V storage per backend (`default_kv_bits`)."""
+    return A2ATSConfig(kv_bits=default_kv_bits())
 
 
 @dataclass(frozen=True)
 class CacheSettings:
-    """The KV cache used for the next message. `a2ats_enabled=False` = mlx-lm's plain KVCache.
+    """The KV cache used for the next message: `a2ats_enabled=False` = mlx-lm's plain KVCache,
+    else A2ATS caches with `config`, the engine's own `A2ATSConfig` (validated there; kv_bits
+    defaults per backend, `default_kv_bits`). `config.telemetry` is not a setting: it follows
+    the inspector, request by request (`to_config`). The codebook's own properties
+    (n_centroids, sub_dim, beta) come with the codebook.
 
-    Fields mirror `A2ATSConfig` (window, far_offset, sinks, budget, kv_bits, far_buckets, rerank,
-    estimate_missed, min_k; kv_bits defaults per backend, `default_kv_bits`),
-    fidelity_every: the inspector's shadow exact-attention check every k decode steps, 0 = off;
-    kv_memory: the KV memory limit in bytes, None = none: past it the far K/V rows go to the
-    cold tier's file and only the codes stay in memory; needs kv_bits None;
-    exact_below: None = the crossover measured on this machine (or estimated until it is), a
-    number pins it);
-    the codebook's own properties (n_centroids, sub_dim, beta) come with the codebook, and
-    telemetry follows the inspector.
+    Saved flat, `{"a2ats_enabled": ..., **config.to_dict()}` without telemetry: the format
+    earlier versions wrote (they read the fields they know, this one the fields
+    `A2ATSConfig` has), so every settings file keeps loading.
     """
 
     a2ats_enabled: bool = True
-    window: int = 64
-    far_offset: int = 2048
-    sinks: int = 8
-    budget: float = 0.03
-    min_k: int = 16
-    far_buckets: int = 4
-    rerank: int = 2
-    estimate_missed: bool = False  # the engine's default: off (it slows decode on the CPU)
-    kv_bits: int | None = field(default_factory=default_kv_bits)  # None: float on CPU-only MLX
-    fidelity_every: int = 0
-    kv_memory: int | None = None  # K/V bytes in memory at most; past it the cold tier (a file)
-    exact_below: int | None = None  # None: the crossover that applies on this machine
+    config: A2ATSConfig = field(default_factory=default_config)
 
     def __post_init__(self) -> None:
         if not isinstance(self.a2ats_enabled, bool):
             raise ValueError(f"CacheSettings.a2ats_enabled={self.a2ats_enabled!r} must be a bool")
-        self.to_config()  # A2ATSConfig raises ValueError naming the field, value and range
+        if not isinstance(self.config, A2ATSConfig):
+            raise ValueError(f"CacheSettings.config={self.config!r} must be an A2ATSConfig")
 
-    def to_config(self, telemetry: bool = False, **overrides: Any):
-        """The engine's `A2ATSConfig` for these settings (extra fields from `overrides`)."""
-        from a2ats_engine.cache.config import A2ATSConfig
+    @classmethod
+    def of(cls, a2ats_enabled: bool = True, **config: Any) -> CacheSettings:
+        """Settings from `A2ATSConfig` fields by name (kv_bits per backend unless given)."""
+        return cls(a2ats_enabled, A2ATSConfig(**{"kv_bits": default_kv_bits(), **config}))
 
-        values = {k: v for k, v in asdict(self).items() if k != "a2ats_enabled"}
-        values.update(overrides)
-        return A2ATSConfig(telemetry=telemetry, **values)
+    def to_config(self, telemetry: bool = False, **overrides: Any) -> A2ATSConfig:
+        """The config a request runs with: `config` with `telemetry` (and `overrides`)."""
+        return replace(self.config, telemetry=telemetry, **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        values = self.config.to_dict()
+        values.pop("telemetry")
+        return {"a2ats_enabled": self.a2ats_enabled, **values}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> CacheSettings:
+        """From a settings file's `cache` object (any version); unknown keys are ignored, a
+        bad value raises ValueError naming the field."""
+        if not isinstance(data, dict):
+            raise ValueError(f"AppSettings.cache={data!r} must be a JSON object")
+        values = {k: v for k, v in data.items() if k not in ("a2ats_enabled", "telemetry")}
+        values.setdefault("kv_bits", default_kv_bits())  # not chosen yet: per backend
+        enabled = data.get("a2ats_enabled", True)
+        if not isinstance(enabled, bool):
+            raise ValueError(f"CacheSettings.a2ats_enabled={enabled!r} must be a bool")
+        return cls(enabled, A2ATSConfig.from_dict(values))
 
 
 @dataclass
@@ -114,10 +128,14 @@ class AppSettings:
         if self.theme not in THEMES:
             raise ValueError(f"AppSettings.theme={self.theme!r} must be one of {THEMES}")
 
+    def recent_with(self, source: str) -> list[str]:
+        """The recent-models list with `source` first (deduplicated, capped); changes nothing."""
+        recent = [source, *[m for m in self.recent_models if m != source]]
+        return recent[:MAX_RECENT_MODELS]
+
     def remember_model(self, source: str) -> None:
         """Put `source` first in the recent-models list (deduplicated, capped)."""
-        self.recent_models = [source, *[m for m in self.recent_models if m != source]]
-        del self.recent_models[MAX_RECENT_MODELS:]
+        self.recent_models = self.recent_with(source)
 
     def sampling_for(self, info: ModelInfo | None) -> SamplingSettings:
         """The sampling for the next reply of the model `info` describes: the model's
@@ -130,7 +148,7 @@ class AppSettings:
         return replace(self.sampling, **{k: getattr(recommended, k) for k in MODEL_SAMPLING_FIELDS})
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "cache": self.cache.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AppSettings:
@@ -144,7 +162,7 @@ class AppSettings:
         values = {k: v for k, v in data.items() if k in names}
         values["schema_version"] = SCHEMA_VERSION  # older versions migrate by defaulting fields
         if "cache" in values:
-            values["cache"] = _sub("cache", CacheSettings, values["cache"])
+            values["cache"] = CacheSettings.from_dict(values["cache"])
         if "sampling" in values:
             values["sampling"] = _sub("sampling", SamplingSettings, values["sampling"])
         return cls(**values)

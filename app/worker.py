@@ -24,9 +24,9 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from a2ats_engine.cache.config import A2ATSConfig
 from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats, TokenEvent
-from a2ats_engine.records import ModelInfo, SamplingSettings
+from a2ats_engine.records import ModelInfo
 
-from .backend import CrossoverCancelled, EngineBackend, Turns
+from .backend import ContextFit, CrossoverCancelled, EngineBackend
 from .context_text import TokenTextCache
 from .events import (
     CalibrationFinished,
@@ -42,10 +42,8 @@ from .events import (
     Job,
     JsonDict,
     ModelLoaded,
-    OverflowPolicy,
     PrefillProgress,
     Progress,
-    ReplyMode,
     StopReason,
 )
 
@@ -73,14 +71,14 @@ def _empty_stats(stop_reason: StopReason, context_tokens: int = 0) -> Generation
     )
 
 
-def _turns_after(request: GenerationRequest, history: Turns) -> Turns:
-    """The conversation the reply answers: `history` after the request's action."""
-    if request.mode == ReplyMode.SEND:
-        return [*history, ("user", request.text)]
-    last_user = max(i for i, (role, _) in enumerate(history) if role == "user")
-    if request.mode == ReplyMode.REGENERATE:
-        return history[: last_user + 1]
-    return [*history[:last_user], ("user", request.text)]
+def _fit_notes(fit: ContextFit) -> tuple[str, ...]:
+    """What the user is told about how the reply was fitted into the context."""
+    notes: tuple[str, ...] = ()
+    if fit.dropped:
+        notes += (f"Left the {fit.dropped} oldest messages out so the reply fits the context.",)
+    if fit.cut:
+        notes += (f"The reply stops at the context limit ({fit.max_tokens:,} tokens at most).",)
+    return notes
 
 
 class EngineWorker(QObject):
@@ -121,7 +119,6 @@ class EngineWorker(QObject):
         self._codebook = None
         self._codebook_info: CodebookLoaded | None = None
         self._session = None
-        self._session_state: tuple = ()
         self._texts: TokenTextCache | None = None
 
     # ----- thread-safe controls (called directly from the GUI thread) -----------------------
@@ -162,7 +159,7 @@ class EngineWorker(QObject):
             return
         self._model, self._tokenizer, self._info, self._source = model, tokenizer, info, source
         self._codebook, self._codebook_info = None, None
-        self._session, self._session_state = None, ()
+        self._session = None
         backend, tok = self.backend, tokenizer
         self._texts = TokenTextCache(lambda ids: backend.decode(tok, ids))
         self.model_loaded.emit(ModelLoaded(source, info, time.perf_counter() - start))
@@ -338,7 +335,7 @@ class EngineWorker(QObject):
 
     def _generate(self, request: GenerationRequest, cancelled: bool) -> None:
         if cancelled:
-            self._emit_started(request, ())
+            self._emit_started(request, None, ())
             self.generation_finished.emit(_empty_stats(StopReason.CANCELLED))
             return
         if self._model is None:
@@ -347,15 +344,21 @@ class EngineWorker(QObject):
             return
         stats = None
         try:
-            session = self._prepare_session(request)
-            fitted = self._fit_context(session, request)
-            if isinstance(fitted, ContextOverflow):
-                self.context_overflowed.emit(fitted)
+            config = self._cache_config(request)  # built once: for the session and provenance
+            session = self._prepare_session(request, config)
+            limit = self._info.context_length if self._info is not None else None
+            fit = self.backend.fit(
+                session, request.mode, request.text, context_length=limit, policy=request.overflow
+            )
+            if fit.overflow:
+                overflow = ContextOverflow(
+                    request.request_id, fit.prompt_tokens or 0, fit.requested, limit or 0
+                )
+                self.context_overflowed.emit(overflow)
                 self.generation_finished.emit(_empty_stats(StopReason.CONTEXT_FULL))
                 return
-            sampling, notes = fitted
-            self._emit_started(request, notes)
-            stats = self._stream(session, request, sampling)
+            self._emit_started(request, config, _fit_notes(fit))
+            stats = self._stream(session, request)
         except Exception as exc:  # noqa: BLE001
             self._report(Job.GENERATE, exc)
             stats = None
@@ -365,73 +368,20 @@ class EngineWorker(QObject):
             self._emit_context(request.request_id, [], streaming=False)
         self.generation_finished.emit(stats)
 
-    def _emit_started(self, request: GenerationRequest, notes: tuple[str, ...]) -> None:
+    def _emit_started(
+        self, request: GenerationRequest, config: A2ATSConfig | None, notes: tuple[str, ...]
+    ) -> None:
         self.generation_started.emit(
             GenerationStarted(
                 request.request_id,
                 request.conversation_id,
                 request.mode,
-                self._provenance(request),
+                self._provenance(request, config),
                 self._notes(request) + notes,
             )
         )
 
-    def _fit_context(
-        self, session, request: GenerationRequest
-    ) -> ContextOverflow | tuple[SamplingSettings, tuple[str, ...]]:
-        """Make prompt + max tokens fit the model's context as `request.overflow` says: the
-        sampling to use and notes for the user, or a ContextOverflow to ask the user."""
-        limit = self._info.context_length if self._info is not None else None
-        sampling = request.sampling
-        if not limit:
-            return sampling, ()
-        history = self.backend.session_turns(session)
-        prompt = self.backend.prompt_length(session, _turns_after(request, history))
-        if prompt + sampling.max_tokens <= limit:
-            return sampling, ()
-        if request.overflow == OverflowPolicy.ASK:
-            return ContextOverflow(request.request_id, prompt, sampling.max_tokens, limit)
-        notes: tuple[str, ...] = ()
-        if request.overflow == OverflowPolicy.DROP_OLDEST:
-            history, prompt, dropped = self._drop_oldest(session, request, history, limit)
-            notes = (f"Left the {dropped} oldest messages out so the reply fits the context.",)
-        if prompt + sampling.max_tokens > limit:
-            room = limit - prompt
-            if room < 1:
-                raise ValueError(
-                    f"the prompt alone is {prompt:,} tokens, more than the model's context of "
-                    f"{limit:,}: shorten the message or start a new chat"
-                )
-            sampling = replace(sampling, max_tokens=room)
-            notes += (f"The reply stops at the context limit ({room:,} tokens at most).",)
-        return sampling, notes
-
-    def _drop_oldest(
-        self, session, request: GenerationRequest, history: Turns, limit: int
-    ) -> tuple[Turns, int, int]:
-        """Leave out the oldest turns (never the one answered) until the prompt fits; the
-        session then holds the shortened history. Returns (history, prompt tokens, dropped)."""
-        keep_from = len(history) if request.mode == ReplyMode.SEND else None
-        if keep_from is None:
-            keep_from = max(i for i, (role, _) in enumerate(history) if role == "user")
-        max_tokens = request.sampling.max_tokens
-        dropped = 0
-        prompt = self.backend.prompt_length(session, _turns_after(request, history))
-        while prompt + max_tokens > limit and dropped < keep_from:
-            dropped += 1
-            while dropped < keep_from and history[dropped][0] != "user":
-                dropped += 1  # start at a user turn
-            prompt = self.backend.prompt_length(session, _turns_after(request, history[dropped:]))
-        if dropped:
-            history = history[dropped:]
-            self.backend.load_turns(session, history)
-        return history, prompt, dropped
-
-    def _stream(self, session, request: GenerationRequest, sampling: SamplingSettings):
-        if sampling != request.sampling:
-            self.backend.set_sampling(session, sampling)
-            cache, _, system = self._session_state
-            self._session_state = (cache, None, system)  # the next request sets its own
+    def _stream(self, session, request: GenerationRequest):
         events = self.backend.reply(
             session, request.mode, request.text, self._prefill_progress(request.request_id)
         )
@@ -484,32 +434,19 @@ class EngineWorker(QObject):
         config = request.cache.to_config(telemetry=request.telemetry)
         return self.backend.with_crossover(self._model, config)
 
-    def _prepare_session(self, request: GenerationRequest):
-        """Create or adjust the session so it holds `request.history` with the requested
-        system prompt, sampling and cache; the engine keeps its prompt cache when they match."""
-        backend = self.backend
-        a2ats = self._cache_config(request)
-        cache = (a2ats, id(self._codebook))
+    def _prepare_session(self, request: GenerationRequest, config: A2ATSConfig | None):
+        """The session, configured for `request` (history, system prompt, sampling, cache);
+        the engine keeps its prompt cache where they match (`ChatSession.configure`)."""
         if self._session is None:
-            self._session = backend.make_session(
-                self._model,
-                self._tokenizer,
-                system_prompt=request.system_prompt,
-                sampling=request.sampling,
-                a2ats=a2ats,
-                codebook=self._codebook,
-            )
-        else:
-            old = self._session_state or (None, None, None)
-            if old[0] != cache:
-                backend.configure_session(self._session, a2ats=a2ats, codebook=self._codebook)
-            if old[1] != request.sampling:
-                backend.set_sampling(self._session, request.sampling)
-            if old[2] != request.system_prompt:
-                backend.set_system_prompt(self._session, request.system_prompt)
-        self._session_state = (cache, request.sampling, request.system_prompt)
-        if backend.session_turns(self._session) != list(request.history):
-            backend.load_turns(self._session, list(request.history))
+            self._session = self.backend.make_session(self._model, self._tokenizer)
+        self.backend.configure_session(
+            self._session,
+            system_prompt=request.system_prompt,
+            sampling=request.sampling,
+            a2ats=config,
+            codebook=self._codebook,
+            turns=list(request.history),
+        )
         return self._session
 
     def _notes(self, request: GenerationRequest) -> tuple[str, ...]:
@@ -517,7 +454,7 @@ class EngineWorker(QObject):
             return (RANDOM_CODEBOOK_NOTE,)
         return ()
 
-    def _provenance(self, request: GenerationRequest) -> JsonDict:
+    def _provenance(self, request: GenerationRequest, config: A2ATSConfig | None) -> JsonDict:
         info = self._info
         model: JsonDict = {"source": self._source}
         if info is not None:
@@ -528,11 +465,8 @@ class EngineWorker(QObject):
                 quantization=info.quantization,
             )
         cache: JsonDict = {"a2ats_enabled": bool(request.cache.a2ats_enabled)}
-        if request.cache.a2ats_enabled:
-            try:
-                cache["config"] = self._cache_config(request).to_dict()
-            except ValueError as exc:
-                cache["config_error"] = str(exc)
+        if config is not None:
+            cache["config"] = config.to_dict()
         if self._codebook_info is not None:
             codebook: JsonDict | None = self._codebook_info.provenance()
         elif request.cache.a2ats_enabled:

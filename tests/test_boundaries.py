@@ -132,3 +132,149 @@ def test_engine_imports_load_no_gui_dynamically(engine_import_probe):
     assert set(imported) == expected, "walk_packages must reach every engine module"
     gui = [m for m in engine_import_probe["modules"] if _top(m) in FORBIDDEN]
     assert gui == []
+
+
+# ----- the app side: its model modules draw nothing, and it uses the engine's public API -------
+
+APP = ROOT / "app"
+# The app's model: no widget, no drawing (QtCore's signals only). Tested without a display and
+# imported by scripts; a widget import here would put the view back into the model.
+WIDGET_FREE = (
+    "app.controller",
+    "app.settings",
+    "app.conversations",
+    "app.events",
+    "app.backend",
+    "app.worker",
+    "app.inspector.data",
+    "app.inspector.snapshot_ring",
+)
+WIDGET_MODULES = ("PySide6.QtWidgets", "PySide6.QtGui", "pyqtgraph")
+# What app code may import from the engine: the package's public names (`a2ats_engine.__all__`,
+# lazily loaded) and the MLX-free records that cross the engine thread.
+ENGINE_API = frozenset(
+    {
+        "a2ats_engine",
+        "a2ats_engine.records",
+        "a2ats_engine.progress",
+        "a2ats_engine.errors",
+        "a2ats_engine.files",
+        "a2ats_engine.cache.config",
+        "a2ats_engine.cache.telemetry",
+        "a2ats_engine.cache.layer_plan",
+    }
+)
+# Where app code may reach past that API, and why.
+ENGINE_SEAMS = {
+    "app/backend.py": "the one seam: every engine operation the app runs goes through it",
+    "app/selftest.py": "the frozen build's self-test checks the engine's own pieces (hooks, BLAS)",
+}
+
+
+def _module_imports(path: Path) -> list[tuple[int, str, tuple[str, ...]]]:
+    """(line, absolute module, names) of every import in `path` (functions included)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    package = parts if parts[-1] == "__init__" else parts[:-1]
+    package = [p for p in package if p != "__init__"]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name, ()) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.append((node.lineno, module, tuple(a.name for a in node.names)))
+    return found
+
+
+def _app_path(module: str) -> Path | None:
+    """The file of an app module (or of the app package a name is imported from)."""
+    for candidate in (
+        (ROOT / module.replace(".", "/")).with_suffix(".py"),
+        (ROOT / module.replace(".", "/") / "__init__.py"),
+    ):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def widget_imports(module: str) -> list[str]:
+    """Every import of a widget module reachable from `module` through app modules (imports
+    inside functions count: they run when the function does)."""
+    seen: set[str] = set()
+    todo, found = [module], []
+    while todo:
+        name = todo.pop()
+        path = _app_path(name)
+        if name in seen or path is None:
+            continue
+        seen.add(name)
+        for line, target, names in _module_imports(path):
+            targets = [target] + [f"{target}.{n}" for n in names]
+            hits = [t for t in targets if t.startswith(WIDGET_MODULES)]
+            if hits:
+                found.append(f"{path.relative_to(ROOT)}:{line}: {hits[0]}")
+            todo += [t for t in targets if _top(t) == "app"]
+    return sorted(set(found))
+
+
+def test_widget_scan_follows_app_imports_into_functions():
+    assert widget_imports("app.main_window"), "the window imports widgets: the scan must see it"
+    assert any("pyqtgraph" in hit for hit in widget_imports("app.inspector.widgets"))
+
+
+@pytest.mark.parametrize("module", WIDGET_FREE)
+def test_app_model_modules_import_no_widgets(module):
+    assert _app_path(module) is not None, f"{module} is gone: update WIDGET_FREE"
+    assert widget_imports(module) == []
+
+
+def test_app_model_modules_load_no_widgets_dynamically():
+    probe = (
+        "import json, sys\n"
+        f"for name in {list(WIDGET_FREE)!r}:\n"
+        "    __import__(name)\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"}
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    loaded = json.loads(result.stdout.strip().splitlines()[-1])
+    assert [m for m in loaded if m.startswith(WIDGET_MODULES)] == []
+
+
+def engine_imports_outside_api() -> list[str]:
+    import a2ats_engine
+
+    public = set(a2ats_engine.__all__) | {"__version__"}
+    offenders = []
+    for path in sorted(APP.rglob("*.py")):
+        where = path.relative_to(ROOT).as_posix()
+        if where in ENGINE_SEAMS:
+            continue
+        for line, module, names in _module_imports(path):
+            if _top(module) != "a2ats_engine":
+                continue
+            if module not in ENGINE_API:
+                offenders.append(f"{where}:{line}: {module}")
+            elif module == "a2ats_engine":
+                offenders += [f"{where}:{line}: a2ats_engine.{n}" for n in names if n not in public]
+    return offenders
+
+
+def test_app_uses_the_engines_public_api():
+    """App code imports the engine's public names and its records; anything else goes through
+    `app/backend.py` (the seam), so the engine's internals can move without touching the app."""
+    assert set(ENGINE_SEAMS) <= {p.relative_to(ROOT).as_posix() for p in APP.rglob("*.py")}
+    assert engine_imports_outside_api() == []

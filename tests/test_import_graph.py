@@ -112,7 +112,7 @@ def room(module: str) -> str | None:
         return None
     if len(parts) == 1 or parts[1] in BASE:
         return "base"
-    if parts[1] in ("session", "session_file"):
+    if parts[1] in ("session", "session_file", "chat_turn"):
         return "session"
     if parts[1] == "cli":
         return "commands"

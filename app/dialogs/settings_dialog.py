@@ -124,7 +124,7 @@ class SettingsDialog(QDialog):
         model_name: str = "",
     ) -> None:
         super().__init__(parent)
-        self._exact_below = cache.exact_below  # not edited here: kept as the settings hold it
+        self._config = cache.config  # fields not edited here (exact_below, ...) stay as they are
         self._sampling = sampling
         self._model_sampling = model_sampling
         self._model_name = model_name
@@ -162,28 +162,28 @@ class SettingsDialog(QDialog):
         self.a2ats = QCheckBox("Use the A2ATS cache (off = mlx-lm KVCache, for comparison)")
         self.a2ats.setChecked(cache.a2ats_enabled)
         self.a2ats.setAccessibleName("Use the A2ATS cache")
-        self.window = _spin(1, 1 << 20, cache.window, "Exact-RoPE window (tokens)")
-        self.far_offset = _spin(1, 1 << 24, cache.far_offset, FAR_OFFSET_TIP)
-        self.sinks = _spin(0, 1 << 16, cache.sinks, "Attention sinks (tokens)")
+        self.window = _spin(1, 1 << 20, cache.config.window, "Exact-RoPE window (tokens)")
+        self.far_offset = _spin(1, 1 << 24, cache.config.far_offset, FAR_OFFSET_TIP)
+        self.sinks = _spin(0, 1 << 16, cache.config.sinks, "Attention sinks (tokens)")
         self.budget = _dspin(
             0.001,
             1.0,
-            float(cache.budget),
+            float(cache.config.budget),
             0.005,
             3,
             "Retrieval budget (fraction of the context per query head)",
         )
-        self.min_k = _spin(1, 1 << 20, cache.min_k, "Minimum retrieved tokens")
-        self.far_buckets = _spin(1, 64, cache.far_buckets, "Far distance buckets")
+        self.min_k = _spin(1, 1 << 20, cache.config.min_k, "Minimum retrieved tokens")
+        self.far_buckets = _spin(1, 64, cache.config.far_buckets, "Far distance buckets")
         self.far_buckets.valueChanged.connect(self._on_far_buckets_changed)
-        self._on_far_buckets_changed(cache.far_buckets)
-        self.rerank = _spin(1, 64, cache.rerank, "Rerank candidates per retrieved token")
+        self._on_far_buckets_changed(cache.config.far_buckets)
+        self.rerank = _spin(1, 64, cache.config.rerank, "Rerank candidates per retrieved token")
         self.rerank.setToolTip(
             "1 = keep the top-K of the codebook scores (the paper). r > 1 = take the top r*K by "
             "codebook score, then keep the K whose stored keys score highest exactly."
         )
         self.estimate_missed = QCheckBox("Estimate the attention of the tokens not retrieved")
-        self.estimate_missed.setChecked(cache.estimate_missed)
+        self.estimate_missed.setChecked(cache.config.estimate_missed)
         self.estimate_missed.setToolTip(
             "Folds the far tokens that were not retrieved into the softmax through their codebook "
             "slots: perplexity 1.024x -> 1.015x full at 4K on the demo model, but an 8K decode "
@@ -194,15 +194,15 @@ class SettingsDialog(QDialog):
         self.kv_bits.setAccessibleName("Stored K/V precision")
         for label, bits in KV_BITS:
             self.kv_bits.addItem(label, bits)
-        self.kv_bits.setCurrentIndex([b for _, b in KV_BITS].index(cache.kv_bits))
-        self.kv_memory = _spin(-1, 1 << 24, _mib(cache.kv_memory), "K/V memory limit (MB)")
+        self.kv_bits.setCurrentIndex([b for _, b in KV_BITS].index(cache.config.kv_bits))
+        self.kv_memory = _spin(-1, 1 << 24, _mib(cache.config.kv_memory), "K/V memory limit (MB)")
         self.kv_memory.setSpecialValueText("no limit")
         self.kv_memory.setSuffix(" MB")
         self.kv_memory.setToolTip(KV_MEMORY_HELP)
         self.kv_memory.valueChanged.connect(self._on_kv_memory_changed)
         self._on_kv_memory_changed(self.kv_memory.value())
         self.fidelity_every = _spin(
-            0, 1 << 16, cache.fidelity_every, "Fidelity check every k decode steps (0 = off)"
+            0, 1 << 16, cache.config.fidelity_every, "Fidelity check every k decode steps (0 = off)"
         )
         self.fidelity_every.setSpecialValueText("off")
         self.fidelity_every.setToolTip(
@@ -354,8 +354,8 @@ class SettingsDialog(QDialog):
 
     def values(self) -> SettingsResult:
         """The edited settings; ValueError (naming the field) if something is out of range."""
-        cache = CacheSettings(
-            a2ats_enabled=self.a2ats.isChecked(),
+        config = replace(
+            self._config,
             window=self.window.value(),
             far_offset=self.far_offset.value(),
             sinks=self.sinks.value(),
@@ -367,8 +367,8 @@ class SettingsDialog(QDialog):
             kv_bits=self.kv_bits.currentData(),
             fidelity_every=self.fidelity_every.value(),
             kv_memory=None if self.kv_memory.value() < 0 else self.kv_memory.value() * 2**20,
-            exact_below=self._exact_below,
-        )
+        )  # A2ATSConfig validates: ValueError naming the field
+        cache = CacheSettings(self.a2ats.isChecked(), config)
         own = dict(self._own)
         if not self._showing_model_values():
             own = {name: spin.value() for name, spin in self._model_spins().items()}
@@ -393,17 +393,17 @@ class SettingsDialog(QDialog):
     def restore_defaults(self) -> None:
         cache, sampling = CacheSettings(), SamplingSettings()
         self.a2ats.setChecked(cache.a2ats_enabled)
-        self.window.setValue(cache.window)
-        self.far_offset.setValue(cache.far_offset)
-        self.sinks.setValue(cache.sinks)
-        self.budget.setValue(cache.budget)
-        self.min_k.setValue(cache.min_k)
-        self.far_buckets.setValue(cache.far_buckets)
-        self.rerank.setValue(cache.rerank)
-        self.estimate_missed.setChecked(cache.estimate_missed)
-        self.kv_bits.setCurrentIndex([b for _, b in KV_BITS].index(cache.kv_bits))
-        self.fidelity_every.setValue(cache.fidelity_every)
-        self.kv_memory.setValue(_mib(cache.kv_memory))
+        self.window.setValue(cache.config.window)
+        self.far_offset.setValue(cache.config.far_offset)
+        self.sinks.setValue(cache.config.sinks)
+        self.budget.setValue(cache.config.budget)
+        self.min_k.setValue(cache.config.min_k)
+        self.far_buckets.setValue(cache.config.far_buckets)
+        self.rerank.setValue(cache.config.rerank)
+        self.estimate_missed.setChecked(cache.config.estimate_missed)
+        self.kv_bits.setCurrentIndex([b for _, b in KV_BITS].index(cache.config.kv_bits))
+        self.fidelity_every.setValue(cache.config.fidelity_every)
+        self.kv_memory.setValue(_mib(cache.config.kv_memory))
         self._own = {name: getattr(sampling, name) for name in MODEL_SAMPLING_FIELDS}
         self.use_model.setChecked(True)
         self._on_use_model_changed(True)  # shows the model's values, or the defaults

@@ -32,11 +32,15 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtCore import QObject, Qt, Signal
     from PySide6.QtWidgets import QApplication
 
-    from a2ats_engine.cache.codebook import Codebook
-    from a2ats_engine.cache.config import A2ATSConfig
-    from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats
-    from a2ats_engine.loading.models import load_model
-    from a2ats_engine.session import ChatSession, SamplingSettings
+    from a2ats_engine import (
+        A2ATSConfig,
+        CacheSnapshot,
+        ChatSession,
+        Codebook,
+        GenerationStats,
+        SamplingSettings,
+        load_model,
+    )
 
     from .panel import InspectorPanel
 

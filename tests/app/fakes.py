@@ -14,6 +14,7 @@ import numpy as np
 
 from a2ats_engine.cache.layer_plan import LayerPlan
 from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats, LayerStats, TokenEvent
+from a2ats_engine.chat_turn import fit_turn
 from a2ats_engine.errors import CodebookError, ModelLoadError
 from a2ats_engine.loading.models import ModelInfo
 from a2ats_engine.records import ModelGeometry
@@ -97,6 +98,29 @@ class FakeSession:
     def set_cache_factory(self, factory=None, *, a2ats=None, codebook=None):
         self.calls.append("set_cache_factory")
         self.a2ats, self.codebook = a2ats, codebook
+
+    def configure(self, *, system_prompt, sampling, a2ats, codebook, messages=None):
+        """As `ChatSession.configure`: only what differs changes."""
+        codebook = codebook if a2ats is not None else None
+        if self.a2ats != a2ats or self.codebook is not codebook:
+            self.set_cache_factory(a2ats=a2ats, codebook=codebook)
+        self.set_sampling(sampling)
+        self.set_system_prompt(system_prompt)
+        if messages is not None and messages != self.messages_:
+            self.load_messages(messages)
+
+    def fit(self, mode, text="", *, context_length, policy):
+        """`ChatSession.fit`: the engine's own rules (chat_turn.fit_turn) over this session."""
+        fit, messages = fit_turn(
+            self.messages_, mode, text, max_tokens=self.sampling.max_tokens,
+            context_length=context_length, policy=policy,
+            prompt_length=lambda msgs: len(self.prompt_token_ids(msgs)),
+        )  # fmt: skip
+        if fit.dropped:
+            self.load_messages(messages)
+        if fit.cut:
+            self.sampling = replace(self.sampling, max_tokens=fit.max_tokens)
+        return fit
 
     def load_messages(self, messages):
         self.calls.append("load_messages")
@@ -294,16 +318,13 @@ class FakeBackend:
                 raise CodebookError(f"codebook is for {layers} layers, the model has 2")
         return FakeCodebook(), []
 
-    def make_session(self, model, tokenizer, *, system_prompt, sampling, a2ats, codebook):
+    def make_session(self, model, tokenizer):
         session = FakeSession(
             tokenizer,
-            system_prompt or None,
+            None,
             self.delay,
             self.reply_fn,
             self.snapshots,
-            a2ats=a2ats,
-            codebook=codebook,
-            sampling=sampling,
             layer_ids=self.plan.a2ats_layers if self.plan is not None else (0, 1),
             native_bytes_per_token=self.native_bytes_per_token,
             prefill_chunk=self.prefill_chunk,
@@ -332,23 +353,18 @@ class FakeBackend:
     def with_crossover(self, model, config):
         return config  # the fake model has no geometry: the settings' exact_below as it is
 
-    def configure_session(self, session, *, a2ats, codebook):
-        session.set_cache_factory(a2ats=a2ats, codebook=codebook)
+    def configure_session(self, session, *, system_prompt, sampling, a2ats, codebook, turns):
+        messages = [{"role": r, "content": c} for r, c in turns]
+        session.configure(
+            system_prompt=system_prompt or None, sampling=sampling, a2ats=a2ats,
+            codebook=codebook, messages=messages,
+        )  # fmt: skip
 
-    def set_sampling(self, session, sampling):
-        session.set_sampling(sampling)
-
-    def set_system_prompt(self, session, text):
-        session.set_system_prompt(text)
+    def fit(self, session, mode, text, *, context_length, policy):
+        return session.fit(mode, text, context_length=context_length, policy=policy)
 
     def session_turns(self, session):
         return [(m["role"], m["content"]) for m in session.messages]
-
-    def load_turns(self, session, turns):
-        session.load_messages([{"role": r, "content": c} for r, c in turns])
-
-    def prompt_length(self, session, turns):
-        return len(session.prompt_token_ids([{"role": r, "content": c} for r, c in turns]))
 
     def reply(self, session, mode, text, progress=None):
         session.prefill_progress = progress

@@ -6,7 +6,7 @@ from __future__ import annotations
 def load(qtbot, window, source: str = "fake", timeout: int = 60000):
     """Load a model and wait until the window adopted it."""
     with qtbot.waitSignal(window.model_ready, timeout=timeout):
-        window.load_model(source)
+        window.controller.load_model(source)
 
 
 def reply(qtbot, window, text: str | None = None, timeout: int = 60000):

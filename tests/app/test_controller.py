@@ -561,3 +561,54 @@ def test_versions_of_a_regenerated_reply_can_be_switched(make_controller, qtbot)
     assert saved["content"] == "first" and saved["alternatives"][0]["content"] == "second"
     assert not controller.show_version(-1)  # already the first
     assert controller.show_version(+1) and controller.current.messages[-1].content == "second"
+
+
+def test_settings_change_through_the_controller(make_controller, qtbot, app_dirs):
+    from app.settings import load_settings, settings_path
+
+    controller = make_controller(FakeBackend())
+    changed: list[frozenset[str]] = []
+    controller.settings_changed.connect(changed.append)
+    cache = CacheSettings.of(window=32, kv_bits=None)
+    assert controller.change_settings(cache=cache, theme="dark") == {"cache", "theme"}
+    assert changed == [{"cache", "theme"}]
+    saved, message = load_settings(settings_path())
+    assert message is None and saved.cache == cache and saved.theme == "dark"
+    assert controller.change_settings(cache=cache) == frozenset() and len(changed) == 1
+    with pytest.raises(ValueError, match="no_such_field"):
+        controller.change_settings(no_such_field=1)
+    with pytest.raises(ValueError, match="recent_models"):  # typed as a settings file is
+        controller.change_settings(recent_models="demo")
+    assert controller.settings.recent_models == [] and len(changed) == 1
+    controller.change_settings(inspector_visible=False, save=False)  # the window's layout
+    assert (
+        changed[-1] == {"inspector_visible"} and load_settings(settings_path())[0].inspector_visible
+    )
+    load(qtbot, controller)  # adopting a model is a settings change, too
+    assert changed[-1] == {"model_source", "recent_models"}
+    assert load_settings(settings_path())[0].recent_models == ["fake"]
+
+
+def test_telemetry_is_the_controllers_state(make_controller, qtbot):
+    controller = make_controller(FakeBackend())
+    load(qtbot, controller)
+    requests = []
+    controller.reply_started.connect(lambda reply: requests.append(reply.request))
+    send(qtbot, controller, "off")
+    controller.set_telemetry(True)
+    send(qtbot, controller, "on")
+    assert [r.telemetry for r in requests] == [False, True]
+
+
+def test_views_get_the_engines_events_from_the_controller(make_controller, qtbot):
+    """Snapshots and the start / end of every request are re-emitted by the controller, so no
+    view connects to the engine thread's worker."""
+    controller = make_controller(FakeBackend(snapshots=True))
+    load(qtbot, controller)
+    seen: list[str] = []
+    controller.generation_started.connect(lambda s: seen.append(f"started {s.mode}"))
+    controller.snapshot_ready.connect(lambda s: seen.append("snapshot"))
+    controller.generation_finished.connect(lambda s: seen.append(f"finished {s.stop_reason}"))
+    ended = send(qtbot, controller, "abc")
+    n = len(ended.message.content)
+    assert seen == ["started send", *["snapshot"] * n, "finished stop"]

@@ -15,7 +15,7 @@ from app.theme import DARK, LIGHT, resources_dir, theme
 
 
 def test_settings_dialog_round_trips_and_restores_defaults(qtbot):
-    cache = CacheSettings(a2ats_enabled=False, window=32, far_offset=1024, sinks=4,
+    cache = CacheSettings.of(a2ats_enabled=False, window=32, far_offset=1024, sinks=4,
                           budget=0.05, min_k=8, far_buckets=2, rerank=3, kv_bits=8)  # fmt: skip
     sampling = SamplingSettings(temperature=0.2, top_p=0.9, top_k=40, seed=11, max_tokens=99)
     dialog = SettingsDialog(cache, sampling, "dark", "Be brief.")
@@ -115,7 +115,7 @@ def test_every_control_of_the_main_window_is_named(make_window):
 
 
 def test_settings_dialog_disables_far_offset_when_buckets_ignore_it(qtbot):
-    dialog = SettingsDialog(CacheSettings(far_buckets=4), SamplingSettings(), "system", "")
+    dialog = SettingsDialog(CacheSettings.of(far_buckets=4), SamplingSettings(), "system", "")
     qtbot.addWidget(dialog)
     assert not dialog.far_offset.isEnabled()
     assert "Not used with more than one distance bucket" in dialog.far_offset.toolTip()
@@ -124,7 +124,7 @@ def test_settings_dialog_disables_far_offset_when_buckets_ignore_it(qtbot):
     dialog.far_offset.setValue(1024)
     dialog.far_buckets.setValue(2)
     assert not dialog.far_offset.isEnabled()
-    assert dialog.values().cache.far_offset == 1024  # kept, just not used
+    assert dialog.values().cache.config.far_offset == 1024  # kept, just not used
 
 
 # ----- untrusted strings stay inert ----------------------------------------------------------
@@ -290,17 +290,17 @@ def test_the_missed_attention_estimate_is_a_setting_off_by_default(qtbot):
 
 
 def test_settings_dialog_sets_a_kv_memory_limit_with_full_precision_storage(qtbot):
-    dialog = SettingsDialog(CacheSettings(kv_bits=8), SamplingSettings(), "system", "")
+    dialog = SettingsDialog(CacheSettings.of(kv_bits=8), SamplingSettings(), "system", "")
     qtbot.addWidget(dialog)
     assert dialog.kv_memory.text() == "no limit" and dialog.kv_bits.isEnabled()
-    assert dialog.values().cache.kv_memory is None
+    assert dialog.values().cache.config.kv_memory is None
     dialog.kv_memory.setValue(512)
     cache = dialog.values().cache
-    assert cache.kv_memory == 512 * 2**20 and cache.kv_bits is None
+    assert cache.config.kv_memory == 512 * 2**20 and cache.config.kv_bits is None
     assert not dialog.kv_bits.isEnabled()
     assert cache.to_config().kv_memory == 512 * 2**20  # what the next message's cache gets
     dialog.kv_memory.setValue(-1)
-    assert dialog.kv_bits.isEnabled() and dialog.values().cache.kv_memory is None
+    assert dialog.kv_bits.isEnabled() and dialog.values().cache.config.kv_memory is None
     reopened = SettingsDialog(cache, SamplingSettings(), "system", "")
     qtbot.addWidget(reopened)
     assert reopened.kv_memory.value() == 512 and not reopened.kv_bits.isEnabled()

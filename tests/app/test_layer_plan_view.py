@@ -103,7 +103,7 @@ def test_a_model_without_a_plan_claims_nothing(make_window, qtbot):
 def test_real_tiny_llama_says_a2ats_on_all_its_layers(make_window, qtbot, tiny_folder):
     window = make_window(None)
     load(qtbot, window, str(tiny_folder))
-    layers = window.model.info.num_layers
+    layers = window.controller.model.info.num_layers
     assert window.status.plan.text() == f"A2ATS on all {layers} layers"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from PySide6.QtCore import Qt, QTimer
@@ -43,7 +44,7 @@ def test_send_streams_renders_and_saves(make_window, qtbot):
         qtbot.waitUntil(lambda: window.chat_view._stream_widget is not None, timeout=5000)
         seen_streaming.append(window.composer.generating)
     assert seen_streaming == [True]
-    conversation = window.current
+    conversation = window.controller.current
     assert [m.role for m in conversation.messages] == ["user", "assistant"]
     assert conversation.messages[1].content == "Hello **world**, `x = 1`."
     assert conversation.title == "hi there"
@@ -73,11 +74,11 @@ def test_enter_sends_and_shift_enter_adds_a_line(make_window, qtbot):
     QTest.keyClick(edit, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
     QTest.keyClicks(edit, "line two")
     assert edit.toPlainText() == "line one\nline two"
-    assert window.current.messages == []
+    assert window.controller.current.messages == []
     with qtbot.waitSignal(window.reply_finished, timeout=20000):
         QTest.keyClick(edit, Qt.Key.Key_Return)
-    assert window.current.messages[0].content == "line one\nline two"
-    assert window.current.messages[1].content == "You said: line one\nline two"
+    assert window.controller.current.messages[0].content == "line one\nline two"
+    assert window.controller.current.messages[1].content == "You said: line one\nline two"
 
 
 @pytest.mark.parametrize("how", ["escape", "button", "shortcut"])
@@ -96,7 +97,7 @@ def test_stop_keeps_the_partial_reply(make_window, qtbot, how):
         else:
             window.stop_action.trigger()
     assert blocker.args[0].stop_reason == "cancelled"
-    message = window.current.messages[-1]
+    message = window.controller.current.messages[-1]
     assert message.role == "assistant" and 0 < len(message.content) < 1000
     assert message.provenance["stats"]["stop_reason"] == "cancelled"
     assert "stopped" in window.chat_view.last_widget().stats.text()
@@ -120,7 +121,7 @@ def test_a_long_prefill_shows_its_progress_in_the_reply(make_window, qtbot):
     assert note.startswith("Reading the prompt: ") and f" / {total:,} tokens (" in note
     reply(qtbot, window)
     assert _prefill_note(window) == ""  # gone once the reply streams
-    assert window.current.messages[-1].content
+    assert window.controller.current.messages[-1].content
 
 
 def test_stop_during_a_long_prefill_ends_the_reply_between_chunks(make_window, qtbot):
@@ -140,12 +141,15 @@ def test_regenerate_replaces_the_last_reply(make_window, qtbot):
     window = make_window(backend)
     load(qtbot, window)
     reply(qtbot, window, "question")
-    assert window.current.messages[-1].content == "Answer 1 to question"
+    assert window.controller.current.messages[-1].content == "Answer 1 to question"
     button = window.chat_view.last_widget().regenerate_button
     assert button.isVisibleTo(window)
     with qtbot.waitSignal(window.reply_finished, timeout=20000):
         qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
-    assert [m.content for m in window.current.messages] == ["question", "Answer 2 to question"]
+    assert [m.content for m in window.controller.current.messages] == [
+        "question",
+        "Answer 2 to question",
+    ]
     assert len(window.chat_view.widgets) == 2
     session = backend.sessions[0]
     assert "regenerate" in session.calls and "load_messages" not in session.calls
@@ -165,7 +169,7 @@ def test_edit_and_resend_last_user_message(make_window, qtbot):
     window.composer.set_text("second")
     with qtbot.waitSignal(window.reply_finished, timeout=20000):
         QTest.keyClick(window.composer.edit, Qt.Key.Key_Return)
-    contents = [m.content for m in window.current.messages]
+    contents = [m.content for m in window.controller.current.messages]
     assert contents == ["first", "Answer 1 to first", "second", "Answer 3 to second"]
     assert not window.composer.editing
     assert "edit" in backend.sessions[0].calls
@@ -180,14 +184,14 @@ def test_edit_can_be_cancelled_with_escape(make_window, qtbot):
     assert window.composer.editing
     QTest.keyClick(window.composer.edit, Qt.Key.Key_Escape)
     assert not window.composer.editing and window.composer.text() == ""
-    assert window.current.messages[0].content == "keep me"
+    assert window.controller.current.messages[0].content == "keep me"
 
 
 def test_switching_chats_while_a_reply_streams(make_window, qtbot):
     window = make_window(FakeBackend(delay=0.01, reply_fn=lambda m: "w" * 150))
     load(qtbot, window)
     window.send("long")
-    streaming = window.current
+    streaming = window.controller.current
     qtbot.waitUntil(lambda: streamed(window) >= 5, timeout=10000)
     window.new_chat()
     assert window.chat_view.widgets == []  # the other chat shows nothing of the reply
@@ -206,13 +210,13 @@ def test_deleting_the_streaming_chat_stops_it_and_keeps_it_deleted(
     window = make_window(FakeBackend(delay=0.01, reply_fn=lambda m: "d" * 500))
     load(qtbot, window)
     window.send("doomed")
-    doomed = window.current.id
+    doomed = window.controller.current.id
     qtbot.waitUntil(lambda: streamed(window) >= 3, timeout=10000)
     with qtbot.waitSignal(window.reply_finished, timeout=10000) as blocker:
         window.delete_conversation(doomed)
     assert blocker.args[0].stop_reason == "cancelled"
     assert doomed not in [c.id for c in HistoryStore().load_all()]
-    assert window.current.id != doomed
+    assert window.controller.current.id != doomed
 
 
 # ----- responsiveness ---------------------------------------------------------------------------
@@ -274,7 +278,7 @@ def test_event_loop_stays_responsive_during_generation_real(make_window, qtbot, 
     window = make_window(None, settings=settings)
     load(qtbot, window, str(tiny_folder))
     probe = measure_event_loop(qtbot, window, "Hello")
-    tokens = window.current.messages[-1].provenance["stats"]["generation_tokens"]
+    tokens = window.controller.current.messages[-1].provenance["stats"]["generation_tokens"]
     assert tokens > 20
     assert probe.stages >= 5, (probe.stages, tokens)
 
@@ -292,7 +296,7 @@ def test_event_loop_stays_responsive_while_loading(make_window, qtbot):
         LoopProbe(lambda: count[0]) as probe,
         qtbot.waitSignal(window.model_ready, timeout=20000),
     ):
-        window.load_model("fake")
+        window.controller.load_model("fake")
         QTest.keyClicks(window.sidebar.search, "typing")
     assert window.sidebar.search.text() == "typing"
     assert probe.stages >= 5, probe.stages
@@ -325,19 +329,21 @@ def test_bad_codebook_shows_error_and_changes_nothing(make_window, qtbot, messag
     good = tmp_path / "good.safetensors"
     good.write_text("layers=2")
     with qtbot.waitSignal(window.codebook_ready):
-        window.load_codebook(str(good))
+        window.controller.load_codebook(str(good))
     bad = tmp_path / "other-model.safetensors"
     bad.write_text("layers=30")
     with qtbot.waitSignal(window.error_shown, timeout=10000):
-        window.load_codebook(str(bad))
+        window.controller.load_codebook(str(bad))
     ((title, text),) = message_boxes
     assert title == "Could not load the codebook"
     assert text.startswith("codebook is for 30 layers, the model has 2")
-    assert window.codebook.name == "good.safetensors"
+    assert window.controller.codebook.name == "good.safetensors"
     assert "good" in window.codebook_button.text()
-    assert [m.content for m in window.current.messages] == ["before", "You said: before"]
+    assert [m.content for m in window.controller.current.messages] == ["before", "You said: before"]
     reply(qtbot, window, "after")
-    assert window.current.messages[-1].provenance["codebook"]["name"] == "good.safetensors"
+    assert (
+        window.controller.current.messages[-1].provenance["codebook"]["name"] == "good.safetensors"
+    )
 
 
 def test_bad_model_path_shows_error_and_keeps_the_model(
@@ -347,28 +353,28 @@ def test_bad_model_path_shows_error_and_keeps_the_model(
     load(qtbot, window)
     reply(qtbot, window, "before")
     with qtbot.waitSignal(window.error_shown, timeout=10000):
-        window.load_model(str(tmp_path / "no-such-model"))
+        window.controller.load_model(str(tmp_path / "no-such-model"))
     ((title, text),) = message_boxes
     assert title == "Could not load the model"
     assert "no-such-model" in text and "Still using FakeLM-1M" in text
-    assert window.model.info.name == "FakeLM-1M" and window.controller.task is Task.IDLE
+    assert window.controller.model.info.name == "FakeLM-1M" and window.controller.task is Task.IDLE
     assert window.composer.edit.placeholderText().startswith("Message")
     reply(qtbot, window, "after")
-    assert len(window.current.messages) == 4
+    assert len(window.controller.current.messages) == 4
 
 
 def test_real_engine_errors(make_window, qtbot, message_boxes, tiny_folder, tmp_path):
     window = make_window(None)
     with qtbot.waitSignal(window.error_shown, timeout=60000):
-        window.load_model(str(tmp_path / "missing-folder"))
+        window.controller.load_model(str(tmp_path / "missing-folder"))
     assert message_boxes[0][0] == "Could not load the model"
     load(qtbot, window, str(tiny_folder))
     junk = tmp_path / "junk.safetensors"
     junk.write_bytes(b"\x00" * 64)
     with qtbot.waitSignal(window.error_shown, timeout=60000):
-        window.load_codebook(str(junk))
+        window.controller.load_codebook(str(junk))
     assert message_boxes[1][0] == "Could not load the codebook"
-    assert window.codebook is None
+    assert window.controller.codebook is None
     stats = reply(qtbot, window, "Hi")
     assert stats.stop_reason in ("stop", "length")
 
@@ -384,21 +390,27 @@ def test_settings_and_history_survive_restart(make_window, qtbot, app_dirs):
     from app.dialogs.settings_dialog import SettingsResult
 
     window.apply_settings(SettingsResult(
-        cache=CacheSettings(window=32, budget=0.05), sampling=SamplingSettings(temperature=0.3),
+        cache=CacheSettings.of(window=32, budget=0.05), sampling=SamplingSettings(temperature=0.3),
         theme="dark", default_system_prompt="Be kind.",
     ))  # fmt: skip
-    conversation_id = window.current.id
+    conversation_id = window.controller.current.id
     window.close()
     assert settings_path().exists()
 
     again = make_window(FakeBackend())
-    assert again.settings.cache == CacheSettings(window=32, budget=0.05)
-    assert again.settings.sampling.temperature == 0.3 and again.settings.theme == "dark"
-    assert again.settings.default_system_prompt == "Be kind."
-    assert again.settings.recent_models[0] == "fake"
-    assert again.current.id == conversation_id
-    assert [m.content for m in again.current.messages] == ["remember me", "You said: remember me"]
-    assert again.current.system_prompt == "Answer in French."
+    assert again.controller.settings.cache == CacheSettings.of(window=32, budget=0.05)
+    assert (
+        again.controller.settings.sampling.temperature == 0.3
+        and again.controller.settings.theme == "dark"
+    )
+    assert again.controller.settings.default_system_prompt == "Be kind."
+    assert again.controller.settings.recent_models[0] == "fake"
+    assert again.controller.current.id == conversation_id
+    assert [m.content for m in again.controller.current.messages] == [
+        "remember me",
+        "You said: remember me",
+    ]
+    assert again.controller.current.system_prompt == "Answer in French."
     assert again.system_edit.toPlainText() == "Answer in French."
     assert len(again.chat_view.widgets) == 2
     from app.theme import theme
@@ -412,7 +424,7 @@ def test_corrupt_settings_are_recovered_with_a_status_message(make_window, app_d
     path.write_text("{ this is not json")
     window = make_window(FakeBackend())
     assert "backed up" in window.statusBar().currentMessage()
-    assert window.settings.model_source == "demo"
+    assert window.controller.settings.model_source == "demo"
     assert list(path.parent.glob("settings.json.corrupt-*"))
 
 
@@ -420,8 +432,10 @@ def test_export_contains_provenance(make_window, qtbot, tmp_path):
     window = make_window(FakeBackend())
     load(qtbot, window)
     reply(qtbot, window, "export me")
-    md = window.export_conversation(window.current.id, "markdown", str(tmp_path / "c.md"))
-    js = window.export_conversation(window.current.id, "json", str(tmp_path / "c.json"))
+    md = window.export_conversation(
+        window.controller.current.id, "markdown", str(tmp_path / "c.md")
+    )
+    js = window.export_conversation(window.controller.current.id, "json", str(tmp_path / "c.json"))
     text = (tmp_path / "c.md").read_text()
     assert md and js
     assert "export me" in text and "FakeLM-1M" in text and "tok/s" in text and "A2ATS" in text
@@ -439,10 +453,10 @@ def test_conversation_list_new_rename_delete_search(make_window, qtbot, message_
     window = make_window(FakeBackend())
     load(qtbot, window)
     reply(qtbot, window, "about cats")
-    first = window.current.id
+    first = window.controller.current.id
     window.new_chat_action.trigger()
     reply(qtbot, window, "about dogs")
-    second = window.current.id
+    second = window.controller.current.id
     assert first != second and window.sidebar.visible_ids() == [second, first]
     window.sidebar.rename_requested.emit(first, "Feline facts")
     assert window.controller.find(first).title == "Feline facts"
@@ -454,12 +468,13 @@ def test_conversation_list_new_rename_delete_search(make_window, qtbot, message_
     window.sidebar.search.clear()
     window.sidebar.selected.emit(first)
     assert (
-        window.current.id == first and window.chat_view.widgets[0].message.content == "about cats"
+        window.controller.current.id == first
+        and window.chat_view.widgets[0].message.content == "about cats"
     )
     window.sidebar.delete_requested.emit(first)
     assert message_boxes and message_boxes[-1][0] == "Delete chat"
     assert [c.id for c in HistoryStore().load_all()] == [second]
-    assert window.current.id == second
+    assert window.controller.current.id == second
 
 
 def test_system_prompt_is_per_conversation(make_window, qtbot):
@@ -471,7 +486,7 @@ def test_system_prompt_is_per_conversation(make_window, qtbot):
     window.system_edit.setPlainText("You are a pirate.")
     reply(qtbot, window, "ahoy")
     assert backend.sessions[0].system_prompt == "You are a pirate."
-    assert window.current.messages[1].provenance["system_prompt"] == "You are a pirate."
+    assert window.controller.current.messages[1].provenance["system_prompt"] == "You are a pirate."
     window.new_chat()
     assert window.system_edit.toPlainText() == ""
     reply(qtbot, window, "hello")
@@ -484,14 +499,15 @@ def test_cache_settings_apply_to_the_next_message(make_window, qtbot):
     load(qtbot, window)
     reply(qtbot, window, "one")
     assert backend.sessions[0].a2ats is not None
+    switches = backend.sessions[0].calls.count("set_cache_factory")
     window.a2ats_toggle.click()
-    assert window.settings.cache.a2ats_enabled is False
+    assert window.controller.settings.cache.a2ats_enabled is False
     assert "next message" in window.statusBar().currentMessage()
     reply(qtbot, window, "two")
     session = backend.sessions[0]
-    assert session.calls.count("set_cache_factory") == 1 and session.a2ats is None
-    assert window.current.messages[-1].provenance["cache"] == {"a2ats_enabled": False}
-    assert window.current.messages[1].provenance["cache"]["a2ats_enabled"] is True
+    assert session.calls.count("set_cache_factory") == switches + 1 and session.a2ats is None
+    assert window.controller.current.messages[-1].provenance["cache"] == {"a2ats_enabled": False}
+    assert window.controller.current.messages[1].provenance["cache"]["a2ats_enabled"] is True
     assert "KVCache" in window.chat_view.last_widget().stats.text()
 
 
@@ -502,12 +518,12 @@ def test_demo_default_codebook_loads_automatically(make_window, qtbot, tmp_path)
     window = make_window(backend)
     # (Never qtbot.waitSignal on worker signals: pytest-qt's blocker runs in the emitting thread.)
     with qtbot.waitSignal(window.codebook_ready, timeout=10000) as blocker:
-        window.load_model("demo")
+        window.controller.load_model("demo")
     assert blocker.args[0].automatic and blocker.args[0].name == "demo-default.safetensors"
     assert "demo-default" in window.codebook_button.text()
     stats = reply(qtbot, window, "hi")
     assert stats.stop_reason == "stop"
-    assert window.current.messages[-1].provenance["codebook"]["sha256"] == "ab" * 32
+    assert window.controller.current.messages[-1].provenance["codebook"]["sha256"] == "ab" * 32
 
 
 def test_first_run_offers_to_fetch_the_demo(make_window, qtbot, message_boxes, tmp_path):
@@ -516,12 +532,12 @@ def test_first_run_offers_to_fetch_the_demo(make_window, qtbot, message_boxes, t
     backend.demo_codebook = tmp_path / "demo-default.safetensors"  # built by the fetch
     window = make_window(backend)
     with qtbot.waitSignal(window.model_ready, timeout=10000):
-        window.start()
+        window.controller.start()
     assert message_boxes[0][0] == "Fetch the demo model?"
-    assert window.model.source == "demo"
-    qtbot.waitUntil(lambda: window.codebook is not None, timeout=10000)
+    assert window.controller.model.source == "demo"
+    qtbot.waitUntil(lambda: window.controller.codebook is not None, timeout=10000)
     assert backend.demo_steps == ["fetch", "codebook:/fake/demo"]  # the codebook was built
-    assert window.codebook.automatic and "demo-default" in window.codebook_button.text()
+    assert window.controller.codebook.automatic and "demo-default" in window.codebook_button.text()
 
 
 def test_calibration_dialog_runs_and_loads_the_codebook(make_window, qtbot, tmp_path):
@@ -536,11 +552,13 @@ def test_calibration_dialog_runs_and_loads_the_codebook(make_window, qtbot, tmp_
     with qtbot.waitSignal(window.codebook_ready, timeout=20000):
         dialog.start_button.click()
         assert dialog.running and not window.composer.button.isEnabled()
-    assert window.codebook.path == str(tmp_path / "mine.safetensors")
+    assert window.controller.codebook.path == str(tmp_path / "mine.safetensors")
     assert window.controller.task is Task.IDLE
     request = window.controller.engine.worker.backend.calibrations[0]
-    assert request.n_centroids == 256 and request.cache == window.settings.cache
-    assert window.settings.codebook_for_model["fake"] == str(tmp_path / "mine.safetensors")
+    assert request.n_centroids == 256 and request.cache == window.controller.settings.cache
+    assert window.controller.settings.codebook_for_model["fake"] == str(
+        tmp_path / "mine.safetensors"
+    )
 
 
 def test_calibration_can_be_cancelled(make_window, qtbot, tmp_path):
@@ -568,20 +586,20 @@ def test_regenerate_and_edit_reuse_the_cache_on_the_real_engine(make_window, qtb
     window = make_window(None, settings=settings)
     load(qtbot, window, str(tiny_folder))
     reply(qtbot, window, "The capital of France is Paris.")
-    first_context = window.current.messages[-1].provenance["stats"]["context_tokens"]
+    first_context = window.controller.current.messages[-1].provenance["stats"]["context_tokens"]
     with qtbot.waitSignal(window.reply_finished, timeout=60000) as blocker:
-        window.regenerate()
+        window.controller.regenerate()
     extra = blocker.args[0].extra
     assert extra["cache_rebuilt"] is False and extra["reused_tokens"] > 0
     assert extra["reused_tokens"] < first_context  # the old reply was trimmed away
-    assert [m.role for m in window.current.messages] == ["user", "assistant"]
+    assert [m.role for m in window.controller.current.messages] == ["user", "assistant"]
     window.begin_edit_last()
     window.composer.set_text("The capital of Italy is Rome.")
     with qtbot.waitSignal(window.reply_finished, timeout=60000) as blocker:
         window.send(window.composer.text())
     extra = blocker.args[0].extra
     assert extra["cache_rebuilt"] is False and extra["reused_tokens"] > 0
-    assert window.current.messages[0].content == "The capital of Italy is Rome."
+    assert window.controller.current.messages[0].content == "The capital of Italy is Rome."
 
 
 # ----- transcript link (inspector <-> chat) on the real engine -------------------------------
@@ -637,7 +655,7 @@ def test_keyboard_shortcuts(make_window, qtbot, monkeypatch, tmp_path):
         window.activateWindow()
     with qtbot.waitSignal(window.model_ready, timeout=10000):
         QTest.keyClick(window, Qt.Key.Key_O, Qt.KeyboardModifier.ControlModifier)
-    assert window.model.source == str(folder)
+    assert window.controller.model.source == str(folder)
     codebook = tmp_path / "cb.safetensors"
     codebook.write_text("layers=2")
     monkeypatch.setattr(
@@ -646,9 +664,9 @@ def test_keyboard_shortcuts(make_window, qtbot, monkeypatch, tmp_path):
     with qtbot.waitSignal(window.codebook_ready, timeout=10000):
         QTest.keyClick(window, Qt.Key.Key_L, Qt.KeyboardModifier.ControlModifier)
     reply(qtbot, window, "first chat")
-    first = window.current.id
+    first = window.controller.current.id
     QTest.keyClick(window, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
-    assert window.current.id != first and window.current.messages == []
+    assert window.controller.current.id != first and window.controller.current.messages == []
     backend.delay = 0.02
     backend.reply_fn = lambda m: "q" * 400
     window.send("long one")
@@ -701,7 +719,7 @@ def test_fidelity_setting_reaches_engine_and_inspector(make_window, qtbot, tiny_
     settings, _ = load_settings()
     # retrieval from the first step: below the crossover every step would attend exactly (and
     # measure what retrieval would keep there, on every step)
-    settings.cache = CacheSettings(window=16, sinks=4, budget=8, fidelity_every=2, exact_below=0)
+    settings.cache = CacheSettings.of(window=16, sinks=4, budget=8, fidelity_every=2, exact_below=0)
     settings.sampling = SamplingSettings(max_tokens=6, seed=1, temperature=0.0)
     window = make_window(None, settings=settings, inspector=True)
     assert window.inspector.state.fidelity.enabled and window.inspector.state.fidelity.every == 2
@@ -754,10 +772,10 @@ def test_failed_save_after_a_reply_shows_the_error_and_leaves_the_composer_usabl
     assert "No space left" in message_boxes[0][1]
     assert not window.composer.generating  # not stuck in Stop mode
     assert window.composer.button.accessibleName() == "Send message"
-    assert window.current.messages[-1].content == "You said: hello"
+    assert window.controller.current.messages[-1].content == "You said: hello"
     monkeypatch.undo()
     reply(qtbot, window, "again")
-    assert len(window.current.messages) == 4
+    assert len(window.controller.current.messages) == 4
 
 
 def test_failed_save_on_close_still_stops_the_engine(
@@ -777,7 +795,7 @@ def test_draft_is_kept_per_chat_across_switch_and_restart(make_window, qtbot):
     window = make_window(FakeBackend())
     load(qtbot, window)
     reply(qtbot, window, "first chat")
-    first = window.current.id
+    first = window.controller.current.id
     window.composer.set_text("half-written thought")
     window.new_chat()
     assert window.composer.text() == ""
@@ -787,7 +805,7 @@ def test_draft_is_kept_per_chat_across_switch_and_restart(make_window, qtbot):
     assert window.composer.text() == "half-written thought"
     window.close()
     again = make_window(FakeBackend())
-    assert again.current.id == first and again.composer.text() == "half-written thought"
+    assert again.controller.current.id == first and again.composer.text() == "half-written thought"
     other = next(c for c in again.controller.conversations if c.id != first)
     assert other.draft == "another draft"
 
@@ -796,7 +814,7 @@ def test_interrupted_reply_is_shown_marked_on_the_next_start(make_window, qtbot)
     window = make_window(FakeBackend(delay=0.01, reply_fn=lambda m: "p" * 400))
     load(qtbot, window)
     window.send("go on")
-    path = window.controller.store.path_for(window.current.id)
+    path = window.controller.store.path_for(window.controller.current.id)
     checkpoint = []
 
     def checkpointed():
@@ -807,7 +825,7 @@ def test_interrupted_reply_is_shown_marked_on_the_next_start(make_window, qtbot)
 
     qtbot.waitUntil(checkpointed, timeout=20000)
     with qtbot.waitSignal(window.reply_finished, timeout=20000):
-        window.stop_generation()
+        window.controller.stop()
     window.close()
     path.write_text(checkpoint[0])  # as a kill at the checkpoint would have left it
     again = make_window(FakeBackend())
@@ -822,7 +840,7 @@ def test_regenerate_that_fails_shows_the_old_reply_again(make_window, qtbot):
     load(qtbot, window)
     reply(qtbot, window, "question")
     with qtbot.waitSignal(window.reply_finished, timeout=20000):
-        window.regenerate()
+        window.controller.regenerate()
     assert [w.message.content for w in window.chat_view.widgets] == [
         "question", "the old answer",
     ]  # fmt: skip
@@ -836,7 +854,7 @@ def test_closing_mid_reply_keeps_the_partial_reply_marked_interrupted(make_windo
     qtbot.waitUntil(lambda: streamed(window) >= 5, timeout=10000)
     window.close()
     again = make_window(FakeBackend())
-    last = again.current.messages[-1]
+    last = again.controller.current.messages[-1]
     assert last.role == "assistant" and last.interrupted and 0 < len(last.content) < 1000
     assert "Interrupted" in again.chat_view.last_widget().note.text()
 
@@ -862,13 +880,16 @@ def test_context_overflow_is_asked_before_sending(make_window, qtbot, monkeypatc
     (text,) = asked
     assert "context holds 100" in text and "512" in text
     if choice == "Cancel":
-        assert window.current.messages == []
+        assert window.controller.current.messages == []
         assert window.composer.text() == "a question"  # nothing lost
         assert not window.composer.generating
     else:
         assert blocker.args[0].stop_reason == "length"
         assert blocker.args[0].context_tokens <= 100
-        assert window.current.messages[-1].content == "r" * blocker.args[0].generation_tokens
+        assert (
+            window.controller.current.messages[-1].content
+            == "r" * blocker.args[0].generation_tokens
+        )
 
 
 def test_the_last_reply_shows_its_versions_and_switches(make_window, qtbot):
@@ -877,9 +898,28 @@ def test_the_last_reply_shows_its_versions_and_switches(make_window, qtbot):
     load(qtbot, window)
     reply(qtbot, window, "question")
     with qtbot.waitSignal(window.reply_finished, timeout=20000):
-        window.regenerate()
+        window.controller.regenerate()
     last = window.chat_view.widgets[-1]
     assert not last.versions.isHidden() and last.version_label.text() == "2 / 2"
     last.previous_version_button.click()
     last = window.chat_view.widgets[-1]
     assert last.message.content == "first" and last.version_label.text() == "1 / 2"
+
+
+def test_the_window_keeps_no_state_of_the_controllers(make_window, qtbot):
+    """Settings, the current chat, the model and the codebook live in the controller; the
+    window shows what its `settings_changed` reports, whoever changed them."""
+    window = make_window(FakeBackend())
+    gone = ("settings", "current", "model", "codebook", "telemetry_enabled", "load_model",
+            "load_codebook", "regenerate", "stop_generation", "rename_conversation", "start")  # fmt: skip
+    assert [name for name in gone if hasattr(window, name)] == []
+    load(qtbot, window)
+    controller = window.controller
+    off = replace(controller.settings.cache, a2ats_enabled=False)
+    controller.change_settings(cache=off)
+    assert not window.a2ats_toggle.isChecked() and window.status.plan.text() == "A2ATS off"
+    window.a2ats_toggle.setChecked(True)  # the toggle goes through the controller, too
+    assert controller.settings.cache.a2ats_enabled and window.status.plan.text() != "A2ATS off"
+    assert controller.telemetry == (window.inspector is not None and window.dock.isVisible())
+    window.dock.setVisible(False)
+    assert controller.telemetry is False and controller.settings.inspector_visible is False

@@ -31,7 +31,7 @@ def test_dirs_follow_env_overrides(app_dirs):
 def test_round_trip(app_dirs):
     settings = AppSettings(
         model_source="/models/x",
-        cache=CacheSettings(a2ats_enabled=False, window=32, budget=0.05, kv_bits=8),
+        cache=CacheSettings.of(a2ats_enabled=False, window=32, budget=0.05, kv_bits=8),
         sampling=SamplingSettings(temperature=0.2, seed=7, max_tokens=64),
         theme="dark",
         default_system_prompt="Be brief.",
@@ -141,9 +141,9 @@ def test_unknown_keys_ignored_and_old_schema_migrates(app_dirs):
 @pytest.mark.parametrize(
     ("kind", "field", "value"),
     [
-        (CacheSettings, "window", 0),
-        (CacheSettings, "budget", 1.5),
-        (CacheSettings, "kv_bits", 3),
+        (CacheSettings.of, "window", 0),
+        (CacheSettings.of, "budget", 1.5),
+        (CacheSettings.of, "kv_bits", 3),
         (SamplingSettings, "temperature", -1.0),
         (SamplingSettings, "max_tokens", 0),
         (SamplingSettings, "top_k", 1.5),
@@ -155,7 +155,7 @@ def test_bad_values_name_the_field(kind, field, value):
 
 
 def test_cache_settings_build_engine_config():
-    config = CacheSettings(window=16, sinks=4, budget=0.1).to_config(telemetry=True, rerank=3)
+    config = CacheSettings.of(window=16, sinks=4, budget=0.1).to_config(telemetry=True, rerank=3)
     assert (config.window, config.sinks, config.budget, config.rerank) == (16, 4, 0.1, 3)
     assert config.telemetry is True
 
@@ -213,14 +213,15 @@ def test_a_reply_uses_the_loaded_models_recommended_sampling(make_window, qtbot,
     load(qtbot, window)
     recommended = SamplingSettings(temperature=0.0, top_k=20)
     window.controller.model = replace(
-        window.model, info=replace(window.model.info, recommended_sampling=recommended)
+        window.controller.model,
+        info=replace(window.controller.model.info, recommended_sampling=recommended),
     )
     reply(qtbot, window, "hello")
-    used = window.current.messages[-1].provenance["sampling"]
+    used = window.controller.current.messages[-1].provenance["sampling"]
     assert (used["temperature"], used["top_k"], used["max_tokens"]) == (0.0, 20, 5)
-    window.settings.use_model_sampling = False
+    window.controller.settings.use_model_sampling = False
     reply(qtbot, window, "again")
-    used = window.current.messages[-1].provenance["sampling"]
+    used = window.controller.current.messages[-1].provenance["sampling"]
     assert (used["temperature"], used["top_k"]) == (0.9, 0)
 
 
@@ -230,13 +231,13 @@ def test_kv_storage_default_follows_the_backend(monkeypatch, app_dirs, cpu_only,
     from a2ats_engine import _backend
 
     monkeypatch.setattr(_backend, "is_cpu_only", lambda: cpu_only)
-    assert CacheSettings().kv_bits == bits and AppSettings().cache.kv_bits == bits
-    assert AppSettings.from_dict({"cache": {"window": 32}}).cache.kv_bits == bits
+    assert CacheSettings().config.kv_bits == bits and AppSettings().cache.config.kv_bits == bits
+    assert AppSettings.from_dict({"cache": {"window": 32}}).cache.config.kv_bits == bits
     # the user's explicit choice, saved in settings.json, is kept on either backend
     for chosen in (None, 8, 4):
-        save_settings(AppSettings(cache=CacheSettings(kv_bits=chosen)))
+        save_settings(AppSettings(cache=CacheSettings.of(kv_bits=chosen)))
         loaded, message = load_settings()
-        assert message is None and loaded.cache.kv_bits == chosen
+        assert message is None and loaded.cache.config.kv_bits == chosen
 
 
 @pytest.mark.parametrize(
@@ -286,3 +287,46 @@ def test_a_window_that_fails_to_build_ends_its_engine_thread(qtbot, app_dirs, mo
     with pytest.raises(RuntimeError, match="layout exploded"):
         MainWindow(AppSettings(), engine=engine)
     assert not engine.thread.isRunning()  # no "QThread: Destroyed while thread ... running"
+
+
+# A settings.json as earlier versions wrote it: the cache's fields flat beside a2ats_enabled.
+EARLIER_CACHE = {
+    "a2ats_enabled": True, "window": 32, "far_offset": 2048, "sinks": 4, "budget": 0.05,
+    "min_k": 16, "far_buckets": 4, "rerank": 2, "estimate_missed": False, "kv_bits": None,
+    "fidelity_every": 2, "kv_memory": None, "exact_below": None,
+}  # fmt: skip
+
+
+def test_a_settings_file_of_the_earlier_format_still_loads_and_is_written_alike(app_dirs):
+    from a2ats_engine.cache.config import A2ATSConfig
+
+    path = settings_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"schema_version": 1, "theme": "dark", "cache": EARLIER_CACHE}))
+    settings, message = load_settings()
+    assert message is None and settings.theme == "dark" and settings.cache.a2ats_enabled
+    expected = A2ATSConfig(window=32, sinks=4, budget=0.05, fidelity_every=2, kv_bits=None)
+    assert settings.cache.config == expected  # the app holds the engine's own config
+    save_settings(settings)
+    cache = json.loads(path.read_text())["cache"]
+    assert {k: cache[k] for k in EARLIER_CACHE} == EARLIER_CACHE  # an earlier version reads it
+    assert "telemetry" not in cache and "config" not in cache  # flat, as before
+    assert set(cache) - set(EARLIER_CACHE) <= set(A2ATSConfig.__dataclass_fields__)
+    assert load_settings()[0] == settings
+
+
+def test_the_cache_settings_hold_one_config_built_by_the_dialog(app_dirs, qtbot):
+    """`A2ATSConfig` is built once, from the dialog's values: the settings store it, a request
+    adds only its telemetry (`to_config`), and fields the dialog does not edit are kept."""
+    from dataclasses import replace
+
+    from a2ats_engine.cache.config import A2ATSConfig
+    from app.dialogs.settings_dialog import SettingsDialog
+
+    held = CacheSettings.of(window=32, exact_below=4096, coverage=0.9)
+    dialog = SettingsDialog(held, SamplingSettings(), "system", "")
+    edited = dialog.values().cache
+    assert edited.config == held.config and isinstance(edited.config, A2ATSConfig)
+    dialog.window.setValue(48)
+    assert dialog.values().cache.config == replace(held.config, window=48)
+    assert edited.to_config(telemetry=True) == replace(held.config, telemetry=True)

@@ -57,7 +57,7 @@ def test_soak_replies_stops_regenerations_and_switches(make_window, qtbot):
         made_before = len(script.made)
         with qtbot.waitSignal(controller.reply_ended, timeout=10000) as ended:
             if regenerate:
-                window.regenerate()
+                window.controller.regenerate()
             else:
                 window.composer.edit.setPlainText(f"message {n}")
                 window.send(f"message {n}")
@@ -67,7 +67,7 @@ def test_soak_replies_stops_regenerations_and_switches(make_window, qtbot):
                     lambda k=stop_after: controller.reply is None or controller.reply.tokens >= k,
                     timeout=10000,
                 )
-                window.stop_generation()
+                window.controller.stop()
         kept = ended.args[0].message
         full = script.made[made_before] if len(script.made) > made_before else ""
         if kept is not None:

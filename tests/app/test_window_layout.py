@@ -117,7 +117,9 @@ def test_the_real_app_fits_every_size(make_window, qtbot, tmp_path, app_dirs):
         (data / "codebooks").symlink_to(REAL_CODEBOOK.parent)
     window = make_window(None, inspector=True)
     load(qtbot, window, "demo", timeout=120000)
-    window.settings.sampling = window.settings.sampling.__class__(max_tokens=12, temperature=0)
+    window.controller.settings.sampling = window.controller.settings.sampling.__class__(
+        max_tokens=12, temperature=0
+    )
     reply(qtbot, window, "What is the capital of France? Answer in two sentences.", 120000)
     for size in SIZES:
         _check_size(window, size, tmp_path / f"demo-{size[0]}x{size[1]}.png")

@@ -273,7 +273,7 @@ def test_real_engine_tiny_model(engine, qtbot, tiny_folder, tmp_path):
         "Hello there",
         sampling=SamplingSettings(max_tokens=24, seed=1),
         telemetry=True,
-        cache=CacheSettings(window=8, sinks=2, min_k=4, budget=0.1),
+        cache=CacheSettings.of(window=8, sinks=2, min_k=4, budget=0.1),
     )
     thread.generate(req)
     wait_for(qtbot, recorder, "generation_finished", timeout=120000)
@@ -325,7 +325,7 @@ def test_real_engine_calibrates_saves_and_loads(engine, qtbot, tiny_folder, tmp_
     thread.load_model(str(tiny_folder))
     wait_for(qtbot, recorder, "model_loaded", timeout=120000)
     out = tmp_path / "codebooks" / "tiny.safetensors"
-    cache = CacheSettings(window=8, sinks=2, min_k=4, budget=0.1)
+    cache = CacheSettings.of(window=8, sinks=2, min_k=4, budget=0.1)
     thread.calibrate(CalibrationRequest(output=str(out), tokens=2048, n_centroids=32, cache=cache))
     wait_for(qtbot, recorder, "codebook_loaded", timeout=300000)
     assert not recorder.of("failed"), recorder.of("failed")

@@ -14,7 +14,9 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 from tiny import save_tiny_tokenizer, tiny_model, tiny_tokenizer
 
 from a2ats_engine import SamplingSettings as ExportedSamplingSettings
+from a2ats_engine.cache.config import A2ATSConfig
 from a2ats_engine.cache.telemetry import GenerationStats, TokenEvent
+from a2ats_engine.chat_turn import ContextFit, OverflowPolicy, ReplyMode, after_turn, fit_turn
 from a2ats_engine.session import ChatSession, SamplingSettings, render_prompt
 
 GREEDY = SamplingSettings(temperature=0.0, max_tokens=10)
@@ -603,3 +605,101 @@ def test_reply_stats_say_how_the_a2ats_layers_attended(llama, tokenizer, exact_b
     assert (stats.extra["a2ats_exact_steps"] == 0) == retrieves
     _, _, plain = run(ChatSession(llama, tokenizer, sampling=GREEDY).send("Hi"))
     assert "a2ats_retrieved_steps" not in plain.extra  # no A2ATS layer: nothing claimed
+
+
+# ------------------------------------------------------------ the chat turn: configure, fit
+def words(messages: list[dict]) -> int:
+    """A prompt length for the pure fitting rules: one token per word, plus 2 per message."""
+    return sum(len(m["content"].split()) + 2 for m in messages)
+
+
+HISTORY = [
+    {"role": "user", "content": "one two three"},  # 5
+    {"role": "assistant", "content": "four five"},  # 4
+    {"role": "user", "content": "six"},  # 3
+    {"role": "assistant", "content": "seven eight nine"},  # 5
+]
+
+
+def test_after_turn_is_the_conversation_each_mode_answers():
+    assert after_turn(HISTORY, ReplyMode.SEND, "ten")[-1] == {"role": "user", "content": "ten"}
+    assert after_turn(HISTORY, ReplyMode.REGENERATE) == HISTORY[:3]
+    assert after_turn(HISTORY, ReplyMode.EDIT, "new") == [
+        *HISTORY[:2],
+        {"role": "user", "content": "new"},
+    ]
+    with pytest.raises(ValueError, match="no user message"):
+        after_turn([], ReplyMode.REGENERATE)
+
+
+@pytest.mark.parametrize("policy", list(OverflowPolicy))
+def test_fit_turn_leaves_a_turn_that_fits_alone(policy):
+    fit, kept = fit_turn(HISTORY, "send", "ten", max_tokens=10, context_length=100,
+                         policy=policy, prompt_length=words)  # fmt: skip
+    assert kept is HISTORY and fit == ContextFit(20, 10, 10, 100)
+    assert not fit.cut and not fit.overflow and fit.dropped == 0
+    unlimited, _ = fit_turn(HISTORY, "send", "ten", max_tokens=10, context_length=None,
+                            policy=policy, prompt_length=words)  # fmt: skip
+    assert unlimited.prompt_tokens is None and unlimited.max_tokens == 10
+
+
+def test_fit_turn_policies_when_the_turn_does_not_fit():
+    args = dict(max_tokens=10, context_length=25, prompt_length=words)  # the prompt is 20
+    ask, kept = fit_turn(HISTORY, "send", "ten", policy="ask", **args)
+    assert ask.overflow and kept is HISTORY and ask.max_tokens == 10 and ask.prompt_tokens == 20
+    cut, kept = fit_turn(HISTORY, "send", "ten", policy="stop_at_limit", **args)
+    assert cut.cut and cut.max_tokens == 5 and cut.requested == 10 and kept is HISTORY
+    drop, kept = fit_turn(HISTORY, "send", "ten", policy="drop_oldest", **args)
+    assert drop.dropped == 2 and kept == HISTORY[2:] and drop.prompt_tokens == 11
+    assert not drop.cut  # 11 + 10 fits in 25
+    # regenerate never drops the message it answers; what is left is cut to the room
+    regen, kept = fit_turn(HISTORY, "regenerate", "", policy="drop_oldest",
+                           max_tokens=10, context_length=8, prompt_length=words)  # fmt: skip
+    assert regen.dropped == 2 and kept == HISTORY[2:] and regen.max_tokens == 5 and regen.cut
+    with pytest.raises(ValueError, match="the prompt alone is 20 tokens"):
+        fit_turn(HISTORY, "send", "ten", policy="stop_at_limit", max_tokens=10,
+                 context_length=20, prompt_length=words)  # fmt: skip
+
+
+def test_session_fit_drops_or_cuts_in_the_session(llama, tokenizer):
+    session = ChatSession(llama, tokenizer, sampling=GREEDY)
+    session.load_messages(HISTORY)
+    full = len(session.prompt_token_ids(after_turn(HISTORY, "send", "ten")))
+    ask = session.fit("send", "ten", context_length=full + 5, policy=OverflowPolicy.ASK)
+    assert ask.overflow and session.messages == HISTORY and session.sampling == GREEDY
+    cut = session.fit("send", "ten", context_length=full + 5, policy="stop_at_limit")
+    assert cut.max_tokens == 5 and session.sampling.max_tokens == 5
+    session.set_sampling(GREEDY)
+    dropped = session.fit("send", "ten", context_length=full, policy="drop_oldest")
+    assert dropped.dropped == 2 and session.messages == HISTORY[2:]
+    _, _, stats = run(session.reply(ReplyMode.SEND, "ten"))
+    assert stats.prompt_tokens + stats.extra["reused_tokens"] == dropped.prompt_tokens
+    assert [m["content"] for m in session.messages][:3] == ["six", "seven eight nine", "ten"]
+
+
+def test_configure_changes_only_what_differs(tokenizer):
+    from a2ats_engine.cache.codebook import Codebook
+
+    model = tiny_model("llama")  # its own copy: A2ATS caches hook its attention
+    session = ChatSession(model, tokenizer)
+    settings = dict(system_prompt="Be brief.", sampling=GREEDY, a2ats=None, codebook=None)
+    session.configure(**settings, messages=HISTORY)
+    assert session.messages == HISTORY and session.system_prompt == "Be brief."
+    run(session.reply("send", "ten"))
+    session.configure(**settings, messages=session.messages)  # the same: the cache is kept
+    _, _, stats = run(session.reply("regenerate"))
+    assert stats.extra["reused_tokens"] > 0 and not stats.extra["cache_rebuilt"]
+    codebook = Codebook.random(2, 2, 16, 32, seed=1)
+    a2ats = {**settings, "a2ats": A2ATSConfig(window=4, sinks=2, budget=4), "codebook": codebook}
+    session.configure(**a2ats, messages=session.messages)
+    factory = session.cache_factory
+    assert factory.a2ats_config == a2ats["a2ats"] and factory.codebook is codebook
+    session.configure(**{**a2ats, "a2ats": A2ATSConfig(window=4, sinks=2, budget=4)})
+    assert session.cache_factory is factory  # an equal config keeps the factory and its cache
+    with pytest.warns(UserWarning):  # a random codebook carries no model fingerprint
+        _, _, stats = run(session.reply("regenerate"))
+    assert stats.extra["cache_rebuilt"]  # the switch to A2ATS rebuilt it, once
+    _, _, stats = run(session.reply("regenerate"))
+    assert not stats.extra["cache_rebuilt"]
+    session.configure(**settings, messages=HISTORY[:2])  # A2ATS off, another conversation
+    assert session.messages == HISTORY[:2] and session.cache_factory is make_prompt_cache
