@@ -501,6 +501,33 @@ def softmax_cost_table(data: dict) -> str:
     return "\n".join(rows)
 
 
+def crossover_probe_table(data: dict) -> str:
+    """`a2ats crossover ... --json`: decode speed of retrieval from the first step vs KVCache per
+    context on synthetic caches, with each top-K strategy's median ratio."""
+    strategies = sorted({s for per in data.get("top_k_ratios", {}).values() for s in per})
+    names = {"mlx": "MLX top-K", "numpy": "NumPy top-K"}
+    head = "| context | KVCache tok/s | A2ATS tok/s | A2ATS / KVCache (each run) |"
+    head += "".join(f" {names.get(s, s)} |" for s in strategies)
+    rows = [
+        f"`{data['command']}` ({data['measured_on']}; model {data['model']}, codebook "
+        f"{data['codebook'].rsplit('/', 1)[-1]}, budget {data['budget']}, rerank {data['rerank']}; {data['steps']} "
+        f"steps, median of {data['repeats']} runs). Top-K kept: "
+        f"{names.get(data.get('top_k'), 'the default')}; crossover: exact below "
+        f"{data['exact_below']:,} tokens{' (retrieval slower at every context)' if data['never'] else ''}.",
+        "",
+        head,
+        "|---:|---:|---:|---|" + "---:|" * len(strategies),
+    ]
+    for r in data["results"]:
+        runs = ", ".join(f"{x:.2f}" for x in r["ratio_runs"])
+        per = data.get("top_k_ratios", {}).get(str(r["context"]), {})
+        rows.append(
+            f"| {r['context']:,} | {r['full_tokens_per_s']:.2f} | {r['a2ats_tokens_per_s']:.2f} | "
+            f"{r['ratio']:.2f}x ({runs}) |" + "".join(f" {per[s]:.2f}x |" for s in strategies)
+        )
+    return "\n".join(rows)
+
+
 def prefill_table(data: dict) -> str:
     """`a2ats bench prefill`: time to first token, median of the rounds, A2ATS's ratio."""
     rows = [
@@ -862,6 +889,7 @@ def blocks() -> dict[str, str]:
         ("readme-cold-speed-32k", "cold_speed_qwen3_32k.json", readme_cold_speed_line),
         ("reopen", "reopen.json", reopen_table),
         ("profile", "profile_step.json", profile_table),
+        ("crossover-probe", "crossover_demo.json", crossover_probe_table),
     )
     for key, fname, fn in simple:
         if (data := _load(fname)) is not None:
