@@ -16,7 +16,7 @@ from a2ats_engine.errors import ModelLoadError
 from a2ats_engine.loading import fetched_models, gguf
 from a2ats_engine.loading.models import load_model
 
-from .gguf_fixtures import write_tiny_gguf
+from ..gguf_fixtures import write_tiny_gguf
 
 NAME = "gemma3-270m"
 

@@ -17,7 +17,7 @@ from a2ats_engine.errors import ModelLoadError
 from a2ats_engine.loading import demo_model, gguf
 from a2ats_engine.loading.models import demo_model_path, fetch_demo, load_model
 
-from .gguf_fixtures import write_tiny_gguf
+from ..gguf_fixtures import write_tiny_gguf
 
 QUESTION = "What is the capital of France? Answer in one sentence."
 

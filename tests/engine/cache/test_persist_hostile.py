@@ -16,7 +16,7 @@ from a2ats_engine.cache.config import A2ATSConfig
 from a2ats_engine.cache.model_cache import make_cache
 from a2ats_engine.errors import A2ATSError
 
-from .bounded import run_capped
+from ..bounded import run_capped
 
 
 @pytest.fixture(scope="module")

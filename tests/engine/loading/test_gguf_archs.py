@@ -15,7 +15,7 @@ from tiny import save_tiny_model, tiny_model
 from a2ats_engine.loading import gguf, gguf_archs, gguf_config
 from a2ats_engine.loading.models import load_model
 
-from .gguf_fixtures import tiny_gguf_metadata, write_gguf
+from ..gguf_fixtures import tiny_gguf_metadata, write_gguf
 
 PROMPT_IDS = mx.array([[1, 5, 17, 42, 99, 150, 230, 301, 7, 64, 3, 2, 256, 128, 9, 33, 11]])
 LONGROPE = {
@@ -181,7 +181,7 @@ def test_gemma3_config_fills_what_llama_cpp_hard_codes(tmp_path):
 
 
 def gguf_metadata_plain(metadata: dict) -> dict:
-    from .gguf_fixtures import plain_metadata
+    from ..gguf_fixtures import plain_metadata
 
     return plain_metadata(metadata)
 

@@ -21,7 +21,7 @@ from a2ats_engine.errors import ModelLoadError
 from a2ats_engine.loading import gguf, models
 from a2ats_engine.loading.models import ModelInfo, load_model
 
-from .gguf_fixtures import write_tiny_gguf
+from ..gguf_fixtures import write_tiny_gguf
 
 IDS = mx.array([[1, 9, 33, 120, 7, 250, 64]])
 

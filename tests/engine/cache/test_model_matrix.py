@@ -191,7 +191,7 @@ def test_the_mac_way_quantized_half_precision_mlx_top_k(family, dtype, monkeypat
 def test_docs_models_md_matches_the_matrix():
     rows = [family_row(f) for f in FAMILIES]
     assert {r.family for r in rows if r.status == "refused"} == REFUSED
-    path = Path(__file__).resolve().parents[2] / "docs" / "MODELS.md"
+    path = Path(__file__).resolve().parents[3] / "docs" / "MODELS.md"
     assert path.read_text() == markdown(rows), (
         "docs/MODELS.md is stale: python -m a2ats_engine.cache.model_matrix --markdown "
         "> docs/MODELS.md"

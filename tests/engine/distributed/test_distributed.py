@@ -37,7 +37,7 @@ from a2ats_engine.session import ChatSession, SamplingSettings
 from tests.demo_gate import require_demo
 from tests.tiny import save_tiny_model, tiny_model
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PYTHON = sys.executable
 LAUNCH = str(Path(sys.executable).with_name("mlx.launch"))
 TIMEOUT = 600  # a bound for a whole two-rank run on a busy machine, not a speed assertion
