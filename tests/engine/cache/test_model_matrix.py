@@ -32,6 +32,11 @@ EXACT = A2ATSConfig(window=4, sinks=2, budget=len(PROMPT) + 16)
 SMALL = A2ATSConfig(window=4, sinks=2, budget=3, telemetry=True)
 # the Mac way, on a subset (one of each kind: plain, sliding, hybrid, NoPE, sinks)
 MAC_FAMILIES = ["llama", "qwen3", "gemma3_text", "qwen3_next", "smollm3", "gpt_oss", "phi3"]
+# a 4-layer Gemma 3 whose sliding layers (window 8, every other layer) a short chat outgrows
+SLIDING_GEMMA3 = dict(
+    num_hidden_layers=4, head_dim=16, sliding_window=8, sliding_window_pattern=2,
+    query_pre_attn_scalar=16,
+)  # fmt: skip
 
 
 def codebook_for(model, n_centroids: int = 16) -> Codebook:
@@ -203,15 +208,7 @@ def test_cli_info_prints_the_plan(tmp_path, capsys):
 
     from a2ats_engine.cli import main
 
-    folder = save_tiny_model(
-        tmp_path / "g3",
-        "gemma3_text",
-        num_hidden_layers=4,
-        head_dim=16,
-        sliding_window=8,
-        sliding_window_pattern=2,
-        query_pre_attn_scalar=16,
-    )
+    folder = save_tiny_model(tmp_path / "g3", "gemma3_text", **SLIDING_GEMMA3)
     assert main(["info", str(folder)]) == 0
     out = capsys.readouterr().out
     assert "A2ATS on 2 of 4 layers" in out
@@ -229,14 +226,7 @@ def test_chat_session_on_a_sliding_window_model_matches_its_own_cache(tmp_path):
 
     from a2ats_engine.session import ChatSession, SamplingSettings
 
-    model = tiny_model(
-        "gemma3_text",
-        num_hidden_layers=4,
-        head_dim=16,
-        sliding_window=8,
-        sliding_window_pattern=2,
-        query_pre_attn_scalar=16,
-    )
+    model = tiny_model("gemma3_text", **SLIDING_GEMMA3)
     tok = tiny_tokenizer(tmp_path)
     tok.eos_token_ids = []
     greedy_settings = SamplingSettings(temperature=0.0, max_tokens=6)
