@@ -15,6 +15,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from tiny import made_for
 
 from a2ats_engine.cache.a2ats_cache import A2ATSCache
 from a2ats_engine.cache.codebook import Codebook
@@ -44,7 +45,9 @@ def codebook_for(model, n_centroids: int = 16) -> Codebook:
 
     first = next(c for c in plan_for(model).layers if c.kind == A2ATS)
     layers = model_geometry(model).num_layers  # decoder layers (KV-shared ones included)
-    return Codebook.random(layers, first.n_kv_heads, first.head_dim, n_centroids, seed=1)
+    return made_for(
+        model, Codebook.random(layers, first.n_kv_heads, first.head_dim, n_centroids, seed=1)
+    )
 
 
 def greedy(model, caches, steps: int = 5) -> tuple[list[int], mx.array]:
