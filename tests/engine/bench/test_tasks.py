@@ -115,8 +115,6 @@ def test_prompt_arguments_are_checked(tokenizer, sentences):
         tk.haystack_sentences("just one")
 
 
-# a random codebook file on purpose: the suite's JSON does not depend on its origin
-@pytest.mark.filterwarnings("ignore:codebook records no model fingerprint")
 def test_bench_tasks_json(tmp_path, capsys):
     folder = save_tiny_model(tmp_path / "m", "llama", hidden_size=256)  # head_dim 64
     book = tmp_path / "cb.safetensors"

@@ -67,8 +67,6 @@ def test_exact_below_validated_and_spelled_in_method_names():
     assert METHODS["a2ats_auto"].config(A2ATSConfig(exact_below=0)).exact_below is None
 
 
-# a random codebook file on purpose: recall below 1 needs retrieval, not a good codebook
-@pytest.mark.filterwarnings("ignore:codebook records no model fingerprint")
 def test_eval_measures_retrieval_even_below_the_crossover(tmp_path, monkeypatch, capsys):
     """`a2ats eval` runs its methods with exact_below 0; a2ats_auto runs the measured default."""
     import json

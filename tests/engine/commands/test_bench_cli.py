@@ -10,10 +10,6 @@ from a2ats_engine.bench.evaluate import ALL_METHODS
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cli import main
 
-# the commands are given a random codebook file on purpose: their flags and JSON, what these tests
-# check, do not depend on which model a codebook was made for
-pytestmark = pytest.mark.filterwarnings("ignore:codebook records no model fingerprint")
-
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
@@ -217,6 +213,8 @@ def test_eval_needs_a_codebook(tiny_folder, capsys):
     assert "codebook" in capsys.readouterr().err
 
 
+# a random codebook file on purpose: the bytes measured do not depend on its origin
+@pytest.mark.filterwarnings("ignore:codebook records no model fingerprint")
 def test_bench_memory_json(tiny_folder, capsys):
     folder, book = tiny_folder
     argv = ["bench", "memory", "--model", str(folder), "--codebook", str(book),

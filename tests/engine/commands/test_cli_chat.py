@@ -94,8 +94,6 @@ def test_repl_exit_command(folder, capsys, monkeypatch):
     assert stats_lines(err) == []
 
 
-# the warning for a random codebook is printed as a note: the test reads it from stderr
-@pytest.mark.filterwarnings("default:codebook records no model fingerprint")
 def test_a2ats_cache_with_codebook_file(folder, tmp_path, capsys):
     from a2ats_engine.cache.codebook import Codebook
 
@@ -130,8 +128,6 @@ def test_a2ats_cache_with_codebook_file(folder, tmp_path, capsys):
     assert len(stats_lines(err)) == 1 and out.endswith("\n")
 
 
-# a random codebook in the folder: which file is the default is the point, not its origin
-@pytest.mark.filterwarnings("ignore:codebook records no model fingerprint")
 def test_codebook_in_model_folder_is_the_default(tmp_path, capsys):
     from a2ats_engine.cache.codebook import Codebook
 
