@@ -22,6 +22,17 @@ from a2ats_engine.loading.tiny_model import (  # noqa: F401  (the tests' API)
 from a2ats_engine.loading.tiny_model import tokenizer_json as _tokenizer_json  # noqa: F401
 
 
+def made_for(model, codebook):
+    """`codebook` (a `Codebook.random` one) with `model`'s fingerprint recorded, as a calibrated
+    codebook records it: a test that makes a random codebook for a model on purpose says so, and
+    the engine does not warn that it cannot tell which model the codebook is for. Retrieval with
+    it stays near random."""
+    from a2ats_engine.cache.codebook_check import model_fingerprint
+
+    codebook.metadata["model"] = model_fingerprint(model)
+    return codebook
+
+
 def tiny_tokenizer(tmp_dir: str | Path | None = None):
     """A TokenizerWrapper over the tiny BPE tokenizer (vocab 400, ChatML template)."""
     import tempfile

@@ -9,7 +9,7 @@ plans every request exactly as `collect` would (`plan_collection`: chunks, held-
 sampled positions, same seed), runs each distinct chunk once, keeps the keys at the union of
 the positions any request samples there, and assembles each request's `CalibrationData`
 from those chunks: the same arrays `collect` returns for that request
-(tests/engine/test_codebook_sweep.py checks it), for one forward pass instead of one per
+(tests/engine/bench/test_codebook_sweep.py checks it), for one forward pass instead of one per
 request. A request whose stream is not a prefix of a longer one gets chunks of its own.
 
 Time. `collect_seconds(T)` is what a run of `collect` for T alone would have spent: building

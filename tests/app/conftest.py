@@ -1,14 +1,18 @@
-"""Fixtures for the desktop-app tests: temp config/data dirs, windows on a fake or real engine."""
+"""Fixtures for the desktop-app tests: temp config/data dirs, controllers and windows on a fake
+or real engine."""
 
 from __future__ import annotations
 
 import pytest
 from PySide6.QtWidgets import QApplication, QMessageBox
 
+from app.controller import ChatController
 from app.conversations import HistoryStore
 from app.settings import AppSettings, load_settings
 from app.theme import theme
 from app.worker import EngineThread
+
+from .helpers import Spy
 
 
 @pytest.fixture(autouse=True)
@@ -94,3 +98,24 @@ def make_window(qtbot, app_dirs):
     for window in windows:
         window.controller.engine.stop()
         window.close()
+
+
+@pytest.fixture
+def make_controller(qtbot, app_dirs):
+    """Factory: a ChatController without widgets on an EngineThread over `backend` (default: the
+    real engine), its history loaded from the temp dirs, its signals recorded in `controller.spy`
+    (helpers.Spy). Engine threads are shut down at the end."""
+    made: list[ChatController] = []
+
+    def make(backend=None, settings: AppSettings | None = None) -> ChatController:
+        controller = ChatController(
+            settings or AppSettings(), engine=EngineThread(backend), store=HistoryStore()
+        )
+        controller.spy = Spy(controller)
+        controller.load_history()
+        made.append(controller)
+        return controller
+
+    yield make
+    for controller in made:
+        controller.engine.shutdown()

@@ -3,6 +3,27 @@
 from __future__ import annotations
 
 
+class Spy:
+    """Records a controller's signals as (name, payload): `make_controller` (conftest.py)
+    attaches one to every controller it makes as `controller.spy`."""
+
+    NAMES = (
+        "task_changed", "model_loaded", "codebook_loaded", "demo_missing", "error_reported",
+        "reply_started", "reply_ended", "context_overflowed", "calibration_cancelled",
+        "calibration_finished", "current_changed",
+    )  # fmt: skip
+
+    def __init__(self, controller) -> None:
+        self.events: list[tuple[str, object]] = []
+        for name in self.NAMES:
+            getattr(controller, name).connect(
+                lambda *args, _n=name: self.events.append((_n, args[0] if args else None))
+            )
+
+    def of(self, name: str) -> list:
+        return [p for n, p in self.events if n == name]
+
+
 def load(qtbot, window, source: str = "fake", timeout: int = 60000):
     """Load a model and wait until the window adopted it."""
     with qtbot.waitSignal(window.model_ready, timeout=timeout):

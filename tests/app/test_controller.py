@@ -12,51 +12,13 @@ from pathlib import Path
 import pytest
 
 from a2ats_engine import SamplingSettings
-from app.controller import SAVE, ChatController, Task
+from app.controller import SAVE, Task
 from app.conversations import HistoryStore
 from app.events import CalibrationRequest, Job, OverflowPolicy, ReplyMode
 from app.settings import AppSettings, CacheSettings
 from app.worker import EngineThread
 
 from .fakes import FakeBackend
-
-
-class Spy:
-    """Records a controller's signals as (name, payload)."""
-
-    NAMES = (
-        "task_changed", "model_loaded", "codebook_loaded", "demo_missing", "error_reported",
-        "reply_started", "reply_ended", "context_overflowed", "calibration_cancelled",
-        "calibration_finished", "current_changed",
-    )  # fmt: skip
-
-    def __init__(self, controller: ChatController) -> None:
-        self.events: list[tuple[str, object]] = []
-        for name in self.NAMES:
-            getattr(controller, name).connect(
-                lambda *args, _n=name: self.events.append((_n, args[0] if args else None))
-            )
-
-    def of(self, name: str) -> list:
-        return [p for n, p in self.events if n == name]
-
-
-@pytest.fixture
-def make_controller(qtbot, app_dirs):
-    made = []
-
-    def make(backend=None, settings: AppSettings | None = None) -> ChatController:
-        controller = ChatController(
-            settings or AppSettings(), engine=EngineThread(backend), store=HistoryStore()
-        )
-        controller.spy = Spy(controller)
-        controller.load_history()
-        made.append(controller)
-        return controller
-
-    yield make
-    for controller in made:
-        controller.engine.shutdown()
 
 
 def load(qtbot, controller, source="fake"):

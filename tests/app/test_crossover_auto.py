@@ -19,27 +19,6 @@ def auto(monkeypatch):
     monkeypatch.delenv("A2ATS_NO_AUTO_CROSSOVER", raising=False)
 
 
-@pytest.fixture
-def controllers(qtbot, app_dirs):
-    from app.controller import ChatController
-    from app.conversations import HistoryStore
-    from app.worker import EngineThread
-
-    made = []
-
-    def make(backend, settings: AppSettings | None = None) -> ChatController:
-        controller = ChatController(
-            settings or AppSettings(), engine=EngineThread(backend), store=HistoryStore()
-        )
-        controller.load_history()
-        made.append(controller)
-        return controller
-
-    yield make
-    for controller in made:
-        controller.engine.shutdown()
-
-
 def measured(qtbot, controller, action) -> CrossoverMeasured:
     with qtbot.waitSignal(controller.crossover_measured, timeout=60000) as blocker:
         action()
@@ -48,11 +27,11 @@ def measured(qtbot, controller, action) -> CrossoverMeasured:
 
 def test_the_first_load_measures_the_crossover_in_the_background(
     auto,
-    controllers,
+    make_controller,
     qtbot,
 ):
     backend = FakeBackend()
-    controller = controllers(backend)
+    controller = make_controller(backend)
     stages = []
     controller.progress.connect(lambda p: stages.append(p.stage) if p.task == "crossover" else 0)
     result = measured(qtbot, controller, lambda: controller.load_model("fake"))
@@ -68,10 +47,10 @@ def test_the_first_load_measures_the_crossover_in_the_background(
     assert menu.exact_below == 2048 and backend.crossover_runs == 2
 
 
-def test_a_message_sent_while_it_measures_cancels_it_and_is_answered(auto, controllers, qtbot):
+def test_a_message_sent_while_it_measures_cancels_it_and_is_answered(auto, make_controller, qtbot):
     backend = FakeBackend()
     backend.crossover_delay = 0.5
-    controller = controllers(backend)
+    controller = make_controller(backend)
     with qtbot.waitSignal(controller.crossover_measured, timeout=60000) as blocker:
         load(qtbot, controller)
         controller.new_chat()
@@ -82,13 +61,13 @@ def test_a_message_sent_while_it_measures_cancels_it_and_is_answered(auto, contr
 
 def test_no_measurement_when_switched_off_or_scripted(
     auto,
-    controllers,
+    make_controller,
     qtbot,
 ):
     backend = FakeBackend()
-    controller = controllers(backend, AppSettings(auto_measure_crossover=False))
+    controller = make_controller(backend, AppSettings(auto_measure_crossover=False))
     load(qtbot, controller)
-    scripted = controllers(backend)
+    scripted = make_controller(backend)
     scripted.ephemeral = True
     load(qtbot, scripted)
     qtbot.wait(200)

@@ -26,20 +26,9 @@ def chat_c(app_dirs) -> Conversation:
 
 
 @pytest.fixture
-def start(qtbot, app_dirs):
-    made: list[ChatController] = []
-
-    def make() -> ChatController:
-        controller = ChatController(
-            AppSettings(), engine=EngineThread(FakeBackend()), store=HistoryStore()
-        )
-        controller.load_history()
-        made.append(controller)
-        return controller
-
-    yield make
-    for controller in made:
-        controller.engine.shutdown()
+def start(make_controller):
+    """Factory: one more app instance (a controller on the fake backend) on the same folders."""
+    return lambda: make_controller(FakeBackend())
 
 
 def on_disk(conversation_id: str) -> list[str]:

@@ -109,6 +109,32 @@ def gguf_tensors(model) -> dict[str, np.ndarray]:
     return out
 
 
+def arch_metadata(
+    config: dict, arch: str, head_dim: int | None = None, rope_dims: int | None = None
+) -> dict:
+    """The `general.architecture` key and the `{arch}.*` geometry keys of a model `config`
+    (mlx-lm's config.json). With `head_dim`, also the attention key and value lengths; RoPE
+    covers `rope_dims` dimensions (default: the head dim)."""
+    if rope_dims is None:
+        rope_dims = head_dim or config["hidden_size"] // config["num_attention_heads"]
+    out = {
+        "general.architecture": arch,
+        f"{arch}.block_count": ("u32", config["num_hidden_layers"]),
+        f"{arch}.context_length": ("u32", config["max_position_embeddings"]),
+        f"{arch}.embedding_length": ("u32", config["hidden_size"]),
+        f"{arch}.feed_forward_length": ("u32", config["intermediate_size"]),
+        f"{arch}.attention.head_count": ("u32", config["num_attention_heads"]),
+        f"{arch}.attention.head_count_kv": ("u32", config["num_key_value_heads"]),
+        f"{arch}.attention.layer_norm_rms_epsilon": ("f32", config["rms_norm_eps"]),
+        f"{arch}.rope.freq_base": ("f32", config["rope_theta"]),
+        f"{arch}.rope.dimension_count": ("u32", rope_dims),
+    }
+    if head_dim is not None:
+        out[f"{arch}.attention.key_length"] = ("u32", head_dim)
+        out[f"{arch}.attention.value_length"] = ("u32", head_dim)
+    return out
+
+
 def tiny_gguf_metadata(model_config: dict, **overrides) -> dict:
     """GGUF metadata (python values) for a tiny llama config and the tiny tokenizer."""
     tok = json.loads(_tokenizer_json())
@@ -118,23 +144,11 @@ def tiny_gguf_metadata(model_config: dict, **overrides) -> dict:
         tokens[index] = text
     specials = {t["id"] for t in tok["added_tokens"] if t["special"]}
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
-    a = "llama"
     metadata = {
-        "general.architecture": a,
+        "general.architecture": "llama",
         "general.name": "Tiny Llama",
         "general.file_type": ("u32", 0),
-        f"{a}.block_count": ("u32", model_config["num_hidden_layers"]),
-        f"{a}.context_length": ("u32", model_config["max_position_embeddings"]),
-        f"{a}.embedding_length": ("u32", model_config["hidden_size"]),
-        f"{a}.feed_forward_length": ("u32", model_config["intermediate_size"]),
-        f"{a}.attention.head_count": ("u32", model_config["num_attention_heads"]),
-        f"{a}.attention.head_count_kv": ("u32", model_config["num_key_value_heads"]),
-        f"{a}.attention.layer_norm_rms_epsilon": ("f32", model_config["rms_norm_eps"]),
-        f"{a}.rope.freq_base": ("f32", model_config["rope_theta"]),
-        f"{a}.rope.dimension_count": (
-            "u32",
-            model_config["hidden_size"] // model_config["num_attention_heads"],
-        ),
+        **arch_metadata(model_config, "llama"),
         "tokenizer.ggml.model": "gpt2",
         "tokenizer.ggml.pre": "gpt2",
         "tokenizer.ggml.tokens": tokens,

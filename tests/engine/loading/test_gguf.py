@@ -24,7 +24,7 @@ from a2ats_engine.loading.gguf_tokenizer import (
 )
 from a2ats_engine.loading.models import load_model
 
-from .gguf_fixtures import (
+from ..gguf_fixtures import (
     BLOCKS,
     gguf_tensors,
     plain_metadata,
@@ -46,10 +46,8 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _isolated_dirs(tmp_path, monkeypatch):
-    monkeypatch.setenv("A2ATS_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("A2ATS_DATA_DIR", str(tmp_path / "data"))
+# every test here converts into the temporary cache and data folders (conftest.py)
+pytestmark = pytest.mark.usefixtures("isolated")
 
 
 @pytest.fixture(scope="module")
@@ -528,7 +526,7 @@ def _huge_head_gguf(llama, tmp_path, **more):
 
 
 def test_sizes_from_metadata_are_checked_against_the_tensors_before_allocating(llama, tmp_path):
-    from .bounded import run_capped
+    from ..bounded import run_capped
 
     path = _huge_head_gguf(llama, tmp_path)
     out = tmp_path / "out"

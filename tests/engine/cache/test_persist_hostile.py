@@ -8,7 +8,7 @@ import struct
 
 import mlx.core as mx
 import pytest
-from tiny import tiny_model
+from tiny import made_for, tiny_model
 
 from a2ats_engine import load_session, save_session
 from a2ats_engine.cache.codebook import Codebook
@@ -16,15 +16,14 @@ from a2ats_engine.cache.config import A2ATSConfig
 from a2ats_engine.cache.model_cache import make_cache
 from a2ats_engine.errors import A2ATSError
 
-from .bounded import run_capped
+from ..bounded import run_capped
 
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
     model = tiny_model("llama")
-    cache = make_cache(
-        model, A2ATSConfig(window=16, sinks=4, budget=8), Codebook.random(2, 2, 16, 32)
-    )
+    book = made_for(model, Codebook.random(2, 2, 16, 32))
+    cache = make_cache(model, A2ATSConfig(window=16, sinks=4, budget=8), book)
     model(mx.array([list(range(3, 60))]), cache=cache)
     path = tmp_path_factory.mktemp("sess") / "good.safetensors"
     save_session(path, cache, {"title": "t"})

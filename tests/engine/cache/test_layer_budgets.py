@@ -7,7 +7,7 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
-from tiny import tiny_model
+from tiny import made_for, tiny_model
 
 from a2ats_engine import load_session, save_session
 from a2ats_engine.bench.evaluate import development_span, evaluate
@@ -122,7 +122,7 @@ def test_a_dense_layer_attends_exactly():
 def test_a_restored_session_keeps_each_layers_budget(tmp_path):
     model = tiny_model("llama")
     config = A2ATSConfig(window=16, sinks=4, budget=0.1, layer_budgets=(0.5, 2.0))
-    book = Codebook.random(2, 2, 16, 64, seed=3)
+    book = made_for(model, Codebook.random(2, 2, 16, 64, seed=3))
     cache = make_cache(model, config, book)
     model(mx.array([list(range(3, 250))]), cache=cache)
     save_session(tmp_path / "s.safetensors", cache)

@@ -4,7 +4,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm.models.rope_utils import initialize_rope
-from tiny import tiny_model
+from tiny import made_for, tiny_model
 
 from a2ats_engine.bench.methods import METHODS, IdentityRope, decode_variant_knobs
 from a2ats_engine.cache.a2ats_cache import A2ATSCache
@@ -127,7 +127,7 @@ def test_incremental_sums_equal_a_rebuild_across_bucket_edges_trim_and_restore()
 def test_estimate_runs_on_a_model_and_reports_its_mass():
     model = tiny_model("llama")
     geo = model_geometry(model)
-    book = Codebook.random(geo.num_layers, geo.num_kv_heads, geo.head_dim, 64, seed=0)
+    book = made_for(model, Codebook.random(geo.num_layers, geo.num_kv_heads, geo.head_dim, 64))
     config = A2ATSConfig(window=16, sinks=4, budget=8, estimate_missed=True, telemetry=True)
     cache = make_cache(model, config, book)
     model(mx.array([list(range(3, 203))]), cache=cache)

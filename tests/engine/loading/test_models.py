@@ -21,15 +21,13 @@ from a2ats_engine.errors import ModelLoadError
 from a2ats_engine.loading import gguf, models
 from a2ats_engine.loading.models import ModelInfo, load_model
 
-from .gguf_fixtures import write_tiny_gguf
+from ..gguf_fixtures import write_tiny_gguf
 
 IDS = mx.array([[1, 9, 33, 120, 7, 250, 64]])
 
 
-@pytest.fixture(autouse=True)
-def _isolated_dirs(tmp_path, monkeypatch):
-    monkeypatch.setenv("A2ATS_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("A2ATS_DATA_DIR", str(tmp_path / "data"))
+# every test here converts into the temporary cache and data folders (conftest.py)
+pytestmark = pytest.mark.usefixtures("isolated")
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from tiny import made_for
 
 from a2ats_engine.cache.a2ats_cache import A2ATSCache
 from a2ats_engine.cache.codebook import Codebook
@@ -32,6 +33,11 @@ EXACT = A2ATSConfig(window=4, sinks=2, budget=len(PROMPT) + 16)
 SMALL = A2ATSConfig(window=4, sinks=2, budget=3, telemetry=True)
 # the Mac way, on a subset (one of each kind: plain, sliding, hybrid, NoPE, sinks)
 MAC_FAMILIES = ["llama", "qwen3", "gemma3_text", "qwen3_next", "smollm3", "gpt_oss", "phi3"]
+# a 4-layer Gemma 3 whose sliding layers (window 8, every other layer) a short chat outgrows
+SLIDING_GEMMA3 = dict(
+    num_hidden_layers=4, head_dim=16, sliding_window=8, sliding_window_pattern=2,
+    query_pre_attn_scalar=16,
+)  # fmt: skip
 
 
 def codebook_for(model, n_centroids: int = 16) -> Codebook:
@@ -39,7 +45,9 @@ def codebook_for(model, n_centroids: int = 16) -> Codebook:
 
     first = next(c for c in plan_for(model).layers if c.kind == A2ATS)
     layers = model_geometry(model).num_layers  # decoder layers (KV-shared ones included)
-    return Codebook.random(layers, first.n_kv_heads, first.head_dim, n_centroids, seed=1)
+    return made_for(
+        model, Codebook.random(layers, first.n_kv_heads, first.head_dim, n_centroids, seed=1)
+    )
 
 
 def greedy(model, caches, steps: int = 5) -> tuple[list[int], mx.array]:
@@ -191,7 +199,7 @@ def test_the_mac_way_quantized_half_precision_mlx_top_k(family, dtype, monkeypat
 def test_docs_models_md_matches_the_matrix():
     rows = [family_row(f) for f in FAMILIES]
     assert {r.family for r in rows if r.status == "refused"} == REFUSED
-    path = Path(__file__).resolve().parents[2] / "docs" / "MODELS.md"
+    path = Path(__file__).resolve().parents[3] / "docs" / "MODELS.md"
     assert path.read_text() == markdown(rows), (
         "docs/MODELS.md is stale: python -m a2ats_engine.cache.model_matrix --markdown "
         "> docs/MODELS.md"
@@ -203,15 +211,7 @@ def test_cli_info_prints_the_plan(tmp_path, capsys):
 
     from a2ats_engine.cli import main
 
-    folder = save_tiny_model(
-        tmp_path / "g3",
-        "gemma3_text",
-        num_hidden_layers=4,
-        head_dim=16,
-        sliding_window=8,
-        sliding_window_pattern=2,
-        query_pre_attn_scalar=16,
-    )
+    folder = save_tiny_model(tmp_path / "g3", "gemma3_text", **SLIDING_GEMMA3)
     assert main(["info", str(folder)]) == 0
     out = capsys.readouterr().out
     assert "A2ATS on 2 of 4 layers" in out
@@ -229,14 +229,7 @@ def test_chat_session_on_a_sliding_window_model_matches_its_own_cache(tmp_path):
 
     from a2ats_engine.session import ChatSession, SamplingSettings
 
-    model = tiny_model(
-        "gemma3_text",
-        num_hidden_layers=4,
-        head_dim=16,
-        sliding_window=8,
-        sliding_window_pattern=2,
-        query_pre_attn_scalar=16,
-    )
+    model = tiny_model("gemma3_text", **SLIDING_GEMMA3)
     tok = tiny_tokenizer(tmp_path)
     tok.eos_token_ids = []
     greedy_settings = SamplingSettings(temperature=0.0, max_tokens=6)

@@ -222,6 +222,7 @@ def test_folders_of_dead_processes_are_swept_and_live_ones_kept(kv_folder):
     finally:
         holder.kill()
         holder.wait()
+        holder.stdout.close()
 
 
 def test_kv_memory_is_range_checked_and_not_combined_with_kv_bits():

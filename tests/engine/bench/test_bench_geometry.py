@@ -7,6 +7,7 @@ import json
 import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
+from tiny import made_for
 
 from a2ats_engine.bench.geometries import (
     fill_synthetic,
@@ -15,7 +16,9 @@ from a2ats_engine.bench.geometries import (
     parameter_count,
 )
 from a2ats_engine.cache.a2ats_cache import A2ATSCache
+from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cache.geometry import model_geometry
 from a2ats_engine.cache.model_cache import make_cache
 from a2ats_engine.cache.model_matrix import tiny_family_model
 from a2ats_engine.cli import main
@@ -42,7 +45,9 @@ def test_unknown_geometry_names_the_known_ones():
 def test_fill_synthetic_reaches_the_context_on_every_kv_layer():
     model = tiny_family_model("gemma3_text")  # sliding (window 8) + global layers
     config = A2ATSConfig(window=4, sinks=2, budget=3)
-    for caches in (make_prompt_cache(model), make_cache(model, config, None)):
+    geo = model_geometry(model)
+    book = made_for(model, Codebook.random(geo.num_layers, geo.num_kv_heads, geo.head_dim, 16))
+    for caches in (make_prompt_cache(model), make_cache(model, config, book)):
         fill_synthetic(model, caches, 40, chunk=16)
         for cache in caches:
             assert cache.offset == 40
@@ -53,6 +58,9 @@ def test_fill_synthetic_reaches_the_context_on_every_kv_layer():
     assert any(isinstance(c, A2ATSCache) and c.tokens_retrieved > 0 for c in caches)
 
 
+# without --codebook the speed bench runs on a random codebook on purpose (speed does not depend
+# on its values)
+@pytest.mark.filterwarnings("ignore:.*no codebook given, using a RANDOM codebook")
 def test_cli_geometry_decode_json(capsys):
     rc = main(
         [

@@ -2,9 +2,17 @@
 
 import json
 
+import pytest
 from tiny import save_tiny_model
 
 from a2ats_engine.cli import main
+
+# the speed benchmarks run on random codebooks on purpose (`a2ats bench` without --codebook, and
+# `Codebook.random` here): time and bytes do not depend on the codebook's values
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*no codebook given, using a RANDOM codebook"),
+    pytest.mark.filterwarnings("ignore:codebook records no model fingerprint"),
+]
 
 
 def test_bench_decode_json(tmp_path, capsys):

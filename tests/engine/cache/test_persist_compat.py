@@ -15,6 +15,10 @@ from a2ats_engine.cache.config import A2ATSConfig
 from a2ats_engine.cache.model_cache import make_cache
 from a2ats_engine.errors import A2ATSError
 
+# the random codebooks here are made without a model on purpose: what is saved and restored does
+# not depend on where a codebook came from
+pytestmark = pytest.mark.filterwarnings("ignore:codebook records no model fingerprint")
+
 
 def book(n=64):
     return Codebook.random(2, 2, 16, n, seed=3)

@@ -8,7 +8,7 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_lm.models.rope_utils import initialize_rope
-from tiny import tiny_model
+from tiny import made_for, tiny_model
 
 from a2ats_engine.bench.accounting import layer_bytes
 from a2ats_engine.cache import attention as att
@@ -235,7 +235,7 @@ def test_short_context_is_exact_and_reported_as_such():
 
 def random_codebook(model, n=64):
     geo = model_geometry(model)
-    return Codebook.random(geo.num_layers, geo.num_kv_heads, geo.head_dim, n, seed=0)
+    return made_for(model, Codebook.random(geo.num_layers, geo.num_kv_heads, geo.head_dim, n))
 
 
 def greedy(model, prompt, cache, steps=12):

@@ -21,7 +21,7 @@ from a2ats_engine.calibration.corpus import builtin_corpus
 from a2ats_engine.calibration.shared_collect import collect_shared
 from a2ats_engine.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _same(a, b) -> bool:

@@ -15,7 +15,7 @@ from tiny import save_tiny_model, tiny_model
 from a2ats_engine.loading import gguf, gguf_archs, gguf_config
 from a2ats_engine.loading.models import load_model
 
-from .gguf_fixtures import tiny_gguf_metadata, write_gguf
+from ..gguf_fixtures import arch_metadata, tiny_gguf_metadata, write_gguf
 
 PROMPT_IDS = mx.array([[1, 5, 17, 42, 99, 150, 230, 301, 7, 64, 3, 2, 256, 128, 9, 33, 11]])
 LONGROPE = {
@@ -118,22 +118,7 @@ def gguf_metadata(config: dict, arch: str) -> dict:
     out = {k: v for k, v in base.items() if not k.startswith("llama.")}
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     rope_dims = int(head_dim * config.get("partial_rotary_factor", 1.0))
-    out.update(
-        {
-            "general.architecture": arch,
-            f"{arch}.block_count": ("u32", config["num_hidden_layers"]),
-            f"{arch}.context_length": ("u32", config["max_position_embeddings"]),
-            f"{arch}.embedding_length": ("u32", config["hidden_size"]),
-            f"{arch}.feed_forward_length": ("u32", config["intermediate_size"]),
-            f"{arch}.attention.head_count": ("u32", config["num_attention_heads"]),
-            f"{arch}.attention.head_count_kv": ("u32", config["num_key_value_heads"]),
-            f"{arch}.attention.key_length": ("u32", head_dim),
-            f"{arch}.attention.value_length": ("u32", head_dim),
-            f"{arch}.attention.layer_norm_rms_epsilon": ("f32", config["rms_norm_eps"]),
-            f"{arch}.rope.freq_base": ("f32", config["rope_theta"]),
-            f"{arch}.rope.dimension_count": ("u32", rope_dims),
-        }
-    )
+    out.update(arch_metadata(config, arch, head_dim=head_dim, rope_dims=rope_dims))
     if arch == "gemma3":
         out["gemma3.attention.sliding_window"] = ("u32", config["sliding_window"])
     if arch == "phi3":
@@ -181,7 +166,7 @@ def test_gemma3_config_fills_what_llama_cpp_hard_codes(tmp_path):
 
 
 def gguf_metadata_plain(metadata: dict) -> dict:
-    from .gguf_fixtures import plain_metadata
+    from ..gguf_fixtures import plain_metadata
 
     return plain_metadata(metadata)
 

@@ -16,16 +16,9 @@ from a2ats_engine.errors import ModelLoadError
 from a2ats_engine.loading import fetched_models, gguf
 from a2ats_engine.loading.models import load_model
 
-from .gguf_fixtures import write_tiny_gguf
+from ..gguf_fixtures import write_tiny_gguf
 
 NAME = "gemma3-270m"
-
-
-@pytest.fixture
-def isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("A2ATS_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("A2ATS_DATA_DIR", str(tmp_path / "data"))
-    return tmp_path
 
 
 @pytest.fixture

@@ -17,16 +17,9 @@ from a2ats_engine.errors import ModelLoadError
 from a2ats_engine.loading import demo_model, gguf
 from a2ats_engine.loading.models import demo_model_path, fetch_demo, load_model
 
-from .gguf_fixtures import write_tiny_gguf
+from ..gguf_fixtures import write_tiny_gguf
 
 QUESTION = "What is the capital of France? Answer in one sentence."
-
-
-@pytest.fixture
-def isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("A2ATS_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("A2ATS_DATA_DIR", str(tmp_path / "data"))
-    return tmp_path
 
 
 @pytest.fixture
