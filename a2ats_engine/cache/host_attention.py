@@ -7,7 +7,7 @@ same maths in NumPy (its BLAS for the two matmuls, its exp for the softmax): mea
 docs/benchmarks/softmax_cost.py, docs/BENCHMARKS.md, "Time to first token". An A2ATS layer's
 exact attention over more than one
 query (a prefill chunk) runs here when MLX has no GPU; the result is the same to float32
-rounding (tests/engine/test_host_attention.py). On Metal nothing changes.
+rounding (tests/engine/cache/test_host_attention.py). On Metal nothing changes.
 
 `A2ATS_PREFILL_ATTENTION=mlx|numpy` overrides the choice (read once per process).
 """
