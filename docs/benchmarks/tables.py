@@ -528,6 +528,29 @@ def crossover_probe_table(data: dict) -> str:
     return "\n".join(rows)
 
 
+def shadow_cost_table(data: dict) -> str:
+    """`a2ats bench decode ... --methods full,a2ats,a2ats_telemetry` below the crossover: what
+    the inspector costs while it is visible (telemetry with the shadow selection every step)."""
+    rows = [
+        f"Median of {data['repeats']} runs of {data['steps']} decode steps, interleaved "
+        f"(`{data['command']}`; {data['machine']}).",
+        "",
+        "| context | KVCache tok/s | A2ATS tok/s (inspector hidden) | inspector visible | "
+        "visible / hidden |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    by = {(r["method"], r["context"]): r for r in data["results"]}
+    for n in sorted({r["context"] for r in data["results"]}):
+        full, hidden, shown = (by[(m, n)] for m in ("full", "a2ats", "a2ats_telemetry"))
+        rows.append(
+            f"| {n:,} | {full['tokens_per_s']:.2f} | {hidden['tokens_per_s']:.2f} "
+            f"({hidden['ratio_median']:.2f}x) | {shown['tokens_per_s']:.2f} "
+            f"({shown['ratio_median']:.2f}x) | "
+            f"{shown['tokens_per_s'] / hidden['tokens_per_s']:.2f}x |"
+        )
+    return "\n".join(rows)
+
+
 def prefill_table(data: dict) -> str:
     """`a2ats bench prefill`: time to first token, median of the rounds, A2ATS's ratio."""
     rows = [
@@ -890,6 +913,7 @@ def blocks() -> dict[str, str]:
         ("reopen", "reopen.json", reopen_table),
         ("profile", "profile_step.json", profile_table),
         ("crossover-probe", "crossover_demo.json", crossover_probe_table),
+        ("shadow-cost", "shadow_cost.json", shadow_cost_table),
     )
     for key, fname, fn in simple:
         if (data := _load(fname)) is not None:
