@@ -572,5 +572,7 @@ def test_views_get_the_engines_events_from_the_controller(make_controller, qtbot
     controller.snapshot_ready.connect(lambda s: seen.append("snapshot"))
     controller.generation_finished.connect(lambda s: seen.append(f"finished {s.stop_reason}"))
     ended = send(qtbot, controller, "abc")
+    # reply_ended and generation_finished come from one worker signal, in either order
+    qtbot.waitUntil(lambda: any(e.startswith("finished") for e in seen), timeout=5000)
     n = len(ended.message.content)
     assert seen == ["started send", *["snapshot"] * n, "finished stop"]
