@@ -133,6 +133,7 @@ def profile_decode(
             {
                 "context": n,
                 "a2ats_layers": len(layers),
+                "top_k": "numpy" if layers and layers[0].top_k.on_host else "mlx",
                 "retrieved_steps": max((c.retrieved_steps for c in layers), default=0),
                 "kvcache_step_ms": round(full_s * 1e3, 2),
                 "a2ats_step_ms": round(a2ats_s * 1e3, 2),

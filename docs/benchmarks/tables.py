@@ -690,7 +690,12 @@ def profile_table(data: dict) -> str:
         rows += [
             f"Context {r['context']:,}: a KVCache step {r['kvcache_step_ms']:.1f} ms, an A2ATS step "
             f"{r['a2ats_step_ms']:.1f} ms ({r['a2ats_vs_kvcache']:.2f}x KVCache's speed); exact "
-            f"attention over one layer {r['exact_attention_ms_per_layer']:.2f} ms.",
+            f"attention over one layer {r['exact_attention_ms_per_layer']:.2f} ms"
+            + (
+                f"; top-K in {'NumPy' if r['top_k'] == 'numpy' else 'MLX'}."
+                if "top_k" in r
+                else "."
+            ),
             "",
             "| phase | ms per layer | ms per step (all A2ATS layers) |",
             "|---|---:|---:|",

@@ -25,6 +25,14 @@ def _restore_application_look():
         app.setPalette(app.style().standardPalette())
 
 
+@pytest.fixture(autouse=True)
+def _own_config_dir(tmp_path_factory, monkeypatch):
+    """Every app test saves its settings into a folder of its own, never the user's real
+    settings.json (a controller saves on every settings change; `app_dirs` below also moves the
+    data and cache dirs)."""
+    monkeypatch.setenv("A2ATS_CONFIG_DIR", str(tmp_path_factory.mktemp("config")))
+
+
 @pytest.fixture
 def app_dirs(tmp_path, monkeypatch):
     """Point the app's config/data/cache dirs at a temporary folder."""

@@ -59,14 +59,14 @@ def test_failed_save_after_a_reply_is_reported_and_the_reply_ends(
     def disk_full(self, conversation):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(HistoryStore, "save", disk_full)
-    ended = send(qtbot, controller, "keep me")
+    with monkeypatch.context() as full:  # only this patch ends (the test's dirs stay patched)
+        full.setattr(HistoryStore, "save", disk_full)
+        ended = send(qtbot, controller, "keep me")
     assert ended.message.content == "You said: keep me"  # kept in memory
     reports = controller.spy.of("error_reported")
     assert [r.task for r in reports] == [SAVE]  # reported once, not per write
     assert "No space left" in reports[0].message
     assert controller.task == Task.IDLE and controller.reply is None
-    monkeypatch.undo()
     send(qtbot, controller, "again")  # the next save works and writes everything
     contents = [m["content"] for m in on_disk(controller, controller.current.id)["messages"]]
     assert contents == ["keep me", "You said: keep me", "again", "You said: again"]
@@ -433,15 +433,15 @@ def test_failed_saves_of_different_files_are_each_reported(make_controller, qtbo
     def disk_full(*args):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("app.controller.save_settings", disk_full)
-    load(qtbot, controller)  # saves the settings: fails
-    monkeypatch.setattr(HistoryStore, "save", disk_full)
-    send(qtbot, controller, "keep me")  # saves the chat: fails too
+    with monkeypatch.context() as full:  # only these patches end (the test's dirs stay patched)
+        full.setattr("app.controller.save_settings", disk_full)
+        load(qtbot, controller)  # saves the settings: fails
+        full.setattr(HistoryStore, "save", disk_full)
+        send(qtbot, controller, "keep me")  # saves the chat: fails too
     reports = controller.spy.of("error_reported")
     assert [r.task for r in reports] == [SAVE, SAVE]
     assert "settings" in reports[0].message and "keep me" in reports[1].message
     assert len(controller.unsaved()) == 2
-    monkeypatch.undo()
     assert controller.save_before_quit("") == []  # both written now: nothing unsaved
 
 

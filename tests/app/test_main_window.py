@@ -765,15 +765,14 @@ def test_failed_save_after_a_reply_shows_the_error_and_leaves_the_composer_usabl
     def disk_full(self, conversation):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(HistoryStore, "save", disk_full)
-    with qtbot.waitSignal(window.error_shown, timeout=20000):
+    with monkeypatch.context() as full, qtbot.waitSignal(window.error_shown, timeout=20000):
+        full.setattr(HistoryStore, "save", disk_full)  # ends with the block (dirs stay patched)
         reply(qtbot, window, "hello")
     assert message_boxes and message_boxes[0][0] == "Could not save"
     assert "No space left" in message_boxes[0][1]
     assert not window.composer.generating  # not stuck in Stop mode
     assert window.composer.button.accessibleName() == "Send message"
     assert window.controller.current.messages[-1].content == "You said: hello"
-    monkeypatch.undo()
     reply(qtbot, window, "again")
     assert len(window.controller.current.messages) == 4
 

@@ -330,3 +330,15 @@ def test_the_cache_settings_hold_one_config_built_by_the_dialog(app_dirs, qtbot)
     dialog.window.setValue(48)
     assert dialog.values().cache.config == replace(held.config, window=48)
     assert edited.to_config(telemetry=True) == replace(held.config, telemetry=True)
+
+
+def test_app_tests_save_settings_in_a_folder_of_their_own():
+    """A test that saves settings (every controller does) never writes the user's own file."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from app.settings import settings_path
+
+    assert os.environ.get("A2ATS_CONFIG_DIR")
+    assert Path(tempfile.gettempdir()).resolve() in settings_path().resolve().parents
