@@ -528,6 +528,27 @@ def crossover_probe_table(data: dict) -> str:
     return "\n".join(rows)
 
 
+def host_speed_table(data: dict) -> str:
+    """`a2ats bench decode --methods full,a2ats` on one host: the shipped default against
+    KVCache per context, with the spread of the interleaved runs."""
+    rows = [
+        f"Median of {data['repeats']} runs of {data['steps']} decode steps, interleaved "
+        f"(`{data['command']}`; {data['machine']}).",
+        "",
+        "| context | KVCache tok/s | A2ATS tok/s | A2ATS / KVCache (spread) |",
+        "|---:|---:|---:|---:|",
+    ]
+    by = {(r["method"], r["context"]): r for r in data["results"]}
+    for n in sorted({r["context"] for r in data["results"]}):
+        full, a2 = by[("full", n)], by[("a2ats", n)]
+        lo, hi = a2["ratio_spread"]
+        rows.append(
+            f"| {n:,} | {full['tokens_per_s']:.2f} | {a2['tokens_per_s']:.2f} | "
+            f"{a2['ratio_median']:.2f}x ({lo:.2f}-{hi:.2f}) |"
+        )
+    return "\n".join(rows)
+
+
 def shadow_cost_table(data: dict) -> str:
     """`a2ats bench decode ... --methods full,a2ats,a2ats_telemetry` below the crossover: what
     the inspector costs while it is visible (telemetry with the shadow selection every step)."""
@@ -919,6 +940,7 @@ def blocks() -> dict[str, str]:
         ("profile", "profile_step.json", profile_table),
         ("crossover-probe", "crossover_demo.json", crossover_probe_table),
         ("shadow-cost", "shadow_cost.json", shadow_cost_table),
+        ("speed-amd", "decode_amd_epyc.json", host_speed_table),
     )
     for key, fname, fn in simple:
         if (data := _load(fname)) is not None:
