@@ -105,11 +105,11 @@ print(json.dumps({"imported": names, "modules": sorted(sys.modules)}))
 """
 
 
-@pytest.fixture(scope="module")
-def engine_import_probe() -> dict:
+def _fresh_interpreter(code: str):
+    """What `code` prints last, as JSON, run in a fresh interpreter at the repo root."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"}
     result = subprocess.run(
-        [sys.executable, "-c", _PROBE],
+        [sys.executable, "-c", code],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -119,6 +119,11 @@ def engine_import_probe() -> dict:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def engine_import_probe() -> dict:
+    return _fresh_interpreter(_PROBE)
 
 
 def test_engine_imports_load_no_gui_dynamically(engine_import_probe):
@@ -239,18 +244,7 @@ def test_app_model_modules_load_no_widgets_dynamically():
         "    __import__(name)\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"}
-    result = subprocess.run(
-        [sys.executable, "-c", probe],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    loaded = json.loads(result.stdout.strip().splitlines()[-1])
+    loaded = _fresh_interpreter(probe)
     assert [m for m in loaded if m.startswith(WIDGET_MODULES)] == []
 
 
