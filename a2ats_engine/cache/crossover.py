@@ -324,7 +324,7 @@ def lookup_crossover(num_layers: int, num_kv_heads: int, head_dim: int) -> Cross
 
 
 TOP_K_STRATEGIES = ("mlx", "numpy")
-_STRATEGY_NAMES = {"mlx": "MLX", "numpy": "NumPy"}
+STRATEGY_NAMES = {"mlx": "MLX", "numpy": "NumPy"}
 
 
 def measured_top_k(num_layers: int, num_kv_heads: int, head_dim: int) -> str | None:
@@ -342,7 +342,7 @@ def _row_source(row: Mapping[str, Any]) -> str:
         text = ", ".join(f"{n} {r:.2f}x" for n, r in ratios.items() if isinstance(r, int | float))
     head = ", ".join(str(row[k]) for k in ("model", "date") if row.get(k))
     if row.get("top_k") in TOP_K_STRATEGIES:
-        text += f"; top-K in {_STRATEGY_NAMES[row['top_k']]}, measured faster"
+        text += f"; top-K in {STRATEGY_NAMES[row['top_k']]}, measured faster"
     return f"{head}: {text}" if text else head
 
 

@@ -20,6 +20,8 @@ import os
 import mlx.core as mx
 import numpy as np
 
+from .._backend import is_cpu_only
+
 ENV = "A2ATS_PREFILL_ATTENTION"
 _VIEWABLE = (mx.float32, mx.float16)  # dtypes NumPy reads in place
 _BLOCK_ELEMENTS = 1 << 24  # scores held at a time: at most 64 MiB of float32
@@ -28,8 +30,9 @@ _BLOCK_ROWS = 128  # query rows a block (the causal triangle is skipped block by
 
 @functools.lru_cache(maxsize=1)
 def cpu_only() -> bool:
-    """True when MLX computes on the CPU (no Metal device)."""
-    return mx.default_device() == mx.cpu or not mx.metal.is_available()
+    """True when MLX computes on the CPU: no Metal device (`_backend.is_cpu_only`), or the CPU
+    chosen as the default device. Asked once per process."""
+    return mx.default_device() == mx.cpu or is_cpu_only()
 
 
 @functools.lru_cache(maxsize=1)

@@ -38,9 +38,6 @@ from .host_attention import cpu_only
 ENV = "A2ATS_TOPK"
 
 
-_cpu_only = cpu_only
-
-
 _forced: str | None = None
 
 
@@ -64,7 +61,7 @@ def choose_top_k(geometry: tuple[int, int, int] | None = None) -> MlxTopK | Nump
     choice = (_forced or os.environ.get(ENV, "")).strip().lower()
     if choice not in TOP_K_STRATEGIES and geometry is not None:
         choice = measured_top_k(*geometry) or ""
-    host = choice == "numpy" if choice in TOP_K_STRATEGIES else _cpu_only()
+    host = choice == "numpy" if choice in TOP_K_STRATEGIES else cpu_only()
     return NumpyTopK() if host else MlxTopK()
 
 

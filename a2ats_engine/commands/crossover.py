@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
             f"{r['ratio']:>10.2f}x  {runs}"
         )
     if entry.get("top_k"):
-        names = {"mlx": "MLX", "numpy": "NumPy"}
+        names = xo.STRATEGY_NAMES
         each = "; ".join(
             f"{n}: " + ", ".join(f"{names[s]} {r:.2f}x" for s, r in per.items())
             for n, per in entry["top_k_ratios"].items()

@@ -363,7 +363,7 @@ def test_the_top_k_strategy_follows_forced_then_env_then_the_measurement(table, 
     monkeypatch.setattr(xo, "backend", lambda: "cpu")
     monkeypatch.delenv(topk.ENV, raising=False)
     geometry = (3, 2, D)
-    platform = topk.NumpyTopK if topk._cpu_only() else topk.MlxTopK
+    platform = topk.NumpyTopK if topk.cpu_only() else topk.MlxTopK
     assert isinstance(topk.choose_top_k(geometry), platform)  # nothing measured
     xo.record_crossover(row(640, geometry=geometry, top_k="mlx"))
     assert xo.measured_top_k(*geometry) == "mlx"
