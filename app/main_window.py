@@ -16,6 +16,7 @@ from pathlib import Path
 from PySide6.QtCore import QByteArray, QEvent, QSignalBlocker, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
+    QApplication,
     QDockWidget,
     QFileDialog,
     QFrame,
@@ -57,7 +58,7 @@ from .top_bar import TopBar
 from .worker import EngineThread
 
 INTERRUPTED_NOTE = "Interrupted: the app closed before this reply finished."
-DOCK_SHARE = 0.42  # the inspector's share of the window's width until the user drags its edge
+DOCK_SHARE = 0.45  # the inspector's share of the window's width until the user drags its edge
 CHAT_ROOM = 620  # width the sidebar and a usable chat column keep beside the inspector
 
 
@@ -363,6 +364,9 @@ class MainWindow(QMainWindow):
             and self.width() == self._dock_fit_width
             and abs(self.dock.width() - self._dock_target) > 2  # not the width a fit asked for
             and self._dock_docked_beside()
+            # a drag holds a mouse button: a dock that resized itself (its panels' least width
+            # changed) is no new share
+            and QApplication.mouseButtons() != Qt.MouseButton.NoButton
         ):
             self._dock_share = self.dock.width() / max(self.width(), 1)  # the user's drag
         return super().eventFilter(watched, event)

@@ -6,13 +6,14 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
     QComboBox,
     QHeaderView,
+    QLayout,
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
@@ -106,7 +107,8 @@ class CodebookPanel(QWidget):
 
         self.plot = ThemedPlot(axisItems={"left": CountAxis("left")})
         item = self.plot.plotItem
-        item.setLabel("bottom", "code rank (most used first)")
+        item.setLabel("bottom", "code rank")  # a short title: the plot stays narrow enough
+        self.plot.setToolTip("Tokens per code, the codes ordered by use (most used first)")
         item.setLabel("left", "tokens")
         item.setLogMode(x=False, y=True)
         item.showGrid(x=False, y=True, alpha=0.15)
@@ -153,6 +155,8 @@ class CodebookPanel(QWidget):
         split.setChildrenCollapsible(False)
 
         layout = QVBoxLayout(self)
+        # our minimum is `minimumSizeHint`'s (histogram above the table), not the side-by-side one
+        layout.setSizeConstraint(QLayout.SizeConstraint.SetNoConstraint)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(2)
         layout.addLayout(controls_row(self.layer_combo, self.head_combo, self.log_box))
@@ -327,10 +331,19 @@ class CodebookPanel(QWidget):
         self._key = None
         self.redraw_requested.emit()
 
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 (Qt override)
+        """The narrow arrangement's least width (histogram above the table): squeezed below
+        the side-by-side one, the panel rearranges instead of overflowing."""
+        parts = (self.split.widget(0), self.table, self.summary)
+        controls = self.layout().itemAt(0).minimumSize().width()
+        least = max(controls, *(w.minimumSizeHint().width() for w in parts))
+        return QSize(least, super().minimumSizeHint().height())
+
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
         super().resizeEvent(event)
         # side by side when there is room, histogram above the table in a narrow dock
-        wide = event.size().width() >= WIDE_LAYOUT_PX
+        beside = sum(w.minimumSizeHint().width() for w in (self.split.widget(0), self.table))
+        wide = event.size().width() >= max(WIDE_LAYOUT_PX, beside + self.split.handleWidth())
         orientation = Qt.Orientation.Horizontal if wide else Qt.Orientation.Vertical
         if self.split.orientation() != orientation:
             self.split.setOrientation(orientation)

@@ -13,8 +13,15 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QRectF, Qt
-from PySide6.QtWidgets import QGridLayout, QLabel, QStackedWidget, QVBoxLayout, QWidget
+from PySide6.QtCore import QRectF, QSize, Qt
+from PySide6.QtWidgets import (
+    QGridLayout,
+    QLabel,
+    QLayout,
+    QStackedWidget,
+    QVBoxLayout,
+    QWidget,
+)
 
 from . import data
 from .plot_theme import Theme, fraction_to_index
@@ -100,6 +107,8 @@ class EstimateView(QWidget):
         self.wide: bool | None = None
         self._arrange(wide=False)
         layout = QVBoxLayout(self)
+        # our minimum is `minimumSizeHint`'s (the narrow arrangement), not the wide layout's
+        layout.setSizeConstraint(QLayout.SizeConstraint.SetNoConstraint)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(2)
         layout.addLayout(self.plots, 1)
@@ -125,11 +134,38 @@ class EstimateView(QWidget):
             stretches = ((0, 1), (1, 1), (2, 0))
         for column, stretch in stretches:
             self.plots.setColumnStretch(column, stretch)
-        self.plots.setRowStretch(1, 0 if wide else 1)
+        self._stretch_rows()
+
+    def _stretch_rows(self) -> None:
+        """Narrow: the budget row grows with the plots only while it shows a heatmap (a note
+        needs its text's height, and the missed-mass plots get the rest)."""
+        narrow = not self.wide
+        self.plots.setRowStretch(0, 2 if narrow else 1)
+        self.plots.setRowStretch(1, 1 if narrow and self.showing_budget_heatmap else 0)
+
+    def least_width(self, wide: bool) -> int:
+        """The narrowest width at which every plot of that arrangement keeps its ticks and
+        whole axis title (as the axes are drawn now)."""
+        pair = sum(p.minimumSizeHint().width() for p in (self.layer_plot, self.step_plot))
+        budget = self.budget_stack.minimumSizeHint().width()
+        spacing = self.plots.horizontalSpacing()
+        plots = pair + budget + 2 * spacing if wide else max(pair + spacing, budget)
+        labels = [w.minimumSizeHint().width() for w in (self.legend, self.info, self.budget_info)]
+        return max(plots, *labels)
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 (Qt override)
+        """The narrow arrangement's least width: squeezed below the wide one, the plots rearrange
+        instead of overflowing (see `resizeEvent`)."""
+        return QSize(self.least_width(wide=False), super().minimumSizeHint().height())
 
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
         super().resizeEvent(event)
-        self._arrange(self.width() >= WIDE_WIDTH)
+        self._arrange(self.width() >= max(WIDE_WIDTH, self.least_width(wide=True)))
+
+    def _show_budget(self, index: int) -> None:
+        if self.budget_stack.currentIndex() != index:
+            self.budget_stack.setCurrentIndex(index)
+            self._stretch_rows()
 
     @property
     def showing_budget_heatmap(self) -> bool:
@@ -146,7 +182,7 @@ class EstimateView(QWidget):
             self.info.setText("")
             self.budget_info.setText("")
             self.budget_note.setText(FIXED_BUDGET)
-            self.budget_stack.setCurrentIndex(0)
+            self._show_budget(0)
             return
         self._measured = self._latest_measured(entries, entry)
         self._draw_layers(entry.snapshot)
@@ -221,10 +257,10 @@ class EstimateView(QWidget):
         if not data.has_adaptive_budget(snap):
             exact = bool(snap.layers) and all(layer.exact for layer in snap.layers)
             self.budget_note.setText(EXACT_BUDGET if exact else FIXED_BUDGET)
-            self.budget_stack.setCurrentIndex(0)
+            self._show_budget(0)
             self.budget_info.setText("")
             return
-        self.budget_stack.setCurrentIndex(1)
+        self._show_budget(1)
         rows, cols = self.budget.shape
         top = float(np.nanmax(self.budget))
         top = top if top > 0 else 1.0

@@ -66,7 +66,8 @@ class MemoryPanel(QWidget):
 
         self.line_plot = ThemedPlot()
         line = self.line_plot.plotItem
-        line.setLabel("bottom", "decode step (this reply)")
+        line.setLabel("bottom", "decode step")  # short: the plot fits a one-column dock
+        self.line_plot.setToolTip("Memory of all layers at each decode step of this reply")
         line.setLabel("left", "MB, all layers")
         line.showGrid(x=True, y=True, alpha=0.15)
         self.fp16_line = pg.PlotDataItem()

@@ -27,7 +27,7 @@ from .scrubber import StepScrubber
 from .snapshot_ring import DEFAULT_CAPACITY
 from .state import FidelityInfo, InspectorState
 from .throttle import RedrawThrottle
-from .widgets import Section
+from .widgets import Section, ThemedPlot
 
 DEFAULT_REDRAW_HZ = 12.0
 DEFAULT_REDRAW_BUDGET = 0.12  # share of one core the GUI thread may use before redraws slow down
@@ -41,6 +41,7 @@ SECTION_STRETCH = {"map": 40, "codebook": 19, "memory": 15, "fidelity": 26}
 PANEL_MIN_WIDTH = 360  # one column of panels
 SECOND_COLUMN = ("memory", "fidelity")  # the sections a second column takes when wide enough
 COLUMN_SPACING = 6
+COLUMN_SLACK = 12  # px kept free when two columns start: axes widen a little as data comes in
 
 
 class InspectorPanel(QWidget):
@@ -153,7 +154,7 @@ class InspectorPanel(QWidget):
         measured now: real data can widen a panel's axes), else one."""
         available = self.available_width()
         if self.columns == 2:
-            least = max(self.minimumSizeHint().width(), self.width())
+            least = self.minimumSizeHint().width()  # not our width: it lags a new scroll bar
             if least > available:  # a panel outgrew its column: we overflow the viewport
                 self._two_columns_least = least  # never try two columns below this again
                 self.set_columns(1)
@@ -161,14 +162,16 @@ class InspectorPanel(QWidget):
             self.set_columns(2)
 
     def two_columns_width(self) -> int:
-        """The narrowest width at which both columns get their panels' minimum widths."""
+        """The narrowest width at which both columns get their panels' minimum widths, and
+        `COLUMN_SLACK` to spare."""
         first = [s for k, s in self.sections.items() if k not in SECOND_COLUMN]
         second = [self.sections[k] for k in SECOND_COLUMN]
 
         def least(sections) -> int:
             return max([s.minimumSizeHint().width() for s in sections] + [PANEL_MIN_WIDTH // 2])
 
-        return max(least(first) + least(second) + COLUMN_SPACING, 2 * PANEL_MIN_WIDTH)
+        both = least(first) + least(second) + COLUMN_SPACING + COLUMN_SLACK
+        return max(both, 2 * PANEL_MIN_WIDTH)
 
     def set_columns(self, columns: int, force: bool = False) -> None:
         """One column of panels, or two (map and codebook | memory and fidelity)."""
@@ -334,7 +337,8 @@ class InspectorPanel(QWidget):
         self.scrubber.refresh()
         self._emit_highlight()
         self._timer.setInterval(self.throttle.after_redraw())
-        if self.columns == 2:  # new data may have widened a panel past the room it has
+        widened = [plot.refresh_least_width() for plot in self.findChildren(ThemedPlot)]
+        if self.columns == 2 or any(widened):  # new data may have widened a panel's axes
             QTimer.singleShot(0, self.reflow)
 
     def _emit_highlight(self) -> None:

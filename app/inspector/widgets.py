@@ -24,6 +24,10 @@ from PySide6.QtWidgets import (
 from ..inert_text import rich_from_plain
 from .plot_theme import Theme, style_plot
 
+MIN_PLOT_AREA = 80  # px of data area a plot keeps beside its axes, title or not
+PLOT_MARGIN = 12  # px: the plot's own frame around axes and data
+LEFT_AXIS_RESERVE = 50  # px a left axis is counted at, at least (title and ~4 digit ticks)
+
 
 class FloatingWindow(QWidget):
     """Top-level window holding one detached section; closing it docks the section back."""
@@ -298,11 +302,41 @@ class ThemedPlot(pg.PlotWidget):
         self._ready = False
         super().__init__(parent, **kwargs)
         self._ready = True
+        self._least_width = 0
+        # positions, steps and layers: never a "(x0.001)" scale on the title (pyqtgraph adds one
+        # while an empty plot's range is 0..1, which widened the title by a third)
+        self.plotItem.getAxis("bottom").enableAutoSIPrefix(False)
         self.plotItem.setMenuEnabled(False)
         self.plotItem.hideButtons()
         self.theme = Theme.from_widget(self)
         self.on_theme = None
         self.apply_theme()
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 (Qt override)
+        """Wide enough for the left axis (its tick labels as drawn now) and the whole bottom
+        axis title: a layout that gives the plot less cuts the title or squeezes the ticks."""
+        hint = super().minimumSizeHint()
+        item = self.plotItem
+        left = item.getAxis("left")
+        bottom = item.getAxis("bottom")
+        # room for a few more tick digits than drawn now: the least width does not move (and
+        # the panels reflow) each time new data adds one
+        side = max(left.minimumWidth(), LEFT_AXIS_RESERVE) if left.isVisible() else 0
+        right = item.getAxis("right")
+        side += right.minimumWidth() if right.isVisible() else 0
+        title = bottom.label.boundingRect().width() if bottom.label.isVisible() else 0
+        least = math.ceil(side + max(title, MIN_PLOT_AREA) + PLOT_MARGIN)
+        return QSize(max(hint.width(), least), hint.height())
+
+    def refresh_least_width(self) -> bool:
+        """Tell the layouts when the least width changed (new tick labels, a title drawn in
+        another font): True if it did."""
+        least = self.minimumSizeHint().width()
+        if least == self._least_width:
+            return False
+        self._least_width = least
+        self.updateGeometry()
+        return True
 
     def apply_theme(self) -> None:
         self.theme = Theme.from_widget(self)
