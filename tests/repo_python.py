@@ -46,12 +46,7 @@ def module_imports(
 
 def run_python(code: str, env: Mapping[str, str], timeout: float) -> subprocess.CompletedProcess:
     """Run `code` with this interpreter in a fresh process at ROOT; stdout and stderr as text."""
+    command = [sys.executable, "-c", code]
     return subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env=env,
-        check=False,
+        command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env
     )
