@@ -8,7 +8,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from demo_gate import require_demo
-from tiny import tiny_model, tiny_tokenizer
+from tiny import tiny_model
 
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.codebook_spec import CodebookSpec
@@ -21,11 +21,6 @@ from a2ats_engine.calibration.corpus import builtin_corpus, load_texts
 
 CONFIG = A2ATSConfig()
 SPEC = CodebookSpec(n_centroids=16)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    return tiny_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 def test_end_to_end_saves_loads_and_validates(tokenizer, tmp_path):
