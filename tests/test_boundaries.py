@@ -11,11 +11,10 @@ from __future__ import annotations
 import ast
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from repo_python import module_imports, run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = ROOT / "a2ats_engine"
@@ -108,15 +107,7 @@ print(json.dumps({"imported": names, "modules": sorted(sys.modules)}))
 def _fresh_interpreter(code: str):
     """What `code` prints last, as JSON, run in a fresh interpreter at the repo root."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"}
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    result = run_python(code, env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -176,25 +167,6 @@ ENGINE_SEAMS = {
 }
 
 
-def _module_imports(path: Path) -> list[tuple[int, str, tuple[str, ...]]]:
-    """(line, absolute module, names) of every import in `path` (functions included)."""
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    package = parts if parts[-1] == "__init__" else parts[:-1]
-    package = [p for p in package if p != "__init__"]
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name, ()) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
-            if node.level:
-                base = package[: len(package) - (node.level - 1)]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
-            found.append((node.lineno, module, tuple(a.name for a in node.names)))
-    return found
-
-
 def _app_path(module: str) -> Path | None:
     """The file of an app module (or of the app package a name is imported from)."""
     for candidate in (
@@ -217,7 +189,7 @@ def widget_imports(module: str) -> list[str]:
         if name in seen or path is None:
             continue
         seen.add(name)
-        for line, target, names in _module_imports(path):
+        for line, target, names in module_imports(path):
             targets = [target] + [f"{target}.{n}" for n in names]
             hits = [t for t in targets if t.startswith(WIDGET_MODULES)]
             if hits:
@@ -257,7 +229,7 @@ def engine_imports_outside_api() -> list[str]:
         where = path.relative_to(ROOT).as_posix()
         if where in ENGINE_SEAMS:
             continue
-        for line, module, names in _module_imports(path):
+        for line, module, names in module_imports(path):
             if _top(module) != "a2ats_engine":
                 continue
             if module not in ENGINE_API:

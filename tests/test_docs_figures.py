@@ -76,6 +76,24 @@ def shipped_below_8k() -> list[float]:
     return [speed("decode_v2.json", c, "a2ats_noest") for c in (512, 1024, 2048, 4096)]
 
 
+def estimate_effect() -> tuple[float, ...]:
+    """The estimate's effect at 4K / budget 0.03: output error without it, with it and oracle
+    top-K's, then ppl vs full without and with it."""
+    name = "eval_estimate_4k_b003.json"
+    return (
+        ev(name, "a2ats", "output_rel_error"),
+        ev(name, "a2ats_estimate", "output_rel_error"),
+        ev(name, "oracle_topk", "output_rel_error"),
+        ev(name, "a2ats", "ppl_vs_full"),
+        ev(name, "a2ats_estimate", "ppl_vs_full"),
+    )
+
+
+def estimate_speed_at_8k() -> tuple[float, float]:
+    """Decode speed vs full at 8K with the estimate and without it (decode_v2.json)."""
+    return speed("decode_v2.json", 8192, "a2ats"), speed("decode_v2.json", 8192, "a2ats_noest")
+
+
 def first_context_at_full_speed() -> int:
     """The crossover rule on decode_v2.json: the first context from which retrieval from the
     first step is at least as fast as KVCache at every larger one."""
@@ -138,13 +156,9 @@ FIGURES: list[tuple[str, str, Callable[[], tuple]]] = [
     # ARCHITECTURE and A2ATSConfig: the estimate's quality and its decode cost
     ("docs/ARCHITECTURE.md", "the attention-output error from {:.3f} to {:.3f} (below oracle "
      "top-K's {:.3f}) and perplexity from {:.3f}x to {:.3f}x full",
-     lambda: (ev("eval_estimate_4k_b003.json", "a2ats", "output_rel_error"),
-              ev("eval_estimate_4k_b003.json", "a2ats_estimate", "output_rel_error"),
-              ev("eval_estimate_4k_b003.json", "oracle_topk", "output_rel_error"),
-              ev("eval_estimate_4k_b003.json", "a2ats", "ppl_vs_full"),
-              ev("eval_estimate_4k_b003.json", "a2ats_estimate", "ppl_vs_full"))),
+     estimate_effect),
     ("docs/ARCHITECTURE.md", "(8K: {:.2f}x KVCache with it, {:.2f}x without, `decode_v2.json`",
-     lambda: (speed("decode_v2.json", 8192, "a2ats"), speed("decode_v2.json", 8192, "a2ats_noest"))),
+     estimate_speed_at_8k),
     ("a2ats_engine/cache/config.py", "Default 2: recall {:.3f} -> {:.3f} of the attention mass, "
      "ppl {:.3f}x -> {:.3f}x full at 4K / budget 0.03 on the demo model",
      lambda: (ev("eval_4k_b003.json", "a2ats_no_rerank", "recall"),
@@ -153,14 +167,10 @@ FIGURES: list[tuple[str, str, Callable[[], tuple]]] = [
               ev("eval_4k_b003.json", "a2ats", "ppl_vs_full"))),
     ("a2ats_engine/cache/config.py", "Output error {:.3f} -> {:.3f} (below oracle top-K's {:.3f}), "
      "ppl {:.3f}x -> {:.3f}x full at 4K / budget 0.03 on the demo model",
-     lambda: (ev("eval_estimate_4k_b003.json", "a2ats", "output_rel_error"),
-              ev("eval_estimate_4k_b003.json", "a2ats_estimate", "output_rel_error"),
-              ev("eval_estimate_4k_b003.json", "oracle_topk", "output_rel_error"),
-              ev("eval_estimate_4k_b003.json", "a2ats", "ppl_vs_full"),
-              ev("eval_estimate_4k_b003.json", "a2ats_estimate", "ppl_vs_full"))),
+     estimate_effect),
     ("a2ats_engine/cache/config.py", "(8K: {:.2f}x full with it, {:.2f}x without; "
      "docs/benchmarks/decode_v2.json",
-     lambda: (speed("decode_v2.json", 8192, "a2ats"), speed("decode_v2.json", 8192, "a2ats_noest"))),
+     estimate_speed_at_8k),
     # the built-in crossover row (`a2ats info` prints its source)
     ("a2ats_engine/cache/crossover.py", "(a2ats_eb0_noest) {:.2f}x full at 2K, {:.2f}x at 4K, "
      "{:.2f}x at 8K, median of 3 runs (docs/benchmarks/decode_v2.json)",

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from repo_python import module_imports
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("a2ats_engine", "app")
 # the engine's rooms, lowest first: a module may import its own room and the ones below it
@@ -31,28 +33,13 @@ def modules() -> dict[str, Path]:
     return out
 
 
-def imports(name: str, path: Path) -> list[tuple[int, str]]:
-    """(line, imported module) of every import that runs (TYPE_CHECKING blocks left out)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-    skipped = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skipped.update(id(sub) for sub in ast.walk(node))
-    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+def imports(path: Path) -> list[tuple[int, str]]:
+    """(line, imported module or name) of every import that runs (TYPE_CHECKING blocks left
+    out); `from m import x` gives m and m.x."""
     found = []
-    for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
-            if node.level:
-                base = package[: len(package) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            found.append((node.lineno, target))
-            found += [(node.lineno, f"{target}.{alias.name}") for alias in node.names]
+    for line, target, names in module_imports(path, type_checking=False):
+        found.append((line, target))
+        found += [(line, f"{target}.{name}") for name in names]
     return found
 
 
@@ -60,7 +47,7 @@ def graph() -> dict[str, set[str]]:
     mods = modules()
     edges: dict[str, set[str]] = {m: set() for m in mods}
     for name, path in mods.items():
-        for _, target in imports(name, path):
+        for _, target in imports(path):
             parts = target.split(".")
             while parts and ".".join(parts) not in mods:
                 parts.pop()
@@ -135,7 +122,7 @@ def test_no_engine_room_imports_a_higher_one():
         source = room(name)
         if source is None:
             continue
-        for line, target in imports(name, path):
+        for line, target in imports(path):
             target_room = room(target)
             if target_room and ROOMS.index(target_room) > ROOMS.index(source):
                 offenders.append(f"{name}:{line} imports {target}")

@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import mlx.core as mx
 
@@ -25,7 +25,7 @@ from ..errors import CodebookError
 FORMAT_NAME = "a2ats-codebook"
 FORMAT_VERSION = 1
 METADATA_KEY = "a2ats"
-_MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 MAX_ABS_VALUE = 1e12
 """Largest magnitude a loaded codebook array may hold: squared distances and score tables of
 larger values overflow float32 (a calibrated codebook's values are below 1e4)."""
@@ -109,6 +109,15 @@ def read_codebook_arrays(path: Path) -> dict[str, mx.array]:
         raise CodebookError(f"{path.name}: file is damaged ({exc})") from exc
 
 
+def header_length(f: BinaryIO, size: int, refuse: Callable[[str], Exception]) -> int:
+    """The length of a safetensors file's JSON header: the little-endian u64 the open file `f`
+    (of `size` bytes) starts with. Raises `refuse("only N bytes")` for a shorter file."""
+    head = f.read(8)
+    if len(head) < 8:
+        raise refuse(f"only {size} bytes")
+    return struct.unpack("<Q", head)[0]
+
+
 def read_metadata(path: Path) -> dict[str, Any]:
     """Parse the safetensors header by hand so every failure gets a precise one-line message."""
     name = path.name
@@ -116,35 +125,34 @@ def read_metadata(path: Path) -> dict[str, Any]:
         raise CodebookError(f"codebook file not found: {path}")
     if path.is_dir():
         raise CodebookError(f"{path} is a folder, not a codebook file")
+
+    def refuse(why: str) -> CodebookError:
+        return CodebookError(f"{name}: not an A2ATS codebook file ({why})")
+
     size = path.stat().st_size
     with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise CodebookError(f"{name}: not an A2ATS codebook file (only {size} bytes)")
-        header_len = struct.unpack("<Q", head)[0]
-        if header_len > _MAX_HEADER_BYTES:
-            raise CodebookError(f"{name}: not an A2ATS codebook file (not safetensors)")
+        header_len = header_length(f, size, refuse)
+        if header_len > MAX_HEADER_BYTES:
+            raise refuse("not safetensors")
         raw = f.read(header_len)
     if len(raw) < header_len:
         # Could be a truncated codebook or a foreign file; say which when the prefix tells.
         if raw.lstrip().startswith(b"{") and (b'"__metadata__"' in raw or b"layers." in raw):
             raise CodebookError(f"{name}: file is truncated ({size} bytes, header incomplete)")
-        raise CodebookError(f"{name}: not an A2ATS codebook file (not safetensors)")
+        raise refuse("not safetensors")
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
-        raise CodebookError(f"{name}: not an A2ATS codebook file (not safetensors)") from None
+        raise refuse("not safetensors") from None
     if not isinstance(header, dict):
-        raise CodebookError(f"{name}: not an A2ATS codebook file (not safetensors)")
+        raise refuse("not safetensors")
     blob = (header.get("__metadata__") or {}).get(METADATA_KEY)
     try:
         meta = json.loads(blob) if isinstance(blob, str) else None
     except json.JSONDecodeError:
         meta = None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-        raise CodebookError(
-            f"{name}: not an A2ATS codebook file (a safetensors file without codebook metadata)"
-        )
+        raise refuse("a safetensors file without codebook metadata")
     version = meta.get("format_version")
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise CodebookError(

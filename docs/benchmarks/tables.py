@@ -34,6 +34,15 @@ def _load(name: str) -> dict | None:
     return json.loads(path.read_text())
 
 
+def _ppl_ci(r: dict, ci: str = "ppl_vs_full_ci95", *, full: bool = False) -> str:
+    """A method's "ppl / full (95% CI)" cell; full=True: a record without them is full
+    attention's own (1.000 (1.000-1.000))."""
+    if full:
+        r = {"ppl_vs_full": 1.0, ci: [1.0, 1.0], **r}
+    low, high = r[ci]
+    return f"{r['ppl_vs_full']:.3f} ({low:.3f}-{high:.3f})"
+
+
 def eval_table(data: dict) -> str:
     rows = data["methods"]
     cost = all("bytes_read_per_step" in r for r in rows.values())  # recorded since v2
@@ -44,15 +53,13 @@ def eval_table(data: dict) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if cost else ""),
     ]
     for name, r in rows.items():
-        low, high = r.get("ppl_vs_full_ci95", [1.0, 1.0])
         extra = ""
         if cost:
             extra = f" {r['attended_fraction']:.3f} | {r['bytes_read_per_step'] / 1e3:,.0f} |"
         lines.append(
             f"| {name} | {r['recall']:.4f} | {r['output_rel_error']:.4f} | {r['ppl']:.3f} | "
-            f"{r.get('ppl_vs_full', 1.0):.3f} ({low:.3f}-{high:.3f}) | "
-            f"{r.get('argmax_agreement', 1.0):.3f} | {r['attended_per_head']:.0f} | "
-            f"{r['bytes_per_token']:.0f} |{extra}"
+            f"{_ppl_ci(r, full=True)} | {r.get('argmax_agreement', 1.0):.3f} | "
+            f"{r['attended_per_head']:.0f} | {r['bytes_per_token']:.0f} |{extra}"
         )
     return "\n".join(lines)
 
@@ -239,10 +246,9 @@ def kv_bits_table(runs: list[dict]) -> str:
     for data in runs:
         storage = "float" if data.get("kv_bits") is None else f"{data['kv_bits']}-bit"
         for name, r in data["methods"].items():
-            low, high = r["ppl_vs_full_ci95"]
             lines.append(
                 f"| {storage} | {name} | {r['recall']:.4f} | {r['output_rel_error']:.4f} | "
-                f"{r['ppl_vs_full']:.3f} ({low:.3f}-{high:.3f}) | {r['bytes_per_token']:.0f} | "
+                f"{_ppl_ci(r)} | {r['bytes_per_token']:.0f} | "
                 f"{r['attended_fraction']:.3f} | {r['bytes_read_per_step'] / 1e3:,.0f} | "
                 f"{r['tokens']} |"
             )
@@ -264,12 +270,10 @@ def cost_sweep_table(data: dict) -> str:
         for name, r in run["methods"].items():
             if name == "full" and run is not runs[0]:
                 continue
-            low, high = r["ppl_vs_full_ci95"]
             budget = "-" if name == "full" else run["budget"]
             lines.append(
                 f"| {budget} | {name} | {r['attended_fraction']:.3f} | "
-                f"{r['bytes_read_per_step'] / 1e6:.1f} | {r['recall']:.4f} | "
-                f"{r['ppl_vs_full']:.3f} ({low:.3f}-{high:.3f}) |"
+                f"{r['bytes_read_per_step'] / 1e6:.1f} | {r['recall']:.4f} | {_ppl_ci(r)} |"
             )
     rests = runs[0]["rests_on"]
     lines += ["", f"Context {data['context']}, {rests['tokens']} teacher-forced tokens of "
@@ -393,14 +397,12 @@ def codebook_sweep_table(data: dict) -> str:
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in data["results"]:
-        low, high = r["ppl_ci"]
         error = r.get("heldout_score_error")
         lines.append(
             f"| {r['centroids']} | {r['calib_tokens']:,} | {r['keys_per_head']:,} | "
             f"{r['calib_seconds']:.1f} ({r['collect_seconds']:.1f} + {r['fit_seconds']:.1f}) | "
             f"{r['codebook_bytes'] / 2**20:.2f} | {'-' if error is None else f'{error:.4f}'} | "
-            f"{r['recall']:.4f} | {r['output_rel_error']:.4f} | "
-            f"{r['ppl_vs_full']:.3f} ({low:.3f}-{high:.3f}) |"
+            f"{r['recall']:.4f} | {r['output_rel_error']:.4f} | {_ppl_ci(r, 'ppl_ci')} |"
         )
     shared = data["calibration_shared"]
     rests = data["rests_on"]
@@ -432,20 +434,17 @@ def texts_table(data: dict) -> str:
     for text in data["texts"]:
         label = _text_label(text["text"])
         for name, r in text["runs"][0]["methods"].items():
-            low, high = r.get("ppl_vs_full_ci95", [1.0, 1.0])
             rows.append(
                 f"| {label} | {name} | {r['recall']:.4f} | {r['output_rel_error']:.4f} | "
-                f"{r.get('ppl_vs_full', 1.0):.3f} ({low:.3f}-{high:.3f}) | "
-                f"{r.get('argmax_agreement', 1.0):.3f} | {r['attended_per_head']:.0f} | "
-                f"{r['tokens']} |"
+                f"{_ppl_ci(r, full=True)} | {r.get('argmax_agreement', 1.0):.3f} | "
+                f"{r['attended_per_head']:.0f} | {r['tokens']} |"
             )
     pooled = data["pooled"][0]
     labels = ", ".join(_text_label(t["text"]) for t in data["texts"])
     for name, r in pooled["methods"].items():
-        low, high = r.get("ppl_vs_full_ci95", [1.0, 1.0])
         rows.append(
             f"| **pooled** ({labels}) | {name} | {r['recall']:.4f} | {r['output_rel_error']:.4f} "
-            f"| {r.get('ppl_vs_full', 1.0):.3f} ({low:.3f}-{high:.3f}) | | | {r['tokens']} |"
+            f"| {_ppl_ci(r, full=True)} | | | {r['tokens']} |"
         )
     texts = "; ".join(f"{_text_label(t['text'])}: {t['text']}" for t in data["texts"])
     rows += [
@@ -528,18 +527,31 @@ def crossover_probe_table(data: dict) -> str:
     return "\n".join(rows)
 
 
+def _interleaved_note(data: dict) -> str:
+    """How a `bench decode` run with interleaved methods was measured, and where."""
+    return (
+        f"Median of {data['repeats']} runs of {data['steps']} decode steps, interleaved "
+        f"(`{data['command']}`; {data['machine']})."
+    )
+
+
+def _by_method_and_context(data: dict) -> tuple[dict[tuple[str, int], dict], list[int]]:
+    """A `bench decode` run's results keyed by (method, context), and its contexts in order."""
+    by = {(r["method"], r["context"]): r for r in data["results"]}
+    return by, sorted({r["context"] for r in data["results"]})
+
+
 def host_speed_table(data: dict) -> str:
     """`a2ats bench decode --methods full,a2ats` on one host: the shipped default against
     KVCache per context, with the spread of the interleaved runs."""
     rows = [
-        f"Median of {data['repeats']} runs of {data['steps']} decode steps, interleaved "
-        f"(`{data['command']}`; {data['machine']}).",
+        _interleaved_note(data),
         "",
         "| context | KVCache tok/s | A2ATS tok/s | A2ATS / KVCache (spread) |",
         "|---:|---:|---:|---:|",
     ]
-    by = {(r["method"], r["context"]): r for r in data["results"]}
-    for n in sorted({r["context"] for r in data["results"]}):
+    by, contexts = _by_method_and_context(data)
+    for n in contexts:
         full, a2 = by[("full", n)], by[("a2ats", n)]
         lo, hi = a2["ratio_spread"]
         rows.append(
@@ -553,15 +565,14 @@ def shadow_cost_table(data: dict) -> str:
     """`a2ats bench decode ... --methods full,a2ats,a2ats_telemetry` below the crossover: what
     the inspector costs while it is visible (telemetry with the shadow selection every step)."""
     rows = [
-        f"Median of {data['repeats']} runs of {data['steps']} decode steps, interleaved "
-        f"(`{data['command']}`; {data['machine']}).",
+        _interleaved_note(data),
         "",
         "| context | KVCache tok/s | A2ATS tok/s (inspector hidden) | inspector visible | "
         "visible / hidden |",
         "|---:|---:|---:|---:|---:|",
     ]
-    by = {(r["method"], r["context"]): r for r in data["results"]}
-    for n in sorted({r["context"] for r in data["results"]}):
+    by, contexts = _by_method_and_context(data)
+    for n in contexts:
         full, hidden, shown = (by[(m, n)] for m in ("full", "a2ats", "a2ats_telemetry"))
         rows.append(
             f"| {n:,} | {full['tokens_per_s']:.2f} | {hidden['tokens_per_s']:.2f} "

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
+
+from repo_python import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 CAP_BYTES = 3 * 2**30
@@ -38,14 +38,7 @@ def run_capped(body: str, cap: int = CAP_BYTES, timeout: float = 120) -> dict:
     "message": ...}."""
     code = _PRELUDE.format(cap=cap, body=textwrap.indent(textwrap.dedent(body), "    "))
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env=env,
-    )
+    proc = run_python(code, env, timeout)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])

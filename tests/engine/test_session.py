@@ -22,16 +22,6 @@ from a2ats_engine.session import ChatSession, SamplingSettings, render_prompt
 GREEDY = SamplingSettings(temperature=0.0, max_tokens=10)
 
 
-@pytest.fixture(scope="module")
-def llama():
-    return tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    return tiny_tokenizer(tmp_path_factory.mktemp("tok"))
-
-
 @pytest.fixture
 def no_eos_tokenizer(tmp_path):
     """A private tokenizer that never stops on EOS (replies run to max_tokens or stop())."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from tiny import tiny_model, tiny_tokenizer
+from tiny import tiny_model
 
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig
@@ -22,16 +22,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:codebook records no model finger
 
 
 @pytest.fixture(scope="module")
-def model():
-    return tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    return tiny_tokenizer(tmp_path_factory.mktemp("tok"))
-
-
-@pytest.fixture(scope="module")
 def book():
     return Codebook.random(2, 2, 16, 32, seed=5)
 
@@ -42,17 +32,17 @@ def chat(model, tokenizer, book, config=CONFIG) -> ChatSession:
 
 @pytest.mark.parametrize("kv_memory", [None, 0])
 def test_a_reopened_chat_continues_from_its_saved_cache(
-    model, tokenizer, book, tmp_path, kv_memory, monkeypatch
+    llama, tokenizer, book, tmp_path, kv_memory, monkeypatch
 ):
     monkeypatch.setenv("A2ATS_CACHE_DIR", str(tmp_path / "cache"))
     config = replace(CONFIG, kv_memory=kv_memory)
-    first = chat(model, tokenizer, book, config)
+    first = chat(llama, tokenizer, book, config)
     run(first.send(HISTORY))
     path = tmp_path / "chat.safetensors"
     save_cache(first, path)
     expected, _, _ = run(first.send("and then"))
 
-    reopened = chat(model, tokenizer, book, config)
+    reopened = chat(llama, tokenizer, book, config)
     reopened.load_messages(first.messages[:2])
     assert restore_cache(reopened, path) is None
     held = reopened.context_tokens
@@ -62,8 +52,8 @@ def test_a_reopened_chat_continues_from_its_saved_cache(
     assert stats.extra["reused_tokens"] >= held - 8 and not stats.extra["cache_rebuilt"]
 
 
-def test_a_saved_cache_for_anything_else_is_refused_by_name(model, tokenizer, book, tmp_path):
-    first = chat(model, tokenizer, book)
+def test_a_saved_cache_for_anything_else_is_refused_by_name(llama, tokenizer, book, tmp_path):
+    first = chat(llama, tokenizer, book)
     run(first.send(HISTORY))
     path = tmp_path / "chat.safetensors"
     save_cache(first, path)
@@ -72,42 +62,42 @@ def test_a_saved_cache_for_anything_else_is_refused_by_name(model, tokenizer, bo
         session.load_messages(first.messages)
         return restore_cache(session, path)
 
-    other_settings = chat(model, tokenizer, book, replace(CONFIG, budget=4))
+    other_settings = chat(llama, tokenizer, book, replace(CONFIG, budget=4))
     assert "other cache settings" in reopen(other_settings)
     assert other_settings.context_tokens == 0  # refused: nothing adopted
-    other_book = chat(model, tokenizer, Codebook.random(2, 2, 16, 32, seed=6))
+    other_book = chat(llama, tokenizer, Codebook.random(2, 2, 16, 32, seed=6))
     assert "codebook" in reopen(other_book)
     other_weights = tiny_model("llama", seed=1)
-    assert weights_sample_hash(other_weights) != weights_sample_hash(model)
+    assert weights_sample_hash(other_weights) != weights_sample_hash(llama)
     assert "weights" in reopen(chat(other_weights, tokenizer, book))
     other_model = tiny_model("qwen2")
     reason = reopen(chat(other_model, tokenizer, book))
     assert reason is not None and "model" in reason, reason
     # another conversation shares only the template's first tokens: whatever is adopted is
     # trimmed to them, and the answer is the one a fresh chat gives
-    assert "load the conversation" in restore_cache(chat(model, tokenizer, book), path)
+    assert "load the conversation" in restore_cache(chat(llama, tokenizer, book), path)
     talk = [{"role": "user", "content": "zzz"}, {"role": "assistant", "content": "yyy"}]
-    stranger, fresh = chat(model, tokenizer, book), chat(model, tokenizer, book)
+    stranger, fresh = chat(llama, tokenizer, book), chat(llama, tokenizer, book)
     stranger.load_messages(talk)
     fresh.load_messages(talk)
     restore_cache(stranger, path)
     assert run(stranger.send("xxx"))[0] == run(fresh.send("xxx"))[0]
     (tmp_path / "junk.safetensors").write_bytes(b"not a file")
     assert "not an A2ATS session file" in restore_cache(
-        chat(model, tokenizer, book), tmp_path / "junk.safetensors"
+        chat(llama, tokenizer, book), tmp_path / "junk.safetensors"
     )
     with pytest.raises(Exception, match="no cache to save"):
-        save_cache(chat(model, tokenizer, book), tmp_path / "empty.safetensors")
+        save_cache(chat(llama, tokenizer, book), tmp_path / "empty.safetensors")
 
 
-def test_a_codebook_loaded_from_its_file_restores_too(model, tokenizer, book, tmp_path):
+def test_a_codebook_loaded_from_its_file_restores_too(llama, tokenizer, book, tmp_path):
     """A codebook file's sha256 is the file's: the session file keeps it for its caches."""
     book.save(tmp_path / "book.safetensors")
     loaded = Codebook.load(tmp_path / "book.safetensors")
-    first = chat(model, tokenizer, loaded)
+    first = chat(llama, tokenizer, loaded)
     run(first.send(HISTORY))
     save_cache(first, tmp_path / "chat.safetensors")
-    again = chat(model, tokenizer, Codebook.load(tmp_path / "book.safetensors"))
+    again = chat(llama, tokenizer, Codebook.load(tmp_path / "book.safetensors"))
     again.load_messages(first.messages)
     assert restore_cache(again, tmp_path / "chat.safetensors") is None
     assert again.caches[0].codebook is again.cache_factory.codebook  # no second copy

