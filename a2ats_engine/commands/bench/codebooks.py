@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from .. import _limits as limits
+from .._bench_common import machine, print_json, stderr_progress
+from .._flags import add_budget_flag, add_context_decode_flags, add_json_flag, add_model_flags
 
 
 def register(bench) -> None:
@@ -28,7 +29,7 @@ def register(bench) -> None:
             "ppl_vs_full with its 95% block-bootstrap interval (ppl_ci), codebook_bytes held."
         ),
     )
-    c.add_argument("--model", default="demo", help="model source (default: demo)")
+    add_model_flags(c, codebook_help=None)
     c.add_argument(
         "--centroids",
         default="256,512,1024,2048,4096",
@@ -46,13 +47,13 @@ def register(bench) -> None:
         help="comma list of built-in evaluation texts: code (http/client.py, default), prose "
         "(about 3K tokens), dialogue (about 5.7K tokens); figures pooled over them",
     )
-    c.add_argument("--context", type=int, default=4096, help="prefill tokens (default 4096)")
-    c.add_argument("--decode", type=int, default=64, help="teacher-forced tokens (default 64)")
-    c.add_argument("--budget", default="0.03", help="retrieval budget: fraction or token count")
+    add_context_decode_flags(
+        c, "prefill tokens (default 4096)", "teacher-forced tokens (default 64)"
+    )
+    add_budget_flag(c)
     c.add_argument("--seed", type=int, default=0, help="calibration seed (default 0, the demo's)")
     c.add_argument("--save-dir", help="save every codebook here (codebook-c{N}-t{T}.safetensors)")
-    c.add_argument("--json", action="store_true", help="print one JSON object")
-    c.set_defaults(func=run_codebooks)
+    add_json_flag(c, run_codebooks)
 
 
 def _int_list(flag: str, text: str) -> list[int]:
@@ -108,7 +109,6 @@ def run_codebooks(args: argparse.Namespace) -> int:
     from ...bench.eval_results import rests_on
     from ...cache.config import A2ATSConfig
     from ...loading.models import load_model
-    from .._bench_common import machine, stderr_progress
 
     centroids, tokens, texts = _check_codebook_args(args)
     config = A2ATSConfig(budget=limits.parse_budget(args.budget))
@@ -143,8 +143,7 @@ def run_codebooks(args: argparse.Namespace) -> int:
         "command": _codebooks_command(args),
         "results": [r.to_dict() for r in run.rows],
     }
-    if args.json:
-        print(json.dumps(out))
+    if print_json(args, out):
         return 0
     print(f"model {info.name}; texts {', '.join(out['texts'])}; context {args.context}, "
           f"decode {args.decode}, budget {config.budget}")  # fmt: skip

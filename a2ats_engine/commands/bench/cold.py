@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
+
+from .._bench_common import a2ats_config, print_json, silence_random_codebook_warning
+from .._flags import add_json_flag, add_model_flags
+from .common import bench_run, load_codebook
 
 MAX_COLD_CONTEXT = 1 << 18  # 262,144 tokens: each method runs in a process of its own
 
@@ -38,8 +40,7 @@ def register(bench) -> None:
         help="instead: decode speed of the cold tier vs in-memory A2ATS in one process, "
         "interleaved, --repeats times (the median ratio and every run's)",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=run)
+    add_json_flag(p, run)
 
 
 def _check(args: argparse.Namespace) -> tuple[list[int], list[str]]:
@@ -62,7 +63,6 @@ def run(args: argparse.Namespace) -> int:
     contexts, methods = _check(args)
     from ...bench.cold_tier import measure
     from ...cache.config import A2ATSConfig
-    from .._bench_common import machine
 
     limit = None if args.data_limit is None else int(args.data_limit * 2**30)
     config = A2ATSConfig()
@@ -71,9 +71,10 @@ def run(args: argparse.Namespace) -> int:
             measure(args.geometry, n, "speed", args.steps, config, limit, repeats=args.repeats)
             for n in contexts
         ]
-        out = {"geometry": args.geometry, "machine": machine(), "config": config.to_dict(),
-               "command": "a2ats bench cold " + " ".join(sys.argv[3:]), "speed": rows}  # fmt: skip
-        print(json.dumps(out) if args.json else "\n".join(str(r) for r in rows))
+        out = {"geometry": args.geometry, **bench_run("cold"), "config": config.to_dict(),
+               "speed": rows}  # fmt: skip
+        if not print_json(args, out):
+            print("\n".join(str(r) for r in rows))
         return 0
     runs = []
     for context in contexts:
@@ -88,12 +89,10 @@ def run(args: argparse.Namespace) -> int:
         "steps": args.steps,
         "data_limit_bytes": limit,
         "config": config.to_dict(),
-        "machine": machine(),
-        "command": "a2ats bench cold " + " ".join(sys.argv[3:]),
+        **bench_run("cold"),
         "runs": runs,
     }
-    if args.json:
-        print(json.dumps(out))
+    print_json(args, out)
     return 0
 
 
@@ -121,42 +120,31 @@ def _register_reopen(bench) -> None:
             "and both times to first token."
         ),
     )
-    p.add_argument("--model", default="demo", help="model source (default: demo)")
-    p.add_argument("--codebook", help="codebook file (default: the model's default, else random)")
-    p.add_argument("--contexts", default="2048,4096", help="comma-separated contexts")
+    add_model_flags(p, contexts="2048,4096")
     p.add_argument("--cold", action="store_true", help="every K/V row in the cold tier")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=run_reopen)
+    add_json_flag(p, run_reopen)
 
 
 def run_reopen(args: argparse.Namespace) -> int:
     from ...bench.reopen import bench_reopen
     from ...loading.models import load_model
     from .. import _limits
-    from .._bench_common import (
-        a2ats_config,
-        find_codebook,
-        machine,
-        silence_random_codebook_warning,
-    )
 
     contexts = _limits.int_list("--contexts", args.contexts, 16, _limits.MAX_CONTEXT)
     silence_random_codebook_warning()
     model, tokenizer, info = load_model(args.model)
     limit = getattr(getattr(model, "args", None), "max_position_embeddings", None)
     _limits.check_model_context("--contexts", [c + 64 for c in contexts], limit)
-    codebook, _ = find_codebook(args.codebook, args.model, info.path, required=False)
+    codebook, _ = load_codebook(args.codebook, args.model, info.path)
     config = a2ats_config(codebook, model)
     rows = bench_reopen(model, tokenizer, contexts, config, codebook, cold=args.cold)
     out = {
         "model": info.name,
         "cold": args.cold,
-        "machine": machine(),
-        "command": "a2ats bench reopen " + " ".join(sys.argv[3:]),
+        **bench_run("reopen"),
         "results": rows,
     }
-    if args.json:
-        print(json.dumps(out))
+    if print_json(args, out):
         return 0
     for r in rows:
         print(

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from .. import _limits as limits
+from .._bench_common import print_json
+from .._flags import add_json_flag
 
 
 def register(bench) -> None:
@@ -21,8 +22,7 @@ def register(bench) -> None:
     s.add_argument("--sequences", default="200,400", help="comma-separated sequence lengths")
     s.add_argument("--centroids", type=int, default=64, help="codebook size (default 64)")
     s.add_argument("--seed", type=int, default=0, help="random seed")
-    s.add_argument("--json", action="store_true", help="print one JSON object")
-    s.set_defaults(func=run_seed_synthetic)
+    add_json_flag(s, run_seed_synthetic)
 
 
 def run_seed_synthetic(args: argparse.Namespace) -> int:
@@ -33,8 +33,7 @@ def run_seed_synthetic(args: argparse.Namespace) -> int:
     limits.count("--seed", args.seed, 0, limits.MAX_SEED)
     settings = SyntheticSettings(n_centroids=args.centroids, seed=args.seed)
     out = run(settings, sequences=tuple(sequences))
-    if args.json:
-        print(json.dumps(out))
+    if print_json(args, out):
         return 0
     claims = out["seed_claims"]["windowed_vs_exact_rope_mse_ratio"]
     print(
