@@ -162,19 +162,12 @@ def run_eval(args: argparse.Namespace) -> int:
         notes.append(f"a2ats_alloc: layer budgets from plain a2ats's recall per layer on {where}")
     per_text = [
         evaluate(
-            model,
-            tokenizer.encode(text),
-            context=args.context,
-            decode=args.decode,
-            budgets=budgets,
-            codebooks=books,
-            config=config,
-            methods=methods,
-            progress=progress,
+            model, tokenizer.encode(text), context=args.context, decode=args.decode,
+            budgets=budgets, codebooks=books, config=config, methods=methods, progress=progress,
             dev_ids=dev_ids,
-        )  # fmt: skip
+        )
         for text, _ in texts
-    ]
+    ]  # fmt: skip
     if len(texts) > 1:
         return _print_texts(
             args, texts, per_text, budgets, info, codebook, codebook_desc, config, notes, tuned
