@@ -8,27 +8,26 @@ from .. import _limits as limits
 from .._bench_common import machine, print_json, stderr_progress
 from .._flags import add_budget_flag, add_context_decode_flags, add_json_flag, add_model_flags
 
+HELP = "codebook size and calibration tokens vs recall, ppl and calibration time"
+DESCRIPTION = (
+    "Calibrate one codebook per (centroids, calibration tokens) pair with the demo "
+    "default's recipe (built-in corpus, default config, keys per head as calibrate "
+    "chooses them; only the size and the tokens differ), then teacher-force the same "
+    "text through `full` and `a2ats` with each codebook. The calibration forward pass is "
+    "shared: every distinct chunk of the corpus runs once and serves every size and every "
+    "shorter token count, each codebook fit on exactly the data a calibration of its own "
+    "would collect; calib_seconds = collect_seconds (corpus, tokenization and the "
+    "forward time of that token count's chunks, as a calibration of its own would spend "
+    "them) + fit_seconds (k-means and the held-out score error). One exact prefill and "
+    "one `full` decode per text serve every codebook. Rows: recall, output_rel_error, "
+    "ppl_vs_full with its 95% block-bootstrap interval (ppl_ci), codebook_bytes held."
+)
 
-def register(bench) -> None:
+
+def register(bench: argparse._SubParsersAction) -> None:
     from ...calibration.defaults import DEMO_TOKENS
 
-    c = bench.add_parser(
-        "codebooks",
-        help="codebook size and calibration tokens vs recall, ppl and calibration time",
-        description=(
-            "Calibrate one codebook per (centroids, calibration tokens) pair with the demo "
-            "default's recipe (built-in corpus, default config, keys per head as calibrate "
-            "chooses them; only the size and the tokens differ), then teacher-force the same "
-            "text through `full` and `a2ats` with each codebook. The calibration forward pass is "
-            "shared: every distinct chunk of the corpus runs once and serves every size and every "
-            "shorter token count, each codebook fit on exactly the data a calibration of its own "
-            "would collect; calib_seconds = collect_seconds (corpus, tokenization and the "
-            "forward time of that token count's chunks, as a calibration of its own would spend "
-            "them) + fit_seconds (k-means and the held-out score error). One exact prefill and "
-            "one `full` decode per text serve every codebook. Rows: recall, output_rel_error, "
-            "ppl_vs_full with its 95% block-bootstrap interval (ppl_ci), codebook_bytes held."
-        ),
-    )
+    c = bench.add_parser("codebooks", help=HELP, description=DESCRIPTION)
     add_model_flags(c, codebook_help=None)
     c.add_argument(
         "--centroids",

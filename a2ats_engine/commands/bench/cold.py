@@ -10,22 +10,21 @@ from .common import bench_run, load_codebook
 
 MAX_COLD_CONTEXT = 1 << 18  # 262,144 tokens: each method runs in a process of its own
 
+COLD_HELP = "measured process memory and decode speed: KVCache vs A2ATS vs A2ATS cold tier"
+COLD_DESCRIPTION = (
+    "Each method and context runs in a process of its own on a real model's geometry "
+    "(random float32 weights, caches filled synthetically): anonymous resident memory "
+    "(RssAnon / phys_footprint) after the fill and its sampled peak, the resident-set "
+    "high-water mark, MLX's peak, the cache's bytes in memory and on disk beside an fp16 "
+    "KVCache's, decode tokens/s and the greedy tokens. --data-limit runs every method "
+    "under a private-memory cap (RLIMIT_DATA; file maps are not counted) and reports "
+    "which ones fail."
+)
 
-def register(bench) -> None:
+
+def register(bench: argparse._SubParsersAction) -> None:
     _register_reopen(bench)
-    p = bench.add_parser(
-        "cold",
-        help="measured process memory and decode speed: KVCache vs A2ATS vs A2ATS cold tier",
-        description=(
-            "Each method and context runs in a process of its own on a real model's geometry "
-            "(random float32 weights, caches filled synthetically): anonymous resident memory "
-            "(RssAnon / phys_footprint) after the fill and its sampled peak, the resident-set "
-            "high-water mark, MLX's peak, the cache's bytes in memory and on disk beside an fp16 "
-            "KVCache's, decode tokens/s and the greedy tokens. --data-limit runs every method "
-            "under a private-memory cap (RLIMIT_DATA; file maps are not counted) and reports "
-            "which ones fail."
-        ),
-    )
+    p = bench.add_parser("cold", help=COLD_HELP, description=COLD_DESCRIPTION)
     p.add_argument("--geometry", default="qwen3-0.6b", help="model geometry (default: qwen3-0.6b)")
     p.add_argument("--contexts", default="16384,32768", help="comma-separated contexts")
     p.add_argument("--methods", default="full,a2ats,a2ats_cold", help="full, a2ats, a2ats_cold")
@@ -109,17 +108,17 @@ def _print_run(r: dict) -> None:
     )
 
 
-def _register_reopen(bench) -> None:
-    p = bench.add_parser(
-        "reopen",
-        help="reopening a long chat from its saved cache vs prefilling it again",
-        description=(
-            "Per context: a chat of that many tokens is answered, its caches saved, then a new "
-            "session answers a follow-up after restoring them and after prefilling the whole "
-            "conversation (the first tokens must agree). Prints save/restore seconds, file bytes "
-            "and both times to first token."
-        ),
-    )
+REOPEN_HELP = "reopening a long chat from its saved cache vs prefilling it again"
+REOPEN_DESCRIPTION = (
+    "Per context: a chat of that many tokens is answered, its caches saved, then a new "
+    "session answers a follow-up after restoring them and after prefilling the whole "
+    "conversation (the first tokens must agree). Prints save/restore seconds, file bytes "
+    "and both times to first token."
+)
+
+
+def _register_reopen(bench: argparse._SubParsersAction) -> None:
+    p = bench.add_parser("reopen", help=REOPEN_HELP, description=REOPEN_DESCRIPTION)
     add_model_flags(p, contexts="2048,4096")
     p.add_argument("--cold", action="store_true", help="every K/V row in the cold tier")
     add_json_flag(p, run_reopen)

@@ -26,16 +26,16 @@ DECODE_METHOD_NAMES = (
 )
 
 
-def register(bench) -> None:
-    d = bench.add_parser(
-        "decode",
-        help="decode tokens/s and cache bytes of A2ATS vs mlx-lm's KVCache at several contexts",
-        description=(
-            "Prefill each context once, then decode the same tokens through every method from an "
-            "identical state. Prints tokens/s, bytes held per token and ratios to `full` "
-            "(mlx-lm KVCache)."
-        ),
-    )
+HELP = "decode tokens/s and cache bytes of A2ATS vs mlx-lm's KVCache at several contexts"
+DESCRIPTION = (
+    "Prefill each context once, then decode the same tokens through every method from an "
+    "identical state. Prints tokens/s, bytes held per token and ratios to `full` "
+    "(mlx-lm KVCache)."
+)
+
+
+def register(bench: argparse._SubParsersAction) -> None:
+    d = bench.add_parser("decode", help=HELP, description=DESCRIPTION)
     add_model_flags(d, CODEBOOK_OR_RANDOM, "1024,4096,8192", "comma-separated context lengths")
     d.add_argument("--steps", type=int, default=32, help="decode steps timed per method")
     add_budget_flag(d)

@@ -9,21 +9,20 @@ from .._bench_common import a2ats_config, machine, print_json, silence_random_co
 from .._flags import add_json_flag, add_model_flags
 from .common import load_codebook
 
+HELP = "cache bytes per token vs context for each method (ratios to full and fp16)"
+DESCRIPTION = (
+    "Fill each method's caches with `context` tokens of random keys/values of the model's "
+    "geometry and K/V dtype (what a cache holds does not depend on the values) and report "
+    "the bytes held per token, with ratios to `full` (mlx-lm KVCache) and to an fp16 "
+    "full cache. A2ATS's fixed costs (the codebook, once per model and shared by all its "
+    "chats, and each layer's rotation matrices) are counted in bytes_held, and the "
+    "context from which each A2ATS storage holds less than an fp16 cache and mlx-lm's "
+    "kv8/kv4 caches is solved from bytes/token and those fixed bytes."
+)
 
-def register(bench) -> None:
-    m = bench.add_parser(
-        "memory",
-        help="cache bytes per token vs context for each method (ratios to full and fp16)",
-        description=(
-            "Fill each method's caches with `context` tokens of random keys/values of the model's "
-            "geometry and K/V dtype (what a cache holds does not depend on the values) and report "
-            "the bytes held per token, with ratios to `full` (mlx-lm KVCache) and to an fp16 "
-            "full cache. A2ATS's fixed costs (the codebook, once per model and shared by all its "
-            "chats, and each layer's rotation matrices) are counted in bytes_held, and the "
-            "context from which each A2ATS storage holds less than an fp16 cache and mlx-lm's "
-            "kv8/kv4 caches is solved from bytes/token and those fixed bytes."
-        ),
-    )
+
+def register(bench: argparse._SubParsersAction) -> None:
+    m = bench.add_parser("memory", help=HELP, description=DESCRIPTION)
     add_model_flags(m, contexts="1024,4096,8192,16384")
     m.add_argument(
         "--methods",

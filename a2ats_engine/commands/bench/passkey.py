@@ -16,17 +16,16 @@ from .._flags import (
 )
 from .common import eval_method_names, is_eval_method, retrieval_run
 
+HELP = "passkey retrieval accuracy per method at several contexts and depths"
+DESCRIPTION = (
+    "Hide a 5-digit passkey at several depths in filler text, ask for it at the end and "
+    "answer greedily with each method's cache (the last prompt token and every answer "
+    "token go through the method's decode attention). Accuracy per method and context."
+)
 
-def register(bench) -> None:
-    p = bench.add_parser(
-        "passkey",
-        help="passkey retrieval accuracy per method at several contexts and depths",
-        description=(
-            "Hide a 5-digit passkey at several depths in filler text, ask for it at the end and "
-            "answer greedily with each method's cache (the last prompt token and every answer "
-            "token go through the method's decode attention). Accuracy per method and context."
-        ),
-    )
+
+def register(bench: argparse._SubParsersAction) -> None:
+    p = bench.add_parser("passkey", help=HELP, description=DESCRIPTION)
     add_model_flags(p, CODEBOOK_REQUIRED, "1024,2048,4096,8192")
     add_depths_flag(p, "0.1,0.3,0.5,0.7,0.9")
     p.add_argument("--methods", default="full,window,a2ats", help="full, window, a2ats, ...")

@@ -10,18 +10,17 @@ from .._bench_common import a2ats_config, print_json, silence_random_codebook_wa
 from .._flags import add_json_flag, add_model_flags
 from .common import bench_run, check_repeats, load_codebook
 
+HELP = "time to first token of A2ATS vs mlx-lm's KVCache (prefill codes every key)"
+DESCRIPTION = (
+    "Prefill a prompt of each context length the way the app does (2048-token chunks, "
+    "every cache state evaluated) with mlx-lm's caches and with A2ATS, alternating the "
+    "order each round, and read the first token back. Prints the median seconds and the "
+    "median per-round ratio a2ats / full with its spread."
+)
 
-def register(bench) -> None:
-    p = bench.add_parser(
-        "prefill",
-        help="time to first token of A2ATS vs mlx-lm's KVCache (prefill codes every key)",
-        description=(
-            "Prefill a prompt of each context length the way the app does (2048-token chunks, "
-            "every cache state evaluated) with mlx-lm's caches and with A2ATS, alternating the "
-            "order each round, and read the first token back. Prints the median seconds and the "
-            "median per-round ratio a2ats / full with its spread."
-        ),
-    )
+
+def register(bench: argparse._SubParsersAction) -> None:
+    p = bench.add_parser("prefill", help=HELP, description=DESCRIPTION)
     add_model_flags(p, contexts="1024,4096,8192", contexts_help="comma-separated prompt lengths")
     p.add_argument("--repeats", type=int, default=3, help="rounds per context (median)")
     p.add_argument("--kv-bits", type=int, choices=(8, 4), default=None, help="A2ATS K/V storage")

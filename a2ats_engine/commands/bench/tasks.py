@@ -16,20 +16,19 @@ from .._flags import (
 )
 from .common import eval_method_names, is_eval_method, retrieval_run
 
+HELP = "RULER-style long-context tasks (needles, multi-hop, aggregation) per method"
+DESCRIPTION = (
+    "Generate needle-in-a-haystack (number, word, UUID, multi-key, multi-value), "
+    "variable-tracking and common-word tasks offline at each context, depth and seed; "
+    "answer greedily with each method from one exact prefill (the last prompt token and "
+    "every answer token go through the method's decode attention). Score: share of the "
+    "reference answers found, in [0, 1], per task, context and method, and relative to "
+    "`full` on the same prompts."
+)
 
-def register(bench) -> None:
-    t = bench.add_parser(
-        "tasks",
-        help="RULER-style long-context tasks (needles, multi-hop, aggregation) per method",
-        description=(
-            "Generate needle-in-a-haystack (number, word, UUID, multi-key, multi-value), "
-            "variable-tracking and common-word tasks offline at each context, depth and seed; "
-            "answer greedily with each method from one exact prefill (the last prompt token and "
-            "every answer token go through the method's decode attention). Score: share of the "
-            "reference answers found, in [0, 1], per task, context and method, and relative to "
-            "`full` on the same prompts."
-        ),
-    )
+
+def register(bench: argparse._SubParsersAction) -> None:
+    t = bench.add_parser("tasks", help=HELP, description=DESCRIPTION)
     add_model_flags(t, CODEBOOK_REQUIRED, "4096", "comma-separated contexts (default 4096)")
     t.add_argument("--methods", default="full,a2ats,window,oracle_topk", help="comma list")
     t.add_argument("--tasks", default=None, help="comma list of tasks (default: all)")
