@@ -36,6 +36,7 @@ def add_budget_flag(p: argparse.ArgumentParser) -> None:
 
 
 def add_rerank_flag(p: argparse.ArgumentParser, help_text: str = RERANK_HELP) -> None:
+    """--rerank: an int, None (the config's) unless given, checked by `_limits.config_check`."""
     p.add_argument("--rerank", type=int, default=None, help=help_text)
 
 
