@@ -1,7 +1,11 @@
-"""Shared pieces of `a2ats eval` and `a2ats bench ...`: codebook discovery, config, progress."""
+"""Shared pieces of `a2ats eval`, `a2ats crossover` and `a2ats bench ...`: codebook discovery,
+config, progress, the machine, --json output. Their flags are in `_flags.py`, the flags' range
+checks in `_limits.py`; what only `bench` subcommands share is in `bench/common.py`."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import platform
 import sys
 import warnings
@@ -81,3 +85,10 @@ def stderr_progress(enabled: bool):
 
 def silence_random_codebook_warning() -> None:
     warnings.filterwarnings("ignore", message="A2ATS: no codebook given")
+
+
+def print_json(args: argparse.Namespace, out: dict) -> bool:
+    """With --json: print `out` as one JSON object and say so (True); else False."""
+    if args.json:
+        print(json.dumps(out))
+    return bool(args.json)

@@ -57,18 +57,30 @@ def _items(flag: str, text: str) -> list[str]:
     return items
 
 
-def int_list(flag: str, text: str, lo: int = 1, hi: int = MAX_CONTEXT) -> list[int]:
-    """'1024,4096' -> [1024, 4096] (in the order given), each in [lo, hi]."""
+def _parsed(
+    flag: str, text: str, parse: Callable[[str], Any], kind: str, check: Callable[[str, Any], None]
+) -> list:
+    """Each item of the comma list `parse`d (ValueError "not `kind`" naming the flag and the
+    item), then `check`ed (item, value), in the order given."""
     out = []
     for item in _items(flag, text):
         try:
-            value = int(item)
+            value = parse(item)
         except ValueError:
-            raise ValueError(f"{flag}: {item!r} is not a whole number") from None
-        if not lo <= value <= hi:
-            raise ValueError(f"{flag}: {value:,} is out of range: must be in [{lo:,}, {hi:,}]")
+            raise ValueError(f"{flag}: {item!r} is not {kind}") from None
+        check(item, value)
         out.append(value)
     return out
+
+
+def int_list(flag: str, text: str, lo: int = 1, hi: int = MAX_CONTEXT) -> list[int]:
+    """'1024,4096' -> [1024, 4096] (in the order given), each in [lo, hi]."""
+
+    def check(_item: str, value: int) -> None:
+        if not lo <= value <= hi:
+            raise ValueError(f"{flag}: {value:,} is out of range: must be in [{lo:,}, {hi:,}]")
+
+    return _parsed(flag, text, int, "a whole number", check)
 
 
 def contexts(flag: str, text: str, lo: int = 1) -> list[int]:
@@ -78,16 +90,12 @@ def contexts(flag: str, text: str, lo: int = 1) -> list[int]:
 
 def fractions(flag: str, text: str) -> list[float]:
     """'0.1,0.5' -> [0.1, 0.5], each a finite number in [0, 1]."""
-    out = []
-    for item in _items(flag, text):
-        try:
-            value = float(item)
-        except ValueError:
-            raise ValueError(f"{flag}: {item!r} is not a number") from None
+
+    def check(item: str, value: float) -> None:
         if not (math.isfinite(value) and 0.0 <= value <= 1.0):
             raise ValueError(f"{flag}: {item} is out of range: must be in [0, 1]")
-        out.append(value)
-    return out
+
+    return _parsed(flag, text, float, "a number", check)
 
 
 def budget(text: str, flag: str = "--budget") -> float | int:

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from ._flags import add_json_flag
+
 SOURCE_HELP = "an mlx-lm model folder, a .gguf file, a Hugging Face repo id or 'demo'"
 
 
@@ -66,8 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("file", metavar="FILE", help="codebook .safetensors file")
     p.add_argument("--model", metavar="SOURCE", default=None, help=SOURCE_HELP)
-    p.add_argument("--json", action="store_true", help="print the metadata as JSON")
-    p.set_defaults(func=run_codebook_info)
+    add_json_flag(p, run_codebook_info, "print the metadata as JSON")
 
 
 class TqdmProgress:

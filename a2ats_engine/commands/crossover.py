@@ -7,6 +7,7 @@ import argparse
 import json
 
 from . import _limits as limits
+from ._flags import add_json_flag
 from .models import SOURCE_HELP
 
 DEFAULT_CONTEXTS = "512,1024,2048,4096,8192,16384"
@@ -50,9 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--repeats", type=int, default=3, help="measurements per context; the median ratio counts"
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_flag(p, run)
     p.add_argument("--dry-run", action="store_true", help="measure and decide, record nothing")
-    p.set_defaults(func=run)
 
 
 def parse_contexts(text: str) -> list[int]:

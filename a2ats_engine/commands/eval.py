@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from . import _limits as limits
-from ._bench_common import a2ats_config, find_codebook, machine, stderr_progress
+from ._bench_common import a2ats_config, find_codebook, machine, print_json, stderr_progress
+from ._flags import (
+    CODEBOOK_REQUIRED,
+    add_budget_flag,
+    add_context_decode_flags,
+    add_json_flag,
+    add_model_flags,
+    add_rerank_flag,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,8 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "(and cached) unless given."
         ),
     )
-    p.add_argument("--model", default="demo", help="model source (default: demo)")
-    p.add_argument("--codebook", help="codebook file (default: the model's default codebook)")
+    add_model_flags(p, CODEBOOK_REQUIRED)
     p.add_argument(
         "--text",
         action="append",
@@ -35,9 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "this repository, about 6.5K tokens), dialogue (a two-person dialogue written for this "
         "repository, about 5.7K tokens); with --text, the files come after these",
     )
-    p.add_argument("--context", type=int, default=4096, help="prefill tokens N (default 4096)")
-    p.add_argument("--decode", type=int, default=64, help="teacher-forced tokens M (default 64)")
-    p.add_argument("--budget", default="0.03", help="retrieval budget: fraction or token count")
+    add_context_decode_flags(
+        p, "prefill tokens N (default 4096)", "teacher-forced tokens M (default 64)"
+    )
+    add_budget_flag(p)
     p.add_argument(
         "--budgets", help="comma list of budgets: a sweep sharing one prefill (overrides --budget)"
     )
@@ -48,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "a2ats_exact_rope)",
     )
     p.add_argument("--far-buckets", type=int, default=None, help="A2ATS distance buckets")
-    p.add_argument("--rerank", type=int, default=None, help="A2ATS rerank factor")
+    add_rerank_flag(p)
     p.add_argument(
         "--kv-bits",
         type=int,
@@ -80,8 +87,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(default: the evaluation text's tokens right after the evaluated span, a different "
         "slice of the same text)",
     )
-    p.add_argument("--json", action="store_true", help="print exactly one JSON object")
-    p.set_defaults(func=run_eval)
+    add_json_flag(p, run_eval, "print exactly one JSON object")
 
 
 def _all_methods() -> tuple[str, ...]:
@@ -156,19 +162,12 @@ def run_eval(args: argparse.Namespace) -> int:
         notes.append(f"a2ats_alloc: layer budgets from plain a2ats's recall per layer on {where}")
     per_text = [
         evaluate(
-            model,
-            tokenizer.encode(text),
-            context=args.context,
-            decode=args.decode,
-            budgets=budgets,
-            codebooks=books,
-            config=config,
-            methods=methods,
-            progress=progress,
+            model, tokenizer.encode(text), context=args.context, decode=args.decode,
+            budgets=budgets, codebooks=books, config=config, methods=methods, progress=progress,
             dev_ids=dev_ids,
-        )  # fmt: skip
+        )
         for text, _ in texts
-    ]
+    ]  # fmt: skip
     if len(texts) > 1:
         return _print_texts(
             args, texts, per_text, budgets, info, codebook, codebook_desc, config, notes, tuned
@@ -176,12 +175,7 @@ def run_eval(args: argparse.Namespace) -> int:
     runs = per_text[0]
     text_desc = texts[0][1]
     meta = {
-        "model": info.name,
-        "codebook": Path(codebook_desc).name,  # the file name: paths are machine-specific
-        "n_centroids": codebook.n_centroids,
-        "far_buckets": config.far_buckets,
-        "rerank": config.rerank,
-        "kv_bits": config.kv_bits,
+        **_run_meta(info, codebook, codebook_desc, config),
         "text": text_desc,
         "machine": machine(),
         "notes": notes + _method_notes() + _config_notes(config),
@@ -197,8 +191,7 @@ def run_eval(args: argparse.Namespace) -> int:
             "runs": [r.to_dict() for r in runs],
             **meta,
         }
-    if args.json:
-        print(json.dumps(out))
+    if print_json(args, out):
         return 0
     print(f"model {info.name}; codebook {codebook_desc}; text {text_desc}")
     kv = "float" if config.kv_bits is None else f"{config.kv_bits}-bit"
@@ -212,6 +205,18 @@ def run_eval(args: argparse.Namespace) -> int:
     for run in runs:
         print(format_table(run))
     return 0
+
+
+def _run_meta(info, codebook, codebook_desc: str, config) -> dict:
+    """What an eval result records of its model, codebook and A2ATS settings."""
+    return {
+        "model": info.name,
+        "codebook": Path(codebook_desc).name,  # the file name: paths are machine-specific
+        "n_centroids": codebook.n_centroids,
+        "far_buckets": config.far_buckets,
+        "rerank": config.rerank,
+        "kv_bits": config.kv_bits,
+    }
 
 
 def check_eval_args(args: argparse.Namespace) -> tuple[list[str], list[float | int]]:
@@ -304,18 +309,12 @@ def _print_texts(
             for (_, desc), runs in zip(texts, per_text, strict=True)
         ],
         "pooled": pooled,
-        "model": info.name,
-        "codebook": Path(codebook_desc).name,  # the file name: paths are machine-specific
-        "n_centroids": codebook.n_centroids,
-        "far_buckets": config.far_buckets,
-        "rerank": config.rerank,
-        "kv_bits": config.kv_bits,
+        **_run_meta(info, codebook, codebook_desc, config),
         "machine": machine(),
         "notes": notes + _method_notes(),
         **({"paper_b": tuned} if tuned else {}),
     }
-    if args.json:
-        print(json.dumps(out))
+    if print_json(args, out):
         return 0
     for (_, desc), runs in zip(texts, per_text, strict=True):
         print(f"text {desc}")

@@ -10,6 +10,8 @@ import json
 import sys
 from pathlib import Path
 
+from ._flags import add_json_flag
+
 SOURCE_HELP = (
     "an mlx-lm / Hugging Face model folder, a .gguf file, a Hugging Face repo id (org/name), "
     "'demo' or 'gemma3-270m'"
@@ -60,8 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the built-in table, or none.",
     )
     p.add_argument("source", metavar="SOURCE", help=SOURCE_HELP)
-    p.add_argument("--json", action="store_true", help="print the ModelInfo as JSON")
-    p.set_defaults(func=run_info)
+    add_json_flag(p, run_info, "print the ModelInfo as JSON")
 
 
 class _StageReporter:

@@ -1,6 +1,6 @@
 """`a2ats bench ...`: benchmarks that compare methods as ratios within one run, one module per
-subcommand (each with `register(bench)` and its run function); shared flags and helpers in
-`common.py` and `../_limits.py`."""
+subcommand (each with `register(bench)` and its run function); the shared flags in
+`../_flags.py`, their range checks in `../_limits.py`, shared run code in `../_bench_common.py`."""
 
 from __future__ import annotations
 

@@ -3,32 +3,32 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from .. import _limits as limits
+from .._bench_common import machine, print_json, stderr_progress
+from .._flags import add_budget_flag, add_context_decode_flags, add_json_flag, add_model_flags
+
+HELP = "codebook size and calibration tokens vs recall, ppl and calibration time"
+DESCRIPTION = (
+    "Calibrate one codebook per (centroids, calibration tokens) pair with the demo "
+    "default's recipe (built-in corpus, default config, keys per head as calibrate "
+    "chooses them; only the size and the tokens differ), then teacher-force the same "
+    "text through `full` and `a2ats` with each codebook. The calibration forward pass is "
+    "shared: every distinct chunk of the corpus runs once and serves every size and every "
+    "shorter token count, each codebook fit on exactly the data a calibration of its own "
+    "would collect; calib_seconds = collect_seconds (corpus, tokenization and the "
+    "forward time of that token count's chunks, as a calibration of its own would spend "
+    "them) + fit_seconds (k-means and the held-out score error). One exact prefill and "
+    "one `full` decode per text serve every codebook. Rows: recall, output_rel_error, "
+    "ppl_vs_full with its 95% block-bootstrap interval (ppl_ci), codebook_bytes held."
+)
 
 
-def register(bench) -> None:
+def register(bench: argparse._SubParsersAction) -> None:
     from ...calibration.defaults import DEMO_TOKENS
 
-    c = bench.add_parser(
-        "codebooks",
-        help="codebook size and calibration tokens vs recall, ppl and calibration time",
-        description=(
-            "Calibrate one codebook per (centroids, calibration tokens) pair with the demo "
-            "default's recipe (built-in corpus, default config, keys per head as calibrate "
-            "chooses them; only the size and the tokens differ), then teacher-force the same "
-            "text through `full` and `a2ats` with each codebook. The calibration forward pass is "
-            "shared: every distinct chunk of the corpus runs once and serves every size and every "
-            "shorter token count, each codebook fit on exactly the data a calibration of its own "
-            "would collect; calib_seconds = collect_seconds (corpus, tokenization and the "
-            "forward time of that token count's chunks, as a calibration of its own would spend "
-            "them) + fit_seconds (k-means and the held-out score error). One exact prefill and "
-            "one `full` decode per text serve every codebook. Rows: recall, output_rel_error, "
-            "ppl_vs_full with its 95% block-bootstrap interval (ppl_ci), codebook_bytes held."
-        ),
-    )
-    c.add_argument("--model", default="demo", help="model source (default: demo)")
+    c = bench.add_parser("codebooks", help=HELP, description=DESCRIPTION)
+    add_model_flags(c, codebook_help=None)
     c.add_argument(
         "--centroids",
         default="256,512,1024,2048,4096",
@@ -46,13 +46,13 @@ def register(bench) -> None:
         help="comma list of built-in evaluation texts: code (http/client.py, default), prose "
         "(about 3K tokens), dialogue (about 5.7K tokens); figures pooled over them",
     )
-    c.add_argument("--context", type=int, default=4096, help="prefill tokens (default 4096)")
-    c.add_argument("--decode", type=int, default=64, help="teacher-forced tokens (default 64)")
-    c.add_argument("--budget", default="0.03", help="retrieval budget: fraction or token count")
+    add_context_decode_flags(
+        c, "prefill tokens (default 4096)", "teacher-forced tokens (default 64)"
+    )
+    add_budget_flag(c)
     c.add_argument("--seed", type=int, default=0, help="calibration seed (default 0, the demo's)")
     c.add_argument("--save-dir", help="save every codebook here (codebook-c{N}-t{T}.safetensors)")
-    c.add_argument("--json", action="store_true", help="print one JSON object")
-    c.set_defaults(func=run_codebooks)
+    add_json_flag(c, run_codebooks)
 
 
 def _int_list(flag: str, text: str) -> list[int]:
@@ -108,7 +108,6 @@ def run_codebooks(args: argparse.Namespace) -> int:
     from ...bench.eval_results import rests_on
     from ...cache.config import A2ATSConfig
     from ...loading.models import load_model
-    from .._bench_common import machine, stderr_progress
 
     centroids, tokens, texts = _check_codebook_args(args)
     config = A2ATSConfig(budget=limits.parse_budget(args.budget))
@@ -143,8 +142,7 @@ def run_codebooks(args: argparse.Namespace) -> int:
         "command": _codebooks_command(args),
         "results": [r.to_dict() for r in run.rows],
     }
-    if args.json:
-        print(json.dumps(out))
+    if print_json(args, out):
         return 0
     print(f"model {info.name}; texts {', '.join(out['texts'])}; context {args.context}, "
           f"decode {args.decode}, budget {config.budget}")  # fmt: skip

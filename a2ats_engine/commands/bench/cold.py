@@ -3,27 +3,28 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
+
+from .._bench_common import a2ats_config, print_json, silence_random_codebook_warning
+from .._flags import add_json_flag, add_model_flags
+from .common import bench_run, load_codebook
 
 MAX_COLD_CONTEXT = 1 << 18  # 262,144 tokens: each method runs in a process of its own
 
+COLD_HELP = "measured process memory and decode speed: KVCache vs A2ATS vs A2ATS cold tier"
+COLD_DESCRIPTION = (
+    "Each method and context runs in a process of its own on a real model's geometry "
+    "(random float32 weights, caches filled synthetically): anonymous resident memory "
+    "(RssAnon / phys_footprint) after the fill and its sampled peak, the resident-set "
+    "high-water mark, MLX's peak, the cache's bytes in memory and on disk beside an fp16 "
+    "KVCache's, decode tokens/s and the greedy tokens. --data-limit runs every method "
+    "under a private-memory cap (RLIMIT_DATA; file maps are not counted) and reports "
+    "which ones fail."
+)
 
-def register(bench) -> None:
+
+def register(bench: argparse._SubParsersAction) -> None:
     _register_reopen(bench)
-    p = bench.add_parser(
-        "cold",
-        help="measured process memory and decode speed: KVCache vs A2ATS vs A2ATS cold tier",
-        description=(
-            "Each method and context runs in a process of its own on a real model's geometry "
-            "(random float32 weights, caches filled synthetically): anonymous resident memory "
-            "(RssAnon / phys_footprint) after the fill and its sampled peak, the resident-set "
-            "high-water mark, MLX's peak, the cache's bytes in memory and on disk beside an fp16 "
-            "KVCache's, decode tokens/s and the greedy tokens. --data-limit runs every method "
-            "under a private-memory cap (RLIMIT_DATA; file maps are not counted) and reports "
-            "which ones fail."
-        ),
-    )
+    p = bench.add_parser("cold", help=COLD_HELP, description=COLD_DESCRIPTION)
     p.add_argument("--geometry", default="qwen3-0.6b", help="model geometry (default: qwen3-0.6b)")
     p.add_argument("--contexts", default="16384,32768", help="comma-separated contexts")
     p.add_argument("--methods", default="full,a2ats,a2ats_cold", help="full, a2ats, a2ats_cold")
@@ -38,8 +39,7 @@ def register(bench) -> None:
         help="instead: decode speed of the cold tier vs in-memory A2ATS in one process, "
         "interleaved, --repeats times (the median ratio and every run's)",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=run)
+    add_json_flag(p, run)
 
 
 def _check(args: argparse.Namespace) -> tuple[list[int], list[str]]:
@@ -62,7 +62,6 @@ def run(args: argparse.Namespace) -> int:
     contexts, methods = _check(args)
     from ...bench.cold_tier import measure
     from ...cache.config import A2ATSConfig
-    from .._bench_common import machine
 
     limit = None if args.data_limit is None else int(args.data_limit * 2**30)
     config = A2ATSConfig()
@@ -71,9 +70,10 @@ def run(args: argparse.Namespace) -> int:
             measure(args.geometry, n, "speed", args.steps, config, limit, repeats=args.repeats)
             for n in contexts
         ]
-        out = {"geometry": args.geometry, "machine": machine(), "config": config.to_dict(),
-               "command": "a2ats bench cold " + " ".join(sys.argv[3:]), "speed": rows}  # fmt: skip
-        print(json.dumps(out) if args.json else "\n".join(str(r) for r in rows))
+        out = {"geometry": args.geometry, **bench_run("cold"), "config": config.to_dict(),
+               "speed": rows}  # fmt: skip
+        if not print_json(args, out):
+            print("\n".join(str(r) for r in rows))
         return 0
     runs = []
     for context in contexts:
@@ -88,12 +88,10 @@ def run(args: argparse.Namespace) -> int:
         "steps": args.steps,
         "data_limit_bytes": limit,
         "config": config.to_dict(),
-        "machine": machine(),
-        "command": "a2ats bench cold " + " ".join(sys.argv[3:]),
+        **bench_run("cold"),
         "runs": runs,
     }
-    if args.json:
-        print(json.dumps(out))
+    print_json(args, out)
     return 0
 
 
@@ -110,53 +108,42 @@ def _print_run(r: dict) -> None:
     )
 
 
-def _register_reopen(bench) -> None:
-    p = bench.add_parser(
-        "reopen",
-        help="reopening a long chat from its saved cache vs prefilling it again",
-        description=(
-            "Per context: a chat of that many tokens is answered, its caches saved, then a new "
-            "session answers a follow-up after restoring them and after prefilling the whole "
-            "conversation (the first tokens must agree). Prints save/restore seconds, file bytes "
-            "and both times to first token."
-        ),
-    )
-    p.add_argument("--model", default="demo", help="model source (default: demo)")
-    p.add_argument("--codebook", help="codebook file (default: the model's default, else random)")
-    p.add_argument("--contexts", default="2048,4096", help="comma-separated contexts")
+REOPEN_HELP = "reopening a long chat from its saved cache vs prefilling it again"
+REOPEN_DESCRIPTION = (
+    "Per context: a chat of that many tokens is answered, its caches saved, then a new "
+    "session answers a follow-up after restoring them and after prefilling the whole "
+    "conversation (the first tokens must agree). Prints save/restore seconds, file bytes "
+    "and both times to first token."
+)
+
+
+def _register_reopen(bench: argparse._SubParsersAction) -> None:
+    p = bench.add_parser("reopen", help=REOPEN_HELP, description=REOPEN_DESCRIPTION)
+    add_model_flags(p, contexts="2048,4096")
     p.add_argument("--cold", action="store_true", help="every K/V row in the cold tier")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=run_reopen)
+    add_json_flag(p, run_reopen)
 
 
 def run_reopen(args: argparse.Namespace) -> int:
     from ...bench.reopen import bench_reopen
     from ...loading.models import load_model
     from .. import _limits
-    from .._bench_common import (
-        a2ats_config,
-        find_codebook,
-        machine,
-        silence_random_codebook_warning,
-    )
 
     contexts = _limits.int_list("--contexts", args.contexts, 16, _limits.MAX_CONTEXT)
     silence_random_codebook_warning()
     model, tokenizer, info = load_model(args.model)
     limit = getattr(getattr(model, "args", None), "max_position_embeddings", None)
     _limits.check_model_context("--contexts", [c + 64 for c in contexts], limit)
-    codebook, _ = find_codebook(args.codebook, args.model, info.path, required=False)
+    codebook, _ = load_codebook(args.codebook, args.model, info.path)
     config = a2ats_config(codebook, model)
     rows = bench_reopen(model, tokenizer, contexts, config, codebook, cold=args.cold)
     out = {
         "model": info.name,
         "cold": args.cold,
-        "machine": machine(),
-        "command": "a2ats bench reopen " + " ".join(sys.argv[3:]),
+        **bench_run("reopen"),
         "results": rows,
     }
-    if args.json:
-        print(json.dumps(out))
+    if print_json(args, out):
         return 0
     for r in rows:
         print(

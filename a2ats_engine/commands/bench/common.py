@@ -1,10 +1,13 @@
-"""What several `a2ats bench` subcommands share: repeats, the codebook, the retrieval run."""
+"""What several `a2ats bench` subcommands share: repeats, the codebook, the retrieval run, what a
+result records of its run. The flags they share are in `../_flags.py`."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .. import _limits as limits
+from .._bench_common import a2ats_config, find_codebook, machine
 
 
 def check_repeats(repeats: int) -> int:
@@ -13,8 +16,6 @@ def check_repeats(repeats: int) -> int:
 
 def load_codebook(path: str | None, model_source: str, model_path: str | None = None):
     """(Codebook or None, description: its path or "random (no codebook found)")."""
-    from .._bench_common import find_codebook
-
     return find_codebook(path, model_source, model_path, required=False)
 
 
@@ -22,7 +23,6 @@ def retrieval_run(args: argparse.Namespace):
     """(model, tokenizer, info, codebook, codebook description, config) for a benchmark that
     measures retrieval itself: `exact_below=0`, so no step attends exactly below the crossover."""
     from ...loading.models import load_model
-    from .._bench_common import a2ats_config, find_codebook
 
     contexts = limits.contexts("--contexts", args.contexts)
     limits.fractions("--depths", args.depths)
@@ -45,3 +45,9 @@ def eval_method_names() -> list[str]:
     from ...bench.methods import METHODS
 
     return list(METHODS)
+
+
+def bench_run(name: str) -> dict[str, str]:
+    """What a `bench NAME` result records of its run: the machine, and the command line as
+    given (`a2ats bench NAME` and its flags)."""
+    return {"machine": machine(), "command": f"a2ats bench {name} " + " ".join(sys.argv[3:])}

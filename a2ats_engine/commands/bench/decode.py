@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+from typing import Any
 
 from .. import _limits as limits
-from .common import check_repeats, load_codebook
+from .._bench_common import a2ats_config, print_json
+from .._flags import (
+    CODEBOOK_OR_RANDOM,
+    RERANK_CONFIG_HELP,
+    add_budget_flag,
+    add_json_flag,
+    add_model_flags,
+    add_rerank_flag,
+)
+from .common import bench_run, check_repeats, load_codebook
 from .profile import run_profile
 
 DECODE_METHOD_NAMES = (
@@ -17,21 +26,19 @@ DECODE_METHOD_NAMES = (
 )
 
 
-def register(bench) -> None:
-    d = bench.add_parser(
-        "decode",
-        help="decode tokens/s and cache bytes of A2ATS vs mlx-lm's KVCache at several contexts",
-        description=(
-            "Prefill each context once, then decode the same tokens through every method from an "
-            "identical state. Prints tokens/s, bytes held per token and ratios to `full` "
-            "(mlx-lm KVCache)."
-        ),
-    )
-    d.add_argument("--model", default="demo", help="model source (default: demo)")
-    d.add_argument("--codebook", help="codebook file (default: the model's default, else random)")
-    d.add_argument("--contexts", default="1024,4096,8192", help="comma-separated context lengths")
+HELP = "decode tokens/s and cache bytes of A2ATS vs mlx-lm's KVCache at several contexts"
+DESCRIPTION = (
+    "Prefill each context once, then decode the same tokens through every method from an "
+    "identical state. Prints tokens/s, bytes held per token and ratios to `full` "
+    "(mlx-lm KVCache)."
+)
+
+
+def register(bench: argparse._SubParsersAction) -> None:
+    d = bench.add_parser("decode", help=HELP, description=DESCRIPTION)
+    add_model_flags(d, CODEBOOK_OR_RANDOM, "1024,4096,8192", "comma-separated context lengths")
     d.add_argument("--steps", type=int, default=32, help="decode steps timed per method")
-    d.add_argument("--budget", default="0.03", help="retrieval budget: fraction or token count")
+    add_budget_flag(d)
     d.add_argument(
         "--methods",
         default="full,a2ats,a2ats_kv4",
@@ -41,9 +48,7 @@ def register(bench) -> None:
         "a2ats_rr<N> = a2ats with rerank N, a2ats_eb<N> = exact_below N (a2ats_eb0: retrieval "
         "from the start, the crossover probe; combines: a2ats_kv4_rr2_eb0)",
     )
-    d.add_argument(
-        "--rerank", type=int, default=None, help="A2ATS rerank factor (default: the config's)"
-    )
+    add_rerank_flag(d, RERANK_CONFIG_HELP)
     d.add_argument(
         "--repeats",
         type=int,
@@ -72,8 +77,7 @@ def register(bench) -> None:
         default=4096,
         help="with --geometry: tokens calibrated to time calibration (0: skip)",
     )
-    d.add_argument("--json", action="store_true", help="print one JSON object")
-    d.set_defaults(func=run_decode)
+    add_json_flag(d, run_decode)
 
 
 def _is_decode_method(name: str) -> bool:
@@ -126,6 +130,12 @@ def median_results(runs: list[list]) -> list:
     return merged
 
 
+def _decode_meta(args: argparse.Namespace, head: dict, **extra: Any) -> dict:
+    """What a `bench decode` result records besides its rows: `head`, the steps and repeats,
+    `extra`, the machine and the command."""
+    return {**head, "steps": args.steps, "repeats": args.repeats, **extra, **bench_run("decode")}
+
+
 def run_geometry_decode(args: argparse.Namespace) -> int:
     """`a2ats bench decode --geometry NAME`: real-size shapes, random weights, synthetic caches."""
     from ...bench.geometries import (
@@ -138,7 +148,6 @@ def run_geometry_decode(args: argparse.Namespace) -> int:
     from ...cache.config import A2ATSConfig
     from ...cache.geometry import model_geometry
     from ...cache.layer_plan import plan_for
-    from .._bench_common import machine
 
     contexts, budget, _ = check_decode_args(args)
     if args.geometry not in GEOMETRIES:
@@ -175,21 +184,16 @@ def run_geometry_decode(args: argparse.Namespace) -> int:
     calib = None
     if args.calibration_tokens:
         calib = calibration_throughput(model, config, args.calibration_tokens)
-    meta = {
+    head = {
         "geometry": args.geometry,
         "description": GEOMETRIES[args.geometry][0],
         "parameters": parameter_count(model),
         "layer_plan": plan_for(model).summary(),
         "codebook": f"random ({RANDOM_CENTROIDS} centroids): timing only",
         "budget": config.budget,
-        "steps": args.steps,
-        "repeats": args.repeats,
-        "calibration": calib,
-        "machine": machine(),
-        "command": "a2ats bench decode " + " ".join(sys.argv[3:]),
     }
-    if args.json:
-        print(json.dumps({**meta, "results": rows}))
+    meta = _decode_meta(args, head, calibration=calib)
+    if print_json(args, {**meta, "results": rows}):
         return 0
     print(f"{meta['description']} ({meta['parameters'] / 1e9:.2f}B parameters, float32)")
     print(f"{meta['layer_plan']}, budget {config.budget}, {args.steps} steps")
@@ -217,7 +221,6 @@ def run_decode(args: argparse.Namespace) -> int:
         return run_geometry_decode(args)
     from ...bench.speed import bench_decode, fp16_bytes_per_token
     from ...loading.models import load_model
-    from .._bench_common import a2ats_config, machine
 
     contexts, budget, methods = check_decode_args(args)
     model, tokenizer, info = load_model(args.model)
@@ -261,20 +264,15 @@ def run_decode(args: argparse.Namespace) -> int:
                 **r.extra,
             }
         )
-    meta = {
+    head = {
         "model": info.name,
         "codebook": codebook_desc,
         "n_centroids": codebook.n_centroids if codebook else None,
         "budget": config.budget,
         "rerank": config.rerank,
-        "steps": args.steps,
-        "repeats": args.repeats,
-        "fp16_bytes_per_token": fp16,
-        "machine": machine(),
-        "command": "a2ats bench decode " + " ".join(sys.argv[3:]),
     }
-    if args.json:
-        print(json.dumps({**meta, "results": rows}))
+    meta = _decode_meta(args, head, fp16_bytes_per_token=fp16)
+    if print_json(args, {**meta, "results": rows}):
         return 0
     print(
         f"model {info.name}, codebook {meta['codebook']}, budget {config.budget}, "

@@ -3,42 +3,38 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from .. import _limits as limits
+from .._bench_common import a2ats_config, machine, print_json, silence_random_codebook_warning
+from .._flags import add_json_flag, add_model_flags
 from .common import load_codebook
 
+HELP = "cache bytes per token vs context for each method (ratios to full and fp16)"
+DESCRIPTION = (
+    "Fill each method's caches with `context` tokens of random keys/values of the model's "
+    "geometry and K/V dtype (what a cache holds does not depend on the values) and report "
+    "the bytes held per token, with ratios to `full` (mlx-lm KVCache) and to an fp16 "
+    "full cache. A2ATS's fixed costs (the codebook, once per model and shared by all its "
+    "chats, and each layer's rotation matrices) are counted in bytes_held, and the "
+    "context from which each A2ATS storage holds less than an fp16 cache and mlx-lm's "
+    "kv8/kv4 caches is solved from bytes/token and those fixed bytes."
+)
 
-def register(bench) -> None:
-    m = bench.add_parser(
-        "memory",
-        help="cache bytes per token vs context for each method (ratios to full and fp16)",
-        description=(
-            "Fill each method's caches with `context` tokens of random keys/values of the model's "
-            "geometry and K/V dtype (what a cache holds does not depend on the values) and report "
-            "the bytes held per token, with ratios to `full` (mlx-lm KVCache) and to an fp16 "
-            "full cache. A2ATS's fixed costs (the codebook, once per model and shared by all its "
-            "chats, and each layer's rotation matrices) are counted in bytes_held, and the "
-            "context from which each A2ATS storage holds less than an fp16 cache and mlx-lm's "
-            "kv8/kv4 caches is solved from bytes/token and those fixed bytes."
-        ),
-    )
-    m.add_argument("--model", default="demo", help="model source (default: demo)")
-    m.add_argument("--codebook", help="codebook file (default: the model's default, else random)")
-    m.add_argument("--contexts", default="1024,4096,8192,16384", help="comma-separated contexts")
+
+def register(bench: argparse._SubParsersAction) -> None:
+    m = bench.add_parser("memory", help=HELP, description=DESCRIPTION)
+    add_model_flags(m, contexts="1024,4096,8192,16384")
     m.add_argument(
         "--methods",
         default="full,kv8,kv4,a2ats,a2ats_kv8,a2ats_kv4",
         help="comma list of: full, kv8, kv4, a2ats, a2ats_kv8, a2ats_kv4",
     )
-    m.add_argument("--json", action="store_true", help="print one JSON object")
-    m.set_defaults(func=run_memory)
+    add_json_flag(m, run_memory)
 
 
 def run_memory(args: argparse.Namespace) -> int:
     from ...bench.speed import MEMORY_METHODS, bench_memory, fp16_bytes_per_token, kv_dtype
     from ...loading.models import load_model
-    from .._bench_common import a2ats_config, machine, silence_random_codebook_warning
 
     contexts = limits.contexts("--contexts", args.contexts)
     methods = tuple(
@@ -77,8 +73,7 @@ def run_memory(args: argparse.Namespace) -> int:
         "results": rows,
         "break_even": break_even_rows(results, fp16),
     }
-    if args.json:
-        print(json.dumps(out))
+    if print_json(args, out):
         return 0
     print(f"model {info.name}; K/V dtype {out['kv_dtype']}; fp16 full = {fp16} B/token")
     if out["codebook_bytes"]:

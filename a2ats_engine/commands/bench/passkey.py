@@ -3,44 +3,40 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from .. import _limits as limits
+from .._bench_common import machine, parse_list, print_json, stderr_progress
+from .._flags import (
+    CODEBOOK_REQUIRED,
+    RERANK_CONFIG_HELP,
+    add_depths_flag,
+    add_json_flag,
+    add_model_flags,
+    add_retrieval_flags,
+)
 from .common import eval_method_names, is_eval_method, retrieval_run
 
+HELP = "passkey retrieval accuracy per method at several contexts and depths"
+DESCRIPTION = (
+    "Hide a 5-digit passkey at several depths in filler text, ask for it at the end and "
+    "answer greedily with each method's cache (the last prompt token and every answer "
+    "token go through the method's decode attention). Accuracy per method and context."
+)
 
-def register(bench) -> None:
-    p = bench.add_parser(
-        "passkey",
-        help="passkey retrieval accuracy per method at several contexts and depths",
-        description=(
-            "Hide a 5-digit passkey at several depths in filler text, ask for it at the end and "
-            "answer greedily with each method's cache (the last prompt token and every answer "
-            "token go through the method's decode attention). Accuracy per method and context."
-        ),
-    )
-    p.add_argument("--model", default="demo", help="model source (default: demo)")
-    p.add_argument("--codebook", help="codebook file (default: the model's default codebook)")
-    p.add_argument("--contexts", default="1024,2048,4096,8192", help="comma-separated contexts")
-    p.add_argument("--depths", default="0.1,0.3,0.5,0.7,0.9", help="needle depths in [0, 1]")
+
+def register(bench: argparse._SubParsersAction) -> None:
+    p = bench.add_parser("passkey", help=HELP, description=DESCRIPTION)
+    add_model_flags(p, CODEBOOK_REQUIRED, "1024,2048,4096,8192")
+    add_depths_flag(p, "0.1,0.3,0.5,0.7,0.9")
     p.add_argument("--methods", default="full,window,a2ats", help="full, window, a2ats, ...")
-    p.add_argument("--budget", default="0.03", help="retrieval budget: fraction or token count")
-    p.add_argument(
-        "--rerank", type=int, default=None, help="A2ATS rerank factor (default: the config's)"
-    )
+    add_retrieval_flags(p, RERANK_CONFIG_HELP)
     p.add_argument("--answer-tokens", type=int, default=8, help="greedy answer length")
     p.add_argument("--seed", type=int, default=0, help="passkey random seed")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=run_passkey)
+    add_json_flag(p, run_passkey)
 
 
 def run_passkey(args: argparse.Namespace) -> int:
     from ...bench.passkey import accuracy_table, bench_passkey
-    from .._bench_common import (
-        machine,
-        parse_list,
-        stderr_progress,
-    )
 
     methods = limits.names("--methods", args.methods, is_eval_method, eval_method_names())
     limits.count("--answer-tokens", args.answer_tokens, 1, 1024)
@@ -62,8 +58,7 @@ def run_passkey(args: argparse.Namespace) -> int:
         "accuracy": table,
         "trials": [t.to_dict() for t in trials],
     }
-    if args.json:
-        print(json.dumps(out))
+    if print_json(args, out):
         return 0
     contexts = sorted({t.context for t in trials})
     print(f"model {info.name}; codebook {desc}; budget {config.budget}")

@@ -3,28 +3,25 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
 from .. import _limits as limits
-from .common import check_repeats, load_codebook
+from .._bench_common import a2ats_config, print_json, silence_random_codebook_warning
+from .._flags import add_json_flag, add_model_flags
+from .common import bench_run, check_repeats, load_codebook
+
+HELP = "time to first token of A2ATS vs mlx-lm's KVCache (prefill codes every key)"
+DESCRIPTION = (
+    "Prefill a prompt of each context length the way the app does (2048-token chunks, "
+    "every cache state evaluated) with mlx-lm's caches and with A2ATS, alternating the "
+    "order each round, and read the first token back. Prints the median seconds and the "
+    "median per-round ratio a2ats / full with its spread."
+)
 
 
-def register(bench) -> None:
-    p = bench.add_parser(
-        "prefill",
-        help="time to first token of A2ATS vs mlx-lm's KVCache (prefill codes every key)",
-        description=(
-            "Prefill a prompt of each context length the way the app does (2048-token chunks, "
-            "every cache state evaluated) with mlx-lm's caches and with A2ATS, alternating the "
-            "order each round, and read the first token back. Prints the median seconds and the "
-            "median per-round ratio a2ats / full with its spread."
-        ),
-    )
-    p.add_argument("--model", default="demo", help="model source (default: demo)")
-    p.add_argument("--codebook", help="codebook file (default: the model's default, else random)")
-    p.add_argument("--contexts", default="1024,4096,8192", help="comma-separated prompt lengths")
+def register(bench: argparse._SubParsersAction) -> None:
+    p = bench.add_parser("prefill", help=HELP, description=DESCRIPTION)
+    add_model_flags(p, contexts="1024,4096,8192", contexts_help="comma-separated prompt lengths")
     p.add_argument("--repeats", type=int, default=3, help="rounds per context (median)")
     p.add_argument("--kv-bits", type=int, choices=(8, 4), default=None, help="A2ATS K/V storage")
     p.add_argument(
@@ -33,14 +30,12 @@ def register(bench) -> None:
         help="full plus any of a2ats, a2ats_cold (every K/V row in the cold tier; default: "
         "full,a2ats)",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=run_prefill)
+    add_json_flag(p, run_prefill)
 
 
 def run_prefill(args: argparse.Namespace) -> int:
     from ...bench.speed import PREFILL_METHODS, bench_prefill
     from ...loading.models import load_model
-    from .._bench_common import a2ats_config, machine, silence_random_codebook_warning
 
     contexts = limits.contexts("--contexts", args.contexts, lo=2)
     check_repeats(args.repeats)
@@ -63,11 +58,9 @@ def run_prefill(args: argparse.Namespace) -> int:
         "codebook": Path(codebook_desc).name,
         "kv_bits": config.kv_bits,
         "repeats": args.repeats,
-        "machine": machine(),
-        "command": "a2ats bench prefill " + " ".join(sys.argv[3:]),
+        **bench_run("prefill"),
     }
-    if args.json:
-        print(json.dumps({**meta, "results": rows}))
+    if print_json(args, {**meta, "results": rows}):
         return 0
     print(f"model {info.name}, codebook {meta['codebook']}, kv_bits {config.kv_bits}")
     print(f"{'context':>8} {'method':<10} {'TTFT s':>8} {'vs full':>8}")

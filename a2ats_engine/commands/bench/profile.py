@@ -3,36 +3,33 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
 from .. import _limits
+from .._bench_common import a2ats_config, print_json
+from .common import bench_run, load_codebook
 
 
 def run_profile(args: argparse.Namespace) -> int:
     """The profile of `--model` at `--contexts` over `--steps` steps (flags already checked)."""
     from ...bench.profile import profile_decode, threads
     from ...loading.models import load_model
-    from .._bench_common import a2ats_config, find_codebook, machine
 
     contexts = _limits.contexts("--contexts", args.contexts, 64)
     steps = _limits.count("--steps", args.steps, 2, 1024)
     model, tokenizer, info = load_model(args.model)
     _limits.check_model_context("--contexts", [c + steps for c in contexts], info.context_length)
-    codebook, codebook_desc = find_codebook(args.codebook, args.model, info.path, required=False)
+    codebook, codebook_desc = load_codebook(args.codebook, args.model, info.path)
     config = a2ats_config(codebook, model)
     rows = profile_decode(model, tokenizer, contexts, steps=steps, config=config, codebook=codebook)
     out = {
         "model": info.name,
         "codebook": str(codebook_desc),
         "steps": steps,
-        "machine": machine(),
+        **bench_run("decode"),
         "threads": threads(),
-        "command": "a2ats bench decode " + " ".join(sys.argv[3:]),
         "results": rows,
     }
-    if args.json:
-        print(json.dumps(out))
+    if print_json(args, out):
         return 0
     print(f"{info.name}; {out['machine']}; threads {out['threads']}")
     for r in rows:

@@ -3,26 +3,25 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from .. import _limits as limits
+from .._bench_common import print_json
+from .._flags import add_json_flag
+
+HELP = "the seed document's offline benchmark (windowed RoPE, query-aware VQ), deterministic"
+DESCRIPTION = (
+    "Synthetic sequences of 200 and 400 tokens, geometries local_recency and "
+    "long_range_dependent: windowed vs always-exact RoPE score error and query-aware vs "
+    "plain VQ (key MSE, score MSE, top-K attention recall). No model needed."
+)
 
 
-def register(bench) -> None:
-    s = bench.add_parser(
-        "seed-synthetic",
-        help="the seed document's offline benchmark (windowed RoPE, query-aware VQ), deterministic",
-        description=(
-            "Synthetic sequences of 200 and 400 tokens, geometries local_recency and "
-            "long_range_dependent: windowed vs always-exact RoPE score error and query-aware vs "
-            "plain VQ (key MSE, score MSE, top-K attention recall). No model needed."
-        ),
-    )
+def register(bench: argparse._SubParsersAction) -> None:
+    s = bench.add_parser("seed-synthetic", help=HELP, description=DESCRIPTION)
     s.add_argument("--sequences", default="200,400", help="comma-separated sequence lengths")
     s.add_argument("--centroids", type=int, default=64, help="codebook size (default 64)")
     s.add_argument("--seed", type=int, default=0, help="random seed")
-    s.add_argument("--json", action="store_true", help="print one JSON object")
-    s.set_defaults(func=run_seed_synthetic)
+    add_json_flag(s, run_seed_synthetic)
 
 
 def run_seed_synthetic(args: argparse.Namespace) -> int:
@@ -33,8 +32,7 @@ def run_seed_synthetic(args: argparse.Namespace) -> int:
     limits.count("--seed", args.seed, 0, limits.MAX_SEED)
     settings = SyntheticSettings(n_centroids=args.centroids, seed=args.seed)
     out = run(settings, sequences=tuple(sequences))
-    if args.json:
-        print(json.dumps(out))
+    if print_json(args, out):
         return 0
     claims = out["seed_claims"]["windowed_vs_exact_rope_mse_ratio"]
     print(

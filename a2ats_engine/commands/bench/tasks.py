@@ -3,48 +3,45 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from .. import _limits as limits
+from .._bench_common import machine, parse_list, print_json, stderr_progress
+from .._flags import (
+    CODEBOOK_REQUIRED,
+    add_depths_flag,
+    add_json_flag,
+    add_model_flags,
+    add_retrieval_flags,
+)
 from .common import eval_method_names, is_eval_method, retrieval_run
 
+HELP = "RULER-style long-context tasks (needles, multi-hop, aggregation) per method"
+DESCRIPTION = (
+    "Generate needle-in-a-haystack (number, word, UUID, multi-key, multi-value), "
+    "variable-tracking and common-word tasks offline at each context, depth and seed; "
+    "answer greedily with each method from one exact prefill (the last prompt token and "
+    "every answer token go through the method's decode attention). Score: share of the "
+    "reference answers found, in [0, 1], per task, context and method, and relative to "
+    "`full` on the same prompts."
+)
 
-def register(bench) -> None:
-    t = bench.add_parser(
-        "tasks",
-        help="RULER-style long-context tasks (needles, multi-hop, aggregation) per method",
-        description=(
-            "Generate needle-in-a-haystack (number, word, UUID, multi-key, multi-value), "
-            "variable-tracking and common-word tasks offline at each context, depth and seed; "
-            "answer greedily with each method from one exact prefill (the last prompt token and "
-            "every answer token go through the method's decode attention). Score: share of the "
-            "reference answers found, in [0, 1], per task, context and method, and relative to "
-            "`full` on the same prompts."
-        ),
-    )
-    t.add_argument("--model", default="demo", help="model source (default: demo)")
-    t.add_argument("--codebook", help="codebook file (default: the model's default codebook)")
-    t.add_argument("--contexts", default="4096", help="comma-separated contexts (default 4096)")
+
+def register(bench: argparse._SubParsersAction) -> None:
+    t = bench.add_parser("tasks", help=HELP, description=DESCRIPTION)
+    add_model_flags(t, CODEBOOK_REQUIRED, "4096", "comma-separated contexts (default 4096)")
     t.add_argument("--methods", default="full,a2ats,window,oracle_topk", help="comma list")
     t.add_argument("--tasks", default=None, help="comma list of tasks (default: all)")
-    t.add_argument("--depths", default="0.1,0.5,0.9", help="needle depths in [0, 1]")
+    add_depths_flag(t, "0.1,0.5,0.9")
     t.add_argument("--seeds", type=int, default=1, help="prompts per task, context and depth")
     t.add_argument("--haystack", help="filler text file (default: built-in public-domain prose)")
-    t.add_argument("--budget", default="0.03", help="retrieval budget: fraction or token count")
-    t.add_argument("--rerank", type=int, default=None, help="A2ATS rerank factor")
+    add_retrieval_flags(t)
     t.add_argument("--trials", action="store_true", help="also list every answer in the JSON")
-    t.add_argument("--json", action="store_true", help="print one JSON object")
-    t.set_defaults(func=run_tasks)
+    add_json_flag(t, run_tasks)
 
 
 def run_tasks(args: argparse.Namespace) -> int:
     from ...bench import tasks as tk
-    from .._bench_common import (
-        machine,
-        parse_list,
-        stderr_progress,
-    )
 
     names = tuple(x for x in (args.tasks or ",".join(tk.TASKS)).split(",") if x)
     unknown = [x for x in names if x not in tk.TASKS]
@@ -80,8 +77,7 @@ def run_tasks(args: argparse.Namespace) -> int:
     }
     if args.trials:
         out["trials"] = [vars(t) for t in trials]
-    if args.json:
-        print(json.dumps(out))
+    if print_json(args, out):
         return 0
     print(f"model {info.name}; codebook {desc}; budget {config.budget}; haystack {haystack_desc}")
     print(f"{'task':<18} {'context':>7} " + "".join(f"{m:>13}" for m in methods))

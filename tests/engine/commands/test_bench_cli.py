@@ -26,6 +26,15 @@ def _json(capsys) -> dict:
     return json.loads(out)
 
 
+def _eval_json(tiny_folder, capsys, *flags: str) -> dict:
+    """`a2ats eval` of the tiny model with its codebook, --context 200, `flags` and --json: the
+    one JSON object it prints."""
+    folder, book = tiny_folder
+    argv = ["eval", "--model", str(folder), "--codebook", str(book), "--context", "200", *flags]
+    assert main([*argv, "--json"]) == 0
+    return _json(capsys)
+
+
 def test_eval_json_has_the_issue_shape(tiny_folder, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("A2ATS_DATA_DIR", str(tmp_path / "data"))
     folder, book = tiny_folder
@@ -79,12 +88,8 @@ def test_eval_tunes_the_paper_b_on_a_development_slice(tiny_folder, tmp_path, mo
 
 
 def test_eval_budget_sweep_json(tiny_folder, capsys):
-    folder, book = tiny_folder
-    argv = ["eval", "--model", str(folder), "--codebook", str(book), "--context", "200",
-            "--decode", "2", "--budgets", "0.05,0.2", "--methods", "full,a2ats,oracle_topk,window",
-            "--json"]  # fmt: skip
-    assert main(argv) == 0
-    out = _json(capsys)
+    out = _eval_json(tiny_folder, capsys, "--decode", "2", "--budgets", "0.05,0.2", "--methods",
+                     "full,a2ats,oracle_topk,window")  # fmt: skip
     assert out["budgets"] == [0.05, 0.2]
     assert [r["budget"] for r in out["runs"]] == [0.05, 0.2]
     low, high = (r["methods"]["oracle_topk"]["attended_per_head"] for r in out["runs"])
@@ -92,20 +97,16 @@ def test_eval_budget_sweep_json(tiny_folder, capsys):
 
 
 def test_eval_kv_bits_json(tiny_folder, capsys):
-    folder, book = tiny_folder
-    base = ["eval", "--model", str(folder), "--codebook", str(book), "--context", "200",
-            "--decode", "2", "--methods", "full,a2ats", "--json"]  # fmt: skip
-    assert main(base) == 0
-    plain = _json(capsys)
-    assert main(base + ["--kv-bits", "4"]) == 0
-    kv4 = _json(capsys)
+    base = ["--decode", "2", "--methods", "full,a2ats"]
+    plain = _eval_json(tiny_folder, capsys, *base)
+    kv4 = _eval_json(tiny_folder, capsys, *base, "--kv-bits", "4")
     assert plain["kv_bits"] is None and kv4["kv_bits"] == 4
     assert kv4["methods"]["full"] == plain["methods"]["full"]  # full keeps float K/V
     a, b = plain["methods"]["a2ats"], kv4["methods"]["a2ats"]
     assert b["bytes_per_token"] < a["bytes_per_token"]
     assert b["output_rel_error"] > a["output_rel_error"]
     with pytest.raises(SystemExit):  # argparse rejects anything but 8 or 4
-        main(base + ["--kv-bits", "3"])
+        _eval_json(tiny_folder, capsys, *base, "--kv-bits", "3")
     assert "--kv-bits" in capsys.readouterr().err
 
 
@@ -143,12 +144,8 @@ def test_eval_several_texts_json(tiny_folder, tmp_path, capsys):
 
 
 def test_eval_alloc_reports_layer_budgets_and_recall_per_layer(tiny_folder, capsys):
-    folder, book = tiny_folder
-    argv = ["eval", "--model", str(folder), "--codebook", str(book), "--context", "200",
-            "--decode", "3", "--budget", "0.2", "--methods", "full,a2ats,a2ats_alloc",
-            "--json"]  # fmt: skip
-    assert main(argv) == 0
-    out = _json(capsys)
+    out = _eval_json(tiny_folder, capsys, "--decode", "3", "--budget", "0.2", "--methods",
+                     "full,a2ats,a2ats_alloc")  # fmt: skip
     a2, alloc = out["methods"]["a2ats"], out["methods"]["a2ats_alloc"]
     assert len(a2["recall_per_layer"]) == 2 and "recall_per_layer" not in out["methods"]["full"]
     assert sum(a2["recall_per_layer"]) / 2 == pytest.approx(a2["recall"], abs=1e-5)

@@ -17,24 +17,9 @@ pytestmark = [
 
 def test_bench_decode_json(tmp_path, capsys):
     folder = save_tiny_model(tmp_path / "m", "llama", hidden_size=256)  # head_dim 64
-    rc = main(
-        [
-            "bench",
-            "decode",
-            "--model",
-            str(folder),
-            "--contexts",
-            "300,600",
-            "--steps",
-            "4",
-            "--methods",
-            "full,a2ats,a2ats_kv4,kv4",
-            "--telemetry",
-            "--repeats",
-            "1",
-            "--json",
-        ]
-    )
+    argv = ["bench", "decode", "--model", str(folder), "--contexts", "300,600", "--steps", "4",
+            "--methods", "full,a2ats,a2ats_kv4,kv4", "--telemetry", "--repeats", "1", "--json"]  # fmt: skip
+    rc = main(argv)
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     rows = out["results"]
