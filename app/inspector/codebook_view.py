@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -27,6 +27,7 @@ from .snapshot_ring import Entry
 from .state import InspectorState
 from .widgets import (
     LegendBar,
+    PanelBody,
     ThemedPlot,
     combo_head,
     combo_value,
@@ -77,15 +78,11 @@ def _short_count(n: float) -> str:
     return f"{n:g}"
 
 
-class CodebookPanel(QWidget):
+class CodebookPanel(PanelBody):
     """Sorted code-use histogram of one layer plus per-layer entropy / dead codes / top share."""
 
-    redraw_requested = Signal()
-
     def __init__(self, state: InspectorState, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.state = state
-        self._key: tuple | None = None
+        super().__init__(state, parent)
         self._curves: list[pg.PlotDataItem] = []
         self._stats: list[data.CodeStats] = []
         self._layer_ids: list[int] = []

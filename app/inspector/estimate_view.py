@@ -28,7 +28,7 @@ from .plot_theme import Theme, fraction_to_index
 from .retrieval_map import LayerAxis
 from .snapshot_ring import Entry
 from .state import InspectorState
-from .widgets import TICK_DENSITY, LegendBar, ThemedPlot, nice_ceiling, small_label
+from .widgets import TICK_DENSITY, LegendBar, ThemedPlot, heat_plot, nice_ceiling, small_label
 
 FIXED_BUDGET = (
     "fixed budget K: adaptive coverage is off, so every query head keeps the same K far tokens"
@@ -73,14 +73,9 @@ class EstimateView(QWidget):
         self.legend = LegendBar()
 
         self.budget_axis = LayerAxis()
-        self.budget_plot = ThemedPlot(axisItems={"left": self.budget_axis})
-        item = self.budget_plot.plotItem
-        item.setLabel("bottom", "budget per KV head")
-        item.invertY(True)
-        item.setMouseEnabled(x=False, y=False)
-        item.vb.setDefaultPadding(0.0)
-        self.budget_image = pg.ImageItem(axisOrder="row-major")
-        item.addItem(self.budget_image)
+        self.budget_plot, self.budget_image = heat_plot(
+            "budget per KV head", axis_items={"left": self.budget_axis}
+        )
         self.budget_plot.setMinimumHeight(60)
         self.budget_legend = LegendBar()
         self.budget_note = QLabel(FIXED_BUDGET)

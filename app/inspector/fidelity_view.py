@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QRectF, Qt, Signal
+from PySide6.QtCore import QRectF, Qt
 from PySide6.QtWidgets import QLabel, QStackedWidget, QVBoxLayout, QWidget
 
 from . import data
@@ -22,10 +22,11 @@ from .snapshot_ring import Entry
 from .state import InspectorState
 from .widgets import (
     LegendBar,
-    ThemedPlot,
+    PanelBody,
     combo_head,
     controls_row,
     head_combo,
+    heat_plot,
     small_label,
     sync_head_combo,
 )
@@ -51,15 +52,11 @@ class StepAxis(pg.AxisItem):
         return out
 
 
-class FidelityPanel(QWidget):
+class FidelityPanel(PanelBody):
     """Recall heat strip (layers x measured steps), its colour scale and the measured cost."""
 
-    redraw_requested = Signal()
-
     def __init__(self, state: InspectorState, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.state = state
-        self._key: tuple | None = None
+        super().__init__(state, parent)
         self.matrix = np.zeros((0, 0), dtype=np.float32)  # [L, measured steps] as drawn
         self._entries: list[Entry] = []
         self._columns: dict[tuple, np.ndarray] = {}
@@ -79,15 +76,9 @@ class FidelityPanel(QWidget):
 
         self.layer_axis = LayerAxis()
         self.step_axis = StepAxis()
-        self.plot = ThemedPlot(axisItems={"left": self.layer_axis, "bottom": self.step_axis})
+        axes = {"left": self.layer_axis, "bottom": self.step_axis}
+        self.plot, self.image = heat_plot("decode step (measured steps)", "layer", axes)
         item = self.plot.plotItem
-        item.setLabel("bottom", "decode step (measured steps)")
-        item.setLabel("left", "layer")
-        item.invertY(True)
-        item.setMouseEnabled(x=False, y=False)
-        item.vb.setDefaultPadding(0.0)
-        self.image = pg.ImageItem(axisOrder="row-major")
-        item.addItem(self.image)
         self.marker = pg.InfiniteLine(angle=90, movable=False)
         item.addItem(self.marker)
         self.plot.on_theme = self._on_theme

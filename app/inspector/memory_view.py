@@ -16,13 +16,13 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QHBoxLayout, QVBoxLayout, QWidget
 
 from . import data
 from .plot_theme import Theme
 from .state import InspectorState
-from .widgets import LegendBar, ThemedPlot, nice_ceiling, small_label
+from .widgets import LegendBar, PanelBody, ThemedPlot, nice_ceiling, small_label
 
 MB = 1024 * 1024
 
@@ -38,15 +38,11 @@ def format_bytes(n: float) -> str:
 TICK_SPACING_PX = 34  # horizontal room per layer label on the bars' axis
 
 
-class MemoryPanel(QWidget):
+class MemoryPanel(PanelBody):
     """Bars per layer (held vs fp16) and the reply's totals per step, with a summary line."""
 
-    redraw_requested = Signal()
-
     def __init__(self, state: InspectorState, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.state = state
-        self._key: tuple | None = None
+        super().__init__(state, parent)
         self.last_summary: data.MemorySummary | None = None
         self._ranges: tuple | None = None
         self._ticks: list | None = None

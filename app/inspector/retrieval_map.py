@@ -36,11 +36,12 @@ from .snapshot_ring import Entry
 from .state import InspectorState, printable_token
 from .widgets import (
     LegendBar,
-    ThemedPlot,
+    PanelBody,
     combo_head,
     combo_value,
     controls_row,
     head_combo,
+    heat_plot,
     select_data,
     select_head,
     small_label,
@@ -120,16 +121,14 @@ class LayerAxis(pg.AxisItem):
         return out
 
 
-class RetrievalMapPanel(QWidget):
+class RetrievalMapPanel(PanelBody):
     """Layers x positions map with legend, hover details, click-to-scroll and chat highlight."""
 
     scroll_requested = Signal(int)
-    redraw_requested = Signal()
     highlight_changed = Signal()
 
     def __init__(self, state: InspectorState, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.state = state
+        super().__init__(state, parent)
         self._full: np.ndarray = np.zeros((0, 0), dtype=np.uint8)  # [L, W] indices at full res
         self._full_key: tuple | None = None
         self._entry: Entry | None = None
@@ -173,16 +172,10 @@ class RetrievalMapPanel(QWidget):
         highlight_label = QLabel("Chat:")
 
         self.layer_axis = LayerAxis()
-        self.plot = ThemedPlot(axisItems={"bottom": TokenAxis(self.state), "left": self.layer_axis})
+        axes = {"bottom": TokenAxis(self.state), "left": self.layer_axis}
+        self.plot, self.image = heat_plot("context position", "layer", axes, pan_x=True)
         item = self.plot.plotItem
-        item.setLabel("bottom", "context position")
-        item.setLabel("left", "layer")
-        item.invertY(True)
-        item.setMouseEnabled(x=True, y=False)
-        item.vb.setDefaultPadding(0.0)
-        self.image = pg.ImageItem(axisOrder="row-major")
         self.image.setAutoDownsample(False)  # we pool columns ourselves, by category priority
-        item.addItem(self.image)
         self.boundary = pg.PlotDataItem(connect="pairs")
         item.addItem(self.boundary)
         # the current token is one column: a line keeps it visible at any zoom

@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 
 from ..inert_text import rich_from_plain
 from .plot_theme import Theme, style_plot
+from .state import InspectorState
 
 MIN_PLOT_AREA = 80  # px of data area a plot keeps beside its axes, title or not
 PLOT_MARGIN = 12  # px: the plot's own frame around axes and data
@@ -349,6 +350,40 @@ class ThemedPlot(pg.PlotWidget):
         if event.type() == QEvent.Type.PaletteChange and getattr(self, "_ready", False):
             self.apply_theme()
         super().changeEvent(event)
+
+
+class PanelBody(QWidget):
+    """One inspector panel's body (what a `Section` holds): it draws the viewed step of
+    `state` in `render()` and asks the owning `InspectorPanel` for a redraw through
+    `redraw_requested` when one of its own controls changes."""
+
+    redraw_requested = Signal()
+
+    def __init__(self, state: InspectorState, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.state = state
+        self._key: tuple | None = None  # what was drawn last (redraw only when it changes)
+
+    def render(self) -> None:
+        raise NotImplementedError
+
+
+def heat_plot(
+    bottom: str, left: str | None = None, axis_items: dict | None = None, pan_x: bool = False
+) -> tuple[ThemedPlot, pg.ImageItem]:
+    """A plot holding one row-major image (layers down, steps or positions across), y inverted
+    so layer 0 is on top; only `pan_x` lets the mouse move it (sideways)."""
+    plot = ThemedPlot(axisItems=axis_items or {})
+    item = plot.plotItem
+    item.setLabel("bottom", bottom)
+    if left is not None:
+        item.setLabel("left", left)
+    item.invertY(True)
+    item.setMouseEnabled(x=pan_x, y=False)
+    item.vb.setDefaultPadding(0.0)
+    image = pg.ImageItem(axisOrder="row-major")
+    item.addItem(image)
+    return plot, image
 
 
 ALL_HEADS_DATA = -1  # item data of "all heads" (an int: None as item data reads back unreliably)
