@@ -37,12 +37,9 @@ def tiny_run(tmp_path_factory):
     return session, events
 
 
-def test_panel_shows_and_exports_the_cache_selection(qtbot, tmp_path, tiny_run):
-    session, events = tiny_run
-    snapshots = [e for e in events if isinstance(e, CacheSnapshot)]
-    tokens = [e for e in events if isinstance(e, TokenEvent)]
-    assert isinstance(events[-1], GenerationStats) and len(snapshots) == len(tokens) >= 4
-
+def _panel_after(qtbot, snapshots, finished: bool = True) -> InspectorPanel:
+    """A shown panel that was fed `snapshots` as one generation (still running unless
+    `finished`)."""
     panel = InspectorPanel()
     qtbot.addWidget(panel)
     panel.resize(900, 1000)
@@ -50,7 +47,18 @@ def test_panel_shows_and_exports_the_cache_selection(qtbot, tmp_path, tiny_run):
     panel.on_generation_started()
     for snap in snapshots:
         panel.on_snapshot(snap)
-    panel.on_generation_finished()
+    if finished:
+        panel.on_generation_finished()
+    return panel
+
+
+def test_panel_shows_and_exports_the_cache_selection(qtbot, tmp_path, tiny_run):
+    session, events = tiny_run
+    snapshots = [e for e in events if isinstance(e, CacheSnapshot)]
+    tokens = [e for e in events if isinstance(e, TokenEvent)]
+    assert isinstance(events[-1], GenerationStats) and len(snapshots) == len(tokens) >= 4
+
+    panel = _panel_after(qtbot, snapshots)
     panel.flush()
 
     # the newest snapshot is the caches' own last step
@@ -115,13 +123,7 @@ def test_codebook_panel_shows_the_caches_histograms_from_new_codes(qtbot, tiny_r
 def test_fidelity_panel_shows_the_engines_estimated_missed_mass(qtbot, tmp_path, tiny_run):
     session, events = tiny_run
     snapshots = [e for e in events if isinstance(e, CacheSnapshot)]
-    panel = InspectorPanel()
-    qtbot.addWidget(panel)
-    panel.resize(900, 1000)
-    panel.show()
-    panel.on_generation_started()
-    for snap in snapshots:
-        panel.on_snapshot(snap)
+    panel = _panel_after(qtbot, snapshots, finished=False)
     panel.flush(force=True)
     last = snapshots[-1]
     view = panel.fidelity_panel.estimate
