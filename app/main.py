@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"a2ats-chat: could not start: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     if args.width and args.height:
-        window.use_default_dock_share()
+        window.dock.use_default_share()
         window.resize(args.width, args.height)
     window.show()
     if scripted:

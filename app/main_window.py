@@ -13,18 +13,13 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QEvent, QSignalBlocker, Qt, QTimer, Signal
+from PySide6.QtCore import QByteArray, QSignalBlocker, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
-    QApplication,
-    QDockWidget,
     QFileDialog,
-    QFrame,
-    QLabel,
     QMainWindow,
     QMenu,
     QMessageBox,
-    QScrollArea,
     QSplitter,
     QVBoxLayout,
     QWidget,
@@ -49,6 +44,7 @@ from .events import (
 from .export_file import export_to_file
 from .feedback import Feedback
 from .inert_text import rich_from_plain
+from .inspector_dock import InspectorDock
 from .menus import fill_codebook_menu, fill_model_menu, model_tooltip
 from .reply_view import ReplyView
 from .settings import MAX_PIXELS, AppSettings
@@ -58,17 +54,6 @@ from .top_bar import TopBar
 from .worker import EngineThread
 
 INTERRUPTED_NOTE = "Interrupted: the app closed before this reply finished."
-DOCK_SHARE = 0.45  # the inspector's share of the window's width until the user drags its edge
-CHAT_ROOM = 620  # width the sidebar and a usable chat column keep beside the inspector
-
-
-def _load_inspector():
-    """The inspector panel class, or (None, reason) until app/inspector is usable."""
-    try:
-        from .inspector import InspectorPanel
-    except Exception as exc:  # noqa: BLE001  (a missing or broken inspector must not stop the app)
-        return None, f"{type(exc).__name__}: {exc}"
-    return InspectorPanel, ""
 
 
 def model_label(loaded: ModelLoaded) -> str:
@@ -183,46 +168,8 @@ class MainWindow(QMainWindow):
         self.resize(1440, 900)
 
     def _build_inspector_dock(self) -> None:
-        self.dock = QDockWidget("Cache inspector", self)
-        self.dock.setObjectName("InspectorDock")
-        self.dock.setAllowedAreas(
-            Qt.DockWidgetArea.RightDockWidgetArea
-            | Qt.DockWidgetArea.LeftDockWidgetArea
-            | Qt.DockWidgetArea.BottomDockWidgetArea
-        )
-        self.dock.setFeatures(
-            QDockWidget.DockWidgetFeature.DockWidgetMovable
-            | QDockWidget.DockWidgetFeature.DockWidgetFloatable
-            | QDockWidget.DockWidgetFeature.DockWidgetClosable
-        )
-        panel_class, reason = _load_inspector()
-        self.inspector = None
-        if panel_class is not None:
-            try:
-                self.inspector = panel_class()
-            except Exception as exc:  # noqa: BLE001
-                reason = f"{type(exc).__name__}: {exc}"
-        if self.inspector is not None:
-            # A scroll area, so the panels' minimum heights never force the window taller
-            # than the screen (a 13" laptop is 900 px high).
-            holder = QScrollArea()
-            holder.setObjectName("InspectorScroll")
-            holder.setWidgetResizable(True)
-            holder.setFrameShape(QFrame.Shape.NoFrame)
-            holder.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-            holder.setWidget(self.inspector)
-            # The scroll area's own minimum is a scroll bar (~70 px): keep the panels readable.
-            holder.setMinimumWidth(
-                self.inspector.minimumWidth() + holder.verticalScrollBar().sizeHint().width()
-            )
-            self.dock.setWidget(holder)
-        else:
-            placeholder = QLabel("The cache inspector is not available in this build.\n" + reason)
-            placeholder.setObjectName("DockPlaceholder")
-            placeholder.setWordWrap(True)
-            placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
-            placeholder.setMinimumWidth(280)
-            self.dock.setWidget(placeholder)
+        self.dock = InspectorDock(self)
+        self.inspector = self.dock.inspector
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.dock)
         self.dock.visibilityChanged.connect(self._on_dock_visibility)
         self.inspector_button.toggled.connect(self.dock.setVisible)
@@ -338,63 +285,14 @@ class MainWindow(QMainWindow):
             self.splitter.setSizes(sizes)
         self.dock.setVisible(settings.inspector_visible)
         self.inspector_button.setChecked(settings.inspector_visible)
-        # The inspector keeps its share of the width as the window is resized (a user's drag of
-        # its edge sets a new share); a restored layout keeps its own until the first resize.
-        self._dock_share: float | None = None if settings.window_state else DOCK_SHARE
-        self._dock_fit_width = self._dock_target = 0
-        self._fitting_dock = False
-        self.dock.installEventFilter(self)
-
-    def use_default_dock_share(self) -> None:
-        """The inspector takes `DOCK_SHARE` of the width from the next resize on, whatever the
-        restored layout said (scripted runs at a given size)."""
-        self._dock_share = DOCK_SHARE
+        if settings.window_state:
+            self.dock.keep_restored_share()
 
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
         super().resizeEvent(event)
         old, new = event.oldSize().width(), event.size().width()
-        if new != old and hasattr(self, "_dock_share"):
-            self._keep_dock_share(old, new)
-
-    def eventFilter(self, watched, event) -> bool:  # noqa: N802 (Qt override)
-        if (
-            watched is self.dock
-            and event.type() == QEvent.Type.Resize
-            and not getattr(self, "_fitting_dock", True)
-            and self.width() == self._dock_fit_width
-            and abs(self.dock.width() - self._dock_target) > 2  # not the width a fit asked for
-            and self._dock_docked_beside()
-            # a drag holds a mouse button: a dock that resized itself (its panels' least width
-            # changed) is no new share
-            and QApplication.mouseButtons() != Qt.MouseButton.NoButton
-        ):
-            self._dock_share = self.dock.width() / max(self.width(), 1)  # the user's drag
-        return super().eventFilter(watched, event)
-
-    def _dock_docked_beside(self) -> bool:
-        area = self.dockWidgetArea(self.dock)
-        beside = area in (
-            Qt.DockWidgetArea.RightDockWidgetArea,
-            Qt.DockWidgetArea.LeftDockWidgetArea,
-        )
-        return beside and not self.dock.isFloating()
-
-    def _keep_dock_share(self, old: int, new: int) -> None:
-        """Give the docked inspector its share of the new width (two columns on a big screen)."""
-        if not self._dock_docked_beside():
-            return
-        if self._dock_share is None:  # a restored layout: its proportion from now on
-            if old <= 0 or self.dock.width() <= 0:
-                return
-            self._dock_share = self.dock.width() / old
-        least = self.dock.minimumSizeHint().width()
-        target = max(least, min(round(self._dock_share * new), new - CHAT_ROOM))
-        self._fitting_dock, self._dock_target = True, target
-        try:
-            self.resizeDocks([self.dock], [target], Qt.Orientation.Horizontal)
-        finally:
-            self._fitting_dock = False
-        self._dock_fit_width = new
+        if new != old and hasattr(self, "dock"):
+            self.dock.window_resized(old, new)
 
     # =========================================================================================
     # Conversations

@@ -10,7 +10,7 @@ from PySide6.QtWidgets import QApplication
 from a2ats_engine.data_dirs import demo_codebook_path
 from a2ats_engine.loading.models import demo_model_path
 from app.inspector.widgets import ThemedPlot
-from app.main_window import DOCK_SHARE
+from app.inspector_dock import DOCK_SHARE
 
 from .fakes import FakeBackend
 from .helpers import cut_labels, load, reply
