@@ -4,11 +4,12 @@ signals, and is the views' only event source (it re-emits the engine's snapshots
 and end of every request). Settings change through `change_settings` (`settings_changed`).
 
 No widgets: `MainWindow` (main_window.py) binds widgets to these signals and methods, and tests
-drive the controller alone (tests/app/test_controller.py). Every engine request goes to the
-`EngineThread` (queued to the worker on the "engine" thread); only stop and calibration cancel
-are direct calls, and both end in the engine's own cancel (`ChatSession.stop`, the calibration's
-cancel event). Saving never stops the app: a failed write is reported as an ErrorReport with
-task "save", and the reply, the composer and shutdown carry on.
+drive the controller alone (tests/app/test_controller.py). Every engine request is a record
+(`events.EngineRequest`) the controller sends straight to the worker on the "engine" thread (its
+request signal, queued to `EngineWorker.handle`); only stop and the cancels are direct calls, and
+they end in the engine's own cancel (`ChatSession.stop`, the calibration's cancel event).
+Saving never stops the app: a failed write is reported as an ErrorReport with task "save", and
+the reply, the composer and shutdown carry on.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, Qt, Signal
 
 from a2ats_engine.cache.telemetry import GenerationStats, TokenEvent
 
@@ -34,16 +35,23 @@ from .conversations import (
 from .events import (
     CalibrationFinished,
     CalibrationRequest,
+    ClearCodebook,
     CodebookLoaded,
     ContextOverflow,
     ContextTokens,
     DemoStatus,
+    EngineRequest,
     ErrorReport,
+    FetchDemo,
+    FindDemo,
     GenerationRequest,
     GenerationStarted,
     Job,
     JsonDict,
     JsonValue,
+    LoadCodebook,
+    LoadModel,
+    MeasureCrossover,
     ModelLoaded,
     OverflowPolicy,
     PrefillProgress,
@@ -153,6 +161,8 @@ class ChatController(QObject):
     generation_started = Signal(object)  # GenerationStarted (every request, any chat)
     snapshot_ready = Signal(object)  # CacheSnapshot, after each decode step with telemetry on
     generation_finished = Signal(object)  # GenerationStats (every request, also a refused one)
+    # Requests to the engine: an EngineRequest, queued to the worker's `handle` slot.
+    _request_sent = Signal(object)
 
     def __init__(
         self,
@@ -176,6 +186,8 @@ class ChatController(QObject):
         self._job = Task.IDLE  # the engine job other than a reply
         self._overflow_choice: dict[str, OverflowPolicy] = {}
         self._failed: dict[str, str] = {}  # file key (chat id, "settings") -> its failure
+        self._requests = 0  # the id of the last GenerationRequest sent
+        self._calibrations = 0  # the number of the last calibration sent (a cancel's limit)
         self.lock = InstanceLock(self.store.folder)
         self.read_only = False  # another instance holds the data folder (see load_history)
         # Writes nothing (no chat, no settings): a scripted run's temporary chat leaves no trace.
@@ -184,6 +196,7 @@ class ChatController(QObject):
 
     def _connect(self) -> None:
         worker = self.engine.worker
+        self._request_sent.connect(worker.handle, Qt.ConnectionType.QueuedConnection)
         worker.model_loaded.connect(self._on_model_loaded)
         worker.crossover_measured.connect(self.crossover_measured)
         worker.codebook_loaded.connect(self._on_codebook_loaded)
@@ -204,6 +217,10 @@ class ChatController(QObject):
         worker.generation_started.connect(self.generation_started)
         worker.snapshot_ready.connect(self.snapshot_ready)
         worker.generation_finished.connect(self.generation_finished)
+
+    def _send(self, request: EngineRequest) -> None:
+        """Queue `request` to the worker (it runs on the engine thread, after those before it)."""
+        self._request_sent.emit(request)
 
     # ----- state ------------------------------------------------------------------------------
 
@@ -494,9 +511,9 @@ class ChatController(QObject):
         replaces: Message | None = None,
         before: list[Message] | None = None,
     ) -> None:
-        self.engine.cancel_crossover()  # a reply comes first: a running measurement ends now
+        self.engine.worker.cancel_crossover()  # a reply first: a running measurement ends now
         request = GenerationRequest(
-            request_id=self.engine.next_request_id(),
+            request_id=self._next_request_id(),
             conversation_id=conversation.id,
             mode=mode,
             text=text,
@@ -514,12 +531,16 @@ class ChatController(QObject):
             self.reply.draft_back = text  # a new or edited message, not a dangling one
         self.reply_started.emit(self.reply)
         self.task_changed.emit(self.task)
-        self.engine.generate(request)
+        self._send(request)
+
+    def _next_request_id(self) -> int:
+        self._requests += 1
+        return self._requests
 
     def stop(self) -> None:
         """Stop the reply in flight (the engine's stop, a direct call into the worker)."""
         if self.reply is not None:
-            self.engine.stop(self.reply.request.request_id)
+            self.engine.worker.stop(self.reply.request.request_id)
             self.notice.emit("Stopping\u2026", 2000)
 
     def resolve_overflow(self, policy: OverflowPolicy | None) -> None:
@@ -532,9 +553,9 @@ class ChatController(QObject):
         if policy is not None and policy != OverflowPolicy.ASK:
             self._overflow_choice[reply.conversation.id] = policy
             reply.request = replace(
-                reply.request, request_id=self.engine.next_request_id(), overflow=policy
+                reply.request, request_id=self._next_request_id(), overflow=policy
             )
-            self.engine.generate(reply.request)
+            self._send(reply.request)
             return
         self.reply = None
         conversation = reply.conversation
@@ -674,7 +695,7 @@ class ChatController(QObject):
         """Load the remembered model; for the demo model, first check it was fetched."""
         source = self.settings.model_source or DEMO
         if source == DEMO and ask_for_demo:
-            self.engine.find_demo()
+            self._send(FindDemo())
         else:
             self.load_model(source)
 
@@ -687,7 +708,7 @@ class ChatController(QObject):
     def fetch_demo(self) -> None:
         """Fetch the demo model and build its default codebook, then load it."""
         self._set_job(Task.FETCHING)
-        self.engine.fetch_demo()
+        self._send(FetchDemo())
 
     def _on_demo_fetched(self, _folder: str) -> None:
         self._set_job(Task.IDLE)
@@ -698,7 +719,7 @@ class ChatController(QObject):
         self.stop()
         self._set_job(Task.LOADING)
         remembered = self.settings.codebook_for_model.get(source, "")
-        self.engine.load_model(source, remembered, self.settings.auto_load_demo_codebook)
+        self._send(LoadModel(source, remembered, self.settings.auto_load_demo_codebook))
 
     def _on_model_loaded(self, loaded: ModelLoaded) -> None:
         self.model, self.codebook = loaded, None
@@ -707,7 +728,7 @@ class ChatController(QObject):
         self._set_job(Task.IDLE)
         self.model_loaded.emit(loaded)
         if self.auto_measure_crossover():
-            self.engine.measure_crossover(loaded.source, automatic=True)
+            self._send(MeasureCrossover(loaded.source, automatic=True))
 
     def auto_measure_crossover(self) -> bool:
         """Measure a model's crossover the first time it is loaded here: on by default (setting
@@ -720,13 +741,13 @@ class ChatController(QObject):
         """Measure the loaded model's crossover on this machine again (model menu); it runs on
         the engine thread in the background and a sent message cancels it."""
         if self.model is not None:
-            self.engine.measure_crossover(self.model.source, automatic=False)
+            self._send(MeasureCrossover(self.model.source, automatic=False))
 
     def load_codebook(self, path: str) -> None:
-        self.engine.load_codebook(path, False)
+        self._send(LoadCodebook(path, automatic=False))
 
     def clear_codebook(self) -> None:
-        self.engine.clear_codebook()
+        self._send(ClearCodebook())
 
     def _on_codebook_loaded(self, info: CodebookLoaded) -> None:
         self.codebook = info
@@ -744,12 +765,16 @@ class ChatController(QObject):
         self.codebook_cleared.emit()
 
     def calibrate(self, request: CalibrationRequest) -> None:
+        """Calibrate a codebook (numbered: a cancel also cancels one still queued)."""
         self.stop()
         self._set_job(Task.CALIBRATING)
-        self.engine.calibrate(replace(request, cache=self.settings.cache))
+        self._calibrations += 1
+        self._send(replace(request, cache=self.settings.cache, seq=self._calibrations))
 
     def cancel_calibration(self) -> None:
-        self.engine.cancel_calibration()
+        """Direct call (the worker is busy with it): cancels the running calibration and any
+        still queued."""
+        self.engine.worker.cancel_calibration(self._calibrations)
 
     def _on_calibration_finished(self, finished: CalibrationFinished) -> None:
         self._set_job(Task.IDLE)

@@ -1,22 +1,24 @@
 """EngineWorker: the one object that calls the engine, living on the long-lived "engine" QThread.
 
-Requests come in as queued slots (`load_model`, `load_codebook`, `calibrate`, `generate`...),
-results go out as past-tense signals carrying frozen records. The worker never touches a
-widget; widgets never call the engine. Every engine call goes through the worker's backend
+Requests come in as records (`events.EngineRequest`: `LoadModel`, `CalibrationRequest`,
+`GenerationRequest`...) on one queued slot, `handle`, connected to the controller's request
+signal; results go out as past-tense signals carrying frozen records. The worker never touches
+a widget; widgets never call the engine. Every engine call goes through the worker's backend
 (`backend.py`). Two methods are called directly from the GUI thread because a queued call
 would wait behind the running task: `stop()` (the engine's thread-safe session stop, honoured
 between prefill chunks and tokens) and `cancel_calibration()` (sets the cancel event the
-engine's calibration checks). `EngineThread` owns the thread and the worker and turns method
-calls into queued requests.
+engine's calibration checks); `cancel_crossover()` is direct too. `EngineThread` owns the
+thread and the worker on it: it starts them and shuts them down.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import traceback
 import weakref
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import ClassVar
 
@@ -31,16 +33,23 @@ from .context_text import TokenTextCache
 from .events import (
     CalibrationFinished,
     CalibrationRequest,
+    ClearCodebook,
     CodebookLoaded,
     ContextOverflow,
     ContextTokens,
     CrossoverMeasured,
     DemoStatus,
+    EngineRequest,
     ErrorReport,
+    FetchDemo,
+    FindDemo,
     GenerationRequest,
     GenerationStarted,
     Job,
     JsonDict,
+    LoadCodebook,
+    LoadModel,
+    MeasureCrossover,
     ModelLoaded,
     PrefillProgress,
     Progress,
@@ -48,6 +57,8 @@ from .events import (
 )
 
 DEMO = "demo"
+# cancel_calibration(ALL_CALIBRATIONS): the running calibration and every one still queued
+ALL_CALIBRATIONS = sys.maxsize
 RANDOM_CODEBOOK_NOTE = (
     "No codebook: A2ATS retrieval uses a random one. Load or calibrate a codebook."
 )
@@ -121,6 +132,32 @@ class EngineWorker(QObject):
         self._session = None
         self._texts: TokenTextCache | None = None
 
+    # ----- requests (queued from the controller) -----------------------------------------------
+
+    @Slot(object)
+    def handle(self, request: EngineRequest) -> None:
+        """Run one request; the controller's request signal is queued to this slot, so requests
+        run one at a time, in the order they were sent, on the engine thread."""
+        match request:
+            case LoadModel(source, codebook, demo_codebook):
+                self.load_model(source, codebook, demo_codebook)
+            case FindDemo():
+                self.find_demo()
+            case FetchDemo():
+                self.fetch_demo()
+            case LoadCodebook(path, automatic):
+                self.load_codebook(path, automatic)
+            case ClearCodebook():
+                self.clear_codebook()
+            case MeasureCrossover(name, automatic):
+                self.measure_crossover(name, automatic)
+            case CalibrationRequest():
+                self.calibrate(request)
+            case GenerationRequest():
+                self.generate(request)
+            case _:
+                raise TypeError(f"not an engine request: {request!r}")
+
     # ----- thread-safe controls (called directly from the GUI thread) -----------------------
 
     def stop(self, request_id: int | None = None) -> None:
@@ -143,7 +180,6 @@ class EngineWorker(QObject):
 
     # ----- models -----------------------------------------------------------------------------
 
-    @Slot(str, str, bool)
     def load_model(self, source: str, codebook: str = "", demo_codebook: bool = True) -> None:
         """Load a model; the previous one stays in use if this fails. Then load `codebook`
         (the one last used with this model), or for the demo its default codebook."""
@@ -175,12 +211,10 @@ class EngineWorker(QObject):
             return str(default) if default.is_file() else ""
         return ""
 
-    @Slot()
     def find_demo(self) -> None:
         folder = self.backend.demo_model_path()
         self.demo_found.emit(DemoStatus(str(folder) if folder is not None else ""))
 
-    @Slot()
     def fetch_demo(self) -> None:
         """Fetch the demo model, then build its default codebook (as `a2ats fetch-demo`)."""
 
@@ -198,7 +232,6 @@ class EngineWorker(QObject):
 
     # ----- codebooks --------------------------------------------------------------------------
 
-    @Slot(str, bool)
     def load_codebook(self, path: str, automatic: bool = False) -> None:
         """Load and validate a codebook for the current model; nothing changes on failure."""
         if self._model is None:
@@ -213,7 +246,6 @@ class EngineWorker(QObject):
         self._codebook, self._codebook_info = codebook, info
         self.codebook_loaded.emit(info)
 
-    @Slot()
     def clear_codebook(self) -> None:
         self._codebook, self._codebook_info = None, None
         self.codebook_cleared.emit()
@@ -241,7 +273,6 @@ class EngineWorker(QObject):
         """Thread-safe: end a running crossover measurement at its next context."""
         self._crossover_cancel.set()
 
-    @Slot(str, bool)
     def measure_crossover(self, name: str, automatic: bool) -> None:
         """Measure the loaded model's crossover on this machine and record it; `automatic`
         (the first load of a model here): only when this machine has no measurement yet."""
@@ -270,7 +301,6 @@ class EngineWorker(QObject):
             CrossoverMeasured(int(entry["exact_below"]), bool(entry["never"]), ratios)
         )
 
-    @Slot(object)
     def calibrate(self, request: CalibrationRequest) -> None:
         """Train a codebook on the current model, save it, then load it. A cancel that came
         while this request was still queued cancels it before it starts."""
@@ -319,7 +349,6 @@ class EngineWorker(QObject):
 
     # ----- generation -------------------------------------------------------------------------
 
-    @Slot(object)
     def generate(self, request: GenerationRequest) -> None:
         """Produce one reply, streaming token_generated / snapshot_ready, then
         context_updated and generation_finished (always, also after stop or failure)."""
@@ -489,17 +518,10 @@ class EngineWorker(QObject):
 
 
 class EngineThread(QObject):
-    """Starts the "engine" QThread with an EngineWorker on it and forwards requests as queued
-    signals. `worker`'s signals are what the controller connects to."""
-
-    _load_model = Signal(str, str, bool)
-    _find_demo = Signal()
-    _fetch_demo = Signal()
-    _load_codebook = Signal(str, bool)
-    _clear_codebook = Signal()
-    _calibrate = Signal(object)
-    _generate = Signal(object)
-    _measure_crossover = Signal(str, bool)
+    """The "engine" QThread and the EngineWorker on it: starts both, and ends them
+    (`shutdown`). Requests do not pass through here: the controller sends them to `worker`
+    (its request signal, queued to `EngineWorker.handle`) and connects to the worker's
+    signals."""
 
     # every EngineThread not yet garbage-collected (tests check none is left running)
     live: ClassVar[weakref.WeakSet[EngineThread]] = weakref.WeakSet()
@@ -513,64 +535,14 @@ class EngineThread(QObject):
         self.thread.setObjectName("engine")
         self.worker = EngineWorker(backend)
         self.worker.moveToThread(self.thread)
-        self._load_model.connect(self.worker.load_model)
-        self._find_demo.connect(self.worker.find_demo)
-        self._fetch_demo.connect(self.worker.fetch_demo)
-        self._load_codebook.connect(self.worker.load_codebook)
-        self._clear_codebook.connect(self.worker.clear_codebook)
-        self._calibrate.connect(self.worker.calibrate)
-        self._generate.connect(self.worker.generate)
-        self._measure_crossover.connect(self.worker.measure_crossover)
-        self._next_request = 0
-        self._next_calibration = 0
         self.thread.start()
 
-    def load_model(self, source: str, codebook: str = "", demo_codebook: bool = True) -> None:
-        self._load_model.emit(source, codebook, demo_codebook)
-
-    def measure_crossover(self, name: str, automatic: bool = False) -> None:
-        self._measure_crossover.emit(name, automatic)
-
-    def cancel_crossover(self) -> None:
-        self.worker.cancel_crossover()
-
-    def find_demo(self) -> None:
-        self._find_demo.emit()
-
-    def fetch_demo(self) -> None:
-        self._fetch_demo.emit()
-
-    def load_codebook(self, path: str, automatic: bool = False) -> None:
-        self._load_codebook.emit(path, automatic)
-
-    def clear_codebook(self) -> None:
-        self._clear_codebook.emit()
-
-    def calibrate(self, request: CalibrationRequest) -> None:
-        self._next_calibration += 1
-        self._calibrate.emit(replace(request, seq=self._next_calibration))
-
-    def next_request_id(self) -> int:
-        self._next_request += 1
-        return self._next_request
-
-    def generate(self, request: GenerationRequest) -> None:
-        self._generate.emit(request)
-
-    def stop(self, request_id: int | None = None) -> None:
-        """Direct call: must not wait behind the generation it stops."""
-        self.worker.stop(request_id)
-
-    def cancel_calibration(self) -> None:
-        """Direct call: cancels the running calibration and any still queued."""
-        self.worker.cancel_calibration(self._next_calibration)
-
     def shutdown(self, timeout_ms: int = 10000) -> bool:
-        """Stop any reply and calibration, then end the thread. False when it did not end in
-        time: the thread is then kept referenced (`stuck`) instead of destroyed while running,
-        which would abort the process."""
+        """Stop any reply and every calibration, then end the thread. False when it did not end
+        in time: the thread is then kept referenced (`stuck`) instead of destroyed while
+        running, which would abort the process."""
         self.worker.stop()
-        self.cancel_calibration()
+        self.worker.cancel_calibration(ALL_CALIBRATIONS)
         self.thread.quit()
         if self.thread.wait(timeout_ms):
             return True

@@ -14,11 +14,12 @@ import pytest
 from a2ats_engine import SamplingSettings
 from app.controller import SAVE, Task
 from app.conversations import HistoryStore
-from app.events import CalibrationRequest, Job, OverflowPolicy, ReplyMode
+from app.events import CalibrationRequest, FetchDemo, Job, LoadModel, OverflowPolicy, ReplyMode
 from app.settings import AppSettings, CacheSettings
 from app.worker import EngineThread
 
 from .fakes import FakeBackend
+from .helpers import Requests
 
 
 def load(qtbot, controller, source="fake"):
@@ -207,17 +208,19 @@ def test_context_overflow_cancel_gives_the_message_back(make_controller, qtbot):
     assert controller.task == Task.IDLE
 
 
-def test_cancel_while_a_calibration_is_still_queued(make_controller, qtbot, tmp_path):
+def test_cancel_while_a_calibration_is_still_queued(make_controller, qtbot, tmp_path, monkeypatch):
     backend = FakeBackend(delay=0.01, reply_fn=lambda m: "z" * 2000)
     controller = make_controller(backend)
     load(qtbot, controller)
     controller.send("busy")  # the engine is busy: the calibration below waits behind it
     qtbot.waitUntil(lambda: controller.reply is not None and controller.reply.tokens > 2)
     out = tmp_path / "queued.safetensors"
-    controller.engine.calibrate(CalibrationRequest(output=str(out), cache=CacheSettings()))
+    with monkeypatch.context() as busy:  # calibrate without stopping the reply first
+        busy.setattr(controller, "stop", lambda: None)
+        controller.calibrate(CalibrationRequest(output=str(out)))
     controller.cancel_calibration()
     with qtbot.waitSignal(controller.calibration_cancelled, timeout=20000):
-        controller.engine.stop()
+        controller.stop()
     assert not out.exists() and backend.calibrations == []
 
 
@@ -258,11 +261,12 @@ def test_engine_backend_fetch_demo_builds_the_codebook_with_progress(qtbot, monk
     monkeypatch.setattr(models_module, "fetch_demo", fake_fetch)
     monkeypatch.setattr(calibrate_module, "ensure_demo_codebook", fake_codebook)
     engine = EngineThread(EngineBackend())
+    send = Requests(engine.worker)
     stages = []
     engine.worker.progress.connect(lambda p: stages.append((p.task, p.stage)))
     try:
         with qtbot.waitSignal(engine.worker.demo_fetched, timeout=20000) as blocker:
-            engine.fetch_demo()
+            send(FetchDemo())
     finally:
         engine.shutdown()
     assert blocker.args[0] == str(tmp_path / "demo")
@@ -320,23 +324,24 @@ def test_stop_during_a_long_prefill_is_honoured_between_chunks_real(qtbot, tiny_
                 chunks.append((done, total))
                 progress(stage, done, total)  # the worker's own callback still runs
                 if len(chunks) == 2:
-                    engine.stop()  # as the Stop button does, from outside the stream
+                    engine.worker.stop()  # as the Stop button does, from outside the stream
 
             return super().reply(session, mode, text, on_prefill)
 
     engine = EngineThread(StopInPrefill(prefill_step_size=16))
+    send = Requests(engine.worker)
     finished, shown = [], []
     engine.worker.generation_finished.connect(finished.append)
     engine.worker.prefill_progressed.connect(shown.append)
     try:
         with qtbot.waitSignal(engine.worker.model_loaded, timeout=60000):
-            engine.load_model(str(tiny_folder))
+            send(LoadModel(str(tiny_folder)))
         request = GenerationRequest(
-            request_id=engine.next_request_id(), conversation_id="c", mode=ReplyMode.SEND,
+            request_id=send.next_request_id(), conversation_id="c", mode=ReplyMode.SEND,
             text="word " * 300, history=(), system_prompt="",
             sampling=SamplingSettings(max_tokens=50, seed=0), cache=CacheSettings(),
         )  # fmt: skip
-        engine.generate(request)
+        send(request)
         qtbot.waitUntil(lambda: bool(finished), timeout=60000)
     finally:
         engine.shutdown()
