@@ -111,6 +111,7 @@ class ChatController(ModelJobs, QObject):
         self._failed: dict[str, str] = {}  # file key (chat id, "settings") -> its failure
         self._requests = 0  # the id of the last GenerationRequest sent
         self._calibrations = 0  # the number of the last calibration sent (model_jobs.py)
+        self._crossovers = 0  # the number of the last crossover measurement sent (model_jobs.py)
         self.lock = InstanceLock(self.store.folder)
         self.read_only = False  # another instance holds the data folder (see load_history)
         # Writes nothing (no chat, no settings): a scripted run's temporary chat leaves no trace.
@@ -421,7 +422,8 @@ class ChatController(ModelJobs, QObject):
         replaces: Message | None = None,
         before: list[Message] | None = None,
     ) -> None:
-        self.engine.worker.cancel_crossover()  # a reply first: a running measurement ends now
+        # A reply comes first: a measurement running or still queued ends now.
+        self.engine.worker.cancel_crossover(self._crossovers)
         request = GenerationRequest(
             request_id=self._next_request_id(),
             conversation_id=conversation.id,

@@ -237,10 +237,12 @@ class ClearCodebook:
 
 @dataclass(frozen=True)
 class MeasureCrossover:
-    """Measure the loaded model's crossover here; `automatic`: only if not measured yet."""
+    """Measure the loaded model's crossover here; `automatic`: only if not measured yet.
+    `seq` numbers it (ChatController): a sent message cancels every measurement up to it."""
 
     name: str
     automatic: bool = False
+    seq: int = 0
 
 
 EngineRequest = (

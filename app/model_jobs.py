@@ -60,6 +60,7 @@ class ModelJobs:
         reply: ReplyInProgress | None
         ephemeral: bool
         _calibrations: int  # the number of the last calibration sent (a cancel's limit)
+        _crossovers: int  # the number of the last crossover measurement sent
         model_loaded: Any  # and the other signals emitted below
         codebook_loaded: Any
         codebook_cleared: Any
@@ -110,7 +111,7 @@ class ModelJobs:
         self._set_job(Task.IDLE)
         self.model_loaded.emit(loaded)
         if self.auto_measure_crossover():
-            self._send(MeasureCrossover(loaded.source, automatic=True))
+            self._measure(loaded.source, automatic=True)
 
     def auto_measure_crossover(self) -> bool:
         """Measure a model's crossover the first time it is loaded here: on by default (setting
@@ -123,7 +124,12 @@ class ModelJobs:
         """Measure the loaded model's crossover on this machine again (model menu); it runs on
         the engine thread in the background and a sent message cancels it."""
         if self.model is not None:
-            self._send(MeasureCrossover(self.model.source, automatic=False))
+            self._measure(self.model.source, automatic=False)
+
+    def _measure(self, source: str, automatic: bool) -> None:
+        """Numbered: a message sent later cancels it, also while it is still queued."""
+        self._crossovers += 1
+        self._send(MeasureCrossover(source, automatic, self._crossovers))
 
     def load_codebook(self, path: str) -> None:
         self._send(LoadCodebook(path, automatic=False))

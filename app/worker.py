@@ -7,8 +7,9 @@ a widget; widgets never call the engine. Every engine call goes through the work
 (`backend.py`). Two methods are called directly from the GUI thread because a queued call
 would wait behind the running task: `stop()` (the engine's thread-safe session stop, honoured
 between prefill chunks and tokens) and `cancel_calibration()` (sets the cancel event the
-engine's calibration checks); `cancel_crossover()` is direct too. `EngineThread` owns the
-thread and the worker on it: it starts them and shuts them down.
+engine's calibration checks); `cancel_crossover()` is direct too. Calibrations and crossover
+measurements are numbered, so a cancel also reaches one still queued (`NumberedCancel`).
+`EngineThread` owns the thread and the worker on it: it starts them and shuts them down.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import threading
 import time
 import traceback
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import ClassVar
@@ -57,8 +60,8 @@ from .events import (
 )
 
 DEMO = "demo"
-# cancel_calibration(ALL_CALIBRATIONS): the running calibration and every one still queued
-ALL_CALIBRATIONS = sys.maxsize
+# cancel_calibration(ALL) / cancel_crossover(ALL): the running one and every one still queued
+ALL = sys.maxsize
 RANDOM_CODEBOOK_NOTE = (
     "No codebook: A2ATS retrieval uses a random one. Load or calibrate a codebook."
 )
@@ -92,6 +95,41 @@ def _fit_notes(fit: ContextFit) -> tuple[str, ...]:
     return notes
 
 
+class NumberedCancel:
+    """The cancel of jobs that run one at a time, numbered 1, 2, ... by whoever queues them:
+    `cancel(up_to)` cancels the running job if its number is up to `up_to`, and each job still
+    queued with such a number as it starts (a cancel that lands before its job starts is kept).
+    `cancel()` cancels the running job only; a job numbered 0 is never cancelled ahead.
+    Thread-safe: `cancel` is called from the GUI thread while the job runs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._event = threading.Event()  # the running job's: it polls `is_set()`
+        self._running: int | None = None  # the number of the running job
+        self._cancelled = 0  # every job numbered up to this is cancelled
+
+    @contextmanager
+    def running(self, seq: int) -> Iterator[threading.Event]:
+        """Run job `seq`: the event it polls, set if it was cancelled while queued."""
+        with self._lock:
+            self._running = seq
+            self._event.clear()
+            if seq and seq <= self._cancelled:
+                self._event.set()
+        try:
+            yield self._event
+        finally:
+            with self._lock:
+                self._running = None
+
+    def cancel(self, up_to: int | None = None) -> None:
+        with self._lock:
+            limit = up_to if up_to is not None else (self._running or 0)
+            self._cancelled = max(self._cancelled, limit)
+            if self._running is not None and self._running <= limit:
+                self._event.set()
+
+
 class EngineWorker(QObject):
     """Owns the model, tokenizer, codebook and chat session; runs on the engine thread."""
 
@@ -119,10 +157,8 @@ class EngineWorker(QObject):
         self._lock = threading.Lock()
         self._cancelled: set[int] = set()
         self._active_request: int | None = None
-        self._calibration_cancel = threading.Event()
-        self._crossover_cancel = threading.Event()
-        self._calibration_seq = 0  # the calibration running now (0 = none)
-        self._calibrations_cancelled = 0  # every calibration up to this seq is cancelled
+        self._calibration = NumberedCancel()
+        self._crossover = NumberedCancel()
         self._model = None
         self._tokenizer = None
         self._info: ModelInfo | None = None
@@ -149,8 +185,8 @@ class EngineWorker(QObject):
                 self.load_codebook(path, automatic)
             case ClearCodebook():
                 self.clear_codebook()
-            case MeasureCrossover(name, automatic):
-                self.measure_crossover(name, automatic)
+            case MeasureCrossover(name, automatic, seq):
+                self.measure_crossover(name, automatic, seq)
             case CalibrationRequest():
                 self.calibrate(request)
             case GenerationRequest():
@@ -172,11 +208,12 @@ class EngineWorker(QObject):
 
     def cancel_calibration(self, up_to: int | None = None) -> None:
         """Cancel the running calibration and every queued one numbered up to `up_to`."""
-        with self._lock:
-            limit = up_to if up_to is not None else self._calibration_seq
-            self._calibrations_cancelled = max(self._calibrations_cancelled, limit)
-            if self._calibration_seq and self._calibration_seq <= limit:
-                self._calibration_cancel.set()
+        self._calibration.cancel(up_to)
+
+    def cancel_crossover(self, up_to: int | None = None) -> None:
+        """End the running crossover measurement at its next context, and every queued one
+        numbered up to `up_to`."""
+        self._crossover.cancel(up_to)
 
     # ----- models -----------------------------------------------------------------------------
 
@@ -269,17 +306,19 @@ class EngineWorker(QObject):
 
     # ----- calibration ------------------------------------------------------------------------
 
-    def cancel_crossover(self) -> None:
-        """Thread-safe: end a running crossover measurement at its next context."""
-        self._crossover_cancel.set()
-
-    def measure_crossover(self, name: str, automatic: bool) -> None:
+    def measure_crossover(self, name: str, automatic: bool, seq: int = 0) -> None:
         """Measure the loaded model's crossover on this machine and record it; `automatic`
-        (the first load of a model here): only when this machine has no measurement yet."""
+        (the first load of a model here): only when this machine has no measurement yet. A
+        cancel that came while it was still queued cancels it before it starts."""
         if self._model is None:
             return
-        self._crossover_cancel.clear()
+        with self._crossover.running(seq) as cancel:
+            self._measure_crossover(name, automatic, cancel)
+
+    def _measure_crossover(self, name: str, automatic: bool, cancel: threading.Event) -> None:
         try:
+            if cancel.is_set():
+                raise CrossoverCancelled("cancelled before it started")
             if automatic and self.backend.crossover_measured_here(self._model):
                 self.crossover_measured.emit(CrossoverMeasured(skipped=True))
                 return
@@ -288,7 +327,7 @@ class EngineWorker(QObject):
                 self.progress.emit(Progress(Job.CROSSOVER, stage, done, total))
 
             entry = self.backend.measure_crossover(
-                self._model, name, self._codebook, report, self._crossover_cancel
+                self._model, name, self._codebook, report, cancel
             )
         except CrossoverCancelled:
             self.crossover_measured.emit(CrossoverMeasured(cancelled=True))
@@ -304,19 +343,11 @@ class EngineWorker(QObject):
     def calibrate(self, request: CalibrationRequest) -> None:
         """Train a codebook on the current model, save it, then load it. A cancel that came
         while this request was still queued cancels it before it starts."""
-        with self._lock:
-            self._calibration_seq = request.seq
-            self._calibration_cancel.clear()
-            if request.seq and request.seq <= self._calibrations_cancelled:
-                self._calibration_cancel.set()
-        try:
-            self._calibrate(request)
-        finally:
-            with self._lock:
-                self._calibration_seq = 0
+        with self._calibration.running(request.seq) as cancel:
+            self._calibrate(request, cancel)
 
-    def _calibrate(self, request: CalibrationRequest) -> None:
-        if self._calibration_cancel.is_set():
+    def _calibrate(self, request: CalibrationRequest, cancel: threading.Event) -> None:
+        if cancel.is_set():
             self.calibration_cancelled.emit()
             return
         if self._model is None:
@@ -333,7 +364,7 @@ class EngineWorker(QObject):
                 self._tokenizer,
                 request,
                 report,
-                self._calibration_cancel,
+                cancel,
                 self._info.name if self._info is not None else "",
             )
         except Exception as exc:  # noqa: BLE001
@@ -542,7 +573,8 @@ class EngineThread(QObject):
         in time: the thread is then kept referenced (`stuck`) instead of destroyed while
         running, which would abort the process."""
         self.worker.stop()
-        self.worker.cancel_calibration(ALL_CALIBRATIONS)
+        self.worker.cancel_calibration(ALL)
+        self.worker.cancel_crossover(ALL)
         self.thread.quit()
         if self.thread.wait(timeout_ms):
             return True

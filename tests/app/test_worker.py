@@ -20,6 +20,7 @@ from app.events import (
     GenerationStarted,
     LoadCodebook,
     LoadModel,
+    MeasureCrossover,
     ModelLoaded,
 )
 from app.settings import CacheSettings
@@ -31,7 +32,7 @@ from .helpers import Requests
 SIGNALS = (
     "model_loaded", "codebook_loaded", "progress", "failed", "generation_started",
     "token_generated", "snapshot_ready", "context_updated", "generation_finished",
-    "calibration_finished", "calibration_cancelled",
+    "calibration_finished", "calibration_cancelled", "crossover_measured",
 )  # fmt: skip
 
 
@@ -264,6 +265,26 @@ def test_calibration_progress_finish_and_cancel(engine, qtbot, tmp_path):
     thread.worker.cancel_calibration(2)  # direct: the worker is busy calibrating
     wait_for(qtbot, recorder, "calibration_cancelled")
     assert not (tmp_path / "c2.safetensors").exists()
+
+
+def test_a_crossover_cancel_reaches_a_measurement_still_queued(engine, qtbot):
+    """The message that cancels a measurement can be sent before the measurement starts (it
+    waits behind another request): it is cancelled as it starts, never run."""
+    backend = FakeBackend(delay=0.01, reply_fn=lambda m: "z" * 2000)
+    thread, recorder = engine(backend)
+    thread.send(LoadModel("fake"))
+    wait_for(qtbot, recorder, "model_loaded")
+    busy = request(thread)
+    thread.send(busy)
+    wait_for(qtbot, recorder, "token_generated", 2)
+    thread.send(MeasureCrossover("fake", seq=1))
+    thread.worker.cancel_crossover(1)  # as a sent message does, while it is still queued
+    thread.worker.stop(busy.request_id)
+    wait_for(qtbot, recorder, "crossover_measured")
+    assert recorder.of("crossover_measured")[0].cancelled and backend.crossover_runs == 0
+    thread.send(MeasureCrossover("fake", seq=2))  # a later one runs
+    wait_for(qtbot, recorder, "crossover_measured", 2)
+    assert recorder.of("crossover_measured")[1].exact_below == 2048
 
 
 # ----- the real engine on the tiny model -------------------------------------------------------
