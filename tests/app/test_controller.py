@@ -18,7 +18,7 @@ from app.events import CalibrationRequest, FetchDemo, Job, LoadModel, OverflowPo
 from app.settings import AppSettings, CacheSettings
 from app.worker import EngineThread
 
-from .fakes import FakeBackend
+from .fakes import FakeBackend, in_turn
 from .helpers import Requests
 
 
@@ -120,8 +120,8 @@ def test_shutdown_that_times_out_keeps_the_thread_instead_of_aborting(
 
 
 def test_regenerate_keeps_the_old_reply_when_the_new_one_fails(make_controller, qtbot):
-    answers = iter(["first answer", RuntimeError("model exploded"), "third answer"])
-    controller = make_controller(FakeBackend(reply_fn=lambda m: next(answers)))
+    answers = in_turn("first answer", RuntimeError("model exploded"), "third answer")
+    controller = make_controller(FakeBackend(reply_fn=answers))
     load(qtbot, controller)
     send(qtbot, controller, "question")
     with qtbot.waitSignal(controller.reply_ended, timeout=20000) as blocker:
@@ -277,13 +277,20 @@ def test_engine_backend_fetch_demo_builds_the_codebook_with_progress(qtbot, monk
 # ----- the real engine on the tiny model ---------------------------------------------------
 
 
+def on_real_engine(make_controller, qtbot, folder, *, max_tokens: int, seed: int):
+    """A controller on the real engine with the model in `folder` loaded, sampling at
+    temperature 1 with `seed`."""
+    settings = AppSettings()
+    settings.sampling = SamplingSettings(max_tokens=max_tokens, seed=seed, temperature=1.0)
+    controller = make_controller(None, settings)
+    load(qtbot, controller, str(folder))
+    return controller
+
+
 def test_partial_reply_is_checkpointed_and_marked_interrupted_real(
     make_controller, qtbot, tiny_folder
 ):
-    settings = AppSettings()
-    settings.sampling = SamplingSettings(max_tokens=400, seed=3, temperature=1.0)
-    controller = make_controller(None, settings)
-    load(qtbot, controller, str(tiny_folder))
+    controller = on_real_engine(make_controller, qtbot, tiny_folder, max_tokens=400, seed=3)
     path = None
     checkpoints: list[str] = []
 
@@ -396,10 +403,9 @@ def held_turns(controller) -> list[tuple[str, str]]:
 def test_context_limit_on_the_real_engine_stop_at_limit(
     make_controller, qtbot, short_context_folder
 ):
-    settings = AppSettings()
-    settings.sampling = SamplingSettings(max_tokens=120, seed=4, temperature=1.0)
-    controller = make_controller(None, settings)
-    load(qtbot, controller, str(short_context_folder))
+    controller = on_real_engine(
+        make_controller, qtbot, short_context_folder, max_tokens=120, seed=4
+    )
     assert controller.model.info.context_length == 160
     asked = []
 
@@ -415,10 +421,7 @@ def test_context_limit_on_the_real_engine_stop_at_limit(
 
 
 def test_context_limit_on_the_real_engine_drop_oldest(make_controller, qtbot, short_context_folder):
-    settings = AppSettings()
-    settings.sampling = SamplingSettings(max_tokens=24, seed=5, temperature=1.0)
-    controller = make_controller(None, settings)
-    load(qtbot, controller, str(short_context_folder))
+    controller = on_real_engine(make_controller, qtbot, short_context_folder, max_tokens=24, seed=5)
     controller.context_overflowed.connect(
         lambda _o: controller.resolve_overflow(OverflowPolicy.DROP_OLDEST)
     )
@@ -479,8 +482,7 @@ def test_quitting_with_an_unsaved_chat_asks_first(make_window, qtbot, monkeypatc
 
 def test_a_crash_during_regenerate_keeps_the_finished_reply_on_disk(make_controller, qtbot):
     finished = ("A complete answer. " * 24).strip()  # 455 characters, under max tokens
-    answers = iter([finished, "A new answer that never finishes " * 20])
-    backend = FakeBackend(reply_fn=lambda m: next(answers))
+    backend = FakeBackend(reply_fn=in_turn(finished, "A new answer that never finishes " * 20))
     controller = make_controller(backend)
     load(qtbot, controller)
     send(qtbot, controller, "question")
@@ -513,8 +515,7 @@ def test_a_crash_during_regenerate_keeps_the_finished_reply_on_disk(make_control
 
 
 def test_versions_of_a_regenerated_reply_can_be_switched(make_controller, qtbot):
-    answers = iter(["first", "second"])
-    controller = make_controller(FakeBackend(reply_fn=lambda m: next(answers)))
+    controller = make_controller(FakeBackend(reply_fn=in_turn("first", "second")))
     load(qtbot, controller)
     send(qtbot, controller, "question")
     with qtbot.waitSignal(controller.reply_ended, timeout=20000):
