@@ -4,46 +4,38 @@ signals, and is the views' only event source (it re-emits the engine's snapshots
 and end of every request). Settings change through `change_settings` (`settings_changed`).
 
 No widgets: `MainWindow` (main_window.py) binds widgets to these signals and methods, and tests
-drive the controller alone (tests/app/test_controller.py). Every engine request goes to the
-`EngineThread` (queued to the worker on the "engine" thread); only stop and calibration cancel
-are direct calls, and both end in the engine's own cancel (`ChatSession.stop`, the calibration's
-cancel event). Saving never stops the app: a failed write is reported as an ErrorReport with
-task "save", and the reply, the composer and shutdown carry on.
+drive the controller alone (tests/app/test_controller.py). Every engine request is a record
+(`events.EngineRequest`) the controller sends straight to the worker on the "engine" thread (its
+request signal, queued to `EngineWorker.handle`); only stop and the cancels are direct calls, and
+they end in the engine's own cancel (`ChatSession.stop`, the calibration's cancel event).
+Saving never stops the app: a failed write is reported as an ErrorReport with task "save", and
+the reply, the composer and shutdown carry on.
+
+Its parts: the model, codebook, demo, calibration and crossover jobs are `ModelJobs`
+(model_jobs.py), a reply's own bookkeeping is `ReplyInProgress` (replies.py).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, replace
-from enum import StrEnum
+from dataclasses import fields, replace
 from typing import Any
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, Qt, Signal
 
 from a2ats_engine.cache.telemetry import GenerationStats, TokenEvent
 
-from .conversations import (
-    MAX_ALTERNATIVES,
-    Conversation,
-    HistoryStore,
-    Message,
-    title_from_text,
-)
+from . import replies
+from .conversations import Conversation, HistoryStore, Message, title_from_text
 from .events import (
-    CalibrationFinished,
-    CalibrationRequest,
     CodebookLoaded,
     ContextOverflow,
     ContextTokens,
-    DemoStatus,
+    EngineRequest,
     ErrorReport,
     GenerationRequest,
     GenerationStarted,
-    Job,
-    JsonDict,
-    JsonValue,
     ModelLoaded,
     OverflowPolicy,
     PrefillProgress,
@@ -51,82 +43,21 @@ from .events import (
     StopReason,
 )
 from .instance_lock import InstanceLock
+from .model_jobs import ModelJobs, Task
+from .replies import ReplyEnded, ReplyInProgress
 from .settings import FIELD_TYPES, AppSettings, save_settings
-from .worker import DEMO, EngineThread
+from .worker import EngineThread
+
+__all__ = ["READ_ONLY", "SAVE", "ChatController", "ReplyEnded", "ReplyInProgress", "Task"]
 
 SAVE = "save"  # ErrorReport.task of a failed write of a chat or the settings
 READ_ONLY = (
     "Another A2ATS Chat has this data folder open: this window is read-only "
     "(nothing is sent or saved here)"
 )
-CHECKPOINT_SECONDS = 2.0  # a streaming reply is written to disk at least this often...
-CHECKPOINT_TOKENS = 32  # ...or every this many tokens, whichever comes first
 
 
-class Task(StrEnum):
-    """What the engine is busy with, as far as the user is concerned."""
-
-    IDLE = "idle"
-    LOADING = "loading"
-    FETCHING = "fetching"
-    CALIBRATING = "calibrating"
-    GENERATING = "generating"
-
-
-@dataclass
-class ReplyInProgress:
-    """The reply being produced: its request, where it goes, and what arrived so far.
-
-    `replaces` is the old reply of a regenerate: it stays in the conversation (and on disk)
-    until the new reply ends; a new reply with text takes its place and keeps it as an
-    alternative, one without text (stopped, failed) leaves it where it was."""
-
-    request: GenerationRequest
-    conversation: Conversation
-    message: Message
-    replaces: Message | None = None
-    before: list[Message] | None = None  # the chat's messages before the request changed them
-    draft_back: str = ""  # what goes back into the composer if the user gives up the request
-    started: GenerationStarted | None = None
-    overflow: ContextOverflow | None = None
-    text: str = ""
-    prefill: PrefillProgress | None = None  # the prompt prefill's last progress
-    error: str = ""
-    tokens: int = 0
-    started_at: float = field(default_factory=time.perf_counter)
-    first_token_at: float = 0.0
-    checkpoint_at: float = field(default_factory=time.perf_counter)
-    checkpoint_tokens: int = 0
-
-
-@dataclass(frozen=True)
-class ReplyEnded:
-    """A reply ended. `message` is the kept assistant message (None when nothing was kept);
-    `restored` says the old reply of a regenerate is back."""
-
-    conversation: Conversation
-    message: Message | None
-    stats: GenerationStats
-    note: str = ""
-    restored: bool = False
-
-
-def _by_time(messages: list[Message]) -> list[Message]:
-    """Versions of a reply in the order they were written (a stable sort: ties keep order)."""
-    return sorted(messages, key=lambda m: m.created)
-
-
-def jsonable(value: object) -> JsonValue:
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
-    if isinstance(value, bool | int | float | str) or value is None:
-        return value
-    return str(value)
-
-
-class ChatController(QObject):
+class ChatController(ModelJobs, QObject):
     """The chat app without its widgets (see the module docstring)."""
 
     task_changed = Signal(object)  # Task
@@ -153,6 +84,8 @@ class ChatController(QObject):
     generation_started = Signal(object)  # GenerationStarted (every request, any chat)
     snapshot_ready = Signal(object)  # CacheSnapshot, after each decode step with telemetry on
     generation_finished = Signal(object)  # GenerationStats (every request, also a refused one)
+    # Requests to the engine: an EngineRequest, queued to the worker's `handle` slot.
+    _request_sent = Signal(object)
 
     def __init__(
         self,
@@ -176,6 +109,9 @@ class ChatController(QObject):
         self._job = Task.IDLE  # the engine job other than a reply
         self._overflow_choice: dict[str, OverflowPolicy] = {}
         self._failed: dict[str, str] = {}  # file key (chat id, "settings") -> its failure
+        self._requests = 0  # the id of the last GenerationRequest sent
+        self._calibrations = 0  # the number of the last calibration sent (model_jobs.py)
+        self._crossovers = 0  # the number of the last crossover measurement sent (model_jobs.py)
         self.lock = InstanceLock(self.store.folder)
         self.read_only = False  # another instance holds the data folder (see load_history)
         # Writes nothing (no chat, no settings): a scripted run's temporary chat leaves no trace.
@@ -184,6 +120,7 @@ class ChatController(QObject):
 
     def _connect(self) -> None:
         worker = self.engine.worker
+        self._request_sent.connect(worker.handle, Qt.ConnectionType.QueuedConnection)
         worker.model_loaded.connect(self._on_model_loaded)
         worker.crossover_measured.connect(self.crossover_measured)
         worker.codebook_loaded.connect(self._on_codebook_loaded)
@@ -204,6 +141,10 @@ class ChatController(QObject):
         worker.generation_started.connect(self.generation_started)
         worker.snapshot_ready.connect(self.snapshot_ready)
         worker.generation_finished.connect(self.generation_finished)
+
+    def _send(self, request: EngineRequest) -> None:
+        """Queue `request` to the worker (it runs on the engine thread, after those before it)."""
+        self._request_sent.emit(request)
 
     # ----- state ------------------------------------------------------------------------------
 
@@ -394,31 +335,18 @@ class ChatController(QObject):
 
     def versions(self) -> tuple[int, int]:
         """(number of the shown version, how many there are) of the current chat's last
-        reply: (1, 1) without alternatives, (0, 0) when the chat does not end with a reply.
-        Versions are numbered by when they were written."""
-        conversation = self.current
-        if conversation is None or not conversation.messages:
-            return 0, 0
-        last = conversation.messages[-1]
-        if last.role != "assistant":
-            return 0, 0
-        ordered = _by_time([*last.alternatives, last])
-        return ordered.index(last) + 1, len(ordered)
+        reply (`replies.versions`)."""
+        return replies.versions(self.current)
 
     def show_version(self, step: int) -> bool:
         """Make the version `step` away (-1 earlier, +1 later) the current chat's last reply;
         the one shown becomes an alternative. Saved; False when there is no such version or
         a reply is in flight."""
         conversation = self.current
-        number, count = self.versions()
-        target = number - 1 + step
-        if conversation is None or self.reply is not None or not 0 <= target < count:
+        if conversation is None or self.reply is not None:
             return False
-        last = conversation.messages[-1]
-        ordered = _by_time([*last.alternatives, last])
-        chosen = ordered[target]
-        others = [replace(m, alternatives=[]) for m in ordered if m is not chosen]
-        conversation.messages[-1] = replace(chosen, alternatives=others)
+        if not replies.show_version(conversation, step):
+            return False
         self.save(conversation)
         self.current_changed.emit(conversation)
         return True
@@ -494,9 +422,10 @@ class ChatController(QObject):
         replaces: Message | None = None,
         before: list[Message] | None = None,
     ) -> None:
-        self.engine.cancel_crossover()  # a reply comes first: a running measurement ends now
+        # A reply comes first: a measurement running or still queued ends now.
+        self.engine.worker.cancel_crossover(self._crossovers)
         request = GenerationRequest(
-            request_id=self.engine.next_request_id(),
+            request_id=self._next_request_id(),
             conversation_id=conversation.id,
             mode=mode,
             text=text,
@@ -514,12 +443,16 @@ class ChatController(QObject):
             self.reply.draft_back = text  # a new or edited message, not a dangling one
         self.reply_started.emit(self.reply)
         self.task_changed.emit(self.task)
-        self.engine.generate(request)
+        self._send(request)
+
+    def _next_request_id(self) -> int:
+        self._requests += 1
+        return self._requests
 
     def stop(self) -> None:
         """Stop the reply in flight (the engine's stop, a direct call into the worker)."""
         if self.reply is not None:
-            self.engine.stop(self.reply.request.request_id)
+            self.engine.worker.stop(self.reply.request.request_id)
             self.notice.emit("Stopping\u2026", 2000)
 
     def resolve_overflow(self, policy: OverflowPolicy | None) -> None:
@@ -532,15 +465,13 @@ class ChatController(QObject):
         if policy is not None and policy != OverflowPolicy.ASK:
             self._overflow_choice[reply.conversation.id] = policy
             reply.request = replace(
-                reply.request, request_id=self.engine.next_request_id(), overflow=policy
+                reply.request, request_id=self._next_request_id(), overflow=policy
             )
-            self.engine.generate(reply.request)
+            self._send(reply.request)
             return
         self.reply = None
         conversation = reply.conversation
-        if reply.before is not None:
-            conversation.messages[:] = reply.before
-            conversation.draft = reply.draft_back or conversation.draft
+        reply.give_up()
         self.save(conversation)
         self.task_changed.emit(self.task)
         stats = GenerationStats(0, 0, 0.0, 0.0, 0.0, 0.0, str(StopReason.CANCELLED))
@@ -565,52 +496,17 @@ class ChatController(QObject):
         reply = self.reply
         if reply is None:
             return
-        now = time.perf_counter()
-        if reply.tokens == 0:
-            reply.first_token_at = now
-        reply.tokens += 1
-        reply.text += event.text
+        due = reply.add_token(event.text, time.perf_counter())
         if self.reply_is_current():
             self.reply_text_added.emit(event.text)
-        due = now - reply.checkpoint_at >= CHECKPOINT_SECONDS
-        if reply.text and (due or reply.tokens - reply.checkpoint_tokens >= CHECKPOINT_TOKENS):
-            self._checkpoint(reply, now)
+        if due:
+            self._checkpoint(reply)
 
-    def _replace_old_reply(self, reply: ReplyInProgress) -> None:
-        """The regenerated reply ended with text: it takes the old reply's place, and the old
-        one becomes its latest alternative."""
-        old, message = reply.replaces, reply.message
-        messages = reply.conversation.messages
-        reply.replaces = None
-        if old is None:
-            return
-        message.alternatives = [*old.alternatives, replace(old, alternatives=[])]
-        del message.alternatives[:-MAX_ALTERNATIVES]
-        if messages and messages[-1] is old:
-            messages.pop()
-
-    def _checkpoint(self, reply: ReplyInProgress, now: float) -> None:
-        """Write the chat with the partial reply marked interrupted, so a kill loses nothing.
-        The next save (the finished reply) replaces it."""
-        reply.checkpoint_at, reply.checkpoint_tokens = now, reply.tokens
+    def _checkpoint(self, reply: ReplyInProgress) -> None:
+        """Write the chat with the partial reply marked interrupted, so a kill loses nothing."""
+        snapshot = reply.checkpoint(time.perf_counter())
         if reply.conversation not in self.conversations:
             return
-        partial = Message(
-            "assistant",
-            reply.text,
-            created=reply.message.created,
-            provenance=self._provenance(reply, None),
-            interrupted=True,
-        )
-        messages = list(reply.conversation.messages)
-        if reply.replaces is not None and messages and messages[-1] is reply.replaces:
-            # A regenerate: the finished old reply stays the reply on disk until the new one
-            # completes; the partial new one is kept beside it as an alternative.
-            old = reply.replaces
-            messages[-1] = replace(old, alternatives=[*old.alternatives, partial])
-        else:
-            messages.append(partial)
-        snapshot = replace(reply.conversation, messages=messages)
         self._write(
             lambda: self.store.save(snapshot),
             f"chat \u201c{reply.conversation.title}\u201d",
@@ -638,133 +534,16 @@ class ChatController(QObject):
             self.context_overflowed.emit(reply.overflow)  # the reply waits for the answer
             return
         self.reply = None
-        conversation, message = reply.conversation, reply.message
-        keep = bool(reply.text) or stats.stop_reason not in (
-            StopReason.CANCELLED,
-            StopReason.ERROR,
-            StopReason.CONTEXT_FULL,
-        )
-        restored = not keep and reply.replaces is not None
-        if keep:
-            self._replace_old_reply(reply)
-            message.content = reply.text
-            message.provenance = self._provenance(reply, stats)
-            conversation.messages.append(message)
+        conversation = reply.conversation
+        message = reply.finish(stats)
+        restored = message is None and reply.replaces is not None
         note = f"Reply failed: {reply.error}" if stats.stop_reason == StopReason.ERROR else ""
         if conversation in self.conversations:  # not deleted while the reply streamed
             self.save(conversation)
         self.task_changed.emit(self.task)
         if stats.stop_reason == StopReason.CANCELLED:
             self.notice.emit("Stopped", 3000)
-        self.reply_ended.emit(
-            ReplyEnded(conversation, message if keep else None, stats, note, restored)
-        )
-
-    def _provenance(self, reply: ReplyInProgress, stats: GenerationStats | None) -> JsonDict:
-        provenance: JsonDict = dict(reply.started.provenance) if reply.started else {}
-        if stats is not None:
-            values = {k: v for k, v in asdict(stats).items() if k != "extra"}
-            provenance["stats"] = {**jsonable(values), "extra": jsonable(stats.extra)}
-        provenance["finished"] = time.time()
-        return provenance
-
-    # ----- models and codebooks ---------------------------------------------------------------
-
-    def start(self, ask_for_demo: bool = True) -> None:
-        """Load the remembered model; for the demo model, first check it was fetched."""
-        source = self.settings.model_source or DEMO
-        if source == DEMO and ask_for_demo:
-            self.engine.find_demo()
-        else:
-            self.load_model(source)
-
-    def _on_demo_found(self, status: DemoStatus) -> None:
-        if status.folder:
-            self.load_model(DEMO)
-        else:
-            self.demo_missing.emit()
-
-    def fetch_demo(self) -> None:
-        """Fetch the demo model and build its default codebook, then load it."""
-        self._set_job(Task.FETCHING)
-        self.engine.fetch_demo()
-
-    def _on_demo_fetched(self, _folder: str) -> None:
-        self._set_job(Task.IDLE)
-        self.load_model(DEMO)
-
-    def load_model(self, source: str) -> None:
-        """Load a model (folder, .gguf, HF repo id or "demo") and its remembered codebook."""
-        self.stop()
-        self._set_job(Task.LOADING)
-        remembered = self.settings.codebook_for_model.get(source, "")
-        self.engine.load_model(source, remembered, self.settings.auto_load_demo_codebook)
-
-    def _on_model_loaded(self, loaded: ModelLoaded) -> None:
-        self.model, self.codebook = loaded, None
-        recent = self.settings.recent_with(loaded.source)
-        self.change_settings(model_source=loaded.source, recent_models=recent)
-        self._set_job(Task.IDLE)
-        self.model_loaded.emit(loaded)
-        if self.auto_measure_crossover():
-            self.engine.measure_crossover(loaded.source, automatic=True)
-
-    def auto_measure_crossover(self) -> bool:
-        """Measure a model's crossover the first time it is loaded here: on by default (setting
-        `auto_measure_crossover`), never in a scripted run, never with A2ATS_NO_AUTO_CROSSOVER=1
-        (the test suite sets it: a measurement would write the crossover table tests read)."""
-        disabled = os.environ.get("A2ATS_NO_AUTO_CROSSOVER") == "1"
-        return self.settings.auto_measure_crossover and not self.ephemeral and not disabled
-
-    def measure_crossover(self) -> None:
-        """Measure the loaded model's crossover on this machine again (model menu); it runs on
-        the engine thread in the background and a sent message cancels it."""
-        if self.model is not None:
-            self.engine.measure_crossover(self.model.source, automatic=False)
-
-    def load_codebook(self, path: str) -> None:
-        self.engine.load_codebook(path, False)
-
-    def clear_codebook(self) -> None:
-        self.engine.clear_codebook()
-
-    def _on_codebook_loaded(self, info: CodebookLoaded) -> None:
-        self.codebook = info
-        if self.model is not None and not info.automatic:
-            remembered = {**self.settings.codebook_for_model, self.model.source: info.path}
-            self.change_settings(codebook_for_model=remembered)
-        self.codebook_loaded.emit(info)
-
-    def _on_codebook_cleared(self) -> None:
-        self.codebook = None
-        if self.model is not None:
-            remembered = dict(self.settings.codebook_for_model)
-            remembered.pop(self.model.source, None)
-            self.change_settings(codebook_for_model=remembered)
-        self.codebook_cleared.emit()
-
-    def calibrate(self, request: CalibrationRequest) -> None:
-        self.stop()
-        self._set_job(Task.CALIBRATING)
-        self.engine.calibrate(replace(request, cache=self.settings.cache))
-
-    def cancel_calibration(self) -> None:
-        self.engine.cancel_calibration()
-
-    def _on_calibration_finished(self, finished: CalibrationFinished) -> None:
-        self._set_job(Task.IDLE)
-        self.calibration_finished.emit(finished)
-
-    def _on_calibration_cancelled(self) -> None:
-        self._set_job(Task.IDLE)
-        self.calibration_cancelled.emit()
-
-    def _on_failed(self, report: ErrorReport) -> None:
-        if report.task in (Job.LOAD_MODEL, Job.FETCH_DEMO, Job.CALIBRATE):
-            self._set_job(Task.IDLE)
-        if report.task == Job.GENERATE and self.reply is not None:
-            self.reply.error = report.message
-        self.error_reported.emit(report)
+        self.reply_ended.emit(ReplyEnded(conversation, message, stats, note, restored))
 
     # ----- shutdown ---------------------------------------------------------------------------
 
@@ -776,7 +555,7 @@ class ChatController(QObject):
             self.settings.last_conversation_id = self.current.id
             self.save(self.current)
         if self.reply is not None and self.reply.text:  # closed mid-reply: keep the part
-            self._checkpoint(self.reply, time.perf_counter())
+            self._checkpoint(self.reply)
         self.save_settings()
         return self.unsaved()
 

@@ -1,6 +1,7 @@
-"""Frozen records the engine worker emits to the GUI (besides the engine's own TokenEvent,
+"""Frozen records crossing the engine thread: the requests the controller sends the worker
+(`EngineRequest`), what the worker emits back (besides the engine's own TokenEvent,
 CacheSnapshot and GenerationStats), and the string enums they use. Everything is immutable or a
-private copy, so a record can cross from the engine thread to the GUI thread safely.
+private copy, so a record can cross between the GUI thread and the engine thread safely.
 `ReplyMode` and `OverflowPolicy` are the engine's own (a2ats_engine/chat_turn.py)."""
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ class DemoStatus:
 
 @dataclass(frozen=True)
 class CalibrationRequest:
-    """What the calibration dialog asks for. `seq` is set by EngineThread.calibrate."""
+    """What the calibration dialog asks for. `seq` is set by ChatController.calibrate (a
+    cancel cancels every calibration numbered up to the last one sent)."""
 
     output: str  # where the codebook file is saved
     files: tuple[str, ...] = ()  # empty = the built-in corpus
@@ -197,3 +199,59 @@ class ContextTokens:
     token_ids: tuple[int, ...]
     texts: tuple[str, ...]
     messages: tuple[tuple[str, str], ...]
+
+
+# ----- requests: what the controller asks the worker to do (`EngineWorker.handle`) -------------
+
+
+@dataclass(frozen=True)
+class LoadModel:
+    """Load a model (folder, .gguf, HF repo id or "demo"), then `codebook` (the one last used
+    with it) or, for the demo with `demo_codebook`, the demo's default codebook."""
+
+    source: str
+    codebook: str = ""
+    demo_codebook: bool = True
+
+
+@dataclass(frozen=True)
+class FindDemo:
+    """Say whether the demo model was fetched (answered by `demo_found`)."""
+
+
+@dataclass(frozen=True)
+class FetchDemo:
+    """Fetch the demo model and build its default codebook (answered by `demo_fetched`)."""
+
+
+@dataclass(frozen=True)
+class LoadCodebook:
+    path: str
+    automatic: bool = False  # not the user's choice (remembered, or the demo's default)
+
+
+@dataclass(frozen=True)
+class ClearCodebook:
+    """Go back to no codebook (A2ATS retrieval then uses a random one)."""
+
+
+@dataclass(frozen=True)
+class MeasureCrossover:
+    """Measure the loaded model's crossover here; `automatic`: only if not measured yet.
+    `seq` numbers it (ChatController): a sent message cancels every measurement up to it."""
+
+    name: str
+    automatic: bool = False
+    seq: int = 0
+
+
+EngineRequest = (
+    LoadModel
+    | FindDemo
+    | FetchDemo
+    | LoadCodebook
+    | ClearCodebook
+    | MeasureCrossover
+    | CalibrationRequest
+    | GenerationRequest
+)

@@ -3,6 +3,7 @@
     a2ats-chat [--model SOURCE]
     a2ats-chat --model SOURCE [--codebook FILE] --prompt TEXT --screenshot PNG [--quit]
                [--keep-chat]
+    a2ats-chat --self-test [--model SOURCE] [--tokens N]        (selftest.py)
 
 Scripted mode loads the model (and codebook), sends the prompt in a new chat, waits for the
 whole reply, saves a screenshot of the window and, with --quit, exits 0. Any failure prints
@@ -17,32 +18,36 @@ import sys
 
 import a2ats_engine  # noqa: F401  (BLAS preload before mlx.core)
 
+SELF_TEST_HELP = (
+    "check this installation headless (Qt, MLX, a reply through A2ATS caches from a tiny model "
+    "and from --model, default the demo when fetched, 'tiny' for none), then exit"
+)
+KEEP_CHAT_HELP = (
+    "scripted mode: keep the chat in the history and save the settings (default: a temporary "
+    "chat; the run writes no chat and no settings)"
+)
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="a2ats-chat", description=__doc__.splitlines()[0])
     parser.add_argument("--model", help='model folder, .gguf file, HF repo id or "demo"')
-    parser.add_argument(
-        "--self-test",
-        action="store_true",
-        help="check this installation headless (Qt, MLX, a reply through A2ATS caches from a "
-        "tiny model and from --model, default the demo when fetched, 'tiny' for none), then exit",
-    )
+    parser.add_argument("--self-test", action="store_true", help=SELF_TEST_HELP)
+    parser.add_argument("--tokens", type=int, default=12, help="self-test: tokens per model")
     parser.add_argument("--codebook", help="codebook file (.safetensors) to load")
     parser.add_argument("--prompt", help="scripted mode: message to send")
     parser.add_argument("--screenshot", help="scripted mode: PNG of the window after the reply")
     parser.add_argument("--export-telemetry", help="scripted mode: inspector telemetry JSON")
     parser.add_argument("--quit", action="store_true", help="scripted mode: exit when done")
-    parser.add_argument(
-        "--keep-chat",
-        action="store_true",
-        help="scripted mode: keep the chat in the history and save the settings (default: a "
-        "temporary chat; the run writes no chat and no settings)",
-    )
+    parser.add_argument("--keep-chat", action="store_true", help=KEEP_CHAT_HELP)
     parser.add_argument("--timeout", type=float, default=900.0, help="scripted mode: seconds")
     parser.add_argument("--theme", choices=("system", "light", "dark"), help="override the theme")
     parser.add_argument("--width", type=int, default=0, help="window width (scripted mode)")
     parser.add_argument("--height", type=int, default=0, help="window height (scripted mode)")
     args = parser.parse_args(argv)
+    if args.tokens < 1:
+        parser.error(f"--tokens={args.tokens} must be >= 1")
+    if args.self_test:
+        return args
     if args.codebook and not args.model:
         parser.error("--codebook needs --model")
     if (args.prompt or args.screenshot or args.export_telemetry) and not args.model:
@@ -51,11 +56,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if "--self-test" in (sys.argv[1:] if argv is None else argv):
-        from .selftest import main as selftest
-
-        return selftest(argv)
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.self_test:
+        from .selftest import run as self_test
+
+        return self_test(args.model or "demo", args.tokens)
     import warnings
 
     from .backend import show_note

@@ -20,12 +20,12 @@ It runs offscreen (no display needed) and checks, in order:
              `--model tiny`); its calibrated default codebook is used when present.
 
 Prints one line per check and returns 0 when every check passed, 1 otherwise.
-`--model SOURCE` runs the chat check on any model source `load_model` accepts instead of the demo.
+`--model SOURCE` runs the chat check on any model source `load_model` accepts instead of the demo,
+`--tokens N` sets the tokens generated per model (`app/main.py` parses both: `run(model, tokens)`).
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import importlib.util
 import os
@@ -345,25 +345,9 @@ def _cache_bytes(caches: list | None) -> int:
 
 
 # ------------------------------------------------------------------------------------ main
-def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="a2ats-chat --self-test", description=__doc__)
-    parser.add_argument("--self-test", action="store_true", help="run this self-test")
-    parser.add_argument(
-        "--model",
-        default="demo",
-        help="model for the real-model chat check: a folder, .gguf, org/name, 'demo' "
-        "(default: the demo model, skipped when not fetched) or 'tiny' (tiny model only)",
-    )
-    parser.add_argument("--tokens", type=int, default=12, help="tokens to generate per model")
-    args, _unknown = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
-    if args.tokens < 1:
-        parser.error(f"--tokens={args.tokens} must be >= 1")
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run every check, print the report; 0 when all passed, 1 otherwise."""
-    args = _parse(argv)
+def run(model: str = "demo", tokens: int = 12) -> int:
+    """Run every check, print the report; 0 when all passed, 1 otherwise. `model`: the
+    real-model chat check's source ("demo": skipped when not fetched; "tiny": none)."""
     os.environ["QT_QPA_PLATFORM"] = "offscreen"
     frozen = "bundle" if getattr(sys, "frozen", False) else "source"
     print(
@@ -378,10 +362,10 @@ def main(argv: list[str] | None = None) -> int:
     report.run("mlx", check_mlx)
     report.run("models", check_model_modules)
     report.run("corpus", check_corpus)
-    report.run("tiny", lambda: check_tiny_chat(args.tokens))
-    if args.model != "tiny":
-        label = "demo" if args.model == "demo" else "model"
-        report.run(label, lambda: check_model_chat(args.model, args.tokens))
+    report.run("tiny", lambda: check_tiny_chat(tokens))
+    if model != "tiny":
+        label = "demo" if model == "demo" else "model"
+        report.run(label, lambda: check_model_chat(model, tokens))
     elapsed = time.perf_counter() - start
     failed = [c.name for c in report.checks if not c.ok]
     verdict = "passed" if report.ok else f"FAILED ({', '.join(failed)})"
@@ -390,4 +374,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

@@ -1,22 +1,27 @@
 """EngineWorker: the one object that calls the engine, living on the long-lived "engine" QThread.
 
-Requests come in as queued slots (`load_model`, `load_codebook`, `calibrate`, `generate`...),
-results go out as past-tense signals carrying frozen records. The worker never touches a
-widget; widgets never call the engine. Every engine call goes through the worker's backend
+Requests come in as records (`events.EngineRequest`: `LoadModel`, `CalibrationRequest`,
+`GenerationRequest`...) on one queued slot, `handle`, connected to the controller's request
+signal; results go out as past-tense signals carrying frozen records. The worker never touches
+a widget; widgets never call the engine. Every engine call goes through the worker's backend
 (`backend.py`). Two methods are called directly from the GUI thread because a queued call
 would wait behind the running task: `stop()` (the engine's thread-safe session stop, honoured
 between prefill chunks and tokens) and `cancel_calibration()` (sets the cancel event the
-engine's calibration checks). `EngineThread` owns the thread and the worker and turns method
-calls into queued requests.
+engine's calibration checks); `cancel_crossover()` is direct too. Calibrations and crossover
+measurements are numbered, so a cancel also reaches one still queued (`NumberedCancel`).
+`EngineThread` owns the thread and the worker on it: it starts them and shuts them down.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import traceback
 import weakref
-from dataclasses import asdict, replace
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import ClassVar
 
@@ -31,16 +36,23 @@ from .context_text import TokenTextCache
 from .events import (
     CalibrationFinished,
     CalibrationRequest,
+    ClearCodebook,
     CodebookLoaded,
     ContextOverflow,
     ContextTokens,
     CrossoverMeasured,
     DemoStatus,
+    EngineRequest,
     ErrorReport,
+    FetchDemo,
+    FindDemo,
     GenerationRequest,
     GenerationStarted,
     Job,
     JsonDict,
+    LoadCodebook,
+    LoadModel,
+    MeasureCrossover,
     ModelLoaded,
     PrefillProgress,
     Progress,
@@ -48,6 +60,8 @@ from .events import (
 )
 
 DEMO = "demo"
+# cancel_calibration(ALL) / cancel_crossover(ALL): the running one and every one still queued
+ALL = sys.maxsize
 RANDOM_CODEBOOK_NOTE = (
     "No codebook: A2ATS retrieval uses a random one. Load or calibrate a codebook."
 )
@@ -81,6 +95,41 @@ def _fit_notes(fit: ContextFit) -> tuple[str, ...]:
     return notes
 
 
+class NumberedCancel:
+    """The cancel of jobs that run one at a time, numbered 1, 2, ... by whoever queues them:
+    `cancel(up_to)` cancels the running job if its number is up to `up_to`, and each job still
+    queued with such a number as it starts (a cancel that lands before its job starts is kept).
+    `cancel()` cancels the running job only; a job numbered 0 is never cancelled ahead.
+    Thread-safe: `cancel` is called from the GUI thread while the job runs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._event = threading.Event()  # the running job's: it polls `is_set()`
+        self._running: int | None = None  # the number of the running job
+        self._cancelled = 0  # every job numbered up to this is cancelled
+
+    @contextmanager
+    def running(self, seq: int) -> Iterator[threading.Event]:
+        """Run job `seq`: the event it polls, set if it was cancelled while queued."""
+        with self._lock:
+            self._running = seq
+            self._event.clear()
+            if seq and seq <= self._cancelled:
+                self._event.set()
+        try:
+            yield self._event
+        finally:
+            with self._lock:
+                self._running = None
+
+    def cancel(self, up_to: int | None = None) -> None:
+        with self._lock:
+            limit = up_to if up_to is not None else (self._running or 0)
+            self._cancelled = max(self._cancelled, limit)
+            if self._running is not None and self._running <= limit:
+                self._event.set()
+
+
 class EngineWorker(QObject):
     """Owns the model, tokenizer, codebook and chat session; runs on the engine thread."""
 
@@ -108,10 +157,8 @@ class EngineWorker(QObject):
         self._lock = threading.Lock()
         self._cancelled: set[int] = set()
         self._active_request: int | None = None
-        self._calibration_cancel = threading.Event()
-        self._crossover_cancel = threading.Event()
-        self._calibration_seq = 0  # the calibration running now (0 = none)
-        self._calibrations_cancelled = 0  # every calibration up to this seq is cancelled
+        self._calibration = NumberedCancel()
+        self._crossover = NumberedCancel()
         self._model = None
         self._tokenizer = None
         self._info: ModelInfo | None = None
@@ -120,6 +167,32 @@ class EngineWorker(QObject):
         self._codebook_info: CodebookLoaded | None = None
         self._session = None
         self._texts: TokenTextCache | None = None
+
+    # ----- requests (queued from the controller) -----------------------------------------------
+
+    @Slot(object)
+    def handle(self, request: EngineRequest) -> None:
+        """Run one request; the controller's request signal is queued to this slot, so requests
+        run one at a time, in the order they were sent, on the engine thread."""
+        match request:
+            case LoadModel(source, codebook, demo_codebook):
+                self.load_model(source, codebook, demo_codebook)
+            case FindDemo():
+                self.find_demo()
+            case FetchDemo():
+                self.fetch_demo()
+            case LoadCodebook(path, automatic):
+                self.load_codebook(path, automatic)
+            case ClearCodebook():
+                self.clear_codebook()
+            case MeasureCrossover(name, automatic, seq):
+                self.measure_crossover(name, automatic, seq)
+            case CalibrationRequest():
+                self.calibrate(request)
+            case GenerationRequest():
+                self.generate(request)
+            case _:
+                raise TypeError(f"not an engine request: {request!r}")
 
     # ----- thread-safe controls (called directly from the GUI thread) -----------------------
 
@@ -135,15 +208,15 @@ class EngineWorker(QObject):
 
     def cancel_calibration(self, up_to: int | None = None) -> None:
         """Cancel the running calibration and every queued one numbered up to `up_to`."""
-        with self._lock:
-            limit = up_to if up_to is not None else self._calibration_seq
-            self._calibrations_cancelled = max(self._calibrations_cancelled, limit)
-            if self._calibration_seq and self._calibration_seq <= limit:
-                self._calibration_cancel.set()
+        self._calibration.cancel(up_to)
+
+    def cancel_crossover(self, up_to: int | None = None) -> None:
+        """End the running crossover measurement at its next context, and every queued one
+        numbered up to `up_to`."""
+        self._crossover.cancel(up_to)
 
     # ----- models -----------------------------------------------------------------------------
 
-    @Slot(str, str, bool)
     def load_model(self, source: str, codebook: str = "", demo_codebook: bool = True) -> None:
         """Load a model; the previous one stays in use if this fails. Then load `codebook`
         (the one last used with this model), or for the demo its default codebook."""
@@ -175,12 +248,10 @@ class EngineWorker(QObject):
             return str(default) if default.is_file() else ""
         return ""
 
-    @Slot()
     def find_demo(self) -> None:
         folder = self.backend.demo_model_path()
         self.demo_found.emit(DemoStatus(str(folder) if folder is not None else ""))
 
-    @Slot()
     def fetch_demo(self) -> None:
         """Fetch the demo model, then build its default codebook (as `a2ats fetch-demo`)."""
 
@@ -198,7 +269,6 @@ class EngineWorker(QObject):
 
     # ----- codebooks --------------------------------------------------------------------------
 
-    @Slot(str, bool)
     def load_codebook(self, path: str, automatic: bool = False) -> None:
         """Load and validate a codebook for the current model; nothing changes on failure."""
         if self._model is None:
@@ -213,7 +283,6 @@ class EngineWorker(QObject):
         self._codebook, self._codebook_info = codebook, info
         self.codebook_loaded.emit(info)
 
-    @Slot()
     def clear_codebook(self) -> None:
         self._codebook, self._codebook_info = None, None
         self.codebook_cleared.emit()
@@ -237,18 +306,19 @@ class EngineWorker(QObject):
 
     # ----- calibration ------------------------------------------------------------------------
 
-    def cancel_crossover(self) -> None:
-        """Thread-safe: end a running crossover measurement at its next context."""
-        self._crossover_cancel.set()
-
-    @Slot(str, bool)
-    def measure_crossover(self, name: str, automatic: bool) -> None:
+    def measure_crossover(self, name: str, automatic: bool, seq: int = 0) -> None:
         """Measure the loaded model's crossover on this machine and record it; `automatic`
-        (the first load of a model here): only when this machine has no measurement yet."""
+        (the first load of a model here): only when this machine has no measurement yet. A
+        cancel that came while it was still queued cancels it before it starts."""
         if self._model is None:
             return
-        self._crossover_cancel.clear()
+        with self._crossover.running(seq) as cancel:
+            self._measure_crossover(name, automatic, cancel)
+
+    def _measure_crossover(self, name: str, automatic: bool, cancel: threading.Event) -> None:
         try:
+            if cancel.is_set():
+                raise CrossoverCancelled("cancelled before it started")
             if automatic and self.backend.crossover_measured_here(self._model):
                 self.crossover_measured.emit(CrossoverMeasured(skipped=True))
                 return
@@ -257,7 +327,7 @@ class EngineWorker(QObject):
                 self.progress.emit(Progress(Job.CROSSOVER, stage, done, total))
 
             entry = self.backend.measure_crossover(
-                self._model, name, self._codebook, report, self._crossover_cancel
+                self._model, name, self._codebook, report, cancel
             )
         except CrossoverCancelled:
             self.crossover_measured.emit(CrossoverMeasured(cancelled=True))
@@ -270,23 +340,14 @@ class EngineWorker(QObject):
             CrossoverMeasured(int(entry["exact_below"]), bool(entry["never"]), ratios)
         )
 
-    @Slot(object)
     def calibrate(self, request: CalibrationRequest) -> None:
         """Train a codebook on the current model, save it, then load it. A cancel that came
         while this request was still queued cancels it before it starts."""
-        with self._lock:
-            self._calibration_seq = request.seq
-            self._calibration_cancel.clear()
-            if request.seq and request.seq <= self._calibrations_cancelled:
-                self._calibration_cancel.set()
-        try:
-            self._calibrate(request)
-        finally:
-            with self._lock:
-                self._calibration_seq = 0
+        with self._calibration.running(request.seq) as cancel:
+            self._calibrate(request, cancel)
 
-    def _calibrate(self, request: CalibrationRequest) -> None:
-        if self._calibration_cancel.is_set():
+    def _calibrate(self, request: CalibrationRequest, cancel: threading.Event) -> None:
+        if cancel.is_set():
             self.calibration_cancelled.emit()
             return
         if self._model is None:
@@ -303,7 +364,7 @@ class EngineWorker(QObject):
                 self._tokenizer,
                 request,
                 report,
-                self._calibration_cancel,
+                cancel,
                 self._info.name if self._info is not None else "",
             )
         except Exception as exc:  # noqa: BLE001
@@ -319,7 +380,6 @@ class EngineWorker(QObject):
 
     # ----- generation -------------------------------------------------------------------------
 
-    @Slot(object)
     def generate(self, request: GenerationRequest) -> None:
         """Produce one reply, streaming token_generated / snapshot_ready, then
         context_updated and generation_finished (always, also after stop or failure)."""
@@ -489,17 +549,10 @@ class EngineWorker(QObject):
 
 
 class EngineThread(QObject):
-    """Starts the "engine" QThread with an EngineWorker on it and forwards requests as queued
-    signals. `worker`'s signals are what the controller connects to."""
-
-    _load_model = Signal(str, str, bool)
-    _find_demo = Signal()
-    _fetch_demo = Signal()
-    _load_codebook = Signal(str, bool)
-    _clear_codebook = Signal()
-    _calibrate = Signal(object)
-    _generate = Signal(object)
-    _measure_crossover = Signal(str, bool)
+    """The "engine" QThread and the EngineWorker on it: starts both, and ends them
+    (`shutdown`). Requests do not pass through here: the controller sends them to `worker`
+    (its request signal, queued to `EngineWorker.handle`) and connects to the worker's
+    signals."""
 
     # every EngineThread not yet garbage-collected (tests check none is left running)
     live: ClassVar[weakref.WeakSet[EngineThread]] = weakref.WeakSet()
@@ -513,64 +566,15 @@ class EngineThread(QObject):
         self.thread.setObjectName("engine")
         self.worker = EngineWorker(backend)
         self.worker.moveToThread(self.thread)
-        self._load_model.connect(self.worker.load_model)
-        self._find_demo.connect(self.worker.find_demo)
-        self._fetch_demo.connect(self.worker.fetch_demo)
-        self._load_codebook.connect(self.worker.load_codebook)
-        self._clear_codebook.connect(self.worker.clear_codebook)
-        self._calibrate.connect(self.worker.calibrate)
-        self._generate.connect(self.worker.generate)
-        self._measure_crossover.connect(self.worker.measure_crossover)
-        self._next_request = 0
-        self._next_calibration = 0
         self.thread.start()
 
-    def load_model(self, source: str, codebook: str = "", demo_codebook: bool = True) -> None:
-        self._load_model.emit(source, codebook, demo_codebook)
-
-    def measure_crossover(self, name: str, automatic: bool = False) -> None:
-        self._measure_crossover.emit(name, automatic)
-
-    def cancel_crossover(self) -> None:
-        self.worker.cancel_crossover()
-
-    def find_demo(self) -> None:
-        self._find_demo.emit()
-
-    def fetch_demo(self) -> None:
-        self._fetch_demo.emit()
-
-    def load_codebook(self, path: str, automatic: bool = False) -> None:
-        self._load_codebook.emit(path, automatic)
-
-    def clear_codebook(self) -> None:
-        self._clear_codebook.emit()
-
-    def calibrate(self, request: CalibrationRequest) -> None:
-        self._next_calibration += 1
-        self._calibrate.emit(replace(request, seq=self._next_calibration))
-
-    def next_request_id(self) -> int:
-        self._next_request += 1
-        return self._next_request
-
-    def generate(self, request: GenerationRequest) -> None:
-        self._generate.emit(request)
-
-    def stop(self, request_id: int | None = None) -> None:
-        """Direct call: must not wait behind the generation it stops."""
-        self.worker.stop(request_id)
-
-    def cancel_calibration(self) -> None:
-        """Direct call: cancels the running calibration and any still queued."""
-        self.worker.cancel_calibration(self._next_calibration)
-
     def shutdown(self, timeout_ms: int = 10000) -> bool:
-        """Stop any reply and calibration, then end the thread. False when it did not end in
-        time: the thread is then kept referenced (`stuck`) instead of destroyed while running,
-        which would abort the process."""
+        """Stop any reply and every calibration, then end the thread. False when it did not end
+        in time: the thread is then kept referenced (`stuck`) instead of destroyed while
+        running, which would abort the process."""
         self.worker.stop()
-        self.cancel_calibration()
+        self.worker.cancel_calibration(ALL)
+        self.worker.cancel_crossover(ALL)
         self.thread.quit()
         if self.thread.wait(timeout_ms):
             return True

@@ -137,6 +137,8 @@ APP = ROOT / "app"
 # imported by scripts; a widget import here would put the view back into the model.
 WIDGET_FREE = (
     "app.controller",
+    "app.model_jobs",
+    "app.replies",
     "app.settings",
     "app.conversations",
     "app.events",

@@ -71,9 +71,9 @@ def test_read_icns_rejects_bad_files():
 
 
 def test_self_test_passes_on_the_tiny_model(qapp, capsys):
-    from app import selftest
+    from app.main import main
 
-    assert selftest.main(["--self-test", "--model", "tiny", "--tokens", "6"]) == 0
+    assert main(["--self-test", "--model", "tiny", "--tokens", "6"]) == 0
     out = capsys.readouterr().out
     assert "self-test passed" in out
     for name in ("qt", "app", "mlx", "models", "tiny"):
@@ -86,7 +86,7 @@ def test_self_test_fails_when_nothing_is_retrieved(qapp, capsys, monkeypatch):
 
     # A window longer than the conversation: every decode step is exact, so the check must fail.
     monkeypatch.setattr(selftest, "SELFTEST_WINDOW", 4096)
-    assert selftest.main(["--self-test", "--model", "tiny", "--tokens", "4"]) == 1
+    assert selftest.run("tiny", tokens=4) == 1
     out = capsys.readouterr().out
     assert "FAIL tiny" in out and "no decode step retrieved" in out
     assert "self-test FAILED (tiny)" in out

@@ -51,6 +51,10 @@ KV_MEMORY_HELP = (
     "decode step reads back the few rows it attends. Needs full-precision storage. "
     "\u201cno limit\u201d keeps every row in memory; 0 MB puts every row in the file."
 )
+# The A2ATSConfig fields edited in a spin box of the same name, as they are.
+CONFIG_SPINS = (
+    "window", "far_offset", "sinks", "budget", "min_k", "far_buckets", "rerank", "fidelity_every",
+)  # fmt: skip
 FAR_OFFSET_TIP = "Far offset b (tokens): the one distance far tokens are scored at"
 FAR_OFFSET_IGNORED_TIP = (
     "Not used with more than one distance bucket: far tokens are then scored at their "
@@ -106,6 +110,20 @@ def _dspin(lo: float, hi: float, value: float, step: float, decimals: int, tip: 
     spin.setToolTip(tip)
     spin.setAccessibleName(tip)
     return spin
+
+
+def _hint(text: str, *, wrap: bool = True) -> QLabel:
+    label = QLabel(text)
+    label.setObjectName("HintLabel")
+    label.setWordWrap(wrap)
+    return label
+
+
+def _form(form: QFormLayout, *rows: tuple[str, QWidget | QHBoxLayout]) -> QFormLayout:
+    """Add labelled rows to `form`."""
+    for label, field in rows:
+        form.addRow(label, field)
+    return form
 
 
 class SettingsDialog(QDialog):
@@ -210,26 +228,23 @@ class SettingsDialog(QDialog):
             "recalled, per layer (Inspector > Fidelity). Costs a full attention pass per check."
         )
         group = QGroupBox("Retrieval")
-        form = QFormLayout(group)
-        form.addRow("Window", self.window)
-        form.addRow("Far offset (b)", self.far_offset)
-        form.addRow("Sinks", self.sinks)
-        form.addRow("Budget", self.budget)
-        form.addRow("Min retrieved", self.min_k)
-        form.addRow("Distance buckets", self.far_buckets)
-        form.addRow("Rerank", self.rerank)
-        form.addRow("Missed attention", self.estimate_missed)
-        form.addRow("K/V storage", self.kv_bits)
-        kv_help = QLabel(KV_BITS_HELP)
-        kv_help.setObjectName("HintLabel")
-        kv_help.setWordWrap(True)
-        self.kv_bits_help = kv_help
-        form.addRow("", kv_help)
-        form.addRow("K/V memory limit", self.kv_memory)
-        form.addRow("Fidelity check every", self.fidelity_every)
-        note = QLabel(NEXT_MESSAGE_NOTE)
-        note.setObjectName("HintLabel")
-        note.setWordWrap(True)
+        self.kv_bits_help = _hint(KV_BITS_HELP)
+        _form(
+            QFormLayout(group),
+            ("Window", self.window),
+            ("Far offset (b)", self.far_offset),
+            ("Sinks", self.sinks),
+            ("Budget", self.budget),
+            ("Min retrieved", self.min_k),
+            ("Distance buckets", self.far_buckets),
+            ("Rerank", self.rerank),
+            ("Missed attention", self.estimate_missed),
+            ("K/V storage", self.kv_bits),
+            ("", self.kv_bits_help),
+            ("K/V memory limit", self.kv_memory),
+            ("Fidelity check every", self.fidelity_every),
+        )
+        note = _hint(NEXT_MESSAGE_NOTE)
         self.a2ats.toggled.connect(group.setEnabled)
         group.setEnabled(cache.a2ats_enabled)
         layout = QVBoxLayout(page)
@@ -263,7 +278,7 @@ class SettingsDialog(QDialog):
         self.top_p = _dspin(0.01, 1.0, sampling.top_p, 0.01, 2, "Top p")
         self.min_p = _dspin(0.0, 0.99, sampling.min_p, 0.01, 2, "Min p")
         self.top_k = _spin(0, 1_000_000, sampling.top_k, "Top k (0 = off)")
-        self.repetition = _dspin(
+        self.repetition_penalty = _dspin(
             0.05, 10.0, sampling.repetition_penalty, 0.05, 2, "Repetition penalty"
         )
         self.max_tokens = _spin(1, 1_000_000, sampling.max_tokens, "Maximum reply tokens")
@@ -286,16 +301,17 @@ class SettingsDialog(QDialog):
         form = QFormLayout(page)
         form.addRow(self.use_model)
         form.addRow(self.model_default)
-        form.addRow("Temperature", self.temperature)
-        form.addRow("Top p", self.top_p)
-        form.addRow("Min p", self.min_p)
-        form.addRow("Top k", self.top_k)
-        form.addRow("Repetition penalty", self.repetition)
-        form.addRow("Max tokens", self.max_tokens)
-        form.addRow("Seed", seed_row)
-        note = QLabel("Sampling changes also apply to the next message.")
-        note.setObjectName("HintLabel")
-        form.addRow(note)
+        _form(
+            form,
+            ("Temperature", self.temperature),
+            ("Top p", self.top_p),
+            ("Min p", self.min_p),
+            ("Top k", self.top_k),
+            ("Repetition penalty", self.repetition_penalty),
+            ("Max tokens", self.max_tokens),
+            ("Seed", seed_row),
+        )
+        form.addRow(_hint("Sampling changes also apply to the next message.", wrap=False))
         self.use_model.setChecked(use_model)
         self.use_model.toggled.connect(self._on_use_model_changed)
         self._on_use_model_changed(use_model)
@@ -310,13 +326,12 @@ class SettingsDialog(QDialog):
         return f"Model default ({name}): {describe_sampling(self._model_sampling)}."
 
     def _model_spins(self) -> dict:
-        return {
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "min_p": self.min_p,
-            "top_k": self.top_k,
-            "repetition_penalty": self.repetition,
-        }
+        """The spin box of each sampling field a model may recommend (named as the field)."""
+        return {name: getattr(self, name) for name in MODEL_SAMPLING_FIELDS}
+
+    def _config_spins(self) -> dict:
+        """The spin box of each numeric A2ATSConfig field edited as it is (named as the field)."""
+        return {name: getattr(self, name) for name in CONFIG_SPINS}
 
     def _showing_model_values(self) -> bool:
         return self.use_model.isChecked() and self._model_sampling is not None
@@ -354,18 +369,13 @@ class SettingsDialog(QDialog):
 
     def values(self) -> SettingsResult:
         """The edited settings; ValueError (naming the field) if something is out of range."""
+        spins = {name: spin.value() for name, spin in self._config_spins().items()}
+        spins["budget"] = round(spins["budget"], 6)
         config = replace(
             self._config,
-            window=self.window.value(),
-            far_offset=self.far_offset.value(),
-            sinks=self.sinks.value(),
-            budget=round(self.budget.value(), 6),
-            min_k=self.min_k.value(),
-            far_buckets=self.far_buckets.value(),
-            rerank=self.rerank.value(),
+            **spins,
             estimate_missed=self.estimate_missed.isChecked(),
             kv_bits=self.kv_bits.currentData(),
-            fidelity_every=self.fidelity_every.value(),
             kv_memory=None if self.kv_memory.value() < 0 else self.kv_memory.value() * 2**20,
         )  # A2ATSConfig validates: ValueError naming the field
         cache = CacheSettings(self.a2ats.isChecked(), config)
@@ -393,16 +403,10 @@ class SettingsDialog(QDialog):
     def restore_defaults(self) -> None:
         cache, sampling = CacheSettings(), SamplingSettings()
         self.a2ats.setChecked(cache.a2ats_enabled)
-        self.window.setValue(cache.config.window)
-        self.far_offset.setValue(cache.config.far_offset)
-        self.sinks.setValue(cache.config.sinks)
-        self.budget.setValue(cache.config.budget)
-        self.min_k.setValue(cache.config.min_k)
-        self.far_buckets.setValue(cache.config.far_buckets)
-        self.rerank.setValue(cache.config.rerank)
+        for name, spin in self._config_spins().items():
+            spin.setValue(getattr(cache.config, name))
         self.estimate_missed.setChecked(cache.config.estimate_missed)
         self.kv_bits.setCurrentIndex([b for _, b in KV_BITS].index(cache.config.kv_bits))
-        self.fidelity_every.setValue(cache.config.fidelity_every)
         self.kv_memory.setValue(_mib(cache.config.kv_memory))
         self._own = {name: getattr(sampling, name) for name in MODEL_SAMPLING_FIELDS}
         self.use_model.setChecked(True)

@@ -104,7 +104,7 @@ def make_window(qtbot, app_dirs):
 
     yield make
     for window in windows:
-        window.controller.engine.stop()
+        window.controller.engine.worker.stop()
         window.close()
 
 

@@ -54,6 +54,12 @@ def default_reply(messages: list[dict]) -> str:
     return f"You said: {messages[-1]['content']}"
 
 
+def in_turn(*replies):
+    """A `reply_fn` giving `replies` in turn, one per request (an exception fails that reply)."""
+    queue = iter(replies)
+    return lambda _messages: next(queue)
+
+
 @dataclass
 class FakeSession:
     tokenizer: CharTokenizer

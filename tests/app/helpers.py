@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
+
+from PySide6.QtCore import QObject, Qt, Signal
+
 
 class Spy:
     """Records a controller's signals as (name, payload): `make_controller` (conftest.py)
@@ -22,6 +26,24 @@ class Spy:
 
     def of(self, name: str) -> list:
         return [p for n, p in self.events if n == name]
+
+
+class Requests(QObject):
+    """Sends engine requests to a worker without a controller, the way the controller does (one
+    signal queued to `EngineWorker.handle`): `send(LoadModel("fake"))`. Numbers requests too."""
+
+    sent = Signal(object)
+
+    def __init__(self, worker) -> None:
+        super().__init__()
+        self.sent.connect(worker.handle, Qt.ConnectionType.QueuedConnection)
+        self._ids = itertools.count(1)
+
+    def __call__(self, request) -> None:
+        self.sent.emit(request)
+
+    def next_request_id(self) -> int:
+        return next(self._ids)
 
 
 def load(qtbot, window, source: str = "fake", timeout: int = 60000):

@@ -14,11 +14,12 @@ import pytest
 from a2ats_engine import SamplingSettings
 from app.controller import SAVE, Task
 from app.conversations import HistoryStore
-from app.events import CalibrationRequest, Job, OverflowPolicy, ReplyMode
+from app.events import CalibrationRequest, FetchDemo, Job, LoadModel, OverflowPolicy, ReplyMode
 from app.settings import AppSettings, CacheSettings
 from app.worker import EngineThread
 
-from .fakes import FakeBackend
+from .fakes import FakeBackend, in_turn
+from .helpers import Requests
 
 
 def load(qtbot, controller, source="fake"):
@@ -119,8 +120,8 @@ def test_shutdown_that_times_out_keeps_the_thread_instead_of_aborting(
 
 
 def test_regenerate_keeps_the_old_reply_when_the_new_one_fails(make_controller, qtbot):
-    answers = iter(["first answer", RuntimeError("model exploded"), "third answer"])
-    controller = make_controller(FakeBackend(reply_fn=lambda m: next(answers)))
+    answers = in_turn("first answer", RuntimeError("model exploded"), "third answer")
+    controller = make_controller(FakeBackend(reply_fn=answers))
     load(qtbot, controller)
     send(qtbot, controller, "question")
     with qtbot.waitSignal(controller.reply_ended, timeout=20000) as blocker:
@@ -207,17 +208,19 @@ def test_context_overflow_cancel_gives_the_message_back(make_controller, qtbot):
     assert controller.task == Task.IDLE
 
 
-def test_cancel_while_a_calibration_is_still_queued(make_controller, qtbot, tmp_path):
+def test_cancel_while_a_calibration_is_still_queued(make_controller, qtbot, tmp_path, monkeypatch):
     backend = FakeBackend(delay=0.01, reply_fn=lambda m: "z" * 2000)
     controller = make_controller(backend)
     load(qtbot, controller)
     controller.send("busy")  # the engine is busy: the calibration below waits behind it
     qtbot.waitUntil(lambda: controller.reply is not None and controller.reply.tokens > 2)
     out = tmp_path / "queued.safetensors"
-    controller.engine.calibrate(CalibrationRequest(output=str(out), cache=CacheSettings()))
+    with monkeypatch.context() as busy:  # calibrate without stopping the reply first
+        busy.setattr(controller, "stop", lambda: None)
+        controller.calibrate(CalibrationRequest(output=str(out)))
     controller.cancel_calibration()
     with qtbot.waitSignal(controller.calibration_cancelled, timeout=20000):
-        controller.engine.stop()
+        controller.stop()
     assert not out.exists() and backend.calibrations == []
 
 
@@ -258,11 +261,12 @@ def test_engine_backend_fetch_demo_builds_the_codebook_with_progress(qtbot, monk
     monkeypatch.setattr(models_module, "fetch_demo", fake_fetch)
     monkeypatch.setattr(calibrate_module, "ensure_demo_codebook", fake_codebook)
     engine = EngineThread(EngineBackend())
+    send = Requests(engine.worker)
     stages = []
     engine.worker.progress.connect(lambda p: stages.append((p.task, p.stage)))
     try:
         with qtbot.waitSignal(engine.worker.demo_fetched, timeout=20000) as blocker:
-            engine.fetch_demo()
+            send(FetchDemo())
     finally:
         engine.shutdown()
     assert blocker.args[0] == str(tmp_path / "demo")
@@ -273,13 +277,20 @@ def test_engine_backend_fetch_demo_builds_the_codebook_with_progress(qtbot, monk
 # ----- the real engine on the tiny model ---------------------------------------------------
 
 
+def on_real_engine(make_controller, qtbot, folder, *, max_tokens: int, seed: int):
+    """A controller on the real engine with the model in `folder` loaded, sampling at
+    temperature 1 with `seed`."""
+    settings = AppSettings()
+    settings.sampling = SamplingSettings(max_tokens=max_tokens, seed=seed, temperature=1.0)
+    controller = make_controller(None, settings)
+    load(qtbot, controller, str(folder))
+    return controller
+
+
 def test_partial_reply_is_checkpointed_and_marked_interrupted_real(
     make_controller, qtbot, tiny_folder
 ):
-    settings = AppSettings()
-    settings.sampling = SamplingSettings(max_tokens=400, seed=3, temperature=1.0)
-    controller = make_controller(None, settings)
-    load(qtbot, controller, str(tiny_folder))
+    controller = on_real_engine(make_controller, qtbot, tiny_folder, max_tokens=400, seed=3)
     path = None
     checkpoints: list[str] = []
 
@@ -320,23 +331,24 @@ def test_stop_during_a_long_prefill_is_honoured_between_chunks_real(qtbot, tiny_
                 chunks.append((done, total))
                 progress(stage, done, total)  # the worker's own callback still runs
                 if len(chunks) == 2:
-                    engine.stop()  # as the Stop button does, from outside the stream
+                    engine.worker.stop()  # as the Stop button does, from outside the stream
 
             return super().reply(session, mode, text, on_prefill)
 
     engine = EngineThread(StopInPrefill(prefill_step_size=16))
+    send = Requests(engine.worker)
     finished, shown = [], []
     engine.worker.generation_finished.connect(finished.append)
     engine.worker.prefill_progressed.connect(shown.append)
     try:
         with qtbot.waitSignal(engine.worker.model_loaded, timeout=60000):
-            engine.load_model(str(tiny_folder))
+            send(LoadModel(str(tiny_folder)))
         request = GenerationRequest(
-            request_id=engine.next_request_id(), conversation_id="c", mode=ReplyMode.SEND,
+            request_id=send.next_request_id(), conversation_id="c", mode=ReplyMode.SEND,
             text="word " * 300, history=(), system_prompt="",
             sampling=SamplingSettings(max_tokens=50, seed=0), cache=CacheSettings(),
         )  # fmt: skip
-        engine.generate(request)
+        send(request)
         qtbot.waitUntil(lambda: bool(finished), timeout=60000)
     finally:
         engine.shutdown()
@@ -391,10 +403,9 @@ def held_turns(controller) -> list[tuple[str, str]]:
 def test_context_limit_on_the_real_engine_stop_at_limit(
     make_controller, qtbot, short_context_folder
 ):
-    settings = AppSettings()
-    settings.sampling = SamplingSettings(max_tokens=120, seed=4, temperature=1.0)
-    controller = make_controller(None, settings)
-    load(qtbot, controller, str(short_context_folder))
+    controller = on_real_engine(
+        make_controller, qtbot, short_context_folder, max_tokens=120, seed=4
+    )
     assert controller.model.info.context_length == 160
     asked = []
 
@@ -410,10 +421,7 @@ def test_context_limit_on_the_real_engine_stop_at_limit(
 
 
 def test_context_limit_on_the_real_engine_drop_oldest(make_controller, qtbot, short_context_folder):
-    settings = AppSettings()
-    settings.sampling = SamplingSettings(max_tokens=24, seed=5, temperature=1.0)
-    controller = make_controller(None, settings)
-    load(qtbot, controller, str(short_context_folder))
+    controller = on_real_engine(make_controller, qtbot, short_context_folder, max_tokens=24, seed=5)
     controller.context_overflowed.connect(
         lambda _o: controller.resolve_overflow(OverflowPolicy.DROP_OLDEST)
     )
@@ -474,8 +482,7 @@ def test_quitting_with_an_unsaved_chat_asks_first(make_window, qtbot, monkeypatc
 
 def test_a_crash_during_regenerate_keeps_the_finished_reply_on_disk(make_controller, qtbot):
     finished = ("A complete answer. " * 24).strip()  # 455 characters, under max tokens
-    answers = iter([finished, "A new answer that never finishes " * 20])
-    backend = FakeBackend(reply_fn=lambda m: next(answers))
+    backend = FakeBackend(reply_fn=in_turn(finished, "A new answer that never finishes " * 20))
     controller = make_controller(backend)
     load(qtbot, controller)
     send(qtbot, controller, "question")
@@ -508,8 +515,7 @@ def test_a_crash_during_regenerate_keeps_the_finished_reply_on_disk(make_control
 
 
 def test_versions_of_a_regenerated_reply_can_be_switched(make_controller, qtbot):
-    answers = iter(["first", "second"])
-    controller = make_controller(FakeBackend(reply_fn=lambda m: next(answers)))
+    controller = make_controller(FakeBackend(reply_fn=in_turn("first", "second")))
     load(qtbot, controller)
     send(qtbot, controller, "question")
     with qtbot.waitSignal(controller.reply_ended, timeout=20000):

@@ -15,7 +15,7 @@ from app.controller import Task
 from app.conversations import HistoryStore
 from app.settings import CacheSettings, load_settings, settings_path
 
-from .fakes import FakeBackend
+from .fakes import FakeBackend, in_turn
 from .helpers import load, reply, streamed
 
 
@@ -834,8 +834,7 @@ def test_interrupted_reply_is_shown_marked_on_the_next_start(make_window, qtbot)
 
 
 def test_regenerate_that_fails_shows_the_old_reply_again(make_window, qtbot):
-    answers = iter(["the old answer", RuntimeError("boom")])
-    window = make_window(FakeBackend(reply_fn=lambda m: next(answers)))
+    window = make_window(FakeBackend(reply_fn=in_turn("the old answer", RuntimeError("boom"))))
     load(qtbot, window)
     reply(qtbot, window, "question")
     with qtbot.waitSignal(window.reply_finished, timeout=20000):
@@ -892,8 +891,7 @@ def test_context_overflow_is_asked_before_sending(make_window, qtbot, monkeypatc
 
 
 def test_the_last_reply_shows_its_versions_and_switches(make_window, qtbot):
-    answers = iter(["first", "second"])
-    window = make_window(FakeBackend(reply_fn=lambda m: next(answers)))
+    window = make_window(FakeBackend(reply_fn=in_turn("first", "second")))
     load(qtbot, window)
     reply(qtbot, window, "question")
     with qtbot.waitSignal(window.reply_finished, timeout=20000):

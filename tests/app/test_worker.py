@@ -18,17 +18,21 @@ from app.events import (
     ErrorReport,
     GenerationRequest,
     GenerationStarted,
+    LoadCodebook,
+    LoadModel,
+    MeasureCrossover,
     ModelLoaded,
 )
 from app.settings import CacheSettings
 from app.worker import EngineThread
 
 from .fakes import FakeBackend
+from .helpers import Requests
 
 SIGNALS = (
     "model_loaded", "codebook_loaded", "progress", "failed", "generation_started",
     "token_generated", "snapshot_ready", "context_updated", "generation_finished",
-    "calibration_finished", "calibration_cancelled",
+    "calibration_finished", "calibration_cancelled", "crossover_measured",
 )  # fmt: skip
 
 
@@ -67,6 +71,7 @@ def engine(qtbot):
 
     def make(backend=None):
         thread = EngineThread(backend)
+        thread.send = Requests(thread.worker)  # what the controller's request signal does
         thread.recorder = Recorder(thread.worker)
         threads.append(thread)
         return thread, thread.recorder
@@ -78,7 +83,8 @@ def engine(qtbot):
 
 def request(engine_thread, text="hi", mode="send", history=(), **kwargs) -> GenerationRequest:
     values = dict(
-        request_id=engine_thread.next_request_id(), conversation_id="c1", mode=mode, text=text,
+        request_id=engine_thread.send.next_request_id(), conversation_id="c1", mode=mode,
+        text=text,
         history=tuple(history), system_prompt="", sampling=SamplingSettings(max_tokens=40),
         cache=CacheSettings(), telemetry=False,
     )  # fmt: skip
@@ -94,18 +100,18 @@ def test_engine_thread_is_named_and_receivers_run_in_the_gui_thread(engine, qtbo
     thread, recorder = engine(FakeBackend())
     assert thread.thread.objectName() == "engine"
     assert thread.worker.thread() is thread.thread
-    thread.load_model("fake")
+    thread.send(LoadModel("fake"))
     wait_for(qtbot, recorder, "model_loaded")
     assert recorder.threads == {threading.current_thread().name}
 
 
 def test_generation_signals_in_order(engine, qtbot):
     thread, recorder = engine(FakeBackend(snapshots=True))
-    thread.load_model("fake")
+    thread.send(LoadModel("fake"))
     wait_for(qtbot, recorder, "model_loaded")
     (loaded,) = recorder.of("model_loaded")
     assert isinstance(loaded, ModelLoaded) and loaded.info.name == "FakeLM-1M"
-    thread.generate(request(thread, "abc"))
+    thread.send(request(thread, "abc"))
     wait_for(qtbot, recorder, "generation_finished")
     names = [n for n in recorder.names() if n not in ("model_loaded", "progress")]
     reply = "You said: abc"
@@ -138,13 +144,13 @@ def test_generation_signals_in_order(engine, qtbot):
 
 def test_stop_while_generating_is_a_direct_call(engine, qtbot):
     thread, recorder = engine(FakeBackend(delay=0.02, reply_fn=lambda m: "x" * 500))
-    thread.load_model("fake")
+    thread.send(LoadModel("fake"))
     wait_for(qtbot, recorder, "model_loaded")
     req = request(thread)
-    thread.generate(req)
+    thread.send(req)
     wait_for(qtbot, recorder, "token_generated", 3)
     seen_at_stop = len(recorder.of("token_generated"))
-    thread.stop(req.request_id)
+    thread.worker.stop(req.request_id)
     wait_for(qtbot, recorder, "generation_finished")
     stats = recorder.of("generation_finished")[0]
     assert stats.stop_reason == "cancelled"
@@ -154,12 +160,12 @@ def test_stop_while_generating_is_a_direct_call(engine, qtbot):
 
 def test_stop_of_a_queued_request(engine, qtbot):
     thread, recorder = engine(FakeBackend(delay=0.01, reply_fn=lambda m: "y" * 30))
-    thread.load_model("fake")
+    thread.send(LoadModel("fake"))
     wait_for(qtbot, recorder, "model_loaded")
     first, second = request(thread), request(thread, history=())
-    thread.generate(first)
-    thread.generate(second)
-    thread.stop(second.request_id)  # still queued behind the first
+    thread.send(first)
+    thread.send(second)
+    thread.worker.stop(second.request_id)  # still queued behind the first
     wait_for(qtbot, recorder, "generation_finished", 2)
     a, b = recorder.of("generation_finished")
     assert a.stop_reason == "stop" and b.stop_reason == "cancelled" and b.generation_tokens == 0
@@ -168,14 +174,14 @@ def test_stop_of_a_queued_request(engine, qtbot):
 def test_regenerate_and_edit_use_the_session(engine, qtbot):
     backend = FakeBackend()
     thread, recorder = engine(backend)
-    thread.load_model("fake")
+    thread.send(LoadModel("fake"))
     wait_for(qtbot, recorder, "model_loaded")
-    thread.generate(request(thread, "one"))
+    thread.send(request(thread, "one"))
     wait_for(qtbot, recorder, "generation_finished", 1)
     history = (("user", "one"), ("assistant", "You said: one"))
-    thread.generate(request(thread, mode="regenerate", text="", history=history))
+    thread.send(request(thread, mode="regenerate", text="", history=history))
     wait_for(qtbot, recorder, "generation_finished", 2)
-    thread.generate(request(thread, "two", mode="edit", history=history))
+    thread.send(request(thread, "two", mode="edit", history=history))
     wait_for(qtbot, recorder, "generation_finished", 3)
     session = backend.sessions[0]
     assert [c for c in session.calls if c in ("send", "regenerate", "edit")] == [
@@ -192,10 +198,10 @@ def test_regenerate_and_edit_use_the_session(engine, qtbot):
 def test_history_mismatch_reloads_messages(engine, qtbot):
     backend = FakeBackend()
     thread, recorder = engine(backend)
-    thread.load_model("fake")
+    thread.send(LoadModel("fake"))
     wait_for(qtbot, recorder, "model_loaded")
     history = (("user", "earlier"), ("assistant", "reply"))
-    thread.generate(request(thread, "next", history=history))
+    thread.send(request(thread, "next", history=history))
     wait_for(qtbot, recorder, "generation_finished")
     assert "load_messages" in backend.sessions[0].calls
     assert backend.sessions[0].messages[:2] == [
@@ -205,33 +211,33 @@ def test_history_mismatch_reloads_messages(engine, qtbot):
 
 def test_bad_model_keeps_the_previous_one(engine, qtbot, tmp_path):
     thread, recorder = engine(FakeBackend())
-    thread.load_model("fake")
+    thread.send(LoadModel("fake"))
     wait_for(qtbot, recorder, "model_loaded")
-    thread.load_model(str(tmp_path / "missing"))
+    thread.send(LoadModel(str(tmp_path / "missing")))
     wait_for(qtbot, recorder, "failed")
     (report,) = recorder.of("failed")
     assert isinstance(report, ErrorReport) and report.task == "load_model"
     assert "missing" in report.message and "\n" not in report.message
-    thread.generate(request(thread, "still there?"))
+    thread.send(request(thread, "still there?"))
     wait_for(qtbot, recorder, "generation_finished")
     assert recorder.of("generation_finished")[0].stop_reason == "stop"
 
 
 def test_codebook_load_and_mismatch(engine, qtbot, tmp_path):
     thread, recorder = engine(FakeBackend())
-    thread.load_model("fake")
+    thread.send(LoadModel("fake"))
     wait_for(qtbot, recorder, "model_loaded")
     good, bad = tmp_path / "good.safetensors", tmp_path / "bad.safetensors"
     good.write_text("layers=2")
     bad.write_text("layers=30")
-    thread.load_codebook(str(good))
+    thread.send(LoadCodebook(str(good)))
     wait_for(qtbot, recorder, "codebook_loaded")
-    thread.load_codebook(str(bad))
+    thread.send(LoadCodebook(str(bad)))
     wait_for(qtbot, recorder, "failed")
     (info,) = recorder.of("codebook_loaded")
     assert isinstance(info, CodebookLoaded) and info.name == "good.safetensors"
     assert "30 layers" in recorder.of("failed")[0].message
-    thread.generate(request(thread))
+    thread.send(request(thread))
     wait_for(qtbot, recorder, "generation_started")
     provenance = recorder.of("generation_started")[0].provenance
     assert provenance["codebook"]["name"] == "good.safetensors"  # the good one stayed active
@@ -239,24 +245,46 @@ def test_codebook_load_and_mismatch(engine, qtbot, tmp_path):
 
 def test_calibration_progress_finish_and_cancel(engine, qtbot, tmp_path):
     thread, recorder = engine(FakeBackend(delay=0.005))
-    thread.load_model("fake")
+    thread.send(LoadModel("fake"))
     wait_for(qtbot, recorder, "model_loaded")
     out = tmp_path / "cb.safetensors"
-    thread.calibrate(
-        CalibrationRequest(output=str(out), tokens=1024, n_centroids=64, cache=CacheSettings())
+    thread.send(
+        CalibrationRequest(
+            output=str(out), tokens=1024, n_centroids=64, cache=CacheSettings(), seq=1
+        )
     )
     wait_for(qtbot, recorder, "codebook_loaded")
     stages = [p.stage for p in recorder.of("progress") if p.task == "calibrate"]
     assert stages[0] == "collecting" and stages[-1] == "clustering"
     assert recorder.of("calibration_finished")[0].path == str(out)
     assert out.exists()
-    thread.calibrate(
-        CalibrationRequest(output=str(tmp_path / "c2.safetensors"), cache=CacheSettings())
+    thread.send(
+        CalibrationRequest(output=str(tmp_path / "c2.safetensors"), cache=CacheSettings(), seq=2)
     )
     qtbot.waitUntil(lambda: len([p for p in recorder.of("progress") if p.task == "calibrate"]) > 70)
-    thread.cancel_calibration()
+    thread.worker.cancel_calibration(2)  # direct: the worker is busy calibrating
     wait_for(qtbot, recorder, "calibration_cancelled")
     assert not (tmp_path / "c2.safetensors").exists()
+
+
+def test_a_crossover_cancel_reaches_a_measurement_still_queued(engine, qtbot):
+    """The message that cancels a measurement can be sent before the measurement starts (it
+    waits behind another request): it is cancelled as it starts, never run."""
+    backend = FakeBackend(delay=0.01, reply_fn=lambda m: "z" * 2000)
+    thread, recorder = engine(backend)
+    thread.send(LoadModel("fake"))
+    wait_for(qtbot, recorder, "model_loaded")
+    busy = request(thread)
+    thread.send(busy)
+    wait_for(qtbot, recorder, "token_generated", 2)
+    thread.send(MeasureCrossover("fake", seq=1))
+    thread.worker.cancel_crossover(1)  # as a sent message does, while it is still queued
+    thread.worker.stop(busy.request_id)
+    wait_for(qtbot, recorder, "crossover_measured")
+    assert recorder.of("crossover_measured")[0].cancelled and backend.crossover_runs == 0
+    thread.send(MeasureCrossover("fake", seq=2))  # a later one runs
+    wait_for(qtbot, recorder, "crossover_measured", 2)
+    assert recorder.of("crossover_measured")[1].exact_below == 2048
 
 
 # ----- the real engine on the tiny model -------------------------------------------------------
@@ -264,7 +292,7 @@ def test_calibration_progress_finish_and_cancel(engine, qtbot, tmp_path):
 
 def test_real_engine_tiny_model(engine, qtbot, tiny_folder, tmp_path):
     thread, recorder = engine()
-    thread.load_model(str(tiny_folder))
+    thread.send(LoadModel(str(tiny_folder)))
     wait_for(qtbot, recorder, "model_loaded", timeout=120000)
     info = recorder.of("model_loaded")[0].info
     assert info.num_layers == 2 and info.path == str(tiny_folder)
@@ -275,7 +303,7 @@ def test_real_engine_tiny_model(engine, qtbot, tiny_folder, tmp_path):
         telemetry=True,
         cache=CacheSettings.of(window=8, sinks=2, min_k=4, budget=0.1),
     )
-    thread.generate(req)
+    thread.send(req)
     wait_for(qtbot, recorder, "generation_finished", timeout=120000)
     names = recorder.names()
     assert names.index("generation_started") < names.index("token_generated")
@@ -297,11 +325,11 @@ def test_real_engine_tiny_model(engine, qtbot, tiny_folder, tmp_path):
         sampling=SamplingSettings(max_tokens=2000, seed=2),
         history=final.messages,
     )
-    thread.generate(long)
+    thread.send(long)
     wait_for(
         qtbot, recorder, "token_generated", len(recorder.of("token_generated")) + 3, timeout=120000
     )
-    thread.stop(long.request_id)
+    thread.worker.stop(long.request_id)
     wait_for(qtbot, recorder, "generation_finished", 2, timeout=120000)
     stopped = recorder.of("generation_finished")[1]
     assert stopped.stop_reason in ("cancelled", "stop") and stopped.generation_tokens < 2000
@@ -309,11 +337,11 @@ def test_real_engine_tiny_model(engine, qtbot, tiny_folder, tmp_path):
 
 def test_real_engine_bad_codebook_file(engine, qtbot, tiny_folder, tmp_path):
     thread, recorder = engine()
-    thread.load_model(str(tiny_folder))
+    thread.send(LoadModel(str(tiny_folder)))
     wait_for(qtbot, recorder, "model_loaded", timeout=120000)
     junk = tmp_path / "junk.safetensors"
     junk.write_bytes(b"not a safetensors file at all")
-    thread.load_codebook(str(junk))
+    thread.send(LoadCodebook(str(junk)))
     wait_for(qtbot, recorder, "failed")
     report = recorder.of("failed")[0]
     assert report.task == "load_codebook" and report.message and "\n" not in report.message
@@ -322,17 +350,17 @@ def test_real_engine_bad_codebook_file(engine, qtbot, tiny_folder, tmp_path):
 
 def test_real_engine_calibrates_saves_and_loads(engine, qtbot, tiny_folder, tmp_path):
     thread, recorder = engine()
-    thread.load_model(str(tiny_folder))
+    thread.send(LoadModel(str(tiny_folder)))
     wait_for(qtbot, recorder, "model_loaded", timeout=120000)
     out = tmp_path / "codebooks" / "tiny.safetensors"
     cache = CacheSettings.of(window=8, sinks=2, min_k=4, budget=0.1)
-    thread.calibrate(CalibrationRequest(output=str(out), tokens=2048, n_centroids=32, cache=cache))
+    thread.send(CalibrationRequest(output=str(out), tokens=2048, n_centroids=32, cache=cache))
     wait_for(qtbot, recorder, "codebook_loaded", timeout=300000)
     assert not recorder.of("failed"), recorder.of("failed")
     info = recorder.of("codebook_loaded")[0]
     assert out.exists() and info.n_centroids == 32 and info.num_layers == 2
     assert {p.stage for p in recorder.of("progress") if p.task == "calibrate"} >= {"collecting"}
-    thread.generate(
+    thread.send(
         request(
             thread,
             "Hello",
@@ -356,15 +384,15 @@ def test_a_stop_before_the_reply_starts_is_not_lost(engine, qtbot):
 
     class StopWhilePreparing(FakeBackend):
         def make_session(self, *args, **kwargs):
-            holder["thread"].stop(holder["request"].request_id)  # the user pressed Stop
+            holder["thread"].worker.stop(holder["request"].request_id)  # the user pressed Stop
             return super().make_session(*args, **kwargs)
 
     thread, recorder = engine(StopWhilePreparing(delay=0.01, reply_fn=lambda m: "x" * 200))
     holder["thread"] = thread
-    thread.load_model("fake")
+    thread.send(LoadModel("fake"))
     wait_for(qtbot, recorder, "model_loaded")
     holder["request"] = req = request(thread)
-    thread.generate(req)
+    thread.send(req)
     wait_for(qtbot, recorder, "generation_finished")
     stats = recorder.of("generation_finished")[0]
     assert stats.stop_reason == "cancelled" and stats.generation_tokens == 0
