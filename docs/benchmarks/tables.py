@@ -660,6 +660,31 @@ def cold_summary(data: dict) -> str:
     return "\n".join(lines)
 
 
+def cold_limited_summary(data: dict) -> str:
+    """The capped run: which methods failed, the cold tier's peak against the cap, and its
+    greedy tokens against in-memory A2ATS's uncapped run at the same context
+    (cold_tier_qwen3.json)."""
+    limit = data["data_limit_bytes"]
+    uncapped = _load("cold_tier_qwen3.json") or {"runs": []}
+    warm = {r["context"]: r for r in uncapped["runs"] if r["method"] == "a2ats"}
+    lines = []
+    for r in data["runs"]:
+        n = r["context"]
+        if "failed" in r:
+            lines.append(f"- {n:,} tokens, {r['method']}: did not finish under the "
+                         f"{limit / 2**30:.1f} GiB cap ({r['failed']}).")  # fmt: skip
+            continue
+        line = (f"- {n:,} tokens, {r['method']}: finished, private memory peaking at "
+                f"{r['anon_peak_sampled'] / 2**20:,.0f} MiB "
+                f"({r['anon_peak_sampled'] / limit:.0%} of the cap)")  # fmt: skip
+        if n in warm:
+            same = "the same" if r["tokens"] == warm[n]["tokens"] else "**different**"
+            line += (f"; {same} {len(r['tokens'])} greedy tokens as in-memory A2ATS without a "
+                     f"cap (cold_tier_qwen3.json)")  # fmt: skip
+        lines.append(line + ".")
+    return "\n".join(lines)
+
+
 def cold_speed_table(data: dict) -> str:
     """`a2ats bench cold --speed`: the cold tier against in-memory A2ATS, interleaved."""
     rows = [
@@ -943,6 +968,7 @@ def blocks() -> dict[str, str]:
         ("cold", "cold_tier_qwen3.json", cold_table),
         ("cold-summary", "cold_tier_qwen3.json", cold_summary),
         ("cold-limited", "cold_tier_limited.json", cold_table),
+        ("cold-limited-summary", "cold_tier_limited.json", cold_limited_summary),
         ("cold-speed", "cold_speed_qwen3.json", cold_speed_table),
         ("readme-cold-speed", "cold_speed_qwen3.json", readme_cold_speed_line),
         ("cold-speed-32k", "cold_speed_qwen3_32k.json", cold_speed_table),
