@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -21,10 +22,14 @@ from mlx.utils import tree_flatten
 
 from .cache.codebook_check import model_fingerprint
 from .cache.persist import load_session, save_session
+from .data_dirs import cache_dir
 from .errors import A2ATSError
 from .session import ChatSession, common_prefix
 
 KIND = "a2ats-chat-cache"
+CHATS_FOLDER = "chats"  # saved chat caches, under the cache folder
+SAVE_FROM_TOKENS = 1024  # a chat this long is worth a file: its prefill takes seconds on a CPU
+KEEP_BYTES = 4 * 2**30  # saved chat caches kept at most; the least recently used go first
 SAMPLED_ARRAYS = 8  # weights hashed: the first elements of this many parameter arrays
 SAMPLED_VALUES = 4096
 
@@ -94,3 +99,40 @@ def restore_cache(session: ChatSession, path: str | os.PathLike) -> str | None:
         return "the saved cache does not match this conversation; it will be prefilled again"
     session.adopt_cache(caches, ids)  # the next reply trims it to the shared prefix
     return None
+
+
+def chats_dir() -> Path:
+    """Where chats' saved caches live (`$A2ATS_CACHE_DIR/chats` or the user cache folder)."""
+    return cache_dir() / CHATS_FOLDER
+
+
+def chat_cache_path(conversation_id: str, folder: Path | None = None) -> Path:
+    """The file that keeps one chat's cache: named by a hash of the chat's id, so an id read
+    from a chat file is never part of a path."""
+    digest = hashlib.sha256(conversation_id.encode("utf-8", "replace")).hexdigest()[:32]
+    return (folder if folder is not None else chats_dir()) / f"{digest}.safetensors"
+
+
+def prune_chat_caches(folder: Path | None = None, keep_bytes: int = KEEP_BYTES) -> list[Path]:
+    """Remove the least recently written saved caches until the rest fit in `keep_bytes`;
+    returns the removed paths (files that vanish or cannot be removed meanwhile are skipped)."""
+    folder = folder if folder is not None else chats_dir()
+    entries = []
+    for path in folder.glob("*.safetensors") if folder.is_dir() else ():
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        entries.append((stat.st_mtime, stat.st_size, path))
+    total = sum(size for _, size, _ in entries)
+    removed = []
+    for _, size, path in sorted(entries):  # oldest first
+        if total <= keep_bytes:
+            break
+        try:
+            path.unlink()
+        except OSError:
+            continue
+        total -= size
+        removed.append(path)
+    return removed

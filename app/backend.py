@@ -247,6 +247,57 @@ class EngineBackend:
         """Thread-safe: the running reply ends before its next token or prefill chunk."""
         session.stop()
 
+    # ---- a chat's cache kept across chat switches and restarts (session_file.py) ----------
+
+    def save_chat_cache(self, session, chat_id: str) -> str | None:
+        """Keep the session's cache in the chat's file when the chat is long enough for its
+        prefill to cost more than a save (`SAVE_FROM_TOKENS`); least recently used files beyond
+        `KEEP_BYTES` go. None when kept or not worth keeping, else why it was not."""
+        from a2ats_engine.errors import A2ATSError
+        from a2ats_engine.session_file import (
+            SAVE_FROM_TOKENS,
+            chat_cache_path,
+            prune_chat_caches,
+            save_cache,
+        )
+
+        if session is None or session.context_tokens < SAVE_FROM_TOKENS:
+            return None
+        try:
+            save_cache(session, chat_cache_path(chat_id))
+        except (A2ATSError, OSError, ValueError) as exc:
+            return f"The chat's cache was not kept ({exc}); it is prefilled again when reopened."
+        prune_chat_caches()
+        return None
+
+    def restore_chat_cache(self, session, chat_id: str) -> str | None:
+        """Adopt the chat's saved cache if it has one that fits the session now (same model,
+        weights, settings, codebook and conversation start; a file that does not fit stays for
+        the setting it was made with, until pruned). The note to show, or None when the chat
+        has no saved cache."""
+        from a2ats_engine.session_file import chat_cache_path, restore_cache
+
+        path = chat_cache_path(chat_id)
+        if not path.is_file():
+            return None
+        try:
+            reason = restore_cache(session, path)
+        except (OSError, ValueError) as exc:  # hostile or half-written: never adopted
+            reason = f"{path.name} could not be read ({exc})"
+        if reason is not None:  # kept: another model or setting may use it again
+            return f"The chat's saved cache was not used: {reason}"
+        path.touch()  # recently used: pruned last
+        return (
+            f"Reopened from the chat's saved cache: {session.context_tokens:,} tokens are not "
+            "prefilled again."
+        )
+
+    def forget_chat_cache(self, chat_id: str) -> None:
+        """Remove the chat's saved cache, if any (the chat was deleted)."""
+        from a2ats_engine.session_file import chat_cache_path
+
+        chat_cache_path(chat_id).unlink(missing_ok=True)
+
     def context_token_ids(self, session, *, streaming: bool) -> list[int]:
         """Token ids of the session's context in position order. While a reply streams the
         session's cache ids are not updated yet, so the rendered prompt (which the stream

@@ -34,6 +34,7 @@ from .events import (
     ContextTokens,
     EngineRequest,
     ErrorReport,
+    ForgetChatCache,
     GenerationRequest,
     GenerationStarted,
     ModelLoaded,
@@ -328,6 +329,7 @@ class ChatController(ModelJobs, QObject):
             self.error_reported.emit(ErrorReport(SAVE, f"Could not delete the chat: {exc}"))
             return
         self.conversations.remove(conversation)
+        self._send(ForgetChatCache(conversation.id))  # its saved cache goes with it
         if conversation is self.current:
             self._show(self.conversations[0] if self.conversations else self._new_conversation())
         else:
@@ -435,6 +437,7 @@ class ChatController(ModelJobs, QObject):
             cache=self.settings.cache,
             telemetry=self.telemetry,
             overflow=self._overflow_choice.get(conversation.id, OverflowPolicy.ASK),
+            keep_cache=not self.ephemeral,
         )
         self.reply = ReplyInProgress(
             request, conversation, Message("assistant", ""), replaces, before

@@ -166,6 +166,7 @@ class GenerationRequest:
     cache: CacheSettings
     telemetry: bool = False
     overflow: OverflowPolicy = OverflowPolicy.ASK
+    keep_cache: bool = True  # the chat's cache may be kept on disk (not for a temporary chat)
 
 
 @dataclass(frozen=True)
@@ -245,6 +246,13 @@ class MeasureCrossover:
     seq: int = 0
 
 
+@dataclass(frozen=True)
+class ForgetChatCache:
+    """Remove a deleted chat's saved cache (and stop keeping the session's for it)."""
+
+    conversation_id: str
+
+
 EngineRequest = (
     LoadModel
     | FindDemo
@@ -254,4 +262,5 @@ EngineRequest = (
     | MeasureCrossover
     | CalibrationRequest
     | GenerationRequest
+    | ForgetChatCache
 )

@@ -23,9 +23,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+from PySide6.QtCore import QMetaObject, QObject, Qt, QThread, Signal, Slot
 
 from a2ats_engine.cache.config import A2ATSConfig
 from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats, TokenEvent
@@ -46,6 +46,7 @@ from .events import (
     ErrorReport,
     FetchDemo,
     FindDemo,
+    ForgetChatCache,
     GenerationRequest,
     GenerationStarted,
     Job,
@@ -155,6 +156,7 @@ class EngineWorker(QObject):
         super().__init__()
         self.backend = backend if backend is not None else EngineBackend()
         self._lock = threading.Lock()
+        self._closing = threading.Event()
         self._cancelled: set[int] = set()
         self._active_request: int | None = None
         self._calibration = NumberedCancel()
@@ -166,6 +168,8 @@ class EngineWorker(QObject):
         self._codebook = None
         self._codebook_info: CodebookLoaded | None = None
         self._session = None
+        self._session_chat: str | None = None  # the chat whose turns the session's cache holds
+        self._session_keeps = False  # whether that chat's cache may be kept on disk
         self._texts: TokenTextCache | None = None
 
     # ----- requests (queued from the controller) -----------------------------------------------
@@ -174,6 +178,8 @@ class EngineWorker(QObject):
     def handle(self, request: EngineRequest) -> None:
         """Run one request; the controller's request signal is queued to this slot, so requests
         run one at a time, in the order they were sent, on the engine thread."""
+        if self._closing.is_set():
+            return  # the app is closing: what is still queued is not started
         match request:
             case LoadModel(source, codebook, demo_codebook):
                 self.load_model(source, codebook, demo_codebook)
@@ -191,10 +197,16 @@ class EngineWorker(QObject):
                 self.calibrate(request)
             case GenerationRequest():
                 self.generate(request)
+            case ForgetChatCache(conversation_id):
+                self.forget_chat_cache(conversation_id)
             case _:
                 raise TypeError(f"not an engine request: {request!r}")
 
     # ----- thread-safe controls (called directly from the GUI thread) -----------------------
+
+    def close(self) -> None:
+        """The app is closing: requests still queued are skipped (`finish` ends the thread)."""
+        self._closing.set()
 
     def stop(self, request_id: int | None = None) -> None:
         """Stop the running reply (or, with `request_id`, that request even if still queued)."""
@@ -230,9 +242,10 @@ class EngineWorker(QObject):
         except Exception as exc:  # noqa: BLE001  (any failure is reported, the app stays up)
             self._report(Job.LOAD_MODEL, exc, source)
             return
+        self._keep_chat_cache()  # the last model's cache, for when it is loaded again
         self._model, self._tokenizer, self._info, self._source = model, tokenizer, info, source
         self._codebook, self._codebook_info = None, None
-        self._session = None
+        self._session, self._session_chat = None, None
         backend, tok = self.backend, tokenizer
         self._texts = TokenTextCache(lambda ids: backend.decode(tok, ids))
         self.model_loaded.emit(ModelLoaded(source, info, time.perf_counter() - start))
@@ -405,7 +418,7 @@ class EngineWorker(QObject):
         stats = None
         try:
             config = self._cache_config(request)  # built once: for the session and provenance
-            session = self._prepare_session(request, config)
+            session, reopened = self._prepare_session(request, config)
             limit = self._info.context_length if self._info is not None else None
             fit = self.backend.fit(
                 session, request.mode, request.text, context_length=limit, policy=request.overflow
@@ -417,7 +430,7 @@ class EngineWorker(QObject):
                 self.context_overflowed.emit(overflow)
                 self.generation_finished.emit(_empty_stats(StopReason.CONTEXT_FULL))
                 return
-            self._emit_started(request, config, _fit_notes(fit))
+            self._emit_started(request, config, reopened + _fit_notes(fit))
             stats = self._stream(session, request)
         except Exception as exc:  # noqa: BLE001
             self._report(Job.GENERATE, exc)
@@ -494,11 +507,17 @@ class EngineWorker(QObject):
         config = request.cache.to_config(telemetry=request.telemetry)
         return self.backend.with_crossover(self._model, config)
 
-    def _prepare_session(self, request: GenerationRequest, config: A2ATSConfig | None):
+    def _prepare_session(
+        self, request: GenerationRequest, config: A2ATSConfig | None
+    ) -> tuple[Any, tuple[str, ...]]:
         """The session, configured for `request` (history, system prompt, sampling, cache);
-        the engine keeps its prompt cache where they match (`ChatSession.configure`)."""
+        the engine keeps its prompt cache where they match (`ChatSession.configure`). Another
+        chat than the last one: the last one's cache is kept on disk first, and this one's
+        saved cache adopted if it fits. Returns the session and notes for the reply."""
         if self._session is None:
             self._session = self.backend.make_session(self._model, self._tokenizer)
+        switching = request.conversation_id != self._session_chat
+        notes = self._keep_chat_cache() if switching else ()
         self.backend.configure_session(
             self._session,
             system_prompt=request.system_prompt,
@@ -507,7 +526,37 @@ class EngineWorker(QObject):
             codebook=self._codebook,
             turns=list(request.history),
         )
-        return self._session
+        if switching:
+            self._session_chat, self._session_keeps = request.conversation_id, request.keep_cache
+            if request.keep_cache and request.history:
+                note = self.backend.restore_chat_cache(self._session, request.conversation_id)
+                notes += (note,) if note else ()
+        return self._session, notes
+
+    def _keep_chat_cache(self) -> tuple[str, ...]:
+        """Save the session's cache for the chat it holds (when that chat keeps one)."""
+        if self._session is None or self._session_chat is None or not self._session_keeps:
+            return ()
+        note = self.backend.save_chat_cache(self._session, self._session_chat)
+        return (note,) if note else ()
+
+    def forget_chat_cache(self, conversation_id: str) -> None:
+        """A deleted chat: its saved cache goes, and the session's is not kept for it."""
+        if conversation_id == self._session_chat:
+            self._session_keeps = False
+        try:
+            self.backend.forget_chat_cache(conversation_id)
+        except OSError as exc:
+            self._report(Job.GENERATE, exc)
+
+    @Slot()
+    def finish(self) -> None:
+        """The last request before the thread ends: keep the chat's cache, then quit."""
+        for note in self._keep_chat_cache():
+            self.failed.emit(ErrorReport(Job.GENERATE, note))
+        thread = self.thread()
+        if thread is not None:
+            thread.quit()
 
     def _notes(self, request: GenerationRequest) -> tuple[str, ...]:
         if request.cache.a2ats_enabled and self._codebook is None and self._model is not None:
@@ -572,10 +621,12 @@ class EngineThread(QObject):
         """Stop any reply and every calibration, then end the thread. False when it did not end
         in time: the thread is then kept referenced (`stuck`) instead of destroyed while
         running, which would abort the process."""
+        self.worker.close()
         self.worker.stop()
         self.worker.cancel_calibration(ALL)
         self.worker.cancel_crossover(ALL)
-        self.thread.quit()
+        # queued after every request already sent: the chat's cache is kept, then it quits
+        QMetaObject.invokeMethod(self.worker, "finish", Qt.ConnectionType.QueuedConnection)
         if self.thread.wait(timeout_ms):
             return True
         if self not in EngineThread.stuck:

@@ -267,6 +267,8 @@ class FakeBackend:
         self.sessions: list[FakeSession] = []
         self.calibrations: list = []
         self.demo_codebook: Path | None = None  # no default codebook until one is built
+        self.saved_caches: dict[str, list[int]] = {}  # chat id -> the token ids kept for it
+        self.cache_log: list[tuple[str, str]] = []  # ("save" | "restore" | "forget", chat id)
 
     def load_model(self, source, progress=None):
         if progress:
@@ -382,6 +384,23 @@ class FakeBackend:
 
     def stop(self, session):
         session.stop()
+
+    def save_chat_cache(self, session, chat_id):
+        if session is None or not session.cached_token_ids:
+            return None
+        self.saved_caches[chat_id] = list(session.cached_token_ids)
+        self.cache_log.append(("save", chat_id))
+        return None
+
+    def restore_chat_cache(self, session, chat_id):
+        if chat_id not in self.saved_caches:
+            return None
+        self.cache_log.append(("restore", chat_id))
+        return f"Reopened from the chat's saved cache: {len(self.saved_caches[chat_id])} tokens"
+
+    def forget_chat_cache(self, chat_id):
+        self.saved_caches.pop(chat_id, None)
+        self.cache_log.append(("forget", chat_id))
 
     def context_token_ids(self, session, *, streaming):
         return session.prompt_token_ids() if streaming else session.cached_token_ids

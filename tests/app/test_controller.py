@@ -582,3 +582,67 @@ def test_views_get_the_engines_events_from_the_controller(make_controller, qtbot
     qtbot.waitUntil(lambda: any(e.startswith("finished") for e in seen), timeout=5000)
     n = len(ended.message.content)
     assert seen == ["started send", *["snapshot"] * n, "finished stop"]
+
+
+# ---- a chat's cache kept on disk across chat switches and restarts ---------------------------
+def test_switching_chats_keeps_the_last_ones_cache_and_reopens_it(make_controller, qtbot):
+    backend = FakeBackend()
+    controller = make_controller(backend)
+    notices: list[str] = []
+    controller.notice.connect(lambda text, _ms: notices.append(text))
+    load(qtbot, controller)
+    send(qtbot, controller, "first chat")
+    first = controller.current.id
+    assert backend.cache_log == []  # nothing is written while the chat stays the session's
+    controller.new_chat()
+    send(qtbot, controller, "second chat")
+    second = controller.current.id
+    assert backend.cache_log == [("save", first)]
+    controller.select(first)
+    notices.clear()
+    send(qtbot, controller, "back to the first")
+    assert backend.cache_log[1:] == [("save", second), ("restore", first)]
+    assert any(n.startswith("Reopened from the chat's saved cache") for n in notices), notices
+    # a deleted chat's file goes with it, and the app's end keeps the open chat's cache
+    controller.delete(second)
+    qtbot.waitUntil(lambda: ("forget", second) in backend.cache_log, timeout=5000)
+    assert second not in backend.saved_caches
+    assert controller.shutdown()
+    assert backend.cache_log[-1] == ("save", first)
+
+
+def test_a_temporary_chat_keeps_no_cache(make_controller, qtbot):
+    backend = FakeBackend()
+    controller = make_controller(backend)
+    controller.ephemeral = True  # a scripted run: `a2ats-chat --prompt ... --quit`
+    load(qtbot, controller)
+    send(qtbot, controller, "one question")
+    controller.new_chat()
+    send(qtbot, controller, "another")
+    assert controller.shutdown()
+    assert backend.cache_log == [] and backend.saved_caches == {}
+
+
+def test_a_chat_reopens_from_its_saved_cache_on_the_real_engine(
+    make_controller, qtbot, tiny_folder, app_dirs, monkeypatch
+):
+    from a2ats_engine import session_file
+
+    monkeypatch.setattr(session_file, "SAVE_FROM_TOKENS", 8)  # the tiny chats are short
+    controller = on_real_engine(make_controller, qtbot, tiny_folder, max_tokens=6, seed=1)
+    notices: list[str] = []
+    controller.notice.connect(lambda text, _ms: notices.append(text))
+    send(qtbot, controller, "Tell me about the sea, and the ships that sail on it")
+    first = controller.current.id
+    controller.new_chat()
+    send(qtbot, controller, "Something else")
+    saved = session_file.chat_cache_path(first)
+    assert saved.is_file() and saved.parent == app_dirs["cache"] / "chats"
+    assert first not in str(saved)  # the id is hashed, never part of the path
+    controller.select(first)
+    ended = send(qtbot, controller, "And the harbours?")
+    assert any(n.startswith("Reopened from the chat's saved cache") for n in notices), notices
+    reused = ended.stats.extra["reused_tokens"]
+    assert reused > 0 and ended.stats.prompt_tokens < reused  # only the new turn prefilled
+    controller.delete(first)
+    qtbot.waitUntil(lambda: not saved.exists(), timeout=10000)

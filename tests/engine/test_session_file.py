@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from tiny import tiny_model
@@ -10,7 +12,15 @@ from tiny import tiny_model
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig
 from a2ats_engine.session import ChatSession, SamplingSettings
-from a2ats_engine.session_file import restore_cache, save_cache, weights_sample_hash
+from a2ats_engine.session_file import (
+    KEEP_BYTES,
+    SAVE_FROM_TOKENS,
+    chat_cache_path,
+    prune_chat_caches,
+    restore_cache,
+    save_cache,
+    weights_sample_hash,
+)
 
 from .test_session import run
 
@@ -116,3 +126,34 @@ def test_bench_reopen_reports_both_times(tmp_path, capsys):
     assert row["reused_tokens"] >= 100 and row["file_bytes"] > 0
     assert row["reopen_total_s"] > 0 and row["reprefill_ttft_s"] > 0
     assert main(["bench", "reopen", "--model", str(folder), "--contexts", "5"]) != 0
+
+
+def test_a_chats_cache_file_is_named_by_a_hash_of_its_id(tmp_path, monkeypatch):
+    monkeypatch.setenv("A2ATS_CACHE_DIR", str(tmp_path))
+    hostile = "../../etc/passwd\x00" + "x" * 5000  # an id read from a chat file
+    path = chat_cache_path(hostile)
+    assert path.parent == tmp_path / "chats" and len(path.name) == 32 + len(".safetensors")
+    assert chat_cache_path("a") != chat_cache_path("b") == chat_cache_path("b")
+
+
+def test_pruning_removes_the_least_recently_written_caches_first(tmp_path):
+    for i, name in enumerate(("old", "middle", "new")):
+        path = tmp_path / f"{name}.safetensors"
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (1000 + i, 1000 + i))
+    (tmp_path / "notes.txt").write_bytes(b"x" * 1000)  # not a cache: never counted or removed
+    assert prune_chat_caches(tmp_path, keep_bytes=250) == [tmp_path / "old.safetensors"]
+    assert prune_chat_caches(tmp_path, keep_bytes=250) == []
+    assert prune_chat_caches(tmp_path, keep_bytes=0) == [
+        tmp_path / "middle.safetensors",
+        tmp_path / "new.safetensors",
+    ]
+    assert (tmp_path / "notes.txt").exists()
+    assert prune_chat_caches(tmp_path / "missing") == []
+
+
+def test_the_readme_states_the_kept_caches_limits():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    text = " ".join(readme.split())
+    assert f"for chats of {SAVE_FROM_TOKENS:,} tokens or more" in text
+    assert f"keeping the most recently used {KEEP_BYTES // 2**30} GiB" in text
