@@ -92,6 +92,13 @@ class EngineBackend:
 
         return demo_codebook_path()
 
+    def default_codebook_path(self, source: str) -> Path | None:
+        """Where a named model's default codebook lives (the demo's, gemma3-270m's), None for
+        any other source."""
+        from a2ats_engine.loading.fetched_models import default_codebook_path, is_named
+
+        return default_codebook_path(source) if is_named(source) else None
+
     # ----- codebooks and calibration ----------------------------------------------------------
 
     def load_codebook(self, path: str, model) -> tuple[Any, list[str]]:

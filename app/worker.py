@@ -256,9 +256,9 @@ class EngineWorker(QObject):
     def _automatic_codebook(self, source: str, remembered: str, demo_codebook: bool) -> str:
         if remembered and Path(remembered).is_file():
             return remembered
-        if source == DEMO and demo_codebook:
-            default = self.backend.demo_codebook_path()
-            return str(default) if default.is_file() else ""
+        if demo_codebook:  # the demo's, or another named model's default codebook
+            default = self.backend.default_codebook_path(source)
+            return str(default) if default is not None and default.is_file() else ""
         return ""
 
     def find_demo(self) -> None:

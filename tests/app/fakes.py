@@ -315,6 +315,9 @@ class FakeBackend:
             return Path(tempfile.gettempdir()) / "a2ats-fake-none" / "demo-default.safetensors"
         return self.demo_codebook
 
+    def default_codebook_path(self, source):
+        return self.demo_codebook_path() if source == "demo" else None
+
     def load_codebook(self, path, model):
         path = Path(path)
         if not path.is_file() or path.suffix != ".safetensors":

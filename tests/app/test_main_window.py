@@ -684,11 +684,29 @@ def test_model_menu_lists_demo_recent_and_openers(make_window, qtbot, tmp_path):
     window._fill_model_menu()
     texts = [a.text() for a in window.model_menu.actions()]
     assert texts[0].startswith("Demo model")
+    assert texts[1] == "Gemma 3 270M (base)"  # the second model the engine fetches by name
     assert any(t.startswith("recent-model") for t in texts)
     assert texts[-4:] == [
         "Open model folder\u2026", "Open GGUF file\u2026", "Download from Hugging Face\u2026",
         "Measure crossover on this machine",  # a model is loaded: its crossover, again
     ]  # fmt: skip
+
+
+def test_the_named_models_in_the_menu_are_the_engines_and_load_by_name(
+    make_window, qtbot, monkeypatch
+):
+    from a2ats_engine.loading.fetched_models import model_names
+    from app.menus import NAMED_MODELS
+
+    assert ["demo", *(source for source, _, _ in NAMED_MODELS)] == list(model_names())
+    window = make_window(FakeBackend())
+    asked: list[str] = []
+    monkeypatch.setattr(window.controller, "load_model", asked.append)
+    window._fill_model_menu()
+    gemma = next(a for a in window.model_menu.actions() if a.text() == "Gemma 3 270M (base)")
+    assert "first load" in gemma.toolTip()
+    gemma.trigger()
+    assert asked == ["gemma3-270m"]  # the engine resolves the name (fetching it if needed)
 
 
 def test_hugging_face_download_error_is_clear(
