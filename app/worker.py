@@ -552,8 +552,8 @@ class EngineWorker(QObject):
     @Slot()
     def finish(self) -> None:
         """The last request before the thread ends: keep the chat's cache, then quit."""
-        for note in self._keep_chat_cache():
-            self.failed.emit(ErrorReport(Job.GENERATE, note))
+        for note in self._keep_chat_cache():  # the window is gone: a line on stderr
+            print(f"a2ats-chat: {note}", file=sys.stderr)
         thread = self.thread()
         if thread is not None:
             thread.quit()
