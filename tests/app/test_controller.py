@@ -646,3 +646,21 @@ def test_a_chat_reopens_from_its_saved_cache_on_the_real_engine(
     assert reused > 0 and ended.stats.prompt_tokens < reused  # only the new turn prefilled
     controller.delete(first)
     qtbot.waitUntil(lambda: not saved.exists(), timeout=10000)
+
+
+def test_a_chat_cache_that_cannot_be_written_is_a_note_and_the_reply_goes_on(
+    make_controller, qtbot, tiny_folder, app_dirs, monkeypatch
+):
+    from a2ats_engine import session_file
+
+    monkeypatch.setattr(session_file, "SAVE_FROM_TOKENS", 8)
+    (app_dirs["cache"]).mkdir(parents=True, exist_ok=True)
+    (app_dirs["cache"] / "chats").write_text("a file where the folder should be")
+    controller = on_real_engine(make_controller, qtbot, tiny_folder, max_tokens=4, seed=2)
+    notices: list[str] = []
+    controller.notice.connect(lambda text, _ms: notices.append(text))
+    send(qtbot, controller, "A first chat that is long enough to keep")
+    controller.new_chat()
+    ended = send(qtbot, controller, "Another chat")
+    assert ended.stats.stop_reason in ("stop", "length")  # the reply is not lost
+    assert any(n.startswith("The chat's cache was not kept") for n in notices), notices
