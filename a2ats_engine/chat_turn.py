@@ -127,8 +127,15 @@ def _token_list(ids: Any) -> list[int]:
 
 
 def _plain_transcript(conversation: Messages) -> str:
-    """Fallback rendering for tokenizers without a chat template."""
-    lines = [f"{m['role'].capitalize()}: {m['content']}" for m in conversation]
+    """Fallback rendering for tokenizers without a chat template. A turn whose text starts with
+    white space follows its "Role:" directly: a reply generated after "Assistant:" begins with
+    its own space (" The"), and rendered back with a second one it would tokenize differently
+    ("  ", "The"), so the next turn could not reuse the cache past the prompt (and a sliding-window
+    cache, which cannot be trimmed back, would prefill the whole chat again)."""
+    lines = [
+        f"{m['role'].capitalize()}:{'' if m['content'][:1].isspace() else ' '}{m['content']}"
+        for m in conversation
+    ]
     return "\n\n".join(lines + ["Assistant:"])
 
 

@@ -98,3 +98,25 @@ def test_default_codebook_is_the_demos_recipe_and_a2ats_runs_on_it(gemma, prose_
     per_layer = small.methods["a2ats"].recall_per_layer
     assert [i for i, r in enumerate(per_layer) if r is not None] == [5, 11, 17]
     assert all(0.0 < r <= 1.0 for r in per_layer if r is not None)
+
+
+def test_a_second_turn_reuses_the_cache_past_the_sliding_window(gemma):
+    """Its tokenizer has no chat template (the plain "User:/Assistant:" transcript): the reply,
+    rendered back, must tokenize as it was generated, or the next turn would need its sliding
+    layers trimmed back, which they cannot be, and would prefill the whole chat again."""
+    from a2ats_engine.cache.telemetry import GenerationStats
+    from a2ats_engine.session import ChatSession, SamplingSettings
+
+    model, tokenizer, _ = gemma
+    session = ChatSession(model, tokenizer)
+    greedy = SamplingSettings(max_tokens=8, temperature=0.0)
+    session.configure(system_prompt=None, a2ats=None, codebook=None, sampling=greedy)
+
+    def stats(mode, text):
+        return [e for e in session.reply(mode, text) if isinstance(e, GenerationStats)][-1]
+
+    stats("send", "The harbour master counted the boats again. " * 70 + "What did he count?")
+    held = session.context_tokens
+    assert held > 512  # the sliding layers' caches have wrapped around
+    second = stats("send", "And then?")
+    assert second.extra["reused_tokens"] == held and second.prompt_tokens < 20
