@@ -126,17 +126,46 @@ def _token_list(ids: Any) -> list[int]:
     return [int(i) for i in ids]
 
 
-def _plain_transcript(conversation: Messages) -> str:
-    """Fallback rendering for tokenizers without a chat template. A turn whose text starts with
-    white space follows its "Role:" directly: a reply generated after "Assistant:" begins with
-    its own space (" The"), and rendered back with a second one it would tokenize differently
-    ("  ", "The"), so the next turn could not reuse the cache past the prompt (and a sliding-window
-    cache, which cannot be trimmed back, would prefill the whole chat again)."""
-    lines = [
-        f"{m['role'].capitalize()}:{'' if m['content'][:1].isspace() else ' '}{m['content']}"
-        for m in conversation
-    ]
-    return "\n\n".join(lines + ["Assistant:"])
+TURN_BREAK = "\n\n"  # between the turns of the plain transcript
+
+
+def _plain_segments(conversation: Messages) -> list[str]:
+    """Fallback rendering for tokenizers without a chat template: "Role: text" turns, then
+    "Assistant:". Each reply is a segment of its own, the text between them another, so a
+    reply is tokenized alone, as it was generated after "Assistant:" (tokenized with its
+    neighbours, " The" after "Assistant:" or a reply that is one newline before the next turn
+    would merge differently); a turn whose text starts with white space follows its "Role:" directly. Then
+    the next turn's prompt starts with exactly the tokens the cache holds, and needs no trim,
+    which a sliding-window cache could not do (it would prefill the whole chat again)."""
+    segments, text = [], ""
+    for i, m in enumerate(conversation):
+        text += f"{TURN_BREAK if i else ''}{m['role'].capitalize()}:"
+        body = m["content"] if m["content"][:1].isspace() else f" {m['content']}"
+        if m["role"] == "assistant":
+            segments += [text, body]
+            text = ""
+        else:
+            text += body
+    return [*segments, text + (TURN_BREAK if conversation else "") + "Assistant:"]
+
+
+def _plain_prompt(tokenizer: Any, conversation: Messages) -> list[int]:
+    """Token ids of `_plain_segments`, each tokenized alone (special tokens on the first)."""
+    ids: list[int] = []
+    for segment in _plain_segments(conversation):
+        if not segment:
+            continue
+        encoded = tokenizer.encode(segment) if not ids else _encode_plain(tokenizer, segment)
+        ids += _token_list(encoded)
+    return ids
+
+
+def _encode_plain(tokenizer: Any, text: str) -> Any:
+    """`text` without the special tokens a tokenizer adds at the start (BOS)."""
+    try:
+        return tokenizer.encode(text, add_special_tokens=False)
+    except TypeError:  # a tokenizer without the keyword adds none
+        return tokenizer.encode(text)
 
 
 def _fold_system(system_prompt: str, messages: Messages) -> Messages:
@@ -163,8 +192,7 @@ def render_prompt(tokenizer: Any, messages: Messages, system_prompt: str | None)
     """
     system = [{"role": "system", "content": system_prompt}] if system_prompt else []
     if not getattr(tokenizer, "has_chat_template", True):
-        text = _plain_transcript(system + messages)
-        return _token_list(tokenizer.encode(text))
+        return _plain_prompt(tokenizer, system + messages)
     try:
         return _apply_template(tokenizer, system + messages)
     except Exception as exc:  # jinja2 TemplateError, ValueError, ...: the template refused

@@ -120,3 +120,24 @@ def test_a_second_turn_reuses_the_cache_past_the_sliding_window(gemma):
     assert held > 512  # the sliding layers' caches have wrapped around
     second = stats("send", "And then?")
     assert second.extra["reused_tokens"] == held and second.prompt_tokens < 20
+
+
+@pytest.mark.parametrize("reply", ["\n", " The harbour", "The harbour", " \n\n"])
+def test_a_reply_rendered_back_starts_with_the_tokens_it_was_generated_as(gemma, reply):
+    from a2ats_engine.chat_turn import render_prompt
+
+    _, tokenizer, _ = gemma
+    asked = [{"role": "user", "content": "Count the boats."}]
+    prompt = render_prompt(tokenizer, asked, None)
+    # as generated after "Assistant:"; a reply stored without its leading space (an app that
+    # strips it) gets it back
+    body = reply if reply[:1].isspace() else f" {reply}"
+    generated = tokenizer.encode(body, add_special_tokens=False)
+    follow_up = [
+        *asked,
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": "And?"},
+    ]
+    after = render_prompt(tokenizer, follow_up, None)
+    assert after[: len(prompt)] == prompt
+    assert after[len(prompt) :][: len(generated)] == generated
