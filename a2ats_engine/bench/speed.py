@@ -21,6 +21,7 @@ from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache, make_prompt_c
 from ..cache.a2ats_cache import A2ATSCache
 from ..cache.config import A2ATSConfig
 from ..cache.model_cache import make_cache
+from ..process_memory import PeakSampler, anonymous_bytes, mlx_memory
 from .methods import decode_variant_knobs
 from .plan_caches import clone_native, is_plain
 
@@ -251,6 +252,7 @@ class MemoryResult:
     bytes_per_token: float
     fixed_bytes: int = 0
     codebook_bytes: int = 0
+    measured: dict[str, int | None] = field(default_factory=dict)  # see `bench_memory`
 
 
 def break_even_context(per_token: float, fixed: float, baseline_per_token: float) -> int | None:
@@ -313,6 +315,11 @@ def bench_memory(
     The caches are filled through `update_and_fetch` with random keys/values of the model's
     geometry and K/V dtype (what a cache holds does not depend on the values; A2ATS codes are
     assigned as usual), so no model forward is needed beyond one token to find the dtype.
+    Besides the bytes the arrays hold, each result's `measured` gives what the process measured
+    for that fill, from MLX's buffer cache emptied before it: `anon_growth` (the process's
+    private resident memory after the fill minus before: `RssAnon` on Linux, the footprint on
+    macOS; None where the OS gives none), `anon_peak_growth` (sampled every 20 ms, transient
+    fill buffers included), and MLX's own `mlx_active` and `mlx_peak` bytes.
     """
     from ..cache.geometry import model_geometry
 
@@ -324,16 +331,28 @@ def bench_memory(
     results = []
     for n in contexts:
         for method in methods:
-            caches = _memory_caches(model, method, config, codebook)
-            for start in range(0, n, chunk):
-                size = min(chunk, n - start)
-                k1, k2, key = mx.random.split(key, 3)
-                for cache in caches:
-                    k = mx.random.normal((*shape[:2], size, shape[3]), key=k1).astype(dtype)
-                    v = mx.random.normal((*shape[:2], size, shape[3]), key=k2).astype(dtype)
-                    cache.update_and_fetch(k, v)
-                mx.eval([c.state for c in caches])
-            results.append(_memory_result(method, n, caches))
+            mx.clear_cache()
+            mx.reset_peak_memory()
+            before = anonymous_bytes()
+            with PeakSampler() as sampler:
+                caches = _memory_caches(model, method, config, codebook)
+                for start in range(0, n, chunk):
+                    size = min(chunk, n - start)
+                    k1, k2, key = mx.random.split(key, 3)
+                    for cache in caches:
+                        k = mx.random.normal((*shape[:2], size, shape[3]), key=k1).astype(dtype)
+                        v = mx.random.normal((*shape[:2], size, shape[3]), key=k2).astype(dtype)
+                        cache.update_and_fetch(k, v)
+                    mx.eval([c.state for c in caches])
+                mx.clear_cache()  # freed fill buffers: what stays is what the caches hold
+            after = anonymous_bytes()
+            result = _memory_result(method, n, caches)
+            result.measured = {
+                "anon_growth": None if before is None or after is None else after - before,
+                "anon_peak_growth": None if before is None else sampler.peak - before,
+                **mlx_memory(),
+            }
+            results.append(result)
             del caches
     return results
 

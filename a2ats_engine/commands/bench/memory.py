@@ -17,7 +17,9 @@ DESCRIPTION = (
     "full cache. A2ATS's fixed costs (the codebook, once per model and shared by all its "
     "chats, and each layer's rotation matrices) are counted in bytes_held, and the "
     "context from which each A2ATS storage holds less than an fp16 cache and mlx-lm's "
-    "kv8/kv4 caches is solved from bytes/token and those fixed bytes."
+    "kv8/kv4 caches is solved from bytes/token and those fixed bytes. Beside the computed "
+    "bytes, what the process measured during each fill: its private resident memory's growth "
+    "and peak growth (RssAnon on Linux, the footprint on macOS) and MLX's active and peak bytes."
 )
 
 
@@ -61,6 +63,7 @@ def run_memory(args: argparse.Namespace) -> int:
                 "held_vs_fp16_full": round(r.bytes_held / (fp16 * r.context), 4),
                 "vs_full": round(r.bytes_per_token / full.bytes_per_token, 4) if full else None,
                 "vs_fp16_full": round(r.bytes_per_token / fp16, 4),
+                "measured": r.measured,
             }
         )
     out = {
@@ -83,14 +86,15 @@ def run_memory(args: argparse.Namespace) -> int:
         )
     print(
         f"{'context':>8} {'method':<10} {'B/token':>10} {'vs full':>8} {'vs fp16':>8} "
-        f"{'fixed MiB':>9} {'held MiB':>9} {'held/fp16':>9}"
+        f"{'fixed MiB':>9} {'held MiB':>9} {'held/fp16':>9} {'measured MiB':>12}"
     )
     for row in rows:
         vs_full = "" if row["vs_full"] is None else f"{row['vs_full']:.3f}x"
         print(
             f"{row['context']:>8} {row['method']:<10} {row['bytes_per_token']:>10.0f} "
             f"{vs_full:>8} {row['vs_fp16_full']:>7.3f}x {row['fixed_bytes'] / 2**20:>9.2f} "
-            f"{row['bytes_held'] / 2**20:>9.2f} {row['held_vs_fp16_full']:>8.3f}x"
+            f"{row['bytes_held'] / 2**20:>9.2f} {row['held_vs_fp16_full']:>8.3f}x "
+            f"{_growth(row['measured']):>12}"
         )
     if out["break_even"]:
         print("context from which A2ATS holds less (codebook and rotations counted):")
@@ -98,6 +102,12 @@ def run_memory(args: argparse.Namespace) -> int:
             at = "never" if b["context"] is None else f"{b['context']:,} tokens"
             print(f"  {b['method']:<10} vs {b['baseline']:<5} {at}")
     return 0
+
+
+def _growth(measured: dict) -> str:
+    """The process's private memory growth over the fill, in MiB ('-' where not measured)."""
+    grew = measured.get("anon_growth")
+    return "-" if grew is None else f"{grew / 2**20:.2f}"
 
 
 def break_even_rows(results: list, fp16_per_token: int) -> list[dict]:

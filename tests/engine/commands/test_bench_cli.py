@@ -233,6 +233,12 @@ def test_bench_memory_json(tiny_folder, capsys):
         assert a2["codebook_bytes"] == out["codebook_bytes"] > 0
         assert a2["fixed_bytes"] > a2["codebook_bytes"] and full["fixed_bytes"] == 0
         assert a2["bytes_held"] == pytest.approx(a2["bytes_per_token"] * n + a2["fixed_bytes"])
+    for row in rows.values():  # measured beside computed: MLX holds at least the caches' bytes
+        measured = row["measured"]
+        assert measured["mlx_active"] >= row["bytes_held"]
+        assert measured["mlx_peak"] >= measured["mlx_active"]
+        assert isinstance(measured["anon_growth"], int)  # Linux: RssAnon, read before and after
+        assert measured["anon_peak_growth"] >= measured["anon_growth"]
     # break-even contexts follow from bytes/token and fixed bytes
     from a2ats_engine.bench.speed import break_even_context
 
