@@ -22,6 +22,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from ..cache.config import A2ATSConfig
 from ..cache.model_cache import make_cache
 from ..cache.topk import forced
+from ..process_memory import anonymous_bytes
 from .speed import DecodeResult, _decode_interleaved, cache_bytes
 
 # name -> (what it is, config.json of the real model's text part: public Hugging Face configs)
@@ -178,7 +179,8 @@ def bench_geometry_decode(
     top_ks: tuple[str, ...] = (),
 ) -> list[DecodeResult]:
     """Decode tokens/s and bytes held of `full` (mlx-lm's own caches) and `a2ats` (the layer
-    plan's caches) at each context, both filled synthetically, timed interleaved. With `top_ks`
+    plan's caches) at each context, both filled synthetically, timed interleaved; each result's
+    `extra["anon_growth"]` is the process's measured private-memory growth over its fill. With `top_ks`
     ("mlx", "numpy"), one A2ATS method per top-K strategy instead (`a2ats_mlx`, ...)."""
     import random
 
@@ -194,15 +196,29 @@ def bench_geometry_decode(
             with forced(strategy) if strategy else contextlib.nullcontext():
                 name = f"a2ats_{strategy}" if strategy else "a2ats"
                 caches[name] = make_cache(model, config, codebook)
-        for cache in caches.values():
-            fill_synthetic(model, cache, n, seed=seed)
+        grew = {method: _measured_fill(model, cache, n, seed) for method, cache in caches.items()}
         held = {method: cache_bytes(cache) for method, cache in caches.items()}
         tokens = [rng.randrange(vocab) for _ in range(steps + 2)]
         rates = _decode_interleaved(model, caches, tokens)
         for method in caches:
-            results.append(DecodeResult(method, n, rates[method], held[method], held[method] / n))
+            extra = {"anon_growth": grew[method]}
+            results.append(
+                DecodeResult(method, n, rates[method], held[method], held[method] / n, extra)
+            )
         del caches
     return results
+
+
+def _measured_fill(model: nn.Module, cache: list, n: int, seed: int) -> int | None:
+    """Fill `cache` to `n` tokens (`fill_synthetic`) and return by how much the process's
+    private resident memory grew (MLX's buffer cache emptied before and after; None where the
+    OS gives no figure): the measured side of the bytes the arrays hold."""
+    mx.clear_cache()
+    before = anonymous_bytes()
+    fill_synthetic(model, cache, n, seed=seed)
+    mx.clear_cache()
+    after = anonymous_bytes()
+    return None if before is None or after is None else after - before
 
 
 class _ByteTokenizer:

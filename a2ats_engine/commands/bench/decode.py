@@ -179,6 +179,7 @@ def run_geometry_decode(args: argparse.Namespace) -> int:
                 "ratio_runs": r.extra["ratio_runs"],
                 "bytes_held": r.bytes_held,
                 "bytes_vs_full": round(r.bytes_held / max(full.bytes_held, 1), 3),
+                "measured_anon_growth": r.extra.get("anon_growth"),  # the first run's fill
             }
         )
     calib = None

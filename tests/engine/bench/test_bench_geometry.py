@@ -74,6 +74,8 @@ def test_cli_geometry_decode_json(capsys):
         (c, m) for c in (300, 600) for m in ("full", "a2ats")
     }
     assert all(r["tokens_per_s"] > 0 and r["bytes_held"] > 0 for r in rows)
+    # measured beside computed: the process's private memory over each fill (Linux: RssAnon)
+    assert all(isinstance(r["measured_anon_growth"], int) for r in rows)
     assert out["repeats"] == 2 and all(len(r["ratio_runs"]) == 2 for r in rows)
     calib = out["calibration"]
     assert calib["tokens"] == 256 and calib["tokens_per_s"] > 0
