@@ -315,11 +315,14 @@ def bench_memory(
     The caches are filled through `update_and_fetch` with random keys/values of the model's
     geometry and K/V dtype (what a cache holds does not depend on the values; A2ATS codes are
     assigned as usual), so no model forward is needed beyond one token to find the dtype.
-    Besides the bytes the arrays hold, each result's `measured` gives what the process measured
-    for that fill, from MLX's buffer cache emptied before it: `anon_growth` (the process's
-    private resident memory after the fill minus before: `RssAnon` on Linux, the footprint on
-    macOS; None where the OS gives none), `anon_peak_growth` (sampled every 20 ms, transient
-    fill buffers included), and MLX's own `mlx_active` and `mlx_peak` bytes.
+    Besides the bytes the arrays hold, each result's `measured` gives what was measured for
+    that fill, MLX's buffer cache emptied before it: `mlx_active_growth` (MLX's allocator: the
+    bytes it holds after the fill minus before), `anon_growth` and `anon_peak_growth` (the
+    process's private resident memory, `RssAnon` on Linux, the footprint on macOS, after the
+    fill and at its sampled peak, minus before; None where the OS gives none: only the first
+    method's fill is clean, later ones reuse pages the C allocator kept from earlier fills, so
+    `a2ats bench cold` runs a process per method where the process figure matters), and MLX's
+    `mlx_active` and `mlx_peak` bytes.
     """
     from ..cache.geometry import model_geometry
 
@@ -331,9 +334,10 @@ def bench_memory(
     results = []
     for n in contexts:
         for method in methods:
+            k = v = None  # the last fill's chunk: freed before the next fill is measured
             mx.clear_cache()
             mx.reset_peak_memory()
-            before = anonymous_bytes()
+            before, active = anonymous_bytes(), mx.get_active_memory()
             with PeakSampler() as sampler:
                 caches = _memory_caches(model, method, config, codebook)
                 for start in range(0, n, chunk):
@@ -350,6 +354,7 @@ def bench_memory(
             result.measured = {
                 "anon_growth": None if before is None or after is None else after - before,
                 "anon_peak_growth": None if before is None else sampler.peak - before,
+                "mlx_active_growth": int(mx.get_active_memory() - active),
                 **mlx_memory(),
             }
             results.append(result)

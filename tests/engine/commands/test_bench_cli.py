@@ -236,6 +236,11 @@ def test_bench_memory_json(tiny_folder, capsys):
     for row in rows.values():  # measured beside computed: MLX holds at least the caches' bytes
         measured = row["measured"]
         assert measured["mlx_active"] >= row["bytes_held"]
+        # MLX's allocator grew by the arrays' bytes (the fill's temporaries freed)
+    for method in ("full", "a2ats"):  # float storage (tiny quantized arrays round up to pages)
+        row = rows[(512, method)]
+        storage = row["bytes_per_token"] * 512  # fixed costs (codebook, rotations) came before
+        assert row["measured"]["mlx_active_growth"] == pytest.approx(storage, rel=0.1)
         assert measured["mlx_peak"] >= measured["mlx_active"]
         assert isinstance(measured["anon_growth"], int)  # Linux: RssAnon, read before and after
         assert measured["anon_peak_growth"] >= measured["anon_growth"]
