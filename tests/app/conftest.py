@@ -43,6 +43,22 @@ def app_dirs(tmp_path, monkeypatch):
     return dirs
 
 
+@pytest.fixture(autouse=True)
+def no_blocking_message_box(monkeypatch):
+    """A message box a test did not arrange for fails it at once instead of blocking it until
+    its timeout (offscreen, nobody closes a modal box). Tests that expect boxes use
+    `message_boxes` (or patch QMessageBox themselves), which replaces this guard."""
+
+    def refuse(*args, **_kwargs):
+        box = args[0] if args and isinstance(args[0], QMessageBox) else None
+        said = (box.windowTitle(), box.text()) if box is not None else args[1:3]
+        raise AssertionError(f"a message box would block this test: {said!r}")
+
+    monkeypatch.setattr(QMessageBox, "exec", refuse)
+    for kind in ("warning", "information", "question", "critical"):
+        monkeypatch.setattr(QMessageBox, kind, staticmethod(refuse))
+
+
 @pytest.fixture
 def message_boxes(monkeypatch):
     """Record QMessageBox dialogs instead of showing them: list of (title, text)."""
