@@ -17,6 +17,8 @@ import ctypes
 import resource
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -99,3 +101,22 @@ class PeakSampler:
         self._stop.set()
         self._thread.join()
         self._sample()
+
+
+@contextmanager
+def growth() -> Iterator[dict[str, int | None]]:
+    """What the `with` block leaves held, measured: MLX's buffer cache is emptied before and at
+    the end, then the dict yielded gets `anon_growth` (`anonymous_bytes` after minus before;
+    None where the OS gives no figure), `anon_peak_growth` (its sampled peak minus before) and
+    `mlx_active_growth` (MLX's active bytes after minus before). In one process only a first
+    measurement is clean for the private memory: later ones reuse pages the C allocator kept."""
+    out: dict[str, int | None] = {}
+    mx.clear_cache()
+    before, active = anonymous_bytes(), mx.get_active_memory()
+    with PeakSampler() as sampler:
+        yield out
+        mx.clear_cache()
+    after = anonymous_bytes()
+    out["anon_growth"] = None if before is None or after is None else after - before
+    out["anon_peak_growth"] = None if before is None else sampler.peak - before
+    out["mlx_active_growth"] = int(mx.get_active_memory() - active)

@@ -4,6 +4,7 @@ first-run offer to fetch the demo)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 from PySide6.QtCore import QObject, QTimer, Signal
@@ -12,7 +13,7 @@ from PySide6.QtWidgets import QMainWindow, QMessageBox
 from .controller import SAVE, ChatController, Task
 from .dialogs.progress import TaskProgressDialog
 from .events import ContextOverflow, CrossoverMeasured, ErrorReport, Job, OverflowPolicy, Progress
-from .inert_text import plain_message_box
+from .inert_text import plain_message_box, rich_from_plain
 
 ERROR_TITLES = {
     Job.LOAD_MODEL: "Could not load the model",
@@ -154,6 +155,23 @@ class Feedback(QObject):
         box.exec()
         choice = {stop: OverflowPolicy.STOP_AT_LIMIT, drop: OverflowPolicy.DROP_OLDEST}
         self.controller.resolve_overflow(choice.get(box.clickedButton()))
+
+    def quit_anyway(self, unsaved: list[str]) -> bool:
+        """Some files could not be written (disk full, read-only folder): ask before a quit
+        loses them. Scripted runs say so on stderr and quit."""
+        text = "\n".join(unsaved)
+        if self.scripted:
+            print(f"a2ats-chat: quitting with unsaved changes: {text}", file=sys.stderr)
+            return True
+        answer = QMessageBox.question(
+            self.window,
+            "Quit without saving?",
+            rich_from_plain(
+                f"{text}\n\nQuitting now loses these changes. Free some space (or fix the "
+                "folder) and quit again to keep them. Quit anyway?"
+            ),
+        )
+        return answer == QMessageBox.StandardButton.Yes
 
     def _on_demo_missing(self) -> None:
         answer = QMessageBox.question(

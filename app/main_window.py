@@ -9,16 +9,14 @@ engine.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QSignalBlocker, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import (
     QFileDialog,
     QMainWindow,
-    QMenu,
     QMessageBox,
     QSplitter,
     QVBoxLayout,
@@ -45,7 +43,7 @@ from .export_file import export_to_file
 from .feedback import Feedback
 from .inert_text import rich_from_plain
 from .inspector_dock import InspectorDock
-from .menus import fill_codebook_menu, fill_model_menu, model_tooltip
+from .menus import build_menu_bar, fill_codebook_menu, fill_model_menu, model_tooltip
 from .reply_view import ReplyView
 from .settings import MAX_PIXELS, AppSettings
 from .status_bar import StatusBar
@@ -178,57 +176,9 @@ class MainWindow(QMainWindow):
             self.inspector.scroll_requested.connect(self.chat_view.scroll_to_position)
 
     def _build_actions(self) -> None:
-        menubar = self.menuBar()
-        file_menu = menubar.addMenu("&File")
-        self.new_chat_action = self._action(
-            file_menu, "New chat", QKeySequence.StandardKey.New, self.new_chat
-        )
-        file_menu.addSeparator()
-        self.open_folder_action = self._action(
-            file_menu,
-            "Open model folder\u2026",
-            QKeySequence.StandardKey.Open,
-            self.open_model_folder,
-        )
-        self._action(file_menu, "Open GGUF file\u2026", None, self.open_gguf_file)
-        self._action(file_menu, "Download from Hugging Face\u2026", None, self.download_from_hf)
-        file_menu.addSeparator()
-        self.load_codebook_action = self._action(
-            file_menu, "Load codebook\u2026", QKeySequence("Ctrl+L"), self.load_codebook_dialog
-        )
-        self._action(file_menu, "Calibrate codebook\u2026", None, self.open_calibrate_dialog)
-        file_menu.addSeparator()
-        self._action(
-            file_menu,
-            "Export chat as Markdown\u2026",
-            None,
-            lambda: self.export_current("markdown"),
-        )
-        self._action(
-            file_menu, "Export chat as JSON\u2026", None, lambda: self.export_current("json")
-        )
-        file_menu.addSeparator()
-        self._action(file_menu, "Quit", QKeySequence.StandardKey.Quit, self.close)
-
-        chat_menu = menubar.addMenu("&Chat")
-        self.stop_action = self._action(
-            chat_menu, "Stop", QKeySequence("Ctrl+."), self.controller.stop
-        )
-        self.regenerate_action = self._action(
-            chat_menu, "Regenerate reply", QKeySequence("Ctrl+R"), self.controller.regenerate
-        )
-        self._action(chat_menu, "Edit last message", QKeySequence("Ctrl+E"), self.begin_edit_last)
-        chat_menu.addSeparator()
-        self._action(chat_menu, "Settings\u2026", QKeySequence("Ctrl+,"), self.open_settings)
-
-        view_menu = menubar.addMenu("&View")
-        toggle = self.dock.toggleViewAction()
-        toggle.setText("Cache inspector")
-        toggle.setShortcut(QKeySequence("Ctrl+I"))
-        view_menu.addAction(toggle)
-        help_menu = menubar.addMenu("&Help")
-        self._action(help_menu, "About A2ATS Chat", None, self.show_about)
-
+        actions = build_menu_bar(self)
+        self.new_chat_action, self.stop_action = actions.new_chat, actions.stop
+        self.regenerate_action = actions.regenerate
         self.sidebar.new_requested.connect(self.new_chat)
         self.sidebar.selected.connect(self.select_conversation)
         self.sidebar.rename_requested.connect(self.controller.rename)
@@ -243,15 +193,6 @@ class MainWindow(QMainWindow):
         self.chat_view.edit_requested.connect(self.begin_edit_last)
         self.chat_view.version_requested.connect(self.controller.show_version)
         self.chat_view.copied.connect(lambda what: self.statusBar().showMessage(what, 2500))
-
-    def _action(self, menu: QMenu, text: str, shortcut, slot) -> QAction:
-        action = QAction(text, self)
-        if shortcut is not None:
-            action.setShortcut(shortcut)
-        action.triggered.connect(lambda _checked=False: slot())
-        menu.addAction(action)
-        self.addAction(action)  # shortcuts work while the menu bar is hidden, too
-        return action
 
     def _connect_controller(self) -> None:
         c = self.controller
@@ -610,14 +551,6 @@ class MainWindow(QMainWindow):
         if index is not None:
             self.composer.begin_edit(conversation.messages[index].content)
 
-    def show_about(self) -> None:
-        QMessageBox.about(
-            self,
-            "About A2ATS Chat",
-            "<b>A2ATS Chat</b><br>Local chat on MLX with an A2ATS KV cache: windowed RoPE, "
-            "query-aware vector quantization and top-K retrieval attention (He et al., 2025).",
-        )
-
     # =========================================================================================
     # Shutdown
     # =========================================================================================
@@ -643,26 +576,9 @@ class MainWindow(QMainWindow):
         self._system_save_timer.stop()
         draft = self.composer.draft()
         unsaved = self.controller.save_before_quit(draft)
-        if unsaved and not self._quit_anyway(unsaved):
+        if unsaved and not self.feedback.quit_anyway(unsaved):
             event.ignore()
             return
         if not self.controller.shutdown(draft, self.shutdown_timeout_ms, saved=True):
             self.statusBar().showMessage("The engine did not stop in time", 5000)
         super().closeEvent(event)
-
-    def _quit_anyway(self, unsaved: list[str]) -> bool:
-        """Some files could not be written (disk full, read-only folder): ask before a quit
-        loses them. Scripted runs say so on stderr and quit."""
-        text = "\n".join(unsaved)
-        if self.scripted:
-            print(f"a2ats-chat: quitting with unsaved changes: {text}", file=sys.stderr)
-            return True
-        answer = QMessageBox.question(
-            self,
-            "Quit without saving?",
-            rich_from_plain(
-                f"{text}\n\nQuitting now loses these changes. Free some space (or fix the "
-                "folder) and quit again to keep them. Quit anyway?"
-            ),
-        )
-        return answer == QMessageBox.StandardButton.Yes

@@ -1,17 +1,23 @@
-"""The model picker's and the codebook button's menus, filled each time they open."""
+"""The window's menu bar, and the model picker's and the codebook button's menus (filled each
+time they open)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from PySide6.QtGui import QKeySequence
-from PySide6.QtWidgets import QMenu
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import QMenu, QMessageBox
 
 from .events import ModelLoaded
 from .inert_text import rich_from_plain
 from .theme import theme
 from .worker import DEMO
+
+if TYPE_CHECKING:
+    from .main_window import MainWindow
 
 # Models the engine fetches by name besides the demo (`a2ats fetch-demo --model NAME`; engine
 # `loading/fetched_models.py`): the first load downloads and converts them.
@@ -105,3 +111,76 @@ def fill_codebook_menu(
     action = menu.addAction(theme().icon("close"), "Unload codebook")
     action.triggered.connect(actions["unload"])
     action.setEnabled(has_codebook)
+
+
+@dataclass(frozen=True)
+class WindowActions:
+    """The menu bar's actions the window uses again (tests trigger them, too)."""
+
+    new_chat: QAction
+    stop: QAction
+    regenerate: QAction
+
+
+def _action(window: MainWindow, menu: QMenu, text: str, shortcut, slot) -> QAction:
+    action = QAction(text, window)
+    if shortcut is not None:
+        action.setShortcut(shortcut)
+    action.triggered.connect(lambda _checked=False: slot())
+    menu.addAction(action)
+    window.addAction(action)  # shortcuts work while the menu bar is hidden, too
+    return action
+
+
+def build_menu_bar(window: MainWindow) -> WindowActions:
+    """File, Chat, View and Help, bound to the window's slots and its controller."""
+    menubar = window.menuBar()
+    file_menu = menubar.addMenu("&File")
+    new_chat = _action(window, file_menu, "New chat", QKeySequence.StandardKey.New, window.new_chat)
+    file_menu.addSeparator()
+    for text, shortcut, slot in (
+        ("Open model folder\u2026", QKeySequence.StandardKey.Open, window.open_model_folder),
+        ("Open GGUF file\u2026", None, window.open_gguf_file),
+        ("Download from Hugging Face\u2026", None, window.download_from_hf),
+        (None, None, None),
+        ("Load codebook\u2026", QKeySequence("Ctrl+L"), window.load_codebook_dialog),
+        ("Calibrate codebook\u2026", None, window.open_calibrate_dialog),
+        (None, None, None),
+        ("Export chat as Markdown\u2026", None, lambda: window.export_current("markdown")),
+        ("Export chat as JSON\u2026", None, lambda: window.export_current("json")),
+        (None, None, None),
+        ("Quit", QKeySequence.StandardKey.Quit, window.close),
+    ):
+        if text is None:
+            file_menu.addSeparator()
+        else:
+            _action(window, file_menu, text, shortcut, slot)
+
+    chat_menu = menubar.addMenu("&Chat")
+    controller = window.controller
+    stop = _action(window, chat_menu, "Stop", QKeySequence("Ctrl+."), controller.stop)
+    regenerate = _action(
+        window, chat_menu, "Regenerate reply", QKeySequence("Ctrl+R"), controller.regenerate
+    )
+    edit = QKeySequence("Ctrl+E")
+    _action(window, chat_menu, "Edit last message", edit, window.begin_edit_last)
+    chat_menu.addSeparator()
+    _action(window, chat_menu, "Settings\u2026", QKeySequence("Ctrl+,"), window.open_settings)
+
+    view_menu = menubar.addMenu("&View")
+    toggle = window.dock.toggleViewAction()
+    toggle.setText("Cache inspector")
+    toggle.setShortcut(QKeySequence("Ctrl+I"))
+    view_menu.addAction(toggle)
+    help_menu = menubar.addMenu("&Help")
+    _action(window, help_menu, "About A2ATS Chat", None, lambda: show_about(window))
+    return WindowActions(new_chat, stop, regenerate)
+
+
+def show_about(window: MainWindow) -> None:
+    QMessageBox.about(
+        window,
+        "About A2ATS Chat",
+        "<b>A2ATS Chat</b><br>Local chat on MLX with an A2ATS KV cache: windowed RoPE, "
+        "query-aware vector quantization and top-K retrieval attention (He et al., 2025).",
+    )

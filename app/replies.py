@@ -11,10 +11,14 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field, replace
 
+from a2ats_engine.cache.config import A2ATSConfig
 from a2ats_engine.cache.telemetry import GenerationStats
+from a2ats_engine.records import ModelInfo
 
+from .backend import ContextFit
 from .conversations import MAX_ALTERNATIVES, Conversation, Message
 from .events import (
+    CodebookLoaded,
     ContextOverflow,
     GenerationRequest,
     GenerationStarted,
@@ -24,6 +28,9 @@ from .events import (
     StopReason,
 )
 
+RANDOM_CODEBOOK_NOTE = (
+    "No codebook: A2ATS retrieval uses a random one. Load or calibrate a codebook."
+)
 CHECKPOINT_SECONDS = 2.0  # a streaming reply is written to disk at least this often...
 CHECKPOINT_TOKENS = 32  # ...or every this many tokens, whichever comes first
 # A reply that ends for one of these reasons without text is not kept.
@@ -173,3 +180,63 @@ def show_version(conversation: Conversation | None, step: int) -> bool:
     others = [replace(m, alternatives=[]) for m in ordered if m is not chosen]
     conversation.messages[-1] = replace(chosen, alternatives=others)
     return True
+
+
+# ---- what the worker records about a request ------------------------------------------------
+def empty_stats(stop_reason: StopReason, context_tokens: int = 0) -> GenerationStats:
+    """The stats of a request that produced nothing (cancelled, failed, did not fit)."""
+    return GenerationStats(
+        prompt_tokens=0,
+        generation_tokens=0,
+        time_to_first_token=0.0,
+        prompt_tps=0.0,
+        generation_tps=0.0,
+        peak_memory_gb=0.0,
+        stop_reason=str(stop_reason),
+        context_tokens=context_tokens,
+    )
+
+
+def fit_notes(fit: ContextFit) -> tuple[str, ...]:
+    """What the user is told about how the reply was fitted into the context."""
+    notes: tuple[str, ...] = ()
+    if fit.dropped:
+        notes += (f"Left the {fit.dropped} oldest messages out so the reply fits the context.",)
+    if fit.cut:
+        notes += (f"The reply stops at the context limit ({fit.max_tokens:,} tokens at most).",)
+    return notes
+
+
+def request_provenance(
+    request: GenerationRequest,
+    config: A2ATSConfig | None,
+    *,
+    source: str,
+    info: ModelInfo | None,
+    codebook: CodebookLoaded | None,
+) -> JsonDict:
+    """Model, cache settings, codebook, sampling and system prompt a reply was made with."""
+    model: JsonDict = {"source": source}
+    if info is not None:
+        model.update(
+            name=info.name,
+            path=info.path,
+            architecture=info.architecture,
+            quantization=info.quantization,
+        )
+    cache: JsonDict = {"a2ats_enabled": bool(request.cache.a2ats_enabled)}
+    if config is not None:
+        cache["config"] = config.to_dict()
+    if codebook is not None:
+        described: JsonDict | None = codebook.provenance()
+    elif request.cache.a2ats_enabled:
+        described = {"name": "random (uncalibrated)", "sha256": None}
+    else:
+        described = None
+    return {
+        "model": model,
+        "cache": cache,
+        "codebook": described,
+        "sampling": asdict(request.sampling),
+        "system_prompt": request.system_prompt,
+    }

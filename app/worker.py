@@ -21,7 +21,6 @@ import traceback
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -31,7 +30,7 @@ from a2ats_engine.cache.config import A2ATSConfig
 from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats, TokenEvent
 from a2ats_engine.records import ModelInfo
 
-from .backend import ContextFit, CrossoverCancelled, EngineBackend
+from .backend import CrossoverCancelled, EngineBackend
 from .context_text import TokenTextCache
 from .events import (
     CalibrationFinished,
@@ -59,41 +58,16 @@ from .events import (
     Progress,
     StopReason,
 )
+from .replies import RANDOM_CODEBOOK_NOTE, empty_stats, fit_notes, request_provenance
 
 DEMO = "demo"
 # cancel_calibration(ALL) / cancel_crossover(ALL): the running one and every one still queued
 ALL = sys.maxsize
-RANDOM_CODEBOOK_NOTE = (
-    "No codebook: A2ATS retrieval uses a random one. Load or calibrate a codebook."
-)
 
 
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
-
-
-def _empty_stats(stop_reason: StopReason, context_tokens: int = 0) -> GenerationStats:
-    return GenerationStats(
-        prompt_tokens=0,
-        generation_tokens=0,
-        time_to_first_token=0.0,
-        prompt_tps=0.0,
-        generation_tps=0.0,
-        peak_memory_gb=0.0,
-        stop_reason=str(stop_reason),
-        context_tokens=context_tokens,
-    )
-
-
-def _fit_notes(fit: ContextFit) -> tuple[str, ...]:
-    """What the user is told about how the reply was fitted into the context."""
-    notes: tuple[str, ...] = ()
-    if fit.dropped:
-        notes += (f"Left the {fit.dropped} oldest messages out so the reply fits the context.",)
-    if fit.cut:
-        notes += (f"The reply stops at the context limit ({fit.max_tokens:,} tokens at most).",)
-    return notes
 
 
 class NumberedCancel:
@@ -409,11 +383,11 @@ class EngineWorker(QObject):
     def _generate(self, request: GenerationRequest, cancelled: bool) -> None:
         if cancelled:
             self._emit_started(request, None, ())
-            self.generation_finished.emit(_empty_stats(StopReason.CANCELLED))
+            self.generation_finished.emit(empty_stats(StopReason.CANCELLED))
             return
         if self._model is None:
             self.failed.emit(ErrorReport(Job.GENERATE, "No model is loaded."))
-            self.generation_finished.emit(_empty_stats(StopReason.ERROR))
+            self.generation_finished.emit(empty_stats(StopReason.ERROR))
             return
         stats = None
         try:
@@ -428,15 +402,15 @@ class EngineWorker(QObject):
                     request.request_id, fit.prompt_tokens or 0, fit.requested, limit or 0
                 )
                 self.context_overflowed.emit(overflow)
-                self.generation_finished.emit(_empty_stats(StopReason.CONTEXT_FULL))
+                self.generation_finished.emit(empty_stats(StopReason.CONTEXT_FULL))
                 return
-            self._emit_started(request, config, reopened + _fit_notes(fit))
+            self._emit_started(request, config, reopened + fit_notes(fit))
             stats = self._stream(session, request)
         except Exception as exc:  # noqa: BLE001
             self._report(Job.GENERATE, exc)
             stats = None
         if stats is None:
-            stats = _empty_stats(StopReason.ERROR)
+            stats = empty_stats(StopReason.ERROR)
         elif self._session is not None:
             self._emit_context(request.request_id, [], streaming=False)
         self.generation_finished.emit(stats)
@@ -564,31 +538,9 @@ class EngineWorker(QObject):
         return ()
 
     def _provenance(self, request: GenerationRequest, config: A2ATSConfig | None) -> JsonDict:
-        info = self._info
-        model: JsonDict = {"source": self._source}
-        if info is not None:
-            model.update(
-                name=info.name,
-                path=info.path,
-                architecture=info.architecture,
-                quantization=info.quantization,
-            )
-        cache: JsonDict = {"a2ats_enabled": bool(request.cache.a2ats_enabled)}
-        if config is not None:
-            cache["config"] = config.to_dict()
-        if self._codebook_info is not None:
-            codebook: JsonDict | None = self._codebook_info.provenance()
-        elif request.cache.a2ats_enabled:
-            codebook = {"name": "random (uncalibrated)", "sha256": None}
-        else:
-            codebook = None
-        return {
-            "model": model,
-            "cache": cache,
-            "codebook": codebook,
-            "sampling": asdict(request.sampling),
-            "system_prompt": request.system_prompt,
-        }
+        return request_provenance(
+            request, config, source=self._source, info=self._info, codebook=self._codebook_info
+        )
 
     # ----- errors -----------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from ..cache.config import A2ATSConfig
 from ..cache.model_cache import make_cache
 from ..cache.topk import forced
-from ..process_memory import anonymous_bytes
+from ..process_memory import growth
 from .speed import DecodeResult, _decode_interleaved, cache_bytes
 
 # name -> (what it is, config.json of the real model's text part: public Hugging Face configs)
@@ -211,14 +211,11 @@ def bench_geometry_decode(
 
 def _measured_fill(model: nn.Module, cache: list, n: int, seed: int) -> int | None:
     """Fill `cache` to `n` tokens (`fill_synthetic`) and return by how much the process's
-    private resident memory grew (MLX's buffer cache emptied before and after; None where the
-    OS gives no figure): the measured side of the bytes the arrays hold."""
-    mx.clear_cache()
-    before = anonymous_bytes()
-    fill_synthetic(model, cache, n, seed=seed)
-    mx.clear_cache()
-    after = anonymous_bytes()
-    return None if before is None or after is None else after - before
+    private resident memory grew (`process_memory.growth`): the measured side of the bytes the
+    arrays hold."""
+    with growth() as measured:
+        fill_synthetic(model, cache, n, seed=seed)
+    return measured["anon_growth"]
 
 
 class _ByteTokenizer:

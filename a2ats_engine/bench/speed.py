@@ -21,7 +21,7 @@ from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache, make_prompt_c
 from ..cache.a2ats_cache import A2ATSCache
 from ..cache.config import A2ATSConfig
 from ..cache.model_cache import make_cache
-from ..process_memory import PeakSampler, anonymous_bytes, mlx_memory
+from ..process_memory import growth, mlx_memory
 from .methods import decode_variant_knobs
 from .plan_caches import clone_native, is_plain
 
@@ -300,6 +300,19 @@ def _memory_caches(model: nn.Module, method: str, config: A2ATSConfig, codebook)
     raise ValueError(f"unknown memory method {method!r}; known: {', '.join(MEMORY_METHODS)}")
 
 
+def _fill_random(caches: list, n: int, shape: tuple, dtype, key: mx.array, chunk: int) -> mx.array:
+    """Fill `caches` with `n` tokens of random keys/values, `chunk` at a time; the next key."""
+    for start in range(0, n, chunk):
+        size = min(chunk, n - start)
+        k1, k2, key = mx.random.split(key, 3)
+        for cache in caches:
+            k = mx.random.normal((*shape[:2], size, shape[3]), key=k1).astype(dtype)
+            v = mx.random.normal((*shape[:2], size, shape[3]), key=k2).astype(dtype)
+            cache.update_and_fetch(k, v)
+        mx.eval([c.state for c in caches])
+    return key
+
+
 def bench_memory(
     model: nn.Module,
     contexts: list[int],
@@ -316,13 +329,9 @@ def bench_memory(
     geometry and K/V dtype (what a cache holds does not depend on the values; A2ATS codes are
     assigned as usual), so no model forward is needed beyond one token to find the dtype.
     Besides the bytes the arrays hold, each result's `measured` gives what was measured for
-    that fill, MLX's buffer cache emptied before it: `mlx_active_growth` (MLX's allocator: the
-    bytes it holds after the fill minus before), `anon_growth` and `anon_peak_growth` (the
-    process's private resident memory, `RssAnon` on Linux, the footprint on macOS, after the
-    fill and at its sampled peak, minus before; None where the OS gives none: only the first
-    method's fill is clean, later ones reuse pages the C allocator kept from earlier fills, so
-    `a2ats bench cold` runs a process per method where the process figure matters), and MLX's
-    `mlx_active` and `mlx_peak` bytes.
+    that fill (`process_memory.growth`: MLX's active-memory growth, and the process's private
+    memory growth, clean only for the first fill of a process, so `a2ats bench cold` runs a
+    process per method where that figure matters) and MLX's `mlx_active` and `mlx_peak` bytes.
     """
     from ..cache.geometry import model_geometry
 
@@ -334,29 +343,12 @@ def bench_memory(
     results = []
     for n in contexts:
         for method in methods:
-            k = v = None  # the last fill's chunk: freed before the next fill is measured
-            mx.clear_cache()
             mx.reset_peak_memory()
-            before, active = anonymous_bytes(), mx.get_active_memory()
-            with PeakSampler() as sampler:
+            with growth() as measured:
                 caches = _memory_caches(model, method, config, codebook)
-                for start in range(0, n, chunk):
-                    size = min(chunk, n - start)
-                    k1, k2, key = mx.random.split(key, 3)
-                    for cache in caches:
-                        k = mx.random.normal((*shape[:2], size, shape[3]), key=k1).astype(dtype)
-                        v = mx.random.normal((*shape[:2], size, shape[3]), key=k2).astype(dtype)
-                        cache.update_and_fetch(k, v)
-                    mx.eval([c.state for c in caches])
-                mx.clear_cache()  # freed fill buffers: what stays is what the caches hold
-            after = anonymous_bytes()
+                key = _fill_random(caches, n, shape, dtype, key, chunk)
             result = _memory_result(method, n, caches)
-            result.measured = {
-                "anon_growth": None if before is None or after is None else after - before,
-                "anon_peak_growth": None if before is None else sampler.peak - before,
-                "mlx_active_growth": int(mx.get_active_memory() - active),
-                **mlx_memory(),
-            }
+            result.measured = {**measured, **mlx_memory()}
             results.append(result)
             del caches
     return results

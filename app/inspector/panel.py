@@ -124,6 +124,7 @@ class InspectorPanel(QWidget):
         self._timer.setInterval(self.throttle.interval_ms)
         self._timer.timeout.connect(self._redraw)
         self.setMinimumWidth(PANEL_MIN_WIDTH)
+        self._plots = self.findChildren(ThemedPlot)  # once: they stay ours when detached
         self._redraw()
 
     def sizeHint(self) -> QSize:  # noqa: N802 (Qt override: the dock's first size)
@@ -337,7 +338,7 @@ class InspectorPanel(QWidget):
         self.scrubber.refresh()
         self._emit_highlight()
         self._timer.setInterval(self.throttle.after_redraw())
-        widened = [plot.refresh_least_width() for plot in self.findChildren(ThemedPlot)]
+        widened = [plot.refresh_least_width() for plot in self._plots]
         if self.columns == 2 or any(widened):  # new data may have widened a panel's axes
             QTimer.singleShot(0, self.reflow)
 

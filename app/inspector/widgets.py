@@ -353,8 +353,8 @@ class ThemedPlot(pg.PlotWidget):
 
 
 class PanelBody(QWidget):
-    """One inspector panel's body (what a `Section` holds): it draws the viewed step of
-    `state` in `render()` and asks the owning `InspectorPanel` for a redraw through
+    """One inspector panel's body (what a `Section` holds): each subclass draws the viewed step
+    of `state` in its `render()` and asks the owning `InspectorPanel` for a redraw through
     `redraw_requested` when one of its own controls changes."""
 
     redraw_requested = Signal()
@@ -363,9 +363,6 @@ class PanelBody(QWidget):
         super().__init__(parent)
         self.state = state
         self._key: tuple | None = None  # what was drawn last (redraw only when it changes)
-
-    def render(self) -> None:
-        raise NotImplementedError
 
 
 def heat_plot(
