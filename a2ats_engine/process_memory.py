@@ -50,6 +50,19 @@ def _mac_footprint() -> int | None:
     return int(buf[2 + 7])  # uuid (2 words), then ri_phys_footprint is the 8th field
 
 
+def storage_read_bytes() -> int | None:
+    """Bytes this process has caused to be read from storage (`read_bytes` of /proc/self/io:
+    page-cache hits are not counted). None where there is no such figure (macOS)."""
+    try:
+        with open("/proc/self/io", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("read_bytes:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def anonymous_bytes() -> int | None:
     """Private resident bytes of this process (None where the platform gives no figure)."""
     if sys.platform.startswith("linux"):

@@ -29,16 +29,40 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from ..cache.a2ats_cache import A2ATSCache
+from ..cache.cold import ColdRows
 from ..cache.config import A2ATSConfig
 from ..cache.model_cache import make_cache
-from ..process_memory import PeakSampler, anonymous_bytes, mlx_memory, peak_resident_bytes
+from ..process_memory import (
+    PeakSampler,
+    anonymous_bytes,
+    mlx_memory,
+    peak_resident_bytes,
+    storage_read_bytes,
+)
 from .geometries import fill_synthetic, geometry_model
 from .speed import fp16_bytes_per_token
 
 METHODS = ("full", "a2ats", "a2ats_cold")
 
 
-def run_one(geometry: str, context: int, method: str, steps: int, config_json: str) -> dict:
+def with_candidate_bits(caches: list, bits: int | None) -> list:
+    """Cold-tier layers of `caches` (still empty) reading the rerank's candidate keys from a
+    resident `bits`-bit copy instead of the map (None: unchanged, the shipped choice)."""
+    if bits is not None:
+        for c in caches:
+            if isinstance(c, A2ATSCache) and c.rows.kind == "cold":
+                c.rows = ColdRows(c.kv_share, c.rows.label, candidate_bits=bits)
+    return caches
+
+
+def run_one(
+    geometry: str,
+    context: int,
+    method: str,
+    steps: int,
+    config_json: str,
+    candidate_bits: int | None = None,
+) -> dict:
     """One measured run in this process (the child side of `measure`)."""
     config = A2ATSConfig.from_dict(json.loads(config_json))
     if method == "a2ats_cold":
@@ -52,7 +76,7 @@ def run_one(geometry: str, context: int, method: str, steps: int, config_json: s
         else:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                caches = make_cache(model, config, None)
+                caches = with_candidate_bits(make_cache(model, config, None), candidate_bits)
         start = time.perf_counter()
         fill_synthetic(model, caches, context, chunk=512)
         fill_s = time.perf_counter() - start
@@ -94,9 +118,21 @@ def run_one(geometry: str, context: int, method: str, steps: int, config_json: s
     }
 
 
-def speed_one(geometry: str, context: int, steps: int, repeats: int, config_json: str) -> dict:
+def speed_one(
+    geometry: str,
+    context: int,
+    steps: int,
+    repeats: int,
+    config_json: str,
+    candidate_bits: int | None = None,
+    page_cache: str = "warm",
+) -> dict:
     """Decode speed of in-memory A2ATS and the cold tier in ONE process, interleaved a few
-    steps at a time (load changes hit both alike): per repeat, the ratio cold / in memory."""
+    steps at a time (load changes hit both alike): per repeat, the ratio cold / in memory.
+
+    page_cache "cold": then, per repeat, `steps` more steps taking turns one at a time, the
+    cold tier's file pages dropped from the page cache before each of its steps (Linux), so it
+    reads its rows from the disk (`cold_page_cache` in the result)."""
     from .speed import _decode_interleaved
 
     config = A2ATSConfig.from_dict(json.loads(config_json))
@@ -105,7 +141,9 @@ def speed_one(geometry: str, context: int, steps: int, repeats: int, config_json
         warnings.simplefilter("ignore")
         caches = {
             "a2ats": make_cache(model, config, None),
-            "a2ats_cold": make_cache(model, replace(config, kv_memory=0), None),
+            "a2ats_cold": with_candidate_bits(
+                make_cache(model, replace(config, kv_memory=0), None), candidate_bits
+            ),
         }
     for cache in caches.values():
         fill_synthetic(model, cache, context, chunk=512)
@@ -116,15 +154,53 @@ def speed_one(geometry: str, context: int, steps: int, repeats: int, config_json
         rate = _decode_interleaved(model, caches, tokens)
         rates.append(rate)
         ratios.append(rate["a2ats_cold"] / rate["a2ats"])
+    dropped = _dropped_page_cache(model, caches, steps, repeats) if page_cache == "cold" else None
     return {
         "context": context,
         "steps": steps,
+        "candidate_bits": candidate_bits,
+        "cold_page_cache": dropped,
+        "cold_resident_bytes": int(
+            sum(c.resident_bytes for c in caches["a2ats_cold"] if isinstance(c, A2ATSCache))
+        ),
         "ratio_runs": [round(x, 3) for x in ratios],
         "ratio_median": round(sorted(ratios)[len(ratios) // 2], 3),
         "tokens_per_s": [{k: round(v, 3) for k, v in rate.items()} for rate in rates],
         "disk_read_bytes_per_step": int(
             _read_bytes(caches["a2ats_cold"]) / max(repeats * (steps + 2), 1)
         ),
+    }
+
+
+def _dropped_page_cache(model, caches: dict[str, list], steps: int, repeats: int) -> dict:
+    """In-memory and cold-tier steps one at a time, the cold tier's pages dropped before each
+    of its steps: tok/s per repeat, their ratio and the bytes really read from storage."""
+    from .speed import _decode_chunk
+
+    last = {name: mx.array([11]) for name in caches}
+    ratios, rates, storage, dropped = [], [], 0, True
+    for _ in range(repeats):
+        seconds = dict.fromkeys(caches, 0.0)
+        for _ in range(steps):
+            sec, last["a2ats"] = _decode_chunk(model, caches["a2ats"], last["a2ats"], 1)
+            seconds["a2ats"] += sec
+            rows = [c.rows for c in caches["a2ats_cold"] if isinstance(c, A2ATSCache)]
+            dropped &= all([r.drop_page_cache() for r in rows if r.kind == "cold"])
+            before = storage_read_bytes() or 0
+            sec, last["a2ats_cold"] = _decode_chunk(
+                model, caches["a2ats_cold"], last["a2ats_cold"], 1
+            )
+            seconds["a2ats_cold"] += sec
+            storage += (storage_read_bytes() or 0) - before
+        rate = {name: steps / max(sec, 1e-9) for name, sec in seconds.items()}
+        rates.append({k: round(v, 3) for k, v in rate.items()})
+        ratios.append(rate["a2ats_cold"] / rate["a2ats"])
+    return {
+        "dropped": dropped,
+        "ratio_runs": [round(x, 3) for x in ratios],
+        "ratio_median": round(sorted(ratios)[len(ratios) // 2], 3),
+        "tokens_per_s": rates,
+        "storage_read_bytes_per_step": int(storage / max(repeats * steps, 1)),
     }
 
 
@@ -152,6 +228,8 @@ def measure(
     data_limit: int | None = None,
     timeout: float = 3600,
     repeats: int = 1,
+    candidate_bits: int | None = None,
+    page_cache: str = "warm",
 ) -> dict:
     """Run `run_one` (or `speed_one` for method "speed", `steps` then per repeat) in a child
     process; a failed child gives {"failed": reason}."""
@@ -162,11 +240,12 @@ def measure(
         f"print('RESULT ' + json.dumps({fn}(*json.loads(sys.argv[1]))))"
     )
     if method == "speed":
-        args = json.dumps([geometry, context, steps, repeats, json.dumps(config.to_dict())])
+        args = [geometry, context, steps, repeats, json.dumps(config.to_dict()), candidate_bits]
+        args.append(page_cache)
     else:
-        args = json.dumps([geometry, context, method, steps, json.dumps(config.to_dict())])
+        args = [geometry, context, method, steps, json.dumps(config.to_dict()), candidate_bits]
     proc = subprocess.run(
-        [sys.executable, "-c", code, args],
+        [sys.executable, "-c", code, json.dumps(args)],
         capture_output=True,
         text=True,
         timeout=timeout,

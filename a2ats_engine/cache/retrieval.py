@@ -217,7 +217,7 @@ class Retrieval:
                 cover = (scale, cfg.coverage, min(cfg.coverage_floor, lay.k))
 
             def gather_keys(positions: mx.array) -> mx.array:
-                return cache.rows.gather(KEYS, positions)
+                return cache.rows.candidate_keys(positions)
 
             top = timed(
                 cache.layer,

@@ -13,10 +13,14 @@ holds the format (bits, group size) and does every operation with `tree_map` ove
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 from mlx.utils import tree_flatten, tree_map
+
+from .host_attention import cpu_only
 
 Stored = mx.array | tuple[mx.array, mx.array, mx.array]
 KEYS, VALUES = 0, 1  # which rows `gather` reads
@@ -122,8 +126,35 @@ def gather_rows(stored: Stored, positions: mx.array, storage: RowStorage) -> mx.
     broadcast index; docs/ARCHITECTURE.md, "The method"). Quantized storage is dequantized after.
     """
     B, n_kv, M = positions.shape
+    if not storage.quantized and host_gather() and stored.dtype in (mx.float32, mx.float16):
+        rows = np.asarray(stored)  # MLX's buffer, read in place (evaluates pending writes)
+        if rows.flags.c_contiguous:
+            cap, d = rows.shape[2], rows.shape[3]
+            pos = np.asarray(positions).astype(np.int64)  # host sync
+            flat = (pos + (np.arange(B * n_kv) * cap).reshape(B, n_kv, 1)).reshape(-1)
+            return mx.array(np.take(rows.reshape(-1, d), flat, axis=0).reshape(B, n_kv, M, d))
     flat = (positions + _row_base(B, n_kv, storage.capacity(stored))).reshape(-1)
     return storage.take(stored, flat, (B, n_kv, M))
+
+
+GATHER_ENV = "A2ATS_GATHER"
+
+
+@functools.lru_cache(maxsize=1)
+def host_gather() -> bool:
+    """Gather resident float rows with NumPy (`A2ATS_GATHER=numpy`, CPU-only MLX) instead of
+    `mx.take`; read once per process. Default MLX."""
+    choice = os.environ.get(GATHER_ENV, "").strip().lower()
+    return choice == "numpy" and cpu_only()
+
+
+def grown(stored: Stored | None, incoming: Stored, start: int, end: int) -> Stored:
+    """`stored` (None: nothing yet) with room for rows [start, end): its rows past `start`
+    dropped, then zero rows for the rest, a multiple of STEP, in `incoming`'s format."""
+    B, n_kv = RowStorage.arrays(incoming)[0].shape[:2]
+    size = ((end - start + STEP - 1) // STEP) * STEP
+    new = RowStorage.zeros_like(incoming, B, n_kv, size)
+    return new if stored is None else RowStorage.concat(RowStorage.rows(stored, start), new)
 
 
 class ResidentRows:
@@ -147,21 +178,12 @@ class ResidentRows:
         k, v = self.fmt.encode(keys), self.fmt.encode(values)
         end = start + keys.shape[2]
         if self.keys is None or end > self.capacity:
-            self._grow(k, v, start, end)
+            self.keys, self.values = (
+                grown(self.keys, k, start, end),
+                grown(self.values, v, start, end),
+            )
         RowStorage.write(self.keys, k, start, end)
         RowStorage.write(self.values, v, start, end)
-
-    def _grow(self, k: Stored, v: Stored, start: int, end: int) -> None:
-        B, n_kv = RowStorage.arrays(k)[0].shape[:2]
-        size = ((end - start + STEP - 1) // STEP) * STEP
-        new_k = RowStorage.zeros_like(k, B, n_kv, size)
-        new_v = RowStorage.zeros_like(v, B, n_kv, size)
-        if self.keys is None:
-            self.keys, self.values = new_k, new_v
-            return
-        old_k, old_v = RowStorage.rows(self.keys, start), RowStorage.rows(self.values, start)
-        self.keys = RowStorage.concat(old_k, new_k)
-        self.values = RowStorage.concat(old_v, new_v)
 
     def fetch(self, end: int) -> tuple[mx.array, mx.array]:
         """Float K/V rows [0, end): `[B, n_kv, end, d]` each."""
@@ -171,6 +193,10 @@ class ResidentRows:
     def gather(self, which: int, positions: mx.array) -> mx.array:
         """Float rows at positions [B, n_kv, M] of the keys (KEYS) or values -> [B, n_kv, M, d]."""
         return gather_rows(self.values if which else self.keys, positions, self.fmt)
+
+    def candidate_keys(self, positions: mx.array) -> mx.array:
+        """The rerank's candidate keys at positions [B, n_kv, M] (the stored keys)."""
+        return self.gather(KEYS, positions)
 
     def for_attention(self, keys: mx.array, values: mx.array, start: int):
         """What the model's attention call gets after rows [start, start + L) were appended:

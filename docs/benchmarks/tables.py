@@ -689,8 +689,11 @@ def cold_limited_summary(data: dict) -> str:
     greedy tokens against in-memory A2ATS's uncapped run at the same context
     (cold_tier_qwen3.json)."""
     limit = data["data_limit_bytes"]
-    uncapped = _load("cold_tier_qwen3.json") or {"runs": []}
-    warm = {r["context"]: r for r in uncapped["runs"] if r["method"] == "a2ats"}
+    warm, source = {}, {}
+    for name in ("cold_tier_qwen3.json", "cold_tier_qwen3_64k.json"):
+        for r in (_load(name) or {"runs": []})["runs"]:
+            if r["method"] == "a2ats" and "failed" not in r:
+                warm[r["context"]], source[r["context"]] = r, name
     lines = []
     for r in data["runs"]:
         n = r["context"]
@@ -704,7 +707,7 @@ def cold_limited_summary(data: dict) -> str:
         if n in warm:
             same = "the same" if r["tokens"] == warm[n]["tokens"] else "**different**"
             line += (f"; {same} {len(r['tokens'])} greedy tokens as in-memory A2ATS without a "
-                     f"cap (cold_tier_qwen3.json)")  # fmt: skip
+                     f"cap ({source[n]})")  # fmt: skip
         lines.append(line + ".")
     return "\n".join(lines)
 
@@ -714,16 +717,44 @@ def cold_speed_table(data: dict) -> str:
     rows = [
         f"`{data['command']}`; {data['machine']}.",
         "",
-        "| context | cold / in memory (median) | every run | tok/s in memory, cold (each run) "
-        "| read from disk / step |",
-        "|---:|---:|---|---|---:|",
+        "| context | rerank candidates' keys | cold / in memory (median) | every run "
+        "| tok/s in memory, cold (each run) | cold tier's A2ATS layers in memory | read from "
+        "disk / step |",
+        "|---:|---|---:|---|---|---:|---:|",
     ]
     for r in data["speed"]:
         each = "; ".join(f"{t['a2ats']:.3f}, {t['a2ats_cold']:.3f}" for t in r["tokens_per_s"])
         runs = ", ".join(f"{x:.2f}" for x in r["ratio_runs"])
+        bits = r.get("candidate_bits")
+        source = "from the file" if bits is None else f"resident {bits}-bit copy"
+        resident = r.get("cold_resident_bytes")
         rows.append(
-            f"| {r['context']:,} | {r['ratio_median']:.2f}x | {runs} | {each} | "
+            f"| {r['context']:,} | {source} | {r['ratio_median']:.2f}x | {runs} | {each} | "
+            f"{'-' if resident is None else f'{resident / 2**20:,.1f} MiB'} | "
             f"{r['disk_read_bytes_per_step'] / 2**20:,.1f} MiB |"
+        )
+    return "\n".join(rows)
+
+
+def cold_page_cache_table(data: dict) -> str:
+    """`--page-cache cold`: steps with the cold tier's file pages dropped before each."""
+    rows = [
+        f"`{data['command']}`; {data['machine']}; steps taking turns one at a time, the cold "
+        "tier's pages dropped from the page cache (POSIX_FADV_DONTNEED) before each of its steps.",
+        "",
+        "| context | pages dropped | cold / in memory (median) | every run | tok/s in memory, cold "
+        "(each run) | read from storage / step |",
+        "|---:|---|---:|---|---|---:|",
+    ]
+    for r in data["speed"]:
+        d = r.get("cold_page_cache")
+        if not d:
+            continue
+        each = "; ".join(f"{t['a2ats']:.3f}, {t['a2ats_cold']:.3f}" for t in d["tokens_per_s"])
+        rows.append(
+            f"| {r['context']:,} | {'yes' if d['dropped'] else 'no'} | {d['ratio_median']:.2f}x | "
+            f"{', '.join(f'{x:.2f}' for x in d['ratio_runs'])} | {each} | "
+            f"{d['storage_read_bytes_per_step'] / 2**20:,.1f} MiB |"
         )
     return "\n".join(rows)
 
@@ -1037,6 +1068,11 @@ def blocks() -> dict[str, str]:
         ("cold-speed", "cold_speed_qwen3.json", cold_speed_table),
         ("readme-cold-speed", "cold_speed_qwen3.json", readme_cold_speed_line),
         ("cold-speed-32k", "cold_speed_qwen3_32k.json", cold_speed_table),
+        ("cold-page-cache", "cold_speed_qwen3.json", cold_page_cache_table),
+        ("cold-speed-32k-kv4", "cold_speed_qwen3_32k_kv4keys.json", cold_speed_table),
+        ("cold-64k", "cold_tier_qwen3_64k.json", cold_table),
+        ("cold-limited-64k", "cold_tier_limited_64k.json", cold_table),
+        ("cold-limited-64k-summary", "cold_tier_limited_64k.json", cold_limited_summary),
         ("readme-cold-speed-32k", "cold_speed_qwen3_32k.json", readme_cold_speed_line),
         ("reopen", "reopen.json", reopen_table),
         ("reopen-gemma", "reopen_gemma3_270m.json", reopen_table),

@@ -34,6 +34,21 @@ def register(bench: argparse._SubParsersAction) -> None:
         "--data-limit", type=float, default=None, help="private-memory cap per run, in GiB"
     )
     p.add_argument(
+        "--candidate-bits",
+        type=int,
+        choices=(2, 4, 8),
+        default=None,
+        help="cold tier: the rerank reads its candidates' keys from a resident copy of every "
+        "key at this many bits instead of the file (measures the alternative; default: file)",
+    )
+    p.add_argument(
+        "--page-cache",
+        choices=("warm", "cold"),
+        default="warm",
+        help="with --speed, cold: also time steps with the cold tier's file pages dropped from "
+        "the page cache before each (Linux), so its rows come from the disk",
+    )
+    p.add_argument(
         "--speed",
         action="store_true",
         help="instead: decode speed of the cold tier vs in-memory A2ATS in one process, "
@@ -55,6 +70,8 @@ def _check(args: argparse.Namespace) -> tuple[list[int], list[str]]:
     _limits.count("--repeats", args.repeats, 1, 20)
     if args.data_limit is not None:
         _limits.number("--data-limit", args.data_limit, 0.1, 4096)
+    if args.page_cache == "cold" and not args.speed:
+        raise ValueError("--page-cache cold needs --speed (it times decode steps)")
     return contexts, methods
 
 
@@ -67,7 +84,17 @@ def run(args: argparse.Namespace) -> int:
     config = A2ATSConfig()
     if args.speed:
         rows = [
-            measure(args.geometry, n, "speed", args.steps, config, limit, repeats=args.repeats)
+            measure(
+                args.geometry,
+                n,
+                "speed",
+                args.steps,
+                config,
+                limit,
+                repeats=args.repeats,
+                candidate_bits=args.candidate_bits,
+                page_cache=args.page_cache,
+            )
             for n in contexts
         ]
         out = {"geometry": args.geometry, **bench_run("cold"), "config": config.to_dict(),
@@ -79,7 +106,15 @@ def run(args: argparse.Namespace) -> int:
     for context in contexts:
         for _ in range(args.repeats):
             for method in methods:
-                r = measure(args.geometry, context, method, args.steps, config, limit)
+                r = measure(
+                    args.geometry,
+                    context,
+                    method,
+                    args.steps,
+                    config,
+                    limit,
+                    candidate_bits=args.candidate_bits,
+                )
                 runs.append(r)
                 if not args.json:
                     _print_run(r)
@@ -87,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         "geometry": args.geometry,
         "steps": args.steps,
         "data_limit_bytes": limit,
+        "candidate_bits": args.candidate_bits,
         "config": config.to_dict(),
         **bench_run("cold"),
         "runs": runs,

@@ -56,6 +56,75 @@ def cold_config(limit=0, **kw):
     return A2ATSConfig(**{**CONFIG.to_dict(), "kv_memory": limit, **kw})
 
 
+def test_a_gather_reads_each_row_once_and_the_selection_reuses_the_candidates_keys():
+    """Rows equal resident rows for repeated, unsorted positions; each distinct row is read once;
+    the keys of a second call that were read by the first are not read again; a value call,
+    an append or a truncate never reuses key rows."""
+    from a2ats_engine.cache.storage import KEYS, VALUES, ResidentRows, RowStorage
+
+    B, n_kv, n, d = 1, 2, 600, 8
+    k = mx.random.normal((B, n_kv, n, d), key=mx.random.key(1))
+    v = mx.random.normal((B, n_kv, n, d), key=mx.random.key(2))
+    rows, ref = cold.ColdRows(0, "t"), ResidentRows(RowStorage())
+    rows.append(k, v, 0)
+    ref.append(k, v, 0)
+    assert rows.spilled
+    row = d * 4  # float32 bytes of one head's row
+
+    def at(*lists):
+        return mx.array([list(x) for x in lists], dtype=mx.int32)[None]
+
+    candidates = at([590, 3, 3, 200, 17, 590], [5, 400, 5, 6, 7, 8])  # repeats, unsorted
+    before = rows.read_bytes
+    got = rows.gather(KEYS, candidates)
+    assert mx.array_equal(got, ref.gather(KEYS, candidates))
+    assert rows.read_bytes - before == (4 + 5) * row  # distinct rows only
+
+    chosen = at([3, 590, 599], [400, 8, 9])  # 599 and 9 are new (the window, say)
+    before = rows.read_bytes
+    assert mx.array_equal(rows.gather(KEYS, chosen), ref.gather(KEYS, chosen))
+    assert rows.read_bytes - before == 2 * row
+    before = rows.read_bytes
+    assert mx.array_equal(rows.gather(VALUES, chosen), ref.gather(VALUES, chosen))
+    assert rows.read_bytes - before == 6 * row
+    assert mx.array_equal(rows.gather(KEYS, chosen), ref.gather(KEYS, chosen))
+
+    rows.gather(KEYS, candidates)  # keys read, then the rows change under the same positions
+    rows.truncate(300)
+    ref.truncate(300)
+    k2 = mx.random.normal((B, n_kv, n - 300, d), key=mx.random.key(3))
+    rows.append(k2, k2, 300)
+    ref.append(k2, k2, 300)
+    assert mx.array_equal(rows.gather(KEYS, candidates), ref.gather(KEYS, candidates))
+    rows.close()
+
+
+def test_low_bit_candidate_keys_are_resident_and_read_nothing_from_the_map():
+    """The measured alternative: candidates' keys from a resident 4-bit copy (counted in the
+    resident bytes), nothing read from the file for them; the selection's gather stays exact."""
+    from a2ats_engine.cache.storage import KEYS, ResidentRows, RowStorage
+
+    k = mx.random.normal((1, 2, 300, 64), key=mx.random.key(4))
+    rows, plain = cold.ColdRows(0, "t", candidate_bits=4), cold.ColdRows(0, "p")
+    for r in (rows, plain):
+        r.append(k, k, 0)
+    positions = mx.array([[[7, 250, 3], [299, 0, 8]]], dtype=mx.int32)
+    before = rows.read_bytes
+    low = rows.candidate_keys(positions)
+    assert rows.read_bytes == before
+    ref = ResidentRows(RowStorage())
+    ref.append(k, k, 0)
+    exact = ref.gather(KEYS, positions)
+    error = float(mx.abs(low - exact).max())
+    assert 0 < error < 0.5  # quantized, not the exact rows
+    assert mx.array_equal(rows.gather(KEYS, positions), exact)
+    assert rows.resident_bytes >= 300 * 2 * 64 // 2  # 4 bits a key element, at least
+    assert plain.resident_bytes == 0
+    assert mx.array_equal(plain.candidate_keys(positions), exact)
+    rows.close()
+    plain.close()
+
+
 @pytest.mark.filterwarnings("ignore:codebook records no model fingerprint")
 def test_cold_tier_decodes_exactly_like_rows_in_memory(model, book):
     warm = make_cache(model, CONFIG, book)
@@ -269,9 +338,43 @@ def test_bench_cold_checks_every_flag_before_any_work(capsys, monkeypatch):
         (["--geometry", "gpt5"], "--geometry: unknown 'gpt5'"),
         (["--steps", "0"], "--steps=0 is out of range"),
         (["--data-limit", "-1"], "--data-limit=-1.0 is out of range"),
+        (["--page-cache", "cold"], "--page-cache cold needs --speed"),
     ):
         assert main(["bench", "cold", *flags]) != 0
         assert message in capsys.readouterr().err
+
+
+def test_bench_cold_speed_with_low_bit_candidates_and_a_dropped_page_cache(tmp_path, monkeypatch):
+    """The speed run on the tiny geometry: the low-bit candidate copy is counted in the cold
+    tier's resident bytes, and the dropped-page-cache steps run and say whether they dropped."""
+    from a2ats_engine.bench.cold_tier import measure
+
+    monkeypatch.setenv("A2ATS_CACHE_DIR", str(tmp_path / "cache"))
+    config = A2ATSConfig(exact_below=0)
+    plain = measure("tiny", 512, "speed", 4, config, page_cache="cold")
+    low = measure("tiny", 512, "speed", 4, config, candidate_bits=4)
+    assert low["candidate_bits"] == 4 and plain["candidate_bits"] is None
+    assert low["cold_resident_bytes"] > plain["cold_resident_bytes"]
+    assert low["cold_page_cache"] is None
+    dropped = plain["cold_page_cache"]
+    assert dropped["dropped"] is sys.platform.startswith("linux")
+    assert len(dropped["ratio_runs"]) == 1 and dropped["ratio_median"] > 0
+
+
+def test_dropping_the_page_cache_keeps_every_row(model, book):
+    """After the file's pages are dropped (and the map closed) the rows read back the same."""
+    from a2ats_engine.cache.storage import KEYS, VALUES
+
+    rows = cold.ColdRows(0, "d")
+    assert not rows.drop_page_cache()  # nothing on disk yet
+    k = mx.random.normal((1, 2, 300, 8), key=mx.random.key(6))
+    rows.append(k, -k, 0)
+    positions = mx.array([[[1, 299, 150], [0, 7, 8]]], dtype=mx.int32)
+    before = rows.gather(KEYS, positions), rows.gather(VALUES, positions)
+    assert rows.drop_page_cache() is hasattr(os, "posix_fadvise")
+    assert mx.array_equal(rows.gather(KEYS, positions), before[0])
+    assert mx.array_equal(rows.gather(VALUES, positions), before[1])
+    rows.close()
 
 
 def test_bench_cold_measures_each_method_in_its_own_process(tmp_path, monkeypatch):
