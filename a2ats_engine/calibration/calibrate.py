@@ -172,18 +172,9 @@ def codebook_from_data(
     model_name: str | None = None,
 ) -> Codebook:
     """`calibrate`'s codebook from data already collected: the fit with `spec`, the metadata
-    (model, config's far distances, sinks and window, `corpus`, tokens), indexed by model
-    layer (`spread_to_layers`); with `compare_plain` the plain-VQ held-out error too."""
-    metadata = {
-        "model": model_fingerprint(model, name=model_name),
-        "far_offset": config.far_offset,
-        "far_buckets": config.far_buckets,
-        "sinks": config.sinks,
-        "window": config.window,
-        "corpus": corpus,
-        "tokens": data.tokens,
-        "chunk_len": data.chunk_len,
-    }
+    (`calibration_metadata`), indexed by model layer (`spread_to_layers`); with
+    `compare_plain` the plain-VQ held-out error too."""
+    metadata = calibration_metadata(model, data, config, corpus, model_name)
     book = fit_codebook(
         data, spec, seed=seed, max_iters=max_iters, progress=progress, cancel=cancel,
         metadata=metadata,
@@ -197,6 +188,23 @@ def codebook_from_data(
         if "heldout_score_error" in plain.metadata:
             book.metadata["heldout_score_error_plain"] = plain.metadata["heldout_score_error"]
     return book
+
+
+def calibration_metadata(
+    model: Any, data: CalibrationData, config: A2ATSConfig, corpus: str, model_name: str | None
+) -> dict[str, Any]:
+    """What a calibrated codebook records of its making: the model, config's far distances,
+    sinks and window, the corpus, tokens and chunk length."""
+    return {
+        "model": model_fingerprint(model, name=model_name),
+        "far_offset": config.far_offset,
+        "far_buckets": config.far_buckets,
+        "sinks": config.sinks,
+        "window": config.window,
+        "corpus": corpus,
+        "tokens": data.tokens,
+        "chunk_len": data.chunk_len,
+    }
 
 
 # -- demo default ---------------------------------------------------------------------------

@@ -13,7 +13,7 @@ bound and the cancel rules.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -139,6 +139,7 @@ def collect(
     seed: int = 0,
     progress: Progress | None = None,
     cancel: CancelFlag | None = None,
+    capturer: Callable[[Any, A2ATSConfig], ChunkCapturer] | None = None,
 ) -> CalibrationData:
     """Run the model over `texts` (at most `tokens` tokens, in chunks of `chunk_len` that each
     start a fresh context) and collect keys and query moments (see the module docstring).
@@ -146,7 +147,8 @@ def collect(
     A share `heldout` of the chunks (evenly spread; none when there is a single chunk) goes to
     held-out data for evaluation. `config` gives sinks, window and the far distances the
     queries are rotated to; `spec` (its n_centroids) sizes the default `keys_per_head`.
-    Raises CalibrationCancelled when `cancel` is set."""
+    Raises CalibrationCancelled when `cancel` is set. `capturer` (default `ChunkCapturer`)
+    makes the object that runs the chunks (a pipeline rank's captures only its own layers)."""
     config = config or A2ATSConfig()
     spec = spec or CodebookSpec()
     _check_positive("tokens", tokens, 2)
@@ -157,7 +159,7 @@ def collect(
     _check_positive("keys_per_head", keys_per_head, 1)
     stream = token_stream(tokenizer, texts, tokens, progress=progress, cancel=cancel)
     plan = plan_collection(len(stream), chunk_len, heldout, config.sinks, keys_per_head, seed)
-    return _run(model, stream, plan, config, progress, cancel)
+    return _run(model, stream, plan, config, progress, cancel, capturer or ChunkCapturer)
 
 
 @dataclass(frozen=True)
@@ -253,9 +255,10 @@ def _run(
     config: A2ATSConfig,
     progress: Progress | None,
     cancel: CancelFlag | None,
+    make_capturer: Callable[[Any, A2ATSConfig], ChunkCapturer],
 ) -> CalibrationData:
     total = int(plan.chunks[-1][1])
-    with ChunkCapturer(model, config) as capturer:
+    with make_capturer(model, config) as capturer:
         train, held = Accumulator(len(capturer.served)), Accumulator(len(capturer.served))
         for index, (start, end) in enumerate(plan.chunks):
             in_held = index in plan.heldout_ids
@@ -296,13 +299,13 @@ class ChunkCapturer:
     were installed before): `with ChunkCapturer(model, config) as cap: captures = cap.run(ids)`.
     """
 
-    def __init__(self, model: Any, config: A2ATSConfig) -> None:
+    def __init__(self, model: Any, config: A2ATSConfig, layers: Collection[int] | None = None):
         from ..cache.layer_plan import rope_spec_of
 
         self.model = model
         self.config = config
         geometry = model_geometry(model)
-        self.served = served_layers(model)
+        self.served = [c for c in served_layers(model) if layers is None or c.layer in layers]
         self.specs = [rope_spec_of(model, c) for c in self.served]
         self.distances = retrieval_distances(
             config.window, config.far_offset, config.far_buckets, geometry.max_context
@@ -332,27 +335,36 @@ class ChunkCapturer:
     ) -> list[CaptureCache]:
         """One chunk `ids [L]` in steps of STEP_TOKENS (cancel polled before each; `on_step`
         gets the tokens done) -> the filled CaptureCache of every A2ATS layer."""
-        from ..cache.layer_plan import native_caches
-
         length = len(ids)
         query_start = min(self.config.sinks + self.config.window, length // 2)
         captures = [
             CaptureCache(s, self.distances, c.n_kv_heads, query_start)
             for s, c in zip(self.specs, self.served, strict=True)
         ]
-        caches = native_caches(self.model)  # the model's own caches on the layers A2ATS leaves
-        for choice, capture in zip(self.served, captures, strict=True):
-            caches[choice.layer] = capture
+        caches = self.cache_list(captures)
         tokens = mx.array(ids)[None]
         for s in range(0, length, STEP_TOKENS):
             check_cancel(cancel)
-            self.body(tokens[:, s : s + STEP_TOKENS], cache=caches)
-            mx.eval(
-                [c.keys for c in captures] + [c.moment for c in captures if c.moment is not None]
-            )
+            out = self.body(tokens[:, s : s + STEP_TOKENS], cache=caches)
+            mx.eval(self.to_evaluate(out, captures))
             if on_step is not None:
                 on_step(min(s + STEP_TOKENS, length))
         return captures
+
+    def cache_list(self, captures: list[CaptureCache]) -> list:
+        """One cache per model layer: the captures on the served layers, the model's own caches
+        on the layers A2ATS leaves (a pipeline rank also puts its peers' slots here)."""
+        from ..cache.layer_plan import native_caches
+
+        caches = native_caches(self.model)
+        for choice, capture in zip(self.served, captures, strict=True):
+            caches[choice.layer] = capture
+        return caches
+
+    def to_evaluate(self, out: mx.array, captures: list[CaptureCache]) -> list[mx.array]:
+        """What a step evaluates: the captures' keys and moments (not the output: the layers
+        after the last A2ATS layer are not needed)."""
+        return [c.keys for c in captures] + [c.moment for c in captures if c.moment is not None]
 
 
 class Accumulator:
@@ -368,7 +380,8 @@ class Accumulator:
         keys = (
             [mx.take(c.pre_rope_keys()[0], local, axis=1) for c in caches] if local.size else None
         )
-        self.add_parts(keys, [c.moment for c in caches], caches[0].query_count)
+        queries = caches[0].query_count if caches else 0  # a pipeline rank may serve none
+        self.add_parts(keys, [c.moment for c in caches], queries)
 
     def add_parts(
         self, keys: list[mx.array] | None, moments: list[mx.array | None], queries: int

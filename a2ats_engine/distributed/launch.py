@@ -1,4 +1,5 @@
-"""`a2ats chat --hosts FILE`: start `mlx.launch` with `python -m a2ats_engine.distributed`.
+"""`a2ats chat --hosts FILE` / `a2ats calibrate --hosts FILE`: start `mlx.launch` with
+`python -m a2ats_engine.distributed` (or `.distributed.calibrate`).
 
 The hosts file is mlx.launch's own (`--hostfile`): a JSON list of hosts, or an object with
 `hosts` (and optionally `backend`, `envs`), each host `{"ssh": NAME, "ips": [IP, ...]}`. A host
@@ -63,18 +64,52 @@ def launcher() -> str:
     return found
 
 
-def launch_command(args: argparse.Namespace, hosts: str | Path, port: int | None = None) -> list:
-    """The mlx.launch command line running `a2ats_engine.distributed` with `args`' options."""
+# `a2ats calibrate` options forwarded to `a2ats_engine.distributed.calibrate`
+CALIBRATE_FORWARDED = (
+    ("model", "--model"),
+    ("out", "--out"),
+    ("tokens", "--tokens"),
+    ("centroids", "--centroids"),
+    ("beta", "--beta"),
+    ("sub_dim", "--sub-dim"),
+    ("far_offset", "--far-offset"),
+    ("keys_per_head", "--keys-per-head"),
+    ("iters", "--iters"),
+    ("seed", "--seed"),
+    ("split", "--split"),
+)
+
+
+def launch_command(
+    args: argparse.Namespace,
+    hosts: str | Path,
+    port: int | None = None,
+    module: str = "a2ats_engine.distributed",
+    forwarded: tuple[tuple[str, str], ...] = FORWARDED,
+) -> list:
+    """The mlx.launch command line running `module` with `args`' `forwarded` options (a list
+    value, like repeated --text files, gives the flag once per item; True gives the bare flag)."""
     read_hosts(hosts)
     command = [launcher(), "--hostfile", str(hosts), "--python", sys.executable]
     if port is not None:
         command += ["--starting-port", str(port)]
-    command += ["-m", "a2ats_engine.distributed"]
-    for name, flag in FORWARDED:
+    command += ["-m", module]
+    for name, flag in forwarded:
         value = getattr(args, name, None)
-        if value is not None:
+        if value is True:
+            command.append(flag)
+        elif isinstance(value, list):
+            for item in value:
+                command += [flag, str(item)]
+        elif value is not None and value is not False:
             command += [flag, str(value)]
     return command
+
+
+def calibrate_command(args: argparse.Namespace, hosts: str | Path, port: int | None = None):
+    """The mlx.launch command line of `a2ats calibrate --hosts FILE`."""
+    forwarded = (*CALIBRATE_FORWARDED, ("text", "--text"), ("force", "--force"))
+    return launch_command(args, hosts, port, "a2ats_engine.distributed.calibrate", forwarded)
 
 
 def run_on_hosts(args: argparse.Namespace) -> int:
@@ -83,4 +118,4 @@ def run_on_hosts(args: argparse.Namespace) -> int:
     return subprocess.call(command)
 
 
-__all__ = ["read_hosts", "launch_command", "run_on_hosts", "FORWARDED"]
+__all__ = ["read_hosts", "launch_command", "calibrate_command", "run_on_hosts", "FORWARDED"]

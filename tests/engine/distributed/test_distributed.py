@@ -371,3 +371,84 @@ def test_lost_rank_is_reported_on_rank0_in_bounded_time(two_ranks, tmp_path, how
                 p.wait()
             for pipe in (p.stdin, p.stdout, p.stderr):
                 pipe.close()
+
+
+# -- calibration across ranks -----------------------------------------------------------------
+
+
+def test_calibrate_command_forwards_the_options(tmp_path):
+    import argparse
+
+    from a2ats_engine.distributed.launch import calibrate_command
+
+    args = argparse.Namespace(model="demo", out="b.safetensors", tokens=4096, centroids=64,
+                              text=["a.txt", "b.md"], force=True, seed=None, split="20,10")  # fmt: skip
+    command = calibrate_command(args, _hosts(tmp_path), port=41000)
+    assert command[command.index("-m") + 1] == "a2ats_engine.distributed.calibrate"
+    assert [command[i + 1] for i, x in enumerate(command) if x == "--text"] == ["a.txt", "b.md"]
+    assert "--force" in command and "--seed" not in command
+    assert command[command.index("--split") + 1] == "20,10"
+    assert command[command.index("--starting-port") + 1] == "41000"
+
+
+def test_calibrate_refuses_port_or_split_without_hosts(capsys):
+    from a2ats_engine.cli import main
+
+    for flag in (["--port", "40000"], ["--split", "2,2"]):
+        assert main(["calibrate", "--model", "demo", "--out", "x.safetensors", *flag]) != 0
+        assert "need --hosts" in capsys.readouterr().err
+
+
+def test_two_ranks_calibrate_the_codebook_of_one_process(two_ranks, tmp_path):
+    """`a2ats calibrate --hosts` on two local ranks: one file for every layer, the model's
+    fingerprint, query metrics (Cholesky factors of the query moments) equal to one process's,
+    so the hidden states crossed the ranks right; held-out error as one process's (k-means
+    draws differ per rank)."""
+    from a2ats_engine.cache.codebook_spec import CodebookSpec
+    from a2ats_engine.calibration.calibrate import calibrate
+    from a2ats_engine.calibration.corpus import load_texts
+    from a2ats_engine.loading.models import load_model
+
+    model_dir = save_tiny_model(tmp_path / "tiny", "llama", num_hidden_layers=4, seed=3)
+    text = tmp_path / "text.txt"
+    words = [
+        "ring",
+        "ranks",
+        "carry",
+        "hidden",
+        "states",
+        "while",
+        "codes",
+        "keys",
+        "and",
+        "values",
+        "stay",
+        "on",
+        "each",
+    ]
+    text.write_text(" ".join(words[(i * 7) % len(words)] for i in range(5000)))
+    out = tmp_path / "book.safetensors"
+    options = ["--model", str(model_dir), "--out", str(out), "--text", str(text)]
+    options += ["--tokens", "2048", "--centroids", "16", "--seed", "4"]
+    code = "import sys; from a2ats_engine.cli import main; sys.exit(main(sys.argv[1:]))"
+    command = [PYTHON, "-c", code, "calibrate", *options, "--hosts", str(_hosts(tmp_path))]
+    command += ["--port", str(_free_port())]
+    done = subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=tmp_path,
+                          timeout=TIMEOUT)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "from 2 ranks" in done.stdout
+    two = Codebook.load(out)
+    model, tokenizer, info = load_model(str(model_dir))
+    one = calibrate(model, tokenizer, load_texts([str(text)], tokenizer), A2ATSConfig(),
+                    spec=CodebookSpec(16), tokens=2048, seed=4, model_name=info.name)  # fmt: skip
+    assert two.num_layers == 4 and two.metadata["ranks"] == 2
+    assert two.metadata["model"] == one.metadata["model"]
+    assert two.metadata["tokens"] == one.metadata["tokens"] == 2048
+    for a, b in zip(one.chol, two.chol, strict=True):
+        assert float(mx.abs(a - b).max()) < 1e-4
+    assert two.validate_for(model) == []
+    e1, e2 = one.metadata["heldout_score_error"], two.metadata["heldout_score_error"]
+    assert abs(e1 - e2) <= 0.1 * e1
+    again = subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=tmp_path,
+                           timeout=TIMEOUT)  # fmt: skip
+    assert again.returncode != 0 and "exists (use --force" in again.stderr
