@@ -82,6 +82,25 @@ KNOWN_METHODS = ALL_METHODS + DIAGNOSTIC_METHODS
 PREFILL_CHUNK = 256  # fastest on a 2-core CPU (attention cost grows with the chunk)
 
 
+class OneProcess:
+    """Where an evaluation's layers live: here, all of them. A pipeline rank passes its own
+    (`distributed/evaluate.py`): its cache slots (peers' layers as `RemoteCache`s), every
+    rank's per-layer records joined, and sums over the ranks, so each rank computes the same
+    figures as one process."""
+
+    def caches(self, caches: list) -> list:
+        return caches
+
+    def records(self, per_slot: list[StepRecord | None]) -> list[StepRecord | None]:
+        return per_slot
+
+    def total(self, value: float) -> float:
+        return value
+
+
+ONE_PROCESS = OneProcess()
+
+
 class MeasuredCache:
     """Wraps one layer's method cache; on each decode step measures the method against exact
     attention (see the module docstring) and returns the method's own output.
@@ -182,13 +201,18 @@ class MeasuredCache:
 # -- building each method's cache from a shared prefill ---------------------------------------
 
 
-def prefill(model: nn.Module, ids: Sequence[int], progress: Progress | None = None) -> list:
+def prefill(
+    model: nn.Module,
+    ids: Sequence[int],
+    progress: Progress | None = None,
+    ranks: OneProcess = ONE_PROCESS,
+) -> list:
     """Exact prefill of `ids` (chunked) into the model's own fresh caches (mlx-lm's
     `make_prompt_cache`: KVCache on global layers, RotatingKVCache on sliding ones, ...), one
     per cache slot. Every method starts from a copy of it (`plan_caches.plan_caches`)."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    cache = make_prompt_cache(model)
+    cache = ranks.caches(make_prompt_cache(model))
     for start in range(0, len(ids), PREFILL_CHUNK):
         mx.eval(model(mx.array([list(ids[start : start + PREFILL_CHUNK])]), cache=cache))
         if progress is not None:
@@ -219,6 +243,7 @@ def run_method(
     spec: MethodSpec,
     inputs: Sequence[int],
     targets: Sequence[int],
+    ranks: OneProcess = ONE_PROCESS,
 ) -> tuple[MethodResult, np.ndarray]:
     """Decode `inputs` (teacher-forced) from a copy of the prefill `base` through one method.
 
@@ -240,7 +265,7 @@ def run_method(
         argmax.append(int(value[1]))
     seconds = time.perf_counter() - began
     # one record per cache slot, None on the native layers (not measured)
-    per_slot = [c.record if isinstance(c, MeasuredCache) else None for c in caches]
+    per_slot = ranks.records([c.record if isinstance(c, MeasuredCache) else None for c in caches])
     records = [r for r in per_slot if r is not None]
     tokens = context_length(base) + len(inputs)
     retrieved = [x for r in records for x in r.retrieved]
@@ -249,7 +274,7 @@ def run_method(
         recall=float(np.mean([x for r in records for x in r.recall])),
         output_rel_error=float(np.mean([x for r in records for x in r.output_error])),
         ppl=float(np.exp(np.mean(nll))),
-        bytes_per_token=sum(getattr(c, "inner", c).nbytes for c in caches) / tokens,
+        bytes_per_token=ranks.total(sum(getattr(c, "inner", c).nbytes for c in caches)) / tokens,
         attended_per_head=float(np.mean([x for r in records for x in r.attended])),
         retrieved_per_head=float(np.mean(retrieved)) if retrieved else None,
         seconds=seconds,
@@ -322,6 +347,7 @@ def evaluate(
     methods: Sequence[str] = ALL_METHODS,
     progress: Progress | None = None,
     dev_ids: Sequence[int] | None = None,
+    ranks: OneProcess = ONE_PROCESS,
 ) -> list[EvalRun]:
     """Evaluate `methods` at each budget on one trajectory (see the module docstring).
 
@@ -343,9 +369,11 @@ def evaluate(
             model, ids, dev_ids, context=context, decode=decode, budgets=budgets,
             codebooks=codebooks, config=config, progress=progress,
         )  # fmt: skip
-    base = prefill(model, ids[:context], progress)
+    base = prefill(model, ids[:context], progress, ranks)
     inputs, targets = ids[context : context + decode], ids[context + 1 : context + decode + 1]
-    dtype_bytes = base[plan_for(model).require().a2ats_layers[0]].keys.dtype.size
+    held = [base[i] for i in plan_for(model).require().a2ats_layers if hasattr(base[i], "keys")]
+    found = ranks.total(1 if held else 0)  # ranks holding an A2ATS layer (here: 1)
+    dtype_bytes = int(ranks.total(held[0].keys.dtype.size if held else 0) // max(found, 1))
     fixed: dict[str, MethodResult] = {}
     reference: np.ndarray | None = None
     reference_nll: np.ndarray | None = None
@@ -359,7 +387,7 @@ def evaluate(
         if progress is not None:
             progress(f"decode {name} (budget {cfg.budget})", done, total)
         spec = method_spec(name, model, cfg, codebooks, window_budget)
-        result, argmax = run_method(model, base, spec, inputs, targets)
+        result, argmax = run_method(model, base, spec, inputs, targets, ranks)
         if name == "full":
             reference, reference_nll = argmax, result.nll
         if reference is not None:
@@ -386,7 +414,7 @@ def evaluate(
                 result = run("window", cfg, window_budget=max(1, round(retrieved)))
                 result.bytes_per_token = evicting_window_bytes(
                     model, result.attended_per_head, context + decode, dtype_bytes,
-                    native_bytes(model, base),
+                    ranks.total(native_bytes(model, base)),
                 )  # fmt: skip
                 results[name] = result
             elif name == "a2ats_alloc":

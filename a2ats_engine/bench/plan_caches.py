@@ -92,6 +92,10 @@ def plan_caches(model: nn.Module, base: list, spec: MethodSpec) -> tuple[list, l
     caches, measured = [], []
     for choice, src in zip(plan.layers, base, strict=True):
         on_a2ats = choice.kind == A2ATS
+        if getattr(src, "remote", False):  # a pipeline rank's peer's layer: it counts tokens
+            caches.append(copy.copy(src))
+            measured.append(False)
+            continue
         if spec.layer_copy is not None:
             caches.append(spec.layer_copy(src))
         elif on_a2ats:

@@ -87,6 +87,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(default: the evaluation text's tokens right after the evaluated span, a different "
         "slice of the same text)",
     )
+    p.add_argument(
+        "--hosts",
+        metavar="FILE",
+        help="evaluate with the model split over the machines of an mlx.launch hostfile "
+        "(README 'Several machines'; methods full, kv8, kv4, a2ats, window, oracle_topk)",
+    )
+    p.add_argument("--port", type=int, default=None, help="with --hosts: the ring's first port")
+    p.add_argument("--split", metavar="N,N,...", help="with --hosts: layers per rank, rank 0 first")
     add_json_flag(p, run_eval, "print exactly one JSON object")
 
 
@@ -139,6 +147,10 @@ def run_eval(args: argparse.Namespace) -> int:
     from ..loading.models import load_model
 
     methods, budgets = check_eval_args(args)
+    if args.hosts:
+        return _eval_on_hosts(args, budgets)
+    if args.port is not None or args.split is not None:
+        raise ValueError("--port and --split need --hosts")
     progress = stderr_progress(True)
     model, tokenizer, info = load_model(args.model)
     codebook, codebook_desc = find_codebook(args.codebook, args.model, info.path, required=True)
@@ -217,6 +229,37 @@ def _run_meta(info, codebook, codebook_desc: str, config) -> dict:
         "rerank": config.rerank,
         "kv_bits": config.kv_bits,
     }
+
+
+def _eval_on_hosts(args: argparse.Namespace, budgets: list) -> int:
+    """`a2ats eval --hosts FILE`: the evaluation across ranks (`distributed/evaluate.py`), for
+    the options it takes; any other is refused by name before anything starts."""
+    import subprocess
+
+    from ..distributed.evaluate import DEFAULT_METHODS, METHODS
+    from ..distributed.launch import eval_command
+    from ..loading.fetched_models import default_codebook
+
+    unsupported = {
+        "--budgets": args.budgets, "--far-buckets": args.far_buckets, "--rerank": args.rerank,
+        "--kv-bits": args.kv_bits, "--plain-vq-codebook": args.plain_vq_codebook,
+        "--paper-codebook": args.paper_codebook, "--no-wrope-codebook": args.no_wrope_codebook,
+        "--calib-tokens": args.calib_tokens, "--retrain": args.retrain or None,
+        "--tune-paper-b": args.tune_paper_b, "--dev-text": args.dev_text,
+    }  # fmt: skip
+    given = [flag for flag, value in unsupported.items() if value is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)}: not across ranks yet (drop them, or --hosts)")
+    chosen = args.methods or DEFAULT_METHODS
+    limits.names("--methods", chosen, METHODS.__contains__, list(METHODS))
+    if args.port is not None:
+        limits.count("--port", args.port, 1024, 65535)
+    codebook = args.codebook or default_codebook(args.model, None)
+    if codebook is None:
+        raise ValueError("--hosts needs --codebook FILE (the same path on every host)")
+    forwarded = argparse.Namespace(**{**vars(args), "methods": chosen, "budget": budgets[0],
+                                      "codebook": str(codebook), "json": args.json or None})  # fmt: skip
+    return subprocess.call(eval_command(forwarded, args.hosts, args.port))
 
 
 def check_eval_args(args: argparse.Namespace) -> tuple[list[str], list[float | int]]:

@@ -1,5 +1,5 @@
-"""`a2ats chat --hosts FILE` / `a2ats calibrate --hosts FILE`: start `mlx.launch` with
-`python -m a2ats_engine.distributed` (or `.distributed.calibrate`).
+"""`a2ats chat --hosts FILE` (and `calibrate`, `eval`): start `mlx.launch` with
+`python -m a2ats_engine.distributed` (or `.distributed.calibrate`, `.distributed.evaluate`).
 
 The hosts file is mlx.launch's own (`--hostfile`): a JSON list of hosts, or an object with
 `hosts` (and optionally `backend`, `envs`), each host `{"ssh": NAME, "ips": [IP, ...]}`. A host
@@ -106,6 +106,25 @@ def launch_command(
     return command
 
 
+EVAL_FORWARDED = (
+    ("model", "--model"),
+    ("codebook", "--codebook"),
+    ("texts", "--texts"),
+    ("text", "--text"),
+    ("context", "--context"),
+    ("decode", "--decode"),
+    ("budget", "--budget"),
+    ("methods", "--methods"),
+    ("split", "--split"),
+    ("json", "--json"),
+)
+
+
+def eval_command(args: argparse.Namespace, hosts: str | Path, port: int | None = None) -> list:
+    """The mlx.launch command line of `a2ats eval --hosts FILE`."""
+    return launch_command(args, hosts, port, "a2ats_engine.distributed.evaluate", EVAL_FORWARDED)
+
+
 def calibrate_command(args: argparse.Namespace, hosts: str | Path, port: int | None = None):
     """The mlx.launch command line of `a2ats calibrate --hosts FILE`."""
     forwarded = (*CALIBRATE_FORWARDED, ("text", "--text"), ("force", "--force"))
@@ -118,4 +137,11 @@ def run_on_hosts(args: argparse.Namespace) -> int:
     return subprocess.call(command)
 
 
-__all__ = ["read_hosts", "launch_command", "calibrate_command", "run_on_hosts", "FORWARDED"]
+__all__ = [
+    "read_hosts",
+    "launch_command",
+    "calibrate_command",
+    "eval_command",
+    "run_on_hosts",
+    "FORWARDED",
+]

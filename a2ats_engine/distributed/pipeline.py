@@ -239,7 +239,10 @@ class RemoteCache(_BaseCache):
     """The cache slot of a layer another rank serves: holds no K/V, only the token count.
 
     `state` hands out the hidden state the layer last passed on (once), so mlx-lm's prefill,
-    which evaluates only the caches' state, also runs this rank's send / receive."""
+    which evaluates only the caches' state, also runs this rank's send / receive. `remote`
+    tells the evaluation's `plan_caches` to pass it through (a peer measures that layer)."""
+
+    remote = True
 
     def __init__(self) -> None:
         self.offset = 0

@@ -452,3 +452,61 @@ def test_two_ranks_calibrate_the_codebook_of_one_process(two_ranks, tmp_path):
     again = subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=tmp_path,
                            timeout=TIMEOUT)  # fmt: skip
     assert again.returncode != 0 and "exists (use --force" in again.stderr
+
+
+# -- evaluation across ranks ------------------------------------------------------------------
+
+
+def test_eval_on_hosts_refuses_what_it_cannot_do_by_name(tmp_path, capsys):
+    from a2ats_engine.cli import main
+
+    hosts = str(_hosts(tmp_path))
+    base = ["eval", "--model", "demo", "--codebook", "x.safetensors", "--hosts", hosts]
+    for flags, message in (
+        (["--kv-bits", "8", "--rerank", "1"], "--rerank, --kv-bits: not across ranks yet"),
+        (["--methods", "a2ats,a2ats_random"], "unknown 'a2ats_random'"),
+        (["--port", "80"], "--port=80 is out of range"),
+    ):
+        assert main([*base, *flags]) != 0
+        assert message in capsys.readouterr().err
+    assert main(["eval", "--model", "demo", "--split", "2,2"]) != 0
+    assert "need --hosts" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore:codebook records no model fingerprint")
+def test_two_ranks_evaluate_the_figures_of_one_process(two_ranks, tmp_path):
+    """`a2ats eval --hosts` on two local ranks gives every figure one process gives: recall,
+    output error, perplexity, bytes per token and bytes read, for full, a2ats, window and
+    oracle_topk (records joined over the ranks, bytes summed)."""
+    from a2ats_engine.bench.evaluate import evaluate
+    from a2ats_engine.loading.models import load_model
+
+    model_dir = save_tiny_model(tmp_path / "tiny", "qwen3", num_hidden_layers=4, seed=5,
+                                head_dim=16)  # fmt: skip
+    book = tmp_path / "book.safetensors"
+    Codebook.random(4, 2, 16, 64, seed=2).save(book)
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(f"w{(i * 37) % 101}" for i in range(3000)))
+    options = ["--model", str(model_dir), "--codebook", str(book), "--text", str(text)]
+    options += ["--context", "384", "--decode", "12", "--budget", "16", "--json"]
+    code = "import sys; from a2ats_engine.cli import main; sys.exit(main(sys.argv[1:]))"
+    command = [PYTHON, "-c", code, "eval", *options, "--hosts", str(_hosts(tmp_path))]
+    command += ["--port", str(_free_port())]
+    done = subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=tmp_path,
+                          timeout=TIMEOUT)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    two = json.loads(done.stdout.strip().splitlines()[-1])
+    assert two["ranks"] == 2
+    got = two["results"][0]["runs"][0]["methods"]
+    model, tokenizer, _ = load_model(str(model_dir))
+    runs = evaluate(
+        model, tokenizer.encode(text.read_text()), context=384, decode=12, budgets=[16],
+        codebooks={"a2ats": Codebook.load(book)}, methods=["full", "a2ats", "window", "oracle_topk"],
+        config=A2ATSConfig(budget=16, exact_below=0),
+    )  # fmt: skip
+    want = runs[0].to_dict()["methods"]
+    assert set(got) == set(want) == {"full", "a2ats", "window", "oracle_topk"}
+    assert want["a2ats"]["recall"] < 1.0  # the figures cover retrieval
+    for method, figures in want.items():
+        for key in ("recall", "output_rel_error", "ppl", "bytes_per_token", "bytes_read_per_step"):
+            assert got[method][key] == pytest.approx(figures[key], rel=1e-4), (method, key)
