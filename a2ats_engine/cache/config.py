@@ -65,6 +65,11 @@ class A2ATSConfig:
                   under the cache folder (`cold.py`), and keeps only the codes in memory;
                   0 = every row in the file from the first token. Float rows only (not with
                   kv_bits). Native layers (sliding windows, SSM state) are not counted.
+                  Default None, from measurements (docs/BENCHMARKS.md section 3, "K/V on
+                  disk: the cold tier"): with its file in the page cache the cold tier decodes
+                  and prefills about as fast as rows in memory, but from a cold page cache
+                  every step is bound by the disk's random reads, every row is written to the
+                  disk, and it cannot hold kv_bits rows (8-bit is the app's default on Metal).
     telemetry:    record LayerStats after every decode step (costs a host sync per step).
     fidelity_every: with telemetry, every k-th decode step also runs a shadow exact attention
                   and records the attention mass recalled per KV head (0 = off).

@@ -644,7 +644,7 @@ def cold_table(data: dict) -> str:
         + ".",
         "",
         "| context | method | cache in memory (MiB) | on disk (MiB) | an fp16 KVCache (MiB) "
-        "| peak private memory (MiB) | resident peak (MiB) | decode tok/s | read from disk / step |",
+        "| peak private memory (MiB) | resident peak (MiB) | decode tok/s | read from the file / step |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in runs:
@@ -707,7 +707,8 @@ def cold_limited_summary(data: dict) -> str:
         if n in warm:
             same = "the same" if r["tokens"] == warm[n]["tokens"] else "**different**"
             line += (f"; {same} {len(r['tokens'])} greedy tokens as in-memory A2ATS without a "
-                     f"cap ({source[n]})")  # fmt: skip
+                     f"cap ({source[n]}), whose private memory peaked "
+                     f"{warm[n]['anon_peak_sampled'] / r['anon_peak_sampled']:.1f}x higher")  # fmt: skip
         lines.append(line + ".")
     return "\n".join(lines)
 
@@ -719,7 +720,7 @@ def cold_speed_table(data: dict) -> str:
         "",
         "| context | rerank candidates' keys | cold / in memory (median) | every run "
         "| tok/s in memory, cold (each run) | cold tier's A2ATS layers in memory | read from "
-        "disk / step |",
+        "the file / step |",
         "|---:|---|---:|---|---|---:|---:|",
     ]
     for r in data["speed"]:
@@ -766,6 +767,32 @@ def readme_cold_speed_line(data: dict) -> str:
         f"(runs {', '.join(f'{x:.2f}' for x in r['ratio_runs'])}; `{data['command']}`, "
         f"{data['machine']})"
         for r in data["speed"]
+    )
+
+
+def readme_cold_page_cache_line(data: dict) -> str:
+    """README: the cold tier's speed with its pages dropped before every step."""
+    return "\n".join(
+        f"- {r['context']:,} tokens, every row read from the disk: "
+        f"{d['ratio_median']:.2f}x in-memory A2ATS's decode speed (runs "
+        f"{', '.join(f'{x:.2f}' for x in d['ratio_runs'])}; "
+        f"{d['storage_read_bytes_per_step'] / 2**20:,.0f} MiB read from storage a step; "
+        f"`{data['command']}`, {data['machine']})"
+        for r in data["speed"]
+        if (d := r.get("cold_page_cache"))
+    )
+
+
+def readme_prefill_cold_line(data: dict) -> str:
+    """README: time to first token with every K/V row in the cold tier against rows in memory."""
+    by = {(r["method"], r["context"]): r for r in data["results"]}
+    return "\n".join(
+        f"- {n:,}-token prompt: {by[('a2ats_cold', n)]['seconds']:.1f} s with every row in the "
+        f"cold tier, {by[('a2ats', n)]['seconds']:.1f} s in memory, "
+        f"{by[('full', n)]['seconds']:.1f} s for mlx-lm's KVCache (medians of "
+        f"{data['repeats']}; `{data['command']}`, {data['machine']})"
+        for n in sorted({r["context"] for r in data["results"]})
+        if ("a2ats_cold", n) in by and ("a2ats", n) in by
     )
 
 
@@ -1068,7 +1095,9 @@ def blocks() -> dict[str, str]:
         ("cold-speed", "cold_speed_qwen3.json", cold_speed_table),
         ("readme-cold-speed", "cold_speed_qwen3.json", readme_cold_speed_line),
         ("cold-speed-32k", "cold_speed_qwen3_32k.json", cold_speed_table),
-        ("cold-page-cache", "cold_speed_qwen3.json", cold_page_cache_table),
+        ("cold-page-cache", "cold_page_cache_qwen3.json", cold_page_cache_table),
+        ("readme-cold-page-cache", "cold_page_cache_qwen3.json", readme_cold_page_cache_line),
+        ("readme-prefill-cold", "prefill_cold.json", readme_prefill_cold_line),
         ("cold-speed-32k-kv4", "cold_speed_qwen3_32k_kv4keys.json", cold_speed_table),
         ("cold-64k", "cold_tier_qwen3_64k.json", cold_table),
         ("cold-limited-64k", "cold_tier_limited_64k.json", cold_table),
