@@ -137,10 +137,6 @@ FIGURES: list[tuple[str, str, Callable[[], tuple]]] = [
      lambda: (ev("eval_4k_kv8.json", "a2ats", "ppl_vs_full"),
               ev("eval_4k_kv_float.json", "a2ats", "ppl_vs_full"),
               per_token("a2ats_kv8")["bytes_per_token"] / per_token("a2ats")["bytes_per_token"])),
-    # README: the cold tier's read per step
-    ("README.md", "({:.0f} MiB per step at {}K on that geometry)",
-     lambda: (j("cold_speed_qwen3_32k.json")["speed"][0]["disk_read_bytes_per_step"] / 2**20,
-              j("cold_speed_qwen3_32k.json")["speed"][0]["context"] // 1024)),
     # README: the crossover and the limitations
     ("README.md", "(`exact_below`: {:,} tokens for the demo model on this CPU",
      lambda: (first_context_at_full_speed(),)),
