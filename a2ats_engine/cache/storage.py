@@ -13,14 +13,10 @@ holds the format (bits, group size) and does every operation with `tree_map` ove
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import mlx.core as mx
-import numpy as np
 from mlx.utils import tree_flatten, tree_map
-
-from .host_attention import cpu_only
 
 Stored = mx.array | tuple[mx.array, mx.array, mx.array]
 KEYS, VALUES = 0, 1  # which rows `gather` reads
@@ -126,26 +122,8 @@ def gather_rows(stored: Stored, positions: mx.array, storage: RowStorage) -> mx.
     broadcast index; docs/ARCHITECTURE.md, "The method"). Quantized storage is dequantized after.
     """
     B, n_kv, M = positions.shape
-    if not storage.quantized and host_gather() and stored.dtype in (mx.float32, mx.float16):
-        rows = np.asarray(stored)  # MLX's buffer, read in place (evaluates pending writes)
-        if rows.flags.c_contiguous:
-            cap, d = rows.shape[2], rows.shape[3]
-            pos = np.asarray(positions).astype(np.int64)  # host sync
-            flat = (pos + (np.arange(B * n_kv) * cap).reshape(B, n_kv, 1)).reshape(-1)
-            return mx.array(np.take(rows.reshape(-1, d), flat, axis=0).reshape(B, n_kv, M, d))
     flat = (positions + _row_base(B, n_kv, storage.capacity(stored))).reshape(-1)
     return storage.take(stored, flat, (B, n_kv, M))
-
-
-GATHER_ENV = "A2ATS_GATHER"
-
-
-@functools.lru_cache(maxsize=1)
-def host_gather() -> bool:
-    """Gather resident float rows with NumPy (`A2ATS_GATHER=numpy`, CPU-only MLX) instead of
-    `mx.take`; read once per process. Default MLX."""
-    choice = os.environ.get(GATHER_ENV, "").strip().lower()
-    return choice == "numpy" and cpu_only()
 
 
 def grown(stored: Stored | None, incoming: Stored, start: int, end: int) -> Stored:

@@ -501,25 +501,3 @@ def test_snapshot_counts_the_codebook_once_and_rotations_in_the_layer():
     # a second chat of the same model shares the codebook
     other = make_cache(model, A2ATSConfig(telemetry=True), book)
     assert model_codebook_bytes(cache + other) == book.nbytes
-
-
-@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
-def test_the_numpy_gather_takes_the_same_rows_as_mlx(monkeypatch, dtype):
-    """`A2ATS_GATHER=numpy` (CPU-only MLX) reads resident float rows in place with NumPy: the
-    same rows as `mx.take`, for repeated and unsorted positions, after pending writes."""
-    from a2ats_engine.cache import storage
-
-    rows = storage.ResidentRows(storage.RowStorage())
-    k = mx.random.normal((2, 3, 300, 16), key=mx.random.key(7)).astype(dtype)
-    rows.append(k, -k, 0)
-    rows.append(k[:, :, :5] * 2, k[:, :, :5], 300)  # a pending slice write past the first
-    positions = mx.array([[[4, 4, 301, 0], [299, 7, 7, 1], [2, 303, 3, 5]]] * 2, dtype=mx.int32)
-    wanted = {}
-    for choice in ("mlx", "numpy"):
-        monkeypatch.setenv(storage.GATHER_ENV, choice)
-        storage.host_gather.cache_clear()
-        assert storage.host_gather() == (choice == "numpy" and storage.cpu_only())
-        wanted[choice] = (rows.gather(storage.KEYS, positions), rows.gather(1, positions))
-    storage.host_gather.cache_clear()
-    for a, b in zip(wanted["mlx"], wanted["numpy"], strict=True):
-        assert a.dtype == b.dtype == dtype and mx.array_equal(a, b)
