@@ -291,14 +291,14 @@ class ColdRows:
         # One flat `take` instead of indexing with four arrays: 137 vs 218 ms a step of 16K
         # Qwen3-0.6B-geometry decode on the same positions (this host). Reading each distinct
         # row once (np.unique) and reusing the rerank's candidate keys for the selection cost
-        # more in sorting than they saved in reads (0.75x vs 1.07x in-memory speed at 32K).
+        # more in sorting than they saved in reads (0.75x in-memory speed at 32K with them).
         rows = np.take(flat, index, axis=0).reshape(B, n_kv, M, d)
         self.read_bytes += rows.nbytes
         return self._to_mx(rows)
 
     def candidate_keys(self, positions: mx.array) -> mx.array:
-        """The rerank's candidate keys at positions [B, n_kv, M]: read from the map (and kept
-        for the selection's gather), or dequantized from the resident low-bit copy."""
+        """The rerank's candidate keys at positions [B, n_kv, M]: read from the map, or
+        dequantized from the resident low-bit copy (`candidate_bits`, measured, not shipped)."""
         if self.low_keys is not None and self.spilled:
             return self.low_keys.gather(positions)
         return self.gather(KEYS, positions)
