@@ -60,6 +60,19 @@ def add_context_decode_flags(
     p.add_argument("--decode", type=int, default=64, help=decode_help)
 
 
+def add_hosts_flags(p: argparse.ArgumentParser, doing: str) -> None:
+    """--hosts FILE (run `doing` with the model split over an mlx.launch hostfile's machines),
+    with --port and --split for it (checked by `_limits.hosts_flags`)."""
+    p.add_argument(
+        "--hosts",
+        metavar="FILE",
+        help=f"{doing} with the model split over the machines of an mlx.launch hostfile "
+        "(README 'Several machines')",
+    )
+    p.add_argument("--port", type=int, default=None, help="with --hosts: the ring's first port")
+    p.add_argument("--split", metavar="N,N,...", help="with --hosts: layers per rank, rank 0 first")
+
+
 def add_json_flag(
     p: argparse.ArgumentParser,
     run: Callable[[argparse.Namespace], int],

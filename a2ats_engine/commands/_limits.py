@@ -137,6 +137,15 @@ def names(flag: str, text: str, valid: Callable[[str], bool], known: Iterable[st
     return out
 
 
+def hosts_flags(args: Any) -> None:
+    """`add_hosts_flags`' flags: --port in range with --hosts; --port and --split only with it."""
+    if args.hosts:
+        if args.port is not None:
+            count("--port", args.port, 1024, 65535)
+    elif args.port is not None or args.split is not None:
+        raise ValueError("--port and --split need --hosts")
+
+
 def check_model_context(flag: str, values: Iterable[int], model_context: int | None) -> None:
     """ValueError when a context exceeds the loaded model's (checked before any prefill)."""
     if not model_context:

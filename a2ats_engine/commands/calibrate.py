@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from ._flags import add_json_flag
+from ._flags import add_hosts_flags, add_json_flag
 
 SOURCE_HELP = "an mlx-lm model folder, a .gguf file, a Hugging Face repo id or 'demo'"
 
@@ -59,14 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--no-compare", action="store_true", help="skip the plain-VQ comparison (faster)"
     )
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
-    p.add_argument(
-        "--hosts",
-        metavar="FILE",
-        help="calibrate with the model split over the machines of an mlx.launch hostfile "
-        "(README 'Several machines'; rank 0 writes --out; no plain-VQ comparison)",
-    )
-    p.add_argument("--port", type=int, default=None, help="with --hosts: the ring's first port")
-    p.add_argument("--split", metavar="N,N,...", help="with --hosts: layers per rank, rank 0 first")
+    add_hosts_flags(p, "calibrate (rank 0 writes --out; no plain-VQ comparison)")
     p.set_defaults(func=run_calibrate)
 
     p = subparsers.add_parser(
@@ -131,16 +124,13 @@ def run_calibrate(args: argparse.Namespace) -> int:
     limits.count("--iters", args.iters, 1, limits.MAX_STEPS)
     limits.count("--seed", args.seed, 0, limits.MAX_SEED)
     limits.config_check("--far-offset", far_offset=args.far_offset)
+    limits.hosts_flags(args)
     if args.hosts:
         import subprocess
 
         from ..distributed.launch import calibrate_command
 
-        if args.port is not None:
-            limits.count("--port", args.port, 1024, 65535)
         return subprocess.call(calibrate_command(args, args.hosts, args.port))
-    if args.port is not None or args.split is not None:
-        raise ValueError("--port and --split need --hosts")
     spec = CodebookSpec(n_centroids=args.centroids, sub_dim=args.sub_dim, beta=args.beta)
     config = A2ATSConfig(far_offset=args.far_offset)
     began = time.perf_counter()

@@ -11,6 +11,7 @@ from ._flags import (
     CODEBOOK_REQUIRED,
     add_budget_flag,
     add_context_decode_flags,
+    add_hosts_flags,
     add_json_flag,
     add_model_flags,
     add_rerank_flag,
@@ -87,14 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(default: the evaluation text's tokens right after the evaluated span, a different "
         "slice of the same text)",
     )
-    p.add_argument(
-        "--hosts",
-        metavar="FILE",
-        help="evaluate with the model split over the machines of an mlx.launch hostfile "
-        "(README 'Several machines'; methods full, kv8, kv4, a2ats, window, oracle_topk)",
-    )
-    p.add_argument("--port", type=int, default=None, help="with --hosts: the ring's first port")
-    p.add_argument("--split", metavar="N,N,...", help="with --hosts: layers per rank, rank 0 first")
+    add_hosts_flags(p, "evaluate (methods full, kv8, kv4, a2ats, window, oracle_topk)")
     add_json_flag(p, run_eval, "print exactly one JSON object")
 
 
@@ -147,10 +141,9 @@ def run_eval(args: argparse.Namespace) -> int:
     from ..loading.models import load_model
 
     methods, budgets = check_eval_args(args)
+    limits.hosts_flags(args)
     if args.hosts:
         return _eval_on_hosts(args, budgets)
-    if args.port is not None or args.split is not None:
-        raise ValueError("--port and --split need --hosts")
     progress = stderr_progress(True)
     model, tokenizer, info = load_model(args.model)
     codebook, codebook_desc = find_codebook(args.codebook, args.model, info.path, required=True)
@@ -252,8 +245,6 @@ def _eval_on_hosts(args: argparse.Namespace, budgets: list) -> int:
         raise ValueError(f"{', '.join(given)}: not across ranks yet (drop them, or --hosts)")
     chosen = args.methods or DEFAULT_METHODS
     limits.names("--methods", chosen, METHODS.__contains__, list(METHODS))
-    if args.port is not None:
-        limits.count("--port", args.port, 1024, 65535)
     codebook = args.codebook or default_codebook(args.model, None)
     if codebook is None:
         raise ValueError("--hosts needs --codebook FILE (the same path on every host)")

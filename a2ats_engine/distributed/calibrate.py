@@ -15,7 +15,6 @@ process's. No plain-VQ comparison is fit here.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -76,36 +75,23 @@ def main(argv: list[str] | None = None) -> int:
         description="Calibrate a codebook with the model split over the ranks of mlx.launch.",
     )
     add_arguments(p)
-    return run(p.parse_args(argv))
+    from .chat import rank_main
+
+    return rank_main(p, argv, run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Collective: every rank runs it with the same arguments."""
-    import mlx.core as mx
+    from .chat import run_ranks
 
-    from .chat import LOST, Watchdog, _fail
-
-    rank = int(os.environ.get("MLX_RANK", "0") or 0)
-    dog = Watchdog(args.peer_timeout, rank)  # forked before MLX opens the ring's sockets
-    group = mx.distributed.init()
-    dog.rank = group.rank()
-    try:
-        return _run(args, group, dog)
-    except RuntimeError as exc:
-        text = str(exc)
-        if any(marker in text for marker in LOST):
-            _fail(rank, f"lost a rank ({text.strip().splitlines()[0]})")
-        raise
-    except (ValueError, OSError) as exc:
-        _fail(rank, str(exc))
-        return 1
+    return run_ranks(args.peer_timeout, lambda group, dog: _run(args, group, dog))
 
 
 def _run(args: argparse.Namespace, group: Any, dog: Any) -> int:
     from ..cache.codebook_spec import CodebookSpec
     from ..cache.config import A2ATSConfig
     from ..calibration.calibrate import calibration_metadata, fit_codebook, spread_to_layers
-    from ..calibration.capture import collect
+    from ..calibration.capture import collect, served_layers
     from ..calibration.corpus import builtin_corpus, builtin_description, load_texts
     from .chat import _split
     from .group import gather_bytes, gather_json, share_json
@@ -136,7 +122,7 @@ def _run(args: argparse.Namespace, group: Any, dog: Any) -> int:
         keys_per_head=args.keys_per_head, progress=lambda *_: dog.beat(), capturer=StageCapturer,
     )  # fmt: skip
     dog.arm(False)  # each rank fits at its own pace; the gather below waits for the slowest
-    served = [c.layer for c in StageCapturer(model, config).served]
+    served = [c.layer for c in served_layers(model) if c.layer in stage.owns]
     part = None
     if served:
         part = fit_codebook(data, spec, seed=args.seed, max_iters=args.iters)

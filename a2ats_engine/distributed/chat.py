@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -130,21 +131,49 @@ def _fail(rank: int, message: str) -> None:
     os._exit(1)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Collective: every rank runs it with the same arguments."""
+def run_ranks(peer_timeout: float, body: Callable[[Any, Watchdog], int]) -> int:
+    """Collective: start this rank's watchdog, join the group, return `body(group, dog)`; a
+    peer lost mid-way ends this rank with one `error (rank r): lost a rank ...` line."""
     import mlx.core as mx  # a2ats_engine (imported first by -m) preloaded BLAS
 
     rank = int(os.environ.get("MLX_RANK", "0") or 0)  # the launcher's; init() agrees
-    dog = Watchdog(args.peer_timeout, rank)  # forked before MLX opens the ring's sockets
+    dog = Watchdog(peer_timeout, rank)  # forked before MLX opens the ring's sockets
     group = mx.distributed.init()
     dog.rank = group.rank()
     try:
-        return _run(args, group, dog)
+        return body(group, dog)
     except RuntimeError as exc:
         text = str(exc)
         if any(marker in text for marker in LOST):
             _fail(rank, f"lost a rank ({text.strip().splitlines()[0]})")
         raise
+
+
+def rank_main(
+    parser: argparse.ArgumentParser,
+    argv: list[str] | None,
+    run: Callable[[argparse.Namespace], int],
+) -> int:
+    """A rank's entry point: `run(parsed argv)`; a bad argument, file or model is one
+    `error: ...` line and exit status 1."""
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        from ..errors import A2ATSError
+
+        if isinstance(exc, A2ATSError):
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    """Collective: every rank runs it with the same arguments."""
+    return run_ranks(args.peer_timeout, lambda group, dog: _run(args, group, dog))
 
 
 def _run(args: argparse.Namespace, group: Any, dog: Watchdog) -> int:
@@ -347,19 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Chat with a model split over the ranks of mlx.launch (pipeline).",
     )
     add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except (ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except Exception as exc:
-        from ..errors import A2ATSError
-
-        if isinstance(exc, A2ATSError):
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-        raise
+    return rank_main(parser, argv, run)
 
 
-__all__ = ["main", "run", "add_arguments", "Watchdog"]
+__all__ = ["main", "run", "run_ranks", "rank_main", "add_arguments", "Watchdog"]

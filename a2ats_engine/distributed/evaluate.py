@@ -86,29 +86,16 @@ def main(argv: list[str] | None = None) -> int:
         description="a2ats eval with the model split over the ranks of mlx.launch.",
     )
     add_arguments(p)
-    return run(p.parse_args(argv))
+    from .chat import rank_main
+
+    return rank_main(p, argv, run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Collective: every rank runs it with the same arguments."""
-    import mlx.core as mx
+    from .chat import run_ranks
 
-    from .chat import LOST, Watchdog, _fail
-
-    rank = int(os.environ.get("MLX_RANK", "0") or 0)
-    dog = Watchdog(args.peer_timeout, rank)  # forked before MLX opens the ring's sockets
-    group = mx.distributed.init()
-    dog.rank = group.rank()
-    try:
-        return _run(args, group, dog)
-    except RuntimeError as exc:
-        text = str(exc)
-        if any(marker in text for marker in LOST):
-            _fail(rank, f"lost a rank ({text.strip().splitlines()[0]})")
-        raise
-    except (ValueError, OSError) as exc:
-        _fail(rank, str(exc))
-        return 1
+    return run_ranks(args.peer_timeout, lambda group, dog: _run(args, group, dog))
 
 
 def _texts(args: argparse.Namespace) -> list[tuple[str, str]]:

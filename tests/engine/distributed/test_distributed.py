@@ -376,6 +376,15 @@ def test_lost_rank_is_reported_on_rank0_in_bounded_time(two_ranks, tmp_path, how
 # -- calibration across ranks -----------------------------------------------------------------
 
 
+def _a2ats_on_hosts(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """`a2ats ARGS --hosts FILE --port N` through the CLI: two local ranks, a free port."""
+    code = "import sys; from a2ats_engine.cli import main; sys.exit(main(sys.argv[1:]))"
+    command = [PYTHON, "-c", code, *args, "--hosts", str(_hosts(tmp_path))]
+    command += ["--port", str(_free_port())]
+    return subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=tmp_path,
+                          timeout=TIMEOUT)  # fmt: skip
+
+
 def test_calibrate_command_forwards_the_options(tmp_path):
     import argparse
 
@@ -430,11 +439,7 @@ def test_two_ranks_calibrate_the_codebook_of_one_process(two_ranks, tmp_path):
     out = tmp_path / "book.safetensors"
     options = ["--model", str(model_dir), "--out", str(out), "--text", str(text)]
     options += ["--tokens", "2048", "--centroids", "16", "--seed", "4"]
-    code = "import sys; from a2ats_engine.cli import main; sys.exit(main(sys.argv[1:]))"
-    command = [PYTHON, "-c", code, "calibrate", *options, "--hosts", str(_hosts(tmp_path))]
-    command += ["--port", str(_free_port())]
-    done = subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=tmp_path,
-                          timeout=TIMEOUT)  # fmt: skip
+    done = _a2ats_on_hosts(tmp_path, "calibrate", *options)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "from 2 ranks" in done.stdout
     two = Codebook.load(out)
@@ -449,8 +454,7 @@ def test_two_ranks_calibrate_the_codebook_of_one_process(two_ranks, tmp_path):
     assert two.validate_for(model) == []
     e1, e2 = one.metadata["heldout_score_error"], two.metadata["heldout_score_error"]
     assert abs(e1 - e2) <= 0.1 * e1
-    again = subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=tmp_path,
-                           timeout=TIMEOUT)  # fmt: skip
+    again = _a2ats_on_hosts(tmp_path, "calibrate", *options)
     assert again.returncode != 0 and "exists (use --force" in again.stderr
 
 
@@ -489,11 +493,7 @@ def test_two_ranks_evaluate_the_figures_of_one_process(two_ranks, tmp_path):
     text.write_text(" ".join(f"w{(i * 37) % 101}" for i in range(3000)))
     options = ["--model", str(model_dir), "--codebook", str(book), "--text", str(text)]
     options += ["--context", "384", "--decode", "12", "--budget", "16", "--json"]
-    code = "import sys; from a2ats_engine.cli import main; sys.exit(main(sys.argv[1:]))"
-    command = [PYTHON, "-c", code, "eval", *options, "--hosts", str(_hosts(tmp_path))]
-    command += ["--port", str(_free_port())]
-    done = subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=tmp_path,
-                          timeout=TIMEOUT)  # fmt: skip
+    done = _a2ats_on_hosts(tmp_path, "eval", *options)
     assert done.returncode == 0, done.stderr[-2000:]
     two = json.loads(done.stdout.strip().splitlines()[-1])
     assert two["ranks"] == 2
