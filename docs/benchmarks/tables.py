@@ -506,6 +506,52 @@ def model_texts_table(data: dict) -> str:
     return "\n".join(lines + _layer_recall_lines(data["pooled"][0]["methods"]))
 
 
+def model_codebooks_table(data: dict) -> str:
+    """A model's codebook and rerank trials on one text (`eval_gemma3_270m_subdim.json`): per
+    trial its codebook (subspaces x centroids, calibration tokens, held-out score error) and
+    each A2ATS method's recall, its share of oracle_topk's, perplexity and cost."""
+    rows = [
+        f"Model {data['model']}, {_text_label(data['text'])} text, context {data['context']}, "
+        f"budget {data['budget']}, {data['decode']} teacher-forced tokens ({data['machine']}); "
+        "each trial's command is in the JSON.",
+        "",
+        "| codebook | tokens | held-out score error | file (MB) | method | rerank | recall "
+        "| / oracle_topk | ppl / full (95% CI) | bytes / token | KB read / step |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    rerank_of = {"a2ats_no_rerank": lambda r: 1, "a2ats_rr4g": lambda r: "4 shared"}
+    for run in data["runs"]:
+        book, methods = run["codebook"], run["methods"]
+        oracle = methods["oracle_topk"]["recall"]
+        label = f"{book['subspaces']} x {book['n_centroids']}"
+        for name, r in methods.items():
+            if name in ("full", "oracle_topk"):
+                continue
+            rerank = rerank_of.get(name, lambda r: r["rerank"])(run)
+            rows.append(
+                f"| {label} | {book['tokens']:,} | {book['heldout_score_error']:.4f} | "
+                f"{book['file_bytes'] / 1e6:.1f} | {name} | "
+                f"{rerank} | {r['recall']:.4f} | {r['recall'] / oracle:.3f} | {_ppl_ci(r)} | "
+                f"{r['bytes_per_token']:.0f} | {r['bytes_read_per_step'] / 1e3:,.0f} |"
+            )
+    first = data["runs"][0]["methods"]
+    rows += [
+        "",
+        f"oracle_topk: recall {first['oracle_topk']['recall']:.4f}, ppl / full "
+        f"{_ppl_ci(first['oracle_topk'])}, {first['oracle_topk']['bytes_read_per_step'] / 1e3:,.0f}"
+        f" KB read / step; full: {first['full']['bytes_read_per_step'] / 1e3:,.0f} KB read / step "
+        f"(every trial: the same text and prefill). Codebook: subspaces x centroids (1 x 512: "
+        "full head-dim VQ, the demo's recipe).",
+    ]
+    for extra in data.get("not_evaluated", []):
+        b = extra["codebook"]
+        rows.append(
+            f"Also calibrated, not evaluated ({extra['why']}): {b['subspaces']} x "
+            f"{b['n_centroids']}, held-out score error {b['heldout_score_error']:.4f}."
+        )
+    return "\n".join(rows)
+
+
 def softmax_cost_table(data: dict) -> str:
     """`docs/benchmarks/softmax_cost.py`: MLX's vs NumPy's exp, and a prefill chunk's attention."""
     exp = data["exp_ns_per_element"]
@@ -1085,6 +1131,7 @@ def blocks() -> dict[str, str]:
         ("speed-options", "decode_ladder_8k.json", speed_options_table),
         ("gemma-texts", "eval_gemma3_270m_4k_texts.json", model_texts_table),
         ("gemma-diag", "eval_gemma3_270m_diagnostics.json", model_eval_table),
+        ("gemma-codebooks", "eval_gemma3_270m_subdim.json", model_codebooks_table),
         ("prefill", "prefill.json", prefill_table),
         ("softmax-cost", "softmax_cost.json", softmax_cost_table),
         ("prefill-cold", "prefill_cold.json", prefill_table),

@@ -289,3 +289,42 @@ def test_the_cache_config_no_longer_carries_codebook_properties():
     assert not names & {"n_centroids", "sub_dim", "beta"}
     # settings saved by an older version still load: the codebook keys are ignored
     assert A2ATSConfig.from_dict({"window": 32, "n_centroids": 64, "beta": 0.0}).window == 32
+
+
+def test_default_codebook_recipes_gemma_is_product_vq_the_demo_is_not():
+    """Gemma 3 270M's 256-dim keys are too coarse under one 512-centroid VQ (docs/BENCHMARKS.md,
+    "A second model: Gemma 3 270M"): its default codebook is product VQ over 16-dim subspaces;
+    the demo keeps full head-dim VQ."""
+    from a2ats_engine.calibration import calibrate as calibration
+
+    assert calibration.default_codebook_spec("demo") == CodebookSpec(512)
+    assert calibration.default_codebook_spec("gemma3-270m") == CodebookSpec(512, sub_dim=16)
+
+
+def test_ensure_default_codebook_rebuilds_a_book_of_the_old_recipe(tmp_path, monkeypatch):
+    """A default codebook built before the model's recipe became product VQ (one subspace) is
+    rebuilt with the recipe's subspaces; one that follows the recipe is kept."""
+    import dataclasses
+
+    from tiny import save_tiny_model
+
+    from a2ats_engine.calibration import calibrate as calibration
+    from a2ats_engine.loading import fetched_models
+
+    monkeypatch.setenv("A2ATS_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setattr(calibration, "DEMO_TOKENS", 1500)
+    monkeypatch.setattr(calibration, "DEMO_CENTROIDS", 16)
+    name = "gemma3-270m"
+    spec = fetched_models.FETCHED[name]
+    monkeypatch.setitem(fetched_models.FETCHED, name, dataclasses.replace(spec, codebook_sub_dim=8))
+    folder = save_tiny_model(tmp_path / "model")  # head_dim 16
+    path = fetched_models.default_codebook_path(name)
+    path.parent.mkdir(parents=True)
+    Codebook.random(2, 2, 16, 16).save(path)  # the old recipe: full head-dim VQ
+    assert calibration.ensure_default_codebook(name, model_source=folder) == path
+    book = Codebook.load(path)
+    assert (book.sub_dim, book.num_subspaces, book.n_centroids) == (8, 2, 16)
+    assert book.metadata["tokens"] == 1500
+    before = path.read_bytes()
+    assert calibration.ensure_default_codebook(name, model_source=folder) == path
+    assert path.read_bytes() == before  # follows the recipe: kept
