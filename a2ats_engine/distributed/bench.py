@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from .launch import launcher
+
 NOTE = (
     "Measured on a shared 2-core Linux development machine (CPU MLX) that was running other "
     "work at the same time; both ranks share its cores and the ring goes through the loopback "
@@ -44,9 +46,8 @@ def _launch_prefix(ranks: int, folder: Path) -> list[str]:
         return [sys.executable, "-m", "a2ats_engine.distributed"]
     hosts = folder / "hosts.json"
     hosts.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * ranks))
-    launch = str(Path(sys.executable).with_name("mlx.launch"))
     return [
-        launch, "--backend", "ring", "--hostfile", str(hosts), "--starting-port",
+        *launcher(), "--backend", "ring", "--hostfile", str(hosts), "--starting-port",
         str(_free_port()), "--python", sys.executable, "-m", "a2ats_engine.distributed",
     ]  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""`a2ats chat --hosts FILE` (and `calibrate`, `eval`): start `mlx.launch` with
+"""`a2ats chat --hosts FILE` (and `calibrate`, `eval`): start `mlx.launch` (calmed, `launcher.py`) with
 `python -m a2ats_engine.distributed` (or `.distributed.calibrate`, `.distributed.evaluate`).
 
 The hosts file is mlx.launch's own (`--hostfile`): a JSON list of hosts, or an object with
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -55,13 +54,15 @@ def read_hosts(path: str | Path) -> list[dict]:
     return hosts
 
 
-def launcher() -> str:
-    """mlx.launch beside this Python, else on PATH."""
-    beside = Path(sys.executable).with_name("mlx.launch")
-    found = str(beside) if beside.is_file() else shutil.which("mlx.launch")
-    if not found:
+def launcher() -> list[str]:
+    """The command that starts mlx.launch: this Python running it with its I/O relay calmed
+    (`launcher.py`: mlx.launch's own relay spins a core per rank). ValueError when this
+    Python's MLX has no mlx.launch."""
+    import importlib.util
+
+    if importlib.util.find_spec("mlx._distributed_utils.launch") is None:
         raise ValueError("mlx.launch not found (it comes with the mlx package)")
-    return found
+    return [sys.executable, "-m", "a2ats_engine.distributed.launcher"]
 
 
 # `a2ats calibrate` options forwarded to `a2ats_engine.distributed.calibrate`
@@ -90,7 +91,7 @@ def launch_command(
     """The mlx.launch command line running `module` with `args`' `forwarded` options (a list
     value, like repeated --text files, gives the flag once per item; True gives the bare flag)."""
     read_hosts(hosts)
-    command = [launcher(), "--hostfile", str(hosts), "--python", sys.executable]
+    command = [*launcher(), "--hostfile", str(hosts), "--python", sys.executable]
     if port is not None:
         command += ["--starting-port", str(port)]
     command += ["-m", module]
@@ -134,7 +135,11 @@ def calibrate_command(args: argparse.Namespace, hosts: str | Path, port: int | N
 def run_on_hosts(args: argparse.Namespace) -> int:
     """`a2ats chat --hosts FILE`: run the chat over the hosts; the exit code of mlx.launch."""
     command = launch_command(args, args.hosts, getattr(args, "port", None))
-    return subprocess.call(command)
+    if args.prompt is None:
+        return subprocess.call(command)
+    # one-shot: stdin stays an open pipe (mlx.launch's own loop spins on a stdin at its end)
+    with subprocess.Popen(command, stdin=subprocess.PIPE) as process:
+        return process.wait()
 
 
 __all__ = [

@@ -300,7 +300,7 @@ def pipeline_factory(factory, stage: Stage | None):
     def make(model: nn.Module) -> list:
         return pipeline_caches(factory(model), stage)
 
-    for name in ("a2ats_config",):
+    for name in ("a2ats_config", "codebook"):
         if hasattr(factory, name):
             setattr(make, name, getattr(factory, name))
     return make

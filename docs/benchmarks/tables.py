@@ -842,6 +842,19 @@ def readme_prefill_cold_line(data: dict) -> str:
     )
 
 
+def launcher_cpu_line(data: dict) -> str:
+    """README: the launcher's own CPU while two local ranks sleep, mlx.launch vs ours."""
+    pct, runs = data["median_cpu_percent"], data["runs"]
+    ours = "a2ats_engine.distributed.launcher"
+    return (
+        f"With two idle local ranks the launcher itself used {pct['mlx.launch']:.1f}% CPU as "
+        f"mlx.launch ships it (CPU seconds over {data['window_seconds']} s: "
+        f"{', '.join(f'{v:.2f}' for v in runs['mlx.launch'])}) and {pct[ours]:.1f}% calmed "
+        f"({', '.join(f'{v:.2f}' for v in runs[ours])}); medians of {len(runs[ours])}, "
+        f"`{data['command']}`, {data['machine']}."
+    )
+
+
 def reopen_table(data: dict) -> str:
     """`a2ats bench reopen`: a chat reopened from its saved cache vs prefilled again."""
     rows = [
@@ -1156,6 +1169,7 @@ def blocks() -> dict[str, str]:
         ("cold-limited-64k", "cold_tier_limited_64k.json", cold_table),
         ("cold-limited-64k-summary", "cold_tier_limited_64k.json", cold_limited_summary),
         ("readme-cold-speed-32k", "cold_speed_qwen3_32k.json", readme_cold_speed_line),
+        ("launcher-cpu", "launcher_cpu.json", launcher_cpu_line),
         ("reopen", "reopen.json", reopen_table),
         ("reopen-gemma", "reopen_gemma3_270m.json", reopen_table),
         ("readme-reopen-gemma", "reopen_gemma3_270m.json", readme_reopen_lines),

@@ -1,0 +1,47 @@
+"""Shared by the two-rank tests: whether mlx.launch can start two ranks on this machine."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from a2ats_engine.distributed.launch import launcher
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def local_hosts(folder: Path, n: int = 2) -> Path:
+    """An mlx.launch hostfile of `n` ranks on the loopback address."""
+    path = folder / "hosts.json"
+    path.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * n))
+    return path
+
+
+@pytest.fixture(scope="session")
+def two_ranks(tmp_path_factory):
+    """Skip (with mlx.launch's words) only where mlx.launch cannot start two ranks here."""
+    folder = tmp_path_factory.mktemp("ring")
+    script = folder / "ring_ok.py"
+    script.write_text(
+        "import mlx.core as mx\n"
+        "g = mx.distributed.init(strict=True)\n"
+        "print('sum', mx.distributed.all_sum(mx.array(1.0), group=g).item(), g.size())\n"
+    )
+    command = [*launcher(), "--backend", "ring", "--hostfile", str(local_hosts(folder))]
+    command += ["--starting-port", str(free_port()), "--python", sys.executable, str(script)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"mlx.launch cannot start two ranks here: {exc}")
+    if done.stdout.count("2.0 2") != 2:  # the two ranks' lines may interleave
+        said = (done.stderr.strip() or done.stdout.strip() or f"exit {done.returncode}")[-300:]
+        pytest.skip(f"mlx.launch cannot start two ranks here: {said}")

@@ -1,0 +1,294 @@
+"""The ranks driven by one program (the app): the calmed launcher (launcher.py), the records on
+the wire (wire.py), and two local ranks served to a `RanksClient` (serve.py, client.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from a2ats_engine.cache.codebook import Codebook
+from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats, LayerStats, TokenEvent
+from a2ats_engine.distributed import launcher, wire
+from a2ats_engine.distributed.client import RanksClient, RanksLost
+from a2ats_engine.distributed.launch import launcher as launch_prefix
+from a2ats_engine.records import SamplingSettings
+from a2ats_engine.session import ChatSession
+from tests.tiny import save_tiny_model
+
+from .conftest import free_port, local_hosts
+
+PROMPT = "Every rank keeps its own layers' codes and rows; rank 0 answers the app. " * 3
+
+
+# -- the launcher --------------------------------------------------------------------------------
+
+
+def test_calm_select_waits_for_output_instead_of_spinning_on_a_writable_pipe():
+    r, w = os.pipe()
+    try:
+        t0 = time.perf_counter()
+        for _ in range(5):
+            readable, writable, _ = launcher.calm_select([r], [w], [], 1.0)
+            assert readable == [] and writable == [w]  # room to write, nothing to read
+        assert time.perf_counter() - t0 >= 5 * launcher.WAIT * 0.8  # it waited, each time
+        plain = select.select([r], [w], [], 1.0)
+        assert plain[1] == [w]  # what mlx.launch's own loop gets at once
+        os.write(w, b"x")
+        t0 = time.perf_counter()
+        readable, _, _ = launcher.calm_select([r], [w], [], 1.0)
+        assert readable == [r] and time.perf_counter() - t0 < launcher.WAIT
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_mlx_launch_module_is_patched():
+    from mlx._distributed_utils import launch as mlx_launch
+
+    saved = mlx_launch.select
+    try:
+        assert launcher.patch(mlx_launch) is True  # this MLX: the relay is calmed
+        assert mlx_launch.select is launcher.calm_select
+        assert launcher.patch(mlx_launch) is False  # only once, and never a foreign select
+    finally:
+        mlx_launch.select = saved
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads CPU time from /proc")
+def test_idle_launcher_costs_next_to_no_cpu(two_ranks, tmp_path):
+    """Two local ranks sleeping 4 s: mlx.launch's own relay spins (~1.5 cores here), the calmed
+    one stays under 0.2 s of CPU over the whole run."""
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\ntime.sleep(4)\n")
+    command = [*launch_prefix(), "--hostfile", str(local_hosts(tmp_path))]
+    command += ["--starting-port", str(free_port()), "--python", sys.executable, str(script)]
+    with subprocess.Popen(command, stdin=subprocess.PIPE) as proc:
+        time.sleep(3.5)
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        proc.stdin.close()
+        proc.wait(timeout=60)
+    assert cpu < 0.5, f"the launcher used {cpu:.2f} s of CPU in 3.5 s while the ranks slept"
+
+
+# -- records on the wire -----------------------------------------------------------------------
+
+
+def _layer(layer: int) -> LayerStats:
+    return LayerStats(
+        step=3,
+        offset=40,
+        window_start=24,
+        sinks=4,
+        selected=(np.arange(5, dtype=np.int32), np.arange(3, dtype=np.int32)),
+        code_counts=(np.ones(8, dtype=np.int64),) * 2,
+        bytes_held=1000,
+        bytes_fp16=2000,
+        layer=layer,
+        recall=(0.9, 0.8),
+        missed_mass=(0.01, 0.02),
+        new_codes=(np.array([1, 2], dtype=np.uint16),) * 2,
+    )
+
+
+def test_snapshot_round_trip_and_join_of_two_ranks():
+    a = CacheSnapshot(step=3, layers=(_layer(2), _layer(3)), token_id=7, native_bytes=5,
+                      codebook_bytes=100, process_bytes=1 << 20)  # fmt: skip
+    b = CacheSnapshot(step=3, layers=(_layer(0),), token_id=7, native_bytes=1, codebook_bytes=50,
+                      process_bytes=1 << 21)  # fmt: skip
+    joined = wire.snapshot_from(
+        wire.join_snapshots([wire.snapshot_json(a), None, wire.snapshot_json(b)])
+    )
+    assert [layer.layer for layer in joined.layers] == [0, 2, 3]
+    assert joined.native_bytes == 6 and joined.codebook_bytes == 150
+    assert joined.process_bytes == 3 << 20
+    got = joined.layers[1]
+    assert got.recall == (0.9, 0.8) and got.bytes_held == 1000 and got.window_start == 24
+    assert [s.tolist() for s in got.selected] == [[0, 1, 2, 3, 4], [0, 1, 2]]
+    assert got.selected[0].dtype == np.int32 and got.new_codes[0].dtype == np.uint16
+    assert wire.join_snapshots([None, None]) is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("step", "3", "snapshot.step"),
+        ("layers", "x", "snapshot.layers"),
+        ("token_id", -2, "snapshot.token_id"),
+    ],
+)
+def test_hostile_snapshot_fields_are_named(field, value, named):
+    data = wire.snapshot_json(CacheSnapshot(step=1, layers=(_layer(0),)))
+    data[field] = value
+    with pytest.raises(wire.WireError, match=named):
+        wire.snapshot_from(data)
+
+
+def test_hostile_arrays_are_refused():
+    data = wire.snapshot_json(CacheSnapshot(step=1, layers=(_layer(0),)))
+    data["layers"][0]["selected"] = [["object", [1]]]
+    with pytest.raises(wire.WireError, match="selected"):
+        wire.snapshot_from(data)
+    data["layers"][0]["selected"] = [["int32", ["a"]]]
+    with pytest.raises(wire.WireError, match="selected"):
+        wire.snapshot_from(data)
+
+
+def _through_json(value):
+    return json.loads(json.dumps(value))
+
+
+def test_stats_fit_and_model_info_round_trip(tmp_path):
+    from a2ats_engine.loading.models import load_model
+
+    stats = GenerationStats(3, 4, 0.5, 10.0, 5.0, 0.1, "stop", cache_bytes=9, extra={"a": 1})
+    assert wire.stats_from(_through_json(wire.stats_json(stats))) == stats
+    _, _, info = load_model(str(save_tiny_model(tmp_path / "tiny", "qwen3", head_dim=16)))
+    back = wire.info_from(_through_json(info.to_dict()))
+    assert back.geometry == info.geometry and back.layer_plan == info.layer_plan
+    assert back.name == info.name and back.recommended_sampling == info.recommended_sampling
+    with pytest.raises(wire.WireError, match="info.num_layers"):
+        wire.info_from(_through_json(info.to_dict()) | {"num_layers": "many"})
+
+
+# -- two ranks served to one client ----------------------------------------------------------------
+
+
+@pytest.fixture
+def tiny_ranks(two_ranks, tmp_path):
+    model_dir = save_tiny_model(tmp_path / "tiny", "llama", num_hidden_layers=4, seed=3)
+    book = tmp_path / "book.safetensors"
+    Codebook.random(4, 2, 16, 64, seed=2).save(book)
+    client = RanksClient(local_hosts(tmp_path), str(model_dir), port=free_port(), peer_timeout=20)
+    yield client, model_dir, book
+    client.close()
+
+
+@pytest.mark.filterwarnings("ignore:codebook records no model fingerprint")
+def test_client_chats_on_two_ranks_like_one_process_and_sees_every_layer(tiny_ranks):
+    client, model_dir, book = tiny_ranks
+    from a2ats_engine.loading.models import load_model
+
+    assert client.ranks == ["rank 0 of 2: layers 2-3 of 4", "rank 1 of 2: layers 0-1 of 4"]
+    loaded = client.load_codebook(book)
+    assert loaded.num_layers == 4 and loaded.nbytes == Codebook.load(book).nbytes
+    config = A2ATSConfig(window=16, budget=8, exact_below=0, telemetry=True)
+    sampling = SamplingSettings(temperature=1.0, seed=11, max_tokens=16)
+    client.configure(system_prompt=None, sampling=sampling, a2ats=config, turns=[])
+    assert client.fit("send", PROMPT, context_length=None, policy="ask").overflow is False
+    events = list(client.reply("send", PROMPT))
+    tokens = [e.token_id for e in events if isinstance(e, TokenEvent)]
+    snaps = [e for e in events if isinstance(e, CacheSnapshot)]
+    stats = events[-1]
+    assert isinstance(stats, GenerationStats) and stats.generation_tokens == 16
+
+    model, tokenizer, _ = load_model(str(model_dir))
+    session = ChatSession(
+        model, tokenizer, sampling=sampling, a2ats=config, codebook=Codebook.load(book)
+    )
+    ref = list(session.send(PROMPT))
+    assert tokens == [e.token_id for e in ref if isinstance(e, TokenEvent)]
+    ref_snaps = [e for e in ref if isinstance(e, CacheSnapshot)]
+    assert len(snaps) == len(ref_snaps) > 0
+    assert [layer.layer for layer in snaps[-1].layers] == [0, 1, 2, 3]  # both ranks' layers
+    for got, want in zip(snaps[-1].layers, ref_snaps[-1].layers, strict=True):
+        assert [s.tolist() for s in got.selected] == [s.tolist() for s in want.selected]
+    assert stats.cache_bytes == sum(int(c.nbytes) for c in session.caches)  # both ranks'
+    ids, turns = client.context(streaming=False)
+    assert ids == session.cached_token_ids and turns[-1][0] == "assistant"
+    assert client.decode(ids[:5]) == tokenizer.decode(ids[:5], skip_special_tokens=False)
+
+
+def test_stop_ends_the_reply_on_every_rank_and_the_ranks_carry_on(tiny_ranks):
+    client, _, _ = tiny_ranks
+    client.configure(
+        system_prompt=None,
+        sampling=SamplingSettings(temperature=0.0, max_tokens=3000),
+        a2ats=None,
+        turns=[],
+    )
+    seen = 0
+    stats = None
+    for event in client.reply("send", PROMPT):
+        if isinstance(event, TokenEvent):
+            seen += 1
+            if seen == 5:
+                client.stop()
+        elif isinstance(event, GenerationStats):
+            stats = event
+    assert stats is not None and stats.stop_reason == "cancelled"
+    assert 5 <= stats.generation_tokens < 100
+    with pytest.raises(ValueError, match="unknown request"):
+        client.request("nonsense")
+    again = [e for e in client.reply("send", "and again") if isinstance(e, GenerationStats)]
+    assert again and again[0].generation_tokens > 0  # the ranks still serve
+
+
+def _rank_pid(group: int, rank: int) -> int:
+    """The Python process of `rank` among the launcher's process group (its MLX_RANK)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(proc.name)) != group:
+                continue
+            env = (proc / "environ").read_bytes().split(b"\0")
+            exe = os.readlink(proc / "exe")
+        except OSError:
+            continue
+        if f"MLX_RANK={rank}".encode() in env and "python" in Path(exe).name:
+            return int(proc.name)
+    raise AssertionError(f"no process of rank {rank} in group {group}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds rank 1 in /proc")
+def test_a_rank_killed_mid_reply_is_reported_in_bounded_time(tiny_ranks):
+    client, _, _ = tiny_ranks
+    client.configure(
+        system_prompt=None,
+        sampling=SamplingSettings(temperature=0.0, max_tokens=100000),
+        a2ats=None,
+        turns=[],
+    )
+    rank1 = _rank_pid(client._process.pid, 1)
+    killed_at = None
+    with pytest.raises(RanksLost, match="lost a rank|no progress|ended"):
+        for event in client.reply("send", PROMPT):
+            if isinstance(event, TokenEvent) and killed_at is None and event.index == 3:
+                os.kill(rank1, signal.SIGKILL)
+                killed_at = time.monotonic()
+            assert killed_at is None or time.monotonic() - killed_at < 90, "still replying"
+    assert killed_at is not None and time.monotonic() - killed_at < 60
+    assert not client.alive
+    with pytest.raises(RanksLost, match="load the model again"):
+        client.fit("send", "x", context_length=None, policy="ask")
+
+
+def test_unreachable_host_is_one_clear_error(tmp_path):
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text('[{"ssh": "no-such-host.invalid", "ips": ["10.255.255.1"]},'
+                     ' {"ssh": "no-such-host.invalid", "ips": ["10.255.255.1"]}]')  # fmt: skip
+    t0 = time.monotonic()
+    with pytest.raises(RanksLost) as caught:
+        RanksClient(hosts, "demo", port=free_port(), start_timeout=120)
+    assert time.monotonic() - t0 < 120
+    assert "no-such-host.invalid" in str(caught.value) or "ssh" in str(caught.value).lower()
+
+
+def test_bad_hosts_file_is_refused_before_anything_starts(tmp_path):
+    bad = tmp_path / "hosts.json"
+    bad.write_text("not json")
+    with pytest.raises(ValueError, match="not JSON"):
+        RanksClient(bad, "demo")
+    assert threading.active_count() >= 1
