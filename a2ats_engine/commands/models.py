@@ -99,11 +99,18 @@ def run_fetch_demo(args: argparse.Namespace) -> int:
     if not getattr(args, "no_codebook", False):
         from ..calibration.calibrate import ensure_default_codebook
 
-        had = default_codebook_path(name).is_file()
-        if not had:
+        book = default_codebook_path(name)
+        had = book.stat().st_mtime_ns if book.is_file() else None
+        if had is None:
             print(f"building the {label}'s default codebook (a few minutes)", file=sys.stderr)
         path = ensure_default_codebook(name, _StageReporter(), model_source=folder)
-        print(f"default codebook {'already present' if had else 'ready'}: {path}")
+        if had is None:
+            state = "ready"
+        elif path.stat().st_mtime_ns == had:
+            state = "already present"
+        else:  # a stored default from an earlier recipe (or damaged) was built again
+            state = "rebuilt to the current recipe"
+        print(f"default codebook {state}: {path}")
     return 0
 
 
