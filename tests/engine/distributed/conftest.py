@@ -31,17 +31,21 @@ def two_ranks(tmp_path_factory):
     """Skip (with mlx.launch's words) only where mlx.launch cannot start two ranks here."""
     folder = tmp_path_factory.mktemp("ring")
     script = folder / "ring_ok.py"
-    script.write_text(
+    script.write_text(  # each rank writes a file: mlx.launch may interleave the ranks' stdout
+        "import sys\n"
         "import mlx.core as mx\n"
         "g = mx.distributed.init(strict=True)\n"
-        "print('sum', mx.distributed.all_sum(mx.array(1.0), group=g).item(), g.size())\n"
+        "s = mx.distributed.all_sum(mx.array(1.0), group=g).item()\n"
+        "open(f'{sys.argv[1]}/rank{g.rank()}', 'w').write(f'{s} {g.size()}')\n"
     )
     command = [*launcher(), "--backend", "ring", "--hostfile", str(local_hosts(folder))]
     command += ["--starting-port", str(free_port()), "--python", sys.executable, str(script)]
+    command.append(str(folder))
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as exc:
         pytest.skip(f"mlx.launch cannot start two ranks here: {exc}")
-    if done.stdout.count("2.0 2") != 2:  # the two ranks' lines may interleave
+    answers = [folder / f"rank{r}" for r in range(2)]
+    if not all(a.is_file() and a.read_text() == "2.0 2" for a in answers):
         said = (done.stderr.strip() or done.stdout.strip() or f"exit {done.returncode}")[-300:]
         pytest.skip(f"mlx.launch cannot start two ranks here: {said}")
