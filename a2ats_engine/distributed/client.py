@@ -137,17 +137,23 @@ class RanksClient:
 
     def _unreachable(self) -> str | None:
         """`host H could not be reached ...` when mlx.launch says a remote rank's ssh ended
-        with 255 (ssh's own failure; mlx.launch runs it quietly)."""
+        with 255 (ssh's own failure; mlx.launch runs it quietly), or 127 (a command not
+        found)."""
         for line in self._stderr:
             found = EXITED.search(line)
-            if found and found.group(2) == "255":
-                rank = int(found.group(1))
-                host = self._hosts[rank].get("ssh") if rank < len(self._hosts) else "?"
-                if host != "127.0.0.1":
-                    return (
-                        f"host {host!r} (rank {rank}) could not be reached with ssh "
-                        "(passwordless ssh to every host is needed; README 'Several machines')"
-                    )
+            if not found or found.group(2) == "0":
+                continue
+            rank, code = int(found.group(1)), found.group(2)
+            host = self._hosts[rank].get("ssh") if rank < len(self._hosts) else "?"
+            if host == "127.0.0.1":
+                continue
+            if code == "255":
+                return (
+                    f"host {host!r} (rank {rank}) could not be reached with ssh "
+                    "(passwordless ssh to every host is needed; README 'Several machines')"
+                )
+            if code == "127":
+                return f"host {host!r} (rank {rank}): ssh, or Python on that host, was not found"
         return None
 
     def _lost(self, waiting: str) -> RanksLost:
