@@ -1057,6 +1057,12 @@ def readme_summary(d: dict[str, dict]) -> str:
 
 # Recorded runs that no current table shows: (date first recorded, what it measured).
 HISTORY = {
+    "distributed_demo_spinning_launcher.json": (
+        "2026-12-01",
+        "demo on 1 process and 2 local ranks, taken beside other work and with mlx.launch's own "
+        "stdio relay spinning on the 2 cores (2 ranks 0.16 tok/s, 1 process 0.48); replaced by "
+        "distributed_demo.json, run through the calmed launcher on the otherwise idle machine",
+    ),
     "prefill_xeon.json": (
         "2026-12-01",
         "time to first token at 1K and 4K on the slower Intel host, before prefill attention "
