@@ -309,9 +309,8 @@ class RanksClient:
             except (ProcessLookupError, subprocess.TimeoutExpired, PermissionError):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self._process.pid, signal.SIGKILL)
-        for pipe in (self._process.stdin,):
-            with contextlib.suppress(OSError):
-                pipe.close()
+        with contextlib.suppress(OSError):
+            self._process.stdin.close()
 
 
 __all__ = ["RanksClient", "RanksCodebook", "RanksLost"]

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from . import wire
-from .chat import Watchdog, _settle, _split, rank_main, run_ranks
+from .chat import LOST, Watchdog, _settle, _split, rank_main, run_ranks
 
 PREFIX = "@a2ats "
 
@@ -124,7 +124,7 @@ def _serve(args: argparse.Namespace, group: Any, dog: Watchdog) -> int:
             else:
                 answers.send("ok", **_run_op(state, op, request))
         except (ValueError, RuntimeError, OSError) as exc:
-            if any(marker in str(exc) for marker in ("[ring]", "[mpi]", "peer")):
+            if any(marker in str(exc) for marker in LOST):
                 raise  # a lost rank: run_ranks reports it
             answers.send("error", message=str(exc).strip().splitlines()[0] if str(exc) else "")
         except Exception as exc:  # an engine error (CodebookError...): reported, not fatal
@@ -182,9 +182,6 @@ def _run_op(state: _State, op: str | None, request: dict) -> dict:
         if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
             raise ValueError("decode: ids must be a list of integers")
         return {"text": session.tokenizer.decode(ids, skip_special_tokens=False)}
-    if op == "reset":
-        session.reset()
-        return {}
     raise ValueError(f"unknown request {op!r}")
 
 

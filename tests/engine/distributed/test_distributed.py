@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +35,8 @@ from a2ats_engine.distributed.plan import join_plans
 from a2ats_engine.session import ChatSession, SamplingSettings
 from tests.demo_gate import require_demo
 from tests.tiny import save_tiny_model, tiny_model
+
+from .conftest import free_port, local_hosts
 
 ROOT = Path(__file__).resolve().parents[3]
 PYTHON = sys.executable
@@ -183,18 +184,6 @@ def test_hosts_file_and_launch_command(tmp_path):
 # -- two ranks on the loopback address --------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _hosts(tmp_path: Path, n: int = 2) -> Path:
-    path = tmp_path / "hosts.json"
-    path.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * n))
-    return path
-
-
 def _env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -202,8 +191,8 @@ def _env() -> dict:
 
 
 def _launch(tmp_path: Path, args: list[str]) -> subprocess.CompletedProcess:
-    command = [*LAUNCH, "--backend", "ring", "--hostfile", str(_hosts(tmp_path))]
-    command += ["--starting-port", str(_free_port()), "--python", PYTHON]
+    command = [*LAUNCH, "--backend", "ring", "--hostfile", str(local_hosts(tmp_path))]
+    command += ["--starting-port", str(free_port()), "--python", PYTHON]
     command += ["-m", "a2ats_engine.distributed", *args]
     proc = subprocess.Popen(
         command,
@@ -313,7 +302,7 @@ def test_lost_rank_is_reported_on_rank0_in_bounded_time(two_ranks, tmp_path, how
     """Rank 1 is killed (MLX's ring error) or stopped (the watchdog, --peer-timeout 20) mid-reply;
     rank 0 prints an error and ends."""
     model_dir = save_tiny_model(tmp_path / "tiny", "llama", num_hidden_layers=4)
-    port = _free_port()
+    port = free_port()
     hostfile = tmp_path / "ring.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{port}"], [f"127.0.0.1:{port + 1}"]]))
     options = ["--model", str(model_dir), "--cache", "full", "--temp", "0"]
@@ -365,8 +354,8 @@ def test_lost_rank_is_reported_on_rank0_in_bounded_time(two_ranks, tmp_path, how
 def _a2ats_on_hosts(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     """`a2ats ARGS --hosts FILE --port N` through the CLI: two local ranks, a free port."""
     code = "import sys; from a2ats_engine.cli import main; sys.exit(main(sys.argv[1:]))"
-    command = [PYTHON, "-c", code, *args, "--hosts", str(_hosts(tmp_path))]
-    command += ["--port", str(_free_port())]
+    command = [PYTHON, "-c", code, *args, "--hosts", str(local_hosts(tmp_path))]
+    command += ["--port", str(free_port())]
     return subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=tmp_path,
                           timeout=TIMEOUT)  # fmt: skip
 
@@ -378,7 +367,7 @@ def test_calibrate_command_forwards_the_options(tmp_path):
 
     args = argparse.Namespace(model="demo", out="b.safetensors", tokens=4096, centroids=64,
                               text=["a.txt", "b.md"], force=True, seed=None, split="20,10")  # fmt: skip
-    command = calibrate_command(args, _hosts(tmp_path), port=41000)
+    command = calibrate_command(args, local_hosts(tmp_path), port=41000)
     assert _module(command) == "a2ats_engine.distributed.calibrate"
     assert [command[i + 1] for i, x in enumerate(command) if x == "--text"] == ["a.txt", "b.md"]
     assert "--force" in command and "--seed" not in command
@@ -450,7 +439,7 @@ def test_two_ranks_calibrate_the_codebook_of_one_process(two_ranks, tmp_path):
 def test_eval_on_hosts_refuses_what_it_cannot_do_by_name(tmp_path, capsys):
     from a2ats_engine.cli import main
 
-    hosts = str(_hosts(tmp_path))
+    hosts = str(local_hosts(tmp_path))
     base = ["eval", "--model", "demo", "--codebook", "x.safetensors", "--hosts", hosts]
     for flags, message in (
         (["--kv-bits", "8", "--rerank", "1"], "--rerank, --kv-bits: not across ranks yet"),

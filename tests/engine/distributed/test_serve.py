@@ -210,14 +210,15 @@ def test_client_chats_on_two_ranks_like_one_process_and_sees_every_layer(tiny_ra
     assert client.decode(ids[:5]) == tokenizer.decode(ids[:5], skip_special_tokens=False)
 
 
+def _greedy_plain(client: RanksClient, max_tokens: int) -> None:
+    """Greedy replies with mlx-lm's own caches, from an empty conversation."""
+    sampling = SamplingSettings(temperature=0.0, max_tokens=max_tokens)
+    client.configure(system_prompt=None, sampling=sampling, a2ats=None, turns=[])
+
+
 def test_stop_ends_the_reply_on_every_rank_and_the_ranks_carry_on(tiny_ranks):
     client, _, _ = tiny_ranks
-    client.configure(
-        system_prompt=None,
-        sampling=SamplingSettings(temperature=0.0, max_tokens=3000),
-        a2ats=None,
-        turns=[],
-    )
+    _greedy_plain(client, max_tokens=3000)
     seen = 0
     stats = None
     for event in client.reply("send", PROMPT):
@@ -255,12 +256,7 @@ def _rank_pid(group: int, rank: int) -> int:
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds rank 1 in /proc")
 def test_a_rank_killed_mid_reply_is_reported_in_bounded_time(tiny_ranks):
     client, _, _ = tiny_ranks
-    client.configure(
-        system_prompt=None,
-        sampling=SamplingSettings(temperature=0.0, max_tokens=100000),
-        a2ats=None,
-        turns=[],
-    )
+    _greedy_plain(client, max_tokens=100000)
     rank1 = _rank_pid(client._process.pid, 1)
     killed_at = None
     with pytest.raises(RanksLost, match="lost a rank|no progress|ended"):
