@@ -1,5 +1,6 @@
 """The one seam between the app and the engine: every engine operation goes through here (the
-rest of the app imports only the engine's public names and records: tests/test_boundaries.py).
+rest of the app imports only the engine's public names and records: tests/test_boundaries.py;
+`ranks_backend.py` is the same seam for a model split over several machines).
 
 `EngineWorker` (worker.py) holds the model, tokenizer, codebook and chat session as opaque
 handles and does everything with them through an `EngineBackend`: loading, codebooks,
@@ -98,6 +99,13 @@ class EngineBackend:
         from a2ats_engine.loading.fetched_models import default_codebook_path, is_named
 
         return default_codebook_path(source) if is_named(source) else None
+
+    def placement(self, model) -> tuple[str, ...]:
+        """Which layers each rank serves; () on this computer (ranks_backend.py)."""
+        return ()
+
+    def close(self) -> None:
+        """End what the backend runs besides this process (nothing here; the ranks there)."""
 
     # ----- codebooks and calibration ----------------------------------------------------------
 
@@ -314,3 +322,10 @@ class EngineBackend:
 
     def decode(self, tokenizer, ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=False)
+
+    def text_cache(self, tokenizer):
+        """Each context token's text, `.texts(ids)` (decoded with the tokenizer, the tail
+        only when a context grows)."""
+        from a2ats_engine.token_texts import TokenTextCache
+
+        return TokenTextCache(lambda ids: self.decode(tokenizer, ids))

@@ -43,11 +43,14 @@ class StopReason(StrEnum):
 
 @dataclass(frozen=True)
 class ModelLoaded:
-    """A model is ready."""
+    """A model is ready: on this computer, or (`hosts`, an mlx.launch hosts file) split over
+    the hosts' ranks, `ranks` saying which layers each serves."""
 
     source: str
     info: ModelInfo
     seconds: float
+    hosts: str = ""
+    ranks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -213,6 +216,7 @@ class LoadModel:
     source: str
     codebook: str = ""
     demo_codebook: bool = True
+    hosts: str = ""  # an mlx.launch hosts file: the model split over its hosts ("" = here)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Entry point of `a2ats-chat`: the desktop app, and a scripted mode for checks and demos.
 
-    a2ats-chat [--model SOURCE]
-    a2ats-chat --model SOURCE [--codebook FILE] --prompt TEXT --screenshot PNG [--quit]
-               [--keep-chat]
+    a2ats-chat [--model SOURCE] [--hosts FILE]
+    a2ats-chat --model SOURCE [--hosts FILE] [--codebook FILE] --prompt TEXT --screenshot PNG
+               [--quit] [--keep-chat]
     a2ats-chat --self-test [--model SOURCE] [--tokens N]        (selftest.py)
 
 Scripted mode loads the model (and codebook), sends the prompt in a new chat, waits for the
@@ -33,6 +33,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", help='model folder, .gguf file, HF repo id or "demo"')
     parser.add_argument("--self-test", action="store_true", help=SELF_TEST_HELP)
     parser.add_argument("--tokens", type=int, default=12, help="self-test: tokens per model")
+    parser.add_argument(
+        "--hosts",
+        metavar="FILE",
+        help="run the model split over the hosts of this mlx.launch hosts file (the model "
+        "menu's 'Run on'; scripted mode runs on this computer without it)",
+    )
     parser.add_argument("--codebook", help="codebook file (.safetensors) to load")
     parser.add_argument("--prompt", help="scripted mode: message to send")
     parser.add_argument("--screenshot", help="scripted mode: PNG of the window after the reply")
@@ -106,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     _close_on_sigint(window)
     if args.model:
         window.controller.change_settings(model_source=args.model, save=False)
+    if args.hosts:
+        window.controller.change_settings(hosts_file=args.hosts, run_on_hosts=True, save=False)
     # offers to fetch the demo model when it is missing
     QTimer.singleShot(0, window.controller.start)
     return exit_now_if_stuck(app.exec())

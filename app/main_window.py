@@ -43,7 +43,7 @@ from .export_file import export_to_file
 from .feedback import Feedback
 from .inert_text import rich_from_plain
 from .inspector_dock import InspectorDock
-from .menus import build_menu_bar, fill_codebook_menu, fill_model_menu, model_tooltip
+from .menus import RunOn, build_menu_bar, fill_codebook_menu, fill_model_menu, model_tooltip
 from .reply_view import ReplyView
 from .settings import MAX_PIXELS, AppSettings
 from .status_bar import StatusBar
@@ -55,7 +55,8 @@ INTERRUPTED_NOTE = "Interrupted: the app closed before this reply finished."
 
 
 def model_label(loaded: ModelLoaded) -> str:
-    return loaded.info.name or Path(loaded.source).name or loaded.source
+    name = loaded.info.name or Path(loaded.source).name or loaded.source
+    return f"{name} on {len(loaded.ranks)} ranks" if loaded.hosts else name
 
 
 class MainWindow(QMainWindow):
@@ -352,18 +353,36 @@ class MainWindow(QMainWindow):
             ("Open GGUF file\u2026", "file", self.open_gguf_file),
             ("Download from Hugging Face\u2026", "cloud", self.download_from_hf),
         ]
-        if self.controller.model is not None:
+        model = self.controller.model
+        if model is not None and not model.hosts:  # each host measures its own
             openers.append(
                 ("Measure crossover on this machine", "info", self.controller.measure_crossover)
             )
         busy = self.controller.task not in (Task.IDLE, Task.GENERATING)
+        settings = self.controller.settings
+        run_on = RunOn(
+            settings.hosts_file,
+            bool(model.hosts) if model is not None else settings.run_on_hosts,
+            self.controller.run_on,
+            self.choose_hosts_file,
+        )
         fill_model_menu(
             self.model_menu,
-            self.controller.settings.recent_models,
+            settings.recent_models,
             busy,
             self.controller.load_model,
             openers,
+            run_on,
         )
+
+    def choose_hosts_file(self) -> None:
+        """Pick an mlx.launch hosts file: the model loads again split over its hosts."""
+        start = self.controller.settings.hosts_file or str(Path.home())
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Run on the hosts of a hosts file", start, "Hosts files (*.json);;All files (*)"
+        )
+        if path:
+            self.controller.run_on(path)
 
     def open_model_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Open model folder (mlx-lm format)")
@@ -431,6 +450,17 @@ class MainWindow(QMainWindow):
     def open_calibrate_dialog(self) -> None:
         if self.controller.model is None:
             QMessageBox.information(self, "Calibrate codebook", "Load a model first.")
+            return
+        if self.controller.model.hosts:
+            QMessageBox.information(
+                self,
+                "Calibrate codebook",
+                rich_from_plain(
+                    "The app calibrates on this computer only. For the model on these hosts, run "
+                    f"a2ats calibrate --hosts {self.controller.model.hosts} --model SOURCE --out "
+                    "FILE, then load the codebook (Ctrl+L); or choose Run on this computer."
+                ),
+            )
             return
         dialog = CalibrateDialog(model_label(self.controller.model), codebooks_dir(), self)
         dialog.start_requested.connect(self.controller.calibrate)

@@ -48,8 +48,19 @@ def model_tooltip(loaded: ModelLoaded) -> str:
             f"context {info.context_length or '?'}",
             f"quantization: {info.quantization or 'none'}",
             info.path,
+            *([f"split over the hosts of {loaded.hosts}:", *loaded.ranks] if loaded.hosts else []),
         ]
     )
+
+
+@dataclass(frozen=True)
+class RunOn:
+    """The model menu's "Run on" section: this computer, or the hosts of a hosts file."""
+
+    hosts_file: str  # the last hosts file chosen ("" = none yet)
+    on_hosts: bool  # the model in use runs on those hosts
+    run_on: Callable[[str], None]  # "" = this computer, or a hosts file
+    choose: Callable[[], None]  # pick a hosts file (a file dialog)
 
 
 def fill_model_menu(
@@ -58,9 +69,10 @@ def fill_model_menu(
     busy: bool,
     load: Callable[[str], None],
     openers: list[tuple[str, str, Callable[[], None]]],
+    run_on: RunOn | None = None,
 ) -> None:
-    """Demo model, the other named models, recent models, then the openers (text, icon,
-    slot)."""
+    """Demo model, the other named models, recent models, the openers (text, icon, slot), then
+    where the model runs."""
     menu.clear()
     demo = menu.addAction(theme().icon("assistant", "accent"), "Demo model (SmolLM2-135M-Instruct)")
     demo.triggered.connect(lambda: load(DEMO))
@@ -85,6 +97,38 @@ def fill_model_menu(
         action = menu.addAction(theme().icon(icon), text)
         action.triggered.connect(lambda _c=False, f=slot: f())
         action.setEnabled(not busy)
+    if run_on is not None:
+        _fill_run_on(menu, run_on, busy)
+
+
+def _fill_run_on(menu: QMenu, run_on: RunOn, busy: bool) -> None:
+    menu.addSection("Run on")
+    here = menu.addAction("Run on this computer")
+    here.setCheckable(True)
+    here.setChecked(not run_on.on_hosts)
+    here.triggered.connect(lambda _c=False: run_on.run_on(""))
+    here.setEnabled(not busy and run_on.on_hosts)
+    if run_on.hosts_file:
+        hosts = menu.addAction(f"Run on the hosts in {Path(run_on.hosts_file).name}")
+        hosts.setCheckable(True)
+        hosts.setChecked(run_on.on_hosts)
+        hosts.setToolTip(
+            rich_from_plain(
+                f"{run_on.hosts_file}\nThe model split over these hosts' ranks (MLX "
+                "distributed, pipeline split): README, 'Several machines'."
+            )
+        )
+        hosts.triggered.connect(lambda _c=False, f=run_on.hosts_file: run_on.run_on(f))
+        hosts.setEnabled(not busy and not run_on.on_hosts)
+    choose = menu.addAction(theme().icon("folder"), "Run on the hosts of a file\u2026")
+    choose.setToolTip(
+        rich_from_plain(
+            'An mlx.launch hosts file (JSON: one entry per host, "ssh" and "ips"); the '
+            "model then loads split over those hosts."
+        )
+    )
+    choose.triggered.connect(lambda _c=False: run_on.choose())
+    choose.setEnabled(not busy)
 
 
 def fill_codebook_menu(

@@ -97,20 +97,32 @@ class ModelJobs:
         self._set_job(Task.IDLE)
         self.load_model(DEMO)
 
-    def load_model(self, source: str) -> None:
-        """Load a model (folder, .gguf, HF repo id or "demo") and its remembered codebook."""
+    def load_model(self, source: str, hosts: str | None = None) -> None:
+        """Load a model (folder, .gguf, HF repo id or "demo") and its remembered codebook, where
+        models run (`settings.hosts`), or on `hosts` ("": this computer; a hosts file: split
+        over its hosts)."""
         self.stop()
         self._set_job(Task.LOADING)
         remembered = self.settings.codebook_for_model.get(source, "")
-        self._send(LoadModel(source, remembered, self.settings.auto_load_demo_codebook))
+        hosts = self.settings.hosts if hosts is None else hosts
+        self._send(LoadModel(source, remembered, self.settings.auto_load_demo_codebook, hosts))
+
+    def run_on(self, hosts: str) -> None:
+        """Run the models on this computer ("") or split over the hosts of a hosts file: the
+        model in use (or the remembered one) loads again there. The choice is kept once a
+        model loaded there; a failure leaves it as it was."""
+        self.load_model(self.model.source if self.model else self.settings.model_source, hosts)
 
     def _on_model_loaded(self, loaded: ModelLoaded) -> None:
         self.model, self.codebook = loaded, None
         recent = self.settings.recent_with(loaded.source)
-        self.change_settings(model_source=loaded.source, recent_models=recent)
+        where = {"run_on_hosts": bool(loaded.hosts)}
+        if loaded.hosts:
+            where["hosts_file"] = loaded.hosts
+        self.change_settings(model_source=loaded.source, recent_models=recent, **where)
         self._set_job(Task.IDLE)
         self.model_loaded.emit(loaded)
-        if self.auto_measure_crossover():
+        if self.auto_measure_crossover() and not loaded.hosts:  # hosts measure their own
             self._measure(loaded.source, automatic=True)
 
     def auto_measure_crossover(self) -> bool:

@@ -34,7 +34,7 @@ class ScriptedRun(QObject):
     def start(self) -> None:
         self._timeout.start(int(self.args.timeout * 1000))
         self.stage = "load_model"
-        self.window.controller.load_model(self.args.model)
+        self.window.controller.load_model(self.args.model, getattr(self.args, "hosts", "") or "")
 
     def _on_model_ready(self, _loaded) -> None:
         if self.stage != "load_model":

@@ -119,6 +119,8 @@ class AppSettings:
     inspector_visible: bool = True
     last_conversation_id: str | None = None
     auto_measure_crossover: bool = True  # the first load of a model measures its crossover
+    hosts_file: str = ""  # the last mlx.launch hosts file chosen ("Run on" in the model menu)
+    run_on_hosts: bool = False  # models load split over hosts_file's hosts, not on this computer
 
     def __post_init__(self) -> None:
         for name, (check, expected) in FIELD_TYPES.items():
@@ -127,6 +129,11 @@ class AppSettings:
                 raise ValueError(f"AppSettings.{name}={value!r} must be {expected}")
         if self.theme not in THEMES:
             raise ValueError(f"AppSettings.theme={self.theme!r} must be one of {THEMES}")
+
+    @property
+    def hosts(self) -> str:
+        """The hosts file models load on ("" = this computer)."""
+        return self.hosts_file if self.run_on_hosts and self.hosts_file else ""
 
     def recent_with(self, source: str) -> list[str]:
         """The recent-models list with `source` first (deduplicated, capped); changes nothing."""
@@ -214,6 +221,8 @@ FIELD_TYPES = {
     "inspector_visible": (_is_bool, "true or false"),
     "last_conversation_id": (lambda v: v is None or _is_str(v), "a string or null"),
     "auto_measure_crossover": (_is_bool, "true or false"),
+    "hosts_file": (_is_str, "a string"),
+    "run_on_hosts": (_is_bool, "true or false"),
 }
 """Every AppSettings field: (check, what it must be). A test keeps this in step with the fields."""
 

@@ -19,7 +19,7 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
@@ -31,7 +31,6 @@ from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats, TokenEv
 from a2ats_engine.records import ModelInfo
 
 from .backend import CrossoverCancelled, EngineBackend
-from .context_text import TokenTextCache
 from .events import (
     CalibrationFinished,
     CalibrationRequest,
@@ -126,9 +125,16 @@ class EngineWorker(QObject):
     calibration_cancelled = Signal()
     crossover_measured = Signal(object)  # CrossoverMeasured
 
-    def __init__(self, backend: EngineBackend | None = None) -> None:
+    def __init__(
+        self,
+        backend: EngineBackend | None = None,
+        ranks_backend: Callable[[str], EngineBackend] | None = None,
+    ) -> None:
         super().__init__()
-        self.backend = backend if backend is not None else EngineBackend()
+        # this computer's backend, and the one in use (the ranks' while a model runs on hosts)
+        self.local_backend = backend if backend is not None else EngineBackend()
+        self.backend = self.local_backend
+        self._ranks_backend = ranks_backend if ranks_backend is not None else _ranks_backend
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._cancelled: set[int] = set()
@@ -144,7 +150,7 @@ class EngineWorker(QObject):
         self._session = None
         self._session_chat: str | None = None  # the chat whose turns the session's cache holds
         self._session_keeps = False  # whether that chat's cache may be kept on disk
-        self._texts: TokenTextCache | None = None
+        self._texts = None  # each context token's text (the backend's text_cache)
 
     # ----- requests (queued from the controller) -----------------------------------------------
 
@@ -155,8 +161,8 @@ class EngineWorker(QObject):
         if self._closing.is_set():
             return  # the app is closing: what is still queued is not started
         match request:
-            case LoadModel(source, codebook, demo_codebook):
-                self.load_model(source, codebook, demo_codebook)
+            case LoadModel(source, codebook, demo_codebook, hosts):
+                self.load_model(source, codebook, demo_codebook, hosts)
             case FindDemo():
                 self.find_demo()
             case FetchDemo():
@@ -203,26 +209,43 @@ class EngineWorker(QObject):
 
     # ----- models -----------------------------------------------------------------------------
 
-    def load_model(self, source: str, codebook: str = "", demo_codebook: bool = True) -> None:
-        """Load a model; the previous one stays in use if this fails. Then load `codebook`
-        (the one last used with this model), or for the demo its default codebook."""
+    def load_model(
+        self, source: str, codebook: str = "", demo_codebook: bool = True, hosts: str = ""
+    ) -> None:
+        """Load a model, on this computer or (`hosts`, an mlx.launch hosts file) split over the
+        hosts' ranks; the previous one stays in use if this fails, except a model on hosts
+        when the new one goes to hosts too (its ranks hold the ports: they end first). Then
+        load `codebook` (the one last used with this model), or for the demo its default."""
         start = time.perf_counter()
 
         def report(stage: str, done: int, total: int) -> None:
             self.progress.emit(Progress(Job.LOAD_MODEL, stage, int(done), int(total)))
 
         try:
-            model, tokenizer, info = self.backend.load_model(source, report)
+            backend = self._ranks_backend(hosts) if hosts else self.local_backend
+        except Exception as exc:  # noqa: BLE001  (a bad hosts file: named, nothing started)
+            self._report(Job.LOAD_MODEL, exc, hosts)
+            return
+        if hosts and self.backend is not self.local_backend:
+            self._unload()  # the ranks of the model loaded on hosts before
+        try:
+            model, tokenizer, info = backend.load_model(source, report)
         except Exception as exc:  # noqa: BLE001  (any failure is reported, the app stays up)
+            if backend is not self.local_backend:
+                backend.close()
             self._report(Job.LOAD_MODEL, exc, source)
             return
         self._keep_chat_cache()  # the last model's cache, for when it is loaded again
+        if self.backend is not backend and self.backend is not self.local_backend:
+            self.backend.close()  # the ranks of the model loaded on hosts before
+        self.backend = backend
         self._model, self._tokenizer, self._info, self._source = model, tokenizer, info, source
         self._codebook, self._codebook_info = None, None
         self._session, self._session_chat = None, None
-        backend, tok = self.backend, tokenizer
-        self._texts = TokenTextCache(lambda ids: backend.decode(tok, ids))
-        self.model_loaded.emit(ModelLoaded(source, info, time.perf_counter() - start))
+        self._texts = backend.text_cache(tokenizer)
+        placement = tuple(backend.placement(model))
+        seconds = time.perf_counter() - start
+        self.model_loaded.emit(ModelLoaded(source, info, seconds, hosts, placement))
         automatic = self._automatic_codebook(source, codebook, demo_codebook)
         if automatic:
             self.load_codebook(automatic, True)
@@ -234,6 +257,14 @@ class EngineWorker(QObject):
             default = self.backend.default_codebook_path(source)
             return str(default) if default is not None and default.is_file() else ""
         return ""
+
+    def _unload(self) -> None:
+        """End the model on hosts (its ranks); the worker holds no model afterwards."""
+        self._keep_chat_cache()
+        self.backend.close()
+        self.backend = self.local_backend
+        self._model = self._tokenizer = self._info = self._session = self._texts = None
+        self._codebook, self._codebook_info, self._session_chat = None, None, None
 
     def find_demo(self) -> None:
         folder = self.backend.demo_model_path()
@@ -528,6 +559,8 @@ class EngineWorker(QObject):
         """The last request before the thread ends: keep the chat's cache, then quit."""
         for note in self._keep_chat_cache():  # the window is gone: a line on stderr
             print(f"a2ats-chat: {note}", file=sys.stderr)
+        if self.backend is not self.local_backend:
+            self.backend.close()  # the ranks on the hosts end with the app
         thread = self.thread()
         if thread is not None:
             thread.quit()
@@ -549,6 +582,14 @@ class EngineWorker(QObject):
         self.failed.emit(ErrorReport(task, _one_line(exc), detail, source, **extra))
 
 
+def _ranks_backend(hosts: str) -> EngineBackend:
+    """The backend of a model split over the hosts of `hosts` (imported only then: it loads
+    the engine's distributed runtime)."""
+    from .ranks_backend import RanksBackend
+
+    return RanksBackend(hosts)
+
+
 class EngineThread(QObject):
     """The "engine" QThread and the EngineWorker on it: starts both, and ends them
     (`shutdown`). Requests do not pass through here: the controller sends them to `worker`
@@ -560,12 +601,17 @@ class EngineThread(QObject):
     # threads whose shutdown timed out: kept referenced so Qt never destroys a running QThread
     stuck: ClassVar[list[EngineThread]] = []
 
-    def __init__(self, backend: EngineBackend | None = None, parent: QObject | None = None) -> None:
+    def __init__(
+        self,
+        backend: EngineBackend | None = None,
+        parent: QObject | None = None,
+        ranks_backend: Callable[[str], EngineBackend] | None = None,
+    ) -> None:
         super().__init__(parent)
         EngineThread.live.add(self)
         self.thread = QThread()
         self.thread.setObjectName("engine")
-        self.worker = EngineWorker(backend)
+        self.worker = EngineWorker(backend, ranks_backend)
         self.worker.moveToThread(self.thread)
         self.thread.start()
 

@@ -160,11 +160,13 @@ ENGINE_API = frozenset(
         "a2ats_engine.cache.config",
         "a2ats_engine.cache.telemetry",
         "a2ats_engine.cache.layer_plan",
+        "a2ats_engine.token_texts",
     }
 )
 # Where app code may reach past that API, and why.
 ENGINE_SEAMS = {
     "app/backend.py": "the one seam: every engine operation the app runs goes through it",
+    "app/ranks_backend.py": "the same seam for a model split over several machines' ranks",
     "app/selftest.py": "the frozen build's self-test checks the engine's own pieces (hooks, BLAS)",
 }
 

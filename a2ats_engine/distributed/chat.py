@@ -270,9 +270,14 @@ def _reply(session: Any, text: str, rank0: bool, dog: Watchdog, recorder: _Recor
 
 def _settle(session: Any) -> None:
     """Wait for the step mlx-lm evaluates ahead (it includes collectives) and for every rank:
-    a rank must not leave (or start the next turn) while another still runs that step."""
+    a rank must not leave (or start the next turn) while another still runs that step. That
+    step is on mlx-lm's own stream (a reply that ended on an end-of-sequence token has the next
+    step queued there): waiting only for the default stream let the all_sum below meet a
+    peer's pipeline send, and the ranks' next exchange read garbage."""
     import mlx.core as mx
+    from mlx_lm.generate import generation_stream
 
+    mx.synchronize(generation_stream)
     mx.synchronize()
     stage = getattr(session.model, "_a2ats_stage", None)
     if stage is not None and stage.size > 1:

@@ -25,7 +25,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from ..errors import A2ATSError
 from . import wire
 from .launch import launcher, read_hosts
 from .serve import PREFIX
+from .wire import RanksCodebook, RanksContext
 
 STDERR_LINES = 40  # the ranks' last stderr lines kept for error messages
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -41,21 +41,6 @@ EXITED = re.compile(r"Node with rank (\d+) exited with code (-?\d+)")
 
 class RanksLost(A2ATSError):
     """The ranks ended or could not start (a host unreachable, a rank died or hung)."""
-
-
-@dataclass(frozen=True)
-class RanksCodebook:
-    """What the ranks loaded of a codebook file (each rank holds its layers' rows; `nbytes`
-    sums them)."""
-
-    path: str
-    n_centroids: int
-    sub_dim: int
-    num_layers: int
-    nbytes: int
-    metadata: dict
-    warnings: tuple[str, ...]
-    sha256: str
 
 
 class RanksClient:
@@ -88,6 +73,8 @@ class RanksClient:
         self._errors: list[str] = []  # the ranks' `error ...` lines, first first (the cause)
         self._write_lock = threading.Lock()
         self._closed = False
+        self.prompt: RanksContext | None = None  # the context the last reply continued
+        self.codebook: RanksCodebook | None = None  # the codebook the ranks hold
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self._process = subprocess.Popen(
             command,
@@ -164,7 +151,10 @@ class RanksClient:
         said = self._unreachable() or (self._errors[:1] or other[-1:] or ["(nothing)"])[0]
         self._closed = True
         self._kill()
-        return RanksLost(f"the ranks ended while waiting for {waiting}: {said.strip()[:400]}")
+        return RanksLost(
+            f"the ranks ended while waiting for {waiting}: {said.strip()[:400]} (load the model "
+            "again to start them)"
+        )
 
     def _next(self, timeout: float | None = None, waiting: str = "an answer") -> dict:
         try:
@@ -203,19 +193,18 @@ class RanksClient:
 
     def load_codebook(self, path: str | Path) -> RanksCodebook:
         """Each rank loads its layers' rows of the codebook at `path` (on every host)."""
-        answer = self.request("codebook", path=str(path))
-        metadata = answer.get("metadata")
-        notes = answer.get("warnings")
-        return RanksCodebook(
-            path=str(path),
-            n_centroids=wire._int(answer.get("n_centroids"), "codebook.n_centroids", 1),
-            sub_dim=wire._int(answer.get("sub_dim"), "codebook.sub_dim", 1),
-            num_layers=wire._int(answer.get("num_layers"), "codebook.num_layers", 1),
-            nbytes=wire._int(answer.get("nbytes"), "codebook.nbytes"),
-            metadata=metadata if isinstance(metadata, dict) else {},
-            warnings=tuple(str(n) for n in notes) if isinstance(notes, list) else (),
-            sha256=str(answer.get("sha256") or ""),
-        )
+        self.codebook = wire.codebook_from(self.request("codebook", path=str(path)), str(path))
+        return self.codebook
+
+    def clear_codebook(self) -> None:
+        """The ranks forget their codebook (A2ATS then runs with a random one)."""
+        self.request("clear_codebook")
+        self.codebook = None
+
+    def crossover(self, a2ats: Any) -> Any:
+        """`a2ats` with the crossover that applies on rank 0's machine when it sets none (the
+        measured crossover there, the built-in row or the estimate)."""
+        return wire.config_from(self.request("crossover", a2ats=a2ats.to_dict()).get("a2ats"))
 
     def configure(
         self,
@@ -242,15 +231,11 @@ class RanksClient:
         )
         return wire.fit_from(answer.get("fit"))
 
-    def context(self, *, streaming: bool) -> tuple[list[int], list[tuple[str, str]]]:
-        """(token ids of the context, the conversation's (role, content) turns)."""
-        answer = self.request("context", streaming=bool(streaming))
-        ids = wire._list(answer.get("ids"), "context.ids")
-        turns = wire._list(answer.get("turns"), "context.turns")
-        return (
-            [wire._int(i, "context.ids[]") for i in ids],
-            [(str(t[0]), str(t[1])) for t in turns if isinstance(t, list) and len(t) == 2],
-        )
+    def context(self, *, streaming: bool) -> RanksContext:
+        """The session's context: token ids, each token's text, the conversation's turns
+        (`streaming`: the prompt the running reply prefilled; not while a reply streams:
+        its `prompt` is that)."""
+        return wire.context_from(self.request("context", streaming=bool(streaming)))
 
     def decode(self, ids: list[int]) -> str:
         return str(self.request("decode", ids=[int(i) for i in ids]).get("text", ""))
@@ -258,19 +243,17 @@ class RanksClient:
     def reply(
         self, mode: str, text: str, progress: Callable[[str, int, int], None] | None = None
     ) -> Iterator[Any]:
-        """The reply's events (TokenEvent, CacheSnapshot, then GenerationStats)."""
-        from ..cache.telemetry import TokenEvent
-
+        """The reply's events (TokenEvent, CacheSnapshot, then GenerationStats); `prompt` is
+        the context it continues from its first token on."""
+        self.prompt = None
         self._send({"op": "reply", "mode": str(mode), "text": text})
         while True:
             event = self._next(waiting="the reply")
             kind = event.get("ev")
             if kind == "token":
-                yield TokenEvent(
-                    str(event.get("text", "")),
-                    wire._int(event.get("token_id"), "token.token_id"),
-                    wire._int(event.get("index"), "token.index"),
-                )
+                yield wire.token_from(event)
+            elif kind == "prompt":
+                self.prompt = wire.context_from(event, "prompt")
             elif kind == "snapshot":
                 yield wire.snapshot_from(event.get("snapshot"))
             elif kind == "prefill" and progress is not None:

@@ -35,22 +35,32 @@ FORWARDED = (
 )
 
 
+MAX_HOSTS_BYTES = 1 << 20  # a hosts file is a few lines of JSON
+MAX_HOSTS = 1024
+
+
 def read_hosts(path: str | Path) -> list[dict]:
     """The hosts of an mlx.launch hostfile. ValueError (one line) for a file mlx.launch would
     refuse: missing, not JSON, no hosts, a host without `ssh`."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"--hosts={path}: no such file")
+        raise ValueError(f"hosts file {path}: no such file")
     try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"--hosts={path}: not JSON ({exc})") from None
+        if path.stat().st_size > MAX_HOSTS_BYTES:
+            raise ValueError(f"hosts file {path}: over {MAX_HOSTS_BYTES:,} bytes, not a hosts file")
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError(f"hosts file {path}: not JSON ({str(exc)[:120]})") from None
+    except OSError as exc:
+        raise ValueError(f"hosts file {path}: cannot be read ({exc.strerror or exc})") from None
     hosts = data.get("hosts") if isinstance(data, dict) else data
     if not isinstance(hosts, list) or not hosts:
-        raise ValueError(f"--hosts={path}: needs a list of hosts (mlx.launch's hostfile format)")
+        raise ValueError(f"hosts file {path}: needs a list of hosts (mlx.launch's hostfile format)")
+    if len(hosts) > MAX_HOSTS:
+        raise ValueError(f"hosts file {path}: {len(hosts):,} hosts, at most {MAX_HOSTS} are used")
     for i, host in enumerate(hosts):
         if not isinstance(host, dict) or not isinstance(host.get("ssh"), str):
-            raise ValueError(f'--hosts={path}: host {i} needs an "ssh" name (and "ips")')
+            raise ValueError(f'hosts file {path}: host {i} needs an "ssh" name (and "ips")')
     return hosts
 
 

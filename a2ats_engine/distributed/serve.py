@@ -4,15 +4,18 @@ a2ats_engine.distributed.serve --model SOURCE` under mlx.launch (`client.py` sta
 Rank 0 reads requests, one JSON object a line, from its stdin and answers on its stdout, each
 line `@a2ats ` + one ASCII JSON object (other output is not part of the protocol). Every request
 is shared with every rank and run by all of them on the same `ChatSession` (`chat.py`'s model
-split: each rank serves its layers): `codebook`, `configure`, `fit`, `reply`, `context`,
-`decode`, `exit`. A `stop` line during a reply ends it on every rank at the same token: after
-each token the ranks exchange rank 0's stop flag (one `all_sum` of one integer), or, when the
-caches record telemetry, each rank's snapshot of its own layers (gathered to every rank, so
-rank 0 answers with one snapshot of every rank's layers; `wire.join_snapshots`).
+split: each rank serves its layers): `codebook`, `clear_codebook`, `crossover`, `configure`,
+`fit`, `reply`, `context`, `decode`, `exit`. Between requests the ranks check for one on a
+timer (`_next_request`): a rank waiting inside a collective would spin a core. A `stop` line
+during a reply ends it on every rank at the same token: after each token the ranks exchange
+rank 0's stop flag (one `all_sum` of one integer), or, when the caches record telemetry, each
+rank's snapshot of its own layers (gathered to every rank, so rank 0 answers with one snapshot
+of every rank's layers; `wire.join_snapshots`).
 
 Answers: `{"ev": "ready", "info", "ranks"}` once loaded; per request `{"ev": "ok", ...}` or
-`{"ev": "error", "message"}`; during a reply `prefill`, `token`, `snapshot`, then `stats`
-(its last line). A rank lost mid-way ends rank 0 with `error (rank 0): lost a rank ...` on
+`{"ev": "error", "message"}`; during a reply `prefill`, `prompt` (with the first token: the
+context it continues, ids and each token's text), `token`, `snapshot`, then `stats` (its last
+line). A rank lost mid-way ends rank 0 with `error (rank 0): lost a rank ...` on
 stderr (`chat.run_ranks`) and mlx.launch ends the others: the client reports it.
 """
 
@@ -24,6 +27,7 @@ import os
 import queue
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -32,6 +36,9 @@ from . import wire
 from .chat import LOST, Watchdog, _settle, _split, rank_main, run_ranks
 
 PREFIX = "@a2ats "
+# seconds between the idle ranks' checks for a request: right after one (the next of a turn
+# follows at once), then while the user reads or types
+BUSY_POLL, IDLE_POLL, BUSY_FOR = 0.005, 0.1, 2.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -86,6 +93,40 @@ class Requests:
     def next(self) -> dict:
         return self.lines.get()
 
+    def poll(self) -> dict | None:
+        """The next request if one came, else None (no wait)."""
+        try:
+            return self.lines.get_nowait()
+        except queue.Empty:
+            return None
+
+
+def _next_request(requests: Requests | None, group: Any, dog: Watchdog) -> Any:
+    """The driver's next request, on every rank. The ranks do not wait for it inside a
+    collective: MLX's ring spins a core while a collective waits for its peer, so idle ranks
+    would burn one core each while the user reads. All ranks ask whether rank 0 has a request
+    (one `all_sum` of one integer) and sleep in between: `BUSY_POLL` seconds for `BUSY_FOR`
+    seconds after a request, then `IDLE_POLL`."""
+    import mlx.core as mx
+
+    from .group import share_json
+
+    if group.size() == 1:
+        dog.arm(False)  # the driver may take its time
+        request = requests.next() if requests is not None else None
+        dog.arm(True)
+        return request
+    since = time.monotonic()
+    while True:
+        dog.beat()  # peers answer every round: a hung one trips the watchdog
+        request = requests.poll() if requests is not None else None
+        flag = mx.distributed.all_sum(
+            mx.array(int(request is not None)), group=group, stream=mx.cpu
+        )
+        if flag.item():
+            return share_json(request, group)
+        time.sleep(BUSY_POLL if time.monotonic() - since < BUSY_FOR else IDLE_POLL)
+
 
 def run(args: argparse.Namespace) -> int:
     return run_ranks(args.peer_timeout, lambda group, dog: _serve(args, group, dog))
@@ -93,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace, group: Any, dog: Watchdog) -> int:
     from ..session import ChatSession, resolve_cache_factory
-    from .group import gather_json, share_json
+    from .group import gather_json
     from .load import load_stage
     from .pipeline import pipeline_factory
 
@@ -106,14 +147,10 @@ def _serve(args: argparse.Namespace, group: Any, dog: Watchdog) -> int:
     plain = pipeline_factory(resolve_cache_factory(), stage)  # mlx-lm's caches, this rank's
     session = ChatSession(model, tokenizer, cache_factory=plain)
     session.prefill_progress = lambda *_: dog.beat()
-    state = _State(model, info, stage, session)
+    state = _State(model, info, stage, session, rank0)
     answers.send("ready", info=info.to_dict(), ranks=described)
     while True:
-        dog.arm(False)  # the driver may take its time
-        request = requests.next() if requests is not None else None
-        dog.arm(rank0)
-        request = share_json(request, group)
-        dog.arm(True)
+        request = _next_request(requests, group, dog)
         op = request.get("op") if isinstance(request, dict) else None
         if op == "exit":
             _settle(session)
@@ -122,7 +159,7 @@ def _serve(args: argparse.Namespace, group: Any, dog: Watchdog) -> int:
             if op == "reply":
                 _reply(state, request, group, dog, answers, requests)
             else:
-                answers.send("ok", **_run_op(state, op, request))
+                answers.send("ok", **_agreed(state, op, request))
         except (ValueError, RuntimeError, OSError) as exc:
             if any(marker in str(exc) for marker in LOST):
                 raise  # a lost rank: run_ranks reports it
@@ -135,11 +172,53 @@ def _serve(args: argparse.Namespace, group: Any, dog: Watchdog) -> int:
             answers.send("error", message=str(exc))
 
 
+def _agreed(state: _State, op: str | None, request: dict) -> dict:
+    """`_run_op` on every rank, then the ranks agree on its outcome: a request can fail on one
+    rank alone (its host lacks the codebook file, say), and a rank that went on while another
+    did not would meet it in the wrong exchange. The first failing rank's message is raised on
+    every rank; `nbytes` in the answer is summed over the ranks (each counts its own)."""
+    from ..errors import A2ATSError
+    from .group import gather_json
+
+    try:
+        fields, failed = _run_op(state, op, request), None
+    except (ValueError, RuntimeError, OSError, A2ATSError) as exc:
+        if any(marker in str(exc) for marker in LOST):
+            raise
+        fields, failed = {}, (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if state.stage.size == 1:
+        if failed is not None:
+            raise ValueError(failed)
+        return fields
+    parts = gather_json({"error": failed, "nbytes": fields.get("nbytes")}, state.stage.group)
+    for rank, part in enumerate(parts):
+        if part["error"] is not None:
+            raise ValueError(part["error"] if rank == 0 else f"rank {rank}: {part['error']}")
+    if fields.get("nbytes") is not None:
+        fields["nbytes"] = sum(int(p["nbytes"]) for p in parts)
+    return fields
+
+
 class _State:
-    def __init__(self, model: Any, info: Any, stage: Any, session: Any) -> None:
+    def __init__(self, model: Any, info: Any, stage: Any, session: Any, rank0: bool) -> None:
+        from ..token_texts import TokenTextCache
+
         self.model, self.info, self.stage, self.session = model, info, stage, session
         self.book = None
         self.book_path: str | None = None
+        self.rank0 = rank0
+        tokenizer = session.tokenizer
+        # rank 0 answers with each context token's text (the app keeps no tokenizer)
+        self.texts = TokenTextCache(lambda ids: tokenizer.decode(ids, skip_special_tokens=False))
+
+    def context(self, ids: list[int]) -> dict:
+        """The answer fields for a context: ids, each token's text (rank 0 only: the others
+        answer nothing) and the conversation's turns."""
+        session = self.session
+        ids = [int(t) for t in ids]
+        turns = [[m["role"], m["content"]] for m in session.messages if m["role"] != "system"]
+        texts = self.texts.texts(ids) if self.rank0 else []
+        return {"ids": ids, "texts": texts, "turns": turns}
 
 
 def _run_op(state: _State, op: str | None, request: dict) -> dict:
@@ -174,9 +253,15 @@ def _run_op(state: _State, op: str | None, request: dict) -> dict:
         return {"fit": wire.fit_json(fit)}
     if op == "context":
         streaming = bool(request.get("streaming"))
-        ids = session.prompt_token_ids() if streaming else session.cached_token_ids
-        turns = [[m["role"], m["content"]] for m in session.messages if m["role"] != "system"]
-        return {"ids": [int(t) for t in ids], "turns": turns}
+        return state.context(session.prompt_token_ids() if streaming else session.cached_token_ids)
+    if op == "crossover":
+        from ..cache.crossover_model import with_default_crossover
+
+        config = wire.config_from(request.get("a2ats"))
+        if config is None:
+            raise ValueError("crossover: give an A2ATS config")
+        config, row = with_default_crossover(state.model, config)
+        return {"a2ats": config.to_dict(), "origin": str(getattr(row, "origin", ""))}
     if op == "decode":
         ids = request.get("ids")
         if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
@@ -208,8 +293,9 @@ def _configure(state: _State, *, system, sampling, config, messages: list[dict])
 
 
 def _load_codebook(state: _State, path: Any) -> dict:
+    """Each rank loads its layers' rows (no exchange here: `_agreed` sums `nbytes` once every
+    rank has loaded)."""
     from .codebook import load_rank_codebook
-    from .group import gather_json
 
     if not isinstance(path, str) or not path:
         raise ValueError("codebook: give the file's path")
@@ -218,14 +304,12 @@ def _load_codebook(state: _State, path: Any) -> dict:
         warnings.simplefilter("always")
         notes = list(book.validate_for(state.model) or [])
     notes += [str(w.message) for w in caught]
-    own = int(book.nbytes)  # this rank's rows (RankCodebook counts its own layers)
-    total = sum(gather_json(own, state.stage.group)) if state.stage.size > 1 else own
     state.book, state.book_path = book, path
     return {
         "n_centroids": int(book.n_centroids),
         "sub_dim": int(book.sub_dim),
         "num_layers": int(book.num_layers),
-        "nbytes": int(total),
+        "nbytes": int(book.nbytes),  # this rank's rows (RankCodebook counts its own layers)
         "metadata": dict(book.metadata or {}),
         "warnings": notes,
         "sha256": book.sha256 or "",
@@ -259,10 +343,13 @@ def _reply(
 
     session.prefill_progress = progress
     telemetry = bool(getattr(getattr(session.cache_factory, "a2ats_config", None), "telemetry", 0))
-    stats = None
+    stats, first = None, True
     for event in session.reply(str(request.get("mode")), str(request.get("text", ""))):
         dog.beat()
         if isinstance(event, TokenEvent):
+            if first and state.rank0:  # the context the reply continues, for the app's view
+                answers.send("prompt", **state.context(session.prompt_token_ids()))
+            first = False
             answers.send("token", text=event.text, token_id=event.token_id, index=event.index)
             stop = bool(requests is not None and requests.stop_seen.is_set())
             if state.stage.size > 1:

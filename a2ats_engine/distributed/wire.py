@@ -8,7 +8,7 @@ record is a `WireError` naming the field, never a crash further in.
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -16,7 +16,7 @@ import numpy as np
 from ..cache.config import A2ATSConfig
 from ..cache.geometry import ModelGeometry
 from ..cache.layer_plan import LayerChoice, LayerPlan
-from ..cache.telemetry import CacheSnapshot, GenerationStats, LayerStats
+from ..cache.telemetry import CacheSnapshot, GenerationStats, LayerStats, TokenEvent
 from ..chat_turn import ContextFit
 from ..records import ModelInfo, SamplingSettings
 
@@ -285,8 +285,86 @@ def info_from(value: Any) -> ModelInfo:
     )
 
 
+def token_from(value: Any) -> TokenEvent:
+    """TokenEvent from rank 0's `token` line."""
+    d = _dict(value, "token")
+    return TokenEvent(
+        _str(d.get("text", ""), "token.text")[:MAX_TEXT],
+        _int(d.get("token_id"), "token.token_id"),
+        _int(d.get("index"), "token.index"),
+    )
+
+
+MAX_TEXT = 1 << 20  # characters of one token's text or one turn (a turn is one chat message)
+
+
+@dataclass(frozen=True)
+class RanksContext:
+    """A context as rank 0 sends it: token ids in position order, each token's text (as
+    `token_texts.token_texts` finds it) and the conversation's (role, content) turns."""
+
+    ids: tuple[int, ...]
+    texts: tuple[str, ...]
+    turns: tuple[tuple[str, str], ...]
+
+
+def context_from(value: Any, name: str = "context") -> RanksContext:
+    """RanksContext from rank 0's answer fields (`ids`, `texts`, `turns`); texts must match
+    the ids one to one."""
+    d = _dict(value, name)
+    ids = tuple(_int(i, f"{name}.ids[]") for i in _list(d.get("ids"), f"{name}.ids"))
+    texts = tuple(_str(t, f"{name}.texts[]") for t in _list(d.get("texts"), f"{name}.texts"))
+    if len(texts) != len(ids) or any(len(t) > MAX_TEXT for t in texts):
+        raise WireError(f"{name}.texts: expected one text of at most {MAX_TEXT} characters an id")
+    turns = []
+    for turn in _list(d.get("turns"), f"{name}.turns", 1 << 16):
+        pair = _list(turn, f"{name}.turns[]", 2)
+        if len(pair) != 2:
+            raise WireError(f"{name}.turns[]: expected [role, content]")
+        role, content = (_str(x, f"{name}.turns[]") for x in pair)
+        turns.append((role[:64], content[:MAX_TEXT]))
+    return RanksContext(ids, texts, tuple(turns))
+
+
+@dataclass(frozen=True)
+class RanksCodebook:
+    """What the ranks loaded of a codebook file (each rank holds its layers' rows; `nbytes`
+    sums them)."""
+
+    path: str
+    n_centroids: int
+    sub_dim: int
+    num_layers: int
+    nbytes: int
+    metadata: dict
+    warnings: tuple[str, ...]
+    sha256: str
+
+
+def codebook_from(value: Any, path: str) -> RanksCodebook:
+    """RanksCodebook from rank 0's answer to `codebook`."""
+    d = _dict(value, "codebook")
+    metadata = d.get("metadata")
+    notes = d.get("warnings")
+    return RanksCodebook(
+        path=str(path),
+        n_centroids=_int(d.get("n_centroids"), "codebook.n_centroids", 1),
+        sub_dim=_int(d.get("sub_dim"), "codebook.sub_dim", 1),
+        num_layers=_int(d.get("num_layers"), "codebook.num_layers", 1),
+        nbytes=_int(d.get("nbytes"), "codebook.nbytes"),
+        metadata=metadata if isinstance(metadata, dict) else {},
+        warnings=tuple(str(n)[:2000] for n in notes[:64]) if isinstance(notes, list) else (),
+        sha256=_str(d.get("sha256") or "", "codebook.sha256")[:128],
+    )
+
+
 __all__ = [
     "WireError",
+    "token_from",
+    "RanksContext",
+    "context_from",
+    "RanksCodebook",
+    "codebook_from",
     "array_json",
     "array_from",
     "layer_json",

@@ -855,6 +855,28 @@ def launcher_cpu_line(data: dict) -> str:
     )
 
 
+def ranks_app_line(data: dict) -> str:
+    """README: the served ranks' CPU while they wait for the user, and the telemetry's cost."""
+    pct, idle = data["idle_median_cpu_percent"], data["idle_cpu_seconds"]
+    now, before = "served ranks (now)", "a rank waiting in a collective"
+    tps = data["reply_tps"]
+
+    def runs(values: list[float]) -> str:
+        return ", ".join(f"{v:.2f}" for v in values)
+
+    return (
+        f"Two local ranks of the demo model waiting for the next message used {pct[now]:.1f}% "
+        f"CPU in all (CPU seconds over {data['idle_window_seconds']:.0f} s: {runs(idle[now])}); "
+        f"two ranks waiting inside an MLX collective, as they did before, {pct[before]:.1f}% "
+        f"({runs(idle[before])}). A reply of up to {data['reply_tokens']} tokens with the inspector's "
+        f"telemetry gathered from both ranks each token ran at "
+        f"{data['telemetry_on_over_off']:.2f}x the speed without it (tok/s off: "
+        f"{runs(tps['telemetry off'])}; on: {runs(tps['telemetry on'])}). Medians of 3, "
+        f"`{data['command']}`, {data['machine']}."
+        + (f" {data['note']}" if data.get("note") else "")
+    )
+
+
 def reopen_table(data: dict) -> str:
     """`a2ats bench reopen`: a chat reopened from its saved cache vs prefilled again."""
     rows = [
@@ -1176,6 +1198,7 @@ def blocks() -> dict[str, str]:
         ("cold-limited-64k-summary", "cold_tier_limited_64k.json", cold_limited_summary),
         ("readme-cold-speed-32k", "cold_speed_qwen3_32k.json", readme_cold_speed_line),
         ("launcher-cpu", "launcher_cpu.json", launcher_cpu_line),
+        ("ranks-app", "ranks_app.json", ranks_app_line),
         ("reopen", "reopen.json", reopen_table),
         ("reopen-gemma", "reopen_gemma3_270m.json", reopen_table),
         ("readme-reopen-gemma", "reopen_gemma3_270m.json", readme_reopen_lines),

@@ -108,7 +108,7 @@ def make_window(qtbot, app_dirs):
             settings, message = load_settings()
             kwargs.setdefault("settings_message", message)
         settings.inspector_visible = kwargs.pop("inspector", settings.inspector_visible)
-        engine = EngineThread(backend)
+        engine = EngineThread(backend, ranks_backend=kwargs.pop("ranks_backend", None))
         window = MainWindow(
             settings, engine=engine, store=HistoryStore(), scripted=scripted, **kwargs
         )

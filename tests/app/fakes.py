@@ -411,6 +411,17 @@ class FakeBackend:
     def decode(self, tokenizer, ids):
         return tokenizer.decode(ids)
 
+    def text_cache(self, tokenizer):
+        from a2ats_engine.token_texts import TokenTextCache
+
+        return TokenTextCache(lambda ids: self.decode(tokenizer, ids))
+
+    def placement(self, model):
+        return ()
+
+    def close(self):
+        pass
+
     def calibrate(self, model, tokenizer, request, progress, cancel, model_name):
         self.calibrations.append(request)
         for stage, total in (("collecting", 40), ("clustering", 20)):

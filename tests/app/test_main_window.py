@@ -686,10 +686,81 @@ def test_model_menu_lists_demo_recent_and_openers(make_window, qtbot, tmp_path):
     assert texts[0].startswith("Demo model")
     assert texts[1] == "Gemma 3 270M (base)"  # the second model the engine fetches by name
     assert any(t.startswith("recent-model") for t in texts)
-    assert texts[-4:] == [
+    run_on = texts.index("Run on")
+    assert texts[run_on - 4 : run_on] == [
         "Open model folder\u2026", "Open GGUF file\u2026", "Download from Hugging Face\u2026",
         "Measure crossover on this machine",  # a model is loaded: its crossover, again
     ]  # fmt: skip
+    assert texts[run_on + 1 :] == ["Run on this computer", "Run on the hosts of a file\u2026"]
+
+
+class FakeRanks(FakeBackend):
+    """A model "on hosts": the fake engine, saying which layers each of two ranks serves."""
+
+    def __init__(self, hosts: str) -> None:
+        if "bad" in hosts:
+            raise ValueError(f"hosts file {hosts}: needs a list of hosts")
+        super().__init__()
+        self.hosts = hosts
+        self.closed = False
+
+    def placement(self, model):
+        return ("rank 0 of 2: layers 1-1 of 2", "rank 1 of 2: layers 0-0 of 2")
+
+    def close(self):
+        self.closed = True
+
+
+def test_run_on_hosts_loads_the_model_there_and_back_here(
+    make_window, qtbot, message_boxes, monkeypatch, tmp_path
+):
+    from PySide6.QtWidgets import QFileDialog
+
+    made: list[FakeRanks] = []
+
+    def ranks(hosts: str) -> FakeRanks:
+        made.append(FakeRanks(hosts))
+        return made[-1]
+
+    window = make_window(FakeBackend(), ranks_backend=ranks)
+    load(qtbot, window)
+    hosts = tmp_path / "hosts.json"
+    monkeypatch.setattr(
+        QFileDialog, "getOpenFileName", staticmethod(lambda *a, **k: (str(hosts), ""))
+    )
+
+    def menu() -> dict:
+        window._fill_model_menu()
+        return {a.text(): a for a in window.model_menu.actions()}
+
+    assert menu()["Run on this computer"].isChecked()
+    with qtbot.waitSignal(window.model_ready, timeout=10000) as loaded:
+        menu()["Run on the hosts of a file\u2026"].trigger()
+    assert loaded.args[0].hosts == str(hosts) and len(loaded.args[0].ranks) == 2
+    assert "on 2 ranks" in window.model_button.text()
+    assert "rank 1 of 2: layers 0-0 of 2" in window.model_button.toolTip()
+    settings = window.controller.settings
+    assert settings.run_on_hosts and settings.hosts_file == str(hosts)
+    actions = menu()
+    assert actions["Run on the hosts in hosts.json"].isChecked()
+    assert not actions["Run on this computer"].isChecked()
+    assert "Measure crossover on this machine" not in actions  # each host measures its own
+    reply(qtbot, window, "across")  # the chat runs on the hosts' backend
+    assert made[-1].sessions and window.controller.settings.hosts == str(hosts)
+    window.open_calibrate_dialog()  # calibrating is not done across hosts: says how instead
+    assert "a2ats calibrate --hosts" in message_boxes[-1][1]
+    with qtbot.waitSignal(window.model_ready, timeout=10000) as loaded:
+        menu()["Run on this computer"].trigger()
+    assert loaded.args[0].hosts == "" and "ranks" not in window.model_button.text()
+    assert made[-1].closed, "the ranks end once the model runs here"
+    assert not settings.run_on_hosts and settings.hosts_file == str(hosts)  # offered again
+    # a bad hosts file: one error naming it, the model and the choice stay
+    bad = tmp_path / "bad-hosts.json"
+    with qtbot.waitSignal(window.error_shown, timeout=10000):
+        window.controller.run_on(str(bad))
+    assert "bad-hosts.json" in message_boxes[-1][1]
+    assert window.controller.model.hosts == "" and not settings.run_on_hosts
+    assert window.controller.task == Task.IDLE
 
 
 def test_the_named_models_in_the_menu_are_the_engines_and_load_by_name(

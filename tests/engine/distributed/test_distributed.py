@@ -35,8 +35,7 @@ from a2ats_engine.distributed.plan import join_plans
 from a2ats_engine.session import ChatSession, SamplingSettings
 from tests.demo_gate import require_demo
 from tests.tiny import save_tiny_model, tiny_model
-
-from .conftest import free_port, local_hosts
+from tests.two_ranks import free_port, local_hosts
 
 ROOT = Path(__file__).resolve().parents[3]
 PYTHON = sys.executable

@@ -22,11 +22,12 @@ from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats, LayerSt
 from a2ats_engine.distributed import launcher, wire
 from a2ats_engine.distributed.client import RanksClient, RanksLost
 from a2ats_engine.distributed.launch import launcher as launch_prefix
+from a2ats_engine.loading.models import load_model
 from a2ats_engine.records import SamplingSettings
 from a2ats_engine.session import ChatSession
+from a2ats_engine.token_texts import token_texts
 from tests.tiny import save_tiny_model
-
-from .conftest import free_port, local_hosts
+from tests.two_ranks import free_port, local_hosts, rank_pid
 
 PROMPT = "Every rank keeps its own layers' codes and rows; rank 0 answers the app. " * 3
 
@@ -162,6 +163,53 @@ def test_stats_fit_and_model_info_round_trip(tmp_path):
         wire.info_from(_through_json(info.to_dict()) | {"num_layers": "many"})
 
 
+def test_context_codebook_and_token_records_are_parsed_defensively():
+    answer = {"ids": [5, 6], "texts": ["a", "b"], "turns": [["user", "hi"]]}
+    back = wire.context_from(_through_json(answer))
+    assert back.ids == (5, 6) and back.texts == ("a", "b") and back.turns == (("user", "hi"),)
+    for field, value, named in (
+        ("ids", [5, -1], "context.ids"),
+        ("ids", "5,6", "context.ids"),
+        ("texts", ["a"], "context.texts"),  # not one text an id
+        ("texts", ["a", 7], "context.texts"),
+        ("turns", [["user"]], "context.turns"),
+        ("turns", [["user", {"x": 1}]], "context.turns"),
+    ):
+        with pytest.raises(wire.WireError, match=named):
+            wire.context_from(answer | {field: value})
+    book = {"n_centroids": 64, "sub_dim": 16, "num_layers": 4, "nbytes": 10, "sha256": "ab"}
+    assert wire.codebook_from(book, "b.safetensors").nbytes == 10
+    with pytest.raises(wire.WireError, match="codebook.n_centroids"):
+        wire.codebook_from(book | {"n_centroids": 0}, "b.safetensors")
+    assert wire.token_from({"text": "x", "token_id": 3, "index": 0}).token_id == 3
+    with pytest.raises(wire.WireError, match="token.index"):
+        wire.token_from({"text": "x", "token_id": 3, "index": -2})
+
+
+def test_a_request_failing_on_one_rank_alone_fails_on_every_rank(monkeypatch):
+    """A codebook file missing on rank 1's host: every rank raises rank 1's message (the ranks
+    stay in step); otherwise `nbytes` is summed over the ranks."""
+    from types import SimpleNamespace
+
+    from a2ats_engine.distributed import group, serve
+
+    state = SimpleNamespace(stage=SimpleNamespace(size=2, group=None))
+    monkeypatch.setattr(serve, "_run_op", lambda state, op, request: {"nbytes": 5, "x": 1})
+    theirs = {"error": "codebook b.safetensors: no such file", "nbytes": None}
+    monkeypatch.setattr(group, "gather_json", lambda value, g: [value, theirs])
+    with pytest.raises(ValueError, match="rank 1: codebook b.safetensors: no such file"):
+        serve._agreed(state, "codebook", {})
+    theirs.update(error=None, nbytes=7)
+    assert serve._agreed(state, "codebook", {}) == {"nbytes": 12, "x": 1}
+
+    def fails(state, op, request):
+        raise ValueError("bad path")
+
+    monkeypatch.setattr(serve, "_run_op", fails)  # rank 0's own failure, named as it is
+    with pytest.raises(ValueError, match="^bad path$"):
+        serve._agreed(state, "codebook", {})
+
+
 # -- two ranks served to one client ----------------------------------------------------------------
 
 
@@ -205,15 +253,81 @@ def test_client_chats_on_two_ranks_like_one_process_and_sees_every_layer(tiny_ra
     for got, want in zip(snaps[-1].layers, ref_snaps[-1].layers, strict=True):
         assert [s.tolist() for s in got.selected] == [s.tolist() for s in want.selected]
     assert stats.cache_bytes == sum(int(c.nbytes) for c in session.caches)  # both ranks'
-    ids, turns = client.context(streaming=False)
-    assert ids == session.cached_token_ids and turns[-1][0] == "assistant"
-    assert client.decode(ids[:5]) == tokenizer.decode(ids[:5], skip_special_tokens=False)
+    context = client.context(streaming=False)
+    ids = list(context.ids)
+    assert ids == session.cached_token_ids and context.turns[-1][0] == "assistant"
+    decode = lambda i: tokenizer.decode(i, skip_special_tokens=False)  # noqa: E731
+    assert list(context.texts) == token_texts(decode, ids)
+    assert client.decode(ids[:5]) == decode(ids[:5])
+    # the reply's first token came with the context it continues (the app's streaming view)
+    assert client.prompt is not None and list(client.prompt.ids) == session.prompt_token_ids(
+        session.messages[:-1]
+    )
+    assert list(client.prompt.texts) == token_texts(decode, list(client.prompt.ids))
+    # the crossover rank 0's machine applies, as one process decides it
+    from a2ats_engine.cache.crossover_model import with_default_crossover
+
+    asked = A2ATSConfig(window=16, budget=8)
+    assert client.crossover(asked) == with_default_crossover(model, asked)[0]
 
 
 def _greedy_plain(client: RanksClient, max_tokens: int) -> None:
     """Greedy replies with mlx-lm's own caches, from an empty conversation."""
     sampling = SamplingSettings(temperature=0.0, max_tokens=max_tokens)
     client.configure(system_prompt=None, sampling=sampling, a2ats=None, turns=[])
+
+
+@pytest.mark.filterwarnings("ignore:codebook records no model fingerprint")
+def test_a_reply_ending_on_end_of_sequence_leaves_the_ranks_in_step(two_ranks, tmp_path):
+    """mlx-lm queues the step after an end-of-sequence token on its own stream before the
+    reply ends; every rank must wait for it before the ranks' next exchange (it hung: the
+    stats' gather met a peer's pipeline send and read garbage)."""
+    model_dir = save_tiny_model(tmp_path / "tiny", "llama", num_hidden_layers=4, seed=3)
+    book = tmp_path / "book.safetensors"
+    Codebook.random(4, 2, 16, 64, seed=2).save(book)
+    model, tokenizer, _ = load_model(str(model_dir))
+    sampling = SamplingSettings(temperature=1.0, seed=11, max_tokens=12)
+    config = A2ATSConfig(window=16, budget=8, exact_below=0, telemetry=True)
+    one = ChatSession(
+        model, tokenizer, sampling=sampling, a2ats=config, codebook=Codebook.load(book)
+    )
+    tokens = [e.token_id for e in one.send(PROMPT) if isinstance(e, TokenEvent)]
+    end = next(i for i in range(3, len(tokens)) if tokens[i] not in tokens[:i])
+    folder_config = json.loads((model_dir / "config.json").read_text())
+    folder_config["eos_token_id"] = tokens[end]  # the model ends its reply there
+    (model_dir / "config.json").write_text(json.dumps(folder_config))
+    client = RanksClient(local_hosts(tmp_path), str(model_dir), port=free_port(), peer_timeout=20)
+    try:
+        client.load_codebook(book)
+        for a2ats in (config, None, config):
+            client.configure(system_prompt=None, sampling=sampling, a2ats=a2ats, turns=[])
+            stats = list(client.reply("send", PROMPT))[-1]
+            assert isinstance(stats, GenerationStats)
+            if a2ats is not None:
+                assert stats.stop_reason == "stop" and stats.generation_tokens == end
+    finally:
+        client.close()
+
+
+@pytest.mark.demo
+@pytest.mark.filterwarnings("ignore:A2ATS. no codebook given")
+def test_the_demo_ending_its_reply_leaves_the_ranks_in_step(two_ranks, tmp_path):
+    """The demo ends a short answer with its end-of-turn token, telemetry on: before the ranks
+    waited for mlx-lm's stream at the end of a reply, this hung (the tiny model's timing hides
+    the race; the test above pins the path)."""
+    from tests.demo_gate import require_demo
+
+    require_demo()
+    client = RanksClient(local_hosts(tmp_path), "demo", port=free_port(), peer_timeout=60)
+    try:
+        sampling = SamplingSettings(temperature=0.0, max_tokens=64)
+        config = A2ATSConfig(exact_below=0, telemetry=True)
+        for text in ("Say hello in one word.", "Now say goodbye in one word."):
+            client.configure(system_prompt=None, sampling=sampling, a2ats=config, turns=[])
+            stats = list(client.reply("send", text))[-1]
+            assert isinstance(stats, GenerationStats) and stats.stop_reason == "stop"
+    finally:
+        client.close()
 
 
 def test_stop_ends_the_reply_on_every_rank_and_the_ranks_carry_on(tiny_ranks):
@@ -236,28 +350,38 @@ def test_stop_ends_the_reply_on_every_rank_and_the_ranks_carry_on(tiny_ranks):
     assert again and again[0].generation_tokens > 0  # the ranks still serve
 
 
-def _rank_pid(group: int, rank: int) -> int:
-    """The Python process of `rank` among the launcher's process group (its MLX_RANK)."""
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads CPU time in /proc")
+def test_ranks_waiting_for_the_next_request_cost_next_to_no_cpu(tiny_ranks):
+    """A rank waiting inside an MLX collective spins a core (~1 CPU-s a second here); the
+    served ranks check for a request on a timer instead (serve._next_request)."""
+    client, _, _ = tiny_ranks
+    client.request("clear_codebook")  # the ranks answer requests, then wait
+    time.sleep(3.0)  # past the quick checks right after a request
+    before = _group_cpu(client._process.pid)
+    time.sleep(4.0)
+    used = _group_cpu(client._process.pid) - before
+    assert used < 0.8, f"the idle ranks used {used:.2f} CPU-s in 4 s"
+    assert client.request("clear_codebook") == {"ev": "ok"}  # and still answer at once
+
+
+def _group_cpu(group: int) -> float:
+    total = 0.0
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
         try:
-            if os.getpgid(int(proc.name)) != group:
+            if not proc.name.isdigit() or os.getpgid(int(proc.name)) != group:
                 continue
-            env = (proc / "environ").read_bytes().split(b"\0")
-            exe = os.readlink(proc / "exe")
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if f"MLX_RANK={rank}".encode() in env and "python" in Path(exe).name:
-            return int(proc.name)
-    raise AssertionError(f"no process of rank {rank} in group {group}")
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds rank 1 in /proc")
 def test_a_rank_killed_mid_reply_is_reported_in_bounded_time(tiny_ranks):
     client, _, _ = tiny_ranks
     _greedy_plain(client, max_tokens=100000)
-    rank1 = _rank_pid(client._process.pid, 1)
+    rank1 = rank_pid(client._process.pid, 1)
     killed_at = None
     with pytest.raises(RanksLost, match="lost a rank|no progress|ended"):
         for event in client.reply("send", PROMPT):
