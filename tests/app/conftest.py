@@ -11,6 +11,7 @@ from app.conversations import HistoryStore
 from app.settings import AppSettings, load_settings
 from app.theme import theme
 from app.worker import EngineThread
+from tests.two_ranks import two_ranks  # noqa: F401  (the two-rank fixture)
 
 from .helpers import Spy
 

@@ -36,7 +36,7 @@ from app.ranks_backend import RanksBackend
 from app.settings import CacheSettings
 from app.worker import EngineThread
 from tests.tiny import save_tiny_model
-from tests.two_ranks import free_port, local_hosts, rank_pid, two_ranks  # noqa: F401
+from tests.two_ranks import free_port, local_hosts, rank_pid
 
 from .helpers import Requests
 from .test_worker import Recorder, wait_for
@@ -46,7 +46,7 @@ CONFIG = A2ATSConfig(window=16, budget=8, exact_below=0)
 
 
 @pytest.fixture
-def ranks_app(two_ranks, tmp_path, qtbot):  # noqa: F811
+def ranks_app(two_ranks, tmp_path, qtbot):
     """An engine thread whose models load on two local ranks; the tiny model and a codebook."""
     model_dir = save_tiny_model(tmp_path / "tiny", "llama", num_hidden_layers=4, seed=5)
     book = tmp_path / "book.safetensors"

@@ -97,6 +97,36 @@ def test_scripted_mode_fails_cleanly_on_a_bad_model(app_dirs, tmp_path):
     assert not (tmp_path / "x.png").exists()
 
 
+def test_scripted_mode_fails_cleanly_on_a_bad_hosts_file(app_dirs, tiny_folder, tmp_path):
+    hosts = tmp_path / "my-hosts.json"
+    hosts.write_text("[]")
+    result = run_app(
+        ["--model", str(tiny_folder), "--hosts", str(hosts), "--prompt", "hi", "--screenshot",
+         str(tmp_path / "x.png"), "--quit"],
+        app_dirs,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "my-hosts.json" in result.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_scripted_mode_on_two_local_ranks(two_ranks, app_dirs, tiny_folder, tmp_path):
+    from tests.two_ranks import local_hosts
+
+    shot = tmp_path / "ranks.png"
+    telemetry = tmp_path / "ranks.json"
+    result = run_app(
+        ["--model", str(tiny_folder), "--hosts", str(local_hosts(tmp_path)), "--prompt",
+         "Hello ranks", "--screenshot", str(shot), "--export-telemetry", str(telemetry),
+         "--quit"],
+        app_dirs,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "reply: " in result.stdout and not QImage(str(shot)).isNull()
+    steps = json.loads(telemetry.read_text())["steps"]
+    assert steps and {layer["layer"] for layer in steps[-1]["layers"]} == {0, 1}  # both ranks'
+
+
 def test_scripted_mode_fails_cleanly_on_a_bad_codebook(app_dirs, tiny_folder, tmp_path):
     junk = tmp_path / "junk.safetensors"
     junk.write_bytes(b"junk")
