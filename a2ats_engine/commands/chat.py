@@ -79,6 +79,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "machines'); runs `mlx.launch --hostfile FILE -m a2ats_engine.distributed`",
     )
     p.add_argument("--port", type=int, help="with --hosts: the ring backend's first port")
+    p.add_argument(
+        "--tensor",
+        action="store_true",
+        help="with --hosts: split by KV heads (every host serves every layer, its share of the "
+        "heads) instead of by layers",
+    )
     p.set_defaults(func=run)
 
 
@@ -133,6 +139,8 @@ def sampling_for(args: argparse.Namespace, recommended: Any) -> Any:
 def run(args: argparse.Namespace) -> int:
     from . import _limits as limits
 
+    if getattr(args, "tensor", False) and not getattr(args, "hosts", None):
+        raise ValueError("--tensor splits the model over hosts: give --hosts FILE")
     if getattr(args, "hosts", None):
         if args.port is not None:
             limits.count("--port", args.port, 1024, 65535)

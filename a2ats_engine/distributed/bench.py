@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--geometry", help="a bench/geometries.py name: random weights, that shape")
     p.add_argument("--prompt-file", help="prompt text (default: the README's first 1,800 chars)")
     p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--tensor", action="store_true", help="the 2 ranks split by heads (--tensor)")
     p.add_argument("--out", required=True, help="JSON file to write")
     args = p.parse_args(argv)
     root = Path(__file__).resolve().parents[2]
@@ -124,20 +125,26 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="a2ats-dist-bench") as tmp:
         folder = Path(tmp)
         options = ["--temp", "0", "--max-tokens", str(args.max_tokens), "--exact-below", "0"]
+        options += ["--peer-timeout", "1800"]  # a slow step on a shared machine is not a loss
         model = args.model
         if args.geometry:
             model_dir, book = geometry_folder(args.geometry, folder)
             model = str(model_dir)
             options += ["--codebook", str(book)]
         options = ["--model", model, *options, "--prompt", prompt]
-        runs = {str(n): run_ranks(n, options, folder) for n in (1, 2)}
+        runs = {
+            str(n): run_ranks(n, options + (["--tensor"] if args.tensor and n > 1 else []), folder)
+            for n in (1, 2)
+        }
     one = runs["1"]["raw"][0]["replies"][0]["tokens"]
     for run in runs.values():
         run["tokens_equal_to_one_process"] = all(
             r["replies"][0]["tokens"] == one for r in run.pop("raw")
         )
     record = {
-        "what": "one chat (greedy, A2ATS retrieving from the first step) on 1 vs 2 ranks",
+        "what": "one chat (greedy, A2ATS retrieving from the first step) on 1 vs 2 ranks"
+        + (" split by heads (tensor)" if args.tensor else ""),
+        "split": "tensor" if args.tensor else "pipeline",
         "model": args.geometry or args.model,
         "command": "python -m a2ats_engine.distributed.bench " + shlex.join(argv or sys.argv[1:]),
         "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores (shared)",

@@ -56,6 +56,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="layers per rank, rank 0 (the last layers) first; default even",
     )
     p.add_argument(
+        "--tensor",
+        action="store_true",
+        help="split by KV heads (mlx-lm's shard(): every rank serves every layer, its share "
+        "of the heads) instead of by layers",
+    )
+    p.add_argument(
         "--peer-timeout",
         type=float,
         default=120.0,
@@ -186,7 +192,9 @@ def _run(args: argparse.Namespace, group: Any, dog: Watchdog) -> int:
     # not watched while loading (a rank reads its weights at its own pace; a rank that dies
     # there ends the others through mlx.launch or a ring error); watched from then on, except
     # while waiting for the user's next line
-    model, tokenizer, info, stage = load_stage(args.model, group, split=_split(args.split))
+    model, tokenizer, info, stage = load_stage(
+        args.model, group, split=_split(args.split), tensor=bool(getattr(args, "tensor", False))
+    )
     dog.arm(True)
     described = gather_json(stage.describe(), group)
     if rank0:
@@ -300,7 +308,7 @@ def _cache_choice(args, model, info, stage, rank0: bool) -> tuple:
         raise ValueError("--cache a2ats needs a codebook: pass --codebook FILE")
     if path is None or args.cache == "full":
         return None, None
-    book = load_rank_codebook(path, stage.owns)
+    book = load_rank_codebook(path, stage.owns, getattr(stage, "heads", None))
     knobs = {"budget": args.budget, "window": args.window, "exact_below": args.exact_below}
     if book.metadata.get("far_offset") is not None:
         knobs["far_offset"] = int(book.metadata["far_offset"])
@@ -311,7 +319,8 @@ def _cache_choice(args, model, info, stage, rank0: bool) -> tuple:
     if rank0:
         for note in notes:
             print(f"warning: {note}", file=sys.stderr)
-        print(f"cache: a2ats, codebook {path} (each rank holds its layers' rows)", file=sys.stderr)
+        share = "heads'" if getattr(stage, "kind", "") == "tensor" else "layers'"
+        print(f"cache: a2ats, codebook {path} (each rank holds its {share} rows)", file=sys.stderr)
     warnings.filterwarnings("ignore", module="a2ats_engine")
     return config, book
 
@@ -339,6 +348,9 @@ class _Recorder:
         caches = self.session.caches or []
         steps = max(self._count - 1, 1)
         first, last = self._first or (0, 0), self._last or (0, 0)
+        if getattr(self.stage, "kind", "") == "tensor":  # ring all_sums, from the shapes
+            step = self.stage.step_bytes(1, _hidden_dtype_bytes(self.model))
+            first, last = (0, 0), (step * steps, step * steps)
         self.replies.append(
             {
                 "tokens": tokens,
@@ -369,6 +381,16 @@ class _Recorder:
         Path(f"{self.prefix}.rank{self.stage.rank}.json").write_text(json.dumps(record, indent=1))
 
 
+def _hidden_dtype_bytes(model: Any) -> int:
+    """Bytes per element of the hidden state (the embeddings' dtype after loading)."""
+    from mlx.utils import tree_flatten
+
+    for name, value in tree_flatten(model.parameters()):
+        if "embed" in name and name.endswith("weight") and value.dtype.size > 1:
+            return int(value.dtype.size)
+    return 4
+
+
 def _peak() -> int:
     import mlx.core as mx
 
@@ -378,7 +400,8 @@ def _peak() -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m a2ats_engine.distributed",
-        description="Chat with a model split over the ranks of mlx.launch (pipeline).",
+        description="Chat with a model split over the ranks of mlx.launch (pipeline, or by "
+        "heads with --tensor).",
     )
     add_arguments(parser)
     return rank_main(parser, argv, run)

@@ -42,9 +42,13 @@ class RankCodebook(Codebook):
             raise ValueError(f"layer={layer} is served by another rank: this rank has no codes")
 
 
-def load_rank_codebook(path: str | os.PathLike, owned: list[int] | range) -> RankCodebook:
-    """The codebook at `path` with real arrays only for the `owned` model layers.
-    CodebookError (one line) for a missing or damaged file, as `Codebook.load`."""
+def load_rank_codebook(
+    path: str | os.PathLike, owned: list[int] | range, heads: range | None = None
+) -> RankCodebook:
+    """The codebook at `path` with real arrays only for the `owned` model layers, and with
+    `heads` (a tensor split's KV heads) only those heads' rows of every layer.
+    CodebookError (one line) for a missing or damaged file, as `Codebook.load`, or one with
+    fewer KV heads than `heads` asks for."""
     path = Path(path)
     meta = read_metadata(path)
     try:
@@ -55,6 +59,14 @@ def load_rank_codebook(path: str | os.PathLike, owned: list[int] | range) -> Ran
     for key in list(arrays):
         parts = key.split(".")
         ours = len(parts) == 3 and parts[0] == "layers" and parts[2] in _ARRAYS
+        if ours and heads is not None:
+            arr = arrays[key]
+            if arr.ndim < 1 or arr.shape[0] < heads.stop:
+                raise CodebookError(
+                    f"{path.name}: {key} has {arr.shape[0] if arr.ndim else 0} KV heads, this "
+                    f"rank serves heads {heads.start}-{heads.stop - 1}"
+                )
+            arrays[key] = arr[heads.start : heads.stop]
         if ours and int(parts[1]) not in owned:
             arr = arrays[key]
             arrays[key] = mx.broadcast_to(mx.zeros((1,) * arr.ndim, arr.dtype), arr.shape)

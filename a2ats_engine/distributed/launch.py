@@ -32,6 +32,7 @@ FORWARDED = (
     ("codebook", "--codebook"),
     ("budget", "--budget"),
     ("window", "--window"),
+    ("tensor", "--tensor"),
 )
 
 

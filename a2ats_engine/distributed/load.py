@@ -19,8 +19,9 @@ from mlx.utils import tree_flatten
 from ..loading import models
 from ..progress import Progress
 from ..records import ModelInfo
-from .pipeline import Stage, shard_pipeline
+from .pipeline import shard_pipeline
 from .plan import share_plan
+from .tensor import shard_tensor
 
 
 def load_stage(
@@ -30,14 +31,21 @@ def load_stage(
     split: list[int] | None = None,
     progress: Progress | None = None,
     dequantize: bool | None = None,
-) -> tuple[Any, Any, ModelInfo, Stage]:
+    tensor: bool = False,
+) -> tuple[Any, Any, ModelInfo, Any]:
     """`(model, tokenizer, info, stage)` for this rank (collective: every rank calls it).
 
     The model is split with `shard_pipeline` (this rank's layers, `split` layers per rank with
-    rank 0 first, default even) and the joined layer plan is installed (`share_plan`)."""
+    rank 0 first, default even), or with `tensor` by heads (`tensor.shard_tensor`: this rank's
+    heads of every layer), and the layer plan is installed (`share_plan`)."""
     resolved = models.resolve_source(source, progress)
     model, config = models._load_weights(resolved.folder, lazy=True, progress=progress)
-    stage = shard_pipeline(model, group, split)
+    if tensor:
+        if split:
+            raise ValueError("--split sets layers per rank: it has no meaning with --tensor")
+        stage = shard_tensor(model, group)
+    else:
+        stage = shard_pipeline(model, group, split)
     tokenizer = models._load_tokenizer(resolved.folder, config)
     converted = models.prepare_for_backend(model, dequantize)
     mx.eval([v for _, v in tree_flatten(model.parameters())])

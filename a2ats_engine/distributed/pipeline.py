@@ -293,8 +293,9 @@ def pipeline_caches(caches: list, stage: Stage | None) -> list:
 
 
 def pipeline_factory(factory, stage: Stage | None):
-    """A cache factory (model -> cache list) whose lists hold `RemoteCache`s for other ranks."""
-    if stage is None or stage.size == 1:
+    """A cache factory (model -> cache list) whose lists hold `RemoteCache`s for other ranks
+    (a tensor split's rank serves every layer: the factory as it is)."""
+    if stage is None or stage.size == 1 or getattr(stage, "kind", "") == "tensor":
         return factory
 
     def make(model: nn.Module) -> list:

@@ -54,8 +54,8 @@ def local_record(plan: LayerPlan, stage: Stage) -> dict:
 def share_plan(model: Any, stage: Stage) -> LayerPlan:
     """Probe this rank's layers, join every rank's choices, and make the joined plan the model's
     (collective: every rank calls it once, after `shard_pipeline`)."""
-    if stage.size == 1:
-        return plan_for(model)
+    if stage.size == 1 or getattr(stage, "kind", "") == "tensor":
+        return plan_for(model)  # tensor split: every rank runs every layer (its own heads)
     stage.live = False
     try:
         local = plan_for(model)

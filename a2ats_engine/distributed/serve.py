@@ -331,11 +331,15 @@ def _reply(
 
     from ..cache.model_cache import snapshot
     from ..cache.telemetry import GenerationStats, TokenEvent
-    from .group import gather_json
+    from .group import gather_json, shared_seed
 
     session = state.session
     if requests is not None:
         requests.stop_seen.clear()
+    if state.stage.size > 1 and session.sampling.seed is None:
+        # no seed asked (the app's default): a fresh one per reply, the same on every rank;
+        # ranks that sampled with their own seeds would feed different tokens to their layers
+        mx.random.seed(shared_seed(None, group))
 
     def progress(_stage: str, done: int, total: int) -> None:
         dog.beat()
@@ -343,10 +347,11 @@ def _reply(
 
     session.prefill_progress = progress
     telemetry = bool(getattr(getattr(session.cache_factory, "a2ats_config", None), "telemetry", 0))
-    stats, first = None, True
+    stats, first, tokens = None, True, []
     for event in session.reply(str(request.get("mode")), str(request.get("text", ""))):
         dog.beat()
         if isinstance(event, TokenEvent):
+            tokens.append(int(event.token_id))
             if first and state.rank0:  # the context the reply continues, for the app's view
                 answers.send("prompt", **state.context(session.prompt_token_ids()))
             first = False
@@ -375,18 +380,32 @@ def _reply(
             stats = event
     _settle(session)
     if stats is not None:
-        answers.send("stats", stats=wire.stats_json(_whole(stats, state, group)))
+        answers.send("stats", stats=wire.stats_json(_whole(stats, state, group, tokens)))
 
 
-def _whole(stats: Any, state: _State, group: Any) -> Any:
-    """The reply's stats with the bytes of every rank's caches and codebook rows."""
+def _whole(stats: Any, state: _State, group: Any, tokens: list[int]) -> Any:
+    """The reply's stats with the bytes of every rank's caches and codebook rows. ValueError
+    on every rank when a rank's tokens differ from rank 0's (they would serve different
+    conversations from then on: never silent)."""
     from dataclasses import replace
 
     from .group import gather_json
 
     if state.stage.size == 1:
         return stats
-    parts = gather_json([stats.cache_bytes, stats.cache_disk_bytes, stats.codebook_bytes], group)
+    own = [stats.cache_bytes, stats.cache_disk_bytes, stats.codebook_bytes, tokens]
+    parts = gather_json(own, group)
+    for rank, part in enumerate(parts[1:], start=1):
+        if part[3] != parts[0][3]:
+            at = next(
+                (i for i, (a, b) in enumerate(zip(part[3], parts[0][3], strict=False)) if a != b),
+                None,
+            )
+            at = min(len(part[3]), len(parts[0][3])) if at is None else at
+            raise ValueError(
+                f"the ranks sampled different tokens (rank {rank} from token {at} on); load "
+                "the model again"
+            )
     cache, disk, book = (sum(p[i] for p in parts) for i in range(3))
     return replace(stats, cache_bytes=cache, cache_disk_bytes=disk, codebook_bytes=book)
 

@@ -972,16 +972,26 @@ def distributed_table(records: list[dict]) -> str:
     sends per decode step; tok/s from a shared machine (indicative only)."""
     mb = 1e6
     lines = [
-        "| model | ranks | rank: layers | weights MB | A2ATS cache MB | codebook MB | peak MB "
+        "| model | ranks | rank: serves | weights MB | A2ATS cache MB | codebook MB | peak MB "
         "| sent B / decode step | received B / step | tok/s | tokens = 1 process |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for rec in records:
+        tensor = rec.get("split") == "tensor"
         for n, run in rec["runs"].items():
+            if (
+                tensor
+                and n == "1"
+                and any(r is not rec and r["model"] == rec["model"] for r in records)
+            ):
+                continue  # the one-process row is the pipeline record's
             for r in run["ranks"]:
                 lo, hi = r["layers"]
+                serves = f"layers {lo}-{hi - 1}"
+                if tensor and n != "1":
+                    serves = f"1/{n} of the heads, layers {lo}-{hi - 1}"
                 lines.append(
-                    f"| {rec['model']} | {n} | {r['rank']}: {lo}-{hi - 1} "
+                    f"| {rec['model']} | {n} | {r['rank']}: {serves} "
                     f"| {r['weight_bytes'] / mb:.0f} | {r['cache_bytes'] / mb:.1f} "
                     f"| {r['codebook_bytes'] / mb:.1f} | {r['peak_memory_bytes'] / mb:.0f} "
                     f"| {r['sent_bytes_per_decode_step']:.0f} "
@@ -989,7 +999,9 @@ def distributed_table(records: list[dict]) -> str:
                     f"| {'yes' if run['tokens_equal_to_one_process'] else '**no**'} |"
                 )
     prompts = ", ".join(
-        f"{rec['model']} {rec['runs']['1']['ranks'][0]['prompt_tokens']}" for rec in records
+        dict.fromkeys(
+            f"{rec['model']} {rec['runs']['1']['ranks'][0]['prompt_tokens']}" for rec in records
+        )
     )
     lines.append("")
     lines.append(
@@ -1219,7 +1231,9 @@ def blocks() -> dict[str, str]:
         if (geo := _load(f"geometry_{name}.json")) is not None:
             out[f"geometry-{name.replace('.', '-')}"] = geometry_table(geo)
             geos[name] = geo
-    names = ("distributed_demo.json", "distributed_qwen3-0.6b.json")
+    names = (
+        "distributed_demo.json", "distributed_qwen3-0.6b.json", "distributed_qwen3-0.6b_tensor.json"
+    )  # fmt: skip
     if dist := [d for n in names if (d := _load(n)) is not None]:
         out["distributed"] = distributed_table(dist)
     summary = {

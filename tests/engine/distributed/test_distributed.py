@@ -267,6 +267,60 @@ def test_two_ranks_sample_the_tokens_of_one_process_with_half_the_cache(two_rank
     assert ranks[1]["replies"][0]["sent_bytes_per_decode_step"] == 2 * 64 * 4  # send + gather
 
 
+@pytest.mark.filterwarnings("ignore:codebook records no model fingerprint")
+def test_two_ranks_split_by_heads_sample_the_tokens_of_one_process(two_ranks, tmp_path):
+    """`--tensor`: mlx-lm's shard() splits every layer by heads; each rank's A2ATS caches and
+    codebook rows are its KV head's, and the sampled tokens are one process's."""
+    model_dir = save_tiny_model(tmp_path / "tiny", "llama", num_hidden_layers=4, seed=3)
+    book = tmp_path / "book.safetensors"
+    Codebook.random(4, 2, 16, 64, seed=2).save(book)
+    options = ["--tensor", "--model", str(model_dir), "--codebook", str(book), "--temp", "1.0"]
+    options += ["--seed", "11", "--max-tokens", "16", "--window", "16", "--budget", "8"]
+    options += ["--exact-below", "0", "--prompt", PROMPT, "--stats-json", str(tmp_path / "s")]
+    done = _launch(tmp_path, options)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "rank 1 of 2: KV heads 1-1 of 2 in all 4 layers (tensor split)" in done.stderr
+    ranks = _ranks(tmp_path / "s")
+    config = A2ATSConfig(window=16, budget=8, exact_below=0)
+    sampling = SamplingSettings(temperature=1.0, seed=11, max_tokens=16)
+    tokens, held, retrieved, book_bytes = _reference(model_dir, book, config, PROMPT, sampling)
+    assert retrieved > 0 and len(set(tokens)) > 3
+    for rank in ranks:
+        reply = rank["replies"][0]
+        assert reply["tokens"] == tokens
+        assert rank["layers"] == [0, 4]  # every layer, its own head
+        assert 0.4 * held <= reply["cache_bytes"] <= 0.6 * held
+        assert reply["codebook_bytes"] <= 0.6 * book_bytes
+        # two ring all_sums of the hidden state (64 float32) per layer; in a ring of 2 each
+        # rank sends 2 (n - 1) / n = 1 times the array per all_sum
+        assert reply["sent_bytes_per_decode_step"] == 4 * 2 * 64 * 4
+
+
+def test_a_tensor_split_is_refused_by_name_where_it_cannot_run():
+    from a2ats_engine.distributed.tensor import shard_tensor
+    from a2ats_engine.errors import ModelNotSupportedError
+
+    class Two:
+        def size(self) -> int:
+            return 2
+
+        def rank(self) -> int:
+            return 0
+
+    odd = tiny_model("llama", num_attention_heads=3, num_key_value_heads=3, hidden_size=48)
+    with pytest.raises(ValueError, match="3 query and 3 KV heads: a tensor split over 2 ranks"):
+        shard_tensor(odd, Two())
+    with pytest.raises(ModelNotSupportedError, match="gemma3_text: .* no shard"):
+        shard_tensor(tiny_model("gemma3_text"), Two())
+
+
+def test_a2ats_chat_tensor_needs_hosts(capsys):
+    from a2ats_engine.cli import main
+
+    assert main(["chat", "--tensor", "--prompt", "hi"]) != 0
+    assert "--tensor splits the model over hosts" in capsys.readouterr().err
+
+
 @pytest.mark.demo
 def test_demo_two_ranks_greedy_equals_one_process(two_ranks, tmp_path):
     folder = require_demo()
