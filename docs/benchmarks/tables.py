@@ -979,19 +979,14 @@ def distributed_table(records: list[dict]) -> str:
     for rec in records:
         tensor = rec.get("split") == "tensor"
         for n, run in rec["runs"].items():
-            if (
-                tensor
-                and n == "1"
-                and any(r is not rec and r["model"] == rec["model"] for r in records)
-            ):
-                continue  # the one-process row is the pipeline record's
             for r in run["ranks"]:
                 lo, hi = r["layers"]
                 serves = f"layers {lo}-{hi - 1}"
                 if tensor and n != "1":
-                    serves = f"1/{n} of the heads, layers {lo}-{hi - 1}"
+                    serves = f"1/{n} of the heads of layers {lo}-{hi - 1} (tensor)"
+                model = rec["model"] + (" (tensor run)" if tensor else "")
                 lines.append(
-                    f"| {rec['model']} | {n} | {r['rank']}: {serves} "
+                    f"| {model} | {n} | {r['rank']}: {serves} "
                     f"| {r['weight_bytes'] / mb:.0f} | {r['cache_bytes'] / mb:.1f} "
                     f"| {r['codebook_bytes'] / mb:.1f} | {r['peak_memory_bytes'] / mb:.0f} "
                     f"| {r['sent_bytes_per_decode_step']:.0f} "
@@ -999,9 +994,9 @@ def distributed_table(records: list[dict]) -> str:
                     f"| {'yes' if run['tokens_equal_to_one_process'] else '**no**'} |"
                 )
     prompts = ", ".join(
-        dict.fromkeys(
-            f"{rec['model']} {rec['runs']['1']['ranks'][0]['prompt_tokens']}" for rec in records
-        )
+        f"{rec['model']}{' (tensor run)' if rec.get('split') == 'tensor' else ''} "
+        f"{rec['runs']['1']['ranks'][0]['prompt_tokens']}"
+        for rec in records
     )
     lines.append("")
     lines.append(
