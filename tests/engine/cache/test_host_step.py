@@ -6,6 +6,7 @@ import pytest
 from mlx_lm.models.rope_utils import initialize_rope
 
 from a2ats_engine.bench.methods import OracleTopKCache
+from a2ats_engine.cache import attention as att
 from a2ats_engine.cache import host_step, topk
 from a2ats_engine.cache.a2ats_cache import A2ATSCache
 from a2ats_engine.cache.codebook import Codebook
@@ -105,3 +106,39 @@ def test_the_host_step_times_its_phases():
                  scale=D**-0.5)  # fmt: skip
     phases = {phase for _, phase in clock.seconds}
     assert {"code scores", "top-K + rerank", "union", "gather K/V", "attention"} <= phases
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        ROPE,
+        RopeSpec(dims=D, traditional=True, base=10000.0, head_dim=D),
+        RopeSpec(dims=16, traditional=False, base=500000.0, scale=1.25, head_dim=D),
+        RopeSpec(
+            dims=D,
+            traditional=False,
+            base=None,
+            freqs=tuple(float(2**i) for i in range(16)),
+            head_dim=D,
+        ),  # fmt: skip
+    ],
+)
+@pytest.mark.parametrize("sub_dim", [None, 8])
+def test_the_compiled_lookup_tables_equal_the_ops_one_by_one(rope, sub_dim):
+    rng = np.random.default_rng(2)
+    book = Codebook.random(2, 2, D, 32, sub_dim=sub_dim, seed=3)
+    rotations = mx.concatenate([rope.rotation_matrix(dist) for dist in (64, 300, 2048)], axis=-1)
+    q = mx.array(rng.standard_normal((2, 2, 3, D)).astype(np.float32))
+    for position in (70, 4000, 4001):  # the position is an input: one trace serves every step
+        got = att.retrieval_tables(q, rope, position, rotations, book, 1)
+        want = att.tables_uncompiled(rope, q, position, rotations, book.scoring_centroids(1))
+        assert got.shape == (2, 2, 3, 3 * book.num_subspaces * 32)
+        np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-6, atol=1e-5)
+    one_by_one = book.score_tables(1, (rope.unrotate(q[..., None, :], 70)[..., 0, :] @ rotations)
+                                   .reshape(2, 2, 9, D))  # fmt: skip
+    np.testing.assert_allclose(
+        np.array(att.retrieval_tables(q, rope, 70, rotations, book, 1)),
+        np.array(one_by_one).reshape(2, 2, 3, -1), rtol=1e-6, atol=1e-5,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="do not fit the codebook"):
+        att.retrieval_tables(q[:, :1], rope, 70, rotations, book, 1)
