@@ -70,8 +70,12 @@ class MlxTopK:
 
     on_host = False
 
+    # steps whose count may wait unevaluated: each holds its step's positions until evaluated
+    COUNT_EVERY = 32
+
     def __init__(self) -> None:
         self._retrieved = mx.array(0, dtype=mx.int32)
+        self._uncounted = 0
 
     @staticmethod
     def top(scores: mx.array, k: int) -> mx.array:
@@ -107,6 +111,10 @@ class MlxTopK:
         positions = mx.concatenate([sinks, union, window], axis=-1)
         if count:
             self._retrieved = self._retrieved + count_union(positions, lay)
+            self._uncounted += 1
+            if self._uncounted >= self.COUNT_EVERY:  # nothing reads it on the hot path: without
+                mx.async_eval(self._retrieved)  # this its graph kept every step's positions
+                self._uncounted = 0
         return positions, repeat
 
     @property
