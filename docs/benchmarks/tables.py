@@ -1057,6 +1057,13 @@ def readme_summary(d: dict[str, dict]) -> str:
 
 # Recorded runs that no current table shows: (date first recorded, what it measured).
 HISTORY = {
+    "crossover_demo_codebook_keys_loaded.json": (
+        "2026-12-03",
+        "`a2ats crossover demo --contexts 1024,8192 --json --dry-run` once the probe's keys use "
+        "the codebook's codes (and with the host step), load average 4.7-5.5: A2ATS / KVCache "
+        "at 8K 1.21x with NumPy's top-K, 1.17x with MLX's (0.65x and 1.35x in crossover_demo.json, "
+        "on tied scores); at 1K 0.68x and 0.81x",
+    ),
     "decode_before_host_step_loaded.json": (
         "2026-12-03",
         "full, a2ats and a2ats_eb0 at 1K and 8K before NumPy's top-K ran the step on the host, "
