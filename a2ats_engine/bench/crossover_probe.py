@@ -3,8 +3,10 @@ retrieving from the first step, per context, on caches filled synthetically.
 
 Each repeat runs the geometry bench's path (`geometries.bench_geometry_decode`): at every
 context it fills mlx-lm's own caches (`full`) and A2ATS caches with `exact_below = 0` with the
-same random keys and values (`fill_synthetic`: no prefill, timing does not depend on what the
-keys mean) and times greedy decode of both interleaved (`speed._decode_interleaved`). The ratio
+same random keys and values (`fill_synthetic`: no prefill; with a codebook the keys are drawn
+around its centroids, so they use its codes as a real cache's keys do and the far scores tie no
+more than real text's, which NumPy's argpartition is sensitive to) and times greedy decode of
+both interleaved (`speed._decode_interleaved`). The ratio
 a2ats / full is taken within a repeat; `cache/crossover.py`'s `decide_crossover` turns the
 median ratio per context into the crossover.
 """

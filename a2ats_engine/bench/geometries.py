@@ -137,26 +137,47 @@ def parameter_count(model: nn.Module) -> int:
     return int(sum(v.size for _, v in tree_flatten(model.parameters())))
 
 
-def fill_synthetic(model: nn.Module, caches: list, context: int, *, chunk: int = 1024, seed=0):
+def fill_synthetic(
+    model: nn.Module, caches: list, context: int, *, chunk: int = 1024, seed=0, codebook=None
+):
     """Push `context` random keys/values (model dtype) through every KV cache's update_and_fetch.
 
     The shapes come from the layer plan's probe (per-layer head_dim and KV heads, so sliding
-    and global layers may differ); caches of other kinds (conv / SSM state) stay empty."""
-    from ..cache.layer_plan import plan_for
+    and global layers may differ); caches of other kinds (conv / SSM state) stay empty.
+
+    codebook: None for standard-normal keys. Given (the codebook the A2ATS caches use; pass it
+    for the full caches too, so both hold the same keys), an A2ATS layer's keys are the centroids
+    of uniformly random codes plus noise, rotated to their positions with the layer's RoPE: they
+    spread over the codebook as a real cache's keys do. Standard-normal keys coded by a trained
+    codebook fall on a few dozen codes, and the far scores are then mostly ties, which slow
+    NumPy's argpartition several times and MLX's hardly (docs/BENCHMARKS.md, "Where a decode
+    step's time goes"): a top-K strategy timed on them is not the one real text would pick."""
+    from ..cache.layer_plan import A2ATS, plan_for, rope_spec_of
 
     dtype = _kv_dtype(model)
     key = mx.random.key(seed)
-    shapes = {c.layer: (c.n_kv_heads, c.head_dim) for c in plan_for(model).layers if c.head_dim}
+    plan = plan_for(model)
+    shapes = {c.layer: (c.n_kv_heads, c.head_dim) for c in plan.layers if c.head_dim}
+    ropes = {}
+    if codebook is not None:
+        ropes = {c.layer: rope_spec_of(model, c) for c in plan.layers if c.kind == A2ATS}
     for start in range(0, context, chunk):
         size = min(chunk, context - start)
         for i, cache in enumerate(caches):
             if i not in shapes:
                 continue
             n_kv, hd = shapes[i]
-            key, k1, k2 = mx.random.split(key, 3)
-            k = mx.random.normal((1, n_kv, size, hd), key=k1).astype(dtype)
+            key, k1, k2, k3 = mx.random.split(key, 4)
+            k = mx.random.normal((1, n_kv, size, hd), key=k1)
+            if i in ropes:
+                codes = mx.random.randint(
+                    0, codebook.n_centroids, (1, n_kv, size, codebook.num_subspaces), key=k3
+                )
+                pre = codebook.reconstruct(i, codes)
+                spread = mx.sqrt(mx.mean(pre * pre))  # noise a quarter of the keys' scale
+                k = ropes[i].rotate(pre + 0.25 * spread * k, start)
             v = mx.random.normal((1, n_kv, size, hd), key=k2).astype(dtype)
-            cache.update_and_fetch(k, v)
+            cache.update_and_fetch(k.astype(dtype), v)
         mx.eval([c.state for c in caches])
 
 
@@ -196,7 +217,10 @@ def bench_geometry_decode(
             with forced(strategy) if strategy else contextlib.nullcontext():
                 name = f"a2ats_{strategy}" if strategy else "a2ats"
                 caches[name] = make_cache(model, config, codebook)
-        grew = {method: _measured_fill(model, cache, n, seed) for method, cache in caches.items()}
+        grew = {
+            method: _measured_fill(model, cache, n, seed, codebook)
+            for method, cache in caches.items()
+        }
         held = {method: cache_bytes(cache) for method, cache in caches.items()}
         tokens = [rng.randrange(vocab) for _ in range(steps + 2)]
         rates = _decode_interleaved(model, caches, tokens)
@@ -209,12 +233,12 @@ def bench_geometry_decode(
     return results
 
 
-def _measured_fill(model: nn.Module, cache: list, n: int, seed: int) -> int | None:
+def _measured_fill(model: nn.Module, cache: list, n: int, seed: int, codebook) -> int | None:
     """Fill `cache` to `n` tokens (`fill_synthetic`) and return by how much the process's
     private resident memory grew (`process_memory.growth`): the measured side of the bytes the
     arrays hold."""
     with growth() as measured:
-        fill_synthetic(model, cache, n, seed=seed)
+        fill_synthetic(model, cache, n, seed=seed, codebook=codebook)
     return measured["anon_growth"]
 
 

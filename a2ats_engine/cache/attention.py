@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from . import host_attention
+from .codebook import table_scores
 from .rope import RopeSpec
 
 
@@ -101,13 +102,31 @@ def retrieval_tables(
     rotation matrices side by side. The retrieval query for distance D is R_D q_i: un-rotate the
     query once, then one matmul rotates it to all m distances. Returns [B, n_kv, G, m * S * C]
     (for each query head, m bucket tables of S subspaces of C centroids, in that order).
+
+    One `mx.compile`d function per RoPE (`_compiled_tables`): its shapes are the same at every
+    step and layer (the position is an array input), so it is traced once, and its dozen small
+    ops run as a few fused kernels (about half the time of the ops one by one on the CPU).
     """
+    centroids = codebook.scoring_centroids(layer, queries)
+    offset = mx.array(position, dtype=mx.int32)
+    return _compiled_tables(rope)(queries, offset, rotations, centroids)
+
+
+def tables_uncompiled(
+    rope: RopeSpec, queries: mx.array, offset, rotations: mx.array, centroids: mx.array
+) -> mx.array:
+    """The body of `retrieval_tables` (centroids [n_kv, S, C, sub_dim]), not compiled."""
     B, n_kv, G, d = queries.shape
-    pre = rope.unrotate(queries.astype(mx.float32)[..., None, :], position)[..., 0, :]
+    pre = rope.unrotate(queries.astype(mx.float32)[..., None, :], offset)[..., 0, :]
     m = rotations.shape[-1] // d
     rq = (pre @ rotations).reshape(B, n_kv, G * m, d)
-    tables = codebook.score_tables(layer, rq)  # [B, n_kv, G * m, S, C]
+    tables = table_scores(rq, centroids)  # [B, n_kv, G * m, S, C]
     return tables.reshape(B, n_kv, G, -1)
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_tables(rope: RopeSpec) -> Callable[..., mx.array]:
+    return mx.compile(functools.partial(tables_uncompiled, rope))
 
 
 def far_scores(

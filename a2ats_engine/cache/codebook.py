@@ -181,17 +181,20 @@ class Codebook:
     def score_tables(self, layer: int, queries: mx.array) -> mx.array:
         """Lookup tables: queries `[B, n_kv, G, head_dim]` -> `[B, n_kv, G, S, K]` float32,
         `tables[..., s, j] = q_s . C_{s,j}` (q_s: the s-th sub_dim slice of the query)."""
+        return table_scores(queries, self.scoring_centroids(layer, queries))
+
+    def scoring_centroids(self, layer: int, queries: mx.array | None = None) -> mx.array:
+        """The layer's centroids C `[n_kv, S, K, sub_dim]` that `score_tables` scores against,
+        after checking the layer and, when given, that queries `[B, n_kv, G, head_dim]` fit."""
         self._check_layer(layer)
-        b, h, g, d = queries.shape
-        if h != self.num_kv_heads or d != self.head_dim:
-            raise ValueError(
-                f"queries {tuple(queries.shape)} do not fit the codebook "
-                f"({self.num_kv_heads} KV heads, head dim {self.head_dim})"
-            )
-        s, sd = self.num_subspaces, self.sub_dim
-        q = queries.reshape(b, h, g, s, sd).transpose(0, 1, 3, 2, 4)  # [B, n_kv, S, G, sd]
-        tables = q @ mx.swapaxes(self._centroids[layer], -1, -2)  # [B, n_kv, S, G, K]
-        return tables.transpose(0, 1, 3, 2, 4)
+        if queries is not None:
+            _, h, _, d = queries.shape
+            if h != self.num_kv_heads or d != self.head_dim:
+                raise ValueError(
+                    f"queries {tuple(queries.shape)} do not fit the codebook "
+                    f"({self.num_kv_heads} KV heads, head dim {self.head_dim})"
+                )
+        return self._centroids[layer]
 
     def reconstruct(self, layer: int, codes: mx.array) -> mx.array:
         """Centroid keys of codes: `[B, n_kv, N, S]` -> `[B, n_kv, N, head_dim]` float32."""
@@ -582,3 +585,14 @@ def relative_score_error_from_moments(
         den = mx.sum((k32 @ second) * k32)
         ratios.append(float((num / mx.maximum(den, 1e-30)).item()))
     return float(np.mean(ratios))
+
+
+def table_scores(queries: mx.array, centroids: mx.array) -> mx.array:
+    """`Codebook.score_tables` as a pure function: queries `[B, n_kv, G, head_dim]`, centroids
+    `[n_kv, S, K, sub_dim]` -> `[B, n_kv, G, S, K]` (MLX ops only, so `mx.compile` can fuse it
+    into `attention.retrieval_tables`)."""
+    b, h, g, _ = queries.shape
+    s, sd = centroids.shape[1], centroids.shape[3]
+    q = queries.reshape(b, h, g, s, sd).transpose(0, 1, 3, 2, 4)  # [B, n_kv, S, G, sd]
+    tables = q @ mx.swapaxes(centroids, -1, -2)  # [B, n_kv, S, G, K]
+    return tables.transpose(0, 1, 3, 2, 4)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 
 from . import attention as att
+from . import host_step
 from .storage import KEYS, VALUES, RowStorage, gather_rows
 
 if TYPE_CHECKING:
@@ -129,6 +130,8 @@ class Retrieval:
     def step(self, cache: A2ATSCache, queries: mx.array, lay: att.Layout, scale: float, sinks):
         """Attention of one decode query over the selection: queries post-RoPE [B, n_q, 1, d]
         -> ([B, n_q, 1, d], positions [B, n_kv, M], repeat [B, n_kv, M])."""
+        if host_step.applies(cache, queries):
+            return host_step.step(self, cache, queries, lay, scale, sinks)
         B, n_q, _, d = queries.shape
         n_kv = cache.codes.shape[1]
         group = queries.reshape(B, n_kv, n_q // n_kv, d)

@@ -70,8 +70,12 @@ class MlxTopK:
 
     on_host = False
 
+    # steps whose count may wait unevaluated: each holds its step's positions until evaluated
+    COUNT_EVERY = 32
+
     def __init__(self) -> None:
         self._retrieved = mx.array(0, dtype=mx.int32)
+        self._uncounted = 0
 
     @staticmethod
     def top(scores: mx.array, k: int) -> mx.array:
@@ -107,6 +111,10 @@ class MlxTopK:
         positions = mx.concatenate([sinks, union, window], axis=-1)
         if count:
             self._retrieved = self._retrieved + count_union(positions, lay)
+            self._uncounted += 1
+            if self._uncounted >= self.COUNT_EVERY:  # nothing reads it on the hot path: without
+                mx.async_eval(self._retrieved)  # this its graph kept every step's positions
+                self._uncounted = 0
         return positions, repeat
 
     @property
@@ -147,11 +155,18 @@ class NumpyTopK:
 
         The union bookkeeping is a handful of NumPy calls instead of a dozen small MLX ops.
         """
+        positions, repeat = self.select_host(top, lay, count)
+        return mx.array(positions), mx.array(repeat)
+
+    def select_host(
+        self, top: np.ndarray, lay: Layout, count: bool = True
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`select` with NumPy results (positions int32, repeat bool), for the host step."""
         B, n_kv, G, k = top.shape
         union = np.sort(top.reshape(B, n_kv, G * k), axis=-1) + lay.n_sinks
         dup = union[..., 1:] == union[..., :-1]
         if count:
-            self._retrieved += sum(int(np.unique(top[b]).size) for b in range(B))
+            self._retrieved += sum(_distinct(top[b]) for b in range(B))
         n_win = lay.n - lay.window_start
         positions = np.empty((B, n_kv, lay.n_sinks + G * k + n_win), dtype=np.int32)
         positions[..., : lay.n_sinks] = np.arange(lay.n_sinks, dtype=np.int32)
@@ -159,11 +174,17 @@ class NumpyTopK:
         positions[..., lay.n_sinks + G * k :] = np.arange(lay.window_start, lay.n, dtype=np.int32)
         repeat = np.zeros(positions.shape, dtype=bool)
         repeat[..., lay.n_sinks + 1 : lay.n_sinks + G * k] = dup
-        return mx.array(positions), mx.array(repeat)
+        return positions, repeat
 
     @property
     def retrieved(self) -> int:
         return self._retrieved
+
+
+def _distinct(indices: np.ndarray) -> int:
+    """Distinct values of an int array (a sort: several times faster than `np.unique` here)."""
+    flat = np.sort(indices, axis=None)
+    return int(1 + np.count_nonzero(flat[1:] != flat[:-1])) if flat.size else 0
 
 
 def count_union(positions: mx.array, lay: Layout) -> mx.array:

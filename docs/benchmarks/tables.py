@@ -1086,6 +1086,30 @@ def readme_summary(d: dict[str, dict]) -> str:
 
 # Recorded runs that no current table shows: (date first recorded, what it measured).
 HISTORY = {
+    "crossover_demo_codebook_keys_loaded.json": (
+        "2026-12-03",
+        "`a2ats crossover demo --contexts 1024,8192 --json --dry-run` once the probe's keys use "
+        "the codebook's codes (and with the host step), load average 4.7-5.5: A2ATS / KVCache "
+        "at 8K 1.21x with NumPy's top-K, 1.17x with MLX's (0.65x and 1.35x in crossover_demo.json, "
+        "on tied scores); at 1K 0.68x and 0.81x",
+    ),
+    "decode_before_host_step_loaded.json": (
+        "2026-12-03",
+        "full, a2ats and a2ats_eb0 at 1K and 8K before NumPy's top-K ran the step on the host, "
+        "taken beside another developer's benchmarks (load average 1.9-5.3 on 2 cores): 8K "
+        "0.87x KVCache, 1K retrieving 0.63x",
+    ),
+    "decode_host_step_loaded.json": (
+        "2026-12-03",
+        "the same command right before it with the host step (cache/host_step.py), load average "
+        "1.8-4.3: 8K 1.02x KVCache (runs 0.93-1.18), 1K retrieving 0.67x; to re-run on a quiet "
+        "machine before it replaces a table",
+    ),
+    "profile_step_host_loaded.json": (
+        "2026-12-03",
+        "`a2ats bench decode --profile` with the host step, load average 3.5-5.6: retrieval "
+        "phases 2.26 ms a layer at 8K (3.47 in profile_step.json), 0.66 at 1K (1.74)",
+    ),
     "distributed_demo_spinning_launcher.json": (
         "2026-12-01",
         "demo on 1 process and 2 local ranks, taken beside other work and with mlx.launch's own "

@@ -5,6 +5,7 @@ Only tiny sizes run here (the real geometries are checked by their shapes, uneva
 import json
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 from tiny import made_for
@@ -35,6 +36,34 @@ from a2ats_engine.cli import main
 def test_real_geometries_have_the_real_parameter_counts(name, low, high):
     model = geometry_model(name, materialize=False)  # shapes only: no memory
     assert low <= parameter_count(model) <= high
+
+
+def test_fill_synthetic_with_the_codebook_spreads_keys_over_its_codes():
+    """Keys drawn around the codebook's centroids use most codes (standard-normal keys under a
+    trained codebook fall on a few: tied far scores, a top-K timing that real text would not
+    give), and the full caches filled with the same codebook hold the same keys."""
+    model = tiny_family_model("gemma3_text")
+    config = A2ATSConfig(window=4, sinks=2, budget=3)
+    geo = model_geometry(model)
+    rng = np.random.default_rng(0)
+    shape = (geo.num_kv_heads, 1, 16, geo.head_dim)  # centroids far from the origin, like a
+    centroids = [mx.array(rng.standard_normal(shape) + 4.0) for _ in range(geo.num_layers)]
+    book = made_for(model, Codebook(centroids))  # trained one's: normal keys hit few codes
+    normal = make_cache(model, config, book)
+    fill_synthetic(model, normal, 200, chunk=64)
+    i = next(i for i, c in enumerate(normal) if isinstance(c, A2ATSCache))
+    assert max(len(np.unique(h)) for h in np.array(normal[i].codes[0, :, :200, 0])) <= 6
+    full, a2ats = make_prompt_cache(model), make_cache(model, config, book)
+    fill_synthetic(model, full, 200, chunk=64, codebook=book)
+    fill_synthetic(model, a2ats, 200, chunk=64, codebook=book)
+    layers = [i for i, c in enumerate(a2ats) if isinstance(c, A2ATSCache)]
+    assert layers
+    for i in layers:
+        codes = np.array(a2ats[i].codes[0, :, :200, 0])
+        assert all(len(np.unique(head)) >= 12 for head in codes)  # of 16
+        assert mx.array_equal(full[i].keys[..., :200, :], a2ats[i].keys[..., :200, :])
+    logits = model(mx.array([[3]]), cache=a2ats)
+    assert logits.shape == (1, 1, 128)
 
 
 def test_unknown_geometry_names_the_known_ones():

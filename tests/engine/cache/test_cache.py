@@ -501,3 +501,15 @@ def test_snapshot_counts_the_codebook_once_and_rotations_in_the_layer():
     # a second chat of the same model shares the codebook
     other = make_cache(model, A2ATSConfig(telemetry=True), book)
     assert model_codebook_bytes(cache + other) == book.nbytes
+
+
+def test_the_mlx_retrieved_count_stays_right_across_its_periodic_evaluation():
+    lay = att.layout(500, 16, 4, 12)
+    rng = np.random.default_rng(1)
+    host, device = NumpyTopK(), MlxTopK()
+    for _ in range(2 * MlxTopK.COUNT_EVERY + 3):  # through two evaluations of the counter
+        top = rng.integers(0, 60, (1, 2, 3, 12)).astype(np.int32)
+        host.select(top, lay)
+        device.select(mx.array(top), lay)
+    assert device._uncounted == 3
+    assert device.retrieved == host.retrieved > 0

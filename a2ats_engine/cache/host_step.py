@@ -1,0 +1,172 @@
+"""One A2ATS decode step on the host, for the NumPy top-K strategy: one host sync per layer.
+
+With `topk.NumpyTopK` the generic step (`retrieval.Retrieval.step`) pulls the far scores to the
+host, goes back to MLX to gather and score the rerank's candidate keys, pulls their exact scores,
+goes back to MLX for the union, the K/V gather and the attention: two syncs and about sixty
+small MLX ops per layer. Here the layer's lookup tables are the only MLX work of the step; one
+`mx.eval` brings them together with the layer's codes and K/V rows (read in place: NumPy views of
+MLX's buffers, no copy), and everything after is NumPy on arrays of a few hundred rows: far
+scores (a table lookup: the same float32 values as MLX's), top-K, rerank, union, gather, softmax
+attention. The result enters the model's graph as one `mx.array`.
+
+The selection is the generic step's: the same scores into the same `NumpyTopK` calls (exact
+candidate scores and the attention are float32 products whose rounding may differ from MLX's
+in the last bit). `applies` says when this path runs; anything else (quantized or cold rows,
+the missed-attention estimate, reuse of a selection, an evaluation variant's own far scores,
+a codebook with product VQ, a model dtype NumPy has no type for) takes the generic step.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+import numpy as np
+
+from . import attention as att
+
+if TYPE_CHECKING:
+    from .a2ats_cache import A2ATSCache
+    from .retrieval import Retrieval
+
+_NUMPY_DTYPES = (mx.float32, mx.float16)
+
+
+def applies(cache: A2ATSCache, queries: mx.array) -> bool:
+    """Whether the decode step of `cache` for `queries` runs here (see the module docstring)."""
+    cfg, rows = cache.config, cache.rows
+    return (
+        cache.top_k.on_host
+        and cache.own_far_scores
+        and queries.dtype in _NUMPY_DTYPES
+        and rows.kind == "float"
+        and rows.keys is not None
+        and rows.keys.dtype in _NUMPY_DTYPES
+        and not cache.estimates
+        and cfg.reuse_selection is None
+        and cache.codebook.num_subspaces == 1
+    )
+
+
+def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.Layout, scale, sinks):
+    """`Retrieval.step` on the host: queries post-RoPE [B, n_q, 1, d] ->
+    (output [B, n_q, 1, d], positions [B, n_kv, M], repeat [B, n_kv, M]) as mx.arrays."""
+    B, n_q, _, d = queries.shape
+    n_kv = cache.codes.shape[1]
+    G = n_q // n_kv
+    timed, layer, cfg, top_k = retrieval.timed, cache.layer, cache.config, cache.top_k
+    if retrieval.clock is not None:  # the model's work up to here, so no phase is charged for it
+        timed(layer, "layer inputs", lambda: [queries, *cache.state])
+    retrieval.reused = False
+    tables = retrieval.slot_scores(cache, queries, lay)  # [B, n_kv, G, m * C], lazy
+    keys, values = cache.rows.keys, cache.rows.values
+    mx.eval(tables, queries, cache.codes, keys, values)  # the step's one host sync
+    retrieval.step_tables = None
+    q = np.asarray(queries).reshape(B, n_kv, G, d).astype(np.float32, copy=False)
+
+    def scores() -> np.ndarray:
+        return far_scores(np.asarray(tables), np.asarray(cache.codes), cache, lay)
+
+    approx = timed(layer, "code scores", scores)  # [B, n_kv, G, F]
+    k_np, v_np = np.asarray(keys), np.asarray(values)
+    candidates = min(cfg.rerank * lay.k, lay.n_far) if cache.reranks else lay.k
+    retrieval.budget_used = None
+    if candidates > lay.k:
+        cover = None
+        if cfg.coverage is not None:
+            cover = (scale, cfg.coverage, min(cfg.coverage_floor, lay.k))
+
+        def pick() -> np.ndarray:
+            return rerank(q, approx, lay, candidates, k_np, top_k, cover, cfg.rerank_shared)
+
+        top = timed(layer, "top-K + rerank", pick)
+        if cover is not None:
+            top, retrieval.budget_used = top
+    else:
+        top = timed(layer, "top-K", lambda: top_k.top(approx, lay.k))
+    positions, repeat = timed(layer, "union", lambda: top_k.select_host(top, lay))
+    k_sel, v_sel = timed(
+        layer, "gather K/V", lambda: (gather(k_np, positions), gather(v_np, positions))
+    )
+    sink_logits = None if sinks is None else np.asarray(sinks.astype(mx.float32))
+
+    def attend() -> np.ndarray:
+        return attention(q, k_sel, v_sel, repeat, scale, sink_logits)
+
+    out = timed(layer, "attention", attend)
+    out = mx.array(out.reshape(B, n_q, 1, d)).astype(queries.dtype)
+    return out, mx.array(positions), mx.array(repeat)
+
+
+def far_scores(tables: np.ndarray, codes: np.ndarray, cache: A2ATSCache, lay: att.Layout):
+    """`attention.far_scores` in NumPy for one code per token: tables [B, n_kv, G, m * C],
+    codes [B, n_kv, capacity, 1] (the cache's) -> [B, n_kv, G, F] float32."""
+    B, n_kv = codes.shape[:2]
+    index = codes[:, :, lay.n_sinks : lay.window_start, 0].astype(np.int32)
+    _, lower_edges = cache.buckets
+    if lower_edges is not None:
+        buckets = np.asarray(att.bucket_ids(lay.n, lay.n_sinks, lay.window_start, lower_edges))
+        index += buckets * np.int32(cache.codebook.n_centroids)
+    G, F = tables.shape[2], index.shape[-1]
+    out = np.empty((B, n_kv, G, F), tables.dtype)
+    for b in range(B):  # one np.take per KV head: 4x faster than take_along_axis's broadcast
+        for h in range(n_kv):
+            np.take(tables[b, h], index[b, h], axis=-1, out=out[b, h])
+    return out
+
+
+def gather(rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """rows [B, n_kv, capacity, d] (any strides) at positions [B, n_kv, M] -> [B, n_kv, M, d].
+
+    One flat `np.take` when the rows are contiguous (about 2x faster than fancy indexing)."""
+    B, n_kv, M = positions.shape
+    if not rows.flags.c_contiguous:
+        return rows[np.arange(B)[:, None, None], np.arange(n_kv)[None, :, None], positions]
+    cap, d = rows.shape[2:]
+    base = (np.arange(B * n_kv, dtype=np.int64) * cap).reshape(B, n_kv, 1)
+    flat = (positions + base).reshape(-1)
+    return np.take(rows.reshape(-1, d), flat, axis=0).reshape(B, n_kv, M, d)
+
+
+def _scores(q: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """q [..., G, d] against rows [..., M, d] -> [..., G, M] float32, as `rows @ q^T` (NumPy's
+    matmul takes a transposed right operand off its BLAS path: 5x slower at these sizes)."""
+    qt = np.ascontiguousarray(q.swapaxes(-1, -2))
+    return np.ascontiguousarray((rows.astype(np.float32, copy=False) @ qt).swapaxes(-1, -2))
+
+
+def rerank(q, approx, lay: att.Layout, candidates: int, keys, top_k, cover, shared: bool):
+    """`attention.rerank` on the host: q [B, n_kv, G, d] float32, approx [B, n_kv, G, F],
+    keys the stored rows [B, n_kv, capacity, d] -> far indices [B, n_kv, G, k] (or, with
+    `cover`, (indices, kept count per head))."""
+    B, n_kv, G, d = q.shape
+    if shared:
+        cand = top_k.top(approx.max(axis=2, keepdims=True), candidates)  # [B, n_kv, 1, c]
+        rows = gather(keys, cand.reshape(B, n_kv, candidates) + lay.n_sinks)
+        exact = _scores(q, rows)  # [B, n_kv, G, c]
+    else:
+        cand = top_k.top(approx, candidates)  # [B, n_kv, G, c]
+        rows = gather(keys, cand.reshape(B, n_kv, G * candidates) + lay.n_sinks)
+        rows = rows.reshape(B, n_kv, G, candidates, d).astype(np.float32, copy=False)
+        exact = (rows @ q[..., None])[..., 0]  # [B, n_kv, G, c]
+    if cover is None:
+        return top_k.pick(cand, exact, lay.k)
+    return top_k.pick_covering(cand, exact, lay.k, *cover)
+
+
+def attention(q, keys, values, repeat, scale: float, sinks=None) -> np.ndarray:
+    """`attention.selected_attention` in NumPy: q [B, n_kv, G, d] float32, keys / values
+    [B, n_kv, M, d], repeat [B, n_kv, M] bool, sinks None or logits [n_kv * G]
+    -> [B, n_kv, G, d] float32."""
+    B, n_kv, G, _ = q.shape
+    s = _scores(q * np.float32(scale), keys)  # [B, n_kv, G, M]
+    s[np.broadcast_to(repeat[:, :, None, :], s.shape)] = -np.inf
+    top = s.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        sink = sinks.reshape(1, n_kv, G, 1)
+        top = np.maximum(top, sink)
+    p = np.exp(s - top)
+    den = p.sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        den = den + np.exp(sink - top)
+    return (p @ values.astype(np.float32, copy=False)) / den
