@@ -191,12 +191,6 @@ class A2ATSCache(_BaseCache):
         [B, n_kv, G, F] (`Retrieval.far_token_scores`; evaluation variants override this)."""
         return self.retrieval.far_token_scores(self, queries, lay)
 
-    @property
-    def own_far_scores(self) -> bool:
-        """Whether `far_token_scores` is this class's (the lookup tables), not an evaluation
-        variant's: the host step (`host_step.py`) computes those scores itself."""
-        return type(self).far_token_scores is A2ATSCache.far_token_scores
-
     def take_stats(self) -> LayerStats | None:
         """The last step's LayerStats with its codes, for a snapshot (`layer_stats.take_stats`)."""
         return layer_stats.take_stats(self)

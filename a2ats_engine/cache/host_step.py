@@ -32,12 +32,19 @@ if TYPE_CHECKING:
 _NUMPY_DTYPES = (mx.float32, mx.float16)
 
 
+def _own_far_scores(cache: A2ATSCache) -> bool:
+    """Whether `far_token_scores` is A2ATSCache's own (the lookup tables), not an evaluation
+    variant's: the host step computes those scores itself (no import of the cache class here:
+    it imports this module through `retrieval.py`)."""
+    return type(cache).far_token_scores.__qualname__ == "A2ATSCache.far_token_scores"
+
+
 def applies(cache: A2ATSCache, queries: mx.array) -> bool:
     """Whether the decode step of `cache` for `queries` runs here (see the module docstring)."""
     cfg, rows = cache.config, cache.rows
     return (
         cache.top_k.on_host
-        and cache.own_far_scores
+        and _own_far_scores(cache)
         and queries.dtype in _NUMPY_DTYPES
         and rows.kind == "float"
         and rows.keys is not None
