@@ -68,3 +68,17 @@ def rank_pid(group: int, rank: int) -> int:
         if f"MLX_RANK={rank}".encode() in env and "python" in Path(exe).name:
             return int(proc.name)
     raise AssertionError(f"no process of rank {rank} in group {group}")
+
+
+def group_cpu(group: int) -> float:
+    """CPU seconds (user + system) of every live process in process group `group`."""
+    total = 0.0
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or os.getpgid(int(proc.name)) != group:
+                continue
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total

@@ -27,7 +27,7 @@ from a2ats_engine.records import SamplingSettings
 from a2ats_engine.session import ChatSession
 from a2ats_engine.token_texts import token_texts
 from tests.tiny import save_tiny_model
-from tests.two_ranks import free_port, local_hosts, rank_pid
+from tests.two_ranks import free_port, group_cpu, local_hosts, rank_pid
 
 PROMPT = "Every rank keeps its own layers' codes and rows; rank 0 answers the app. " * 3
 
@@ -374,24 +374,11 @@ def test_ranks_waiting_for_the_next_request_cost_next_to_no_cpu(tiny_ranks):
     client, _, _ = tiny_ranks
     client.request("clear_codebook")  # the ranks answer requests, then wait
     time.sleep(3.0)  # past the quick checks right after a request
-    before = _group_cpu(client._process.pid)
+    before = group_cpu(client._process.pid)
     time.sleep(4.0)
-    used = _group_cpu(client._process.pid) - before
+    used = group_cpu(client._process.pid) - before
     assert used < 0.8, f"the idle ranks used {used:.2f} CPU-s in 4 s"
     assert client.request("clear_codebook") == {"ev": "ok"}  # and still answer at once
-
-
-def _group_cpu(group: int) -> float:
-    total = 0.0
-    for proc in Path("/proc").iterdir():
-        try:
-            if not proc.name.isdigit() or os.getpgid(int(proc.name)) != group:
-                continue
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds rank 1 in /proc")
