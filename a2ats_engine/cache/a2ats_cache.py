@@ -117,8 +117,12 @@ class A2ATSCache(_BaseCache):
                 "model computed attention itself); refusing to run full attention as A2ATS"
             )
         self._unattended = L == 1
-        pre_rope = self.rope.unrotate(keys.astype(mx.float32), self.offset)
-        codes = self.codebook.assign(self.layer, pre_rope)  # [B, n_kv, L, S]
+        if L == 1:  # a decode step: the step's un-rotation matrix, shared by every layer
+            unrotation = att.step_unrotation(self.rope, self.offset)
+            codes = self.codebook.assign_rotated(self.layer, keys, unrotation)
+        else:
+            pre_rope = self.rope.unrotate(keys.astype(mx.float32), self.offset)
+            codes = self.codebook.assign(self.layer, pre_rope)  # [B, n_kv, L, S]
         prev = self.offset
         self._store_codes(codes, prev)
         self.rows.append(keys, values, prev)

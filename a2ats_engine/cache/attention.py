@@ -11,6 +11,7 @@ CPU-only MLX (`topk.py`). Stored K/V rows come in `storage.py`'s formats.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -94,28 +95,82 @@ def exact_attention(
 
 
 def retrieval_tables(
-    queries: mx.array, rope: RopeSpec, position: int, rotations: mx.array, codebook, layer: int
+    queries: mx.array,
+    rope: RopeSpec,
+    position: int,
+    rotations: mx.array,
+    codebook,
+    layer: int,
+    distances: tuple[int, ...] | None = None,
 ) -> mx.array:
     """Lookup tables of the windowed-RoPE retrieval queries, one set per far distance.
 
     queries: post-RoPE [B, n_kv, G, d] at `position` i; rotations: [d, m * d], the distances'
     rotation matrices side by side. The retrieval query for distance D is R_D q_i: un-rotate the
-    query once, then one matmul rotates it to all m distances. Returns [B, n_kv, G, m * S * C]
-    (for each query head, m bucket tables of S subspaces of C centroids, in that order).
+    query, then rotate it to all m distances. Returns [B, n_kv, G, m * S * C] (for each query
+    head, m bucket tables of S subspaces of C centroids, in that order).
 
-    One `mx.compile`d function per RoPE (`_compiled_tables`): its shapes are the same at every
-    step and layer (the position is an array input), so it is traced once, and its dozen small
-    ops run as a few fused kernels (about half the time of the ops one by one on the CPU).
+    Both rotations are one matrix of the step (`step_rotations`: the model's own un-rotation at
+    i times `rotations`), so a layer's tables are two small matmuls in one `mx.compile`d
+    function (`_compiled_tables`: the same shapes at every step and layer, traced once).
+    `distances` (the buckets' distances `rotations` was built from) lets every layer of a step
+    share that matrix; without it each call builds its own.
     """
     centroids = codebook.scoring_centroids(layer, queries)
-    offset = mx.array(position, dtype=mx.int32)
-    return _compiled_tables(rope)(queries, offset, rotations, centroids)
+    to_far = step_rotations(rope, position, rotations, distances)
+    return _compiled_tables(queries, to_far, centroids)
+
+
+_STEP_ROTATIONS: dict[tuple, mx.array] = {}  # a step's un-rotation and rotations
+_STEP_ROTATIONS_LOCK = threading.Lock()
+_STEP_ROTATIONS_KEPT = 8  # each RoPE of a model at a step's position, and a few spare
+
+
+def step_rotations(
+    rope: RopeSpec, position: int, rotations: mx.array, distances: tuple[int, ...] | None = None
+) -> mx.array:
+    """[d, m * d]: a post-RoPE query row at `position` times this is its m retrieval queries
+    (`step_unrotation` times `rotations`). With `distances` the matrix is kept for the step:
+    every layer of that RoPE and those distances shares it."""
+    key = None if distances is None else ("to far", rope, tuple(distances), int(position))
+    return _kept(key, lambda: step_unrotation(rope, position) @ rotations)
+
+
+def step_unrotation(rope: RopeSpec, position: int) -> mx.array:
+    """[d, d]: a post-RoPE row at `position` times this is its pre-RoPE row.
+
+    The model's own un-rotation (`RopeSpec.unrotate` of the identity's rows, all at `position`:
+    the same mx.fast.rope call), so no angle is derived again; kept for the step (every layer
+    of a decode step shares it)."""
+
+    def made() -> mx.array:
+        eye = mx.eye(rope.head_dim or rope.dims, dtype=mx.float32)[:, None, :]
+        return rope.unrotate(eye, position)[:, 0, :]
+
+    return _kept(("unrotation", rope, int(position)), made)
+
+
+def _kept(key: tuple | None, make: Callable[[], mx.array]) -> mx.array:
+    """make(), kept under `key` among the last few (None: not kept)."""
+    if key is not None:
+        with _STEP_ROTATIONS_LOCK:
+            hit = _STEP_ROTATIONS.get(key)
+        if hit is not None:
+            return hit
+    made = make()
+    if key is not None:
+        with _STEP_ROTATIONS_LOCK:
+            while len(_STEP_ROTATIONS) >= _STEP_ROTATIONS_KEPT:
+                _STEP_ROTATIONS.pop(next(iter(_STEP_ROTATIONS)))
+            _STEP_ROTATIONS[key] = made
+    return made
 
 
 def tables_uncompiled(
     rope: RopeSpec, queries: mx.array, offset, rotations: mx.array, centroids: mx.array
 ) -> mx.array:
-    """The body of `retrieval_tables` (centroids [n_kv, S, C, sub_dim]), not compiled."""
+    """The tables op by op (the reference of `retrieval_tables`; centroids
+    [n_kv, S, C, sub_dim]): the query un-rotated by RoPE, then rotated to each distance."""
     B, n_kv, G, d = queries.shape
     pre = rope.unrotate(queries.astype(mx.float32)[..., None, :], offset)[..., 0, :]
     m = rotations.shape[-1] // d
@@ -124,9 +179,14 @@ def tables_uncompiled(
     return tables.reshape(B, n_kv, G, -1)
 
 
-@functools.lru_cache(maxsize=16)
-def _compiled_tables(rope: RopeSpec) -> Callable[..., mx.array]:
-    return mx.compile(functools.partial(tables_uncompiled, rope))
+def _tables(queries: mx.array, to_far: mx.array, centroids: mx.array) -> mx.array:
+    B, n_kv, G, d = queries.shape
+    m = to_far.shape[-1] // d
+    rq = (queries.astype(mx.float32) @ to_far).reshape(B, n_kv, G * m, d)
+    return table_scores(rq, centroids).reshape(B, n_kv, G, -1)
+
+
+_compiled_tables = mx.compile(_tables)
 
 
 def far_scores(

@@ -178,6 +178,18 @@ class Codebook:
             )
         return codes.astype(mx.uint16).transpose(0, 1, 3, 2)  # [B, n_kv, N, S]
 
+    def assign_rotated(self, layer: int, keys: mx.array, unrotation: mx.array) -> mx.array:
+        """`assign` of post-RoPE decode keys `[B, n_kv, 1, head_dim]` whose pre-RoPE rows are
+        `keys @ unrotation` (`attention.step_unrotation`): the same codes in one compiled
+        function (a decode step's one row per head, so no blocks)."""
+        self._check_layer(layer)
+        if keys.shape[1] != self.num_kv_heads or keys.shape[3] != self.head_dim:
+            raise ValueError(
+                f"keys {tuple(keys.shape)} do not fit the codebook "
+                f"({self.num_kv_heads} KV heads, head dim {self.head_dim})"
+            )
+        return _compiled_assign(keys, unrotation, self._weights(layer))
+
     def score_tables(self, layer: int, queries: mx.array) -> mx.array:
         """Lookup tables: queries `[B, n_kv, G, head_dim]` -> `[B, n_kv, G, S, K]` float32,
         `tables[..., s, j] = q_s . C_{s,j}` (q_s: the s-th sub_dim slice of the query)."""
@@ -596,3 +608,17 @@ def table_scores(queries: mx.array, centroids: mx.array) -> mx.array:
     q = queries.reshape(b, h, g, s, sd).transpose(0, 1, 3, 2, 4)  # [B, n_kv, S, G, sd]
     tables = q @ mx.swapaxes(centroids, -1, -2)  # [B, n_kv, S, G, K]
     return tables.transpose(0, 1, 3, 2, 4)
+
+
+def _assign_rotated(keys: mx.array, unrotation: mx.array, weights: mx.array) -> mx.array:
+    """`Codebook.assign_rotated`'s body: keys [B, n_kv, n, d] @ unrotation [d, d] -> codes
+    uint16 [B, n_kv, n, S] against weights [n_kv, S, sub_dim + 1, K] (`Codebook._weights`)."""
+    b, h, n, d = keys.shape
+    s = weights.shape[1]
+    x = (keys.astype(mx.float32) @ unrotation).reshape(b, h, n, s, d // s).transpose(0, 1, 3, 2, 4)
+    x = mx.concatenate([x, mx.ones((b, h, s, n, 1), dtype=mx.float32)], axis=-1)
+    codes = mx.argmin(x @ weights, axis=-1)  # [B, n_kv, S, n]
+    return codes.astype(mx.uint16).transpose(0, 1, 3, 2)
+
+
+_compiled_assign = mx.compile(_assign_rotated)

@@ -120,8 +120,9 @@ class Retrieval:
         B, n_q, _, d = queries.shape
         n_kv = cache.codes.shape[1]
         group = queries.reshape(B, n_kv, n_q // n_kv, d)
+        distances = tuple(cache.buckets[0])
         tables = att.retrieval_tables(
-            group, cache.rope, lay.n - 1, cache.rotations, cache.codebook, cache.layer
+            group, cache.rope, lay.n - 1, cache.rotations, cache.codebook, cache.layer, distances
         )
         self.step_tables = (queries, lay.n, tables)
         return tables

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from tiny import tiny_model
 
+from a2ats_engine.cache import attention as att
 from a2ats_engine.cache.codebook import (
     Codebook,
     query_metric,
@@ -14,6 +15,7 @@ from a2ats_engine.cache.codebook import (
 )
 from a2ats_engine.cache.codebook_check import model_fingerprint
 from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cache.rope import RopeSpec
 from a2ats_engine.errors import CodebookError
 
 
@@ -129,6 +131,34 @@ def test_assign_and_score_tables_match_numpy(sub_dim):
             np.testing.assert_allclose(
                 recon[:, h, :, j * sub_dim : (j + 1) * sub_dim], want, rtol=1e-6
             )
+
+
+@pytest.mark.parametrize("sub_dim", [16, 8])
+@pytest.mark.parametrize(
+    "rope",
+    [
+        RopeSpec(dims=16, traditional=False, base=10000.0, head_dim=16),
+        RopeSpec(dims=16, traditional=True, base=1e6, scale=1.3, head_dim=16),  # magnitude
+        RopeSpec(dims=8, traditional=False, base=500000.0, head_dim=16),  # partial rotary
+    ],
+)
+def test_a_decode_step_codes_its_key_as_a_prefill_does(sub_dim, rope):
+    """`assign_rotated` (the decode step: the step's un-rotation matrix, one compiled
+    function) gives the codes `assign` gives the key un-rotated by RoPE."""
+    keys, queries = _keys_queries(4, n_layers=2)
+    book = Codebook.fit(keys, queries, n_centroids=64, sub_dim=sub_dim, seed=1)
+    rng = np.random.default_rng(3)
+    same = total = 0
+    for position in (0, 17, 4095, 100_000):
+        post = mx.array(rng.standard_normal((2, 2, 1, 16)).astype(np.float32) * 3)
+        want = book.assign(1, rope.unrotate(post, position))
+        got = book.assign_rotated(1, post, att.step_unrotation(rope, position))
+        assert got.shape == want.shape and got.dtype == mx.uint16
+        same += int(np.sum(np.asarray(got) == np.asarray(want)))
+        total += want.size
+    assert same == total
+    with pytest.raises(ValueError, match="do not fit the codebook"):
+        book.assign_rotated(1, post[:, :1], att.step_unrotation(rope, 5))
 
 
 def _fitted_for(model, **meta):

@@ -131,6 +131,8 @@ def test_the_compiled_lookup_tables_equal_the_ops_one_by_one(rope, sub_dim):
     q = mx.array(rng.standard_normal((2, 2, 3, D)).astype(np.float32))
     for position in (70, 4000, 4001):  # the position is an input: one trace serves every step
         got = att.retrieval_tables(q, rope, position, rotations, book, 1)
+        kept = att.retrieval_tables(q, rope, position, rotations, book, 1, (64, 300, 2048))
+        np.testing.assert_array_equal(np.array(kept), np.array(got))
         want = att.tables_uncompiled(rope, q, position, rotations, book.scoring_centroids(1))
         assert got.shape == (2, 2, 3, 3 * book.num_subspaces * 32)
         np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-6, atol=1e-5)
@@ -142,3 +144,19 @@ def test_the_compiled_lookup_tables_equal_the_ops_one_by_one(rope, sub_dim):
     )  # fmt: skip
     with pytest.raises(ValueError, match="do not fit the codebook"):
         att.retrieval_tables(q[:, :1], rope, 70, rotations, book, 1)
+
+
+def test_every_layer_of_a_step_shares_its_rotation_matrix():
+    distances = (64, 300, 2048)
+    rotations = mx.concatenate([ROPE.rotation_matrix(dist) for dist in distances], axis=-1)
+    first = att.step_rotations(ROPE, 5000, rotations, distances)
+    assert att.step_rotations(ROPE, 5000, rotations, distances) is first  # the next layer
+    later = att.step_rotations(ROPE, 5001, rotations, distances)
+    assert later is not first  # the next step rotates from its own position
+    assert att.step_rotations(ROPE, 5000, rotations) is not first  # no distances: not kept
+    for position in range(20):  # only the last few steps are kept
+        att.step_rotations(ROPE, position, rotations, distances)
+    assert len(att._STEP_ROTATIONS) <= att._STEP_ROTATIONS_KEPT
+    q = mx.array(np.random.default_rng(0).standard_normal((4, D)).astype(np.float32))
+    want = ROPE.unrotate(q[:, None, :], 5001)[:, 0, :] @ rotations
+    np.testing.assert_allclose(np.array(q @ later), np.array(want), rtol=1e-5, atol=1e-5)
