@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # the command line as given, for what a run records of itself ("command" in a JSON result)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     shown = warnings.showwarning
     if not args.debug:
         warnings.showwarning = show_note

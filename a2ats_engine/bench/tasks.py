@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.nn as nn
+import numpy as np
 
 from ..cache.config import A2ATSConfig
 from .passkey import answer_with_methods
@@ -451,6 +452,7 @@ def summarize(trials: Sequence[TaskTrial]) -> list[dict[str, Any]]:
 
 def relative_to_full(trials: Sequence[TaskTrial]) -> list[dict[str, Any]]:
     """Per (task, context, method): the score as a share of `full`'s (None where full scored 0)
+    with its 95% interval (`paired_ratio_ci`: prompts resampled, the same prompts for both),
     and `agrees_with_full`, the share of prompts whose answer is the same text as full's."""
     full = {(t.task, t.context, t.depth, t.seed): t for t in trials if t.method == "full"}
     if not full:
@@ -464,14 +466,43 @@ def relative_to_full(trials: Sequence[TaskTrial]) -> list[dict[str, Any]]:
         refs = [full[(t.task, t.context, t.depth, t.seed)] for t in mine]
         full_score = sum(r.score for r in refs) / len(refs)
         agree = sum(t.answer == r.answer for t, r in zip(mine, refs, strict=True)) / len(mine)
+        ci = paired_ratio_ci([t.score for t in mine], [r.score for r in refs])
         rows.append(
             {
                 "task": row["task"],
                 "context": row["context"],
                 "method": row["method"],
                 "score_vs_full": round(row["score"] / full_score, 4) if full_score else None,
+                "score_vs_full_ci95": None if ci is None else [_finite(v) for v in ci],
                 "agrees_with_full": round(agree, 4),
                 "n": row["n"],
             }
         )
     return rows
+
+
+def _finite(value: float) -> float | None:
+    """A bound for JSON: rounded, or None for an unbounded one (strict JSON has no inf)."""
+    return round(value, 4) if np.isfinite(value) else None
+
+
+def paired_ratio_ci(
+    scores: Sequence[float], full: Sequence[float], resamples: int = 2000, seed: int = 0
+) -> tuple[float, float] | None:
+    """95% percentile interval of mean(scores) / mean(full) over prompts drawn with replacement
+    (each draw keeps a prompt's two scores together). None where full scored 0 on every prompt;
+    a resample whose full mean is 0 counts as the ratio 1 when both means are 0, else as
+    infinitely far (it widens the interval rather than being dropped)."""
+    a = np.asarray(scores, dtype=np.float64)
+    b = np.asarray(full, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 1 or not a.size:
+        raise ValueError(f"need as many scores as full scores, got {a.shape} and {b.shape}")
+    if not b.any():
+        return None
+    rng = np.random.default_rng(seed)
+    index = rng.integers(0, a.size, size=(resamples, a.size))
+    num, den = a[index].mean(axis=1), b[index].mean(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.where(num > 0, np.inf, 1.0))
+    low, high = np.quantile(ratio, [0.025, 0.975], method="inverted_cdf")  # inf-safe
+    return float(low), float(high)

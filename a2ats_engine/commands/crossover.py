@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 
 from . import _limits as limits
 from ._flags import add_json_flag
@@ -110,7 +111,9 @@ def run(args: argparse.Namespace) -> int:
         for t in timings
     ]
     if args.json:
+        command = "a2ats " + shlex.join(getattr(args, "argv", ["crossover"]))  # to run it again
         out = {**entry, "results": results, "recorded": str(path) if path else None}
+        out["command"] = command
         print(json.dumps(out))
         return 0
     print(

@@ -248,6 +248,15 @@ def tasks_table(data: dict) -> str:
             for m in methods
         )
         lines.append(f"| **mean** | {ctx} | | {mean} |")
+    others = [m for m in methods if m != "full"]
+    if any("score_vs_full_ci95" in r for r in agree.values()) and others:
+        lines += ["", "Score as a share of `full`'s (95% interval: prompts resampled, each with "
+                  "its `full` answer; \"-\" where full scored 0):", "",
+                  "| task | context | " + " | ".join(others) + " |",
+                  "|---|---:|" + "---:|" * len(others)]  # fmt: skip
+        for task, ctx in keys:
+            lines.append(f"| {task} | {ctx} | " + " | ".join(
+                _share_ci(agree[(task, ctx, m)]) for m in others) + " |")  # fmt: skip
     if agree:
         lines += ["", "Answers identical to `full`'s (share of prompts):", "",
                   "| task | context | " + " | ".join(methods) + " |",
@@ -257,6 +266,15 @@ def tasks_table(data: dict) -> str:
             lines.append(f"| {task} | {ctx} | {cells} |")
     lines += ["", f"`{data['command']}`; haystack {data['haystack']}; codebook {data['codebook']}."]
     return "\n".join(lines)
+
+
+def _share_ci(row: dict) -> str:
+    """ "0.92 (0.80-1.00)" from a `relative_to_full` row; "-" where full scored 0."""
+    share, ci = row.get("score_vs_full"), row.get("score_vs_full_ci95")
+    if share is None or ci is None:
+        return "-"
+    high = "unbounded" if ci[1] is None else f"{ci[1]:.2f}"
+    return f"{share:.2f} ({ci[0]:.2f}-{high})"
 
 
 def kv_bits_table(runs: list[dict]) -> str:
@@ -977,6 +995,41 @@ def profile_table(data: dict) -> str:
     return "\n".join(rows).rstrip()
 
 
+def step_overhead_table(data: dict) -> str:
+    """`docs/benchmarks/step_overhead.py`: a retrieval step's fixed cost, piece by piece."""
+    runs = data["runs"]
+    first = runs[0]
+    lines = [
+        "| context | KVCache ms / step | + code and store each key | + one sync a layer "
+        "| + lookup tables | + NumPy step (= A2ATS forced) | A2ATS forced / KVCache time |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in runs:
+        ms = r["ms_per_step"]
+        lines.append(
+            f"| {r['context']:,} | {ms['kvcache']:.1f} | {ms['exact']:.1f} | {ms['sync']:.1f} | "
+            f"{ms['sync_tables']:.1f} | {ms['host_step']:.1f} | "
+            f"{ms['host_step'] / ms['kvcache']:.2f}x |"
+        )
+    lines += ["", "Each piece per layer (ms; the difference of two medians). The variants before "
+              "the NumPy step attend exactly over the A2ATS rows (a slice of the stored rows, "
+              "copied for the attention call at long contexts), which the NumPy step replaces: "
+              "where that attention costs more than the step (8K) its piece is negative.", "",
+              "| context | " + " | ".join(first["pieces_ms_per_layer"]) + " |",
+              "|---:|" + "---:|" * len(first["pieces_ms_per_layer"])]  # fmt: skip
+    for r in runs:
+        lines.append(f"| {r['context']:,} | " + " | ".join(
+            f"{v:.3f}" for v in r["pieces_ms_per_layer"].values()) + " |")  # fmt: skip
+    lines += [
+        "",
+        f"`{first['command']}`; {first['machine']}; median of {first['rounds_counted']} rounds of "
+        f"{first['steps_per_round']} greedy steps per variant, the variants taking turns; "
+        f"{first['a2ats_layers']} A2ATS layers; load average at the end "
+        f"{', '.join(str(x) for x in first['load_average_at_end'])}.",
+    ]
+    return "\n".join(lines)
+
+
 def distributed_table(records: list[dict]) -> str:
     """1 rank vs 2 ranks per model (a2ats_engine/distributed/bench.py): what each rank holds and
     sends per decode step; tok/s from a shared machine (indicative only)."""
@@ -1039,6 +1092,9 @@ def readme_summary(d: dict[str, dict]) -> str:
     v2 = {(r["context"], r["method"]): r["speed_vs_full"] for r in d["speed"]["results"]}
     ctx = sorted({c for c, _ in v2})
     below = [v2[(c, "a2ats_noest")] for c in ctx[:-1]]
+    amd = {(r["context"], r["method"]): r["ratio_median"] for r in d["speed_amd"]["results"]}
+    amd_ctx = sorted({c for c, _ in amd})
+    amd_below = ", ".join(f"{amd[(c, 'a2ats')]:.2f}x at {_k(c)}" for c in amd_ctx[:-1])
     prefill = [r for r in d["prefill"]["results"] if "ratio_median" in r]
     mem = {r["method"]: r for r in d["memory"]["results"] if r["context"] == max(
         x["context"] for x in d["memory"]["results"])}  # fmt: skip
@@ -1066,10 +1122,12 @@ def readme_summary(d: dict[str, dict]) -> str:
         f" RULER-style tasks at {_k(tasks['results'][0]['context'])}, mean score full "
         f"{mean4k['full']:.2f}, A2ATS {mean4k['a2ats']:.2f}, window {mean4k['window']:.2f} "
         "| 1. Quality |",
-        f"| How fast does it decode? | vs mlx-lm's KVCache: {min(below):.2f}-{max(below):.2f}x "
-        f"from {_k(ctx[0])} to {_k(ctx[-2])} (exact attention below the crossover), "
-        f"**{v2[(ctx[-1], 'a2ats_noest')]:.2f}x** at {_k(ctx[-1])}; retrieving from the first "
-        f"step {v2[(ctx[0], 'a2ats_eb0_noest')]:.2f}x at {_k(ctx[0])} | 2. Speed |",
+        f"| How fast does it decode? | vs mlx-lm's KVCache on a 2-core AMD EPYC host, with the "
+        f"crossover measured there: {amd_below}, "
+        f"**{amd[(amd_ctx[-1], 'a2ats')]:.2f}x** at {_k(amd_ctx[-1])} (retrieving from the first "
+        f"step {amd[(amd_ctx[0], 'a2ats_eb0')]:.2f}x at {_k(amd_ctx[0])}); on another 2-core "
+        f"host {min(below):.2f}-{max(below):.2f}x from {_k(ctx[0])} to {_k(ctx[-2])}, "
+        f"{v2[(ctx[-1], 'a2ats_noest')]:.2f}x at {_k(ctx[-1])} | 2. Speed |",
         "| How fast is the first token? | time to first token vs KVCache's: "
         + ", ".join(f"{r['ratio_median']:.2f}x at {_k(r['context'])}" for r in prefill)
         + " | 2. Speed |",
@@ -1096,6 +1154,24 @@ def readme_summary(d: dict[str, dict]) -> str:
 
 # Recorded runs that no current table shows: (date first recorded, what it measured).
 HISTORY = {
+    "decode_amd_epyc_before_step_matrix.json": (
+        "2026-12-03",
+        "`a2ats bench decode --contexts 1024,4096,8192 --steps 32 --repeats 3 --methods "
+        "full,a2ats,a2ats_eb0 --json`, quiet, with the host step but each layer un-rotating its "
+        "query and key with RoPE and the built-in crossover (retrieval from 4K): default 1.00x, "
+        "0.86x, 0.94x KVCache at 1K, 4K, 8K; retrieval forced 0.74x, 0.85x, 0.96x",
+    ),
+    "profile_step_before_step_matrix.json": (
+        "2026-12-03",
+        "`a2ats bench decode --profile --contexts 1024,8000 --steps 16 --json`, quiet, before the "
+        "step's un-rotation matrix: A2ATS 0.58x KVCache at 1K, 0.77x at 8K",
+    ),
+    "crossover_demo_before_step_matrix.json": (
+        "2026-12-03",
+        "`a2ats crossover demo --contexts 1024,2048,4096,8192 --json --dry-run`, quiet, before "
+        "the step's un-rotation matrix: retrieval 0.67x, 0.78x, 0.82x, 0.92x KVCache, so exact "
+        "up to 8K",
+    ),
     "profile_step_before_host_step.json": (
         "2026-12-02",
         "`a2ats bench decode --profile --contexts 1024,8000 --steps 16 --json`, quiet, before "
@@ -1263,6 +1339,7 @@ def blocks() -> dict[str, str]:
         ("readme-reopen-gemma", "reopen_gemma3_270m.json", readme_reopen_lines),
         ("app-memory", "app_memory_demo.json", app_memory_table),
         ("profile", "profile_step.json", profile_table),
+        ("step-overhead", "step_overhead.json", step_overhead_table),
         ("crossover-probe", "crossover_demo.json", crossover_probe_table),
         ("shadow-cost", "shadow_cost.json", shadow_cost_table),
         ("speed-amd", "decode_amd_epyc.json", host_speed_table),
@@ -1285,7 +1362,8 @@ def blocks() -> dict[str, str]:
         out["distributed"] = distributed_table(dist)
     summary = {
         "eval": "eval_4k_b003.json", "texts": "eval_4k_texts.json", "passkey": "passkey.json",
-        "tasks": "tasks.json", "speed": "decode_v2.json", "prefill": "prefill.json",
+        "tasks": "tasks.json", "speed": "decode_v2.json", "speed_amd": "decode_amd_epyc.json",
+        "prefill": "prefill.json",
         "memory": "memory.json", "cold": "cold_tier_qwen3.json",
         "gemma": "eval_gemma3_270m_4k_texts.json",
     }  # fmt: skip

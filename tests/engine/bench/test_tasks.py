@@ -50,6 +50,28 @@ def test_summary_and_relative_scores_on_hand_made_trials():
     rel = {r["method"]: r for r in tk.relative_to_full(trials)}
     assert rel["full"]["score_vs_full"] == 1.0 and rel["full"]["agrees_with_full"] == 1.0
     assert rel["a2ats"]["score_vs_full"] == 0.5 and rel["a2ats"]["agrees_with_full"] == 0.5
+    assert rel["full"]["score_vs_full_ci95"] == [1.0, 1.0]
+    low, high = rel["a2ats"]["score_vs_full_ci95"]
+    assert low == 0.0 and high == 1.0  # two prompts: every resample is 0, 1/2 or 1
+
+
+def test_the_paired_interval_narrows_with_prompts_and_keeps_pairs_together():
+    # 12 prompts where the method loses every other answer: the interval holds 0.5, excludes 1
+    low, high = tk.paired_ratio_ci([1, 1, 0, 0] * 3, [1.0] * 12)
+    assert 0.0 < low < 0.5 < high < 1.0
+    wide = tk.paired_ratio_ci([1, 1, 0, 0], [1.0] * 4)
+    assert wide[1] - wide[0] > high - low
+    # the same answers as full on every prompt: exactly 1, however the prompts are drawn
+    assert tk.paired_ratio_ci([1, 0, 1, 0.5], [1, 0, 1, 0.5]) == (1.0, 1.0)
+    assert tk.paired_ratio_ci([0.0, 1.0], [0.0, 0.0]) is None  # full never scored
+    low, high = tk.paired_ratio_ci([1.0, 1.0], [1.0, 0.0])  # a draw of only the second prompt
+    assert high == float("inf")
+    rows = tk.relative_to_full([tk.TaskTrial("vt", 1024, 0.5, seed, m, "x", score)
+                                for seed, (mine, full) in enumerate([(1.0, 1.0), (1.0, 0.0)])
+                                for m, score in (("a2ats", mine), ("full", full))])  # fmt: skip
+    assert {r["method"]: r["score_vs_full_ci95"] for r in rows}["a2ats"][1] is None  # JSON-safe
+    with pytest.raises(ValueError, match="as many scores"):
+        tk.paired_ratio_ci([1.0], [1.0, 0.0])
 
 
 @pytest.mark.parametrize("task", tk.TASKS)

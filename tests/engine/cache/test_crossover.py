@@ -3,6 +3,7 @@ and what `a2ats info` says (cache/crossover.py, commands/crossover.py)."""
 
 import json
 import re
+import shlex
 import warnings
 
 import pytest
@@ -187,6 +188,8 @@ ARGV = ["--contexts", "300,150", "--steps", "2", "--repeats", "2"]
 def test_cli_dry_run_measures_and_writes_nothing(tiny_folder, table, capsys):
     assert main(["crossover", str(tiny_folder), *ARGV, "--dry-run", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
+    assert out["command"] == shlex.join(["a2ats", "crossover", str(tiny_folder), *ARGV,
+                                         "--dry-run", "--json"])  # fmt: skip
     assert not table.exists() and out["recorded"] is None
     assert [r["context"] for r in out["results"]] == [150, 300]
     for r in out["results"]:

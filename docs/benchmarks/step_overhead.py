@@ -1,0 +1,118 @@
+# ruff: noqa: I001  (a2ats_engine before mlx: it preloads OpenBLAS)
+"""Where the fixed cost of a retrieval step goes: the demo model decoding greedily from a real
+prefill at one context, with A2ATS's host step (NumPy's top-K) replaced piece by piece.
+
+Every variant decodes the same way (`bench/speed.py`'s pipelined greedy loop, the variants
+taking turns CHUNK steps at a time), from the same prefilled state:
+
+- `kvcache`: mlx-lm's KVCache (the baseline).
+- `exact`: A2ATS caches (each key coded and stored) attending exactly, no host sync.
+- `sync`: as `exact`, plus the host step's one `mx.eval` a layer (queries, codes, rows).
+- `sync_tables`: as `sync`, with the layer's lookup tables in that eval.
+- `host_step`: the shipped retrieval step (`cache/host_step.py`), retrieval forced.
+
+Each difference is one piece's cost per step: `exact - kvcache` the coding and storing of keys,
+`sync - exact` the per-layer sync (its own cost and the overlap it loses: a KVCache step's
+graph is built while the previous step computes), `sync_tables - sync` the tables, and
+`host_step - sync_tables` the NumPy part of the step.
+
+    .venv/bin/python docs/benchmarks/step_overhead.py [context] > docs/benchmarks/step_overhead.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+
+import a2ats_engine  # noqa: F401  (BLAS preload before mlx.core)
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+from a2ats_engine.bench.speed import _decode_chunk, _method_cache, filler_tokens
+from a2ats_engine.cache import host_step
+from a2ats_engine.commands._bench_common import a2ats_config, find_codebook, machine
+from a2ats_engine.loading.models import load_model
+
+VARIANTS = ("kvcache", "exact", "sync", "sync_tables", "host_step")
+CHUNK = 6
+ROUNDS = 7  # the first round warms up and is not counted
+
+
+def _variant_step(variant: str, shipped):
+    """A replacement for `host_step.step` that does only what `variant` names."""
+    if variant == "host_step":
+        return shipped
+
+    def step(retrieval, cache, queries, lay, scale, sinks):
+        if variant != "exact":
+            arrays = [queries, cache.codes, cache.rows.keys, cache.rows.values]
+            if variant == "sync_tables":
+                arrays.append(retrieval.slot_scores(cache, queries, lay))
+            mx.eval(*arrays)
+            retrieval.step_tables = None
+        keys = cache.rows.keys[..., : lay.n, :].astype(queries.dtype)
+        values = cache.rows.values[..., : lay.n, :].astype(queries.dtype)
+        out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale)
+        empty = mx.zeros((queries.shape[0], cache.codes.shape[1], 1), mx.int32)
+        return out, empty, empty.astype(mx.bool_)
+
+    return step
+
+
+def main(context: int) -> dict:
+    model, tokenizer, info = load_model("demo")
+    codebook, desc = find_codebook(None, "demo", info.path, required=True)
+    config = a2ats_config(codebook, model, exact_below=0)
+    ids = filler_tokens(tokenizer, context)
+    base = [KVCache() for _ in model.layers]
+    for i in range(0, context, 512):
+        model(mx.array(ids[i : i + 512])[None], cache=base)
+        mx.eval([c.state for c in base])
+    caches = {
+        v: _method_cache(model, base, "full" if v == "kvcache" else "a2ats_eb0", config, codebook)
+        for v in VARIANTS
+    }
+    shipped = host_step.step
+    last = {v: mx.array([ids[-1]]) for v in VARIANTS}
+    ms = {v: [] for v in VARIANTS}
+    for round_ in range(ROUNDS):
+        for v in VARIANTS:
+            host_step.step = _variant_step(v, shipped)
+            try:
+                seconds, last[v] = _decode_chunk(model, caches[v], last[v], CHUNK)
+            finally:
+                host_step.step = shipped
+            if round_:
+                ms[v].append(seconds / CHUNK * 1e3)
+    median = {v: statistics.median(ms[v]) for v in VARIANTS}
+    layers = sum(1 for c in caches["exact"] if hasattr(c, "codes"))
+    pieces = {
+        "code and store each key": median["exact"] - median["kvcache"],
+        "one sync a layer": median["sync"] - median["exact"],
+        "lookup tables": median["sync_tables"] - median["sync"],
+        "NumPy step": median["host_step"] - median["sync_tables"],
+    }
+    return {
+        "model": info.name,
+        "codebook": desc,
+        "context": context,
+        "a2ats_layers": layers,
+        "machine": machine(),
+        "command": "python docs/benchmarks/step_overhead.py " + " ".join(sys.argv[1:]),
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+        "steps_per_round": CHUNK,
+        "rounds_counted": ROUNDS - 1,
+        "ms_per_step": {v: round(median[v], 2) for v in VARIANTS},
+        "ms_per_step_runs": {v: [round(x, 1) for x in ms[v]] for v in VARIANTS},
+        "pieces_ms_per_step": {k: round(x, 2) for k, x in pieces.items()},
+        "pieces_ms_per_layer": {k: round(x / layers, 3) for k, x in pieces.items()},
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+if __name__ == "__main__":
+    contexts = [int(c) for c in (sys.argv[1] if len(sys.argv) > 1 else "1024").split(",")]
+    print(json.dumps({"runs": [main(c) for c in contexts]}))
