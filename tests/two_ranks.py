@@ -28,6 +28,14 @@ def local_hosts(folder: Path, n: int = 2) -> Path:
     return path
 
 
+def local_launch(folder: Path, script: Path, *args: str) -> list[str]:
+    """The launcher's command line running `script ARGS` on two ranks on the loopback address
+    (ring backend; the hosts file written into `folder`)."""
+    command = [*launcher(), "--backend", "ring", "--hostfile", str(local_hosts(folder))]
+    return [*command, "--starting-port", str(free_port()), "--python", sys.executable,
+            str(script), *args]  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def two_ranks(tmp_path_factory):
     """Skip (with mlx.launch's words) only where mlx.launch cannot start two ranks here."""
@@ -40,9 +48,7 @@ def two_ranks(tmp_path_factory):
         "s = mx.distributed.all_sum(mx.array(1.0), group=g).item()\n"
         "open(f'{sys.argv[1]}/rank{g.rank()}', 'w').write(f'{s} {g.size()}')\n"
     )
-    command = [*launcher(), "--backend", "ring", "--hostfile", str(local_hosts(folder))]
-    command += ["--starting-port", str(free_port()), "--python", sys.executable, str(script)]
-    command.append(str(folder))
+    command = local_launch(folder, script, str(folder))
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 from a2ats_engine.distributed import launcher
-from a2ats_engine.distributed.launch import launcher as launch_prefix
 
-from .conftest import free_port, local_hosts
+from .conftest import local_launch
 
 
 def _gone(pid: int) -> bool:
@@ -39,9 +38,7 @@ def test_the_ranks_end_when_the_program_that_started_them_is_killed(
         "open(f\"{sys.argv[1]}/rank{os.environ['MLX_RANK']}.pid\", 'w').write(str(os.getpid()))\n"
         "time.sleep(300)\n"
     )
-    command = [*launch_prefix(), "--backend", "ring", "--hostfile", str(local_hosts(tmp_path))]
-    command += ["--starting-port", str(free_port()), "--python", sys.executable, str(rank)]
-    command.append(str(tmp_path))
+    command = local_launch(tmp_path, rank, str(tmp_path))
     parent = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
             import subprocess, sys, time
