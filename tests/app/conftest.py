@@ -3,7 +3,10 @@ or real engine."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
+from PySide6.QtCore import QEvent
 from PySide6.QtWidgets import QApplication, QMessageBox
 
 from app.controller import ChatController
@@ -24,6 +27,20 @@ def _restore_application_look():
     if app is not None and app.styleSheet():
         app.setStyleSheet("")
         app.setPalette(app.style().standardPalette())
+
+
+@pytest.fixture(autouse=True)
+def _collect_on_the_main_thread():
+    """After each test (its windows closed, their engine threads stopped, pytest-qt done with
+    its widgets): delete what was deferred and collect the garbage here, on the main thread.
+
+    Left to the cyclic GC, a closed window's QObjects may be freed later in whatever thread
+    allocates then, such as the next test's engine thread; shiboken then destroys them there
+    while the main thread destroys other Qt objects, and the two can deadlock (Qt's
+    signal-slot mutexes against the GIL: the whole suite once hung 15 minutes on it)."""
+    yield
+    QApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+    gc.collect()
 
 
 @pytest.fixture(autouse=True)
