@@ -117,12 +117,7 @@ class A2ATSCache(_BaseCache):
                 "model computed attention itself); refusing to run full attention as A2ATS"
             )
         self._unattended = L == 1
-        if L == 1:  # a decode step: the step's un-rotation matrix, shared by every layer
-            unrotation = att.step_unrotation(self.rope, self.offset)
-            codes = self.codebook.assign_rotated(self.layer, keys, unrotation)
-        else:
-            pre_rope = self.rope.unrotate(keys.astype(mx.float32), self.offset)
-            codes = self.codebook.assign(self.layer, pre_rope)  # [B, n_kv, L, S]
+        codes = key_codes(self.codebook, self.layer, self.rope, keys, self.offset)
         prev = self.offset
         self._store_codes(codes, prev)
         self.rows.append(keys, values, prev)
@@ -332,3 +327,12 @@ class A2ATSCache(_BaseCache):
     def close(self) -> None:
         """Free the rows now (and remove a cold-tier file)."""
         self.rows.close()
+
+
+def key_codes(codebook, layer: int, rope: RopeSpec, keys: mx.array, offset: int) -> mx.array:
+    """Codes [B, n_kv, L, S] of post-RoPE keys [B, n_kv, L, d] at positions offset.. : a decode
+    step's one key through the step's un-rotation matrix (shared by every layer of the step),
+    a prefill's keys un-rotated by RoPE."""
+    if keys.shape[2] == 1:
+        return codebook.assign_rotated(layer, keys, att.step_unrotation(rope, offset))
+    return codebook.assign(layer, rope.unrotate(keys.astype(mx.float32), offset))

@@ -32,6 +32,7 @@ import numpy as np
 from ..errors import CodebookError
 from ..files import sha256_file
 from .codebook_check import fit_problems
+from .codebook_codes import codes_of_rotated, table_scores
 from .codebook_file import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -149,6 +150,12 @@ class Codebook:
             self._assign_weights[layer] = w
         return w
 
+    def _check_keys(self, layer: int, keys: mx.array) -> None:
+        self._check_layer(layer)
+        if keys.shape[1] != self.num_kv_heads or keys.shape[3] != self.head_dim:
+            raise ValueError(f"keys {tuple(keys.shape)} do not fit the codebook "
+                             f"({self.num_kv_heads} KV heads, head dim {self.head_dim})")  # fmt: skip
+
     def _check_layer(self, layer: int) -> None:
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer={layer} is out of range: the codebook has {self.num_layers}")
@@ -157,13 +164,8 @@ class Codebook:
         """Codes of pre-RoPE keys: `[B, n_kv, N, head_dim]` -> uint16 `[B, n_kv, N, S]`.
 
         `code = argmin_j ||k L - C'_j||^2`, one matmul per block of keys (no per-head loop)."""
-        self._check_layer(layer)
+        self._check_keys(layer, keys)
         b, h, n, d = keys.shape
-        if h != self.num_kv_heads or d != self.head_dim:
-            raise ValueError(
-                f"keys {tuple(keys.shape)} do not fit the codebook "
-                f"({self.num_kv_heads} KV heads, head dim {self.head_dim})"
-            )
         s, sd = self.num_subspaces, self.sub_dim
         w = self._weights(layer)  # [n_kv, S, sd+1, K]
         x = keys.astype(mx.float32).reshape(b, h, n, s, sd).transpose(0, 1, 3, 2, 4)
@@ -182,13 +184,8 @@ class Codebook:
         """`assign` of post-RoPE decode keys `[B, n_kv, 1, head_dim]` whose pre-RoPE rows are
         `keys @ unrotation` (`attention.step_unrotation`): the same codes in one compiled
         function (a decode step's one row per head, so no blocks)."""
-        self._check_layer(layer)
-        if keys.shape[1] != self.num_kv_heads or keys.shape[3] != self.head_dim:
-            raise ValueError(
-                f"keys {tuple(keys.shape)} do not fit the codebook "
-                f"({self.num_kv_heads} KV heads, head dim {self.head_dim})"
-            )
-        return _compiled_assign(keys, unrotation, self._weights(layer))
+        self._check_keys(layer, keys)
+        return codes_of_rotated(keys, unrotation, self._weights(layer))
 
     def score_tables(self, layer: int, queries: mx.array) -> mx.array:
         """Lookup tables: queries `[B, n_kv, G, head_dim]` -> `[B, n_kv, G, S, K]` float32,
@@ -597,28 +594,3 @@ def relative_score_error_from_moments(
         den = mx.sum((k32 @ second) * k32)
         ratios.append(float((num / mx.maximum(den, 1e-30)).item()))
     return float(np.mean(ratios))
-
-
-def table_scores(queries: mx.array, centroids: mx.array) -> mx.array:
-    """`Codebook.score_tables` as a pure function: queries `[B, n_kv, G, head_dim]`, centroids
-    `[n_kv, S, K, sub_dim]` -> `[B, n_kv, G, S, K]` (MLX ops only, so `mx.compile` can fuse it
-    into `attention.retrieval_tables`)."""
-    b, h, g, _ = queries.shape
-    s, sd = centroids.shape[1], centroids.shape[3]
-    q = queries.reshape(b, h, g, s, sd).transpose(0, 1, 3, 2, 4)  # [B, n_kv, S, G, sd]
-    tables = q @ mx.swapaxes(centroids, -1, -2)  # [B, n_kv, S, G, K]
-    return tables.transpose(0, 1, 3, 2, 4)
-
-
-def _assign_rotated(keys: mx.array, unrotation: mx.array, weights: mx.array) -> mx.array:
-    """`Codebook.assign_rotated`'s body: keys [B, n_kv, n, d] @ unrotation [d, d] -> codes
-    uint16 [B, n_kv, n, S] against weights [n_kv, S, sub_dim + 1, K] (`Codebook._weights`)."""
-    b, h, n, d = keys.shape
-    s = weights.shape[1]
-    x = (keys.astype(mx.float32) @ unrotation).reshape(b, h, n, s, d // s).transpose(0, 1, 3, 2, 4)
-    x = mx.concatenate([x, mx.ones((b, h, s, n, 1), dtype=mx.float32)], axis=-1)
-    codes = mx.argmin(x @ weights, axis=-1)  # [B, n_kv, S, n]
-    return codes.astype(mx.uint16).transpose(0, 1, 3, 2)
-
-
-_compiled_assign = mx.compile(_assign_rotated)
