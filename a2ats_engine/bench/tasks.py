@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import random
 import string
 import uuid
@@ -409,14 +410,25 @@ def bench_tasks(
     config: A2ATSConfig | None = None,
     methods: Sequence[str] = DEFAULT_METHODS,
     progress: Progress | None = None,
+    journal: Path | None = None,
 ) -> list[TaskTrial]:
-    """Every method's greedy answer to every prompt, scored (see the module docstring)."""
+    """Every method's greedy answer to every prompt, scored (see the module docstring).
+
+    journal: a JSON-lines file of finished trials: prompts whose every method is in it are not
+    run again, and each prompt's trials are appended as soon as they are scored (a long run
+    that stops part-way resumes where it stopped)."""
     config = config or A2ATSConfig()
     unknown = [m for m in methods if m not in TASK_METHODS]
     if unknown:
         raise ValueError(f"unknown task method(s) {unknown}; known: {', '.join(TASK_METHODS)}")
+    done = read_journal(journal) if journal is not None and journal.exists() else []
     trials = []
     for i, p in enumerate(prompts):
+        key = (p.task, p.context, p.depth, p.seed)
+        kept = [t for t in done if (t.task, t.context, t.depth, t.seed) == key]
+        if {t.method for t in kept} >= set(methods):
+            trials += [t for t in kept if t.method in methods]
+            continue
         if progress is not None:
             progress(f"{p.task} context {p.context} depth {p.depth} seed {p.seed}", i, len(prompts))
         answers = answer_with_methods(
@@ -428,8 +440,41 @@ def bench_tasks(
                 TaskTrial(p.task, p.context, p.depth, p.seed, name, answer,
                           score_answer(answer, p.references))
             )  # fmt: skip
+        if journal is not None:
+            with journal.open("a", encoding="utf-8") as f:
+                f.writelines(json.dumps(vars(t)) + "\n" for t in trials[-len(answers) :])
     if progress is not None:
         progress("tasks", len(prompts), len(prompts))
+    return trials
+
+
+JOURNAL_MAX_BYTES = 64 << 20  # far more than any run's trials
+
+
+def read_journal(path: Path) -> list[TaskTrial]:
+    """The trials of a `bench_tasks` journal (hostile until parsed: size bounded, every field
+    type-checked; a bad line is an error naming the file and line)."""
+    if path.stat().st_size > JOURNAL_MAX_BYTES:
+        raise ValueError(f"task journal {path}: larger than {JOURNAL_MAX_BYTES} bytes")
+    types = {"task": str, "context": int, "depth": (int, float), "seed": int, "method": str,
+             "answer": str, "score": (int, float)}  # fmt: skip
+    trials = []
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                row = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as exc:
+                raise ValueError(f"task journal {path}, line {n}: not JSON ({exc})") from None
+            if (
+                not isinstance(row, dict)
+                or set(row) != set(types)
+                or not all(
+                    isinstance(row[k], t) and not isinstance(row[k], bool) for k, t in types.items()
+                )
+            ):
+                raise ValueError(f"task journal {path}, line {n}: not a task trial")
+            trials.append(TaskTrial(**{**row, "depth": float(row["depth"]),
+                                       "score": float(row["score"])}))  # fmt: skip
     return trials
 
 

@@ -37,6 +37,11 @@ def register(bench: argparse._SubParsersAction) -> None:
     t.add_argument("--haystack", help="filler text file (default: built-in public-domain prose)")
     add_retrieval_flags(t)
     t.add_argument("--trials", action="store_true", help="also list every answer in the JSON")
+    t.add_argument(
+        "--journal",
+        help="JSON-lines file of finished prompts: appended as each prompt is scored, and "
+        "prompts already in it are not run again (resume a long run)",
+    )
     add_json_flag(t, run_tasks)
 
 
@@ -60,7 +65,7 @@ def run_tasks(args: argparse.Namespace) -> int:
     )  # fmt: skip
     trials = tk.bench_tasks(
         model, tokenizer, prompts, codebook=codebook, config=config, methods=methods,
-        progress=stderr_progress(True),
+        progress=stderr_progress(True), journal=Path(args.journal) if args.journal else None,
     )  # fmt: skip
     out = {
         "model": info.name,

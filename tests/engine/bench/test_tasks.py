@@ -166,6 +166,32 @@ def test_bench_tasks_json(tmp_path, capsys):
     assert data["haystack"] == "hay.txt" and data["seeds"] == 2
     assert data["command"].startswith("a2ats bench tasks --contexts 500")
 
+    # with a journal, a run that stopped part-way resumes: finished prompts are not run again
+    journal = tmp_path / "tasks.jsonl"
+    assert main([*argv, "--journal", str(journal)]) == 0
+    first = json.loads(capsys.readouterr().out)
+    lines = journal.read_text().splitlines()
+    assert len(lines) == 4 * (4 + 4 + 2)  # methods x prompts (common_words: seeds only)
+    journal.write_text("\n".join(lines[: 4 * 3]) + "\n")  # as if stopped after 3 prompts
+    answered = []
+    real = tk.answer_with_methods
+
+    def counting(*args, **kwargs):
+        answered.append(1)
+        return real(*args, **kwargs)
+
+    tk.answer_with_methods = counting
+    try:
+        assert main([*argv, "--journal", str(journal)]) == 0
+    finally:
+        tk.answer_with_methods = real
+    assert len(answered) == 10 - 3
+    assert json.loads(capsys.readouterr().out)["results"] == first["results"]
+    assert len(journal.read_text().splitlines()) == len(lines)
+    journal.write_text(lines[0] + "\n" + '{"task": "x"}\n')
+    assert main([*argv, "--journal", str(journal)]) == 1
+    assert f"task journal {journal}, line 2: not a task trial" in capsys.readouterr().err
+
 
 def test_the_default_haystack_is_not_calibration_text(sentences):
     from a2ats_engine.calibration.corpus import builtin_corpus
