@@ -69,7 +69,9 @@ class Feedback(QObject):
             return
         dialog = TaskProgressDialog(title, self.window, cancellable=False)
         self.progress_dialog = dialog
-        QTimer.singleShot(400, lambda: dialog.show() if self.progress_dialog is dialog else None)
+        QTimer.singleShot(
+            400, dialog, lambda: dialog.show() if self.progress_dialog is dialog else None
+        )
 
     def _close_progress(self) -> None:
         if self.progress_dialog is not None:

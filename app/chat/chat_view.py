@@ -124,7 +124,7 @@ class ChatView(QWidget):
             self._add_widget(message)
         self._update_actions()
         self._follow_bottom = True
-        QTimer.singleShot(0, self.scroll_to_bottom)
+        QTimer.singleShot(0, self, self.scroll_to_bottom)
 
     def _add_widget(self, message: Message) -> MessageWidget:
         widget = MessageWidget(message)
@@ -303,7 +303,7 @@ class ChatView(QWidget):
         point = widget.view.viewport().mapTo(self.scroll.widget(), rect.center())
         self._follow_bottom = False
         self.scroll.ensureVisible(point.x(), point.y(), 0, self.scroll.viewport().height() // 3)
-        QTimer.singleShot(1500, lambda w=widget: _clear_flash(w))
+        QTimer.singleShot(1500, widget, lambda w=widget: _clear_flash(w))
         return True
 
 

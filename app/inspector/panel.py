@@ -340,7 +340,7 @@ class InspectorPanel(QWidget):
         self._timer.setInterval(self.throttle.after_redraw())
         widened = [plot.refresh_least_width() for plot in self._plots]
         if self.columns == 2 or any(widened):  # new data may have widened a panel's axes
-            QTimer.singleShot(0, self.reflow)
+            QTimer.singleShot(0, self, self.reflow)  # context: dropped if we are deleted first
 
     def _emit_highlight(self) -> None:
         positions = self.map_panel.highlight_for(self.state.entry())

@@ -560,3 +560,25 @@ def test_below_the_crossover_the_panels_show_what_retrieval_would_keep(panel):
     assert "miss 0.300" in fid.info.text()
     legend = " ".join(str(item[1]) for item in panel.map_panel.legend._items)
     assert "would retrieve" in legend
+
+
+def test_a_reflow_scheduled_by_a_redraw_is_dropped_when_the_panel_is_deleted_first(qtbot):
+    """A redraw in two columns schedules a reflow for the next event loop turn; if the panel is
+    deleted before that turn (a window closed at the end of a test, or by the user), the reflow
+    must not run on the deleted panel (it once raised "Internal C++ object already deleted" in
+    the event loop)."""
+    from PySide6.QtCore import QCoreApplication, QEvent
+
+    widget = InspectorPanel(history_size=64)
+    widget.resize(1600, 900)
+    widget.show()
+    qtbot.waitExposed(widget)
+    widget.set_columns(2)
+    feed(widget, growing_run(2))
+    widget._redraw(force=True)  # columns == 2: a reflow is scheduled
+    widget.deleteLater()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+    with qtbot.capture_exceptions() as caught:
+        qtbot.wait(30)
+    errors = [str(e[1]) for e in caught]
+    assert errors == []
