@@ -39,8 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--texts",
         help="comma list of built-in texts: code (http/client.py), prose (an essay written for "
-        "this repository, about 6.5K tokens), dialogue (a two-person dialogue written for this "
-        "repository, about 5.7K tokens); with --text, the files come after these",
+        "this repository, about 8.9K tokens), dialogue (a two-person dialogue written for this "
+        "repository, about 9.1K tokens); with --text, the files come after these",
     )
     add_context_decode_flags(
         p, "prefill tokens N (default 4096)", "teacher-forced tokens M (default 64)"

@@ -44,7 +44,7 @@ def register(bench: argparse._SubParsersAction) -> None:
         "--texts",
         default="code",
         help="comma list of built-in evaluation texts: code (http/client.py, default), prose "
-        "(about 3K tokens), dialogue (about 5.7K tokens); figures pooled over them",
+        "(about 8.9K tokens), dialogue (about 9.1K tokens); figures pooled over them",
     )
     add_context_decode_flags(
         c, "prefill tokens (default 4096)", "teacher-forced tokens (default 64)"
