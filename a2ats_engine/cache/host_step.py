@@ -12,8 +12,11 @@ attention. The result enters the model's graph as one `mx.array`.
 The selection is the generic step's: the same scores into the same `NumpyTopK` calls (exact
 candidate scores and the attention are float32 products whose rounding may differ from MLX's
 in the last bit). `applies` says when this path runs; anything else (quantized or cold rows,
-the missed-attention estimate, reuse of a selection, an evaluation variant's own far scores,
-a codebook with product VQ, a model dtype NumPy has no type for) takes the generic step.
+reuse of a selection, an evaluation variant's own far scores, a codebook with product VQ, a
+model dtype NumPy has no type for) takes the generic step. The missed-attention estimate runs
+here too: its per-slot sums are kept up to date in MLX (`Retrieval._sync_missed`, a few rows a
+step) and read with the tables at the one sync; its softmax over the slots is NumPy's
+(`attention_with_estimate`, the same sums as `attention.selected_attention_with_estimate`).
 """
 
 from __future__ import annotations
@@ -49,7 +52,6 @@ def applies(cache: A2ATSCache, queries: mx.array) -> bool:
         and rows.kind == "float"
         and rows.keys is not None
         and rows.keys.dtype in _NUMPY_DTYPES
-        and not cache.estimates
         and cfg.reuse_selection is None
         and cache.codebook.num_subspaces == 1
     )
@@ -67,7 +69,11 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
     retrieval.reused = False
     tables = retrieval.slot_scores(cache, queries, lay)  # [B, n_kv, G, m * C], lazy
     keys, values = cache.rows.keys, cache.rows.values
-    mx.eval(tables, queries, cache.codes, keys, values)  # the step's one host sync
+    missed = ()
+    if cache.estimates:
+        timed(layer, "estimate", lambda: retrieval._sync_missed(cache, lay))
+        missed = retrieval.missed_sums  # (counts [B, n_kv, slots], value sums [.., slots, d])
+    mx.eval(tables, queries, cache.codes, keys, values, *missed)  # the step's one host sync
     retrieval.step_tables = None
     q = np.asarray(queries).reshape(B, n_kv, G, d).astype(np.float32, copy=False)
 
@@ -98,7 +104,16 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
     sink_logits = None if sinks is None else np.asarray(sinks.astype(mx.float32))
 
     def attend() -> np.ndarray:
-        return attention(q, k_sel, v_sel, repeat, scale, sink_logits)
+        if not missed:
+            return attention(q, k_sel, v_sel, repeat, scale, sink_logits)
+        counts, sums = (np.asarray(a) for a in missed)
+        slots = selected_slots(np.asarray(cache.codes), positions, cache, lay)
+        out, share = attention_with_estimate(
+            q, k_sel, v_sel, repeat, scale, sink_logits, np.asarray(tables), counts, sums,
+            slots, (positions >= lay.n_sinks) & (positions < lay.window_start) & ~repeat,
+        )  # fmt: skip
+        retrieval.missed_share = mx.array(share)
+        return out
 
     out = timed(layer, "attention", attend)
     out = mx.array(out.reshape(B, n_q, 1, d)).astype(queries.dtype)
@@ -177,3 +192,51 @@ def attention(q, keys, values, repeat, scale: float, sinks=None) -> np.ndarray:
     if sinks is not None:
         den = den + np.exp(sink - top)
     return (p @ values.astype(np.float32, copy=False)) / den
+
+
+def selected_slots(codes: np.ndarray, positions: np.ndarray, cache: A2ATSCache, lay: att.Layout):
+    """The slot (distance bucket * C + code) of each attended position: codes the cache's
+    [B, n_kv, capacity, 1], positions [B, n_kv, M] -> int64 [B, n_kv, M] (a sink's or the
+    window's slot is computed too; `attention_with_estimate` masks it out)."""
+    B, n_kv, M = positions.shape
+    cap = codes.shape[2]
+    base = (np.arange(B * n_kv, dtype=np.int64) * cap).reshape(B, n_kv, 1)
+    slots = np.take(codes.reshape(-1), (positions + base).reshape(-1)).reshape(B, n_kv, M)
+    slots = slots.astype(np.int64)
+    _, lower_edges = cache.buckets
+    if lower_edges is not None:
+        dist = (lay.n - 1) - positions
+        bucket = (dist[..., None] >= np.asarray(lower_edges)).sum(axis=-1)
+        slots += bucket * cache.codebook.n_centroids
+    return slots
+
+
+def attention_with_estimate(
+    q, keys, values, repeat, scale: float, sinks, tables, counts, sums, slots, far
+) -> tuple[np.ndarray, np.ndarray]:
+    """`attention.selected_attention_with_estimate` in NumPy: q [B, n_kv, G, d] float32,
+    keys / values [B, n_kv, M, d], repeat [B, n_kv, M], sinks None or logits [n_kv * G],
+    tables the step's slot scores [B, n_kv, G, slots], counts [B, n_kv, slots] and sums
+    [B, n_kv, slots, d] of the far region, slots [B, n_kv, M] of the attended positions, far
+    [B, n_kv, M] bool (a retrieved far token counted once)
+    -> (output [B, n_kv, G, d] float32, estimated share of the softmax mass [B, n_kv, G])."""
+    B, n_kv, G, _ = q.shape
+    s = _scores(q * np.float32(scale), keys)  # [B, n_kv, G, M]
+    s[np.broadcast_to(repeat[:, :, None, :], s.shape)] = -np.inf
+    t = tables.astype(np.float32, copy=False) * np.float32(scale)
+    t = np.where((counts > 0)[:, :, None, :], t, np.float32(-np.inf))
+    top = np.maximum(s.max(axis=-1, keepdims=True), t.max(axis=-1, keepdims=True))
+    if sinks is not None:
+        sink = sinks.reshape(1, n_kv, G, 1)
+        top = np.maximum(top, sink)
+    p = np.exp(s - top)
+    e = np.exp(t - top)  # [B, n_kv, G, slots]
+    v = values.astype(np.float32, copy=False)
+    own = np.take_along_axis(t, np.broadcast_to(slots[:, :, None, :], s.shape), axis=-1)
+    own = np.where(far[:, :, None, :], np.exp(own - top), np.float32(0.0))
+    est_den = np.maximum((e @ counts[..., None])[..., 0] - own.sum(axis=-1), 0.0)
+    est_num = e @ sums - own @ v  # [B, n_kv, G, d]
+    den = p.sum(axis=-1) + est_den
+    if sinks is not None:
+        den = den + np.exp(sink - top)[..., 0]
+    return (p @ v + est_num) / den[..., None], est_den / den

@@ -39,7 +39,9 @@ def decode(config, *, host: bool, monkeypatch, sinks=None, steps=3, B=2, n_kv=2,
             assert host_step.applies(cache, q)
         out = np.array(cache.attend(q, None, None, scale=D**-0.5, sinks=sinks))
         stats = cache.last_stats
-        steps_seen.append((out, stats.selected, stats.budget_used, cache.tokens_retrieved))
+        steps_seen.append(
+            (out, stats.selected, stats.budget_used, cache.tokens_retrieved, stats.missed_mass)
+        )
     monkeypatch.undo()
     return steps_seen
 
@@ -52,6 +54,8 @@ def decode(config, *, host: bool, monkeypatch, sinks=None, steps=3, B=2, n_kv=2,
         {"rerank": 3, "rerank_shared": True},
         {"far_buckets": 1},
         {"coverage": 0.9},
+        {"estimate_missed": True},
+        {"estimate_missed": True, "far_buckets": 1, "rerank": 1},
     ],
 )
 @pytest.mark.parametrize("with_sinks", [False, True])
@@ -60,13 +64,19 @@ def test_the_host_step_selects_and_attends_as_the_generic_step(monkeypatch, knob
     sinks = mx.array(np.linspace(-1, 1, 6).astype(np.float32)) if with_sinks else None
     host = decode(config, host=True, monkeypatch=monkeypatch, sinks=sinks)
     generic = decode(config, host=False, monkeypatch=monkeypatch, sinks=sinks)
-    for (out_h, sel_h, used_h, n_h), (out_g, sel_g, used_g, n_g) in zip(host, generic, strict=True):
+    for (out_h, sel_h, used_h, n_h, mass_h), (out_g, sel_g, used_g, n_g, mass_g) in zip(
+        host, generic, strict=True
+    ):
         assert all(np.array_equal(a, b) for a, b in zip(sel_h, sel_g, strict=True))
         assert n_h == n_g
         assert (used_h is None) == (used_g is None)
         if used_h is not None:
             assert np.array_equal(np.asarray(used_h), np.asarray(used_g))
         np.testing.assert_allclose(out_h, out_g, rtol=1e-5, atol=1e-5)
+        assert (mass_h is None) == (not config.estimate_missed) == (mass_g is None)
+        if mass_h is not None:  # the estimate's share of the softmax mass, per KV head
+            assert min(mass_g) > 0.01  # far from nothing: the estimate is really in the output
+            np.testing.assert_allclose(mass_h, mass_g, rtol=1e-5, atol=1e-6)
 
 
 def test_the_host_step_is_only_for_what_it_computes():
@@ -84,7 +94,7 @@ def test_the_host_step_is_only_for_what_it_computes():
     assert host_step.applies(cache(), q)
     assert not host_step.applies(cache("mlx"), q)  # MLX's top-K never syncs
     assert not host_step.applies(cache(kv_bits=8), q)
-    assert not host_step.applies(cache(estimate_missed=True, far_buckets=1), q)
+    assert host_step.applies(cache(estimate_missed=True, far_buckets=1), q)  # the estimate too
     assert not host_step.applies(cache(reuse_selection=0.9), q)
     assert not host_step.applies(cache(cls=OracleTopKCache), q)  # a variant's own scores
     assert not host_step.applies(cache(), q.astype(mx.bfloat16))
