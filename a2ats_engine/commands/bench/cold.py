@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             )
             for n in contexts
         ]
-        out = {"geometry": args.geometry, **bench_run("cold"), "config": config.to_dict(),
+        out = {"geometry": args.geometry, **bench_run("cold", args), "config": config.to_dict(),
                "speed": rows}  # fmt: skip
         if not print_json(args, out):
             print("\n".join(str(r) for r in rows))
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         "data_limit_bytes": limit,
         "candidate_bits": args.candidate_bits,
         "config": config.to_dict(),
-        **bench_run("cold"),
+        **bench_run("cold", args),
         "runs": runs,
     }
     print_json(args, out)
@@ -176,7 +176,7 @@ def run_reopen(args: argparse.Namespace) -> int:
     out = {
         "model": info.name,
         "cold": args.cold,
-        **bench_run("reopen"),
+        **bench_run("reopen", args),
         "results": rows,
     }
     if print_json(args, out):

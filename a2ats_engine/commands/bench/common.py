@@ -4,7 +4,7 @@ result records of its run. The flags they share are in `../_flags.py`."""
 from __future__ import annotations
 
 import argparse
-import sys
+import shlex
 
 from .. import _limits as limits
 from .._bench_common import a2ats_config, find_codebook, machine
@@ -47,7 +47,9 @@ def eval_method_names() -> list[str]:
     return list(METHODS)
 
 
-def bench_run(name: str) -> dict[str, str]:
+def bench_run(name: str, args: argparse.Namespace) -> dict[str, str]:
     """What a `bench NAME` result records of its run: the machine, and the command line as
-    given (`a2ats bench NAME` and its flags)."""
-    return {"machine": machine(), "command": f"a2ats bench {name} " + " ".join(sys.argv[3:])}
+    given (`a2ats bench NAME` and its flags, from `args.argv`, which `cli.main` sets, quoted so
+    it runs again; `a2ats bench NAME` alone when a caller built `args` itself)."""
+    argv = getattr(args, "argv", None) or ["bench", name]
+    return {"machine": machine(), "command": "a2ats " + shlex.join(argv)}

@@ -58,7 +58,7 @@ def run_prefill(args: argparse.Namespace) -> int:
         "codebook": Path(codebook_desc).name,
         "kv_bits": config.kv_bits,
         "repeats": args.repeats,
-        **bench_run("prefill"),
+        **bench_run("prefill", args),
     }
     if print_json(args, {**meta, "results": rows}):
         return 0

@@ -25,7 +25,7 @@ def run_profile(args: argparse.Namespace) -> int:
         "model": info.name,
         "codebook": str(codebook_desc),
         "steps": steps,
-        **bench_run("decode"),
+        **bench_run("decode", args),
         "threads": threads(),
         "results": rows,
     }

@@ -1,6 +1,7 @@
 """`a2ats bench decode` runs on a tiny model in seconds and emits one valid JSON object."""
 
 import json
+import shlex
 
 import pytest
 from tiny import save_tiny_model
@@ -164,8 +165,10 @@ def test_bench_prefill_times_both_methods_and_checks_the_first_token(tmp_path, c
     """`a2ats bench prefill`: a row per (context, method), A2ATS with its ratio to full; the
     run itself checks that both prefills give the same first token (exact prefill)."""
     folder = save_tiny_model(tmp_path / "m", "llama", hidden_size=256)
-    rc = main(["bench", "prefill", "--model", str(folder), "--contexts", "100,300",
-               "--repeats", "2", "--json"])  # fmt: skip
+    argv = ["bench", "prefill", "--model", str(folder / "a b"), "--contexts", "100,300",
+            "--repeats", "2", "--json"]  # fmt: skip
+    (folder / "a b").symlink_to(folder, target_is_directory=True)  # a path that needs quoting
+    rc = main(argv)
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     rows = out["results"]
@@ -177,7 +180,8 @@ def test_bench_prefill_times_both_methods_and_checks_the_first_token(tmp_path, c
     a2ats = rows[1]
     lo, hi = a2ats["ratio_spread"]
     assert lo <= a2ats["ratio_median"] <= hi
-    assert out["command"].startswith("a2ats bench prefill")
+    # the command as given to `main`, quoted so it runs again (not the test runner's sys.argv)
+    assert out["command"] == "a2ats " + shlex.join(argv)
     assert main(["bench", "prefill", "--model", str(folder), "--contexts", "1"]) != 0
     assert "--contexts: 1 is out of range: must be in [2, " in capsys.readouterr().err
 
