@@ -133,7 +133,13 @@ def median_results(runs: list[list]) -> list:
 def _decode_meta(args: argparse.Namespace, head: dict, **extra: Any) -> dict:
     """What a `bench decode` result records besides its rows: `head`, the steps and repeats,
     `extra`, the machine and the command."""
-    return {**head, "steps": args.steps, "repeats": args.repeats, **extra, **bench_run("decode", args)}
+    return {
+        **head,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        **extra,
+        **bench_run("decode", args),
+    }
 
 
 def run_geometry_decode(args: argparse.Namespace) -> int:
