@@ -80,6 +80,8 @@ class Retrieval:
         """Drop the per-slot sums: the next decode step rebuilds them from codes and values."""
         self.missed_sums = None  # (counts [B, n_kv, slots], value sums [B, n_kv, slots, d])
         self.missed_n: int | None = None  # the context length the sums describe
+        # the host step's own sums, in NumPy: (context, counts, value sums), or None
+        self.host_missed: tuple | None = None
         self.missed_share = None  # the last step's estimated mass [B, n_kv, G]
         self.budget_used = None  # the last step's kept far tokens per query head [B, n_kv, G]
         # reuse_selection: (k, context, pre-RoPE query [B, n_kv, G, d], far indices) of the
@@ -91,7 +93,8 @@ class Retrieval:
     @property
     def estimate_bytes(self) -> int:
         """Bytes of the per-slot count and value sums (0 when estimate_missed is off)."""
-        return sum(a.nbytes for a in self.missed_sums or ())
+        held = self.host_missed[1:] if self.host_missed is not None else ()
+        return sum(a.nbytes for a in (*(self.missed_sums or ()), *held))
 
     # -- scores -------------------------------------------------------------------------------
     def far_token_scores(self, cache: A2ATSCache, queries: mx.array, lay: att.Layout) -> mx.array:
@@ -260,40 +263,52 @@ class Retrieval:
         slots = att.slots_of(codes, buckets, cache.codebook.n_centroids)
         return att.slot_sums(slots, rows, weights, cache.n_slots)
 
-    def _sync_missed(self, cache: A2ATSCache, lay: att.Layout) -> None:
-        """Per-slot count and value sum of the far region [n_sinks, window_start) at this step.
+    def missed_moves(self, cache: A2ATSCache, lay: att.Layout, n_done: int | None):
+        """How the per-slot sums of the far region [n_sinks, window_start) change from the step
+        they last described (context `n_done`) to this one: [(position, bucket, +1 / -1)],
+        or None when they must be rebuilt from the stored codes and values.
 
         After one appended token only the tokens that changed region or bucket move (the one
         leaving the window, one per bucket edge); anything else (prefill, trim, restore)
-        rebuilds the sums from the stored codes and values, so they are never saved.
+        rebuilds, so the sums are never saved.
         """
         n, cfg = lay.n, cache.config
+        if n_done is None or n_done != n - 1:
+            return None
         _, lower_edges = cache.buckets
-        if self.missed_n is not None and self.missed_n == n - 1:
-            old = att.layout(n - 1, cfg.window, cfg.sinks, lay.k)
-            candidates = {*range(old.window_start, lay.window_start)}
-            candidates |= {*range(old.n_sinks, lay.n_sinks)}
-            candidates |= {(n - 1) - lo for lo in lower_edges or ()}
-            moves: list[tuple[int, int, float]] = []
-            for p in sorted(candidates):
-                was = None
-                if old.n_sinks <= p < old.window_start:
-                    was = self._bucket_of(cache, n - 1, p)
-                now = self._bucket_of(cache, n, p) if lay.n_sinks <= p < lay.window_start else None
-                if was != now:
-                    moves += [(p, b, w) for b, w in ((was, -1.0), (now, 1.0)) if b is not None]
-            if moves:
-                pos, buckets, weights = (mx.array(list(col)) for col in zip(*moves, strict=True))
-                counts, sums = self._slot_rows(cache, pos, buckets, weights)
-                self.missed_sums = (self.missed_sums[0] + counts, self.missed_sums[1] + sums)
-        else:
+        old = att.layout(n - 1, cfg.window, cfg.sinks, lay.k)
+        candidates = {*range(old.window_start, lay.window_start)}
+        candidates |= {*range(old.n_sinks, lay.n_sinks)}
+        candidates |= {(n - 1) - lo for lo in lower_edges or ()}
+        moves: list[tuple[int, int, float]] = []
+        for p in sorted(candidates):
+            was = None
+            if old.n_sinks <= p < old.window_start:
+                was = self._bucket_of(cache, n - 1, p)
+            now = self._bucket_of(cache, n, p) if lay.n_sinks <= p < lay.window_start else None
+            if was != now:
+                moves += [(p, b, w) for b, w in ((was, -1.0), (now, 1.0)) if b is not None]
+        return moves
+
+    def _sync_missed(self, cache: A2ATSCache, lay: att.Layout) -> None:
+        """Per-slot count and value sum of the far region at this step, in MLX
+        (`missed_moves`)."""
+        n = lay.n
+        moves = self.missed_moves(cache, lay, self.missed_n)
+        if moves is None:
+            _, lower_edges = cache.buckets
             pos = mx.arange(lay.n_sinks, lay.window_start, dtype=mx.int32)
             buckets = 0
             if lower_edges is not None and lay.n_far:
                 buckets = att.bucket_ids(n, lay.n_sinks, lay.window_start, lower_edges)
             weights = mx.ones((lay.n_far,), mx.float32)
             self.missed_sums = self._slot_rows(cache, pos, buckets, weights)
+        elif moves:
+            pos, buckets, weights = (mx.array(list(col)) for col in zip(*moves, strict=True))
+            counts, sums = self._slot_rows(cache, pos, buckets, weights)
+            self.missed_sums = (self.missed_sums[0] + counts, self.missed_sums[1] + sums)
         self.missed_n = n
+        self.host_missed = None  # the host step's NumPy sums no longer follow
 
     def _missed_estimate(
         self,
