@@ -43,9 +43,10 @@ class A2ATSConfig:
                   token count and value sum, and each step adds `n_c exp(s_c)` to the
                   denominator and `exp(s_c) V_c` to the numerator (minus the retrieved tokens'
                   share). Output error 0.086 -> 0.059 (below oracle top-K's 0.065), ppl
-                  1.024x -> 1.015x full at 4K / budget 0.03 on the demo model, but off by
-                  default: on the CPU it costs decode speed (8K: 0.81x full with it, 1.22x
-                  without; docs/benchmarks/decode_v2.json, docs/BENCHMARKS.md section 2). Needs a full-dimension codebook (sub_dim = head_dim):
+                  1.024x -> 1.015x full at 4K / budget 0.03 on the demo model; off by
+                  default. In the host step it costs about 6% of a retrieval step's speed
+                  (docs/benchmarks/decode_estimate_host_step.json, docs/BENCHMARKS.md
+                  section 2). Needs a full-dimension codebook (sub_dim = head_dim):
                   with a product-VQ codebook the cache warns and runs without it.
     coverage:     None = every query head keeps its K far tokens; p in (0, 1) = an adaptive
                   budget: of the rerank's candidates (exact scores) each head keeps the fewest

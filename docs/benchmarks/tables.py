@@ -659,6 +659,30 @@ def host_speed_table(data: dict) -> str:
     return "\n".join(rows)
 
 
+def estimate_speed_table(data: dict) -> str:
+    """`a2ats bench decode --methods full,a2ats_eb0,a2ats_eb0_est`: retrieval from the first
+    step without and with the missed-attention estimate, against KVCache."""
+    by, contexts = _by_method_and_context(data)
+    rows = [
+        _interleaved_note(data),
+        "",
+        "| context | KVCache tok/s | retrieval tok/s | / KVCache (spread) | with the estimate "
+        "tok/s | / KVCache (spread) | estimate / without |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n in contexts:
+        full, plain, est = by[("full", n)], by[("a2ats_eb0", n)], by[("a2ats_eb0_est", n)]
+        cells = []
+        for r in (plain, est):
+            lo, hi = r["ratio_spread"]
+            cells.append(f"{r['tokens_per_s']:.2f} | {r['ratio_median']:.2f}x ({lo:.2f}-{hi:.2f})")
+        rows.append(
+            f"| {n:,} | {full['tokens_per_s']:.2f} | {cells[0]} | {cells[1]} | "
+            f"{est['ratio_median'] / plain['ratio_median']:.2f} |"
+        )
+    return "\n".join(rows)
+
+
 def shadow_cost_table(data: dict) -> str:
     """`a2ats bench decode ... --methods full,a2ats,a2ats_telemetry` below the crossover: what
     the inspector costs while it is visible (telemetry with the shadow selection every step)."""
@@ -1343,6 +1367,9 @@ def blocks() -> dict[str, str]:
         ("crossover-probe", "crossover_demo.json", crossover_probe_table),
         ("shadow-cost", "shadow_cost.json", shadow_cost_table),
         ("speed-amd", "decode_amd_epyc.json", host_speed_table),
+        ("estimate-speed", "decode_estimate_host_step.json", estimate_speed_table),
+        ("texts-8k", "eval_8k_texts.json", texts_table),
+        ("gemma-texts-8k", "eval_gemma3_270m_8k_texts.json", model_texts_table),
     )
     for key, fname, fn in simple:
         if (data := _load(fname)) is not None:
