@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 from . import _limits as limits
@@ -183,6 +184,7 @@ def run_eval(args: argparse.Namespace) -> int:
         **_run_meta(info, codebook, codebook_desc, config),
         "text": text_desc,
         "machine": machine(),
+        "command": _command(args),
         "notes": notes + _method_notes() + _config_notes(config),
         **({"paper_b": tuned} if tuned else {}),
     }
@@ -345,6 +347,7 @@ def _print_texts(
         "pooled": pooled,
         **_run_meta(info, codebook, codebook_desc, config),
         "machine": machine(),
+        "command": _command(args),
         "notes": notes + _method_notes(),
         **({"paper_b": tuned} if tuned else {}),
     }
@@ -399,3 +402,8 @@ def format_table(run) -> str:
             f"{agree:>8}"
         )
     return "\n".join(lines)
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command line as given (`cli.main` sets `args.argv`), quoted so it runs again."""
+    return "a2ats " + shlex.join(getattr(args, "argv", None) or ["eval"])

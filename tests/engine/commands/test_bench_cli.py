@@ -2,6 +2,7 @@
 
 import json
 import re
+import shlex
 
 import pytest
 from tiny import save_tiny_model
@@ -170,6 +171,7 @@ def test_eval_runs_on_the_builtin_dialogue(tiny_folder, capsys):
     assert main(argv) == 0
     out = _json(capsys)
     assert out["texts"][0]["text"] == desc
+    assert out["command"] == "a2ats " + shlex.join(argv)  # recorded, so the run can be redone
     assert out["texts"][0]["runs"][0]["methods"]["a2ats"]["tokens"] == 4
 
 
