@@ -1132,6 +1132,7 @@ def readme_summary(d: dict[str, dict]) -> str:
         r = max((x for x in g["results"] if x["method"] == "a2ats"), key=lambda x: x["context"])
         geo.append(f"{name} {r['speed_vs_full']:.2f}x")
     gem = d["gemma"]["pooled"][0]["methods"]
+    gem8 = d["gemma_8k"]["pooled"][0]["methods"]
     rows = [
         "| question | answer | in docs/BENCHMARKS.md |",
         "|---|---|---|",
@@ -1171,7 +1172,9 @@ def readme_summary(d: dict[str, dict]) -> str:
         f"| Which models? | real-size geometry (random weights) at 32K vs KVCache: "
         f"{', '.join(geo)}; Gemma 3 270M (3 global layers) at 4K: recall "
         f"{gem['a2ats']['recall']:.3f} (window {gem['window']['recall']:.3f}, oracle "
-        f"{gem['oracle_topk']['recall']:.3f}) | 4. Models |",
+        f"{gem['oracle_topk']['recall']:.3f}), perplexity {gem['a2ats']['ppl_vs_full']:.3f}x "
+        f"full; at 8K: recall {gem8['a2ats']['recall']:.3f} (oracle "
+        f"{gem8['oracle_topk']['recall']:.3f}), {gem8['a2ats']['ppl_vs_full']:.3f}x | 4. Models |",
     ]
     return "\n".join(rows)
 
@@ -1392,7 +1395,7 @@ def blocks() -> dict[str, str]:
         "tasks": "tasks.json", "speed": "decode_v2.json", "speed_amd": "decode_amd_epyc.json",
         "prefill": "prefill.json",
         "memory": "memory.json", "cold": "cold_tier_qwen3.json",
-        "gemma": "eval_gemma3_270m_4k_texts.json",
+        "gemma": "eval_gemma3_270m_4k_texts.json", "gemma_8k": "eval_gemma3_270m_8k_texts.json",
     }  # fmt: skip
     runs = {k: _load(f) for k, f in summary.items()}
     cold_speed = [r for f in ("cold_speed_qwen3.json", "cold_speed_qwen3_32k.json")
