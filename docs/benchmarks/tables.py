@@ -1300,6 +1300,12 @@ HISTORY = {
         "512-centroid VQ over the 256 dims): pooled recall 0.767, 0.91 of oracle_topk's, "
         "perplexity 1.084x full",
     ),
+    "eval_gemma3_270m_diagnostics_vq512.json": (
+        "2026-12-02",
+        "Gemma 3 270M diagnostics (prose, 4K, 64 tokens, rerank 1) with the earlier default "
+        "codebook (one 512-centroid VQ over the 256 dims): a2ats recall 0.705, exact keys "
+        "through the buckets 0.808, exact RoPE on the centroids 0.713, oracle_topk 0.822",
+    ),
 }
 
 
