@@ -1104,6 +1104,7 @@ def readme_summary(d: dict[str, dict]) -> str:
     m = ev["methods"]
     a2, low_high = m["a2ats"], m["a2ats"]["ppl_vs_full_ci95"]
     pooled = texts["pooled"][0]["methods"]
+    pooled8 = d["texts_8k"]["pooled"][0]["methods"]
     found = {}
     for t in passkey["trials"]:
         found.setdefault(t["method"], []).append(t["correct"])
@@ -1141,7 +1142,9 @@ def readme_summary(d: dict[str, dict]) -> str:
         f"**{a2['recall']:.3f}** (oracle top-K {m['oracle_topk']['recall']:.3f}, recency window "
         f"{m['window']['recall']:.3f}); perplexity **{a2['ppl_vs_full']:.3f}x** full "
         f"({low_high[0]:.3f}-{low_high[1]:.3f}) over {ev['decode']} tokens of code, "
-        f"{pooled['a2ats']['ppl_vs_full']:.3f}x pooled over code, prose and dialogue | 1. Quality |",
+        f"{pooled['a2ats']['ppl_vs_full']:.3f}x pooled over code, prose and dialogue; at "
+        f"8K {pooled8['a2ats']['ppl_vs_full']:.3f}x pooled, recall {pooled8['a2ats']['recall']:.3f} "
+        f"(oracle {pooled8['oracle_topk']['recall']:.3f}) | 1. Quality |",
         f"| Does it find what full attention finds? | passkey {sum(found['a2ats'])}/{n_pk} "
         f"like full attention's {sum(found['full'])}/{n_pk} (window {sum(found['window'])}/{n_pk});"
         f" RULER-style tasks at {_k(tasks['results'][0]['context'])}, mean score full "
@@ -1401,6 +1404,7 @@ def blocks() -> dict[str, str]:
         "tasks": "tasks.json", "speed": "decode_v2.json", "speed_amd": "decode_amd_epyc.json",
         "prefill": "prefill.json",
         "memory": "memory.json", "cold": "cold_tier_qwen3.json",
+        "texts_8k": "eval_8k_texts.json",
         "gemma": "eval_gemma3_270m_4k_texts.json", "gemma_8k": "eval_gemma3_270m_8k_texts.json",
     }  # fmt: skip
     runs = {k: _load(f) for k, f in summary.items()}
