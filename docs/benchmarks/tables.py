@@ -1303,6 +1303,13 @@ HISTORY = {
         "512-centroid VQ over the 256 dims): pooled recall 0.767, 0.91 of oracle_topk's, "
         "perplexity 1.084x full",
     ),
+    "decode_estimate_host_step_mlx_sums.json": (
+        "2026-12-03",
+        "`a2ats bench decode --contexts 1024,8192 --steps 32 --repeats 3 --methods "
+        "full,a2ats_eb0,a2ats_eb0_est --json`, quiet, with the estimate in the host step but its "
+        "per-slot sums still updated in MLX each step: with the estimate 0.54x / 0.81x KVCache at "
+        "1K / 8K against 0.72x / 0.98x without",
+    ),
     "eval_gemma3_270m_diagnostics_vq512.json": (
         "2026-12-02",
         "Gemma 3 270M diagnostics (prose, 4K, 64 tokens, rerank 1) with the earlier default "
