@@ -1303,6 +1303,12 @@ HISTORY = {
         "512-centroid VQ over the 256 dims): pooled recall 0.767, 0.91 of oracle_topk's, "
         "perplexity 1.084x full",
     ),
+    "tasks_4k_2prompts.json": (
+        "2026-12-01",
+        "`a2ats bench tasks --contexts 4096 --methods full,a2ats,window,oracle_topk --depths 0.5 "
+        "--seeds 2 --budget 0.03 --trials --json`: 2 prompts per task at 4K; mean score full "
+        "0.40, a2ats 0.51, window 0.00, oracle_topk 0.40",
+    ),
     "decode_estimate_host_step_mlx_sums.json": (
         "2026-12-03",
         "`a2ats bench decode --contexts 1024,8192 --steps 32 --repeats 3 --methods "
