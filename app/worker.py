@@ -19,8 +19,7 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -31,6 +30,7 @@ from a2ats_engine.cache.telemetry import CacheSnapshot, GenerationStats, TokenEv
 from a2ats_engine.records import ModelInfo
 
 from .backend import CrossoverCancelled, EngineBackend
+from .cancel import NumberedCancel
 from .events import (
     CalibrationFinished,
     CalibrationRequest,
@@ -67,41 +67,6 @@ ALL = sys.maxsize
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
-
-
-class NumberedCancel:
-    """The cancel of jobs that run one at a time, numbered 1, 2, ... by whoever queues them:
-    `cancel(up_to)` cancels the running job if its number is up to `up_to`, and each job still
-    queued with such a number as it starts (a cancel that lands before its job starts is kept).
-    `cancel()` cancels the running job only; a job numbered 0 is never cancelled ahead.
-    Thread-safe: `cancel` is called from the GUI thread while the job runs."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._event = threading.Event()  # the running job's: it polls `is_set()`
-        self._running: int | None = None  # the number of the running job
-        self._cancelled = 0  # every job numbered up to this is cancelled
-
-    @contextmanager
-    def running(self, seq: int) -> Iterator[threading.Event]:
-        """Run job `seq`: the event it polls, set if it was cancelled while queued."""
-        with self._lock:
-            self._running = seq
-            self._event.clear()
-            if seq and seq <= self._cancelled:
-                self._event.set()
-        try:
-            yield self._event
-        finally:
-            with self._lock:
-                self._running = None
-
-    def cancel(self, up_to: int | None = None) -> None:
-        with self._lock:
-            limit = up_to if up_to is not None else (self._running or 0)
-            self._cancelled = max(self._cancelled, limit)
-            if self._running is not None and self._running <= limit:
-                self._event.set()
 
 
 class EngineWorker(QObject):

@@ -23,8 +23,8 @@ def builtin_texts() -> dict[str, tuple[str, str]]:
     the calibration corpus: "code" (`default_text`), "prose" (resources/texts/
     brackmoor_canal_essay.txt, an expository essay written for this repository, about 8.9K
     tokens with the demo's tokenizer), "dialogue" (resources/texts/keeper_dialogue.txt, about
-    9.1K tokens); both are long enough for an 8K context (Gemma 3's tokenizer: 8.7K each). The haystack of `a2ats bench tasks` (`tasks.default_haystack`) is
-    separate and unchanged."""
+    9.1K tokens); both are long enough for an 8K context (Gemma 3's tokenizer: 8.7K each).
+    The haystack of `a2ats bench tasks` (`tasks.default_haystack`) is separate and unchanged."""
     essay = (ESSAY.read_text(encoding="utf-8"), ESSAY_DESCRIPTION)
     dialogue = (DIALOGUE.read_text(encoding="utf-8"), DIALOGUE_DESCRIPTION)
     return {"code": default_text(), "prose": essay, "dialogue": dialogue}

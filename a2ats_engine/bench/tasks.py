@@ -421,11 +421,12 @@ def bench_tasks(
     unknown = [m for m in methods if m not in TASK_METHODS]
     if unknown:
         raise ValueError(f"unknown task method(s) {unknown}; known: {', '.join(TASK_METHODS)}")
-    done = read_journal(journal) if journal is not None and journal.exists() else []
+    done: dict[tuple, list[TaskTrial]] = {}  # the journal's trials by prompt
+    for t in read_journal(journal) if journal is not None and journal.exists() else []:
+        done.setdefault((t.task, t.context, t.depth, t.seed), []).append(t)
     trials = []
     for i, p in enumerate(prompts):
-        key = (p.task, p.context, p.depth, p.seed)
-        kept = [t for t in done if (t.task, t.context, t.depth, t.seed) == key]
+        kept = done.get((p.task, p.context, p.depth, p.seed), [])
         if {t.method for t in kept} >= set(methods):
             trials += [t for t in kept if t.method in methods]
             continue

@@ -1,8 +1,9 @@
-"""A codebook's pure functions (MLX ops only, so `mx.compile` can take them): the lookup tables of
-queries (`table_scores`) and a decode step's codes in one compiled function (`Codebook.assign_rotated`): the step's new
-post-RoPE keys, un-rotated by the step's matrix (`attention.step_unrotation`), coded against a
-layer's assignment weights (`Codebook._weights`: `argmin` of one matmul is the nearest centroid
-under the codebook's metric, as in `Codebook.assign`)."""
+"""A codebook's pure functions (MLX ops only, so `mx.compile` can take them): the lookup tables
+of queries (`table_scores`) and a decode step's codes in one compiled function
+(`Codebook.assign_rotated`): the step's new post-RoPE keys, un-rotated by the step's matrix
+(`attention.step_unrotation`), coded against a layer's assignment weights (`Codebook._weights`:
+`argmin` of one matmul is the nearest centroid under the codebook's metric, as in
+`Codebook.assign`)."""
 
 from __future__ import annotations
 

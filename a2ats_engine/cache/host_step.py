@@ -73,9 +73,10 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
     mx.eval(tables, queries, cache.codes, keys, values)  # the step's one host sync
     retrieval.step_tables = None
     q = np.asarray(queries).reshape(B, n_kv, G, d).astype(np.float32, copy=False)
+    tables_np, codes = np.asarray(tables), np.asarray(cache.codes)
 
     def scores() -> np.ndarray:
-        return far_scores(np.asarray(tables), np.asarray(cache.codes), cache, lay)
+        return far_scores(tables_np, codes, cache, lay)
 
     approx = timed(layer, "code scores", scores)  # [B, n_kv, G, F]
     k_np, v_np = np.asarray(keys), np.asarray(values)
@@ -84,7 +85,7 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
         missed = timed(
             layer,
             "estimate",
-            lambda: missed_sums(retrieval, cache, lay, np.asarray(cache.codes), v_np),
+            lambda: missed_sums(retrieval, cache, lay, codes, v_np),
         )
     candidates = min(cfg.rerank * lay.k, lay.n_far) if cache.reranks else lay.k
     retrieval.budget_used = None
@@ -111,9 +112,9 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
         if not missed:
             return attention(q, k_sel, v_sel, repeat, scale, sink_logits)
         counts, sums = missed
-        slots = selected_slots(np.asarray(cache.codes), positions, cache, lay)
+        slots = selected_slots(codes, positions, cache, lay)
         out, share = attention_with_estimate(
-            q, k_sel, v_sel, repeat, scale, sink_logits, np.asarray(tables), counts, sums,
+            q, k_sel, v_sel, repeat, scale, sink_logits, tables_np, counts, sums,
             slots, (positions >= lay.n_sinks) & (positions < lay.window_start) & ~repeat,
         )  # fmt: skip
         retrieval.missed_share = mx.array(share)
@@ -180,13 +181,20 @@ def rerank(q, approx, lay: att.Layout, candidates: int, keys, top_k, cover, shar
     return top_k.pick_covering(cand, exact, lay.k, *cover)
 
 
+def _logits(q, keys, repeat, scale: float) -> np.ndarray:
+    """Scaled scores of the attended rows, a GQA union's repeats at -inf: q [B, n_kv, G, d]
+    float32, keys [B, n_kv, M, d], repeat [B, n_kv, M] -> [B, n_kv, G, M]."""
+    s = _scores(q * np.float32(scale), keys)
+    s[np.broadcast_to(repeat[:, :, None, :], s.shape)] = -np.inf
+    return s
+
+
 def attention(q, keys, values, repeat, scale: float, sinks=None) -> np.ndarray:
     """`attention.selected_attention` in NumPy: q [B, n_kv, G, d] float32, keys / values
     [B, n_kv, M, d], repeat [B, n_kv, M] bool, sinks None or logits [n_kv * G]
     -> [B, n_kv, G, d] float32."""
     B, n_kv, G, _ = q.shape
-    s = _scores(q * np.float32(scale), keys)  # [B, n_kv, G, M]
-    s[np.broadcast_to(repeat[:, :, None, :], s.shape)] = -np.inf
+    s = _logits(q, keys, repeat, scale)  # [B, n_kv, G, M]
     top = s.max(axis=-1, keepdims=True)
     if sinks is not None:
         sink = sinks.reshape(1, n_kv, G, 1)
@@ -225,8 +233,7 @@ def attention_with_estimate(
     [B, n_kv, M] bool (a retrieved far token counted once)
     -> (output [B, n_kv, G, d] float32, estimated share of the softmax mass [B, n_kv, G])."""
     B, n_kv, G, _ = q.shape
-    s = _scores(q * np.float32(scale), keys)  # [B, n_kv, G, M]
-    s[np.broadcast_to(repeat[:, :, None, :], s.shape)] = -np.inf
+    s = _logits(q, keys, repeat, scale)  # [B, n_kv, G, M]
     t = tables * np.float32(scale)  # [B, n_kv, G, slots]; an empty slot adds 0 below
     top = np.maximum(s.max(axis=-1, keepdims=True), t.max(axis=-1, keepdims=True))
     if sinks is not None:
@@ -265,8 +272,8 @@ def missed_sums(retrieval: Retrieval, cache: A2ATSCache, lay: att.Layout, codes,
         if lay.n_far:
             slots = codes[:, :, lay.n_sinks : lay.window_start, 0].astype(np.int64)
             if lower_edges is not None:
-                edges = lower_edges
-                slots += C * np.asarray(att.bucket_ids(lay.n, lay.n_sinks, lay.window_start, edges))
+                ends = (lay.n, lay.n_sinks, lay.window_start)
+                slots += C * np.asarray(att.bucket_ids(*ends, lower_edges))
             rows = values[:, :, lay.n_sinks : lay.window_start].astype(np.float32)
             for b in range(B):
                 for h in range(n_kv):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -52,6 +53,12 @@ def a2ats_config(codebook, model: Any, **knobs: Any):
 
 def parse_list(text: str, kind=int) -> list:
     return [kind(x) for x in text.split(",") if x.strip()]
+
+
+def command_line(args: argparse.Namespace, *default: str) -> str:
+    """The command line as given, quoted with shlex so it runs again: `a2ats` and `args.argv`
+    (which `cli.main` sets), or `a2ats` and `default` when a caller built `args` itself."""
+    return "a2ats " + shlex.join(getattr(args, "argv", None) or default)
 
 
 def machine() -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 
 from . import _limits as limits
+from ._bench_common import command_line
 from ._flags import add_json_flag
 from .models import SOURCE_HELP
 
@@ -111,9 +111,8 @@ def run(args: argparse.Namespace) -> int:
         for t in timings
     ]
     if args.json:
-        command = "a2ats " + shlex.join(getattr(args, "argv", ["crossover"]))  # to run it again
         out = {**entry, "results": results, "recorded": str(path) if path else None}
-        out["command"] = command
+        out["command"] = command_line(args, "crossover")  # to run it again
         print(json.dumps(out))
         return 0
     print(

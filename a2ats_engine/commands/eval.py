@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import shlex
 from pathlib import Path
 
 from . import _limits as limits
-from ._bench_common import a2ats_config, find_codebook, machine, print_json, stderr_progress
+from ._bench_common import (
+    a2ats_config,
+    command_line,
+    find_codebook,
+    machine,
+    print_json,
+    stderr_progress,
+)
 from ._flags import (
     CODEBOOK_REQUIRED,
     add_budget_flag,
@@ -184,7 +190,7 @@ def run_eval(args: argparse.Namespace) -> int:
         **_run_meta(info, codebook, codebook_desc, config),
         "text": text_desc,
         "machine": machine(),
-        "command": _command(args),
+        "command": command_line(args, "eval"),
         "notes": notes + _method_notes() + _config_notes(config),
         **({"paper_b": tuned} if tuned else {}),
     }
@@ -347,7 +353,7 @@ def _print_texts(
         "pooled": pooled,
         **_run_meta(info, codebook, codebook_desc, config),
         "machine": machine(),
-        "command": _command(args),
+        "command": command_line(args, "eval"),
         "notes": notes + _method_notes(),
         **({"paper_b": tuned} if tuned else {}),
     }
@@ -402,8 +408,3 @@ def format_table(run) -> str:
             f"{agree:>8}"
         )
     return "\n".join(lines)
-
-
-def _command(args: argparse.Namespace) -> str:
-    """The command line as given (`cli.main` sets `args.argv`), quoted so it runs again."""
-    return "a2ats " + shlex.join(getattr(args, "argv", None) or ["eval"])

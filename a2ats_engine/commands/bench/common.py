@@ -4,10 +4,9 @@ result records of its run. The flags they share are in `../_flags.py`."""
 from __future__ import annotations
 
 import argparse
-import shlex
 
 from .. import _limits as limits
-from .._bench_common import a2ats_config, find_codebook, machine
+from .._bench_common import a2ats_config, command_line, find_codebook, machine
 
 
 def check_repeats(repeats: int) -> int:
@@ -51,5 +50,4 @@ def bench_run(name: str, args: argparse.Namespace) -> dict[str, str]:
     """What a `bench NAME` result records of its run: the machine, and the command line as
     given (`a2ats bench NAME` and its flags, from `args.argv`, which `cli.main` sets, quoted so
     it runs again; `a2ats bench NAME` alone when a caller built `args` itself)."""
-    argv = getattr(args, "argv", None) or ["bench", name]
-    return {"machine": machine(), "command": "a2ats " + shlex.join(argv)}
+    return {"machine": machine(), "command": command_line(args, "bench", name)}
