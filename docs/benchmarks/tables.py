@@ -1054,6 +1054,37 @@ def step_overhead_table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def host_step_cold_table(data: dict) -> str:
+    """`docs/benchmarks/host_step_cold.py`: the host step's NumPy pieces warm, after one layer's
+    weights passed through the caches, and the whole part inside real decode steps."""
+    runs = data["runs"]
+    first = runs[0]
+    lines = [
+        "| context | piece | warm ms | after a layer's weights ms |",
+        "|---:|---|---:|---:|",
+    ]
+    for r in runs:
+        for name, warm in r["warm_ms"].items():
+            label = f"**{name}**" if name == "whole NumPy part" else name
+            lines.append(f"| {r['context']:,} | {label} | {warm:.3f} | {r['cold_ms'][name]:.3f} |")
+    lines += ["", "| context | NumPy part warm | after a layer's weights | inside decode steps "
+              "(median of the layers' steps) | inside decode / warm |", "|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for r in runs:
+        whole, cold = r["warm_ms"]["whole NumPy part"], r["cold_ms"]["whole NumPy part"]
+        inside = r["in_decode_ms_per_layer"]
+        lines.append(f"| {r['context']:,} | {whole:.3f} | {cold:.3f} | {inside:.3f} | "
+                     f"{inside / whole:.2f}x |")  # fmt: skip
+    lines += [
+        "",
+        f"`{first['command']}`; {first['machine']}; layer {first['layer']} of the demo model, "
+        f"median of {first['reps']} calls per piece (each warm call right after a cold one; "
+        f"the sweep reads {first['sweep_bytes'] / 1e6:.1f} MB, one decoder layer's weights); "
+        f"inside decode: `host_step.step`'s time less its `mx.eval`, over "
+        f"{first['decode_steps']} decode steps; other jobs stopped while it ran.",
+    ]
+    return "\n".join(lines)
+
+
 def distributed_table(records: list[dict]) -> str:
     """1 rank vs 2 ranks per model (a2ats_engine/distributed/bench.py): what each rank holds and
     sends per decode step; tok/s from a shared machine (indicative only)."""
@@ -1389,6 +1420,7 @@ def blocks() -> dict[str, str]:
         ("app-memory", "app_memory_demo.json", app_memory_table),
         ("profile", "profile_step.json", profile_table),
         ("step-overhead", "step_overhead.json", step_overhead_table),
+        ("host-step-cold", "host_step_cold.json", host_step_cold_table),
         ("crossover-probe", "crossover_demo.json", crossover_probe_table),
         ("shadow-cost", "shadow_cost.json", shadow_cost_table),
         ("speed-amd", "decode_amd_epyc.json", host_speed_table),

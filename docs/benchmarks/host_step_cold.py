@@ -1,0 +1,155 @@
+# ruff: noqa: I001  (a2ats_engine before mlx: it preloads OpenBLAS)
+"""Why a host step costs twice in a decode what it costs on its own: the NumPy part of one A2ATS
+layer's retrieval step (`cache/host_step.py`), timed per piece warm (run again at once) and cold
+(right after reading as many bytes as one decoder layer's weights, which is what passes through
+the caches between two layers' steps in a decode), next to the same part measured inside real
+decode steps (`host_step.step`'s time less its one `mx.eval`, per layer).
+
+The demo model, prefilled from filler text, retrieval forced (`a2ats_eb0`); the pieces are the
+host step's own functions on the inputs one real step gave layer LAYER.
+
+    .venv/bin/python docs/benchmarks/host_step_cold.py 1024,8000 > docs/benchmarks/host_step_cold.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+
+import a2ats_engine  # noqa: F401  (BLAS preload before mlx.core)
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import KVCache
+
+from a2ats_engine.bench.speed import _method_cache, filler_tokens
+from a2ats_engine.cache import host_step
+from a2ats_engine.commands._bench_common import a2ats_config, find_codebook, machine
+from a2ats_engine.loading.models import load_model
+
+LAYER = 15
+REPS = 150
+STEPS = 12
+
+
+def _median_ms(times: list[float]) -> float:
+    return round(statistics.median(times) * 1e3, 3)
+
+
+def _pieces(step_args) -> dict:
+    """The host step's NumPy pieces as closures over one layer's real inputs (its lookup tables
+    are MLX's, evaluated in the step's one sync: not a piece here)."""
+    retrieval, c, queries, lay, scale, _sinks = step_args
+    B, n_q, _, d = queries.shape
+    n_kv = c.codes.shape[1]
+    tables = retrieval.slot_scores(c, queries, lay)
+    retrieval.step_tables = None
+    mx.eval(tables, queries, c.codes, c.rows.keys, c.rows.values)
+    q = np.asarray(queries).reshape(B, n_kv, n_q // n_kv, d).astype(np.float32)
+    codes, keys, values = (np.asarray(a) for a in (c.codes, c.rows.keys, c.rows.values))
+    tables = np.asarray(tables)
+    approx = host_step.far_scores(tables, codes, c, lay)
+    cands = min(c.config.rerank * lay.k, lay.n_far)
+    top = host_step.rerank(q, approx, lay, cands, keys, c.top_k, None, False)
+    pos, rep = c.top_k.select_host(top, lay, count=False)
+    k_sel, v_sel = host_step.gather(keys, pos), host_step.gather(values, pos)
+    out = host_step.attention(q, k_sel, v_sel, rep, scale, None)
+    return {
+        "code scores": lambda: host_step.far_scores(tables, codes, c, lay),
+        "top-K + rerank": lambda: host_step.rerank(
+            q, approx, lay, cands, keys, c.top_k, None, False
+        ),
+        "union": lambda: c.top_k.select_host(top, lay, count=False),
+        "gather K/V": lambda: (host_step.gather(keys, pos), host_step.gather(values, pos)),
+        "attention": lambda: host_step.attention(q, k_sel, v_sel, rep, scale, None),
+        "back to MLX": lambda: mx.eval(mx.array(out), mx.array(pos), mx.array(rep)),
+    }
+
+
+def main(context: int) -> dict:
+    model, tokenizer, info = load_model("demo")
+    codebook, desc = find_codebook(None, "demo", info.path, required=True)
+    config = a2ats_config(codebook, model, exact_below=0)
+    ids = filler_tokens(tokenizer, context)
+    base = [KVCache() for _ in model.layers]
+    for i in range(0, context, 512):
+        model(mx.array(ids[i : i + 512])[None], cache=base)
+        mx.eval([c.state for c in base])
+    caches = _method_cache(model, base, "a2ats_eb0", config, codebook)
+    layer_bytes = sum(v.nbytes for _, v in tree_flatten(model.layers[LAYER].parameters()))
+    sweep = np.ones(layer_bytes // 4, np.float32)
+
+    shipped, real_eval = host_step.step, mx.eval
+    seen, in_step, in_eval = [], [], []
+
+    def eval_timed(*arrays):
+        began = time.perf_counter()
+        real_eval(*arrays)
+        in_eval[-1] += time.perf_counter() - began
+
+    def step(*args):
+        if args[1].layer == LAYER:
+            seen[:] = [args]
+        in_eval.append(0.0)
+        began = time.perf_counter()
+        result = shipped(*args)
+        in_step.append(time.perf_counter() - began)
+        return result
+
+    token = mx.array([ids[-1]])
+    host_step.step, host_step.mx.eval = step, eval_timed
+    try:
+        for i in range(STEPS + 2):
+            if i == 2:  # the first steps warm up
+                in_step.clear(), in_eval.clear()
+            token = mx.argmax(model(token[None], cache=caches)[:, -1], axis=-1)
+            real_eval(token)
+    finally:
+        host_step.step, host_step.mx.eval = shipped, real_eval
+    in_decode = [s - e for s, e in zip(in_step, in_eval, strict=True)]
+
+    pieces = _pieces(seen[0])
+    parts = list(pieces.values())
+    pieces["whole NumPy part"] = lambda: [fn() for fn in parts]
+    _, c, queries, lay, scale, _ = seen[0]
+    keys, values = c.rows.keys[..., : lay.n, :], c.rows.values[..., : lay.n, :]
+    mx.eval(keys, values)
+    pieces["exact attention (MLX; what the step replaces)"] = lambda: mx.eval(
+        mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale)
+    )
+    cold, warm = {}, {}
+    for name, fn in pieces.items():
+        c_times, w_times = [], []
+        for _ in range(REPS):
+            sweep.sum()
+            began = time.perf_counter()
+            fn()
+            c_times.append(time.perf_counter() - began)
+            began = time.perf_counter()
+            fn()
+            w_times.append(time.perf_counter() - began)
+        cold[name], warm[name] = _median_ms(c_times), _median_ms(w_times)
+    return {
+        "model": info.name,
+        "codebook": desc,
+        "context": context,
+        "layer": LAYER,
+        "sweep_bytes": int(sweep.nbytes),
+        "machine": machine(),
+        "command": "python docs/benchmarks/host_step_cold.py " + " ".join(sys.argv[1:]),
+        "reps": REPS,
+        "warm_ms": warm,
+        "cold_ms": cold,
+        "in_decode_ms_per_layer": _median_ms(in_decode),
+        "decode_steps": STEPS,
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+if __name__ == "__main__":
+    contexts = [int(c) for c in (sys.argv[1] if len(sys.argv) > 1 else "1024").split(",")]
+    print(json.dumps({"runs": [main(c) for c in contexts]}))
