@@ -1427,6 +1427,7 @@ def blocks() -> dict[str, str]:
         ("estimate-speed", "decode_estimate_host_step.json", estimate_speed_table),
         ("texts-8k", "eval_8k_texts.json", texts_table),
         ("gemma-texts-8k", "eval_gemma3_270m_8k_texts.json", model_texts_table),
+        ("gemma-sd8-8k", "eval_gemma3_270m_8k_sd8.json", model_texts_table),
     )
     for key, fname, fn in simple:
         if (data := _load(fname)) is not None:
