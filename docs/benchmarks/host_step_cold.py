@@ -23,12 +23,11 @@ import a2ats_engine  # noqa: F401  (BLAS preload before mlx.core)
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import KVCache
 
-from a2ats_engine.bench.speed import _method_cache, filler_tokens
+from a2ats_engine.bench.speed import _method_cache
 from a2ats_engine.cache import host_step
-from a2ats_engine.commands._bench_common import a2ats_config, find_codebook, machine
-from a2ats_engine.loading.models import load_model
+from a2ats_engine.commands._bench_common import machine
+from _demo_prefill import demo_prefilled
 
 LAYER = 15
 REPS = 150
@@ -70,14 +69,7 @@ def _pieces(step_args) -> dict:
 
 
 def main(context: int) -> dict:
-    model, tokenizer, info = load_model("demo")
-    codebook, desc = find_codebook(None, "demo", info.path, required=True)
-    config = a2ats_config(codebook, model, exact_below=0)
-    ids = filler_tokens(tokenizer, context)
-    base = [KVCache() for _ in model.layers]
-    for i in range(0, context, 512):
-        model(mx.array(ids[i : i + 512])[None], cache=base)
-        mx.eval([c.state for c in base])
+    model, info, codebook, desc, config, ids, base = demo_prefilled(context)
     caches = _method_cache(model, base, "a2ats_eb0", config, codebook)
     layer_bytes = sum(v.nbytes for _, v in tree_flatten(model.layers[LAYER].parameters()))
     sweep = np.ones(layer_bytes // 4, np.float32)

@@ -29,12 +29,11 @@ import time
 
 import a2ats_engine  # noqa: F401  (BLAS preload before mlx.core)
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache
 
-from a2ats_engine.bench.speed import _decode_chunk, _method_cache, filler_tokens
+from a2ats_engine.bench.speed import _decode_chunk, _method_cache
 from a2ats_engine.cache import host_step
-from a2ats_engine.commands._bench_common import a2ats_config, find_codebook, machine
-from a2ats_engine.loading.models import load_model
+from a2ats_engine.commands._bench_common import machine
+from _demo_prefill import demo_prefilled
 
 VARIANTS = ("kvcache", "exact", "sync", "sync_tables", "host_step")
 CHUNK = 6
@@ -63,14 +62,7 @@ def _variant_step(variant: str, shipped):
 
 
 def main(context: int) -> dict:
-    model, tokenizer, info = load_model("demo")
-    codebook, desc = find_codebook(None, "demo", info.path, required=True)
-    config = a2ats_config(codebook, model, exact_below=0)
-    ids = filler_tokens(tokenizer, context)
-    base = [KVCache() for _ in model.layers]
-    for i in range(0, context, 512):
-        model(mx.array(ids[i : i + 512])[None], cache=base)
-        mx.eval([c.state for c in base])
+    model, info, codebook, desc, config, ids, base = demo_prefilled(context)
     caches = {
         v: _method_cache(model, base, "full" if v == "kvcache" else "a2ats_eb0", config, codebook)
         for v in VARIANTS
