@@ -1128,6 +1128,15 @@ def _k(n: int) -> str:
     return f"{n // 1024}K" if n >= 1024 else str(n)
 
 
+def _task_means(tasks: dict) -> dict[str, float]:
+    """Mean score over the tasks of a `bench tasks` run, per method (full, a2ats, window)."""
+    n = len({r["task"] for r in tasks["results"]})
+    return {
+        meth: sum(r["score"] for r in tasks["results"] if r["method"] == meth) / n
+        for meth in ("full", "a2ats", "window")
+    }
+
+
 def readme_summary(d: dict[str, dict]) -> str:
     """README's benchmark summary: one row per question of docs/BENCHMARKS.md, each figure
     from the run that section's current table shows."""
@@ -1140,11 +1149,8 @@ def readme_summary(d: dict[str, dict]) -> str:
     for t in passkey["trials"]:
         found.setdefault(t["method"], []).append(t["correct"])
     n_pk = len(found["full"])
-    mean4k = {
-        meth: sum(r["score"] for r in tasks["results"] if r["method"] == meth)
-        / len({r["task"] for r in tasks["results"]})
-        for meth in ("full", "a2ats", "window")
-    }
+    mean4k = _task_means(tasks)
+    gem_tasks = _task_means(d["gemma_tasks"])
     v2 = {(r["context"], r["method"]): r["speed_vs_full"] for r in d["speed"]["results"]}
     ctx = sorted({c for c, _ in v2})
     below = [v2[(c, "a2ats_noest")] for c in ctx[:-1]]
@@ -1208,7 +1214,9 @@ def readme_summary(d: dict[str, dict]) -> str:
         f"{gem['a2ats']['recall']:.3f} (window {gem['window']['recall']:.3f}, oracle "
         f"{gem['oracle_topk']['recall']:.3f}), perplexity {gem['a2ats']['ppl_vs_full']:.3f}x "
         f"full; at 8K: recall {gem8['a2ats']['recall']:.3f} (oracle "
-        f"{gem8['oracle_topk']['recall']:.3f}), {gem8['a2ats']['ppl_vs_full']:.3f}x | 4. Models |",
+        f"{gem8['oracle_topk']['recall']:.3f}), {gem8['a2ats']['ppl_vs_full']:.3f}x; tasks at "
+        f"4K, mean score full {gem_tasks['full']:.2f}, A2ATS {gem_tasks['a2ats']:.2f}, window "
+        f"{gem_tasks['window']:.2f} | 4. Models |",
     ]
     return "\n".join(rows)
 
@@ -1381,6 +1389,7 @@ def blocks() -> dict[str, str]:
         ("memory", "memory.json", memory_table),
         ("tasks", "tasks.json", tasks_table),
         ("tasks-8k", "tasks_8k.json", tasks_table),
+        ("tasks-gemma", "tasks_gemma3_270m_4k.json", tasks_table),
         ("cost-sweep", "eval_cost_sweep.json", cost_sweep_table),
         ("estimate", "eval_estimate_4k_b003.json", eval_table),
         ("fair-eval", "eval_4k_fair_baselines.json", eval_table),
@@ -1452,6 +1461,7 @@ def blocks() -> dict[str, str]:
         "memory": "memory.json", "cold": "cold_tier_qwen3.json",
         "texts_8k": "eval_8k_texts.json",
         "gemma": "eval_gemma3_270m_4k_texts.json", "gemma_8k": "eval_gemma3_270m_8k_texts.json",
+        "gemma_tasks": "tasks_gemma3_270m_4k.json",
     }  # fmt: skip
     runs = {k: _load(f) for k, f in summary.items()}
     cold_speed = [r for f in ("cold_speed_qwen3.json", "cold_speed_qwen3_32k.json")

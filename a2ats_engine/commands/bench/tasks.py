@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ...loading.fetched_models import is_named
 from .. import _limits as limits
 from .._bench_common import machine, parse_list, print_json, stderr_progress
 from .._flags import (
@@ -105,8 +106,9 @@ def _tasks_command(args: argparse.Namespace) -> str:
     for flag, value in (("--haystack", args.haystack), ("--codebook", args.codebook)):
         if value:
             parts.append(f"{flag} {Path(value).name}")
-    if args.model != "demo":
-        parts.append("--model MODEL")
+    if args.model != "demo":  # a model fetched by name as given; a folder or file by its name
+        model = args.model if is_named(args.model) else Path(args.model).name
+        parts.append(f"--model {model}")
     if args.trials:
         parts.append("--trials")
     return " ".join(parts + ["--json"])

@@ -1,6 +1,7 @@
 """The RULER-style task suite: scoring, deterministic prompts with the needle where it is said to
 be, and `a2ats bench tasks --json` on a tiny model."""
 
+import argparse
 import json
 from collections import Counter
 
@@ -165,6 +166,7 @@ def test_bench_tasks_json(tmp_path, capsys):
     assert all(r["agrees_with_full"] == 1.0 for r in full)
     assert data["haystack"] == "hay.txt" and data["seeds"] == 2
     assert data["command"].startswith("a2ats bench tasks --contexts 500")
+    assert " --model m " in data["command"] and str(tmp_path) not in data["command"]  # by name
 
     # with a journal, a run that stopped part-way resumes: finished prompts are not run again
     journal = tmp_path / "tasks.jsonl"
@@ -199,3 +201,17 @@ def test_the_default_haystack_is_not_calibration_text(sentences):
     corpus = "".join(builtin_corpus())
     assert len(sentences) > 100
     assert not [s for s in sentences if len(s) > 40 and s.strip() in corpus]
+
+
+def test_the_tasks_command_records_a_model_fetched_by_name():
+    from a2ats_engine.commands.bench.tasks import _tasks_command
+
+    args = argparse.Namespace(
+        contexts="4096", methods="full,a2ats", tasks=None, depths="0.5", seeds=1, budget=0.03,
+        rerank=None, haystack=None, codebook="/home/someone/books/g.safetensors",
+        model="gemma3-270m", trials=True,
+    )  # fmt: skip
+    assert _tasks_command(args) == (
+        "a2ats bench tasks --contexts 4096 --methods full,a2ats --depths 0.5 --seeds 1 "
+        "--budget 0.03 --codebook g.safetensors --model gemma3-270m --trials --json"
+    )
