@@ -1435,6 +1435,7 @@ def blocks() -> dict[str, str]:
         ("speed-amd", "decode_amd_epyc.json", host_speed_table),
         ("estimate-speed", "decode_estimate_host_step.json", estimate_speed_table),
         ("texts-8k", "eval_8k_texts.json", texts_table),
+        ("texts-estimate-4k", "eval_4k_texts_estimate.json", texts_table),
         ("gemma-texts-8k", "eval_gemma3_270m_8k_texts.json", model_texts_table),
         ("gemma-sd8-8k", "eval_gemma3_270m_8k_sd8.json", model_texts_table),
     )
