@@ -1223,6 +1223,13 @@ def readme_summary(d: dict[str, dict]) -> str:
 
 # Recorded runs that no current table shows: (date first recorded, what it measured).
 HISTORY = {
+    "decode_gemma3_270m_builtin_crossover.json": (
+        "2026-12-03",
+        "`a2ats bench decode --model gemma3-270m --contexts 1024,8192 --steps 32 --repeats 3 "
+        "--methods full,a2ats,a2ats_eb0 --json`, quiet, before this machine's crossover for "
+        "Gemma's geometry was measured: the default retrieved from 1K, 0.95x KVCache there "
+        "(0.94-1.01), 1.01x at 8K",
+    ),
     "decode_amd_epyc_before_step_matrix.json": (
         "2026-12-03",
         "`a2ats bench decode --contexts 1024,4096,8192 --steps 32 --repeats 3 --methods "
@@ -1431,8 +1438,10 @@ def blocks() -> dict[str, str]:
         ("step-overhead", "step_overhead.json", step_overhead_table),
         ("host-step-cold", "host_step_cold.json", host_step_cold_table),
         ("crossover-probe", "crossover_demo.json", crossover_probe_table),
+        ("crossover-probe-gemma", "crossover_gemma3_270m.json", crossover_probe_table),
         ("shadow-cost", "shadow_cost.json", shadow_cost_table),
         ("speed-amd", "decode_amd_epyc.json", host_speed_table),
+        ("speed-gemma", "decode_gemma3_270m.json", host_speed_table),
         ("estimate-speed", "decode_estimate_host_step.json", estimate_speed_table),
         ("texts-8k", "eval_8k_texts.json", texts_table),
         ("texts-estimate-4k", "eval_4k_texts_estimate.json", texts_table),
