@@ -32,7 +32,7 @@ import json
 import random
 import string
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -411,19 +411,23 @@ def bench_tasks(
     methods: Sequence[str] = DEFAULT_METHODS,
     progress: Progress | None = None,
     journal: Path | None = None,
+    setup: Mapping[str, Any] | None = None,
 ) -> list[TaskTrial]:
     """Every method's greedy answer to every prompt, scored (see the module docstring).
 
     journal: a JSON-lines file of finished trials: prompts whose every method is in it are not
     run again, and each prompt's trials are appended as soon as they are scored (a long run
-    that stops part-way resumes where it stopped)."""
+    that stops part-way resumes where it stopped). Its first line is `setup` (what the answers
+    depend on besides the prompt: model, codebook, retrieval settings; JSON values), and a
+    journal written with another setup is refused rather than mixed in."""
     config = config or A2ATSConfig()
     unknown = [m for m in methods if m not in TASK_METHODS]
     if unknown:
         raise ValueError(f"unknown task method(s) {unknown}; known: {', '.join(TASK_METHODS)}")
     done: dict[tuple, list[TaskTrial]] = {}  # the journal's trials by prompt
-    for t in read_journal(journal) if journal is not None and journal.exists() else []:
-        done.setdefault((t.task, t.context, t.depth, t.seed), []).append(t)
+    if journal is not None:
+        for t in open_journal(journal, dict(setup or {})):
+            done.setdefault((t.task, t.context, t.depth, t.seed), []).append(t)
     trials = []
     for i, p in enumerate(prompts):
         kept = done.get((p.task, p.context, p.depth, p.seed), [])
@@ -452,20 +456,49 @@ def bench_tasks(
 JOURNAL_MAX_BYTES = 64 << 20  # far more than any run's trials
 
 
-def read_journal(path: Path) -> list[TaskTrial]:
-    """The trials of a `bench_tasks` journal (hostile until parsed: size bounded, every field
-    type-checked; a bad line is an error naming the file and line)."""
+def open_journal(path: Path, setup: dict[str, Any]) -> list[TaskTrial]:
+    """The trials already in the journal at `path`, after checking that it was written with
+    `setup`; a journal that does not exist or is empty is started with `setup` as its first line.
+    A journal of another setup, or one without a setup line, is an error naming the file and
+    the first setting that differs (its answers would be mixed with this run's)."""
+    if not path.exists() or path.stat().st_size == 0:
+        path.write_text(json.dumps({"setup": setup}) + "\n", encoding="utf-8")
+        return []
+    found, trials = read_journal(path)
+    if found is None:
+        raise ValueError(
+            f"task journal {path}: no setup line (the model, codebook and settings it was "
+            "written with), so it cannot be resumed safely; start a new --journal file"
+        )
+    if found != setup:
+        key = sorted(k for k in {*found, *setup} if found.get(k) != setup.get(k))[0]
+        raise ValueError(
+            f"task journal {path} was written with another setup: {key} "
+            f"{found.get(key)!r} there, {setup.get(key)!r} now; start a new --journal file"
+        )
+    return trials
+
+
+def read_journal(path: Path) -> tuple[dict[str, Any] | None, list[TaskTrial]]:
+    """(setup, trials) of a `bench_tasks` journal; setup is None for a journal without a setup
+    line (hostile until parsed: size bounded, every field type-checked; a bad line is an error
+    naming the file and line)."""
     if path.stat().st_size > JOURNAL_MAX_BYTES:
         raise ValueError(f"task journal {path}: larger than {JOURNAL_MAX_BYTES} bytes")
     types = {"task": str, "context": int, "depth": (int, float), "seed": int, "method": str,
              "answer": str, "score": (int, float)}  # fmt: skip
-    trials = []
+    setup, trials = None, []
     with path.open("rb") as f:
         for n, raw in enumerate(f, 1):
             try:
                 row = json.loads(raw.decode("utf-8"))
             except (UnicodeDecodeError, ValueError) as exc:
                 raise ValueError(f"task journal {path}, line {n}: not JSON ({exc})") from None
+            if n == 1 and isinstance(row, dict) and set(row) == {"setup"}:
+                if not isinstance(row["setup"], dict):
+                    raise ValueError(f"task journal {path}, line 1: setup is not an object")
+                setup = row["setup"]
+                continue
             if (
                 not isinstance(row, dict)
                 or set(row) != set(types)
@@ -476,7 +509,7 @@ def read_journal(path: Path) -> list[TaskTrial]:
                 raise ValueError(f"task journal {path}, line {n}: not a task trial")
             trials.append(TaskTrial(**{**row, "depth": float(row["depth"]),
                                        "score": float(row["score"])}))  # fmt: skip
-    return trials
+    return setup, trials
 
 
 def summarize(trials: Sequence[TaskTrial]) -> list[dict[str, Any]]:

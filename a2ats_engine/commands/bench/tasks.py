@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 from pathlib import Path
 
 from ...loading.fetched_models import is_named
@@ -67,6 +69,7 @@ def run_tasks(args: argparse.Namespace) -> int:
     trials = tk.bench_tasks(
         model, tokenizer, prompts, codebook=codebook, config=config, methods=methods,
         progress=stderr_progress(True), journal=Path(args.journal) if args.journal else None,
+        setup=_journal_setup(info.name, codebook, desc, config, haystack_desc, args),
     )  # fmt: skip
     out = {
         "model": info.name,
@@ -93,6 +96,26 @@ def run_tasks(args: argparse.Namespace) -> int:
             cells = "".join(f"{scores[(task, context, m)]:>13.2f}" for m in methods)
             print(f"{task:<18} {context:>7} {cells}")
     return 0
+
+
+def _journal_setup(
+    model: str, codebook, desc: str, config, haystack: str, args: argparse.Namespace
+) -> dict:
+    """What a journal's answers depend on besides the prompt: a journal written with anything
+    else is refused (`bench.tasks.open_journal`). The codebook by name and recipe (its centroids,
+    subspaces and calibration tokens), not its bytes: a default codebook rebuilt on another
+    machine is the same book."""
+    setup = {
+        "model": model,
+        "codebook": Path(desc).name,
+        "codebook_recipe": [
+            codebook.n_centroids, codebook.num_subspaces, codebook.sub_dim,
+            str(codebook.metadata.get("tokens", "")),
+        ],
+        "config": dataclasses.asdict(config),
+        "haystack": haystack if args.haystack is None else Path(args.haystack).name,
+    }  # fmt: skip
+    return json.loads(json.dumps(setup))  # as it reads back from the file (lists, not tuples)
 
 
 def _tasks_command(args: argparse.Namespace) -> str:

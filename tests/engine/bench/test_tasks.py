@@ -173,8 +173,11 @@ def test_bench_tasks_json(tmp_path, capsys):
     assert main([*argv, "--journal", str(journal)]) == 0
     first = json.loads(capsys.readouterr().out)
     lines = journal.read_text().splitlines()
-    assert len(lines) == 4 * (4 + 4 + 2)  # methods x prompts (common_words: seeds only)
-    journal.write_text("\n".join(lines[: 4 * 3]) + "\n")  # as if stopped after 3 prompts
+    assert len(lines) == 1 + 4 * (4 + 4 + 2)  # setup, then methods x prompts (common_words: seeds)
+    setup = json.loads(lines[0])["setup"]
+    assert setup["model"] == first["model"] and setup["codebook"] == "cb.safetensors"
+    assert setup["codebook_recipe"][:3] == [32, 1, 64] and setup["config"]["budget"] == 0.05
+    journal.write_text("\n".join(lines[: 1 + 4 * 3]) + "\n")  # as if stopped after 3 prompts
     answered = []
     real = tk.answer_with_methods
 
@@ -193,6 +196,24 @@ def test_bench_tasks_json(tmp_path, capsys):
     journal.write_text(lines[0] + "\n" + '{"task": "x"}\n')
     assert main([*argv, "--journal", str(journal)]) == 1
     assert f"task journal {journal}, line 2: not a task trial" in capsys.readouterr().err
+
+    # a journal of another setup, or of none, is refused, not mixed in, and left as it was
+    journal.write_text("\n".join(lines) + "\n")
+    other = [*argv[:-3], "--budget", "0.1", "--json", "--journal", str(journal)]
+    assert main(other) == 1
+    err = capsys.readouterr().err
+    assert f"task journal {journal} was written with another setup: config" in err
+    assert "start a new --journal file" in err
+    other_book = tmp_path / "cb16.safetensors"
+    Codebook.random(2, 2, 64, 16, seed=1).save(other_book)
+    renamed = [*argv, "--journal", str(journal)]
+    renamed[renamed.index(str(book))] = str(other_book)
+    assert main(renamed) == 1
+    assert "another setup: codebook " in capsys.readouterr().err
+    journal.write_text("\n".join(lines[1:]) + "\n")
+    assert main([*argv, "--journal", str(journal)]) == 1
+    assert f"task journal {journal}: no setup line" in capsys.readouterr().err
+    assert journal.read_text() == "\n".join(lines[1:]) + "\n"
 
 
 def test_the_default_haystack_is_not_calibration_text(sentences):
