@@ -424,15 +424,16 @@ def bench_tasks(
     unknown = [m for m in methods if m not in TASK_METHODS]
     if unknown:
         raise ValueError(f"unknown task method(s) {unknown}; known: {', '.join(TASK_METHODS)}")
-    done: dict[tuple, list[TaskTrial]] = {}  # the journal's trials by prompt
+    # the journal's trials by prompt and method (a prompt answered twice: its last answers)
+    done: dict[tuple, dict[str, TaskTrial]] = {}
     if journal is not None:
         for t in open_journal(journal, dict(setup or {})):
-            done.setdefault((t.task, t.context, t.depth, t.seed), []).append(t)
+            done.setdefault((t.task, t.context, t.depth, t.seed), {})[t.method] = t
     trials = []
     for i, p in enumerate(prompts):
-        kept = done.get((p.task, p.context, p.depth, p.seed), [])
-        if {t.method for t in kept} >= set(methods):
-            trials += [t for t in kept if t.method in methods]
+        kept = done.get((p.task, p.context, p.depth, p.seed), {})
+        if set(kept) >= set(methods):
+            trials += [kept[m] for m in methods]
             continue
         if progress is not None:
             progress(f"{p.task} context {p.context} depth {p.depth} seed {p.seed}", i, len(prompts))
@@ -464,7 +465,7 @@ def open_journal(path: Path, setup: dict[str, Any]) -> list[TaskTrial]:
     if not path.exists() or path.stat().st_size == 0:
         path.write_text(json.dumps({"setup": setup}) + "\n", encoding="utf-8")
         return []
-    found, trials = read_journal(path)
+    found, trials, whole = read_journal(path)
     if found is None:
         raise ValueError(
             f"task journal {path}: no setup line (the model, codebook and settings it was "
@@ -476,24 +477,33 @@ def open_journal(path: Path, setup: dict[str, Any]) -> list[TaskTrial]:
             f"task journal {path} was written with another setup: {key} "
             f"{found.get(key)!r} there, {setup.get(key)!r} now; start a new --journal file"
         )
+    with path.open("rb+") as f:  # a killed run's half-written last line: cut, answered again
+        f.truncate(whole)
+        f.seek(whole - 1)
+        if f.read(1) != b"\n":  # a whole last line without its newline: end it
+            f.write(b"\n")
     return trials
 
 
-def read_journal(path: Path) -> tuple[dict[str, Any] | None, list[TaskTrial]]:
-    """(setup, trials) of a `bench_tasks` journal; setup is None for a journal without a setup
-    line (hostile until parsed: size bounded, every field type-checked; a bad line is an error
-    naming the file and line)."""
+def read_journal(path: Path) -> tuple[dict[str, Any] | None, list[TaskTrial], int]:
+    """(setup, trials, bytes of whole lines) of a `bench_tasks` journal; setup is None for a
+    journal without a setup line (hostile until parsed: size bounded, every field type-checked;
+    a bad line is an error naming the file and line, except a last line without its newline that
+    is not JSON: a run killed while writing it, left out of the trials and the byte count)."""
     if path.stat().st_size > JOURNAL_MAX_BYTES:
         raise ValueError(f"task journal {path}: larger than {JOURNAL_MAX_BYTES} bytes")
     types = {"task": str, "context": int, "depth": (int, float), "seed": int, "method": str,
              "answer": str, "score": (int, float)}  # fmt: skip
-    setup, trials = None, []
+    setup, trials, whole = None, [], 0
     with path.open("rb") as f:
         for n, raw in enumerate(f, 1):
             try:
                 row = json.loads(raw.decode("utf-8"))
             except (UnicodeDecodeError, ValueError) as exc:
+                if n > 1 and not raw.endswith(b"\n"):
+                    break  # torn last line
                 raise ValueError(f"task journal {path}, line {n}: not JSON ({exc})") from None
+            whole += len(raw)
             if n == 1 and isinstance(row, dict) and set(row) == {"setup"}:
                 if not isinstance(row["setup"], dict):
                     raise ValueError(f"task journal {path}, line 1: setup is not an object")
@@ -509,7 +519,7 @@ def read_journal(path: Path) -> tuple[dict[str, Any] | None, list[TaskTrial]]:
                 raise ValueError(f"task journal {path}, line {n}: not a task trial")
             trials.append(TaskTrial(**{**row, "depth": float(row["depth"]),
                                        "score": float(row["score"])}))  # fmt: skip
-    return setup, trials
+    return setup, trials, whole
 
 
 def summarize(trials: Sequence[TaskTrial]) -> list[dict[str, Any]]:

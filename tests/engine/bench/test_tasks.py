@@ -193,6 +193,24 @@ def test_bench_tasks_json(tmp_path, capsys):
     assert len(answered) == 10 - 3
     assert json.loads(capsys.readouterr().out)["results"] == first["results"]
     assert len(journal.read_text().splitlines()) == len(lines)
+
+    # killed while writing prompt 4: two of its lines whole, the third torn. The torn line is
+    # cut, prompt 4 answered again, and its earlier lines count once on the next resume
+    torn = lines[: 1 + 4 * 3 + 2] + [lines[1 + 4 * 3 + 2][:25]]
+    journal.write_text("\n".join(torn))
+    answered.clear()
+    tk.answer_with_methods = counting
+    try:
+        assert main([*argv, "--journal", str(journal)]) == 0
+        assert json.loads(capsys.readouterr().out)["results"] == first["results"]
+        assert len(answered) == 10 - 3
+        assert len(journal.read_text().splitlines()) == len(lines) + 2
+        assert main([*argv, "--journal", str(journal), "--trials"]) == 0
+        again = json.loads(capsys.readouterr().out)
+        assert len(answered) == 10 - 3  # nothing left to answer
+    finally:
+        tk.answer_with_methods = real
+    assert again["results"] == first["results"] and len(again["trials"]) == 4 * 10
     journal.write_text(lines[0] + "\n" + '{"task": "x"}\n')
     assert main([*argv, "--journal", str(journal)]) == 1
     assert f"task journal {journal}, line 2: not a task trial" in capsys.readouterr().err
