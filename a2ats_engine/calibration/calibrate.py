@@ -241,7 +241,7 @@ def ensure_demo_codebook(
 def default_codebook_spec(name: str) -> CodebookSpec:
     """What the named model's default codebook is trained as: DEMO_CENTROIDS centroids, full
     head-dim VQ unless the model's entry sets a product-VQ split
-    (`fetched_models.default_codebook_sub_dim`: Gemma 3 270M, 16-dim subspaces)."""
+    (`fetched_models.default_codebook_sub_dim`: Gemma 3 270M, 8-dim subspaces)."""
     from ..loading.fetched_models import default_codebook_sub_dim
 
     return CodebookSpec(DEMO_CENTROIDS, sub_dim=default_codebook_sub_dim(name))

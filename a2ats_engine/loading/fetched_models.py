@@ -65,11 +65,12 @@ GEMMA3_270M = FetchedModel(
     sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     size=253_113_024,
     terms="Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
-    # 16 subspaces of 16 dims: one 512-centroid VQ is too coarse for its 256-dim keys, and
-    # 2,048 centroids, 4x the calibration tokens or 2-4 subspaces did not raise recall; 16 did,
-    # for 30 more bytes of codes per token and A2ATS layer (docs/BENCHMARKS.md, "A second
-    # model: Gemma 3 270M"; docs/benchmarks/eval_gemma3_270m_subdim.json).
-    codebook_sub_dim=16,
+    # 32 subspaces of 8 dims: one 512-centroid VQ is too coarse for its 256-dim keys, and
+    # 2,048 centroids, 4x the calibration tokens or 2-4 subspaces did not raise recall; 16
+    # subspaces did, and 32 more so (recall 0.976-0.979 of the oracle's at 4K and 8K against
+    # 0.95), for 62 more bytes of codes per token and A2ATS layer (docs/BENCHMARKS.md, "A second
+    # model: Gemma 3 270M"; docs/benchmarks/eval_gemma3_270m_subdim.json, _8k_sd8.json).
+    codebook_sub_dim=8,
 )
 FETCHED: dict[str, FetchedModel] = {GEMMA3_270M.source: GEMMA3_270M}
 

@@ -69,7 +69,7 @@ def test_eval_full_equals_the_models_own_caches(gemma, prose_ids):
 
 
 def test_default_codebook_is_product_vq_and_a2ats_runs_on_it(gemma, prose_ids):
-    """The demo's sizes, but 16 subspaces of 16 dims (docs/BENCHMARKS.md, "A second model:
+    """The demo's sizes, but 32 subspaces of 8 dims (docs/BENCHMARKS.md, "A second model:
     Gemma 3 270M")."""
     from a2ats_engine.bench.evaluate import evaluate
     from a2ats_engine.cache.codebook import Codebook
@@ -83,7 +83,7 @@ def test_default_codebook_is_product_vq_and_a2ats_runs_on_it(gemma, prose_ids):
     model, _, info = gemma
     book = Codebook.load(ensure_default_codebook(NAME))  # built by `make demo`; else now
     assert book.n_centroids == DEMO_CENTROIDS
-    assert (book.num_subspaces, book.sub_dim) == (16, 16)
+    assert (book.num_subspaces, book.sub_dim) == (32, 8)
     assert int(book.metadata["tokens"]) == DEMO_TOKENS
     assert list(book.metadata["a2ats_layers"]) == list(info.layer_plan.a2ats_layers)
     ids = prose_ids[: CONTEXT + DECODE + 1]

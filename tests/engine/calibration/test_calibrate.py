@@ -298,7 +298,7 @@ def test_default_codebook_recipes_gemma_is_product_vq_the_demo_is_not():
     from a2ats_engine.calibration import calibrate as calibration
 
     assert calibration.default_codebook_spec("demo") == CodebookSpec(512)
-    assert calibration.default_codebook_spec("gemma3-270m") == CodebookSpec(512, sub_dim=16)
+    assert calibration.default_codebook_spec("gemma3-270m") == CodebookSpec(512, sub_dim=8)
 
 
 def test_ensure_default_codebook_rebuilds_a_book_of_the_old_recipe(tmp_path, monkeypatch):
