@@ -67,9 +67,10 @@ GEMMA3_270M = FetchedModel(
     terms="Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
     # 32 subspaces of 8 dims: one 512-centroid VQ is too coarse for its 256-dim keys, and
     # 2,048 centroids, 4x the calibration tokens or 2-4 subspaces did not raise recall; 16
-    # subspaces did, and 32 more so (recall 0.976-0.979 of the oracle's at 4K and 8K against
-    # 0.95), for 62 more bytes of codes per token and A2ATS layer (docs/BENCHMARKS.md, "A second
-    # model: Gemma 3 270M"; docs/benchmarks/eval_gemma3_270m_subdim.json, _8k_sd8.json).
+    # subspaces did, and 32 more so (recall 0.976-0.988 of the oracle's on three texts at 4K
+    # and 8K, against 0.947-0.979 with 16), for 62 more bytes of codes per token and A2ATS layer
+    # (docs/BENCHMARKS.md, "A second model: Gemma 3 270M"; docs/benchmarks/
+    # eval_gemma3_270m_subdim.json, eval_gemma3_270m_4k_texts.json, _8k_texts.json).
     codebook_sub_dim=8,
 )
 FETCHED: dict[str, FetchedModel] = {GEMMA3_270M.source: GEMMA3_270M}
