@@ -1226,6 +1226,13 @@ def readme_summary(d: dict[str, dict]) -> str:
 
 # Recorded runs that no current table shows: (date first recorded, what it measured).
 HISTORY = {
+    "eval_gemma3_270m_diagnostics_sd16.json": (
+        "2026-12-02",
+        "`a2ats eval --model gemma3-270m --texts prose --context 4096 --decode 64 --budget 0.03 "
+        "--rerank 1 --methods full,a2ats,oracle_topk,a2ats_exact_keys,a2ats_exact_rope --json` "
+        "with the 16-subspace default codebook: codes alone recall 0.748, exact keys 0.808, "
+        "exact RoPE on the centroids 0.758, oracle_topk 0.822",
+    ),
     "eval_gemma3_270m_8k_sd8.json": (
         "2026-12-03",
         "the 32-subspace codebook as a trial at 8K on prose and dialogue, before it became "
