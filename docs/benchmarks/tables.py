@@ -1226,6 +1226,13 @@ def readme_summary(d: dict[str, dict]) -> str:
 
 # Recorded runs that no current table shows: (date first recorded, what it measured).
 HISTORY = {
+    "tasks_gemma3_270m_4k_sd16.json": (
+        "2026-12-03",
+        "`a2ats bench tasks --contexts 4096 --methods full,a2ats,window,oracle_topk --depths "
+        "0.1,0.5,0.9 --seeds 4 --budget 0.03 --model gemma3-270m --trials --json` (76 prompts) "
+        "with the 16-subspace default codebook: mean score full 0.71, A2ATS 0.73, oracle 0.73, "
+        "window 0.01",
+    ),
     "eval_gemma3_270m_diagnostics_sd16.json": (
         "2026-12-02",
         "`a2ats eval --model gemma3-270m --texts prose --context 4096 --decode 64 --budget 0.03 "
