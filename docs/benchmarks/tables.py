@@ -1226,6 +1226,18 @@ def readme_summary(d: dict[str, dict]) -> str:
 
 # Recorded runs that no current table shows: (date first recorded, what it measured).
 HISTORY = {
+    "decode_gemma3_270m_sd16.json": (
+        "2026-12-03",
+        "`a2ats bench decode --model gemma3-270m --contexts 1024,8192 --steps 32 --repeats 3 "
+        "--methods full,a2ats,a2ats_eb0 --json`, quiet, with the 16-subspace default codebook: "
+        "0.98x KVCache at 1K, 1.01x at 8K; retrieval forced 0.97x, 1.02x (KVCache 6.9 tok/s)",
+    ),
+    "crossover_gemma3_270m_sd16.json": (
+        "2026-12-03",
+        "`a2ats crossover gemma3-270m --contexts 1024,2048,4096,8192 --json`, quiet, with the "
+        "16-subspace default codebook: retrieval 0.95x, 0.96x, 0.94x, 1.01x KVCache, exact below "
+        "8K",
+    ),
     "tasks_gemma3_270m_4k_sd16.json": (
         "2026-12-03",
         "`a2ats bench tasks --contexts 4096 --methods full,a2ats,window,oracle_topk --depths "
