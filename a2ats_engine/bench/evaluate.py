@@ -72,7 +72,7 @@ from .methods import (  # noqa: F401  (re-exported: the method caches are part o
     method_names,
     method_spec,
 )
-from .plan_caches import native_bytes, plan_caches, prefix
+from .plan_caches import feed_prompt, native_bytes, plan_caches, prefix
 
 FIXED_METHODS = method_names(FIXED)  # full, kv8, kv4
 BUDGET_METHODS = method_names(BUDGET)  # a2ats, window, oracle_topk and the a2ats ablations
@@ -90,6 +90,10 @@ class OneProcess:
 
     def caches(self, caches: list) -> list:
         return caches
+
+    def feed(self, model: nn.Module, tokens: Sequence[int], caches: list) -> None:
+        """One prefill chunk into `caches`: only their state is evaluated (`feed_prompt`)."""
+        feed_prompt(model, list(tokens), caches)
 
     def records(self, per_slot: list[StepRecord | None]) -> list[StepRecord | None]:
         return per_slot
@@ -214,7 +218,7 @@ def prefill(
 
     cache = ranks.caches(make_prompt_cache(model))
     for start in range(0, len(ids), PREFILL_CHUNK):
-        mx.eval(model(mx.array([list(ids[start : start + PREFILL_CHUNK])]), cache=cache))
+        ranks.feed(model, ids[start : start + PREFILL_CHUNK], cache)
         if progress is not None:
             progress("prefill", min(start + PREFILL_CHUNK, len(ids)), len(ids))
     return cache

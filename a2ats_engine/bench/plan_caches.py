@@ -27,10 +27,27 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
+from ..cache import hooks
 from ..cache.layer_plan import A2ATS, plan_for, rope_spec_of
 
 if TYPE_CHECKING:  # an annotation only: methods.py builds the copies with this module
     from .methods import MethodSpec
+
+
+def feed_prompt(model: nn.Module, tokens: list[int], caches: list) -> None:
+    """Run `tokens` through `model` into `caches` (one prefill chunk), the measurements' shared
+    exact prefill, which is most of a long-context task's time on a CPU:
+
+    - only the caches' state is evaluated, as mlx-lm's `generate_step` prefills: the chunk's
+      logits are never computed (the vocabulary projection is most of a small model's
+      prefill: about two fifths of Gemma 3 270M's at 4K, 262,144 words), nor the last layer's
+      attention output and MLP;
+    - on CPU-only MLX the exact attention runs in NumPy (`hooks.exact_on_host`), as an A2ATS
+      layer's prefill does: MLX's CPU `exp` makes the demo's 8K prefill several times slower.
+    """
+    with hooks.exact_on_host(model):
+        model(mx.array([list(tokens)]), cache=caches)
+        mx.eval([c.state for c in caches])
 
 
 def clone_native(src: Any) -> Any:

@@ -23,7 +23,7 @@ from ..cache.config import A2ATSConfig
 from ..cache.model_cache import make_cache
 from ..process_memory import growth, mlx_memory
 from .methods import decode_variant_knobs
-from .plan_caches import clone_native, is_plain
+from .plan_caches import clone_native, feed_prompt, is_plain
 
 
 @dataclass
@@ -164,7 +164,7 @@ def bench_decode(
             progress(f"prefill {n}", ci, len(contexts))
         base = make_prompt_cache(model)
         for start in range(0, n, 256):  # chunked prefill: fastest on a small CPU, bounded memory
-            mx.eval(model(mx.array([prompt[start : start + 256]]), cache=base))
+            feed_prompt(model, prompt[start : start + 256], base)
         caches = {
             method: _method_cache(model, base, method, config, codebook) for method in methods
         }

@@ -6,21 +6,32 @@ rebinds that name in the modules the model's layers come from to `dispatch`: a c
 callable `attend` gets `cache.attend(queries, keys, values, scale=..., mask=...)` with the true
 (post-RoPE) query (plus `sinks=` for models with attention sinks); every other cache goes to mlx-lm's original function, untouched.
 Idempotent and reversible; a no-op for models whose caches are ordinary.
+
+`exact_on_host(model)` also sends, while it is open, the multi-token attention of the model's
+ordinary caches to `host_attention` (NumPy, on CPU-only MLX): the measurements' shared exact
+prefill (`bench/plan_caches.feed_prompt`), which is most of a long-context task's time there.
+Outside it, and always for the `full` baseline that is timed, ordinary caches go to mlx-lm.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
+import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import base as _base
+
+from . import host_attention
 
 _ORIGINAL = _base.scaled_dot_product_attention
 _NAME = "scaled_dot_product_attention"
 # module name -> the installed models using it (weak: a dropped model stops counting)
 _installed: dict[str, dict[int, weakref.ref]] = {}
+_on_host = 0  # open `exact_on_host` blocks
 
 
 def _users(module_name: str) -> dict[int, weakref.ref]:
@@ -41,6 +52,14 @@ def dispatch(queries, keys, values, cache=None, scale: float = 1.0, mask=None, *
         if sinks is None:
             return attend(queries, keys, values, scale=scale, mask=mask)
         return attend(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+    if (
+        _on_host
+        and not kwargs
+        and isinstance(keys, mx.array)  # a quantized cache hands over (packed, scales, biases)
+        and isinstance(values, mx.array)
+        and host_attention.applies(queries, keys, mask, None)
+    ):
+        return host_attention.attention(queries, keys, values, scale, mask)
     return _ORIGINAL(queries, keys, values, cache=cache, scale=scale, mask=mask, **kwargs)
 
 
@@ -82,3 +101,20 @@ def is_installed(model: nn.Module) -> bool:
 
 install_hooks = install
 uninstall_hooks = uninstall
+
+
+@contextlib.contextmanager
+def exact_on_host(model: nn.Module) -> Iterator[None]:
+    """Within the block, the model's exact multi-token attention over ordinary caches runs in
+    NumPy where `host_attention.applies` (CPU-only MLX, a causal or no mask, float K/V): the
+    same maths, to float32 rounding, without MLX's slow CPU `exp`. On Metal nothing changes."""
+    global _on_host
+    was_installed = any(id(model) in _users(m.__name__) for m in _model_modules(model))
+    install(model)
+    _on_host += 1
+    try:
+        yield
+    finally:
+        _on_host -= 1
+        if not was_installed:
+            uninstall(model)

@@ -40,6 +40,13 @@ class Ranks(OneProcess):
 
         return pipeline_caches(caches, self.stage)
 
+    def feed(self, model: Any, tokens: Any, caches: list) -> None:
+        """One prefill chunk, its output evaluated: the hidden state a rank sends on is part of
+        the output, not of its caches' state, and a peer waits for it."""
+        import mlx.core as mx
+
+        mx.eval(model(mx.array([list(tokens)]), cache=caches))
+
     def records(self, per_slot: list) -> list:
         from .group import gather_json
 

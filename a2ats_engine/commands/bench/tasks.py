@@ -36,7 +36,13 @@ def register(bench: argparse._SubParsersAction) -> None:
     t.add_argument("--methods", default="full,a2ats,window,oracle_topk", help="comma list")
     t.add_argument("--tasks", default=None, help="comma list of tasks (default: all)")
     add_depths_flag(t, "0.1,0.5,0.9")
-    t.add_argument("--seeds", type=int, default=1, help="prompts per task, context and depth")
+    t.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="prompts per task, context and depth (common words, which has no depth: "
+        "seeds x depths lists)",
+    )
     t.add_argument("--haystack", help="filler text file (default: built-in public-domain prose)")
     add_retrieval_flags(t)
     t.add_argument("--trials", action="store_true", help="also list every answer in the JSON")
@@ -61,6 +67,7 @@ def run_tasks(args: argparse.Namespace) -> int:
         haystack, haystack_desc = Path(args.haystack).read_text(encoding="utf-8"), args.haystack
     else:
         haystack, haystack_desc = tk.default_haystack()
+    recorded_haystack = haystack_desc if args.haystack is None else Path(args.haystack).name
     model, tokenizer, info, codebook, desc, config = retrieval_run(args)
     prompts = tk.task_prompts(
         tokenizer, names, parse_list(args.contexts), parse_list(args.depths, float), args.seeds,
@@ -69,14 +76,14 @@ def run_tasks(args: argparse.Namespace) -> int:
     trials = tk.bench_tasks(
         model, tokenizer, prompts, codebook=codebook, config=config, methods=methods,
         progress=stderr_progress(True), journal=Path(args.journal) if args.journal else None,
-        setup=_journal_setup(info.name, codebook, desc, config, haystack_desc, args),
+        setup=_journal_setup(info.name, codebook, desc, config, recorded_haystack),
     )  # fmt: skip
     out = {
         "model": info.name,
         "codebook": Path(desc).name,  # the file name only: paths are machine-specific
         "budget": config.budget,
         "rerank": config.rerank,
-        "haystack": haystack_desc if args.haystack is None else Path(args.haystack).name,
+        "haystack": recorded_haystack,
         "depths": parse_list(args.depths, float),
         "seeds": args.seeds,
         "machine": machine(),
@@ -98,9 +105,7 @@ def run_tasks(args: argparse.Namespace) -> int:
     return 0
 
 
-def _journal_setup(
-    model: str, codebook, desc: str, config, haystack: str, args: argparse.Namespace
-) -> dict:
+def _journal_setup(model: str, codebook, desc: str, config, haystack: str) -> dict:
     """What a journal's answers depend on besides the prompt: a journal written with anything
     else is refused (`bench.tasks.open_journal`). The codebook by name and recipe (its centroids,
     subspaces and calibration tokens), not its bytes: a default codebook rebuilt on another
@@ -113,7 +118,7 @@ def _journal_setup(
             str(codebook.metadata.get("tokens", "")),
         ],
         "config": dataclasses.asdict(config),
-        "haystack": haystack if args.haystack is None else Path(args.haystack).name,
+        "haystack": haystack,
     }  # fmt: skip
     return json.loads(json.dumps(setup))  # as it reads back from the file (lists, not tuples)
 

@@ -161,7 +161,7 @@ def test_bench_tasks_json(tmp_path, capsys):
     for r in rows:
         assert set(r) == {"task", "context", "method", "score", "n"}
         assert r["context"] == 500 and 0.0 <= r["score"] <= 1.0
-        assert r["n"] == (2 if r["task"] == "common_words" else 4)  # seeds x depths
+        assert r["n"] == 4  # seeds x depths; common_words: as many lists
     full = [r for r in data["relative_to_full"] if r["method"] == "full"]
     assert all(r["agrees_with_full"] == 1.0 for r in full)
     assert data["haystack"] == "hay.txt" and data["seeds"] == 2
@@ -173,7 +173,7 @@ def test_bench_tasks_json(tmp_path, capsys):
     assert main([*argv, "--journal", str(journal)]) == 0
     first = json.loads(capsys.readouterr().out)
     lines = journal.read_text().splitlines()
-    assert len(lines) == 1 + 4 * (4 + 4 + 2)  # setup, then methods x prompts (common_words: seeds)
+    assert len(lines) == 1 + 4 * (4 + 4 + 4)  # setup, then methods x prompts
     setup = json.loads(lines[0])["setup"]
     assert setup["model"] == first["model"] and setup["codebook"] == "cb.safetensors"
     assert setup["codebook_recipe"][:3] == [32, 1, 64] and setup["config"]["budget"] == 0.05
@@ -190,7 +190,7 @@ def test_bench_tasks_json(tmp_path, capsys):
         assert main([*argv, "--journal", str(journal)]) == 0
     finally:
         tk.answer_with_methods = real
-    assert len(answered) == 10 - 3
+    assert len(answered) == 12 - 3
     assert json.loads(capsys.readouterr().out)["results"] == first["results"]
     assert len(journal.read_text().splitlines()) == len(lines)
 
@@ -203,14 +203,14 @@ def test_bench_tasks_json(tmp_path, capsys):
     try:
         assert main([*argv, "--journal", str(journal)]) == 0
         assert json.loads(capsys.readouterr().out)["results"] == first["results"]
-        assert len(answered) == 10 - 3
+        assert len(answered) == 12 - 3
         assert len(journal.read_text().splitlines()) == len(lines) + 2
         assert main([*argv, "--journal", str(journal), "--trials"]) == 0
         again = json.loads(capsys.readouterr().out)
-        assert len(answered) == 10 - 3  # nothing left to answer
+        assert len(answered) == 12 - 3  # nothing left to answer
     finally:
         tk.answer_with_methods = real
-    assert again["results"] == first["results"] and len(again["trials"]) == 4 * 10
+    assert again["results"] == first["results"] and len(again["trials"]) == 4 * 12
     journal.write_text(lines[0] + "\n" + '{"task": "x"}\n')
     assert main([*argv, "--journal", str(journal)]) == 1
     assert f"task journal {journal}, line 2: not a task trial" in capsys.readouterr().err

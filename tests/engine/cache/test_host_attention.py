@@ -104,3 +104,42 @@ def test_a_model_prefilled_through_numpy_decodes_as_through_mlx(monkeypatch):
             out = model(ids[:, start : start + 16], cache=cache)
         logits.append(np.array(out[:, -1]))
     np.testing.assert_allclose(logits[0], logits[1], rtol=1e-4, atol=1e-4)
+
+
+def test_a_measured_prefill_runs_its_plain_caches_on_the_host_and_only_there(monkeypatch):
+    """`feed_prompt`, the measurements' shared prefill into mlx-lm's own caches: inside
+    `hooks.exact_on_host` a prefill chunk's attention runs in NumPy (the caches equal MLX's to
+    float32 rounding), a quantized cache's stays with MLX, and afterwards the model is as it was
+    (its ordinary caches go to mlx-lm again)."""
+    from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
+
+    from a2ats_engine.bench.plan_caches import feed_prompt
+    from a2ats_engine.cache import hooks
+
+    model = tiny_model()
+    ids = [int(x) for x in np.random.default_rng(4).integers(0, 200, 40)]
+    calls = []
+    real = host_attention.attention
+    monkeypatch.setattr(host_attention, "enabled", lambda: True)
+    monkeypatch.setattr(
+        host_attention, "attention", lambda *a: calls.append(a[0].shape[2]) or real(*a)
+    )
+    host, ref = make_prompt_cache(model), make_prompt_cache(model)
+    for start in range(0, 40, 16):
+        feed_prompt(model, ids[start : start + 16], host)
+        mx.eval(model(mx.array([ids[start : start + 16]]), cache=ref))
+    assert calls == [n for n in (16, 16, 8) for _ in model.layers]  # every layer and chunk
+    for h, r in zip(host, ref, strict=True):
+        assert h.offset == r.offset == 40
+        for a, b in zip(h.state, r.state, strict=True):
+            np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-4, atol=1e-4)
+    # the model was hooked for the prefill only (its module may stay hooked for other models)
+    assert id(model) not in hooks._users(type(model).__module__)
+
+    calls.clear()
+    q, k, v = _inputs(1, 4, 2, 8, 8)
+    quantized = QuantizedKVCache(group_size=32, bits=8)
+    with hooks.exact_on_host(model):  # packed K/V (a tuple): MLX's quantized attention
+        keys, values = quantized.update_and_fetch(k, v)
+        out = hooks.dispatch(q, keys, values, cache=quantized, scale=0.2, mask="causal")
+    assert calls == [] and out.shape == q.shape
