@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from . import _limits as limits
 from ._bench_common import command_line
@@ -95,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     geo = model_geometry(model)
     entry, timings = measure_crossover(
         model, info.name, contexts, steps=steps, repeats=repeats, config=config,
-        codebook=codebook, codebook_desc=codebook_desc, measured_on=machine(),
+        codebook=codebook, measured_on=machine(),
+        codebook_desc=codebook_desc if codebook is None else Path(codebook_desc).name,
         progress=stderr_progress(not args.json),
     )  # fmt: skip
     decision = xo.Decision(entry["exact_below"], entry["never"])

@@ -185,7 +185,8 @@ def tiny_folder(tmp_path_factory):
 ARGV = ["--contexts", "300,150", "--steps", "2", "--repeats", "2"]
 
 
-def test_cli_dry_run_measures_and_writes_nothing(tiny_folder, table, capsys):
+@pytest.mark.filterwarnings("ignore:codebook records no model fingerprint")  # a random book
+def test_cli_dry_run_measures_and_writes_nothing(tiny_folder, table, capsys, tmp_path):
     assert main(["crossover", str(tiny_folder), *ARGV, "--dry-run", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["command"] == shlex.join(["a2ats", "crossover", str(tiny_folder), *ARGV,
@@ -197,6 +198,11 @@ def test_cli_dry_run_measures_and_writes_nothing(tiny_folder, table, capsys):
     assert (out["layers"], out["kv_heads"], out["head_dim"]) == (2, 2, 64)
     assert out["exact_below"] in (150, 300, 301)
     assert out["never"] == (out["exact_below"] == 301)
+    book = tmp_path / "book.safetensors"
+    Codebook.random(2, 2, 64, 16, seed=0).save(book)
+    assert main(["crossover", str(tiny_folder), *ARGV, "--codebook", str(book), "--dry-run",
+                 "--json"]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["codebook"] == "book.safetensors"  # not its path
     assert main(["crossover", str(tiny_folder), *ARGV, "--dry-run"]) == 0
     text = capsys.readouterr().out
     assert re.search(r"^crossover: .*\(exact_below = \d+\)$", text, re.M)
