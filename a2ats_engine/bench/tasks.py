@@ -385,18 +385,16 @@ def task_prompts(
     seeds: int,
     haystack: str,
 ) -> list[TaskPrompt]:
-    """Every (task, context, depth, seed) prompt. common_words has no depth: it gets as many
-    lists as every other task gets prompts (seeds 0 to seeds x depths - 1, at depth 0.5), so
-    each task is scored on the same number of prompts."""
+    """Every (task, context, depth, seed) prompt. common_words has no depth: as many lists as
+    every other task has prompts (seeds 0 to seeds x depths - 1, at depth 0.5)."""
     if seeds < 1:
         raise ValueError(f"seeds={seeds} is out of range: must be >= 1")
     sentences, enc = haystack_sentences(haystack), Encoder(tokenizer)
     out = []
     for task in tasks:
+        cells = [(depth, seed) for seed in range(seeds) for depth in depths]
         if task == "common_words":
-            cells = [(0.5, seed) for seed in range(seeds * len(depths))]
-        else:
-            cells = [(depth, seed) for seed in range(seeds) for depth in depths]
+            cells = [(0.5, seed) for seed in range(len(cells))]
         for context in contexts:
             for depth, seed in cells:
                 out.append(make_prompt(tokenizer, task, context, depth, seed, sentences, enc))
