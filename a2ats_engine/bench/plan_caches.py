@@ -39,9 +39,9 @@ def feed_prompt(model: nn.Module, tokens: list[int], caches: list) -> None:
     exact prefill, which is most of a long-context task's time on a CPU:
 
     - only the caches' state is evaluated, as mlx-lm's `generate_step` prefills: the chunk's
-      logits are never computed (the vocabulary projection is most of a small model's
-      prefill: about two fifths of Gemma 3 270M's at 4K, 262,144 words), nor the last layer's
-      attention output and MLP;
+      logits are never computed (a small model's vocabulary projection is a large share of
+      its prefill: about two fifths of Gemma 3 270M's at 4K, 262,144 words), nor the last
+      layer's attention output and MLP;
     - on CPU-only MLX the exact attention runs in NumPy (`hooks.exact_on_host`), as an A2ATS
       layer's prefill does: MLX's CPU `exp` makes the demo's 8K prefill several times slower.
     """
