@@ -43,8 +43,8 @@ def feed_prompt(model: nn.Module, tokens: list[int], caches: list) -> None:
       its prefill: about two fifths of Gemma 3 270M's at 4K, 262,144 words), nor the last
       layer's attention output and MLP;
     - on CPU-only MLX the exact attention runs in NumPy (`hooks.exact_on_host`), as an A2ATS
-      layer's prefill does, without MLX's slow CPU `exp` (the demo at 4K, 2-core host, other
-      work beside it: 72.5 and 74.7 s against MLX's 83.3 and 96.5 s, taking turns).
+      layer's prefill does, without MLX's slow CPU `exp` (the rest of a chunk stays in MLX, so
+      the prefill gains less than its attention does).
     """
     with hooks.exact_on_host(model):
         model(mx.array([list(tokens)]), cache=caches)
