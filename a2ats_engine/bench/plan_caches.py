@@ -40,8 +40,8 @@ def feed_prompt(model: nn.Module, tokens: list[int], caches: list) -> None:
 
     - only the caches' state is evaluated, as mlx-lm's `generate_step` prefills: the chunk's
       logits are never computed (a small model's vocabulary projection is a large share of
-      its prefill: about two fifths of Gemma 3 270M's at 4K, 262,144 words), nor the last
-      layer's attention output and MLP;
+      its prefill: Gemma 3 270M's has 262,144 words), nor the last layer's attention output
+      and MLP;
     - on CPU-only MLX the exact attention runs in NumPy (`hooks.exact_on_host`), as an A2ATS
       layer's prefill does, without MLX's slow CPU `exp` (the rest of a chunk stays in MLX, so
       the prefill gains less than its attention does).
