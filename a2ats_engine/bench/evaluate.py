@@ -93,7 +93,7 @@ class OneProcess:
 
     def feed(self, model: nn.Module, tokens: Sequence[int], caches: list) -> None:
         """One prefill chunk into `caches`: only their state is evaluated (`feed_prompt`)."""
-        feed_prompt(model, list(tokens), caches)
+        feed_prompt(model, tokens, caches)
 
     def records(self, per_slot: list[StepRecord | None]) -> list[StepRecord | None]:
         return per_slot

@@ -21,6 +21,7 @@ a scrambled ring (rotated order, the wrong positions) on every sliding layer.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
@@ -34,7 +35,7 @@ if TYPE_CHECKING:  # an annotation only: methods.py builds the copies with this 
     from .methods import MethodSpec
 
 
-def feed_prompt(model: nn.Module, tokens: list[int], caches: list) -> None:
+def feed_prompt(model: nn.Module, tokens: Sequence[int], caches: list) -> None:
     """Run `tokens` through `model` into `caches` (one prefill chunk), the measurements' shared
     exact prefill, which is most of a long-context task's time on a CPU:
 

@@ -21,7 +21,6 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import base as _base
 
@@ -55,10 +54,9 @@ def dispatch(queries, keys, values, cache=None, scale: float = 1.0, mask=None, *
     if (
         _on_host
         and not kwargs
-        and isinstance(keys, mx.array)  # a quantized cache hands over (packed, scales, biases)
-        and isinstance(values, mx.array)
+        and not hasattr(cache, "bits")  # mlx-lm's own test for packed (quantized) K/V
         and host_attention.applies(queries, keys, mask, None)
-    ):
+    ):  # as `attention.exact_attention` does (importing it here would close an import cycle)
         return host_attention.attention(queries, keys, values, scale, mask)
     return _ORIGINAL(queries, keys, values, cache=cache, scale=scale, mask=mask, **kwargs)
 

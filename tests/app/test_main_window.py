@@ -668,7 +668,7 @@ def test_keyboard_shortcuts(make_window, qtbot, monkeypatch, tmp_path):
     QTest.keyClick(window, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
     assert window.controller.current.id != first and window.controller.current.messages == []
     backend.delay = 0.02
-    backend.reply_fn = lambda m: "q" * 5000  # 100 s: only the shortcut can end it in 10 s
+    backend.reply_fn = lambda m: "q" * 5000  # far past the 10 s wait: only the shortcut ends it
     window.send("long one")
     qtbot.waitUntil(lambda: streamed(window) >= 2, timeout=10000)
     with qtbot.waitSignal(window.reply_finished, timeout=10000) as blocker:
