@@ -1153,6 +1153,7 @@ def readme_summary(d: dict[str, dict]) -> str:
         found.setdefault(t["method"], []).append(t["correct"])
     n_pk = len(found["full"])
     mean4k = _task_means(tasks)
+    mean8k = _task_means(d["tasks_8k"])
     gem_tasks = _task_means(d["gemma_tasks"])
     gem_tasks_8k = _task_means(d["gemma_tasks_8k"])
     v2 = {(r["context"], r["method"]): r["speed_vs_full"] for r in d["speed"]["results"]}
@@ -1189,8 +1190,9 @@ def readme_summary(d: dict[str, dict]) -> str:
         f"| Does it find what full attention finds? | passkey {sum(found['a2ats'])}/{n_pk} "
         f"like full attention's {sum(found['full'])}/{n_pk} (window {sum(found['window'])}/{n_pk});"
         f" RULER-style tasks at {_k(tasks['results'][0]['context'])}, mean score full "
-        f"{mean4k['full']:.2f}, A2ATS {mean4k['a2ats']:.2f}, window {mean4k['window']:.2f} "
-        "| 1. Quality |",
+        f"{mean4k['full']:.2f}, A2ATS {mean4k['a2ats']:.2f}, window {mean4k['window']:.2f}; at "
+        f"{_k(d['tasks_8k']['results'][0]['context'])} full {mean8k['full']:.2f}, A2ATS "
+        f"{mean8k['a2ats']:.2f}, window {mean8k['window']:.2f} | 1. Quality |",
         f"| How fast does it decode? | vs mlx-lm's KVCache on a 2-core AMD EPYC host, with the "
         f"crossover measured there: {amd_below}, "
         f"**{amd[(amd_ctx[-1], 'a2ats')]:.2f}x** at {_k(amd_ctx[-1])} (retrieving from the first "
@@ -1400,6 +1402,12 @@ HISTORY = {
         "512-centroid VQ over the 256 dims): pooled recall 0.767, 0.91 of oracle_topk's, "
         "perplexity 1.084x full",
     ),
+    "tasks_8k_1prompt.json": (
+        "2026-12-01",
+        "`a2ats bench tasks --contexts 8192 --methods full,a2ats,window,oracle_topk --depths 0.5 "
+        "--seeds 1 --budget 0.03 --trials --json`: one prompt per task at 8K; mean score full "
+        "0.41, a2ats 0.24, window 0.00, oracle_topk 0.38",
+    ),
     "tasks_4k_2prompts.json": (
         "2026-12-01",
         "`a2ats bench tasks --contexts 4096 --methods full,a2ats,window,oracle_topk --depths 0.5 "
@@ -1517,7 +1525,7 @@ def blocks() -> dict[str, str]:
         out["distributed"] = distributed_table(dist)
     summary = {
         "eval": "eval_4k_b003.json", "texts": "eval_4k_texts.json", "passkey": "passkey.json",
-        "tasks": "tasks.json", "speed": "decode_v2.json", "speed_amd": "decode_amd_epyc.json",
+        "tasks": "tasks.json", "tasks_8k": "tasks_8k.json", "speed": "decode_v2.json", "speed_amd": "decode_amd_epyc.json",
         "prefill": "prefill.json",
         "memory": "memory.json", "cold": "cold_tier_qwen3.json",
         "texts_8k": "eval_8k_texts.json",
