@@ -1402,6 +1402,12 @@ HISTORY = {
         "512-centroid VQ over the 256 dims): pooled recall 0.767, 0.91 of oracle_topk's, "
         "perplexity 1.084x full",
     ),
+    "openblas_threads_1k.json": (
+        "2026-12-04",
+        "`[OPENBLAS_NUM_THREADS=1] a2ats bench decode --contexts 1024 --steps 16 --repeats 3 "
+        "--methods full,a2ats_eb0 --json`, default threads, one thread, default again: "
+        "a2ats_eb0 / full 0.74x, 0.72x, 0.74x (KVCache 16.1, 13.8, 17.1 tok/s)",
+    ),
     "tasks_8k_1prompt.json": (
         "2026-12-01",
         "`a2ats bench tasks --contexts 8192 --methods full,a2ats,window,oracle_topk --depths 0.5 "
