@@ -1513,6 +1513,7 @@ def blocks() -> dict[str, str]:
         ("texts-estimate-4k", "eval_4k_texts_estimate.json", texts_table),
         ("gemma-texts-8k", "eval_gemma3_270m_8k_texts.json", model_texts_table),
         ("gemma-texts-estimate-4k", "eval_gemma3_270m_4k_texts_estimate.json", model_texts_table),
+        ("gemma-texts-estimate-8k", "eval_gemma3_270m_8k_texts_estimate.json", model_texts_table),
     )
     for key, fname, fn in simple:
         if (data := _load(fname)) is not None:
