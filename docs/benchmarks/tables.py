@@ -1533,7 +1533,8 @@ def blocks() -> dict[str, str]:
         out["distributed"] = distributed_table(dist)
     summary = {
         "eval": "eval_4k_b003.json", "texts": "eval_4k_texts.json", "passkey": "passkey.json",
-        "tasks": "tasks.json", "tasks_8k": "tasks_8k.json", "speed": "decode_v2.json", "speed_amd": "decode_amd_epyc.json",
+        "tasks": "tasks.json", "tasks_8k": "tasks_8k.json",
+        "speed": "decode_v2.json", "speed_amd": "decode_amd_epyc.json",
         "prefill": "prefill.json",
         "memory": "memory.json", "cold": "cold_tier_qwen3.json",
         "texts_8k": "eval_8k_texts.json",
