@@ -232,9 +232,16 @@ METHODS: dict[str, Method] = {
         Method(
             "a2ats_estimate",
             BUDGET,
-            "A2ATS with estimate_missed on: the far tokens not retrieved enter the softmax "
-            "through their (bucket, code) slot estimate",
-            knobs={"estimate_missed": True},
+            "A2ATS with estimate_missed on, each (bucket, code) slot scored by its centroid "
+            "(estimate_scores centroid: the estimate as recorded before 2026-12-04)",
+            knobs={"estimate_missed": True, "estimate_scores": "centroid"},
+        ),
+        Method(
+            "a2ats_estimate_mean",
+            BUDGET,
+            "A2ATS with estimate_missed on, each slot scored by the mean of its own keys "
+            "(estimate_scores mean, the estimate's default) instead of its centroid",
+            knobs={"estimate_missed": True, "estimate_scores": "mean"},
         ),
         Method(
             "a2ats_auto",
@@ -418,10 +425,11 @@ def _mlx_lm_copy(method: Method, head_dim: int) -> Callable[[Any], Any]:
 # a2ats, a2ats_kv4, a2ats_rr2 (rerank 2), a2ats_rr2g (candidates shared by the GQA group),
 # a2ats_kv4_rr2, a2ats_cov90 (coverage 0.9: adaptive budget per head), a2ats_eb0 (exact_below
 # 0: retrieval from the start, the crossover probe),
-# a2ats_noest (estimate_missed off), a2ats_telemetry, ...
+# a2ats_noest (estimate_missed off), a2ats_est / a2ats_estm (on; estm: estimate_scores mean),
+# a2ats_telemetry, ...
 _DECODE_VARIANT = re.compile(
     r"a2ats(?:_kv(?P<bits>4|8))?(?:_rr(?P<rerank>\d+)(?P<shared>g)?)?(?:_cov(?P<coverage>\d\d))?"
-    r"(?:_eb(?P<exact_below>\d+))?(?:_(?P<estimate>est|noest))?(?P<telemetry>_telemetry)?"
+    r"(?:_eb(?P<exact_below>\d+))?(?:_(?P<estimate>estm|est|noest))?(?P<telemetry>_telemetry)?"
 )
 
 
@@ -444,7 +452,9 @@ def decode_variant_knobs(name: str) -> dict[str, Any] | None:
     if match["exact_below"]:
         knobs["exact_below"] = int(match["exact_below"])
     if match["estimate"]:
-        knobs["estimate_missed"] = match["estimate"] == "est"
+        knobs["estimate_missed"] = match["estimate"] != "noest"
+        if knobs["estimate_missed"]:  # est: centroid slot scores (as recorded), estm: mean keys
+            knobs["estimate_scores"] = "mean" if match["estimate"] == "estm" else "centroid"
     if match["telemetry"]:
         knobs["telemetry"] = True
     return knobs

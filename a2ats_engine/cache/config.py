@@ -8,6 +8,8 @@ from typing import Any
 
 from ..validation import check_int, from_known_fields
 
+ESTIMATE_SCORES = ("centroid", "mean")  # how `estimate_missed` scores a (bucket, code) slot
+
 
 def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
     check_int("A2ATSConfig", name, value, lo, hi)
@@ -39,15 +41,22 @@ class A2ATSConfig:
                   keeps a cosine >= c with the query it was made for (next step only; one host
                   sync per layer and step for the test).
     estimate_missed: fold the far tokens that were not retrieved into the softmax through
-                  their centroid scores: per (distance bucket, code) slot the cache keeps the
-                  token count and value sum, and each step adds `n_c exp(s_c)` to the
-                  denominator and `exp(s_c) V_c` to the numerator (minus the retrieved tokens'
-                  share). Output error 0.086 -> 0.059 (below oracle top-K's 0.065), ppl
-                  1.024x -> 1.015x full at 4K / budget 0.03 on the demo model; off by
+                  their slots: per (distance bucket, code) slot the cache keeps the token count
+                  and value sum, and each step adds `n_c exp(s_c)` to the denominator and
+                  `exp(s_c) V_c` to the numerator (minus the retrieved tokens' share), s_c the
+                  slot's score (`estimate_scores`). Output error 0.105 -> 0.049 (below oracle
+                  top-K's 0.077), ppl 1.025x -> 1.009x full at 4K / budget 0.03 on the demo
+                  model (three texts pooled, slots scored by their mean keys); off by
                   default. In the host step it costs about 6% of a retrieval step's speed
                   (docs/benchmarks/decode_estimate_host_step.json, docs/BENCHMARKS.md
                   section 2). Needs a full-dimension codebook (sub_dim = head_dim):
                   with a product-VQ codebook the cache warns and runs without it.
+    estimate_scores: how `estimate_missed` scores a slot. "centroid": the step's lookup
+                  table (the query rotated to the bucket's distance, against the centroid).
+                  "mean": the query against the mean of the slot's own post-RoPE keys (the
+                  cache keeps their sum beside the value sum), which is the slot's exact mean
+                  score: no codebook or distance error, only the spread of the scores within
+                  the slot; twice the per-slot memory and one more small product a step.
     coverage:     None = every query head keeps its K far tokens; p in (0, 1) = an adaptive
                   budget: of the rerank's candidates (exact scores) each head keeps the fewest
                   of its best K whose softmax mass covers p of all candidates' mass, at least
@@ -99,6 +108,7 @@ class A2ATSConfig:
     rerank_shared: bool = False
     reuse_selection: float | None = None
     estimate_missed: bool = False
+    estimate_scores: str = "mean"
     exact_below: int | None = None
     coverage: float | None = None
     coverage_floor: int = 16
@@ -172,6 +182,11 @@ class A2ATSConfig:
         if not isinstance(self.estimate_missed, bool):
             raise ValueError(
                 f"A2ATSConfig.estimate_missed={self.estimate_missed!r} must be True or False"
+            )
+        if self.estimate_scores not in ESTIMATE_SCORES:
+            raise ValueError(
+                f"A2ATSConfig.estimate_scores={self.estimate_scores!r} must be one of "
+                f"{', '.join(ESTIMATE_SCORES)}"
             )
         if not isinstance(self.telemetry, bool):
             raise ValueError(f"A2ATSConfig.telemetry={self.telemetry!r} must be True or False")

@@ -85,7 +85,7 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
         missed = timed(
             layer,
             "estimate",
-            lambda: missed_sums(retrieval, cache, lay, codes, v_np),
+            lambda: missed_sums(retrieval, cache, lay, codes, v_np, k_np),
         )
     candidates = min(cfg.rerank * lay.k, lay.n_far) if cache.reranks else lay.k
     retrieval.budget_used = None
@@ -112,9 +112,13 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
         if not missed:
             return attention(q, k_sel, v_sel, repeat, scale, sink_logits)
         counts, sums = missed
+        slot_table = tables_np
+        if cache.config.estimate_scores == "mean":  # sums: values, then keys
+            slot_table = mean_scores(q, counts, sums[..., d:])
+            sums = sums[..., :d]
         slots = selected_slots(codes, positions, cache, lay)
         out, share = attention_with_estimate(
-            q, k_sel, v_sel, repeat, scale, sink_logits, tables_np, counts, sums,
+            q, k_sel, v_sel, repeat, scale, sink_logits, slot_table, counts, sums,
             slots, (positions >= lay.n_sinks) & (positions < lay.window_start) & ~repeat,
         )  # fmt: skip
         retrieval.missed_share = mx.array(share)
@@ -255,11 +259,23 @@ def attention_with_estimate(
     return (p @ v + est_num) / den[..., None], est_den / den
 
 
-def missed_sums(retrieval: Retrieval, cache: A2ATSCache, lay: att.Layout, codes, values):
+def mean_scores(q: np.ndarray, counts: np.ndarray, key_sums: np.ndarray) -> np.ndarray:
+    """Each slot's mean score (`estimate_scores="mean"`): q [B, n_kv, G, d] float32 against the
+    mean of the slot's post-RoPE keys (key_sums [B, n_kv, slots, d] over counts
+    [B, n_kv, slots]) -> [B, n_kv, G, slots] unscaled, -inf for an empty slot."""
+    scores = _scores(q, key_sums) / np.maximum(counts, 1.0)[:, :, None, :]  # G x slots divisions
+    return np.where(counts[:, :, None, :] > 0, scores, np.float32(-np.inf))
+
+
+def missed_sums(retrieval: Retrieval, cache: A2ATSCache, lay: att.Layout, codes, values, keys):
     """The far region's per-slot token counts [B, n_kv, slots] and value sums
     [B, n_kv, slots, d] (float32 NumPy) at this step: the held ones moved in place by the few
     tokens that changed slot since the last step (`Retrieval.missed_moves`), else rebuilt from
-    the codes [B, n_kv, capacity, 1] and values [B, n_kv, capacity, d] the step read."""
+    the codes [B, n_kv, capacity, 1] and values [B, n_kv, capacity, d] the step read. With
+    `estimate_scores="mean"` each slot's row is its values' sum then its keys' sum (keys
+    [B, n_kv, capacity, d], post-RoPE): [B, n_kv, slots, 2 d]."""
+    if cache.config.estimate_scores == "mean":
+        values = _RowPair(values, keys)
     held = retrieval.host_missed
     moves = retrieval.missed_moves(cache, lay, None if held is None else held[0])
     C = cache.codebook.n_centroids
@@ -274,7 +290,7 @@ def missed_sums(retrieval: Retrieval, cache: A2ATSCache, lay: att.Layout, codes,
             if lower_edges is not None:
                 ends = (lay.n, lay.n_sinks, lay.window_start)
                 slots += C * np.asarray(att.bucket_ids(*ends, lower_edges))
-            rows = values[:, :, lay.n_sinks : lay.window_start].astype(np.float32)
+            rows = values[:, :, lay.n_sinks : lay.window_start]
             for b in range(B):
                 for h in range(n_kv):
                     counts[b, h] = np.bincount(slots[b, h], minlength=cache.n_slots)
@@ -286,7 +302,21 @@ def missed_sums(retrieval: Retrieval, cache: A2ATSCache, lay: att.Layout, codes,
                 for h in range(n_kv):
                     slot = int(codes[b, h, p, 0]) + bucket * C
                     counts[b, h, slot] += w
-                    sums[b, h, slot] += np.float32(w) * values[b, h, p].astype(np.float32)
+                    sums[b, h, slot] += np.float32(w) * values[b, h, p]
     retrieval.host_missed = (lay.n, counts, sums)
     retrieval.missed_sums, retrieval.missed_n = None, None  # the MLX sums no longer follow
     return counts, sums
+
+
+class _RowPair:
+    """Values and keys side by side, as one array of rows [..., 2 d] float32 where a
+    `missed_sums` slot sums both (indexing returns the concatenated rows, no full copy)."""
+
+    def __init__(self, values: np.ndarray, keys: np.ndarray) -> None:
+        self.values, self.keys = values, keys
+        self.shape = (*values.shape[:-1], 2 * values.shape[-1])
+
+    def __getitem__(self, index) -> np.ndarray:
+        return np.concatenate(
+            [self.values[index].astype(np.float32), self.keys[index].astype(np.float32)], axis=-1
+        )

@@ -260,6 +260,9 @@ class Retrieval:
         pos = mx.broadcast_to(positions.astype(mx.int32), (B, n_kv, positions.shape[0]))
         codes = mx.take(cache.codes[..., 0], positions.astype(mx.int32), axis=2)  # [B, n_kv, r]
         rows = cache.rows.gather(VALUES, pos)  # [B, n_kv, r, d]
+        if cache.config.estimate_scores == "mean":  # a slot sums its keys too: [.., 2 d]
+            keys = cache.rows.gather(KEYS, pos).astype(mx.float32)
+            rows = mx.concatenate([rows.astype(mx.float32), keys], axis=-1)
         slots = att.slots_of(codes, buckets, cache.codebook.n_centroids)
         return att.slot_sums(slots, rows, weights, cache.n_slots)
 
@@ -323,7 +326,17 @@ class Retrieval:
         positions / repeat: [B, n_kv, M] as the top-K strategy's `select` returns them.
         """
         self._sync_missed(cache, lay)
-        tables = self.slot_scores(cache, queries, lay)  # [B, n_kv, G, slots]
+        counts, sums = self.missed_sums
+        if cache.config.estimate_scores == "mean":  # the slot's mean key: its exact mean score
+            B, n_q, _, d = queries.shape
+            group = queries.reshape(B, counts.shape[1], n_q // counts.shape[1], d)
+            tables = group.astype(mx.float32) @ sums[..., d:].swapaxes(
+                -1, -2
+            )  # [B, n_kv, G, slots]
+            tables = tables / mx.maximum(counts, 1.0)[:, :, None, :]
+            sums = sums[..., :d]
+        else:
+            tables = self.slot_scores(cache, queries, lay)  # [B, n_kv, G, slots]
         B, n_kv, G, _ = tables.shape
         M = positions.shape[-1]
         codes = gather_rows(cache.codes[..., :1], positions, RowStorage())[..., 0]
@@ -336,7 +349,6 @@ class Retrieval:
             slots = slots + bucket * cache.codebook.n_centroids
         index = mx.broadcast_to(slots[:, :, None, :], (B, n_kv, G, M))
         far = (positions >= lay.n_sinks) & (positions < lay.window_start) & ~repeat
-        counts, sums = self.missed_sums
         return att.MissedEstimate(
             tables, counts, sums, mx.take_along_axis(tables, index, axis=-1), far
         )

@@ -204,9 +204,9 @@ class SettingsDialog(QDialog):
         self.estimate_missed.setChecked(cache.config.estimate_missed)
         self.estimate_missed.setToolTip(
             "Folds the far tokens that were not retrieved into the softmax through their codebook "
-            "slots: perplexity 1.024x -> 1.015x full at 4K on the demo model, but an 8K decode "
-            "step drops from 1.22x to 0.81x of full attention's speed on a 2-core CPU "
-            "(docs/BENCHMARKS.md section 2). Inspector > Fidelity shows the estimated mass."
+            "slots, each scored by the mean of its own keys: perplexity 1.025x -> 1.009x full "
+            "at 4K on the demo model (three texts), for a slower retrieval step "
+            "(docs/BENCHMARKS.md sections 1 and 2). Inspector > Fidelity shows the estimated mass."
         )
         self.kv_bits = QComboBox()
         self.kv_bits.setAccessibleName("Stored K/V precision")

@@ -684,6 +684,32 @@ def estimate_speed_table(data: dict) -> str:
     return "\n".join(rows)
 
 
+def estimate_scores_speed_table(data: dict) -> str:
+    """`a2ats bench decode --methods full,a2ats_eb0,a2ats_eb0_est,a2ats_eb0_estm`: retrieval
+    from the first step without the estimate, with centroid slot scores and with mean ones."""
+    by, contexts = _by_method_and_context(data)
+    rows = [
+        _interleaved_note(data),
+        "",
+        "| context | KVCache tok/s | retrieval / KVCache (spread) | estimate, centroid slots "
+        "| estimate, mean slots | centroid / without | mean / without |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n in contexts:
+        full, plain = by[("full", n)], by[("a2ats_eb0", n)]
+        cent, mean = by[("a2ats_eb0_est", n)], by[("a2ats_eb0_estm", n)]
+        cells = []
+        for r in (plain, cent, mean):
+            lo, hi = r["ratio_spread"]
+            cells.append(f"{r['ratio_median']:.2f}x ({lo:.2f}-{hi:.2f})")
+        rows.append(
+            f"| {n:,} | {full['tokens_per_s']:.2f} | {' | '.join(cells)} | "
+            f"{cent['ratio_median'] / plain['ratio_median']:.2f} | "
+            f"{mean['ratio_median'] / plain['ratio_median']:.2f} |"
+        )
+    return "\n".join(rows)
+
+
 def shadow_cost_table(data: dict) -> str:
     """`a2ats bench decode ... --methods full,a2ats,a2ats_telemetry` below the crossover: what
     the inspector costs while it is visible (telemetry with the shadow selection every step)."""
@@ -1509,11 +1535,19 @@ def blocks() -> dict[str, str]:
         ("speed-amd", "decode_amd_epyc.json", host_speed_table),
         ("speed-gemma", "decode_gemma3_270m.json", host_speed_table),
         ("estimate-speed", "decode_estimate_host_step.json", estimate_speed_table),
+        ("estimate-scores-speed", "decode_estimate_scores.json", estimate_scores_speed_table),
         ("texts-8k", "eval_8k_texts.json", texts_table),
         ("texts-estimate-4k", "eval_4k_texts_estimate.json", texts_table),
+        ("texts-estimate-mean-4k", "eval_4k_texts_estimate_mean.json", texts_table),
+        ("texts-estimate-mean-8k", "eval_8k_texts_estimate_mean.json", texts_table),
         ("gemma-texts-8k", "eval_gemma3_270m_8k_texts.json", model_texts_table),
         ("gemma-texts-estimate-4k", "eval_gemma3_270m_4k_texts_estimate.json", model_texts_table),
         ("gemma-texts-estimate-8k", "eval_gemma3_270m_8k_texts_estimate.json", model_texts_table),
+        (
+            "gemma-texts-estimate-mean-4k",
+            "eval_gemma3_270m_4k_texts_estimate_mean.json",
+            model_texts_table,
+        ),
     )
     for key, fname, fn in simple:
         if (data := _load(fname)) is not None:
