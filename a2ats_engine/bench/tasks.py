@@ -54,7 +54,7 @@ TASKS = (
     "common_words",
 )
 TASK_METHODS = ("full", "kv8", "kv4", "window", "a2ats", "oracle_topk", "a2ats_paper",
-                "a2ats_no_rerank")  # fmt: skip
+                "a2ats_no_rerank", "a2ats_estimate", "a2ats_estimate_mean")  # fmt: skip
 DEFAULT_METHODS = ("full", "a2ats", "window", "oracle_topk")
 DEFAULT_DEPTHS = (0.1, 0.5, 0.9)
 # answer length per task: enough tokens for every reference with a typical BPE tokenizer

@@ -47,9 +47,9 @@ class A2ATSConfig:
                   slot's score (`estimate_scores`). Output error 0.105 -> 0.049 (below oracle
                   top-K's 0.077), ppl 1.025x -> 1.009x full at 4K / budget 0.03 on the demo
                   model (three texts pooled, slots scored by their mean keys); off by
-                  default. In the host step it costs about 6% of a retrieval step's speed
-                  (docs/benchmarks/decode_estimate_host_step.json, docs/BENCHMARKS.md
-                  section 2). Needs a full-dimension codebook (sub_dim = head_dim):
+                  default. In the host step it costs about 21% of a retrieval step's speed
+                  at 8K with mean slot scores (docs/benchmarks/decode_estimate_scores.json,
+                  docs/BENCHMARKS.md section 2). Needs a full-dimension codebook (sub_dim = head_dim):
                   with a product-VQ codebook the cache warns and runs without it.
     estimate_scores: how `estimate_missed` scores a slot. "centroid": the step's lookup
                   table (the query rotated to the bucket's distance, against the centroid).

@@ -205,8 +205,9 @@ class SettingsDialog(QDialog):
         self.estimate_missed.setToolTip(
             "Folds the far tokens that were not retrieved into the softmax through their codebook "
             "slots, each scored by the mean of its own keys: perplexity 1.025x -> 1.009x full "
-            "at 4K on the demo model (three texts), for a slower retrieval step "
-            "(docs/BENCHMARKS.md sections 1 and 2). Inspector > Fidelity shows the estimated mass."
+            "at 4K on the demo model (three texts), for a slower retrieval step (about 21% "
+            "at 8K on a 2-core CPU) and larger per-slot sums (docs/BENCHMARKS.md sections 1 and "
+            "2). Inspector > Fidelity shows the estimated mass."
         )
         self.kv_bits = QComboBox()
         self.kv_bits.setAccessibleName("Stored K/V precision")

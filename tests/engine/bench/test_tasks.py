@@ -254,3 +254,26 @@ def test_the_tasks_command_records_a_model_fetched_by_name():
         "a2ats bench tasks --contexts 4096 --methods full,a2ats --depths 0.5 --seeds 1 "
         "--budget 0.03 --codebook g.safetensors --model gemma3-270m --trials --json"
     )
+
+
+def test_the_missed_attention_estimate_answers_tasks_too():
+    """Both estimates (centroid and mean slot scores) are task methods: each answers from the
+    same exact prefill, beside full and plain a2ats."""
+    import mlx.core as mx
+    from tiny import made_for, tiny_model
+
+    from a2ats_engine.cache.config import A2ATSConfig
+    from a2ats_engine.cache.geometry import model_geometry
+
+    assert {"a2ats_estimate", "a2ats_estimate_mean"} <= set(tk.TASK_METHODS)
+    model = tiny_model("llama")
+    geo = model_geometry(model)
+    book = made_for(model, Codebook.random(geo.num_layers, geo.num_kv_heads, geo.head_dim, 32))
+    ids = [int(i) for i in mx.random.randint(3, 200, (300,), key=mx.random.key(0)).tolist()]
+    methods = ("full", "a2ats", "a2ats_estimate", "a2ats_estimate_mean")
+    config = A2ATSConfig(window=16, sinks=4, budget=8, exact_below=0)
+    answers = tk.answer_with_methods(
+        model, ids, methods, codebook=book, config=config, answer_tokens=3
+    )
+    assert list(answers) == list(methods)
+    assert all(len(tokens) == 3 for tokens, _ in answers.values())
