@@ -274,15 +274,15 @@ def missed_sums(retrieval: Retrieval, cache: A2ATSCache, lay: att.Layout, codes,
     the codes [B, n_kv, capacity, 1] and values [B, n_kv, capacity, d] the step read. With
     `estimate_scores="mean"` each slot's row is its values' sum then its keys' sum (keys
     [B, n_kv, capacity, d], post-RoPE): [B, n_kv, slots, 2 d]."""
-    if cache.config.estimate_scores == "mean":
-        values = _RowPair(values, keys)
+    if cache.config.estimate_scores != "mean":
+        keys = None
     held = retrieval.host_missed
     moves = retrieval.missed_moves(cache, lay, None if held is None else held[0])
     C = cache.codebook.n_centroids
     _, lower_edges = cache.buckets
     B, n_kv = codes.shape[:2]
     if moves is None:
-        d = values.shape[-1]
+        d = values.shape[-1] * (1 if keys is None else 2)
         counts = np.zeros((B, n_kv, cache.n_slots), np.float32)
         sums = np.zeros((B, n_kv, cache.n_slots, d), np.float32)
         if lay.n_far:
@@ -290,7 +290,7 @@ def missed_sums(retrieval: Retrieval, cache: A2ATSCache, lay: att.Layout, codes,
             if lower_edges is not None:
                 ends = (lay.n, lay.n_sinks, lay.window_start)
                 slots += C * np.asarray(att.bucket_ids(*ends, lower_edges))
-            rows = values[:, :, lay.n_sinks : lay.window_start]
+            rows = _summed_rows(values, keys, np.s_[:, :, lay.n_sinks : lay.window_start])
             for b in range(B):
                 for h in range(n_kv):
                     counts[b, h] = np.bincount(slots[b, h], minlength=cache.n_slots)
@@ -302,21 +302,16 @@ def missed_sums(retrieval: Retrieval, cache: A2ATSCache, lay: att.Layout, codes,
                 for h in range(n_kv):
                     slot = int(codes[b, h, p, 0]) + bucket * C
                     counts[b, h, slot] += w
-                    sums[b, h, slot] += np.float32(w) * values[b, h, p]
+                    sums[b, h, slot] += np.float32(w) * _summed_rows(values, keys, (b, h, p))
     retrieval.host_missed = (lay.n, counts, sums)
     retrieval.missed_sums, retrieval.missed_n = None, None  # the MLX sums no longer follow
     return counts, sums
 
 
-class _RowPair:
-    """Values and keys side by side, as one array of rows [..., 2 d] float32 where a
-    `missed_sums` slot sums both (indexing returns the concatenated rows, no full copy)."""
-
-    def __init__(self, values: np.ndarray, keys: np.ndarray) -> None:
-        self.values, self.keys = values, keys
-        self.shape = (*values.shape[:-1], 2 * values.shape[-1])
-
-    def __getitem__(self, index) -> np.ndarray:
-        return np.concatenate(
-            [self.values[index].astype(np.float32), self.keys[index].astype(np.float32)], axis=-1
-        )
+def _summed_rows(values: np.ndarray, keys: np.ndarray | None, index) -> np.ndarray:
+    """The rows a slot sums at `index`, float32: the values, then the keys when they are given
+    (`estimate_scores="mean"`: [..., 2 d])."""
+    rows = values[index].astype(np.float32, copy=False)
+    if keys is None:
+        return rows
+    return np.concatenate([rows, keys[index].astype(np.float32, copy=False)], axis=-1)

@@ -330,10 +330,8 @@ class Retrieval:
         if cache.config.estimate_scores == "mean":  # the slot's mean key: its exact mean score
             B, n_q, _, d = queries.shape
             group = queries.reshape(B, counts.shape[1], n_q // counts.shape[1], d)
-            tables = group.astype(mx.float32) @ sums[..., d:].swapaxes(
-                -1, -2
-            )  # [B, n_kv, G, slots]
-            tables = tables / mx.maximum(counts, 1.0)[:, :, None, :]
+            key_sums = sums[..., d:].swapaxes(-1, -2)  # [B, n_kv, d, slots]
+            tables = group.astype(mx.float32) @ key_sums / mx.maximum(counts, 1.0)[:, :, None, :]
             sums = sums[..., :d]
         else:
             tables = self.slot_scores(cache, queries, lay)  # [B, n_kv, G, slots]
