@@ -297,12 +297,13 @@ def missed_sums(retrieval: Retrieval, cache: A2ATSCache, lay: att.Layout, codes,
                     np.add.at(sums[b, h], slots[b, h], rows[b, h])
     else:
         _, counts, sums = held
-        for p, bucket, w in moves:
-            for b in range(B):
-                for h in range(n_kv):
-                    slot = int(codes[b, h, p, 0]) + bucket * C
-                    counts[b, h, slot] += w
-                    sums[b, h, slot] += np.float32(w) * _summed_rows(values, keys, (b, h, p))
+        if moves:  # every move of every KV head in one scatter (a slot may take several)
+            pos, bucket, w = (np.asarray(col) for col in zip(*moves, strict=True))
+            slots = codes[:, :, pos, 0].astype(np.int64) + bucket * C  # [B, n_kv, moves]
+            heads = (np.arange(B)[:, None, None], np.arange(n_kv)[None, :, None], slots)
+            w = w.astype(np.float32)
+            np.add.at(counts, heads, np.broadcast_to(w, slots.shape))
+            np.add.at(sums, heads, w[:, None] * _summed_rows(values, keys, np.s_[:, :, pos]))
     retrieval.host_missed = (lay.n, counts, sums)
     retrieval.missed_sums, retrieval.missed_n = None, None  # the MLX sums no longer follow
     return counts, sums
