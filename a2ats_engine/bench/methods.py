@@ -339,6 +339,18 @@ def method_names(*kinds: str) -> tuple[str, ...]:
     return tuple(name for name, m in METHODS.items() if m.kind in kinds)
 
 
+def prompt_method_names() -> tuple[str, ...]:
+    """Methods that can answer a prompt with the run's own codebook alone (every method but
+    those needing a second codebook or per-layer budgets measured on a development span): what
+    `a2ats bench passkey` and `bench tasks` accept, in registry order."""
+    return tuple(
+        name
+        for name, m in METHODS.items()
+        if not m.measured_layers
+        and (m.cache is None or m.codebook == "a2ats" or m.codebook_optional)
+    )
+
+
 def kv_group_size(head_dim: int) -> int | None:
     """Largest mx.quantize group size (64 or 32) dividing head_dim, else None."""
     return next((g for g in (64, 32) if head_dim % g == 0), None)

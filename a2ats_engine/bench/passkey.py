@@ -20,8 +20,9 @@ import mlx.nn as nn
 from ..cache.config import A2ATSConfig
 from ..progress import Progress
 from .evaluate import build_caches, greedy_decode, method_spec, prefill
+from .methods import prompt_method_names
 
-PASSKEY_METHODS = ("full", "window", "a2ats", "oracle_topk", "a2ats_paper")
+PASSKEY_METHODS = prompt_method_names()
 DEFAULT_METHODS = ("full", "window", "a2ats")
 INTRO = (
     "There is an important piece of information hidden inside a lot of irrelevant text. "
@@ -130,7 +131,9 @@ def bench_passkey(
     config = config or A2ATSConfig()
     unknown = [m for m in methods if m not in PASSKEY_METHODS]
     if unknown:
-        raise ValueError(f"unknown passkey method(s) {unknown}; known: {PASSKEY_METHODS}")
+        raise ValueError(
+            f"unknown passkey method(s) {unknown}; known: {', '.join(PASSKEY_METHODS)}"
+        )
     if not _encode_kwargs_ok(tokenizer):
         raise ValueError("the tokenizer's encode() does not take add_special_tokens")
     rng = random.Random(seed)

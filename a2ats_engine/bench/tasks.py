@@ -41,6 +41,7 @@ import mlx.nn as nn
 import numpy as np
 
 from ..cache.config import A2ATSConfig
+from .methods import prompt_method_names
 from .passkey import answer_with_methods
 
 Progress = Callable[[str, int, int], None]
@@ -53,8 +54,7 @@ TASKS = (
     "variable_tracking",
     "common_words",
 )
-TASK_METHODS = ("full", "kv8", "kv4", "window", "a2ats", "oracle_topk", "a2ats_paper",
-                "a2ats_no_rerank", "a2ats_estimate", "a2ats_estimate_mean")  # fmt: skip
+TASK_METHODS = prompt_method_names()
 DEFAULT_METHODS = ("full", "a2ats", "window", "oracle_topk")
 DEFAULT_DEPTHS = (0.1, 0.5, 0.9)
 # answer length per task: enough tokens for every reference with a typical BPE tokenizer

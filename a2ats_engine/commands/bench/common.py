@@ -34,6 +34,12 @@ def retrieval_run(args: argparse.Namespace):
     return model, tokenizer, info, codebook, desc, config
 
 
+METHODS_HELP = (
+    "comma list of `a2ats eval` methods that need only the run's codebook (all but "
+    "a2ats_plain_vq, a2ats_random, a2ats_no_wrope and a2ats_alloc)"
+)
+
+
 def is_eval_method(name: str) -> bool:
     from ...bench.methods import METHODS
 

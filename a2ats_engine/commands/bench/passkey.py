@@ -14,7 +14,7 @@ from .._flags import (
     add_model_flags,
     add_retrieval_flags,
 )
-from .common import eval_method_names, is_eval_method, retrieval_run
+from .common import METHODS_HELP, retrieval_run
 
 HELP = "passkey retrieval accuracy per method at several contexts and depths"
 DESCRIPTION = (
@@ -28,7 +28,7 @@ def register(bench: argparse._SubParsersAction) -> None:
     p = bench.add_parser("passkey", help=HELP, description=DESCRIPTION)
     add_model_flags(p, CODEBOOK_REQUIRED, "1024,2048,4096,8192")
     add_depths_flag(p, "0.1,0.3,0.5,0.7,0.9")
-    p.add_argument("--methods", default="full,window,a2ats", help="full, window, a2ats, ...")
+    p.add_argument("--methods", default="full,window,a2ats", help=METHODS_HELP)
     add_retrieval_flags(p, RERANK_CONFIG_HELP)
     p.add_argument("--answer-tokens", type=int, default=8, help="greedy answer length")
     p.add_argument("--seed", type=int, default=0, help="passkey random seed")
@@ -36,9 +36,10 @@ def register(bench: argparse._SubParsersAction) -> None:
 
 
 def run_passkey(args: argparse.Namespace) -> int:
-    from ...bench.passkey import accuracy_table, bench_passkey
+    from ...bench.passkey import PASSKEY_METHODS, accuracy_table, bench_passkey
 
-    methods = limits.names("--methods", args.methods, is_eval_method, eval_method_names())
+    known = PASSKEY_METHODS
+    methods = limits.names("--methods", args.methods, known.__contains__, known)
     limits.count("--answer-tokens", args.answer_tokens, 1, 1024)
     limits.count("--seed", args.seed, 0, limits.MAX_SEED)
     model, tokenizer, info, codebook, desc, config = retrieval_run(args)

@@ -17,7 +17,7 @@ from .._flags import (
     add_model_flags,
     add_retrieval_flags,
 )
-from .common import eval_method_names, is_eval_method, retrieval_run
+from .common import METHODS_HELP, retrieval_run
 
 HELP = "RULER-style long-context tasks (needles, multi-hop, aggregation) per method"
 DESCRIPTION = (
@@ -33,7 +33,7 @@ DESCRIPTION = (
 def register(bench: argparse._SubParsersAction) -> None:
     t = bench.add_parser("tasks", help=HELP, description=DESCRIPTION)
     add_model_flags(t, CODEBOOK_REQUIRED, "4096", "comma-separated contexts (default 4096)")
-    t.add_argument("--methods", default="full,a2ats,window,oracle_topk", help="comma list")
+    t.add_argument("--methods", default="full,a2ats,window,oracle_topk", help=METHODS_HELP)
     t.add_argument("--tasks", default=None, help="comma list of tasks (default: all)")
     add_depths_flag(t, "0.1,0.5,0.9")
     t.add_argument(
@@ -61,7 +61,8 @@ def run_tasks(args: argparse.Namespace) -> int:
     unknown = [x for x in names if x not in tk.TASKS]
     if unknown:
         raise ValueError(f"--tasks {unknown} unknown: must be among {', '.join(tk.TASKS)}")
-    methods = tuple(limits.names("--methods", args.methods, is_eval_method, eval_method_names()))
+    known = tk.TASK_METHODS
+    methods = tuple(limits.names("--methods", args.methods, known.__contains__, known))
     limits.count("--seeds", args.seeds, 1, limits.MAX_REPEATS)
     if args.haystack:
         haystack, haystack_desc = Path(args.haystack).read_text(encoding="utf-8"), args.haystack

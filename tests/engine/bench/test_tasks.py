@@ -277,3 +277,32 @@ def test_the_missed_attention_estimate_answers_tasks_too():
     )
     assert list(answers) == list(methods)
     assert all(len(tokens) == 3 for tokens, _ in answers.values())
+
+
+def test_every_prompt_method_answers_a_prompt_and_the_others_are_refused():
+    """`bench tasks` and `bench passkey` take every registered method that needs only the run's
+    codebook (not a fixed list): each answers the same prompt; the methods that need a second
+    codebook or measured layer budgets are refused by name before any model work."""
+    import mlx.core as mx
+    from tiny import made_for, tiny_model
+
+    from a2ats_engine.bench import passkey
+    from a2ats_engine.bench.methods import METHODS
+    from a2ats_engine.cache.config import A2ATSConfig
+    from a2ats_engine.cache.geometry import model_geometry
+
+    assert tk.TASK_METHODS == passkey.PASSKEY_METHODS
+    refused = set(METHODS) - set(tk.TASK_METHODS)
+    assert refused == {"a2ats_random", "a2ats_plain_vq", "a2ats_alloc", "a2ats_no_wrope"}
+    model = tiny_model("llama", hidden_size=128, num_hidden_layers=3)  # kv8 / kv4, dense2
+    geo = model_geometry(model)
+    book = made_for(model, Codebook.random(geo.num_layers, geo.num_kv_heads, geo.head_dim, 32))
+    ids = [int(i) for i in mx.random.randint(3, 200, (200,), key=mx.random.key(1)).tolist()]
+    config = A2ATSConfig(window=16, sinks=4, budget=0.05, exact_below=0)  # dense2: a fraction
+    answers = tk.answer_with_methods(
+        model, ids, tk.TASK_METHODS, codebook=book, config=config, answer_tokens=2
+    )
+    assert list(answers) == list(tk.TASK_METHODS)
+    assert all(len(tokens) == 2 for tokens, _ in answers.values())
+    with pytest.raises(ValueError, match="a2ats_plain_vq"):
+        tk.bench_tasks(model, None, [], codebook=book, methods=("full", "a2ats_plain_vq"))

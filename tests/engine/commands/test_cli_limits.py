@@ -34,6 +34,8 @@ BAD = [
     (["bench", "passkey", "--contexts", "1000000000"], "--contexts: 1,000,000,000 is out of"),
     (["bench", "passkey", "--depths", "1.5"], "--depths: 1.5 is out of range"),
     (["bench", "passkey", "--methods", "nope"], "--methods: unknown 'nope'"),
+    (["bench", "passkey", "--methods", "full,a2ats_plain_vq"], "unknown 'a2ats_plain_vq'"),
+    (["bench", "tasks", "--methods", "a2ats_alloc"], "--methods: unknown 'a2ats_alloc'"),
     (["bench", "passkey", "--answer-tokens", "0"], "--answer-tokens=0"),
     (["bench", "memory", "--contexts", "1000000000000"], "--contexts: 1,000,000,000,000 is"),
     (["bench", "memory", "--methods", "full,window"], "--methods: unknown 'window'"),
