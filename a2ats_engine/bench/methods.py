@@ -244,6 +244,13 @@ METHODS: dict[str, Method] = {
             knobs={"estimate_missed": True, "estimate_scores": "mean"},
         ),
         Method(
+            "a2ats_estimate_code",
+            BUDGET,
+            "A2ATS with estimate_missed on, slots that are codes alone (every distance bucket "
+            "together), each scored by the mean of its own keys (estimate_scores code_mean)",
+            knobs={"estimate_missed": True, "estimate_scores": "code_mean"},
+        ),
+        Method(
             "a2ats_auto",
             DIAGNOSTIC,
             "A2ATS with the measured exact_below crossover (crossover.py): exact attention "
@@ -437,11 +444,12 @@ def _mlx_lm_copy(method: Method, head_dim: int) -> Callable[[Any], Any]:
 # a2ats, a2ats_kv4, a2ats_rr2 (rerank 2), a2ats_rr2g (candidates shared by the GQA group),
 # a2ats_kv4_rr2, a2ats_cov90 (coverage 0.9: adaptive budget per head), a2ats_eb0 (exact_below
 # 0: retrieval from the start, the crossover probe),
-# a2ats_noest (estimate_missed off), a2ats_est / a2ats_estm (on; estm: estimate_scores mean),
+# a2ats_noest (estimate_missed off), a2ats_est / a2ats_estm / a2ats_estc (on; estm:
+# estimate_scores mean, estc: code_mean),
 # a2ats_telemetry, ...
 _DECODE_VARIANT = re.compile(
     r"a2ats(?:_kv(?P<bits>4|8))?(?:_rr(?P<rerank>\d+)(?P<shared>g)?)?(?:_cov(?P<coverage>\d\d))?"
-    r"(?:_eb(?P<exact_below>\d+))?(?:_(?P<estimate>estm|est|noest))?(?P<telemetry>_telemetry)?"
+    r"(?:_eb(?P<exact_below>\d+))?(?:_(?P<estimate>estc|estm|est|noest))?(?P<telemetry>_telemetry)?"
 )
 
 
@@ -465,8 +473,9 @@ def decode_variant_knobs(name: str) -> dict[str, Any] | None:
         knobs["exact_below"] = int(match["exact_below"])
     if match["estimate"]:
         knobs["estimate_missed"] = match["estimate"] != "noest"
-        if knobs["estimate_missed"]:  # est: centroid slot scores (as recorded), estm: mean keys
-            knobs["estimate_scores"] = "mean" if match["estimate"] == "estm" else "centroid"
+        if knobs["estimate_missed"]:  # est: centroid slot scores (as recorded), estm: mean
+            scores = {"estm": "mean", "estc": "code_mean"}  # keys, estc: mean keys of a code
+            knobs["estimate_scores"] = scores.get(match["estimate"], "centroid")
     if match["telemetry"]:
         knobs["telemetry"] = True
     return knobs

@@ -77,7 +77,10 @@ class A2ATSCache(_BaseCache):
         self.kv_share = kv_share
         check_storage(config, rope.head_dim, kv_share)
         self.estimates = estimate_applies(config, codebook)
-        self.n_slots = len(self.buckets[0]) * codebook.n_centroids  # (bucket, code) pairs
+        # the estimate's slots: (bucket, code) pairs, or codes alone ("code_mean")
+        by_code = config.estimate_scores == "code_mean"
+        self.estimate_edges = None if by_code else self.buckets[1]  # bucket edges of a slot
+        self.n_slots = (1 if by_code else len(self.buckets[0])) * codebook.n_centroids
         # decode steps of this cache's life that attended exactly / retrieved (`attention_steps`)
         self.exact_steps = self.retrieved_steps = 0
         self.exact_below = config.exact_below  # None: the measured crossover (crossover.py)

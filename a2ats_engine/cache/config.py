@@ -8,7 +8,7 @@ from typing import Any
 
 from ..validation import check_int, from_known_fields
 
-ESTIMATE_SCORES = ("centroid", "mean")  # how `estimate_missed` scores a (bucket, code) slot
+ESTIMATE_SCORES = ("centroid", "mean", "code_mean")  # how `estimate_missed` scores a slot
 
 
 def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
@@ -58,6 +58,9 @@ class A2ATSConfig:
                   cache keeps their sum beside the value sum), which is the slot's exact mean
                   score: no codebook or distance error, only the spread of the scores within
                   the slot; twice the per-slot memory and one more small product a step.
+                  "code_mean": "mean" over slots that are codes alone (every distance bucket
+                  of a code together): m times fewer slots to hold and read each step, a
+                  wider spread of scores within a slot.
     coverage:     None = every query head keeps its K far tokens; p in (0, 1) = an adaptive
                   budget: of the rerank's candidates (exact scores) each head keeps the fewest
                   of its best K whose softmax mass covers p of all candidates' mass, at least

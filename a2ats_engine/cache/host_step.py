@@ -113,7 +113,7 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
             return attention(q, k_sel, v_sel, repeat, scale, sink_logits)
         counts, sums = missed
         slot_table = tables_np
-        if cache.config.estimate_scores == "mean":  # sums: values, then keys
+        if cache.config.estimate_scores != "centroid":  # sums: values, then keys
             slot_table = mean_scores(q, counts, sums[..., d:])
             sums = sums[..., :d]
         slots = selected_slots(codes, positions, cache, lay)
@@ -219,7 +219,7 @@ def selected_slots(codes: np.ndarray, positions: np.ndarray, cache: A2ATSCache, 
     base = (np.arange(B * n_kv, dtype=np.int64) * cap).reshape(B, n_kv, 1)
     slots = np.take(codes.reshape(-1), (positions + base).reshape(-1)).reshape(B, n_kv, M)
     slots = slots.astype(np.int64)
-    _, lower_edges = cache.buckets
+    lower_edges = cache.estimate_edges
     if lower_edges is not None:
         dist = (lay.n - 1) - positions
         bucket = (dist[..., None] >= np.asarray(lower_edges)).sum(axis=-1)
@@ -274,12 +274,12 @@ def missed_sums(retrieval: Retrieval, cache: A2ATSCache, lay: att.Layout, codes,
     the codes [B, n_kv, capacity, 1] and values [B, n_kv, capacity, d] the step read. With
     `estimate_scores="mean"` each slot's row is its values' sum then its keys' sum (keys
     [B, n_kv, capacity, d], post-RoPE): [B, n_kv, slots, 2 d]."""
-    if cache.config.estimate_scores != "mean":
+    if cache.config.estimate_scores == "centroid":
         keys = None
     held = retrieval.host_missed
     moves = retrieval.missed_moves(cache, lay, None if held is None else held[0])
     C = cache.codebook.n_centroids
-    _, lower_edges = cache.buckets
+    lower_edges = cache.estimate_edges
     B, n_kv = codes.shape[:2]
     if moves is None:
         d = values.shape[-1] * (1 if keys is None else 2)

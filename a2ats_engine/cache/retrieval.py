@@ -250,8 +250,9 @@ class Retrieval:
 
     # -- estimated missed attention -----------------------------------------------------------
     def _bucket_of(self, cache: A2ATSCache, n: int, position: int) -> int:
-        """Distance bucket of a far token at `position` when the current token is n - 1."""
-        _, lower_edges = cache.buckets
+        """The estimate's distance bucket of a far token at `position` when the current token
+        is n - 1 (0 when its slots are codes alone)."""
+        lower_edges = cache.estimate_edges
         return sum((n - 1) - position >= lo for lo in lower_edges or ())
 
     def _slot_rows(self, cache: A2ATSCache, positions: mx.array, buckets, weights: mx.array):
@@ -260,7 +261,7 @@ class Retrieval:
         pos = mx.broadcast_to(positions.astype(mx.int32), (B, n_kv, positions.shape[0]))
         codes = mx.take(cache.codes[..., 0], positions.astype(mx.int32), axis=2)  # [B, n_kv, r]
         rows = cache.rows.gather(VALUES, pos)  # [B, n_kv, r, d]
-        if cache.config.estimate_scores == "mean":  # a slot sums its keys too: [.., 2 d]
+        if cache.config.estimate_scores != "centroid":  # a slot sums its keys too: [.., 2 d]
             keys = cache.rows.gather(KEYS, pos).astype(mx.float32)
             rows = mx.concatenate([rows.astype(mx.float32), keys], axis=-1)
         slots = att.slots_of(codes, buckets, cache.codebook.n_centroids)
@@ -278,7 +279,7 @@ class Retrieval:
         n, cfg = lay.n, cache.config
         if n_done is None or n_done != n - 1:
             return None
-        _, lower_edges = cache.buckets
+        lower_edges = cache.estimate_edges
         old = att.layout(n - 1, cfg.window, cfg.sinks, lay.k)
         candidates = {*range(old.window_start, lay.window_start)}
         candidates |= {*range(old.n_sinks, lay.n_sinks)}
@@ -299,7 +300,7 @@ class Retrieval:
         n = lay.n
         moves = self.missed_moves(cache, lay, self.missed_n)
         if moves is None:
-            _, lower_edges = cache.buckets
+            lower_edges = cache.estimate_edges
             pos = mx.arange(lay.n_sinks, lay.window_start, dtype=mx.int32)
             buckets = 0
             if lower_edges is not None and lay.n_far:
@@ -327,7 +328,7 @@ class Retrieval:
         """
         self._sync_missed(cache, lay)
         counts, sums = self.missed_sums
-        if cache.config.estimate_scores == "mean":  # the slot's mean key: its exact mean score
+        if cache.config.estimate_scores != "centroid":  # the mean key: the exact mean score
             B, n_q, _, d = queries.shape
             group = queries.reshape(B, counts.shape[1], n_q // counts.shape[1], d)
             key_sums = sums[..., d:].swapaxes(-1, -2)  # [B, n_kv, d, slots]
@@ -338,7 +339,7 @@ class Retrieval:
         B, n_kv, G, _ = tables.shape
         M = positions.shape[-1]
         codes = gather_rows(cache.codes[..., :1], positions, RowStorage())[..., 0]
-        _, lower_edges = cache.buckets
+        lower_edges = cache.estimate_edges
         slots = codes.astype(mx.int32)
         if lower_edges is not None:
             dist = (lay.n - 1) - positions

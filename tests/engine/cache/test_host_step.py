@@ -57,6 +57,7 @@ def decode(config, *, host: bool, monkeypatch, sinks=None, steps=3, B=2, n_kv=2,
         {"estimate_missed": True},
         {"estimate_missed": True, "far_buckets": 1, "rerank": 1},
         {"estimate_missed": True, "estimate_scores": "mean"},
+        {"estimate_missed": True, "estimate_scores": "code_mean"},
     ],
 )
 @pytest.mark.parametrize("with_sinks", [False, True])

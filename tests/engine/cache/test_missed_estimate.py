@@ -102,32 +102,34 @@ def held_sums(c: A2ATSCache) -> tuple[int, np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("strategy", ["numpy", "mlx"])  # the host step, the generic step
 def test_mean_scores_make_the_estimate_exact_with_one_token_a_slot(strategy):
     """estimate_scores="mean" scores a slot by its own keys' mean: with one far token a slot it
-    is that token's exact score, through real RoPE and a random codebook, so the output is
-    exact attention; the centroid scores of the same slots are not."""
+    is that token's exact score, through real RoPE, four distance buckets and a random
+    codebook, so the output is exact attention; so is "code_mean" with one far token a code
+    (its slots are codes alone); the centroid scores of the same slots are not."""
     n, n_kv = 300, 2
     rng, keys, values = random_kv(n_kv, n, seed=5)
     rope = RopeSpec.from_module(initialize_rope(D, 10000.0, False, None, 8192), D)
     book = Codebook.random(1, n_kv, D, 512, seed=3)
     outputs = {}
-    for scores in ("mean", "centroid"):
+    for scores in ("mean", "code_mean", "centroid"):
         config = A2ATSConfig(
-            window=16, sinks=4, budget=6, far_buckets=1, estimate_missed=True,
+            window=16, sinks=4, budget=6, far_buckets=4, estimate_missed=True,
             estimate_scores=scores,
         )  # fmt: skip
         with topk.forced(strategy):
             cache = A2ATSCache(0, rope, book, config, max_context=8192)
         cache.update_and_fetch(mx.array(keys[None]), mx.array(values))
         distinct = np.stack([rng.permutation(512)[:n] for _ in range(n_kv)]).astype(np.uint16)
-        cache.codes[:, :, :n, 0] = mx.array(distinct[None])  # one token a (bucket, code) slot
+        cache.codes[:, :, :n, 0] = mx.array(distinct[None])  # one token a code (so a slot)
         q = mx.array(np.random.default_rng(6).standard_normal((1, 4, 1, D)).astype(np.float32))
         outputs[scores] = np.array(cache.attend(q, None, None, scale=D**-0.5))
         assert cache.retrieved_steps == 1  # a retrieval step, not an exact one
     want = exact(q, keys, values, n)
     np.testing.assert_allclose(outputs["mean"], want, rtol=1e-4, atol=2e-5)
+    np.testing.assert_allclose(outputs["code_mean"], want, rtol=1e-4, atol=2e-5)
     assert np.abs(outputs["centroid"] - want).max() > 1e-3
 
 
-@pytest.mark.parametrize("scores", ["centroid", "mean"])
+@pytest.mark.parametrize("scores", ["centroid", "mean", "code_mean"])
 @pytest.mark.parametrize("strategy", ["numpy", "mlx"])  # the host step's sums, the generic's
 def test_incremental_sums_equal_a_rebuild_across_bucket_edges_trim_and_restore(strategy, scores):
     """The per-slot sums kept step by step equal the sums rebuilt from codes and values (and
@@ -159,7 +161,8 @@ def test_incremental_sums_equal_a_rebuild_across_bucket_edges_trim_and_restore(s
         kept, fresh = held_sums(c), rebuilt(c)
         assert kept[0] == fresh[0] == c.offset
         assert kept[1].sum() > 100  # the far region's tokens, all counted
-        assert kept[2].shape[-1] == (2 * D if scores == "mean" else D)  # values (then keys)
+        assert kept[2].shape[-1] == (D if scores == "centroid" else 2 * D)  # values (, keys)
+        assert kept[1].shape[-1] == c.n_slots == (64 if scores == "code_mean" else 4 * 64)
         for a, b in zip(kept[1:], fresh[1:], strict=True):
             np.testing.assert_allclose(a, b, atol=1e-4)
 
@@ -198,6 +201,9 @@ def test_estimate_setting_is_validated_and_off_with_a_product_vq_codebook():
         A2ATSConfig(estimate_scores="median")
     mean = {"estimate_missed": True, "estimate_scores": "mean"}
     assert decode_variant_knobs("a2ats_eb0_estm") == {"exact_below": 0, **mean}
+    by_code = {"estimate_missed": True, "estimate_scores": "code_mean"}
+    assert decode_variant_knobs("a2ats_eb0_estc") == {"exact_below": 0, **by_code}
+    assert METHODS["a2ats_estimate_code"].config(A2ATSConfig()).estimate_scores == "code_mean"
     centroid = {"estimate_missed": True, "estimate_scores": "centroid"}  # as recorded
     assert decode_variant_knobs("a2ats_est") == centroid
     assert METHODS["a2ats_estimate"].config(A2ATSConfig()).estimate_scores == "centroid"
