@@ -1487,6 +1487,7 @@ def blocks() -> dict[str, str]:
         ("memory", "memory.json", memory_table),
         ("tasks", "tasks.json", tasks_table),
         ("tasks-estimate-mean", "tasks_4k_estimate_mean.json", tasks_table),
+        ("tasks-estimate-mean-8k", "tasks_8k_estimate_mean.json", tasks_table),
         ("tasks-8k", "tasks_8k.json", tasks_table),
         ("tasks-gemma", "tasks_gemma3_270m_4k.json", tasks_table),
         ("tasks-gemma-8k", "tasks_gemma3_270m_8k.json", tasks_table),
