@@ -168,19 +168,23 @@ class EngineBackend:
             session.prefill_step_size = self.prefill_step_size
         return session
 
-    def crossover_measured_here(self, model) -> bool:
-        """Whether this machine has its own measured crossover for the model's geometry."""
-        from a2ats_engine.cache.crossover import lookup_crossover
+    def crossover_measured_here(self, model, config=None, codebook=None) -> bool:
+        """Whether this machine has its own measured crossover for the model's geometry with
+        these A2ATS settings (None: the defaults) and codebook (`crossover.step_kind`)."""
+        from a2ats_engine.cache.config import A2ATSConfig
+        from a2ats_engine.cache.crossover import lookup_crossover, step_kind
         from a2ats_engine.cache.geometry import model_geometry
 
         geo = model_geometry(model)
-        row = lookup_crossover(geo.num_layers, geo.num_kv_heads, geo.head_dim)
+        kind = step_kind(config or A2ATSConfig(), getattr(codebook, "num_subspaces", 1))
+        row = lookup_crossover(geo.num_layers, geo.num_kv_heads, geo.head_dim, kind)
         return row is not None and row.origin not in ("built-in", "estimate")
 
-    def measure_crossover(self, model, name: str, codebook, progress, cancel) -> dict:
+    def measure_crossover(self, model, name: str, codebook, progress, cancel, config=None) -> dict:
         """Measure the model's crossover on this machine (short: one run of a few steps at
-        1K-8K tokens within its context), record it in the user table and return the entry.
-        `cancel.is_set()` is polled between contexts: CrossoverCancelled then."""
+        1K-8K tokens within its context) with these A2ATS settings (None: the defaults),
+        record it in the user table and return the entry. `cancel.is_set()` is polled between
+        contexts: CrossoverCancelled then."""
         from a2ats_engine.bench.crossover_probe import AUTO_CONTEXTS, measure_crossover
         from a2ats_engine.cache import crossover as xo
         from a2ats_engine.cache.config import A2ATSConfig
@@ -195,7 +199,8 @@ class EngineBackend:
             progress(f"Measuring where retrieval pays off on this machine ({stage})", done, total)
 
         entry, _ = measure_crossover(
-            model, name, contexts, steps=6, repeats=1, config=A2ATSConfig(), codebook=codebook,
+            model, name, contexts, steps=6, repeats=1, config=config or A2ATSConfig(),
+            codebook=codebook,
             codebook_desc="the loaded codebook" if codebook is not None else "random",
             measured_on=xo.machine_id(), progress=report,
         )  # fmt: skip
@@ -203,12 +208,13 @@ class EngineBackend:
         xo.reload_user_table()
         return entry
 
-    def with_crossover(self, model, config: A2ATSConfig) -> A2ATSConfig:
-        """`config` with the crossover that applies on this machine when it sets none: measured
-        here, the built-in row, or the engine's estimate from the geometry (never 0)."""
+    def with_crossover(self, model, config: A2ATSConfig, codebook=None) -> A2ATSConfig:
+        """`config` with the crossover that applies on this machine to these settings and
+        codebook when it sets none: measured here, the built-in row, or the engine's estimate
+        from the geometry (never 0)."""
         from a2ats_engine.cache.crossover_model import with_default_crossover
 
-        return with_default_crossover(model, config)[0]
+        return with_default_crossover(model, config, codebook)[0]
 
     def configure_session(
         self,

@@ -197,7 +197,20 @@ class ChatController(ModelJobs, QObject):
             self.save_settings()
         if changed:
             self.settings_changed.emit(changed)
+        if "cache" in changed:
+            self._measure_new_settings()
         return changed
+
+    def _measure_new_settings(self) -> None:
+        """New A2ATS settings can change what a retrieval step costs (the estimate, the budget,
+        the rerank, the K/V precision): the crossover measured for the old ones does not apply
+        (`crossover.step_kind`), so measure it for the new ones as on a first load (only where
+        none is recorded for them; never in a scripted run, nor across hosts)."""
+        loaded = self.model
+        if loaded is None or loaded.hosts or not self.settings.cache.a2ats_enabled:
+            return
+        if self.auto_measure_crossover():
+            self._measure(loaded.source, automatic=True)
 
     def set_telemetry(self, enabled: bool) -> None:
         """Per-step telemetry for the requests that follow (it costs a host sync per decode

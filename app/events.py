@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from a2ats_engine import OverflowPolicy, ReplyMode  # the engine's chat turn (chat_turn.py)
 from a2ats_engine.records import ModelInfo, SamplingSettings
@@ -242,12 +242,14 @@ class ClearCodebook:
 
 @dataclass(frozen=True)
 class MeasureCrossover:
-    """Measure the loaded model's crossover here; `automatic`: only if not measured yet.
-    `seq` numbers it (ChatController): a sent message cancels every measurement up to it."""
+    """Measure the loaded model's crossover here; `automatic`: only if not measured yet for
+    these settings. `seq` numbers it (ChatController): a sent message cancels every measurement
+    up to it. `config`: the A2ATS settings to measure with (None: the engine's defaults)."""
 
     name: str
     automatic: bool = False
     seq: int = 0
+    config: Any = None
 
 
 @dataclass(frozen=True)

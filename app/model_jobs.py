@@ -141,7 +141,8 @@ class ModelJobs:
     def _measure(self, source: str, automatic: bool) -> None:
         """Numbered: a message sent later cancels it, also while it is still queued."""
         self._crossovers += 1
-        self._send(MeasureCrossover(source, automatic, self._crossovers))
+        config = self.settings.cache.to_config()  # what the next reply runs with
+        self._send(MeasureCrossover(source, automatic, self._crossovers, config))
 
     def load_codebook(self, path: str) -> None:
         self._send(LoadCodebook(path, automatic=False))

@@ -133,16 +133,16 @@ class RanksBackend(EngineBackend):
             "the codebook"
         )
 
-    def crossover_measured_here(self, model) -> bool:
+    def crossover_measured_here(self, model, config=None, codebook=None) -> bool:
         return True  # each rank applies the crossover measured on its own host
 
-    def measure_crossover(self, model, name: str, codebook, progress, cancel) -> dict:
+    def measure_crossover(self, model, name: str, codebook, progress, cancel, config=None) -> dict:
         raise NotAcrossHosts(
             "The crossover is measured on each machine: run `a2ats crossover SOURCE` on every "
             "host; each rank then uses its host's"
         )
 
-    def with_crossover(self, model, config: A2ATSConfig) -> A2ATSConfig:
+    def with_crossover(self, model, config: A2ATSConfig, codebook=None) -> A2ATSConfig:
         """`config` with the crossover rank 0's host applies when it sets none."""
         return model.crossover(config) if config.exact_below is None else config
 

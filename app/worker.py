@@ -136,8 +136,8 @@ class EngineWorker(QObject):
                 self.load_codebook(path, automatic)
             case ClearCodebook():
                 self.clear_codebook()
-            case MeasureCrossover(name, automatic, seq):
-                self.measure_crossover(name, automatic, seq)
+            case MeasureCrossover(name, automatic, seq, config):
+                self.measure_crossover(name, automatic, seq, config)
             case CalibrationRequest():
                 self.calibrate(request)
             case GenerationRequest():
@@ -289,20 +289,26 @@ class EngineWorker(QObject):
 
     # ----- calibration ------------------------------------------------------------------------
 
-    def measure_crossover(self, name: str, automatic: bool, seq: int = 0) -> None:
-        """Measure the loaded model's crossover on this machine and record it; `automatic`
-        (the first load of a model here): only when this machine has no measurement yet. A
-        cancel that came while it was still queued cancels it before it starts."""
+    def measure_crossover(
+        self, name: str, automatic: bool, seq: int = 0, config: A2ATSConfig | None = None
+    ) -> None:
+        """Measure the loaded model's crossover on this machine with the A2ATS settings
+        `config` (None: the defaults) and the loaded codebook, and record it; `automatic` (the
+        first load of a model here, or new settings): only when this machine has no measurement
+        for them yet. A cancel that came while it was still queued cancels it before it starts."""
         if self._model is None:
             return
         with self._crossover.running(seq) as cancel:
-            self._measure_crossover(name, automatic, cancel)
+            self._measure_crossover(name, automatic, cancel, config)
 
-    def _measure_crossover(self, name: str, automatic: bool, cancel: threading.Event) -> None:
+    def _measure_crossover(
+        self, name: str, automatic: bool, cancel: threading.Event, config: A2ATSConfig | None
+    ) -> None:
         try:
             if cancel.is_set():
                 raise CrossoverCancelled("cancelled before it started")
-            if automatic and self.backend.crossover_measured_here(self._model):
+            measured = self.backend.crossover_measured_here(self._model, config, self._codebook)
+            if automatic and measured:
                 self.crossover_measured.emit(CrossoverMeasured(skipped=True))
                 return
 
@@ -310,7 +316,7 @@ class EngineWorker(QObject):
                 self.progress.emit(Progress(Job.CROSSOVER, stage, done, total))
 
             entry = self.backend.measure_crossover(
-                self._model, name, self._codebook, report, cancel
+                self._model, name, self._codebook, report, cancel, config
             )
         except CrossoverCancelled:
             self.crossover_measured.emit(CrossoverMeasured(cancelled=True))
@@ -475,7 +481,7 @@ class EngineWorker(QObject):
         if not request.cache.a2ats_enabled:
             return None
         config = request.cache.to_config(telemetry=request.telemetry)
-        return self.backend.with_crossover(self._model, config)
+        return self.backend.with_crossover(self._model, config, self._codebook)
 
     def _prepare_session(
         self, request: GenerationRequest, config: A2ATSConfig | None

@@ -135,6 +135,7 @@ def measure_crossover(
         "layers": geo.num_layers,
         "kv_heads": geo.num_kv_heads,
         "head_dim": geo.head_dim,
+        "step": xo.step_kind(config, codebook.num_subspaces if codebook is not None else 1),
         "exact_below": decision.exact_below,
         "never": decision.never,
         "model": model_name,

@@ -21,9 +21,9 @@ from ..records import planning_context
 from . import attention as att
 from . import layer_stats
 from .config import A2ATSConfig
-from .crossover import measured_crossover
+from .crossover import measured_crossover, step_kind
 from .kinds import check_storage, group_size, make_rows
-from .retrieval import Retrieval, estimate_applies
+from .retrieval import Retrieval, estimate_applies, estimate_slots
 from .rope import RopeSpec, bucket_plan
 from .storage import STEP
 from .telemetry import LayerStats
@@ -65,10 +65,11 @@ class A2ATSCache(_BaseCache):
     ) -> None:
         """What is fixed for the cache's life (`meta_state`); a layer's own budget (`for_layer`)."""
         self.layer, self.rope, self.codebook = layer, rope, codebook
+        kind = step_kind(config, codebook.num_subspaces)  # the model's settings, not the layer's
         self.config = config = config.for_layer(layer)
         self.max_context = planning_context(max_context)
         geometry = (codebook.num_layers, codebook.num_kv_heads, rope.head_dim)
-        self.top_k = choose_top_k(geometry)  # NumPy or MLX top-K, decided once (topk.py)
+        self.top_k = choose_top_k(geometry, kind)  # NumPy or MLX top-K, decided once (topk.py)
         self.buckets = bucket_plan(config, self.max_context)
         # [d, m * d]: rotation to each far distance (the retrieval queries' frames), built once
         self.rotations = mx.concatenate(
@@ -77,15 +78,12 @@ class A2ATSCache(_BaseCache):
         self.kv_share = kv_share
         check_storage(config, rope.head_dim, kv_share)
         self.estimates = estimate_applies(config, codebook)
-        # the estimate's slots: (bucket, code) pairs, or codes alone ("code_mean")
-        by_code = config.estimate_scores == "code_mean"
-        self.estimate_edges = None if by_code else self.buckets[1]  # bucket edges of a slot
-        self.n_slots = (1 if by_code else len(self.buckets[0])) * codebook.n_centroids
+        self.estimate_edges, self.n_slots = estimate_slots(config, self.buckets, codebook)
         # decode steps of this cache's life that attended exactly / retrieved (`attention_steps`)
         self.exact_steps = self.retrieved_steps = 0
         self.exact_below = config.exact_below  # None: the measured crossover (crossover.py)
         if self.exact_below is None:
-            self.exact_below = measured_crossover(*geometry)
+            self.exact_below = measured_crossover(*geometry, kind)
 
     def _clear(self) -> None:
         """No tokens held: the state of a fresh cache."""

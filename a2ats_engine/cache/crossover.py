@@ -8,8 +8,9 @@ and the model's attention geometry, so the default comes from measurements, look
 1. the user's own table, `crossover.json` in the engine's data dir (`data_dirs.py`;
    `$A2ATS_CROSSOVER_FILE` overrides the path), written by `a2ats crossover SOURCE`
    (`commands/crossover.py`) on this machine: rows keyed by (backend, machine, attention
-   layers, KV heads, head dim);
-2. the built-in table `MEASURED` below, keyed by (backend, attention layers, KV heads, head dim);
+   layers, KV heads, head dim, step kind);
+2. the built-in table `MEASURED` below, keyed by (backend, attention layers, KV heads, head dim,
+   step kind);
 3. else 0: retrieve as soon as anything can be dropped (the behaviour before this setting).
 
 `A2ATSConfig.exact_below` overrides all of them.
@@ -22,7 +23,13 @@ attention layers and KV heads, and the RoPE head dim. The number of layers A2ATS
 in the key: a decode step's A2ATS layers cost retrieval instead of exact attention, the other
 layers and the MLP cost the same in both, so the context where the two are equally fast does not
 move with them (to first order). Two models with the same key share a row (the last measured
-wins); the row names the model it was measured on.
+wins); the row names the model it was measured on. The step kind (`step_kind`) is what else a
+retrieval step's cost depends on: the codebook (one VQ or product VQ with S subspaces), the
+budget, the rerank, the distance buckets, the stored K/V precision and the missed-attention
+estimate. A row measured with other settings does not apply (turning the estimate on makes a
+step about a fifth slower on the CPU: the crossover measured without it would send decode into
+retrieval where it is slower); rows written before the kind was recorded count as measured with
+the default settings.
 
 The decision (`decide_crossover`): from the median ratio a2ats / full decode speed per measured
 context, the crossover is the first context (ascending) from which the ratio is >= 1 and stays
@@ -77,9 +84,37 @@ class Crossover:
     top_k: str | None = None  # the top-K strategy measured faster here ("mlx" or "numpy")
 
 
-# (backend, attention layers, KV heads, head dim) -> crossover
-MEASURED: dict[tuple[str, int, int, int], Crossover] = {
-    ("cpu", 30, 3, 64): Crossover(
+def step_kind(config: Any, subspaces: int = 1) -> str:
+    """The settings of an `A2ATSConfig` (and its codebook's subspace count) that a retrieval
+    step's cost depends on, as a crossover row's `step`: 'vq, budget 0.03, rerank 2, buckets 4,
+    kv model dtype' (', estimate mean' with the missed-attention estimate, which runs with
+    one-VQ codebooks only)."""
+    rerank = f"{config.rerank}{' shared' if config.rerank_shared else ''}"
+    parts = [
+        "vq" if subspaces == 1 else f"pq{subspaces}",
+        f"budget {config.budget:g}",
+        f"rerank {rerank}",
+        f"buckets {config.far_buckets}",
+        f"kv {config.kv_bits or 'model dtype'}",
+    ]
+    if config.estimate_missed and subspaces == 1:
+        parts.append(f"estimate {config.estimate_scores}")
+    return ", ".join(parts)
+
+
+def _default_settings(kind: str) -> bool:
+    """Whether `kind` is the default settings (any codebook): what a row without a `step`
+    (written before it was recorded, always with the defaults) was measured with."""
+    from .config import A2ATSConfig
+
+    return kind.split(", ", 1)[-1] == step_kind(A2ATSConfig()).split(", ", 1)[-1]
+
+
+DEFAULT_KIND = "vq, budget 0.03, rerank 2, buckets 4, kv model dtype"  # A2ATSConfig(), one VQ
+
+# (backend, attention layers, KV heads, head dim, step kind) -> crossover
+MEASURED: dict[tuple[str, int, int, int, str], Crossover] = {
+    ("cpu", 30, 3, 64, DEFAULT_KIND): Crossover(
         4096,
         "SmolLM2-135M (the demo model), 2-core x86_64, rerank 2, no estimate: retrieval from "
         "the start (a2ats_eb0_noest) 0.90x full at 2K, 1.01x at 4K, 1.24x at 8K, median of 3 "
@@ -169,8 +204,8 @@ def decide_crossover(ratios: Mapping[int, float]) -> Decision:
 
 # -- the user table -----------------------------------------------------------------------------
 
-# (backend, machine, attention layers, KV heads, head dim)
-UserKey = tuple[str, str, int, int, int]
+# (backend, machine, attention layers, KV heads, head dim, step kind or None: the defaults)
+UserKey = tuple[str, str, int, int, int, str | None]
 _REQUIRED = {"backend": str, "machine": str, "layers": int, "kv_heads": int, "head_dim": int}
 
 
@@ -188,6 +223,7 @@ def entry_key(entry: Mapping[str, Any]) -> UserKey:
         entry["layers"],
         entry["kv_heads"],
         entry["head_dim"],
+        entry.get("step"),
     )
 
 
@@ -198,6 +234,8 @@ def _valid_entry(entry: Any) -> bool:
         value = entry.get(name)
         if isinstance(value, bool) or not isinstance(value, kind):
             return False
+    if "step" in entry and not isinstance(entry["step"], str):
+        return False
     eb = entry.get("exact_below")
     return isinstance(eb, int) and not isinstance(eb, bool) and eb >= 0
 
@@ -305,12 +343,18 @@ def today() -> str:
 # -- lookup -------------------------------------------------------------------------------------
 
 
-def lookup_crossover(num_layers: int, num_kv_heads: int, head_dim: int) -> Crossover | None:
-    """The crossover that applies on this machine and backend to this geometry: the user
-    table's row, else the built-in one, else None (module docstring)."""
+def lookup_crossover(
+    num_layers: int, num_kv_heads: int, head_dim: int, kind: str = DEFAULT_KIND
+) -> Crossover | None:
+    """The crossover that applies on this machine and backend to this geometry and step kind
+    (`step_kind`): the user table's row, else the built-in one, else None (module docstring)."""
     be = backend()
     path = user_table_path()
-    row = user_table(path).get((be, machine_id(), num_layers, num_kv_heads, head_dim))
+    rows = user_table(path)
+    key = (be, machine_id(), num_layers, num_kv_heads, head_dim)
+    row = rows.get((*key, kind))
+    if row is None and _default_settings(kind):
+        row = rows.get((*key, None))  # written before the kind was recorded: the defaults
     if row is not None:
         top_k = row.get("top_k")
         return Crossover(
@@ -320,17 +364,19 @@ def lookup_crossover(num_layers: int, num_kv_heads: int, head_dim: int) -> Cross
             never=bool(row.get("never", False)),
             top_k=top_k if top_k in TOP_K_STRATEGIES else None,
         )
-    return MEASURED.get((be, num_layers, num_kv_heads, head_dim))
+    return MEASURED.get((be, num_layers, num_kv_heads, head_dim, kind))
 
 
 TOP_K_STRATEGIES = ("mlx", "numpy")
 STRATEGY_NAMES = {"mlx": "MLX", "numpy": "NumPy"}
 
 
-def measured_top_k(num_layers: int, num_kv_heads: int, head_dim: int) -> str | None:
+def measured_top_k(
+    num_layers: int, num_kv_heads: int, head_dim: int, kind: str = DEFAULT_KIND
+) -> str | None:
     """The top-K strategy (`topk.py`) the crossover measurement found faster on this machine
-    for this geometry ("mlx" or "numpy"), None where none was measured."""
-    row = lookup_crossover(num_layers, num_kv_heads, head_dim)
+    for this geometry and step kind ("mlx" or "numpy"), None where none was measured."""
+    row = lookup_crossover(num_layers, num_kv_heads, head_dim, kind)
     return row.top_k if row is not None else None
 
 
@@ -346,20 +392,27 @@ def _row_source(row: Mapping[str, Any]) -> str:
     return f"{head}: {text}" if text else head
 
 
-def measured_crossover(num_layers: int, num_kv_heads: int, head_dim: int) -> int:
-    """The measured crossover for this machine, backend and geometry, 0 where none was
-    measured (user table first, then the built-in table; module docstring)."""
-    row = lookup_crossover(num_layers, num_kv_heads, head_dim)
+def measured_crossover(
+    num_layers: int, num_kv_heads: int, head_dim: int, kind: str = DEFAULT_KIND
+) -> int:
+    """The measured crossover for this machine, backend, geometry and step kind, 0 where none
+    was measured (user table first, then the built-in table; module docstring)."""
+    row = lookup_crossover(num_layers, num_kv_heads, head_dim, kind)
     return row.tokens if row is not None else 0
 
 
 def describe_crossover(
-    num_layers: int, num_kv_heads: int, head_dim: int, source: str, estimate: int | None = None
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    source: str,
+    estimate: int | None = None,
+    kind: str = DEFAULT_KIND,
 ) -> str:
-    """What `a2ats info SOURCE` says about the default `exact_below` for this geometry:
-    measured on this machine, the built-in row, or `estimate` (the cost model's,
+    """What `a2ats info SOURCE` says about the default `exact_below` for this geometry and step
+    kind: measured on this machine, the built-in row, or `estimate` (the cost model's,
     `crossover_model.py`) until a measurement exists."""
-    row = lookup_crossover(num_layers, num_kv_heads, head_dim)
+    row = lookup_crossover(num_layers, num_kv_heads, head_dim, kind)
     if row is None and estimate is not None:
         return (
             f"exact until {estimate:,} tokens (estimated from the geometry: nothing measured on "

@@ -26,11 +26,11 @@ from mlx.utils import tree_flatten
 
 from ..records import ModelGeometry
 from .config import A2ATSConfig
-from .crossover import Crossover, lookup_crossover
+from .crossover import Crossover, lookup_crossover, step_kind
 from .geometry import model_geometry
 
 DEMO_GEOMETRY = (3, 9, 64, 4)  # KV heads, query heads, head dim, bytes per element (float32)
-DEMO_CROSSOVER = 4096  # measured: crossover.MEASURED[("cpu", 30, 3, 64)]
+DEMO_CROSSOVER = 4096  # measured: crossover.MEASURED[("cpu", 30, 3, 64, DEFAULT_KIND)]
 MIN_ESTIMATE = 256  # never 0: retrieval's fixed cost always needs some context to pay off
 MAX_ESTIMATE = 1 << 20
 
@@ -88,21 +88,26 @@ def estimate_for(geometry: ModelGeometry, config: A2ATSConfig, kv_bytes: int) ->
 ESTIMATE_SOURCE = "estimated from the geometry (no measurement on this machine yet)"
 
 
-def default_crossover(model: Any, config: A2ATSConfig) -> Crossover:
-    """The crossover that applies to `model` here: measured on this machine, else the built-in
-    row, else the cost model's estimate (`origin` "estimate"): never 0."""
+def default_crossover(model: Any, config: A2ATSConfig, subspaces: int = 1) -> Crossover:
+    """The crossover that applies to `model` here with these settings (and a codebook of
+    `subspaces` subspaces): measured on this machine, else the built-in row, else the cost
+    model's estimate (`origin` "estimate"): never 0."""
     geometry = model_geometry(model)
-    row = lookup_crossover(geometry.num_layers, geometry.num_kv_heads, geometry.head_dim)
+    kind = step_kind(config, subspaces)
+    row = lookup_crossover(geometry.num_layers, geometry.num_kv_heads, geometry.head_dim, kind)
     if row is not None:
         return row
     kv_bytes = tree_flatten(model.parameters())[0][1].dtype.size
     return Crossover(estimate_for(geometry, config, kv_bytes), ESTIMATE_SOURCE, origin="estimate")
 
 
-def with_default_crossover(model: Any, config: A2ATSConfig) -> tuple[A2ATSConfig, Crossover]:
+def with_default_crossover(
+    model: Any, config: A2ATSConfig, codebook: Any = None
+) -> tuple[A2ATSConfig, Crossover]:
     """`config` with `exact_below` set to the crossover that applies (when it is None), and
-    that crossover (what the app and `a2ats chat` run with; `a2ats info` says which applies)."""
+    that crossover (what the app and `a2ats chat` run with; `a2ats info` says which applies).
+    `codebook`: the one the caches use (its subspace count is part of the step kind)."""
     if config.exact_below is not None:
         return config, Crossover(config.exact_below, "set in the settings", origin="settings")
-    row = default_crossover(model, config)
+    row = default_crossover(model, config, getattr(codebook, "num_subspaces", 1))
     return replace(config, exact_below=row.tokens), row

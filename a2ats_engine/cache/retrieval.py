@@ -38,6 +38,15 @@ def estimate_applies(config, codebook) -> bool:
     return config.estimate_missed
 
 
+def estimate_slots(config, buckets, codebook) -> tuple[tuple[int, ...] | None, int]:
+    """The missed-attention estimate's slots: (the distance-bucket lower edges a slot is split
+    by, or None, and the slot count). (bucket, code) pairs, or codes alone with
+    `estimate_scores="code_mean"`. `buckets`: the cache's (distances, lower edges)."""
+    if config.estimate_scores == "code_mean":
+        return None, codebook.n_centroids
+    return buckets[1], len(buckets[0]) * codebook.n_centroids
+
+
 class PhaseClock:
     """Opt-in timing of a decode step's phases (`a2ats bench decode --profile`): each phase is
     evaluated on its own (`mx.eval`), so the time it took is its own and not spread over the

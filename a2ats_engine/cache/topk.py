@@ -32,7 +32,7 @@ import mlx.core as mx
 import numpy as np
 
 from .attention import Layout, fixed_parts
-from .crossover import TOP_K_STRATEGIES, measured_top_k
+from .crossover import DEFAULT_KIND, TOP_K_STRATEGIES, measured_top_k
 from .host_attention import cpu_only
 
 ENV = "A2ATS_TOPK"
@@ -53,14 +53,17 @@ def forced(strategy: str) -> Iterator[None]:
         _forced = before
 
 
-def choose_top_k(geometry: tuple[int, int, int] | None = None) -> MlxTopK | NumpyTopK:
+def choose_top_k(
+    geometry: tuple[int, int, int] | None = None, kind: str = DEFAULT_KIND
+) -> MlxTopK | NumpyTopK:
     """A fresh strategy for one cache. In order: a `forced` one, `A2ATS_TOPK`, the one the
     crossover measurement found faster on this machine for this geometry (attention layers, KV
-    heads, head dim; `crossover.measured_top_k`), else NumPy on CPU-only MLX and MLX otherwise.
+    heads, head dim) and step kind (`crossover.measured_top_k`), else NumPy on CPU-only MLX and
+    MLX otherwise.
     """
     choice = (_forced or os.environ.get(ENV, "")).strip().lower()
     if choice not in TOP_K_STRATEGIES and geometry is not None:
-        choice = measured_top_k(*geometry) or ""
+        choice = measured_top_k(*geometry, kind) or ""
     host = choice == "numpy" if choice in TOP_K_STRATEGIES else cpu_only()
     return NumpyTopK() if host else MlxTopK()
 

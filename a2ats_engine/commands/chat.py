@@ -252,7 +252,7 @@ def _a2ats(args: argparse.Namespace, model: Any, path: Path) -> tuple:
         print(f"warning: {printable(note, newlines=False)}", file=sys.stderr)
         # make_cache validates again when the session builds its caches: say it only once
         warnings.filterwarnings("ignore", message=re.escape(note))
-    config, crossover = with_default_crossover(model, config)
+    config, crossover = with_default_crossover(model, config, codebook)
     print(
         f"cache: a2ats, codebook {path}; exact until {config.exact_below:,} tokens "
         f"({crossover_origin(crossover)})",

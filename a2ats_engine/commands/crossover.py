@@ -7,9 +7,10 @@ import argparse
 import json
 from pathlib import Path
 
+from ..cache.config import ESTIMATE_SCORES
 from . import _limits as limits
 from ._bench_common import command_line
-from ._flags import add_json_flag
+from ._flags import add_json_flag, add_retrieval_flags
 from .models import SOURCE_HELP
 
 DEFAULT_CONTEXTS = "512,1024,2048,4096,8192,16384"
@@ -28,8 +29,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "ratio is >= 1 at every larger context measured; when retrieval is slower even at "
             "the largest context, the model attends exactly through it and retrieves beyond. "
             "The result goes into crossover.json in the user data dir ($A2ATS_CROSSOVER_FILE "
-            "overrides the path), keyed by backend, machine and attention geometry: every "
-            "A2ATS cache with exact_below unset uses it (A2ATSConfig.exact_below overrides it). "
+            "overrides the path), keyed by backend, machine, attention geometry and the "
+            "settings a retrieval step's cost depends on (codebook subspaces, --budget, "
+            "--rerank, distance buckets, K/V precision, --estimate): every A2ATS cache with "
+            "those settings and exact_below unset uses it (A2ATSConfig.exact_below overrides it). "
             "On CPU-only MLX both top-K strategies (MLX's, NumPy's) are timed and the faster "
             "one at the largest context is recorded for the caches to use. "
             "Measure on a quiet machine: other work makes the ratios noisy."
@@ -53,6 +56,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--repeats", type=int, default=3, help="measurements per context; the median ratio counts"
     )
+    add_retrieval_flags(p)
+    p.add_argument(
+        "--estimate",
+        choices=("off", *ESTIMATE_SCORES),
+        default="off",
+        help="the missed-attention estimate, off or its slot scores (default off)",
+    )
     add_json_flag(p, run)
     p.add_argument("--dry-run", action="store_true", help="measure and decide, record nothing")
 
@@ -69,6 +79,11 @@ def run(args: argparse.Namespace) -> int:
     contexts = parse_contexts(args.contexts)
     steps = limits.count("--steps", args.steps)
     repeats = limits.count("--repeats", args.repeats, 1, limits.MAX_REPEATS)
+    budget = limits.budget(args.budget)
+    limits.config_check("--rerank", rerank=args.rerank)
+    estimate = {"estimate_missed": True, "estimate_scores": args.estimate}
+    if args.estimate == "off":
+        estimate = {}
 
     from ..bench.crossover_probe import measure_crossover
     from ..cache import crossover as xo
@@ -92,7 +107,9 @@ def run(args: argparse.Namespace) -> int:
 
         silence_random_codebook_warning()
         codebook_desc = f"random ({RANDOM_CENTROIDS} centroids; none found for this model)"
-    config = a2ats_config(codebook, model, exact_below=0)
+    config = a2ats_config(
+        codebook, model, exact_below=0, budget=budget, rerank=args.rerank, **estimate
+    )
     geo = model_geometry(model)
     entry, timings = measure_crossover(
         model, info.name, contexts, steps=steps, repeats=repeats, config=config,
@@ -126,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
         f"{steps} steps, median of {repeats} run(s)"
     )
     print(f"machine: {entry['backend']}, {entry['machine']}")
+    print(f"settings: {entry['step']}")
     print(f"{'context':>8} {'full tok/s':>11} {'a2ats tok/s':>12} {'a2ats/full':>11}  every run")
     for r in results:
         runs = ", ".join(f"{x:.2f}" for x in r["ratio_runs"])

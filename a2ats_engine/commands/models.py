@@ -137,18 +137,24 @@ def run_info(args: argparse.Namespace) -> int:
 
 
 def crossover_text(info, source: str) -> str | None:
-    """Which default `exact_below` applies to the model on this machine (`cache/crossover.py`),
-    None when A2ATS serves none of its layers."""
+    """Which default `exact_below` applies to the model on this machine (`cache/crossover.py`)
+    with the default settings and the model's default codebook, None when A2ATS serves none of
+    its layers."""
     from .._backend import is_cpu_only
-    from ..cache.crossover import describe_crossover
+    from ..cache.config import A2ATSConfig
+    from ..cache.crossover import describe_crossover, step_kind
     from ..cache.crossover_model import estimate_crossover
+    from ..loading.fetched_models import default_codebook_sub_dim, is_named
 
     plan = info.layer_plan
     if plan is None or plan.refused or not plan.a2ats_layers:
         return None
     kv_bytes = 4 if is_cpu_only() else 2  # float32 K/V on CPU-only MLX (weights dequantized)
     estimate = estimate_crossover(info.num_heads, info.num_kv_heads, info.head_dim, kv_bytes)
-    return describe_crossover(info.num_layers, info.num_kv_heads, info.head_dim, source, estimate)
+    sub_dim = default_codebook_sub_dim(source) if is_named(source) else None
+    kind = step_kind(A2ATSConfig(), info.head_dim // sub_dim if sub_dim else 1)
+    geometry = (info.num_layers, info.num_kv_heads, info.head_dim)
+    return describe_crossover(*geometry, source, estimate, kind)
 
 
 def format_info(info, crossover: str | None = None) -> str:

@@ -260,7 +260,7 @@ def _run_op(state: _State, op: str | None, request: dict) -> dict:
         config = wire.config_from(request.get("a2ats"))
         if config is None:
             raise ValueError("crossover: give an A2ATS config")
-        config, row = with_default_crossover(state.model, config)
+        config, row = with_default_crossover(state.model, config, state.book)
         return {"a2ats": config.to_dict(), "origin": str(getattr(row, "origin", ""))}
     if op == "decode":
         ids = request.get("ids")

@@ -343,10 +343,11 @@ class FakeBackend:
         self.sessions.append(session)
         return session
 
-    def crossover_measured_here(self, model):
+    def crossover_measured_here(self, model, config=None, codebook=None):
+        self.crossover_asked = config
         return self.crossover_known
 
-    def measure_crossover(self, model, name, codebook, progress, cancel):
+    def measure_crossover(self, model, name, codebook, progress, cancel, config=None):
         from app.backend import CrossoverCancelled
 
         self.crossover_runs += 1
@@ -361,7 +362,7 @@ class FakeBackend:
             "ratios": {"1024": 0.9, "2048": 1.1, "4096": 1.3},
         }
 
-    def with_crossover(self, model, config):
+    def with_crossover(self, model, config, codebook=None):
         return config  # the fake model has no geometry: the settings' exact_below as it is
 
     def configure_session(self, session, *, system_prompt, sampling, a2ats, codebook, turns):

@@ -47,6 +47,28 @@ def test_the_first_load_measures_the_crossover_in_the_background(
     assert menu.exact_below == 2048 and backend.crossover_runs == 2
 
 
+def test_new_cache_settings_measure_the_crossover_for_them(auto, make_controller, qtbot):
+    """Settings that change what a retrieval step costs (here the estimate) are measured as on
+    a first load, with the new settings, unless this machine has a row for them already."""
+    from dataclasses import replace
+
+    backend = FakeBackend()
+    controller = make_controller(backend)
+    measured(qtbot, controller, lambda: controller.load_model("fake"))
+    assert backend.crossover_runs == 1 and not backend.crossover_asked.estimate_missed
+    cache = controller.settings.cache
+    on = replace(cache, config=replace(cache.config, estimate_missed=True))
+    result = measured(qtbot, controller, lambda: controller.change_settings(cache=on))
+    assert backend.crossover_runs == 2 and result.exact_below == 2048
+    assert backend.crossover_asked.estimate_missed  # measured with the new settings
+    backend.crossover_known = True  # a row for them: nothing measured again
+    off = measured(qtbot, controller, lambda: controller.change_settings(cache=cache))
+    assert off.skipped and backend.crossover_runs == 2
+    controller.change_settings(theme="dark")  # not the cache: nothing asked
+    qtbot.wait(200)
+    assert backend.crossover_runs == 2
+
+
 def test_a_message_sent_while_it_measures_cancels_it_and_is_answered(auto, make_controller, qtbot):
     backend = FakeBackend()
     backend.crossover_delay = 0.5
@@ -80,6 +102,7 @@ def test_the_engine_backend_measures_records_and_can_be_cancelled(tmp_path, monk
     from tiny import tiny_model
 
     from a2ats_engine.cache import crossover as xo
+    from a2ats_engine.cache.config import A2ATSConfig
     from app.backend import CrossoverCancelled, EngineBackend
 
     table = tmp_path / "crossover.json"
@@ -88,12 +111,17 @@ def test_the_engine_backend_measures_records_and_can_be_cancelled(tmp_path, monk
     model = tiny_model("llama", max_position_embeddings=2048)
     backend, stages = EngineBackend(), []
     assert not backend.crossover_measured_here(model)
+    estimate = A2ATSConfig(estimate_missed=True)
     cancel = threading.Event()
     entry = backend.measure_crossover(model, "tiny", None, lambda *a: stages.append(a), cancel)
     assert set(entry["ratios"]) == {"1024", "2048"}  # the contexts within the model's own
     (row,) = json.loads(table.read_text())["entries"]
     assert row["exact_below"] == entry["exact_below"] and row["model"] == "tiny"
     assert backend.crossover_measured_here(model) and stages
+    assert not backend.crossover_measured_here(model, estimate)  # other settings: not measured
+    backend.measure_crossover(model, "tiny", None, lambda *a: None, cancel, estimate)
+    assert backend.crossover_measured_here(model, estimate)
+    assert len(json.loads(table.read_text())["entries"]) == 2
     cancel.set()
     with pytest.raises(CrossoverCancelled):
         backend.measure_crossover(model, "tiny", None, lambda *a: None, cancel)

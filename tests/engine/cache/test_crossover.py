@@ -90,8 +90,8 @@ def test_table_round_trip_replaces_the_row_with_the_same_key(table):
     assert data["format"] == xo.FORMAT and data["version"] == xo.VERSION
     assert sorted(e["exact_below"] for e in data["entries"]) == [777, 2048]
     entries = xo.user_table()
-    assert entries[("cpu", xo.machine_id(), 30, 3, 64)]["exact_below"] == 2048
-    assert entries[("cpu", xo.machine_id(), 16, 8, 64)]["model"] == "test-model"
+    assert entries[("cpu", xo.machine_id(), 30, 3, 64, None)]["exact_below"] == 2048
+    assert entries[("cpu", xo.machine_id(), 16, 8, 64, None)]["model"] == "test-model"
     assert not list(table.parent.glob("*.tmp"))  # the temporary file was renamed away
 
 
@@ -165,6 +165,49 @@ def test_a_cache_with_exact_below_unset_uses_the_user_table(table, monkeypatch):
     assert A2ATSCache(0, rope, book, A2ATSConfig(exact_below=5), 8192).exact_below == 5
 
 
+def test_a_row_applies_only_to_the_settings_it_was_measured_with(table, monkeypatch):
+    """The step kind (codebook subspaces, budget, rerank, buckets, K/V precision, estimate) is
+    in the key: a row measured with the estimate on is not used without it and vice versa; a
+    row written before the kind was recorded counts as the default settings, any codebook."""
+    monkeypatch.setattr(xo, "backend", lambda: "cpu")
+    assert xo.step_kind(A2ATSConfig()) == xo.DEFAULT_KIND
+    estimate = xo.step_kind(A2ATSConfig(estimate_missed=True))
+    assert estimate == xo.DEFAULT_KIND + ", estimate mean"
+    assert xo.step_kind(A2ATSConfig(estimate_missed=True), 16).startswith("pq16, ")
+    assert "estimate" not in xo.step_kind(A2ATSConfig(estimate_missed=True), 16)  # it cannot run
+    geometry = (3, 2, D)
+    xo.record_crossover(row(640, geometry=geometry))  # no kind: the defaults
+    xo.record_crossover(row(9000, geometry=geometry, step=estimate))
+    assert xo.measured_crossover(*geometry) == 640
+    assert xo.measured_crossover(*geometry, xo.step_kind(A2ATSConfig(), 16)) == 640
+    assert xo.measured_crossover(*geometry, estimate) == 9000
+    assert xo.measured_crossover(*geometry, xo.step_kind(A2ATSConfig(budget=0.1))) == 0
+    book = Codebook.random(3, 2, D, 16, seed=0)
+    rope = filled_cache(n=1)[2]
+    on = A2ATSConfig(estimate_missed=True)
+    assert A2ATSCache(0, rope, book, on, 8192).exact_below == 9000
+    assert A2ATSCache(0, rope, book, A2ATSConfig(), 8192).exact_below == 640
+    xo.record_crossover(row(700, geometry=geometry, step=xo.DEFAULT_KIND))
+    assert len(json.loads(table.read_text())["entries"]) == 3  # its own row beside the old one
+    assert xo.measured_crossover(*geometry) == 700  # a row with the kind wins over an old one
+    with pytest.raises(ValueError, match="lacks a key field"):
+        xo.record_crossover(row(1, step=3))
+
+
+def test_cli_measures_and_records_with_the_settings_given(tiny_folder, table, capsys):
+    """`a2ats crossover --estimate mean --budget 0.05` measures those settings and records them
+    as the row's kind, beside (not over) the defaults' row."""
+    argv = ["crossover", str(tiny_folder), *ARGV, "--json"]
+    assert main([*argv, "--budget", "0.05", "--estimate", "mean"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    kind = xo.step_kind(A2ATSConfig(budget=0.05, estimate_missed=True))
+    assert out["step"] == kind and out["budget"] == 0.05
+    assert main(argv) == 0
+    capsys.readouterr()
+    kinds = {e["step"] for e in json.loads(table.read_text())["entries"]}
+    assert kinds == {kind, xo.DEFAULT_KIND}
+
+
 def test_machine_id_names_os_architecture_and_cores():
     import os
     import platform
@@ -227,6 +270,7 @@ def test_cli_records_the_table_that_caches_and_info_then_use(tiny_folder, table,
     assert entry["model"] == "tiny-llama" and entry["exact_below"] == out["exact_below"]
     assert (entry["backend"], entry["machine"]) == (xo.backend(), xo.machine_id())
     assert set(entry["ratios"]) == {"150", "300"}
+    assert entry["step"] == xo.DEFAULT_KIND  # the settings it was measured with
     if xo.backend() == "cpu":  # both top-K strategies timed; the faster one recorded
         assert entry["top_k"] in ("mlx", "numpy") and set(entry["top_k_ratios"]) == {"150", "300"}
 
@@ -271,6 +315,8 @@ def test_info_names_the_built_in_row(monkeypatch, capsys):
         (["--contexts", ","], "--contexts is empty"),
         (["--steps", "0"], "--steps=0 is out of range"),
         (["--repeats", "0"], "--repeats=0 is out of range"),
+        (["--budget", "x"], "--budget='x' is not a number"),
+        (["--rerank", "0"], "--rerank"),
     ],
 )
 def test_cli_bad_input_is_one_line(tiny_folder, table, capsys, bad, message):
@@ -329,7 +375,11 @@ def test_the_cost_model_reproduces_the_measured_row_and_is_never_zero():
     from a2ats_engine.cache.crossover_model import MIN_ESTIMATE, estimate_crossover
 
     # calibrated on the demo's measured crossover (9 query / 3 KV heads, d 64, float32)
-    assert estimate_crossover(9, 3, 64, 4) == xo.MEASURED[("cpu", 30, 3, 64)].tokens == 4096
+    assert (
+        estimate_crossover(9, 3, 64, 4)
+        == xo.MEASURED[("cpu", 30, 3, 64, xo.DEFAULT_KIND)].tokens
+        == 4096
+    )
     # more bytes per token for exact attention: retrieval pays off sooner
     qwen3, llama, gemma = (
         estimate_crossover(*g, 4) for g in ((16, 8, 128), (32, 8, 64), (4, 1, 256))

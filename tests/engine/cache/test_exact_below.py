@@ -44,10 +44,14 @@ def test_default_is_the_measured_crossover_for_the_backend_and_geometry(monkeypa
     geometry = (3, 2, D)  # layers, KV heads, head dim of the codebook below
     book = Codebook.random(*geometry, 16, seed=0)
     monkeypatch.setattr(crossover, "backend", lambda: "metal")
-    monkeypatch.setitem(crossover.MEASURED, ("metal", *geometry), crossover.Crossover(900, "t"))
+    key = ("metal", *geometry, crossover.DEFAULT_KIND)
+    monkeypatch.setitem(crossover.MEASURED, key, crossover.Crossover(900, "t"))
     rope = filled_cache(n=1)[2]
     assert A2ATSCache(0, rope, book, A2ATSConfig(), 8192).exact_below == 900
     assert A2ATSCache(0, rope, book, A2ATSConfig(exact_below=5), 8192).exact_below == 5
+    # measured with other settings (the estimate costs a step more): it does not apply
+    assert A2ATSCache(0, rope, book, A2ATSConfig(estimate_missed=True), 8192).exact_below == 0
+    assert A2ATSCache(0, rope, book, A2ATSConfig(budget=0.1), 8192).exact_below == 0
     monkeypatch.setattr(crossover, "backend", lambda: "cpu")  # nobody measured it: 0
     assert A2ATSCache(0, rope, book, A2ATSConfig(), 8192).exact_below == 0
     assert crossover.measured_crossover(30, 3, 64) == 4096  # the demo model on the CPU
@@ -79,7 +83,8 @@ def test_eval_measures_retrieval_even_below_the_crossover(tmp_path, monkeypatch,
     book = tmp_path / "cb.safetensors"
     Codebook.random(2, 2, 64, 32, seed=1).save(book)
     row = crossover.Crossover(100_000, "test")
-    monkeypatch.setitem(crossover.MEASURED, (crossover.backend(), 2, 2, 64), row)
+    kind = crossover.step_kind(A2ATSConfig(budget=0.05))  # what the run below measures with
+    monkeypatch.setitem(crossover.MEASURED, (crossover.backend(), 2, 2, 64, kind), row)
     argv = ["eval", "--model", str(folder), "--codebook", str(book), "--context", "200",
             "--decode", "2", "--budget", "0.05", "--methods", "full,a2ats,a2ats_auto", "--json"]  # fmt: skip
     assert main(argv) == 0
