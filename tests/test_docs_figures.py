@@ -105,6 +105,20 @@ def estimate_scores_cost() -> tuple[int, int]:
     )
 
 
+def estimate_code_effect() -> tuple:
+    """Slots of codes alone against (bucket, code) slots, both scored by their mean keys: ppl
+    vs full pooled at 4K (codes alone, then buckets), then their cost a retrieval step at 8K
+    in percent of its speed (codes alone, then buckets), each pair from one run."""
+    rows = {(r["context"], r["method"]): r["ratio_median"]
+            for r in j("decode_estimate_code.json")["results"]}  # fmt: skip
+    plain = rows[(8192, "a2ats_eb0")]
+    return (
+        pooled("eval_4k_texts_estimate_code.json", "a2ats_estimate_code", "ppl_vs_full"),
+        pooled("eval_4k_texts_estimate_code.json", "a2ats_estimate_mean", "ppl_vs_full"),
+        *(round(100 * (1 - rows[(8192, m)] / plain)) for m in ("a2ats_eb0_estc", "a2ats_eb0_estm")),
+    )
+
+
 def estimate_cost_percent() -> tuple[int]:
     """What the estimate costs a retrieval step in the host step, in percent of its speed: the
     larger of 1K's and 8K's (decode_estimate_host_step.json)."""
@@ -184,6 +198,9 @@ FIGURES: list[tuple[str, str, Callable[[], tuple]]] = [
      "and {:.2f}x at 8K",
      lambda: tuple(r["ratio_median"] for r in j("prefill.json")["results"] if "ratio_median" in r)),
     # ARCHITECTURE and A2ATSConfig: the estimate's quality and its decode cost
+    ("docs/ARCHITECTURE.md", "at 4K it gives {:.3f}x full pooled against {:.3f}x with (bucket, "
+     "code) slots (`eval_4k_texts_estimate_code.json`), for {}% of a retrieval step's speed at "
+     "8K against {}%", estimate_code_effect),
     ("docs/ARCHITECTURE.md", "the attention-output error from {:.3f} to {:.3f} (below oracle "
      "top-K's {:.3f}) and perplexity from {:.3f}x to {:.3f}x full",
      estimate_effect),

@@ -684,28 +684,38 @@ def estimate_speed_table(data: dict) -> str:
     return "\n".join(rows)
 
 
+ESTIMATE_SLOTS = (  # bench decode suffix -> (slot scores' column, its ratio's column)
+    ("est", "estimate, centroid slots", "centroid / without"),
+    ("estm", "estimate, mean slots", "mean / without"),
+    ("estc", "estimate, mean slots of codes alone", "codes alone / without"),
+)
+
+
 def estimate_scores_speed_table(data: dict) -> str:
-    """`a2ats bench decode --methods full,a2ats_eb0,a2ats_eb0_est,a2ats_eb0_estm`: retrieval
-    from the first step without the estimate, with centroid slot scores and with mean ones."""
+    """`a2ats bench decode --methods full,a2ats_eb0,a2ats_eb0_est,a2ats_eb0_estm[,_estc]`:
+    retrieval from the first step without the estimate and with each slot scoring timed."""
     by, contexts = _by_method_and_context(data)
+    kinds = [k for k in ESTIMATE_SLOTS if ("a2ats_eb0_" + k[0], contexts[0]) in by]
     rows = [
         _interleaved_note(data),
         "",
-        "| context | KVCache tok/s | retrieval / KVCache (spread) | estimate, centroid slots "
-        "| estimate, mean slots | centroid / without | mean / without |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| context | KVCache tok/s | retrieval / KVCache (spread) | "
+        + " | ".join(label for _, label, _ in kinds)
+        + " | "
+        + " | ".join(ratio for _, _, ratio in kinds)
+        + " |",
+        "|---:|---:|---:|" + "---:|" * (2 * len(kinds)),
     ]
     for n in contexts:
         full, plain = by[("full", n)], by[("a2ats_eb0", n)]
-        cent, mean = by[("a2ats_eb0_est", n)], by[("a2ats_eb0_estm", n)]
+        each = [by[("a2ats_eb0_" + suffix, n)] for suffix, _, _ in kinds]
         cells = []
-        for r in (plain, cent, mean):
+        for r in (plain, *each):
             lo, hi = r["ratio_spread"]
             cells.append(f"{r['ratio_median']:.2f}x ({lo:.2f}-{hi:.2f})")
+        shares = [f"{r['ratio_median'] / plain['ratio_median']:.2f}" for r in each]
         rows.append(
-            f"| {n:,} | {full['tokens_per_s']:.2f} | {' | '.join(cells)} | "
-            f"{cent['ratio_median'] / plain['ratio_median']:.2f} | "
-            f"{mean['ratio_median'] / plain['ratio_median']:.2f} |"
+            f"| {n:,} | {full['tokens_per_s']:.2f} | {' | '.join(cells)} | {' | '.join(shares)} |"
         )
     return "\n".join(rows)
 
@@ -1538,9 +1548,11 @@ def blocks() -> dict[str, str]:
         ("speed-gemma", "decode_gemma3_270m.json", host_speed_table),
         ("estimate-speed", "decode_estimate_host_step.json", estimate_speed_table),
         ("estimate-scores-speed", "decode_estimate_scores.json", estimate_scores_speed_table),
+        ("estimate-code-speed", "decode_estimate_code.json", estimate_scores_speed_table),
         ("texts-8k", "eval_8k_texts.json", texts_table),
         ("texts-estimate-4k", "eval_4k_texts_estimate.json", texts_table),
         ("texts-estimate-mean-4k", "eval_4k_texts_estimate_mean.json", texts_table),
+        ("texts-estimate-code-4k", "eval_4k_texts_estimate_code.json", texts_table),
         ("texts-estimate-mean-8k", "eval_8k_texts_estimate_mean.json", texts_table),
         ("gemma-texts-8k", "eval_gemma3_270m_8k_texts.json", model_texts_table),
         ("gemma-texts-estimate-4k", "eval_gemma3_270m_4k_texts_estimate.json", model_texts_table),
