@@ -1545,6 +1545,7 @@ def blocks() -> dict[str, str]:
         ("crossover-probe-gemma", "crossover_gemma3_270m.json", crossover_probe_table),
         ("shadow-cost", "shadow_cost.json", shadow_cost_table),
         ("speed-amd", "decode_amd_epyc.json", host_speed_table),
+        ("speed-amd-rerun", "decode_amd_epyc_rerun.json", host_speed_table),
         ("speed-gemma", "decode_gemma3_270m.json", host_speed_table),
         ("estimate-speed", "decode_estimate_host_step.json", estimate_speed_table),
         ("estimate-scores-speed", "decode_estimate_scores.json", estimate_scores_speed_table),
