@@ -8,6 +8,8 @@ and a retrieval step reads the codes, the rerank candidates' keys and the select
                                                             KV head with a shared rerank)
                  + selected(N) * n_kv * d * b * 2          (sinks + window + G*K, keys and values)
                  + FIXED_BYTES                             (the step's fixed cost, as bytes)
+                 + slots * row                             (with the missed-attention estimate:
+                                                            its per-slot sums, read every step)
 with K = max(min_k, ceil(budget * N)) and G query heads per KV head. The estimate is the
 smallest context (tokens) from which exact(N) >= retrieval(N). FIXED_BYTES is calibrated on the
 one crossover measured on a quiet machine (the demo model's 4,096 tokens on a 2-core x86_64
@@ -44,12 +46,27 @@ def _selected(n: int, n_q: int, n_kv: int, config: A2ATSConfig) -> tuple[int, in
     return candidates, config.sinks + config.window + group * k
 
 
-def step_bytes(n: int, n_q: int, n_kv: int, d: int, b: int, config: A2ATSConfig) -> tuple:
-    """(exact attention's bytes, retrieval's bytes without the fixed cost) per layer and step."""
+def estimate_bytes(n_kv: int, d: int, config: A2ATSConfig, n_centroids: int | None) -> int:
+    """What the missed-attention estimate reads a step per layer: its float32 per-slot counts
+    and sums (values, and keys unless slots are scored by their centroid); 0 when it is off or
+    the codebook's size is not known."""
+    if not config.estimate_missed or not n_centroids:
+        return 0
+    by_code = config.estimate_scores == "code_mean"
+    slots = n_centroids * (1 if by_code else config.far_buckets)
+    row = 1 + d * (1 if config.estimate_scores == "centroid" else 2)
+    return slots * n_kv * row * 4
+
+
+def step_bytes(
+    n: int, n_q: int, n_kv: int, d: int, b: int, config: A2ATSConfig, n_centroids: int | None = None
+) -> tuple:
+    """(exact attention's bytes, retrieval's bytes without the fixed cost) per layer and step;
+    `n_centroids`: the one-VQ codebook's size, for the estimate's sums (`estimate_bytes`)."""
     candidates, selected = _selected(n, n_q, n_kv, config)
     exact = 2 * n * n_kv * d * b
     retrieval = 2 * n * n_kv + candidates * n_kv * d * b + selected * n_kv * d * b * 2
-    return exact, retrieval
+    return exact, retrieval + estimate_bytes(n_kv, d, config, n_centroids)
 
 
 def _fixed_bytes() -> int:
@@ -63,7 +80,12 @@ FIXED_BYTES = _fixed_bytes()
 
 
 def estimate_crossover(
-    n_q: int, n_kv: int, head_dim: int, kv_bytes: int, config: A2ATSConfig | None = None
+    n_q: int,
+    n_kv: int,
+    head_dim: int,
+    kv_bytes: int,
+    config: A2ATSConfig | None = None,
+    n_centroids: int | None = None,
 ) -> int:
     """The estimated crossover (tokens) for one layer geometry and the cache's settings: the
     smallest context on a quarter-octave grid (256, 304, 362, 431, 512, ..., 1.19x apart) from
@@ -72,33 +94,39 @@ def estimate_crossover(
     config = config or A2ATSConfig()
     for i in range(4 * int(math.log2(MAX_ESTIMATE // MIN_ESTIMATE)) + 1):
         n = round(MIN_ESTIMATE * 2 ** (i / 4))
-        exact, retrieval = step_bytes(n, n_q, n_kv, head_dim, kv_bytes, config)
+        exact, retrieval = step_bytes(n, n_q, n_kv, head_dim, kv_bytes, config, n_centroids)
         if exact >= retrieval + FIXED_BYTES:
             return n
     return MAX_ESTIMATE
 
 
-def estimate_for(geometry: ModelGeometry, config: A2ATSConfig, kv_bytes: int) -> int:
+def estimate_for(
+    geometry: ModelGeometry, config: A2ATSConfig, kv_bytes: int, n_centroids: int | None = None
+) -> int:
     """`estimate_crossover` for a model's geometry (its reference A2ATS layer)."""
     return estimate_crossover(
-        geometry.num_heads, geometry.num_kv_heads, geometry.head_dim, kv_bytes, config
+        geometry.num_heads, geometry.num_kv_heads, geometry.head_dim, kv_bytes, config, n_centroids
     )
 
 
 ESTIMATE_SOURCE = "estimated from the geometry (no measurement on this machine yet)"
 
 
-def default_crossover(model: Any, config: A2ATSConfig, subspaces: int = 1) -> Crossover:
-    """The crossover that applies to `model` here with these settings (and a codebook of
-    `subspaces` subspaces): measured on this machine, else the built-in row, else the cost
-    model's estimate (`origin` "estimate"): never 0."""
+def default_crossover(model: Any, config: A2ATSConfig, codebook: Any = None) -> Crossover:
+    """The crossover that applies to `model` here with these settings and codebook (None: a
+    one-VQ one of unknown size): measured on this machine, else the built-in row, else the cost
+    model's estimate (`origin` "estimate"; it counts the estimate's sums where the codebook's
+    size is known): never 0."""
     geometry = model_geometry(model)
+    subspaces = getattr(codebook, "num_subspaces", 1)
     kind = step_kind(config, subspaces)
     row = lookup_crossover(geometry.num_layers, geometry.num_kv_heads, geometry.head_dim, kind)
     if row is not None:
         return row
     kv_bytes = tree_flatten(model.parameters())[0][1].dtype.size
-    return Crossover(estimate_for(geometry, config, kv_bytes), ESTIMATE_SOURCE, origin="estimate")
+    n_centroids = getattr(codebook, "n_centroids", None) if subspaces == 1 else None
+    tokens = estimate_for(geometry, config, kv_bytes, n_centroids)
+    return Crossover(tokens, ESTIMATE_SOURCE, origin="estimate")
 
 
 def with_default_crossover(
@@ -109,5 +137,5 @@ def with_default_crossover(
     `codebook`: the one the caches use (its subspace count is part of the step kind)."""
     if config.exact_below is not None:
         return config, Crossover(config.exact_below, "set in the settings", origin="settings")
-    row = default_crossover(model, config, getattr(codebook, "num_subspaces", 1))
+    row = default_crossover(model, config, codebook)
     return replace(config, exact_below=row.tokens), row

@@ -387,6 +387,13 @@ def test_the_cost_model_reproduces_the_measured_row_and_is_never_zero():
     assert qwen3 < llama < gemma < 4096  # more bytes per token than the demo: sooner
     assert estimate_crossover(9, 3, 64, 2) > 4096  # fp16 K/V: exact attention reads half
     assert estimate_crossover(2, 2, 16, 4) >= MIN_ESTIMATE > 0  # tiny: never 0
+    # the missed-attention estimate reads its per-slot sums every step: retrieval pays later,
+    # the more so with (bucket, code) slots than with codes alone, and only where C is known
+    on = A2ATSConfig(estimate_missed=True)
+    by_code = A2ATSConfig(estimate_missed=True, estimate_scores="code_mean")
+    with_sums = estimate_crossover(9, 3, 64, 4, on, n_centroids=512)
+    assert with_sums > estimate_crossover(9, 3, 64, 4, by_code, n_centroids=512) > 4096
+    assert estimate_crossover(9, 3, 64, 4, on) == 4096  # codebook size unknown: not counted
 
 
 def test_the_app_and_chat_default_follows_a_measurement_over_the_estimate(tiny_folder, table):
