@@ -15,6 +15,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ..cache.config import ESTIMATE_SCORES
+
 REPL_HELP = "commands: /reset clears the conversation, /exit (or Ctrl-D) quits"
 
 
@@ -65,6 +67,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(e.g. 0.03) or a token count (e.g. 256)",
     )
     p.add_argument("--window", type=int, help="A2ATS exact-RoPE window in tokens")
+    p.add_argument(
+        "--estimate",
+        choices=("off", *ESTIMATE_SCORES),
+        help="A2ATS: fold the far tokens not retrieved into the softmax through per-slot sums, "
+        "with these slot scores (mean: what the app's checkbox turns on); default off. On this "
+        "computer only (not with --hosts)",
+    )
     p.add_argument(
         "--kv-memory",
         type=memory_size,
@@ -142,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "tensor", False) and not getattr(args, "hosts", None):
         raise ValueError("--tensor splits the model over hosts: give --hosts FILE")
     if getattr(args, "hosts", None):
+        if getattr(args, "estimate", None) not in (None, "off"):
+            raise ValueError("--estimate runs in a chat on this computer only, not with --hosts")
         if args.port is not None:
             limits.count("--port", args.port, 1024, 65535)
         from ..distributed.launch import run_on_hosts
@@ -224,9 +235,10 @@ def _cache_choice(args: argparse.Namespace, model: Any, model_path: Path | None)
             "(make one with `a2ats calibrate --model SOURCE --out FILE`)"
         )
     if path is None or args.cache == "full":
-        if args.budget is not None or args.window is not None or args.kv_memory is not None:
+        knobs = (args.budget, args.window, args.kv_memory)
+        if any(k is not None for k in knobs) or args.estimate not in (None, "off"):
             print(
-                "note: --budget/--window/--kv-memory apply to the A2ATS cache only; "
+                "note: --budget/--window/--kv-memory/--estimate apply to the A2ATS cache only; "
                 "using the full cache",
                 file=sys.stderr,
             )
@@ -242,6 +254,8 @@ def _a2ats(args: argparse.Namespace, model: Any, path: Path) -> tuple:
 
     codebook = Codebook.load(path)
     knobs = {"budget": args.budget, "window": args.window, "kv_memory": args.kv_memory}
+    if args.estimate not in (None, "off"):
+        knobs.update(estimate_missed=True, estimate_scores=args.estimate)
     if codebook.metadata.get("far_offset") is not None:  # use the b it was calibrated with
         knobs["far_offset"] = int(codebook.metadata["far_offset"])
     config = A2ATSConfig(**{k: v for k, v in knobs.items() if v is not None})
@@ -253,8 +267,11 @@ def _a2ats(args: argparse.Namespace, model: Any, path: Path) -> tuple:
         # make_cache validates again when the session builds its caches: say it only once
         warnings.filterwarnings("ignore", message=re.escape(note))
     config, crossover = with_default_crossover(model, config, codebook)
+    estimate = ""
+    if config.estimate_missed and codebook.num_subspaces == 1:
+        estimate = f"; missed-attention estimate ({config.estimate_scores} slot scores)"
     print(
-        f"cache: a2ats, codebook {path}; exact until {config.exact_below:,} tokens "
+        f"cache: a2ats, codebook {path}{estimate}; exact until {config.exact_below:,} tokens "
         f"({crossover_origin(crossover)})",
         file=sys.stderr,
     )

@@ -140,6 +140,32 @@ def test_codebook_in_model_folder_is_the_default(tmp_path, capsys):
     assert "cache: a2ats" not in capsys.readouterr().err
 
 
+def test_the_estimate_flag_turns_the_missed_attention_estimate_on(tmp_path, capsys, monkeypatch):
+    """`--estimate mean` runs the chat's A2ATS caches with the estimate (said on stderr, and
+    the caches built with it); with --hosts it is refused, not dropped."""
+    from a2ats_engine.cache.codebook import Codebook
+    from a2ats_engine.session import ChatSession
+
+    model_dir = save_tiny_model(tmp_path / "model", "llama")
+    Codebook.random(2, 2, 16, 32).save(model_dir / "codebook.safetensors")
+    configs = []
+    init = ChatSession.__init__
+
+    def spy(self, *a, **kw):
+        configs.append(kw.get("a2ats"))
+        init(self, *a, **kw)
+
+    monkeypatch.setattr(ChatSession, "__init__", spy)
+    args = ["chat", "--model", str(model_dir), "--prompt", "Hi", "--max-tokens", "3"]
+    assert main([*args, "--estimate", "mean"]) == 0
+    assert "missed-attention estimate (mean slot scores)" in capsys.readouterr().err
+    assert configs and configs[-1].estimate_missed and configs[-1].estimate_scores == "mean"
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text('[{"ssh": "localhost"}]')
+    assert main([*args, "--estimate", "mean", "--hosts", str(hosts)]) == 1
+    assert "--estimate runs in a chat on this computer only" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
