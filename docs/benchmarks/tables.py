@@ -720,6 +720,27 @@ def estimate_scores_speed_table(data: dict) -> str:
     return "\n".join(rows)
 
 
+def decode_methods_table(data: dict) -> str:
+    """Any `a2ats bench decode` run: one row per context and method, its speed and its ratio to
+    KVCache (median, spread over the runs)."""
+    by, contexts = _by_method_and_context(data)
+    rows = [
+        _interleaved_note(data),
+        "",
+        "| context | method | tok/s | / KVCache (spread) |",
+        "|---:|---|---:|---:|",
+    ]
+    for n in contexts:
+        for (method, context), r in by.items():
+            if context == n:
+                lo, hi = r.get("ratio_spread", (1.0, 1.0))
+                rows.append(
+                    f"| {n:,} | {method} | {r['tokens_per_s']:.2f} | "
+                    f"{r['ratio_median']:.2f}x ({lo:.2f}-{hi:.2f}) |"
+                )
+    return "\n".join(rows)
+
+
 def shadow_cost_table(data: dict) -> str:
     """`a2ats bench decode ... --methods full,a2ats,a2ats_telemetry` below the crossover: what
     the inspector costs while it is visible (telemetry with the shadow selection every step)."""
@@ -1550,10 +1571,12 @@ def blocks() -> dict[str, str]:
         ("estimate-speed", "decode_estimate_host_step.json", estimate_speed_table),
         ("estimate-scores-speed", "decode_estimate_scores.json", estimate_scores_speed_table),
         ("estimate-code-speed", "decode_estimate_code.json", estimate_scores_speed_table),
+        ("estimate-rr4-speed", "decode_estimate_rr4.json", decode_methods_table),
         ("texts-8k", "eval_8k_texts.json", texts_table),
         ("texts-estimate-4k", "eval_4k_texts_estimate.json", texts_table),
         ("texts-estimate-mean-4k", "eval_4k_texts_estimate_mean.json", texts_table),
         ("texts-estimate-code-4k", "eval_4k_texts_estimate_code.json", texts_table),
+        ("texts-estimate-rr4-8k", "eval_8k_texts_estimate_rr4.json", texts_table),
         ("texts-estimate-mean-8k", "eval_8k_texts_estimate_mean.json", texts_table),
         ("gemma-texts-8k", "eval_gemma3_270m_8k_texts.json", model_texts_table),
         ("gemma-texts-estimate-4k", "eval_gemma3_270m_4k_texts_estimate.json", model_texts_table),
