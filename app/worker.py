@@ -289,13 +289,10 @@ class EngineWorker(QObject):
 
     # ----- calibration ------------------------------------------------------------------------
 
-    def measure_crossover(
-        self, name: str, automatic: bool, seq: int = 0, config: A2ATSConfig | None = None
-    ) -> None:
-        """Measure the loaded model's crossover on this machine with the A2ATS settings
-        `config` (None: the defaults) and the loaded codebook, and record it; `automatic` (the
-        first load of a model here, or new settings): only when this machine has no measurement
-        for them yet. A cancel that came while it was still queued cancels it before it starts."""
+    def measure_crossover(self, name: str, automatic: bool, seq: int = 0, config=None) -> None:
+        """Measure the loaded model's crossover here with the A2ATS settings `config` (None:
+        the defaults) and the loaded codebook, and record it; `automatic` (a first load, new
+        settings): only where none is measured for them. A cancel queued before it cancels it."""
         if self._model is None:
             return
         with self._crossover.running(seq) as cancel:
@@ -307,8 +304,8 @@ class EngineWorker(QObject):
         try:
             if cancel.is_set():
                 raise CrossoverCancelled("cancelled before it started")
-            measured = self.backend.crossover_measured_here(self._model, config, self._codebook)
-            if automatic and measured:
+            here = self.backend.crossover_measured_here
+            if automatic and here(self._model, config, self._codebook):
                 self.crossover_measured.emit(CrossoverMeasured(skipped=True))
                 return
 

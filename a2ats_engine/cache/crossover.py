@@ -102,15 +102,13 @@ def step_kind(config: Any, subspaces: int = 1) -> str:
     return ", ".join(parts)
 
 
+DEFAULT_KIND = "vq, budget 0.03, rerank 2, buckets 4, kv model dtype"  # A2ATSConfig(), one VQ
+
+
 def _default_settings(kind: str) -> bool:
     """Whether `kind` is the default settings (any codebook): what a row without a `step`
     (written before it was recorded, always with the defaults) was measured with."""
-    from .config import A2ATSConfig
-
-    return kind.split(", ", 1)[-1] == step_kind(A2ATSConfig()).split(", ", 1)[-1]
-
-
-DEFAULT_KIND = "vq, budget 0.03, rerank 2, buckets 4, kv model dtype"  # A2ATSConfig(), one VQ
+    return kind.split(", ", 1)[-1] == DEFAULT_KIND.split(", ", 1)[-1]
 
 # (backend, attention layers, KV heads, head dim, step kind) -> crossover
 MEASURED: dict[tuple[str, int, int, int, str], Crossover] = {
