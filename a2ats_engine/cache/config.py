@@ -241,6 +241,33 @@ class A2ATSConfig:
         return from_known_fields(cls, data)
 
 
+PRESETS: dict[str, dict[str, Any]] = {
+    "speed": {"rerank": 2, "estimate_missed": False},
+    "quality": {"rerank": 4, "estimate_missed": True, "estimate_scores": "mean"},
+}
+"""Named retrieval settings (the app's Preset box, `a2ats chat --preset`), each the fields it
+sets. "speed" is the default (`A2ATSConfig()`); "quality" widens the rerank and turns the
+missed-attention estimate on: full attention's perplexity at 8K on the demo model, for the
+decode speed-up there (docs/BENCHMARKS.md, "Across texts" and "Settings at 8K"). With a
+product-VQ codebook the estimate stays off (`retrieval.estimate_applies` warns), so "quality"
+is the wider rerank alone there."""
+
+
+def with_preset(config: A2ATSConfig, name: str) -> A2ATSConfig:
+    """`config` with the fields of preset `name` (ValueError naming the presets otherwise)."""
+    if name not in PRESETS:
+        raise ValueError(f"preset {name!r} is unknown: must be one of {', '.join(PRESETS)}")
+    return replace(config, **PRESETS[name])
+
+
+def preset_of(config: A2ATSConfig) -> str | None:
+    """The preset whose every field `config` has, else None (custom settings)."""
+    for name, fields in PRESETS.items():
+        if all(getattr(config, key) == value for key, value in fields.items()):
+            return name
+    return None
+
+
 def scaled_budget(budget: float | int, multiplier: float) -> float | int:
     """`budget` times a layer's multiplier: a fraction capped at 1 (1 = every far token: the
     layer attends exactly), an int token count rounded and at least 1."""

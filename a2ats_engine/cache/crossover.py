@@ -110,6 +110,7 @@ def _default_settings(kind: str) -> bool:
     (written before it was recorded, always with the defaults) was measured with."""
     return kind.split(", ", 1)[-1] == DEFAULT_KIND.split(", ", 1)[-1]
 
+
 # (backend, attention layers, KV heads, head dim, step kind) -> crossover
 MEASURED: dict[tuple[str, int, int, int, str], Crossover] = {
     ("cpu", 30, 3, 64, DEFAULT_KIND): Crossover(

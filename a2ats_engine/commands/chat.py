@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ..cache.config import ESTIMATE_SCORES
+from ..cache.config import ESTIMATE_SCORES, PRESETS, preset_of
 
 REPL_HELP = "commands: /reset clears the conversation, /exit (or Ctrl-D) quits"
 
@@ -73,6 +73,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="A2ATS: fold the far tokens not retrieved into the softmax through per-slot sums, "
         "with these slot scores (mean: what the app's checkbox turns on); default off. On this "
         "computer only (not with --hosts)",
+    )
+    p.add_argument(
+        "--preset",
+        choices=tuple(PRESETS),
+        help="A2ATS retrieval preset: speed (the default: rerank 2, no estimate) or quality "
+        "(rerank 4 and the mean-scored estimate: full attention's perplexity at 8K on the demo, "
+        "without the decode speed-up); --rerank and --estimate override its fields. On this "
+        "computer only (not with --hosts)",
+    )
+    p.add_argument(
+        "--rerank",
+        type=int,
+        help="A2ATS: score the top N*K far tokens by codebook exactly and keep the best K "
+        "(1-64; default 2). On this computer only (not with --hosts)",
     )
     p.add_argument(
         "--kv-memory",
@@ -151,8 +165,13 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "tensor", False) and not getattr(args, "hosts", None):
         raise ValueError("--tensor splits the model over hosts: give --hosts FILE")
     if getattr(args, "hosts", None):
-        if getattr(args, "estimate", None) not in (None, "off"):
-            raise ValueError("--estimate runs in a chat on this computer only, not with --hosts")
+        for flag, given in (
+            ("--estimate", getattr(args, "estimate", None) not in (None, "off")),
+            ("--preset", getattr(args, "preset", None) not in (None, "speed")),
+            ("--rerank", getattr(args, "rerank", None) is not None),
+        ):
+            if given:
+                raise ValueError(f"{flag} runs in a chat on this computer only, not with --hosts")
         if args.port is not None:
             limits.count("--port", args.port, 1024, 65535)
         from ..distributed.launch import run_on_hosts
@@ -163,7 +182,9 @@ def run(args: argparse.Namespace) -> int:
     limits.count("--max-tokens", args.max_tokens, 1, limits.MAX_CONTEXT)
     if args.top_k is not None:
         limits.count("--top-k", args.top_k, 0, 1 << 24)
-    limits.config_check(budget=args.budget, window=args.window, kv_memory=args.kv_memory)
+    limits.config_check(
+        budget=args.budget, window=args.window, kv_memory=args.kv_memory, rerank=args.rerank
+    )
     sampling_for(args, None)  # a bad flag fails before the model loads
     model, tokenizer, model_path, recommended = _load(args.model)
     sampling = sampling_for(args, recommended)
@@ -235,11 +256,11 @@ def _cache_choice(args: argparse.Namespace, model: Any, model_path: Path | None)
             "(make one with `a2ats calibrate --model SOURCE --out FILE`)"
         )
     if path is None or args.cache == "full":
-        knobs = (args.budget, args.window, args.kv_memory)
+        knobs = (args.budget, args.window, args.kv_memory, args.rerank, args.preset)
         if any(k is not None for k in knobs) or args.estimate not in (None, "off"):
             print(
-                "note: --budget/--window/--kv-memory/--estimate apply to the A2ATS cache only; "
-                "using the full cache",
+                "note: --budget/--window/--kv-memory/--preset/--rerank/--estimate apply to the "
+                "A2ATS cache only; using the full cache",
                 file=sys.stderr,
             )
         return None, None
@@ -254,7 +275,12 @@ def _a2ats(args: argparse.Namespace, model: Any, path: Path) -> tuple:
 
     codebook = Codebook.load(path)
     knobs = {"budget": args.budget, "window": args.window, "kv_memory": args.kv_memory}
-    if args.estimate not in (None, "off"):
+    knobs.update(PRESETS[args.preset or "speed"])
+    if args.rerank is not None:
+        knobs["rerank"] = args.rerank
+    if args.estimate == "off":
+        knobs["estimate_missed"] = False
+    elif args.estimate is not None:
         knobs.update(estimate_missed=True, estimate_scores=args.estimate)
     if codebook.metadata.get("far_offset") is not None:  # use the b it was calibrated with
         knobs["far_offset"] = int(codebook.metadata["far_offset"])
@@ -270,6 +296,8 @@ def _a2ats(args: argparse.Namespace, model: Any, path: Path) -> tuple:
     estimate = ""
     if config.estimate_missed and codebook.num_subspaces == 1:
         estimate = f"; missed-attention estimate ({config.estimate_scores} slot scores)"
+    preset = preset_of(config)
+    estimate = f"; preset {preset or 'custom'}, rerank {config.rerank}{estimate}"
     print(
         f"cache: a2ats, codebook {path}{estimate}; exact until {config.exact_below:,} tokens "
         f"({crossover_origin(crossover)})",

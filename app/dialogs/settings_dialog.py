@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from a2ats_engine.cache.config import PRESETS, A2ATSConfig, preset_of
 from a2ats_engine.records import MODEL_SAMPLING_FIELDS, SamplingSettings
 
 from ..settings import THEMES, CacheSettings
@@ -50,6 +51,14 @@ KV_MEMORY_HELP = (
     "in the cache folder that the OS can page out, and only the codes stay in memory: each "
     "decode step reads back the few rows it attends. Needs full-precision storage. "
     "\u201cno limit\u201d keeps every row in memory; 0 MB puts every row in the file."
+)
+PRESET_LABELS = {"speed": "Speed (default)", "quality": "Quality", None: "Custom"}
+PRESET_HELP = (
+    "Speed: rerank 2, no estimate. Quality: rerank 4 and the missed-attention estimate: "
+    "perplexity 0.998x full attention at 8K on the demo model (three texts) against 1.030x "
+    "with Speed, but at 8K a retrieval step then decodes at 0.99x KVCache's speed on a 2-core "
+    "CPU instead of 1.45x (docs/BENCHMARKS.md). With a product-VQ codebook (Gemma 3) the "
+    "estimate stays off: Quality is the wider rerank alone there."
 )
 # The A2ATSConfig fields edited in a spin box of the same name, as they are.
 CONFIG_SPINS = (
@@ -209,6 +218,16 @@ class SettingsDialog(QDialog):
             "at 8K on a 2-core CPU) and larger per-slot sums (docs/BENCHMARKS.md sections 1 and "
             "2). Inspector > Fidelity shows the estimated mass."
         )
+        self.preset = QComboBox()
+        self.preset.setAccessibleName("Retrieval preset")
+        for name, label in PRESET_LABELS.items():
+            self.preset.addItem(label, name)
+        self.preset.model().item(self.preset.findData(None)).setEnabled(False)  # a state only
+        self.preset_help = _hint(PRESET_HELP)
+        self.preset.currentIndexChanged.connect(self._on_preset_chosen)
+        self.rerank.valueChanged.connect(self._show_preset)
+        self.estimate_missed.toggled.connect(self._show_preset)
+        self._show_preset()
         self.kv_bits = QComboBox()
         self.kv_bits.setAccessibleName("Stored K/V precision")
         for label, bits in KV_BITS:
@@ -238,6 +257,8 @@ class SettingsDialog(QDialog):
             ("Budget", self.budget),
             ("Min retrieved", self.min_k),
             ("Distance buckets", self.far_buckets),
+            ("Preset", self.preset),
+            ("", self.preset_help),
             ("Rerank", self.rerank),
             ("Missed attention", self.estimate_missed),
             ("K/V storage", self.kv_bits),
@@ -254,6 +275,35 @@ class SettingsDialog(QDialog):
         layout.addWidget(note)
         layout.addStretch(1)
         return page
+
+    def _preset_fields(self) -> A2ATSConfig:
+        """The held config with the dialog's rerank and estimate (what a preset sets)."""
+        return replace(
+            self._config,
+            rerank=self.rerank.value(),
+            estimate_missed=self.estimate_missed.isChecked(),
+        )
+
+    def _show_preset(self, *_: object) -> None:
+        """The Preset box names the preset the rerank and estimate fields make, else Custom
+        (the only time Custom shows: it is not a choice)."""
+        name = preset_of(self._preset_fields())
+        self.preset.blockSignals(True)
+        self.preset.setCurrentIndex(self.preset.findData(name))
+        self.preset.blockSignals(False)
+
+    def _on_preset_chosen(self, index: int) -> None:
+        """Choosing a preset sets its fields; choosing Custom changes nothing."""
+        name = self.preset.itemData(index)
+        if name is None:
+            return
+        fields = PRESETS[name]
+        scores = fields.get("estimate_scores")
+        if scores is not None:
+            self._config = replace(self._config, estimate_scores=scores)
+        self.rerank.setValue(fields["rerank"])
+        self.estimate_missed.setChecked(fields["estimate_missed"])
+        self._show_preset()
 
     def _on_far_buckets_changed(self, buckets: int) -> None:
         """b is used only with one distance bucket: disable it (and say why) otherwise."""
@@ -407,6 +457,8 @@ class SettingsDialog(QDialog):
         for name, spin in self._config_spins().items():
             spin.setValue(getattr(cache.config, name))
         self.estimate_missed.setChecked(cache.config.estimate_missed)
+        self._config = replace(self._config, estimate_scores=cache.config.estimate_scores)
+        self._show_preset()
         self.kv_bits.setCurrentIndex([b for _, b in KV_BITS].index(cache.config.kv_bits))
         self.kv_memory.setValue(_mib(cache.config.kv_memory))
         self._own = {name: getattr(sampling, name) for name in MODEL_SAMPLING_FIELDS}

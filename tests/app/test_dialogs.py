@@ -305,3 +305,37 @@ def test_settings_dialog_sets_a_kv_memory_limit_with_full_precision_storage(qtbo
     reopened = SettingsDialog(cache, SamplingSettings(), "system", "")
     qtbot.addWidget(reopened)
     assert reopened.kv_memory.value() == 512 and not reopened.kv_bits.isEnabled()
+
+
+def test_the_preset_box_sets_rerank_and_estimate_and_names_what_they_make(qtbot):
+    """Choosing Quality sets rerank 4 and the mean-scored estimate; editing a field it sets
+    shows Custom (not a choice); Speed and Restore Defaults give the default config back; the
+    help quotes the recorded 8K runs (tests/test_docs_figures.py)."""
+    from a2ats_engine.cache.config import preset_of
+    from app.dialogs.settings_dialog import PRESET_HELP
+
+    dialog = SettingsDialog(CacheSettings(), SamplingSettings(), "system", "")
+    qtbot.addWidget(dialog)
+    assert dialog.preset.currentData() == "speed"
+    custom = dialog.preset.findData(None)
+    assert not dialog.preset.model().item(custom).isEnabled()
+    dialog.preset.setCurrentIndex(dialog.preset.findData("quality"))
+    assert dialog.rerank.value() == 4 and dialog.estimate_missed.isChecked()
+    config = dialog.values().cache.to_config()
+    assert (config.rerank, config.estimate_missed, config.estimate_scores) == (4, True, "mean")
+    assert preset_of(config) == "quality"
+    dialog.rerank.setValue(3)
+    assert dialog.preset.currentData() is None and dialog.preset.currentText() == "Custom"
+    assert dialog.values().cache.to_config().rerank == 3  # the user's value, kept
+    dialog.rerank.setValue(4)
+    assert dialog.preset.currentData() == "quality"
+    dialog.preset.setCurrentIndex(dialog.preset.findData("speed"))
+    assert dialog.values().cache == CacheSettings()
+    dialog.preset.setCurrentIndex(dialog.preset.findData("quality"))
+    dialog.restore_defaults()
+    assert dialog.preset.currentData() == "speed" and dialog.values().cache == CacheSettings()
+    assert dialog.preset_help.text() == PRESET_HELP and "Gemma 3" in PRESET_HELP
+    held = CacheSettings.of(rerank=4, estimate_missed=True)  # opened on saved quality settings
+    reopened = SettingsDialog(held, SamplingSettings(), "system", "")
+    qtbot.addWidget(reopened)
+    assert reopened.preset.currentData() == "quality"

@@ -238,3 +238,30 @@ def test_fast_exp_matches_exp_and_sends_minus_infinity_to_zero():
     normal = want > 1.2e-38
     assert np.all(np.abs(got[normal] - want[normal]) <= 5e-6 * want[normal])
     assert np.all(got[~normal] <= 1.2e-38) and got[-2] == 0.0 and got[-1] == 1.0
+
+
+def test_presets_name_the_default_and_the_quality_settings():
+    """ "speed" is A2ATSConfig()'s retrieval, "quality" rerank 4 + the mean-scored estimate (the
+    settings measured at 8K in docs/benchmarks/eval_8k_texts_estimate_rr4.json); a config with
+    other values is no preset; an unknown name is refused by name."""
+    from a2ats_engine.cache.config import PRESETS, preset_of, with_preset
+
+    assert preset_of(A2ATSConfig()) == "speed"
+    quality = with_preset(A2ATSConfig(budget=0.05), "quality")
+    assert (quality.rerank, quality.estimate_missed, quality.estimate_scores) == (4, True, "mean")
+    assert quality.budget == 0.05 and preset_of(quality) == "quality"
+    assert preset_of(with_preset(quality, "speed")) == "speed"
+    assert preset_of(A2ATSConfig(rerank=3)) is None
+    assert (
+        preset_of(A2ATSConfig(rerank=4, estimate_missed=True, estimate_scores="centroid")) is None
+    )
+    with pytest.raises(ValueError, match="preset 'fast' is unknown: must be one of speed, quality"):
+        with_preset(A2ATSConfig(), "fast")
+    assert set(PRESETS) == {"speed", "quality"}
+    # the quality preset is the recorded 8K run's method at its rerank
+    import json
+    from pathlib import Path
+
+    run = Path(__file__).resolve().parents[3] / "docs/benchmarks/eval_8k_texts_estimate_rr4.json"
+    recorded = json.loads(run.read_text())
+    assert "--rerank 4" in recorded["command"] and "a2ats_estimate_mean" in recorded["command"]

@@ -166,6 +166,53 @@ def test_the_estimate_flag_turns_the_missed_attention_estimate_on(tmp_path, caps
     assert "--estimate runs in a chat on this computer only" in capsys.readouterr().err
 
 
+def test_the_preset_flag_sets_rerank_and_estimate_and_flags_override_it(
+    tmp_path, capsys, monkeypatch
+):
+    """`--preset quality` = rerank 4 + the mean-scored estimate (said on stderr, the caches built
+    with it); `--rerank` and `--estimate off` override its fields; `--preset speed` (the
+    default) is A2ATSConfig()'s; a bad --rerank fails before the model loads; with --hosts the
+    quality preset and --rerank are refused, not dropped."""
+    from a2ats_engine.cache.codebook import Codebook
+    from a2ats_engine.cache.config import A2ATSConfig
+    from a2ats_engine.session import ChatSession
+
+    model_dir = save_tiny_model(tmp_path / "model", "llama")
+    Codebook.random(2, 2, 16, 32).save(model_dir / "codebook.safetensors")
+    configs = []
+    init = ChatSession.__init__
+
+    def spy(self, *a, **kw):
+        configs.append(kw.get("a2ats"))
+        init(self, *a, **kw)
+
+    monkeypatch.setattr(ChatSession, "__init__", spy)
+    args = ["chat", "--model", str(model_dir), "--prompt", "Hi", "--max-tokens", "3"]
+    assert main([*args, "--preset", "quality"]) == 0
+    err = capsys.readouterr().err
+    assert "preset quality, rerank 4; missed-attention estimate (mean slot scores)" in err
+    c = configs[-1]
+    assert (c.rerank, c.estimate_missed, c.estimate_scores) == (4, True, "mean")
+    assert main([*args, "--preset", "quality", "--rerank", "3", "--estimate", "off"]) == 0
+    assert "preset custom, rerank 3;" in capsys.readouterr().err
+    assert (configs[-1].rerank, configs[-1].estimate_missed) == (3, False)
+    assert main([*args, "--preset", "speed"]) == 0
+    assert "preset speed, rerank 2;" in capsys.readouterr().err
+    default = A2ATSConfig()
+    assert (configs[-1].rerank, configs[-1].estimate_missed) == (
+        default.rerank,
+        default.estimate_missed,
+    )
+    calls = len(configs)
+    assert main([*args, "--rerank", "0"]) == 1
+    assert "rerank" in capsys.readouterr().err and len(configs) == calls
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text('[{"ssh": "localhost"}]')
+    for extra in (["--preset", "quality"], ["--rerank", "4"]):
+        assert main([*args, *extra, "--hosts", str(hosts)]) == 1
+        assert f"{extra[0]} runs in a chat on this computer only" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
