@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import Any
 
 CODEBOOK_OR_RANDOM = "codebook file (default: the model's default, else random)"
 """--codebook of a benchmark that runs with a random codebook when the model has none."""
@@ -44,6 +45,44 @@ def add_retrieval_flags(p: argparse.ArgumentParser, rerank_help: str = RERANK_HE
     """--budget then --rerank."""
     add_budget_flag(p)
     add_rerank_flag(p, rerank_help)
+
+
+def add_preset_flags(p: argparse.ArgumentParser, where: str = "") -> None:
+    """--preset (`config.PRESETS`) and --estimate (off or `config.ESTIMATE_SCORES`), None
+    unless given; `retrieval_knobs` turns them and --rerank into config fields. `where` ends
+    both helps (e.g. "; on this computer only")."""
+    from ..cache.config import ESTIMATE_SCORES, PRESETS
+
+    p.add_argument(
+        "--preset",
+        choices=tuple(PRESETS),
+        help="A2ATS retrieval preset: speed (the default: rerank 2, no estimate) or quality "
+        "(rerank 4 and the mean-scored estimate: full attention's perplexity at 8K on the "
+        "demo, without the decode speed-up); --rerank and --estimate override its fields" + where,
+    )
+    p.add_argument(
+        "--estimate",
+        choices=("off", *ESTIMATE_SCORES),
+        help="A2ATS: fold the far tokens not retrieved into the softmax through per-slot sums, "
+        "with these slot scores (mean: what the app's checkbox turns on); default off" + where,
+    )
+
+
+def retrieval_knobs(args: argparse.Namespace) -> dict[str, Any]:
+    """The A2ATSConfig fields of --preset, --rerank and --estimate: the preset's (speed when
+    none is given), then each of the other two given over its own fields (--estimate off: no
+    estimate)."""
+    from ..cache.config import PRESETS
+
+    knobs = dict(PRESETS[getattr(args, "preset", None) or "speed"])
+    if getattr(args, "rerank", None) is not None:
+        knobs["rerank"] = args.rerank
+    estimate = getattr(args, "estimate", None)
+    if estimate == "off":
+        knobs["estimate_missed"] = False
+    elif estimate is not None:
+        knobs.update(estimate_missed=True, estimate_scores=estimate)
+    return knobs
 
 
 def add_depths_flag(p: argparse.ArgumentParser, default: str) -> None:

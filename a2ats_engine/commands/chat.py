@@ -15,7 +15,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ..cache.config import ESTIMATE_SCORES, PRESETS, preset_of
+from ..cache.config import preset_of
+from ._flags import add_preset_flags, add_rerank_flag, retrieval_knobs
 
 REPL_HELP = "commands: /reset clears the conversation, /exit (or Ctrl-D) quits"
 
@@ -67,26 +68,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(e.g. 0.03) or a token count (e.g. 256)",
     )
     p.add_argument("--window", type=int, help="A2ATS exact-RoPE window in tokens")
-    p.add_argument(
-        "--estimate",
-        choices=("off", *ESTIMATE_SCORES),
-        help="A2ATS: fold the far tokens not retrieved into the softmax through per-slot sums, "
-        "with these slot scores (mean: what the app's checkbox turns on); default off. On this "
-        "computer only (not with --hosts)",
-    )
-    p.add_argument(
-        "--preset",
-        choices=tuple(PRESETS),
-        help="A2ATS retrieval preset: speed (the default: rerank 2, no estimate) or quality "
-        "(rerank 4 and the mean-scored estimate: full attention's perplexity at 8K on the demo, "
-        "without the decode speed-up); --rerank and --estimate override its fields. On this "
-        "computer only (not with --hosts)",
-    )
-    p.add_argument(
-        "--rerank",
-        type=int,
-        help="A2ATS: score the top N*K far tokens by codebook exactly and keep the best K "
-        "(1-64; default 2). On this computer only (not with --hosts)",
+    add_preset_flags(p, ". On this computer only (not with --hosts)")
+    add_rerank_flag(
+        p,
+        "A2ATS: score the top N*K far tokens by codebook exactly and keep the best K (1-64; "
+        "default 2). On this computer only (not with --hosts)",
     )
     p.add_argument(
         "--kv-memory",
@@ -275,13 +261,7 @@ def _a2ats(args: argparse.Namespace, model: Any, path: Path) -> tuple:
 
     codebook = Codebook.load(path)
     knobs = {"budget": args.budget, "window": args.window, "kv_memory": args.kv_memory}
-    knobs.update(PRESETS[args.preset or "speed"])
-    if args.rerank is not None:
-        knobs["rerank"] = args.rerank
-    if args.estimate == "off":
-        knobs["estimate_missed"] = False
-    elif args.estimate is not None:
-        knobs.update(estimate_missed=True, estimate_scores=args.estimate)
+    knobs.update(retrieval_knobs(args))
     if codebook.metadata.get("far_offset") is not None:  # use the b it was calibrated with
         knobs["far_offset"] = int(codebook.metadata["far_offset"])
     config = A2ATSConfig(**{k: v for k, v in knobs.items() if v is not None})

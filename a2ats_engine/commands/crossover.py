@@ -7,10 +7,9 @@ import argparse
 import json
 from pathlib import Path
 
-from ..cache.config import ESTIMATE_SCORES
 from . import _limits as limits
 from ._bench_common import command_line
-from ._flags import add_json_flag, add_retrieval_flags
+from ._flags import add_json_flag, add_preset_flags, add_retrieval_flags, retrieval_knobs
 from .models import SOURCE_HELP
 
 DEFAULT_CONTEXTS = "512,1024,2048,4096,8192,16384"
@@ -31,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "The result goes into crossover.json in the user data dir ($A2ATS_CROSSOVER_FILE "
             "overrides the path), keyed by backend, machine, attention geometry and the "
             "settings a retrieval step's cost depends on (codebook subspaces, --budget, "
-            "--rerank, distance buckets, K/V precision, --estimate): every A2ATS cache with "
+            "--rerank, distance buckets, K/V precision, --estimate; --preset sets --rerank and --estimate): every A2ATS cache with "
             "those settings and exact_below unset uses it (A2ATSConfig.exact_below overrides it). "
             "On CPU-only MLX both top-K strategies (MLX's, NumPy's) are timed and the faster "
             "one at the largest context is recorded for the caches to use. "
@@ -57,12 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--repeats", type=int, default=3, help="measurements per context; the median ratio counts"
     )
     add_retrieval_flags(p)
-    p.add_argument(
-        "--estimate",
-        choices=("off", *ESTIMATE_SCORES),
-        default="off",
-        help="the missed-attention estimate, off or its slot scores (default off)",
-    )
+    add_preset_flags(p)
     add_json_flag(p, run)
     p.add_argument("--dry-run", action="store_true", help="measure and decide, record nothing")
 
@@ -81,9 +75,7 @@ def run(args: argparse.Namespace) -> int:
     repeats = limits.count("--repeats", args.repeats, 1, limits.MAX_REPEATS)
     budget = limits.budget(args.budget)
     limits.config_check("--rerank", rerank=args.rerank)
-    estimate = {"estimate_missed": True, "estimate_scores": args.estimate}
-    if args.estimate == "off":
-        estimate = {}
+    knobs = retrieval_knobs(args)
 
     from ..bench.crossover_probe import measure_crossover
     from ..cache import crossover as xo
@@ -107,9 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
         silence_random_codebook_warning()
         codebook_desc = f"random ({RANDOM_CENTROIDS} centroids; none found for this model)"
-    config = a2ats_config(
-        codebook, model, exact_below=0, budget=budget, rerank=args.rerank, **estimate
-    )
+    config = a2ats_config(codebook, model, exact_below=0, budget=budget, **knobs)
     geo = model_geometry(model)
     entry, timings = measure_crossover(
         model, info.name, contexts, steps=steps, repeats=repeats, config=config,
