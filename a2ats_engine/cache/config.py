@@ -260,6 +260,23 @@ def with_preset(config: A2ATSConfig, name: str) -> A2ATSConfig:
     return replace(config, **PRESETS[name])
 
 
+def retrieval_fields(
+    preset: str | None, rerank: int | None = None, estimate: str | None = None
+) -> dict[str, Any]:
+    """The fields of a preset (speed when None), then `rerank` and `estimate` (a slot scoring,
+    or "off") over their own when given: what `--preset`, `--rerank` and `--estimate` set."""
+    if preset is not None and preset not in PRESETS:
+        raise ValueError(f"preset {preset!r} is unknown: must be one of {', '.join(PRESETS)}")
+    fields = dict(PRESETS[preset or "speed"])
+    if rerank is not None:
+        fields["rerank"] = rerank
+    if estimate == "off":
+        fields["estimate_missed"] = False
+    elif estimate is not None:
+        fields.update(estimate_missed=True, estimate_scores=estimate)
+    return fields
+
+
 def preset_of(config: A2ATSConfig) -> str | None:
     """The preset whose every field `config` has, else None (custom settings)."""
     for name, fields in PRESETS.items():

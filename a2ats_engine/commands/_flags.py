@@ -69,20 +69,16 @@ def add_preset_flags(p: argparse.ArgumentParser, where: str = "") -> None:
 
 
 def retrieval_knobs(args: argparse.Namespace) -> dict[str, Any]:
-    """The A2ATSConfig fields of --preset, --rerank and --estimate: the preset's (speed when
-    none is given), then each of the other two given over its own fields (--estimate off: no
-    estimate)."""
-    from ..cache.config import PRESETS
+    """The A2ATSConfig fields of --preset, --rerank and --estimate
+    (`config.retrieval_fields`: the preset's, speed when none is given, then each of the other
+    two given over its own fields; --estimate off: no estimate)."""
+    from ..cache.config import retrieval_fields
 
-    knobs = dict(PRESETS[getattr(args, "preset", None) or "speed"])
-    if getattr(args, "rerank", None) is not None:
-        knobs["rerank"] = args.rerank
-    estimate = getattr(args, "estimate", None)
-    if estimate == "off":
-        knobs["estimate_missed"] = False
-    elif estimate is not None:
-        knobs.update(estimate_missed=True, estimate_scores=estimate)
-    return knobs
+    return retrieval_fields(
+        getattr(args, "preset", None),
+        getattr(args, "rerank", None),
+        getattr(args, "estimate", None),
+    )
 
 
 def add_depths_flag(p: argparse.ArgumentParser, default: str) -> None:

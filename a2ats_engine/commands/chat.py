@@ -68,11 +68,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(e.g. 0.03) or a token count (e.g. 256)",
     )
     p.add_argument("--window", type=int, help="A2ATS exact-RoPE window in tokens")
-    add_preset_flags(p, ". On this computer only (not with --hosts)")
+    add_preset_flags(p)
     add_rerank_flag(
         p,
         "A2ATS: score the top N*K far tokens by codebook exactly and keep the best K (1-64; "
-        "default 2). On this computer only (not with --hosts)",
+        "default 2)",
     )
     p.add_argument(
         "--kv-memory",
@@ -151,15 +151,9 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "tensor", False) and not getattr(args, "hosts", None):
         raise ValueError("--tensor splits the model over hosts: give --hosts FILE")
     if getattr(args, "hosts", None):
-        for flag, given in (
-            ("--estimate", getattr(args, "estimate", None) not in (None, "off")),
-            ("--preset", getattr(args, "preset", None) not in (None, "speed")),
-            ("--rerank", getattr(args, "rerank", None) is not None),
-        ):
-            if given:
-                raise ValueError(f"{flag} runs in a chat on this computer only, not with --hosts")
         if args.port is not None:
             limits.count("--port", args.port, 1024, 65535)
+        limits.config_check(budget=args.budget, window=args.window, rerank=args.rerank)
         from ..distributed.launch import run_on_hosts
 
         return run_on_hosts(args)

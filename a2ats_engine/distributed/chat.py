@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..cache.config import ESTIMATE_SCORES, PRESETS
 from ..cache.model_cache import cache_nbytes
 from ..validation import parse_budget
 
@@ -44,6 +45,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--budget", type=parse_budget, help="A2ATS budget: fraction (e.g. 0.03) or token count"
     )
     p.add_argument("--window", type=int, help="A2ATS exact-RoPE window in tokens")
+    p.add_argument("--preset", choices=tuple(PRESETS), help="A2ATS preset (as `a2ats chat`)")
+    p.add_argument("--rerank", type=int, help="A2ATS rerank factor (default 2)")
+    p.add_argument(
+        "--estimate",
+        choices=("off", *ESTIMATE_SCORES),
+        help="A2ATS missed-attention estimate, off or its slot scores (as `a2ats chat`)",
+    )
     p.add_argument(
         "--exact-below",
         type=int,
@@ -294,7 +302,7 @@ def _settle(session: Any) -> None:
 
 def _cache_choice(args, model, info, stage, rank0: bool) -> tuple:
     """(A2ATSConfig, RankCodebook) as `a2ats chat` chooses them, or (None, None) for full."""
-    from ..cache.config import A2ATSConfig
+    from ..cache.config import A2ATSConfig, preset_of, retrieval_fields
     from ..loading.fetched_models import default_codebook
     from .codebook import load_rank_codebook
 
@@ -310,6 +318,7 @@ def _cache_choice(args, model, info, stage, rank0: bool) -> tuple:
         return None, None
     book = load_rank_codebook(path, stage.owns, getattr(stage, "heads", None))
     knobs = {"budget": args.budget, "window": args.window, "exact_below": args.exact_below}
+    knobs.update(retrieval_fields(args.preset, args.rerank, args.estimate))
     if book.metadata.get("far_offset") is not None:
         knobs["far_offset"] = int(book.metadata["far_offset"])
     config = A2ATSConfig(**{k: v for k, v in knobs.items() if v is not None})
@@ -320,7 +329,15 @@ def _cache_choice(args, model, info, stage, rank0: bool) -> tuple:
         for note in notes:
             print(f"warning: {note}", file=sys.stderr)
         share = "heads'" if getattr(stage, "kind", "") == "tensor" else "layers'"
-        print(f"cache: a2ats, codebook {path} (each rank holds its {share} rows)", file=sys.stderr)
+        preset = preset_of(config) or "custom"
+        estimate = ""
+        if config.estimate_missed and book.num_subspaces == 1:
+            estimate = f"; missed-attention estimate ({config.estimate_scores} slot scores)"
+        print(
+            f"cache: a2ats, codebook {path} (each rank holds its {share} rows); preset "
+            f"{preset}, rerank {config.rerank}{estimate}",
+            file=sys.stderr,
+        )
     warnings.filterwarnings("ignore", module="a2ats_engine")
     return config, book
 

@@ -32,6 +32,9 @@ FORWARDED = (
     ("codebook", "--codebook"),
     ("budget", "--budget"),
     ("window", "--window"),
+    ("preset", "--preset"),
+    ("rerank", "--rerank"),
+    ("estimate", "--estimate"),
     ("tensor", "--tensor"),
 )
 

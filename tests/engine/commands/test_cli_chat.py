@@ -13,7 +13,7 @@ from demo_gate import require_demo
 from tiny import save_tiny_model
 
 from a2ats_engine.cache.telemetry import TokenEvent
-from a2ats_engine.cli import main
+from a2ats_engine.cli import build_parser, main
 from a2ats_engine.loading.models import load_model
 from a2ats_engine.session import ChatSession, SamplingSettings
 
@@ -142,7 +142,7 @@ def test_codebook_in_model_folder_is_the_default(tmp_path, capsys):
 
 def test_the_estimate_flag_turns_the_missed_attention_estimate_on(tmp_path, capsys, monkeypatch):
     """`--estimate mean` runs the chat's A2ATS caches with the estimate (said on stderr, and
-    the caches built with it); with --hosts it is refused, not dropped."""
+    the caches built with it); with --hosts the flags go to the ranks."""
     from a2ats_engine.cache.codebook import Codebook
     from a2ats_engine.session import ChatSession
 
@@ -160,10 +160,15 @@ def test_the_estimate_flag_turns_the_missed_attention_estimate_on(tmp_path, caps
     assert main([*args, "--estimate", "mean"]) == 0
     assert "missed-attention estimate (mean slot scores)" in capsys.readouterr().err
     assert configs and configs[-1].estimate_missed and configs[-1].estimate_scores == "mean"
+    # across hosts the ranks get it (tests/engine/distributed runs them)
+    from a2ats_engine.distributed.launch import launch_command
+
+    parsed = build_parser().parse_args([*args, "--estimate", "mean", "--preset", "quality"])
     hosts = tmp_path / "hosts.json"
     hosts.write_text('[{"ssh": "localhost"}]')
-    assert main([*args, "--estimate", "mean", "--hosts", str(hosts)]) == 1
-    assert "--estimate runs in a chat on this computer only" in capsys.readouterr().err
+    command = launch_command(parsed, hosts)
+    assert command[command.index("--estimate") + 1] == "mean"
+    assert command[command.index("--preset") + 1] == "quality"
 
 
 def test_the_preset_flag_sets_rerank_and_estimate_and_flags_override_it(
@@ -171,8 +176,7 @@ def test_the_preset_flag_sets_rerank_and_estimate_and_flags_override_it(
 ):
     """`--preset quality` = rerank 4 + the mean-scored estimate (said on stderr, the caches built
     with it); `--rerank` and `--estimate off` override its fields; `--preset speed` (the
-    default) is A2ATSConfig()'s; a bad --rerank fails before the model loads; with --hosts the
-    quality preset and --rerank are refused, not dropped."""
+    default) is A2ATSConfig()'s; a bad --rerank fails before the model loads or a rank starts."""
     from a2ats_engine.cache.codebook import Codebook
     from a2ats_engine.cache.config import A2ATSConfig
     from a2ats_engine.session import ChatSession
@@ -204,13 +208,11 @@ def test_the_preset_flag_sets_rerank_and_estimate_and_flags_override_it(
         default.estimate_missed,
     )
     calls = len(configs)
-    assert main([*args, "--rerank", "0"]) == 1
-    assert "rerank" in capsys.readouterr().err and len(configs) == calls
     hosts = tmp_path / "hosts.json"
     hosts.write_text('[{"ssh": "localhost"}]')
-    for extra in (["--preset", "quality"], ["--rerank", "4"]):
-        assert main([*args, *extra, "--hosts", str(hosts)]) == 1
-        assert f"{extra[0]} runs in a chat on this computer only" in capsys.readouterr().err
+    for extra in ([], ["--hosts", str(hosts)]):  # refused before any model or rank starts
+        assert main([*args, "--rerank", "0", *extra]) == 1
+        assert "rerank" in capsys.readouterr().err and len(configs) == calls
 
 
 @pytest.mark.parametrize(

@@ -238,8 +238,17 @@ PROMPT = (
 
 # a random codebook file on purpose: both sides run the same one (the one-process reference here)
 @pytest.mark.filterwarnings("ignore:codebook records no model fingerprint")
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_two_ranks_sample_the_tokens_of_one_process_with_half_the_cache(two_ranks, tmp_path, arch):
+@pytest.mark.parametrize(
+    ("arch", "flags", "knobs"),
+    [
+        ("llama", [], {}),
+        # the estimate and a wider rerank on the ranks: forwarded, each rank's sums its layers'
+        ("qwen3", ["--estimate", "mean", "--rerank", "3"], {"estimate_missed": True, "rerank": 3}),
+    ],
+)
+def test_two_ranks_sample_the_tokens_of_one_process_with_half_the_cache(
+    two_ranks, tmp_path, arch, flags, knobs
+):
     """Sampled (temperature 1, one seed) so a wrong hidden state or seed shows in the tokens;
     A2ATS retrieves from the first decode step (exact_below 0, small window and budget)."""
     extra = {"head_dim": 16} if arch == "qwen3" else {}  # qwen3's file has its own pipeline()
@@ -249,10 +258,12 @@ def test_two_ranks_sample_the_tokens_of_one_process_with_half_the_cache(two_rank
     options = ["--model", str(model_dir), "--codebook", str(book), "--temp", "1.0"]
     options += ["--seed", "11", "--max-tokens", "24", "--window", "16", "--budget", "8"]
     options += ["--exact-below", "0", "--prompt", PROMPT, "--stats-json", str(tmp_path / "s")]
-    done = _launch(tmp_path, options)
+    done = _launch(tmp_path, [*options, *flags])
     assert done.returncode == 0, done.stderr[-2000:]
+    if knobs.get("estimate_missed"):
+        assert "rerank 3; missed-attention estimate (mean slot scores)" in done.stderr
     ranks = _ranks(tmp_path / "s")
-    config = A2ATSConfig(window=16, budget=8, exact_below=0)
+    config = A2ATSConfig(window=16, budget=8, exact_below=0, **knobs)
     sampling = SamplingSettings(temperature=1.0, seed=11, max_tokens=24)
     tokens, held, retrieved, _ = _reference(model_dir, book, config, PROMPT, sampling)
     assert retrieved > 0  # the comparison covers retrieval, not only exact attention
@@ -270,18 +281,20 @@ def test_two_ranks_sample_the_tokens_of_one_process_with_half_the_cache(two_rank
 @pytest.mark.filterwarnings("ignore:codebook records no model fingerprint")
 def test_two_ranks_split_by_heads_sample_the_tokens_of_one_process(two_ranks, tmp_path):
     """`--tensor`: mlx-lm's shard() splits every layer by heads; each rank's A2ATS caches and
-    codebook rows are its KV head's, and the sampled tokens are one process's."""
+    codebook rows are its KV head's, and the sampled tokens are one process's, with the quality
+    preset (rerank 4, the missed-attention estimate: each rank's sums its KV head's)."""
     model_dir = save_tiny_model(tmp_path / "tiny", "llama", num_hidden_layers=4, seed=3)
     book = tmp_path / "book.safetensors"
     Codebook.random(4, 2, 16, 64, seed=2).save(book)
     options = ["--tensor", "--model", str(model_dir), "--codebook", str(book), "--temp", "1.0"]
     options += ["--seed", "11", "--max-tokens", "16", "--window", "16", "--budget", "8"]
     options += ["--exact-below", "0", "--prompt", PROMPT, "--stats-json", str(tmp_path / "s")]
-    done = _launch(tmp_path, options)
+    done = _launch(tmp_path, [*options, "--preset", "quality"])
     assert done.returncode == 0, done.stderr[-2000:]
     assert "rank 1 of 2: KV heads 1-1 of 2 in all 4 layers (tensor split)" in done.stderr
+    assert "preset quality, rerank 4; missed-attention estimate (mean" in done.stderr
     ranks = _ranks(tmp_path / "s")
-    config = A2ATSConfig(window=16, budget=8, exact_below=0)
+    config = A2ATSConfig(window=16, budget=8, exact_below=0, rerank=4, estimate_missed=True)
     sampling = SamplingSettings(temperature=1.0, seed=11, max_tokens=16)
     tokens, held, retrieved, book_bytes = _reference(model_dir, book, config, PROMPT, sampling)
     assert retrieved > 0 and len(set(tokens)) > 3
