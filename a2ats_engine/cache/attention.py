@@ -289,22 +289,18 @@ def selected_attention(
 class MissedEstimate:
     """What one decode step knows about the far tokens it did not retrieve.
 
-    A slot is one (distance bucket, code) pair: slot = bucket * C + code (C centroids).
-    slot_scores:  approximate scores q . c of every slot, unscaled [B, n_kv, G, slots]
-                  (the step's lookup tables).
-    counts:       far tokens per slot [B, n_kv, slots] float32.
-    value_sums:   sum of those tokens' values per slot [B, n_kv, slots, d] float32.
-    sel_scores:   the slot score of each attended position, unscaled [B, n_kv, G, M].
-    sel_far:      [B, n_kv, M] bool: the position is a retrieved far token counted once (not a
-                  sink, not the window, not a repeat of the GQA union): its slot share is
-                  removed from the estimate, since it is attended exactly.
+    A slot is one (distance bucket, code) pair: slot = bucket * C + code (C centroids), or a
+    code alone (`estimate_scores="code_mean"`). Every field is over the far tokens of the slot
+    that were not retrieved (the retrieved ones are attended exactly):
+    slot_scores:  approximate scores of every slot, unscaled [B, n_kv, G, slots]: the step's
+                  lookup tables ("centroid"), or q . (the slot's mean key) (the mean scorings).
+    counts:       those tokens per slot [B, n_kv, slots] float32.
+    value_sums:   the sum of their values per slot [B, n_kv, slots, d] float32.
     """
 
     slot_scores: mx.array
     counts: mx.array
     value_sums: mx.array
-    sel_scores: mx.array
-    sel_far: mx.array
 
 
 def slot_sums(slots: mx.array, rows: mx.array, weights: mx.array, n_slots: int):
@@ -370,10 +366,11 @@ def selected_attention_with_estimate(
     """`selected_attention` with the far tokens that were not retrieved folded into the softmax.
 
     Each slot c adds `n_c exp(s_c)` to the denominator and `exp(s_c) V_c` to the numerator
-    (n_c, V_c: the slot's count and value sum, s_c its scaled centroid score), minus the share
-    of the retrieved far tokens (their own slot score, their exact values), which are attended
-    exactly. With a lossless codebook (every key its own centroid, exact distances) this is
-    exact attention over the whole cache.
+    (n_c, V_c: the count and value sum of its far tokens that were not retrieved, s_c its
+    scaled score over them; the retrieved ones are attended exactly). With a lossless codebook
+    (every key its own centroid, exact distances) this is exact attention over the whole cache;
+    with mean scores it never counts a slot above its exact mass (exp of a mean score is at most
+    the mean of the exps: Jensen).
     queries [B, n_kv, G, d], keys/values [B, n_kv, M, d], repeat [B, n_kv, M] ->
     (output [B, n_kv, G, d], estimated share of the softmax mass [B, n_kv, G] float32).
     """
@@ -391,11 +388,8 @@ def selected_attention_with_estimate(
     p = mx.exp(s - top)  # [B, n_kv, G, M]
     e = fast_exp(t - top)  # [B, n_kv, G, slots]: the bulk of the step's exponentials
     v = values.astype(mx.float32)
-    # the retrieved far tokens' share of their slots: exp(s_slot) each, with their own values
-    own = mx.exp(missed.sel_scores.astype(mx.float32) * scale - top)
-    own = mx.where(missed.sel_far[:, :, None, :], own, mx.array(0.0, mx.float32))
-    est_den = mx.maximum((e @ missed.counts[..., None])[..., 0] - own.sum(axis=-1), 0.0)
-    est_num = e @ missed.value_sums - own @ v  # [B, n_kv, G, d]
+    est_den = (e @ missed.counts[..., None])[..., 0]
+    est_num = e @ missed.value_sums  # [B, n_kv, G, d]
     den = p.sum(axis=-1) + est_den
     if sinks is not None:
         den = den + mx.exp(sink - top)[..., 0]

@@ -16,7 +16,7 @@ reuse of a selection, an evaluation variant's own far scores, a codebook with pr
 model dtype NumPy has no type for) takes the generic step. The missed-attention estimate runs
 here too, all in NumPy: its per-slot sums are NumPy arrays moved in place by the few tokens that
 change slot a step (`missed_sums`, the generic step's `Retrieval.missed_moves`), and its softmax
-over the slots is `attention_with_estimate` (the same sums as
+over the slots' tokens not retrieved is `attention_with_estimate` (the same sums as
 `attention.selected_attention_with_estimate`).
 """
 
@@ -112,14 +112,14 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
         if not missed:
             return attention(q, k_sel, v_sel, repeat, scale, sink_logits)
         counts, sums = missed
-        slot_table = tables_np
+        slot_table, key_sums = tables_np, None
         if cache.config.estimate_scores != "centroid":  # sums: values, then keys
-            slot_table = mean_scores(q, counts, sums[..., d:])
-            sums = sums[..., :d]
+            slot_table, key_sums, sums = None, sums[..., d:], sums[..., :d]
         slots = selected_slots(codes, positions, cache, lay)
+        far = (positions >= lay.n_sinks) & (positions < lay.window_start) & ~repeat
         out, share = attention_with_estimate(
-            q, k_sel, v_sel, repeat, scale, sink_logits, slot_table, counts, sums,
-            slots, (positions >= lay.n_sinks) & (positions < lay.window_start) & ~repeat,
+            q, k_sel, v_sel, repeat, scale, sink_logits, slot_table, counts, sums, slots, far,
+            key_sums,
         )  # fmt: skip
         retrieval.missed_share = mx.array(share)
         return out
@@ -228,23 +228,45 @@ def selected_slots(codes: np.ndarray, positions: np.ndarray, cache: A2ATSCache, 
 
 
 def attention_with_estimate(
-    q, keys, values, repeat, scale: float, sinks, tables, counts, sums, slots, far
+    q, keys, values, repeat, scale: float, sinks, tables, counts, sums, slots, far, key_sums=None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """`attention.selected_attention_with_estimate` in NumPy: q [B, n_kv, G, d] float32,
-    keys / values [B, n_kv, M, d], repeat [B, n_kv, M], sinks None or logits [n_kv * G],
-    tables the step's slot scores [B, n_kv, G, slots], counts [B, n_kv, slots] and sums
-    [B, n_kv, slots, d] of the far region, slots [B, n_kv, M] of the attended positions, far
-    [B, n_kv, M] bool (a retrieved far token counted once)
-    -> (output [B, n_kv, G, d] float32, estimated share of the softmax mass [B, n_kv, G])."""
+    """`attention.selected_attention_with_estimate` in NumPy, over the far tokens not
+    retrieved: q [B, n_kv, G, d] float32, keys / values [B, n_kv, M, d], repeat [B, n_kv, M],
+    sinks None or logits [n_kv * G], counts [B, n_kv, slots] and sums [B, n_kv, slots, d] of
+    the whole far region, slots [B, n_kv, M] of the attended positions, far [B, n_kv, M] bool
+    (a retrieved far token counted once) -> (output [B, n_kv, G, d] float32, estimated share
+    of the softmax mass [B, n_kv, G]).
+
+    tables: the step's slot scores [B, n_kv, G, slots] (centroid scoring), or None with
+    `key_sums` [B, n_kv, slots, d] (the far region's post-RoPE key sums): each slot is then
+    scored by the mean key of its tokens not retrieved, `(q . K_c - sum of the retrieved
+    tokens' scores) / (n_c - r_c)` (their scores are the step's exact logits, summed per slot
+    by one `np.bincount`). The retrieved tokens' counts and values leave their slots as
+    `own` below."""
     B, n_kv, G, _ = q.shape
-    s = _logits(q, keys, repeat, scale)  # [B, n_kv, G, M]
-    t = tables * np.float32(scale)  # [B, n_kv, G, slots]; an empty slot adds 0 below
+    s = _logits(q, keys, repeat, scale)  # [B, n_kv, G, M], scaled
+    n_slots = counts.shape[-1]
+    far_q = np.broadcast_to(far[:, :, None, :], s.shape)
+    # each retrieved far token's slot, per (batch, KV head, query head): one flat index
+    rows = np.arange(B * n_kv * G, dtype=np.int64).reshape(B, n_kv, G, 1) * n_slots
+    flat = (rows + slots[:, :, None, :])[far_q]
+    got = np.bincount(flat, minlength=B * n_kv * G * n_slots).astype(np.float32)
+    got = got.reshape(B, n_kv, G, n_slots)
+    left = counts[:, :, None, :] - got  # [B, n_kv, G, slots]: the same for every query head
+    if tables is None:
+        got_scores = np.bincount(flat, s[far_q], minlength=got.size).astype(np.float32)
+        got_scores = got_scores.reshape(got.shape)
+        t = _scores(q * np.float32(scale), key_sums) - got_scores  # scaled sums of the left
+        t = t / np.maximum(left, 1.0)
+    else:
+        t = tables * np.float32(scale)
+    t = np.where(left > 0, t, np.float32(-np.inf))
     top = np.maximum(s.max(axis=-1, keepdims=True), t.max(axis=-1, keepdims=True))
     if sinks is not None:
         sink = sinks.reshape(1, n_kv, G, 1)
         top = np.maximum(top, sink)
     p = np.exp(s - top)
-    e = np.exp(t - top)  # [B, n_kv, G, slots]
+    e = np.exp(t - top)  # [B, n_kv, G, slots]; an empty slot adds 0 below
     v = values.astype(np.float32, copy=False)
     own = np.empty_like(s)  # each attended position's slot term, 0 unless a retrieved far token
     for b in range(B):  # one np.take per KV head: 4x faster than take_along_axis's broadcast
@@ -257,14 +279,6 @@ def attention_with_estimate(
     if sinks is not None:
         den = den + np.exp(sink - top)[..., 0]
     return (p @ v + est_num) / den[..., None], est_den / den
-
-
-def mean_scores(q: np.ndarray, counts: np.ndarray, key_sums: np.ndarray) -> np.ndarray:
-    """Each slot's mean score (`estimate_scores="mean"`): q [B, n_kv, G, d] float32 against the
-    mean of the slot's post-RoPE keys (key_sums [B, n_kv, slots, d] over counts
-    [B, n_kv, slots]) -> [B, n_kv, G, slots] unscaled, -inf for an empty slot."""
-    scores = _scores(q, key_sums) / np.maximum(counts, 1.0)[:, :, None, :]  # G x slots divisions
-    return np.where(counts[:, :, None, :] > 0, scores, np.float32(-np.inf))
 
 
 def missed_sums(retrieval: Retrieval, cache: A2ATSCache, lay: att.Layout, codes, values, keys):

@@ -164,7 +164,7 @@ class Retrieval:
             missed = timed(
                 layer,
                 "estimate",
-                lambda: self._missed_estimate(cache, queries, lay, positions, repeat),
+                lambda: self._missed_estimate(cache, queries, lay, positions, repeat, k_sel, v_sel),
             )
             out, self.missed_share = timed(
                 layer,
@@ -330,23 +330,19 @@ class Retrieval:
         lay: att.Layout,
         positions: mx.array,
         repeat: mx.array,
+        k_sel: mx.array,
+        v_sel: mx.array,
     ) -> att.MissedEstimate:
-        """What `attention.selected_attention_with_estimate` needs for this step.
+        """What `attention.selected_attention_with_estimate` needs for this step: the per-slot
+        counts and sums of the far tokens not retrieved (the far region's, less the retrieved
+        ones'), and each slot's score over those tokens.
 
-        positions / repeat: [B, n_kv, M] as the top-K strategy's `select` returns them.
+        positions / repeat: [B, n_kv, M] as the top-K strategy's `select` returns them;
+        k_sel / v_sel: the rows at `positions` [B, n_kv, M, d].
         """
         self._sync_missed(cache, lay)
         counts, sums = self.missed_sums
-        if cache.config.estimate_scores != "centroid":  # the mean key: the exact mean score
-            B, n_q, _, d = queries.shape
-            group = queries.reshape(B, counts.shape[1], n_q // counts.shape[1], d)
-            key_sums = sums[..., d:].swapaxes(-1, -2)  # [B, n_kv, d, slots]
-            tables = group.astype(mx.float32) @ key_sums / mx.maximum(counts, 1.0)[:, :, None, :]
-            sums = sums[..., :d]
-        else:
-            tables = self.slot_scores(cache, queries, lay)  # [B, n_kv, G, slots]
-        B, n_kv, G, _ = tables.shape
-        M = positions.shape[-1]
+        B, n_q, _, d = queries.shape
         codes = gather_rows(cache.codes[..., :1], positions, RowStorage())[..., 0]
         lower_edges = cache.estimate_edges
         slots = codes.astype(mx.int32)
@@ -355,8 +351,18 @@ class Retrieval:
             edges = mx.array(lower_edges, dtype=mx.int32)
             bucket = (dist[..., None] >= edges).sum(axis=-1).astype(mx.int32)
             slots = slots + bucket * cache.codebook.n_centroids
-        index = mx.broadcast_to(slots[:, :, None, :], (B, n_kv, G, M))
         far = (positions >= lay.n_sinks) & (positions < lay.window_start) & ~repeat
-        return att.MissedEstimate(
-            tables, counts, sums, mx.take_along_axis(tables, index, axis=-1), far
-        )
+        rows = v_sel.astype(mx.float32)
+        mean = cache.config.estimate_scores != "centroid"
+        if mean:  # a slot sums its keys too
+            rows = mx.concatenate([rows, k_sel.astype(mx.float32)], axis=-1)
+        got_counts, got_sums = att.slot_sums(slots, rows, far, cache.n_slots)
+        counts, sums = counts - got_counts, sums - got_sums  # the far tokens not retrieved
+        if mean:  # the mean key of those tokens: their exact mean score
+            group = queries.reshape(B, counts.shape[1], n_q // counts.shape[1], d)
+            key_sums = sums[..., d:].swapaxes(-1, -2)  # [B, n_kv, d, slots]
+            tables = group.astype(mx.float32) @ key_sums / mx.maximum(counts, 1.0)[:, :, None, :]
+            sums = sums[..., :d]
+        else:
+            tables = self.slot_scores(cache, queries, lay)  # [B, n_kv, G, slots]
+        return att.MissedEstimate(tables, counts, sums)

@@ -265,3 +265,54 @@ def test_presets_name_the_default_and_the_quality_settings():
     run = Path(__file__).resolve().parents[3] / "docs/benchmarks/eval_8k_texts_estimate_rr4.json"
     recorded = json.loads(run.read_text())
     assert "--rerank 4" in recorded["command"] and "a2ats_estimate_mean" in recorded["command"]
+
+
+@pytest.mark.parametrize("scores", ["mean", "code_mean"])
+@pytest.mark.parametrize("strategy", ["numpy", "mlx"])  # the host step, the generic step
+def test_the_estimate_scores_only_the_tokens_left_in_a_slot(strategy, scores):
+    """A retrieved token leaves its slot: the slot's mean score is over the far tokens that
+    were not retrieved. Here every slot's tokens share one key except three high-scoring
+    "needles", each sharing its slot with three low-scoring tokens; the needles are retrieved,
+    so what is left of every slot shares one key and the estimate is exact (exp of the mean
+    score is the mean of the exps): the output is exact attention. Scored over the whole slot,
+    a needle's score would lift its slot's mean and count its three neighbours far above
+    their mass."""
+    n, C = 240, 10
+    rng = np.random.default_rng(11)
+    q_np = rng.standard_normal(D).astype(np.float32)
+    q_np *= 3.0 / np.linalg.norm(q_np)
+    base = rng.standard_normal((C, D)).astype(np.float32) * 0.3
+    keys = rng.standard_normal((1, n, D)).astype(np.float32) * 0.3  # sinks and window: any
+    values = rng.standard_normal((1, 1, n, D)).astype(np.float32)
+    config = A2ATSConfig(
+        window=16,
+        sinks=4,
+        budget=6,
+        far_buckets=3,
+        estimate_missed=True,
+        estimate_scores=scores,
+        telemetry=True,
+    )
+    far = np.arange(4, n - 16)
+    codes = 3 + far % (C - 3)  # the filler slots
+    needles = far[[20, 90, 160]]
+    neighbours = far[[21, 22, 23, 91, 92, 93, 161, 162, 163]]
+    codes[np.searchsorted(far, needles)] = [0, 1, 2]
+    codes[np.searchsorted(far, neighbours)] = np.repeat([0, 1, 2], 3)
+    keys[0, far] = base[codes]
+    keys[0, needles] = 2.0 * q_np + base[[0, 1, 2]]
+    centroids = base.copy()
+    centroids[:3] = keys[0, needles]  # the needles' slots score highest: they are candidates
+    book = Codebook([mx.array(centroids[None, None])])  # [n_kv, 1, C, d]
+    with topk.forced(strategy):
+        cache = A2ATSCache(0, IdentityRope(D), book, config, max_context=8192)
+    cache.update_and_fetch(mx.array(keys[None]), mx.array(values))
+    full_codes = np.zeros((1, 1, n), np.uint16)
+    full_codes[0, 0, far] = codes
+    cache.codes[:, :, :n, 0] = mx.array(full_codes)
+    q = mx.array(q_np.reshape(1, 1, 1, D))
+    got = np.array(cache.attend(q, None, None, scale=D**-0.5))
+    assert cache.retrieved_steps == 1
+    np.testing.assert_allclose(got, exact(q, keys, values, n), rtol=1e-4, atol=2e-5)
+    est = cache.last_stats.missed_mass[0]
+    assert 0.0 < est < 1.0
