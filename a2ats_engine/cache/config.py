@@ -44,12 +44,12 @@ class A2ATSConfig:
                   their slots: per (distance bucket, code) slot the cache keeps the token count
                   and value sum, and each step adds `n_c exp(s_c)` to the denominator and
                   `exp(s_c) V_c` to the numerator (minus the retrieved tokens' share), s_c the
-                  slot's score (`estimate_scores`). Output error 0.105 -> 0.049 (below oracle
-                  top-K's 0.077), ppl 1.025x -> 1.009x full at 4K / budget 0.03 on the demo
+                  slot's score (`estimate_scores`). Output error 0.105 -> 0.050 (below oracle
+                  top-K's 0.077), ppl 1.025x -> 1.008x full at 4K / budget 0.03 on the demo
                   model (three texts pooled, slots scored by their mean keys); off by
-                  default. In the host step it costs about 21% of a retrieval step's speed
-                  at 8K with mean slot scores (docs/benchmarks/decode_estimate_scores.json,
-                  docs/BENCHMARKS.md section 2). Needs a full-dimension codebook
+                  default. In the host step it costs about 25% of a retrieval step's speed
+                  at 8K with mean slot scores (docs/benchmarks/decode_presets.json,
+                  docs/BENCHMARKS.md section 1). Needs a full-dimension codebook
                   (sub_dim = head_dim): with a product-VQ codebook the cache warns and runs
                   without it.
     estimate_scores: how `estimate_missed` scores a slot. "centroid": the step's lookup
@@ -242,15 +242,16 @@ class A2ATSConfig:
 
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "speed": {"rerank": 2, "estimate_missed": False},
-    "quality": {"rerank": 4, "estimate_missed": True, "estimate_scores": "mean"},
+    "speed": {"rerank": 2},
+    "quality": {"rerank": 4},
 }
 """Named retrieval settings (the app's Preset box, `a2ats chat --preset`), each the fields it
-sets. "speed" is the default (`A2ATSConfig()`); "quality" widens the rerank and turns the
-missed-attention estimate on: full attention's perplexity at 8K on the demo model, for the
-decode speed-up there (docs/BENCHMARKS.md, "Across texts" and "Settings at 8K"). With a
-product-VQ codebook the estimate stays off (`retrieval.estimate_applies` warns), so "quality"
-is the wider rerank alone there."""
+sets. "speed" is the default (`A2ATSConfig()`); "quality" scores twice as many candidates by
+their exact keys: on the demo model at 8K it keeps every multi-value needle full attention
+finds and takes perplexity from 1.030x to 1.015x full, for part of the decode speed-up there
+(docs/BENCHMARKS.md, "Across texts" and "Retrieval"). A preset leaves the
+missed-attention estimate as it is: it lowers perplexity further (0.999x full at 8K with
+rerank 4) but changed the answer on two of the twelve 8K multi-value prompts (the same docs)."""
 
 
 def with_preset(config: A2ATSConfig, name: str) -> A2ATSConfig:

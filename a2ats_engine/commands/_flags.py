@@ -56,9 +56,9 @@ def add_preset_flags(p: argparse.ArgumentParser, where: str = "") -> None:
     p.add_argument(
         "--preset",
         choices=tuple(PRESETS),
-        help="A2ATS retrieval preset: speed (the default: rerank 2, no estimate) or quality "
-        "(rerank 4 and the mean-scored estimate: full attention's perplexity at 8K on the "
-        "demo, without the decode speed-up); --rerank and --estimate override its fields" + where,
+        help="A2ATS retrieval preset: speed (the default: rerank 2) or quality (rerank 4: twice "
+        "the candidates scored exactly; closer to full attention at 8K, less of the decode "
+        "speed-up); --rerank overrides it; the estimate is --estimate's" + where,
     )
     p.add_argument(
         "--estimate",

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from a2ats_engine.cache.config import PRESETS, A2ATSConfig, preset_of
+from a2ats_engine.cache.config import PRESETS, preset_of
 from a2ats_engine.records import MODEL_SAMPLING_FIELDS, SamplingSettings
 
 from ..settings import THEMES, CacheSettings
@@ -54,11 +54,11 @@ KV_MEMORY_HELP = (
 )
 PRESET_LABELS = {"speed": "Speed (default)", "quality": "Quality", None: "Custom"}
 PRESET_HELP = (
-    "Speed: rerank 2, no estimate. Quality: rerank 4 and the missed-attention estimate: "
-    "perplexity 0.998x full attention at 8K on the demo model (three texts) against 1.030x "
-    "with Speed, but at 8K a retrieval step then decodes at 0.99x KVCache's speed on a 2-core "
-    "CPU instead of 1.45x (docs/BENCHMARKS.md). With a product-VQ codebook (Gemma 3) the "
-    "estimate stays off: Quality is the wider rerank alone there."
+    "Speed: rerank 2. Quality: rerank 4, twice the candidates scored by their exact keys: at 8K "
+    "on the demo model perplexity 1.015x full attention instead of 1.030x (three texts) and "
+    "every multi-value needle full attention finds (twelve prompts), for a retrieval step that "
+    "decodes at 1.09x KVCache's speed on a 2-core CPU instead of 1.17x (docs/BENCHMARKS.md). "
+    "The missed-attention estimate below is separate."
 )
 # The A2ATSConfig fields edited in a spin box of the same name, as they are.
 CONFIG_SPINS = (
@@ -213,8 +213,8 @@ class SettingsDialog(QDialog):
         self.estimate_missed.setChecked(cache.config.estimate_missed)
         self.estimate_missed.setToolTip(
             "Folds the far tokens that were not retrieved into the softmax through their codebook "
-            "slots, each scored by the mean of its own keys: perplexity 1.025x -> 1.009x full "
-            "at 4K on the demo model (three texts), for a slower retrieval step (about 21% "
+            "slots, each scored by the mean of its own keys: perplexity 1.025x -> 1.008x full "
+            "at 4K on the demo model (three texts), for a slower retrieval step (about 25% "
             "at 8K on a 2-core CPU) and larger per-slot sums (docs/BENCHMARKS.md sections 1 and "
             "2). Inspector > Fidelity shows the estimated mass."
         )
@@ -226,7 +226,6 @@ class SettingsDialog(QDialog):
         self.preset_help = _hint(PRESET_HELP)
         self.preset.currentIndexChanged.connect(self._on_preset_chosen)
         self.rerank.valueChanged.connect(self._show_preset)
-        self.estimate_missed.toggled.connect(self._show_preset)
         self._show_preset()
         self.kv_bits = QComboBox()
         self.kv_bits.setAccessibleName("Stored K/V precision")
@@ -276,33 +275,20 @@ class SettingsDialog(QDialog):
         layout.addStretch(1)
         return page
 
-    def _preset_fields(self) -> A2ATSConfig:
-        """The held config with the dialog's rerank and estimate (what a preset sets)."""
-        return replace(
-            self._config,
-            rerank=self.rerank.value(),
-            estimate_missed=self.estimate_missed.isChecked(),
-        )
-
     def _show_preset(self, *_: object) -> None:
-        """The Preset box names the preset the rerank and estimate fields make, else Custom
-        (the only time Custom shows: it is not a choice)."""
-        name = preset_of(self._preset_fields())
+        """The Preset box names the preset the fields make (its rerank), else Custom (the only
+        time Custom shows: it is not a choice)."""
+        name = preset_of(replace(self._config, rerank=self.rerank.value()))
         self.preset.blockSignals(True)
         self.preset.setCurrentIndex(self.preset.findData(name))
         self.preset.blockSignals(False)
 
     def _on_preset_chosen(self, index: int) -> None:
-        """Choosing a preset sets its fields; choosing Custom changes nothing."""
+        """Choosing a preset sets its fields (the rerank); choosing Custom changes nothing."""
         name = self.preset.itemData(index)
         if name is None:
             return
-        fields = PRESETS[name]
-        scores = fields.get("estimate_scores")
-        if scores is not None:
-            self._config = replace(self._config, estimate_scores=scores)
-        self.rerank.setValue(fields["rerank"])
-        self.estimate_missed.setChecked(fields["estimate_missed"])
+        self.rerank.setValue(PRESETS[name]["rerank"])
         self._show_preset()
 
     def _on_far_buckets_changed(self, buckets: int) -> None:
@@ -457,7 +443,6 @@ class SettingsDialog(QDialog):
         for name, spin in self._config_spins().items():
             spin.setValue(getattr(cache.config, name))
         self.estimate_missed.setChecked(cache.config.estimate_missed)
-        self._config = replace(self._config, estimate_scores=cache.config.estimate_scores)
         self._show_preset()
         self.kv_bits.setCurrentIndex([b for _, b in KV_BITS].index(cache.config.kv_bits))
         self.kv_memory.setValue(_mib(cache.config.kv_memory))

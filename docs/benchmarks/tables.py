@@ -1287,6 +1287,47 @@ def readme_summary(d: dict[str, dict]) -> str:
 
 # Recorded runs that no current table shows: (date first recorded, what it measured).
 HISTORY = {
+    "decode_estimate_rr4.json": (
+        "2026-12-04",
+        "`a2ats bench decode --contexts 8192 --steps 32 --repeats 3 --methods "
+        "full,a2ats_eb0,a2ats_eb0_estm,a2ats_rr4_eb0_estm --json`, quiet, mean slot scores over "
+        "every token of a slot (until 2026-12-05): retrieval 1.45x KVCache at 8K, with the "
+        "estimate 1.05x, with rerank 4 and the estimate 0.99x",
+    ),
+    "eval_4k_texts_estimate_mean.json": (
+        "2026-12-04",
+        "`a2ats eval --texts code,prose,dialogue --context 4096 --decode 256 --budget 0.03 "
+        "--methods full,a2ats_estimate,a2ats_estimate_mean --json`, mean slot scores over every "
+        "token of a slot, retrieved ones included (the scoring until 2026-12-05): pooled ppl "
+        "1.009x full, output error 0.049; centroid slots 1.021x, 0.076 (unchanged since)",
+    ),
+    "eval_4k_texts_estimate_code.json": (
+        "2026-12-04",
+        "`a2ats eval --texts code,prose,dialogue --context 4096 --decode 256 --budget 0.03 "
+        "--methods full,a2ats_estimate_mean,a2ats_estimate_code --json`, mean slot scores over "
+        "every token of a slot (until 2026-12-05): codes alone 1.018x full pooled, output error "
+        "0.067; (bucket, code) slots 1.009x, 0.049",
+    ),
+    "eval_8k_texts_estimate_mean.json": (
+        "2026-12-04",
+        "`a2ats eval --texts code,prose,dialogue --context 7936 --decode 256 --budget 0.03 "
+        "--methods full,a2ats_estimate,a2ats_estimate_mean --json`, with the mean slot scores "
+        "over every token of a slot, retrieved ones included (the scoring until 2026-12-05): "
+        "pooled ppl 1.017x full, output error 0.047 (centroid slots 1.019x; unchanged since)",
+    ),
+    "eval_8k_texts_estimate_rr4.json": (
+        "2026-12-04",
+        "`a2ats eval --texts code,prose,dialogue --context 7936 --decode 256 --budget 0.03 "
+        "--rerank 4 --methods full,a2ats_estimate_mean --json`, mean slot scores over every "
+        "token of a slot (until 2026-12-05): pooled ppl 0.998x full, output error 0.033",
+    ),
+    "tasks_8k_estimate_mean.json": (
+        "2026-12-04",
+        "`a2ats bench tasks --contexts 8192 --methods full,a2ats,a2ats_estimate_mean --tasks "
+        "niah_multivalue --depths 0.1,0.5,0.9 --seeds 4 --budget 0.03 --trials --json`, mean "
+        "slot scores over every token of a slot (until 2026-12-05): a2ats and the estimate "
+        "0.87x full (0.72-1.00), both losing a value on the two depth-0.1 prompts",
+    ),
     "decode_gemma3_270m_sd16.json": (
         "2026-12-03",
         "`a2ats bench decode --model gemma3-270m --contexts 1024,8192 --steps 32 --repeats 3 "
@@ -1518,7 +1559,7 @@ def blocks() -> dict[str, str]:
         ("memory", "memory.json", memory_table),
         ("tasks", "tasks.json", tasks_table),
         ("tasks-estimate-mean", "tasks_4k_estimate_mean.json", tasks_table),
-        ("tasks-estimate-mean-8k", "tasks_8k_estimate_mean.json", tasks_table),
+        ("tasks-rr4-8k", "tasks_8k_rr4.json", tasks_table),
         ("tasks-8k", "tasks_8k.json", tasks_table),
         ("tasks-gemma", "tasks_gemma3_270m_4k.json", tasks_table),
         ("tasks-gemma-8k", "tasks_gemma3_270m_8k.json", tasks_table),
@@ -1571,13 +1612,11 @@ def blocks() -> dict[str, str]:
         ("estimate-speed", "decode_estimate_host_step.json", estimate_speed_table),
         ("estimate-scores-speed", "decode_estimate_scores.json", estimate_scores_speed_table),
         ("estimate-code-speed", "decode_estimate_code.json", estimate_scores_speed_table),
-        ("estimate-rr4-speed", "decode_estimate_rr4.json", decode_methods_table),
+        ("presets-speed", "decode_presets.json", decode_methods_table),
         ("texts-8k", "eval_8k_texts.json", texts_table),
         ("texts-estimate-4k", "eval_4k_texts_estimate.json", texts_table),
-        ("texts-estimate-mean-4k", "eval_4k_texts_estimate_mean.json", texts_table),
-        ("texts-estimate-code-4k", "eval_4k_texts_estimate_code.json", texts_table),
-        ("texts-estimate-rr4-8k", "eval_8k_texts_estimate_rr4.json", texts_table),
-        ("texts-estimate-mean-8k", "eval_8k_texts_estimate_mean.json", texts_table),
+        ("texts-estimate-left-4k", "eval_4k_texts_estimate_left.json", texts_table),
+        ("texts-rr4-8k", "eval_8k_texts_rr4.json", texts_table),
         ("gemma-texts-8k", "eval_gemma3_270m_8k_texts.json", model_texts_table),
         ("gemma-texts-estimate-4k", "eval_gemma3_270m_4k_texts_estimate.json", model_texts_table),
         ("gemma-texts-estimate-8k", "eval_gemma3_270m_8k_texts_estimate.json", model_texts_table),

@@ -207,8 +207,8 @@ def test_cli_measures_and_records_with_the_settings_given(tiny_folder, table, ca
     capsys.readouterr()
     kinds = {e["step"] for e in json.loads(table.read_text())["entries"]}
     assert kinds == {kind, xo.DEFAULT_KIND}
-    assert main([*argv, "--preset", "quality"]) == 0  # the preset's kind: rerank 4 + estimate
-    quality = xo.step_kind(A2ATSConfig(rerank=4, estimate_missed=True, estimate_scores="mean"))
+    assert main([*argv, "--preset", "quality"]) == 0  # the preset's kind: rerank 4
+    quality = xo.step_kind(A2ATSConfig(rerank=4))
     assert json.loads(capsys.readouterr().out)["step"] == quality
 
 

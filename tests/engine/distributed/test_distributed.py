@@ -282,14 +282,14 @@ def test_two_ranks_sample_the_tokens_of_one_process_with_half_the_cache(
 def test_two_ranks_split_by_heads_sample_the_tokens_of_one_process(two_ranks, tmp_path):
     """`--tensor`: mlx-lm's shard() splits every layer by heads; each rank's A2ATS caches and
     codebook rows are its KV head's, and the sampled tokens are one process's, with the quality
-    preset (rerank 4, the missed-attention estimate: each rank's sums its KV head's)."""
+    preset (rerank 4) and the missed-attention estimate (each rank's sums its KV head's)."""
     model_dir = save_tiny_model(tmp_path / "tiny", "llama", num_hidden_layers=4, seed=3)
     book = tmp_path / "book.safetensors"
     Codebook.random(4, 2, 16, 64, seed=2).save(book)
     options = ["--tensor", "--model", str(model_dir), "--codebook", str(book), "--temp", "1.0"]
     options += ["--seed", "11", "--max-tokens", "16", "--window", "16", "--budget", "8"]
     options += ["--exact-below", "0", "--prompt", PROMPT, "--stats-json", str(tmp_path / "s")]
-    done = _launch(tmp_path, [*options, "--preset", "quality"])
+    done = _launch(tmp_path, [*options, "--preset", "quality", "--estimate", "mean"])
     assert done.returncode == 0, done.stderr[-2000:]
     assert "rank 1 of 2: KV heads 1-1 of 2 in all 4 layers (tensor split)" in done.stderr
     assert "preset quality, rerank 4; missed-attention estimate (mean" in done.stderr
