@@ -1560,6 +1560,7 @@ def blocks() -> dict[str, str]:
         ("tasks", "tasks.json", tasks_table),
         ("tasks-estimate-mean", "tasks_4k_estimate_mean.json", tasks_table),
         ("tasks-rr4-8k", "tasks_8k_rr4.json", tasks_table),
+        ("tasks-rr4-4k", "tasks_4k_rr4.json", tasks_table),
         ("tasks-8k", "tasks_8k.json", tasks_table),
         ("tasks-gemma", "tasks_gemma3_270m_4k.json", tasks_table),
         ("tasks-gemma-8k", "tasks_gemma3_270m_8k.json", tasks_table),
