@@ -256,9 +256,7 @@ rerank 4) but changed the answer on two of the twelve 8K multi-value prompts (th
 
 def with_preset(config: A2ATSConfig, name: str) -> A2ATSConfig:
     """`config` with the fields of preset `name` (ValueError naming the presets otherwise)."""
-    if name not in PRESETS:
-        raise ValueError(f"preset {name!r} is unknown: must be one of {', '.join(PRESETS)}")
-    return replace(config, **PRESETS[name])
+    return replace(config, **retrieval_fields(name))
 
 
 def retrieval_fields(
@@ -284,6 +282,15 @@ def preset_of(config: A2ATSConfig) -> str | None:
         if all(getattr(config, key) == value for key, value in fields.items()):
             return name
     return None
+
+
+def describe_retrieval(config: A2ATSConfig, subspaces: int) -> str:
+    """`preset quality, rerank 4; missed-attention estimate (mean slot scores)`: what a chat's
+    stderr says of its retrieval settings (the estimate only where it runs: one subspace)."""
+    text = f"preset {preset_of(config) or 'custom'}, rerank {config.rerank}"
+    if config.estimate_missed and subspaces == 1:
+        text += f"; missed-attention estimate ({config.estimate_scores} slot scores)"
+    return text
 
 
 def scaled_budget(budget: float | int, multiplier: float) -> float | int:

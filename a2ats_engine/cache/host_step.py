@@ -246,16 +246,18 @@ def attention_with_estimate(
     B, n_kv, G, _ = q.shape
     s = _logits(q, keys, repeat, scale)  # [B, n_kv, G, M], scaled
     n_slots = counts.shape[-1]
-    far_q = np.broadcast_to(far[:, :, None, :], s.shape)
-    # each retrieved far token's slot, per (batch, KV head, query head): one flat index
-    rows = np.arange(B * n_kv * G, dtype=np.int64).reshape(B, n_kv, G, 1) * n_slots
-    flat = (rows + slots[:, :, None, :])[far_q]
-    got = np.bincount(flat, minlength=B * n_kv * G * n_slots).astype(np.float32)
-    got = got.reshape(B, n_kv, G, n_slots)
-    left = counts[:, :, None, :] - got  # [B, n_kv, G, slots]: the same for every query head
-    if tables is None:
-        got_scores = np.bincount(flat, s[far_q], minlength=got.size).astype(np.float32)
-        got_scores = got_scores.reshape(got.shape)
+    # each retrieved far token's slot, per (batch, KV head): one flat index
+    heads = np.arange(B * n_kv, dtype=np.int64).reshape(B, n_kv, 1) * n_slots
+    flat = (heads + slots)[far]
+    got = np.bincount(flat, minlength=B * n_kv * n_slots).astype(np.float32)
+    left = counts - got.reshape(B, n_kv, n_slots)  # the far tokens not retrieved, per slot
+    left = left[:, :, None, :]  # [B, n_kv, 1, slots]: the same for every query head
+    if tables is None:  # the retrieved tokens' scores summed per (query head, slot)
+        far_q = np.broadcast_to(far[:, :, None, :], s.shape)
+        rows = np.arange(B * n_kv * G, dtype=np.int64).reshape(B, n_kv, G, 1) * n_slots
+        flat_q = (rows + slots[:, :, None, :])[far_q]
+        got_scores = np.bincount(flat_q, s[far_q], minlength=B * n_kv * G * n_slots)
+        got_scores = got_scores.astype(np.float32).reshape(B, n_kv, G, n_slots)
         t = _scores(q * np.float32(scale), key_sums) - got_scores  # scaled sums of the left
         t = t / np.maximum(left, 1.0)
     else:

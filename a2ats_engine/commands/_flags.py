@@ -47,10 +47,9 @@ def add_retrieval_flags(p: argparse.ArgumentParser, rerank_help: str = RERANK_HE
     add_rerank_flag(p, rerank_help)
 
 
-def add_preset_flags(p: argparse.ArgumentParser, where: str = "") -> None:
+def add_preset_flags(p: argparse.ArgumentParser) -> None:
     """--preset (`config.PRESETS`) and --estimate (off or `config.ESTIMATE_SCORES`), None
-    unless given; `retrieval_knobs` turns them and --rerank into config fields. `where` ends
-    both helps (e.g. "; on this computer only")."""
+    unless given; `retrieval_knobs` turns them and --rerank into config fields."""
     from ..cache.config import ESTIMATE_SCORES, PRESETS
 
     p.add_argument(
@@ -58,13 +57,13 @@ def add_preset_flags(p: argparse.ArgumentParser, where: str = "") -> None:
         choices=tuple(PRESETS),
         help="A2ATS retrieval preset: speed (the default: rerank 2) or quality (rerank 4: twice "
         "the candidates scored exactly; closer to full attention at 8K, less of the decode "
-        "speed-up); --rerank overrides it; the estimate is --estimate's" + where,
+        "speed-up); --rerank overrides it; the estimate is --estimate's",
     )
     p.add_argument(
         "--estimate",
         choices=("off", *ESTIMATE_SCORES),
         help="A2ATS: fold the far tokens not retrieved into the softmax through per-slot sums, "
-        "with these slot scores (mean: what the app's checkbox turns on); default off" + where,
+        "with these slot scores (mean: what the app's checkbox turns on); default off",
     )
 
 

@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ..cache.config import preset_of
+from ..cache.config import describe_retrieval
 from ._flags import add_preset_flags, add_rerank_flag, retrieval_knobs
 
 REPL_HELP = "commands: /reset clears the conversation, /exit (or Ctrl-D) quits"
@@ -267,13 +267,9 @@ def _a2ats(args: argparse.Namespace, model: Any, path: Path) -> tuple:
         # make_cache validates again when the session builds its caches: say it only once
         warnings.filterwarnings("ignore", message=re.escape(note))
     config, crossover = with_default_crossover(model, config, codebook)
-    estimate = ""
-    if config.estimate_missed and codebook.num_subspaces == 1:
-        estimate = f"; missed-attention estimate ({config.estimate_scores} slot scores)"
-    preset = preset_of(config)
-    estimate = f"; preset {preset or 'custom'}, rerank {config.rerank}{estimate}"
+    retrieval = describe_retrieval(config, codebook.num_subspaces)
     print(
-        f"cache: a2ats, codebook {path}{estimate}; exact until {config.exact_below:,} tokens "
+        f"cache: a2ats, codebook {path}; {retrieval}; exact until {config.exact_below:,} tokens "
         f"({crossover_origin(crossover)})",
         file=sys.stderr,
     )

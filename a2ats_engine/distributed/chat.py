@@ -302,7 +302,7 @@ def _settle(session: Any) -> None:
 
 def _cache_choice(args, model, info, stage, rank0: bool) -> tuple:
     """(A2ATSConfig, RankCodebook) as `a2ats chat` chooses them, or (None, None) for full."""
-    from ..cache.config import A2ATSConfig, preset_of, retrieval_fields
+    from ..cache.config import A2ATSConfig, describe_retrieval, retrieval_fields
     from ..loading.fetched_models import default_codebook
     from .codebook import load_rank_codebook
 
@@ -329,13 +329,9 @@ def _cache_choice(args, model, info, stage, rank0: bool) -> tuple:
         for note in notes:
             print(f"warning: {note}", file=sys.stderr)
         share = "heads'" if getattr(stage, "kind", "") == "tensor" else "layers'"
-        preset = preset_of(config) or "custom"
-        estimate = ""
-        if config.estimate_missed and book.num_subspaces == 1:
-            estimate = f"; missed-attention estimate ({config.estimate_scores} slot scores)"
+        retrieval = describe_retrieval(config, book.num_subspaces)
         print(
-            f"cache: a2ats, codebook {path} (each rank holds its {share} rows); preset "
-            f"{preset}, rerank {config.rerank}{estimate}",
+            f"cache: a2ats, codebook {path} (each rank holds its {share} rows); {retrieval}",
             file=sys.stderr,
         )
     warnings.filterwarnings("ignore", module="a2ats_engine")

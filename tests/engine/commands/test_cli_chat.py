@@ -140,9 +140,9 @@ def test_codebook_in_model_folder_is_the_default(tmp_path, capsys):
     assert "cache: a2ats" not in capsys.readouterr().err
 
 
-def test_the_estimate_flag_turns_the_missed_attention_estimate_on(tmp_path, capsys, monkeypatch):
-    """`--estimate mean` runs the chat's A2ATS caches with the estimate (said on stderr, and
-    the caches built with it); with --hosts the flags go to the ranks."""
+def _chat_with_codebook(tmp_path, monkeypatch) -> tuple[list[str], list]:
+    """`a2ats chat` arguments for a one-shot reply from a tiny model with a codebook in its
+    folder, and the list each chat's A2ATS config is appended to (a spy on ChatSession)."""
     from a2ats_engine.cache.codebook import Codebook
     from a2ats_engine.session import ChatSession
 
@@ -156,7 +156,13 @@ def test_the_estimate_flag_turns_the_missed_attention_estimate_on(tmp_path, caps
         init(self, *a, **kw)
 
     monkeypatch.setattr(ChatSession, "__init__", spy)
-    args = ["chat", "--model", str(model_dir), "--prompt", "Hi", "--max-tokens", "3"]
+    return ["chat", "--model", str(model_dir), "--prompt", "Hi", "--max-tokens", "3"], configs
+
+
+def test_the_estimate_flag_turns_the_missed_attention_estimate_on(tmp_path, capsys, monkeypatch):
+    """`--estimate mean` runs the chat's A2ATS caches with the estimate (said on stderr, and
+    the caches built with it); with --hosts the flags go to the ranks."""
+    args, configs = _chat_with_codebook(tmp_path, monkeypatch)
     assert main([*args, "--estimate", "mean"]) == 0
     assert "missed-attention estimate (mean slot scores)" in capsys.readouterr().err
     assert configs and configs[-1].estimate_missed and configs[-1].estimate_scores == "mean"
@@ -175,21 +181,9 @@ def test_the_preset_flag_sets_the_rerank_and_flags_override_it(tmp_path, capsys,
     """`--preset quality` = rerank 4 (said on stderr, the caches built with it), the estimate
     left to `--estimate`; `--rerank` overrides the preset's; `--preset speed` (the default) is
     A2ATSConfig()'s; a bad --rerank fails before the model loads or a rank starts."""
-    from a2ats_engine.cache.codebook import Codebook
     from a2ats_engine.cache.config import A2ATSConfig
-    from a2ats_engine.session import ChatSession
 
-    model_dir = save_tiny_model(tmp_path / "model", "llama")
-    Codebook.random(2, 2, 16, 32).save(model_dir / "codebook.safetensors")
-    configs = []
-    init = ChatSession.__init__
-
-    def spy(self, *a, **kw):
-        configs.append(kw.get("a2ats"))
-        init(self, *a, **kw)
-
-    monkeypatch.setattr(ChatSession, "__init__", spy)
-    args = ["chat", "--model", str(model_dir), "--prompt", "Hi", "--max-tokens", "3"]
+    args, configs = _chat_with_codebook(tmp_path, monkeypatch)
     assert main([*args, "--preset", "quality"]) == 0
     assert "preset quality, rerank 4;" in capsys.readouterr().err
     assert (configs[-1].rerank, configs[-1].estimate_missed) == (4, False)
