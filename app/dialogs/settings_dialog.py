@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QSize, Qt
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QPlainTextEdit,
+    QScrollArea,
     QSpinBox,
     QTabWidget,
     QVBoxLayout,
@@ -128,6 +129,17 @@ def _hint(text: str, *, wrap: bool = True) -> QLabel:
     return label
 
 
+def _scrolling(page: QWidget) -> QScrollArea:
+    """`page` in a frameless vertical scroll area: its wrapped hints keep their full height
+    when the dialog is shorter than the page (a small screen) instead of being cut."""
+    area = QScrollArea()
+    area.setWidget(page)
+    area.setWidgetResizable(True)
+    area.setFrameShape(QScrollArea.Shape.NoFrame)
+    area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+    return area
+
+
 def _form(form: QFormLayout, *rows: tuple[str, QWidget | QHBoxLayout]) -> QFormLayout:
     """Add labelled rows to `form`."""
     for label, field in rows:
@@ -159,8 +171,8 @@ class SettingsDialog(QDialog):
         self.setMinimumWidth(520)
         self.result_value: SettingsResult | None = None
         tabs = QTabWidget()
-        tabs.addTab(self._cache_tab(cache), "KV cache")
-        tabs.addTab(self._sampling_tab(sampling, use_model_sampling), "Sampling")
+        tabs.addTab(_scrolling(self._cache_tab(cache)), "KV cache")
+        tabs.addTab(_scrolling(self._sampling_tab(sampling, use_model_sampling)), "Sampling")
         tabs.addTab(self._appearance_tab(theme_mode, default_system_prompt), "Appearance")
         self.error = QLabel()
         self.error.setObjectName("ErrorLabel")
@@ -181,6 +193,24 @@ class SettingsDialog(QDialog):
         layout.addWidget(tabs)
         layout.addWidget(self.error)
         layout.addWidget(buttons)
+        self.resize(self._opening_size(tabs))
+
+    def _opening_size(self, tabs: QTabWidget) -> QSize:
+        """As wide as the widest tab asks and tall enough for every wrapped hint of the tallest
+        tab at that width (a top-level window does not grow for wrapped text by itself), but
+        no larger than the screen's free area: past it the tabs scroll."""
+        pages = [tabs.widget(i) for i in range(tabs.count())]
+        inner = [p.widget() if isinstance(p, QScrollArea) else p for p in pages]
+        bar = self.style().pixelMetric(self.style().PixelMetric.PM_ScrollBarExtent)
+        width = max(w.sizeHint().width() for w in inner) + bar
+        content = max(w.heightForWidth(width - bar) if w.hasHeightForWidth() else
+                      w.sizeHint().height() for w in inner)  # fmt: skip
+        around = self.sizeHint() - tabs.sizeHint()  # the error line, buttons and margins
+        tab_bar = tabs.tabBar().sizeHint().height() + 2 * bar // 3  # the bar and the frame
+        size = QSize(width + around.width(), content + tab_bar + around.height())
+        size = size.expandedTo(self.minimumSizeHint())
+        screen = self.screen()
+        return size.boundedTo(screen.availableGeometry().size() * 0.9) if screen else size
 
     # ----- tabs ------------------------------------------------------------------------------
 

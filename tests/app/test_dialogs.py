@@ -340,3 +340,28 @@ def test_the_preset_box_sets_the_rerank_and_names_what_it_makes(qtbot):
     reopened = SettingsDialog(CacheSettings.of(rerank=4), SamplingSettings(), "system", "")
     qtbot.addWidget(reopened)
     assert reopened.preset.currentData() == "quality"
+
+
+def test_settings_dialog_shows_every_wrapped_hint_whole(qtbot):
+    """The hints under Preset and K/V storage are paragraphs: opened on a small screen the
+    dialog must not squeeze them to a line (a top-level window does not grow for wrapped text
+    by itself); each gets the height its text needs at its width, and the tab scrolls if the
+    screen is too short for the page."""
+    from PySide6.QtWidgets import QLabel, QTabWidget
+
+    dialog = SettingsDialog(CacheSettings(), SamplingSettings(), "system", "")
+    qtbot.addWidget(dialog)
+    dialog.show()
+    qtbot.waitExposed(dialog)
+    screen = dialog.screen().availableGeometry()
+    assert dialog.width() <= screen.width() and dialog.height() <= screen.height()
+    tabs = dialog.findChild(QTabWidget)
+    checked = 0
+    for i in range(tabs.count()):
+        tabs.setCurrentIndex(i)
+        qtbot.wait(1)
+        for label in tabs.widget(i).findChildren(QLabel):
+            if label.wordWrap() and label.isVisible() and label.text():
+                assert label.height() >= label.heightForWidth(label.width()), label.text()[:60]
+                checked += 1
+    assert checked >= 3  # both long hints and the next-message note, at least
