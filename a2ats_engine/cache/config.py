@@ -49,9 +49,10 @@ class A2ATSConfig:
                   model (three texts pooled, slots scored by their mean keys); off by
                   default. In the host step it costs about 25% of a retrieval step's speed
                   at 8K with mean slot scores (docs/benchmarks/decode_presets.json,
-                  docs/BENCHMARKS.md section 1). Needs a full-dimension codebook
-                  (sub_dim = head_dim): with a product-VQ codebook the cache warns and runs
-                  without it.
+                  docs/BENCHMARKS.md section 1). With a product-VQ codebook a slot is the
+                  first subspace's code (and bucket); "centroid" scores need a full-dimension
+                  codebook (sub_dim = head_dim): with product VQ the cache warns and runs
+                  without the estimate.
     estimate_scores: how `estimate_missed` scores a slot. "centroid": the step's lookup
                   table (the query rotated to the bucket's distance, against the centroid).
                   "mean": the query against the mean of the slot's own post-RoPE keys (the

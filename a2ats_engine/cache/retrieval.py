@@ -26,12 +26,20 @@ if TYPE_CHECKING:
 
 
 def estimate_applies(config, codebook) -> bool:
-    """Whether `estimate_missed` runs: it needs one code per token and KV head (a
-    full-dimension codebook); with product VQ it is off, and a warning says so."""
-    if config.estimate_missed and codebook.num_subspaces != 1:
+    """Whether `estimate_missed` runs. Slots scored by their own keys ("mean", "code_mean")
+    work with any codebook: with product VQ a token's slot is its first subspace's code (and
+    distance bucket), and its score is still the exact mean score of the slot's tokens.
+    Centroid scores need one code per token and KV head (a full-dimension codebook): with
+    product VQ they are off, and a warning says so."""
+    if (
+        config.estimate_missed
+        and config.estimate_scores == "centroid"
+        and (codebook.num_subspaces != 1)
+    ):
         warnings.warn(
-            f"A2ATS: estimate_missed is off for this codebook: it needs a full-dimension "
-            f"codebook, this one has {codebook.num_subspaces} subspaces (product VQ)",
+            f"A2ATS: estimate_missed is off for this codebook: centroid slot scores need a "
+            f"full-dimension codebook, this one has {codebook.num_subspaces} subspaces "
+            f"(product VQ); estimate_scores='mean' works with it",
             stacklevel=5,
         )
         return False

@@ -193,7 +193,7 @@ def test_estimate_runs_on_a_model_and_reports_its_mass():
     assert METHODS["a2ats_estimate"].config(A2ATSConfig()).estimate_missed
 
 
-def test_estimate_setting_is_validated_and_off_with_a_product_vq_codebook():
+def test_estimate_setting_is_validated_and_centroid_scores_off_with_product_vq():
     with pytest.raises(ValueError, match=r"A2ATSConfig\.estimate_missed=1"):
         A2ATSConfig(estimate_missed=1)
     assert decode_variant_knobs("a2ats_noest") == {"estimate_missed": False}
@@ -210,11 +210,13 @@ def test_estimate_setting_is_validated_and_off_with_a_product_vq_codebook():
     assert A2ATSConfig().estimate_scores == "mean"  # what turning the estimate on gives
     assert METHODS["a2ats_estimate_mean"].config(A2ATSConfig()).estimate_scores == "mean"
     book = Codebook([mx.zeros((1, 2, 4, D // 2))])  # product VQ: 2 subspaces
-    with pytest.warns(UserWarning, match="estimate_missed is off for this codebook"):
-        cache = A2ATSCache(
-            0, IdentityRope(D), book, A2ATSConfig(estimate_missed=True), max_context=512
-        )
+    by_centroid = A2ATSConfig(estimate_missed=True, estimate_scores="centroid")
+    with pytest.warns(UserWarning, match="centroid slot scores need a full-dimension codebook"):
+        cache = A2ATSCache(0, IdentityRope(D), book, by_centroid, max_context=512)
     assert not cache.estimates
+    for scores in ("mean", "code_mean"):  # their own keys score the slots: any codebook
+        by_keys = A2ATSConfig(estimate_missed=True, estimate_scores=scores)
+        assert A2ATSCache(0, IdentityRope(D), book, by_keys, max_context=512).estimates
     on = A2ATSConfig(estimate_missed=True)
     assert lossless_cache(on, np.zeros((1, 4, D), np.float32)).estimates
 
@@ -277,16 +279,18 @@ def test_presets_name_the_default_and_the_quality_settings():
         assert f"--rerank {PRESETS['quality']['rerank']}" in recorded["command"]
 
 
+@pytest.mark.parametrize("subspaces", [1, 2])  # 2: product VQ (the generic step only)
 @pytest.mark.parametrize("scores", ["mean", "code_mean"])
 @pytest.mark.parametrize("strategy", ["numpy", "mlx"])  # the host step, the generic step
-def test_the_estimate_scores_only_the_tokens_left_in_a_slot(strategy, scores):
+def test_the_estimate_scores_only_the_tokens_left_in_a_slot(strategy, scores, subspaces):
     """A retrieved token leaves its slot: the slot's mean score is over the far tokens that
     were not retrieved. Here every slot's tokens share one key except three high-scoring
     "needles", each sharing its slot with three low-scoring tokens; the needles are retrieved,
     so what is left of every slot shares one key and the estimate is exact (exp of the mean
     score is the mean of the exps): the output is exact attention. Scored over the whole slot,
     a needle's score would lift its slot's mean and count its three neighbours far above
-    their mass."""
+    their mass. With product VQ a slot is the first subspace's code: the same slots here (every
+    subspace codes a token alike), and the same exact output."""
     n, C = 240, 10
     rng = np.random.default_rng(11)
     q_np = rng.standard_normal(D).astype(np.float32)
@@ -313,13 +317,15 @@ def test_the_estimate_scores_only_the_tokens_left_in_a_slot(strategy, scores):
     keys[0, needles] = 2.0 * q_np + base[[0, 1, 2]]
     centroids = base.copy()
     centroids[:3] = keys[0, needles]  # the needles' slots score highest: they are candidates
-    book = Codebook([mx.array(centroids[None, None])])  # [n_kv, 1, C, d]
+    split = centroids.reshape(C, subspaces, D // subspaces).swapaxes(0, 1)
+    book = Codebook([mx.array(split[None])])  # [n_kv, S, C, d / S]
     with topk.forced(strategy):
         cache = A2ATSCache(0, IdentityRope(D), book, config, max_context=8192)
+    assert cache.estimates
     cache.update_and_fetch(mx.array(keys[None]), mx.array(values))
-    full_codes = np.zeros((1, 1, n), np.uint16)
-    full_codes[0, 0, far] = codes
-    cache.codes[:, :, :n, 0] = mx.array(full_codes)
+    full_codes = np.zeros((1, 1, n, subspaces), np.uint16)
+    full_codes[0, 0, far] = codes[:, None]
+    cache.codes[:, :, :n] = mx.array(full_codes)
     q = mx.array(q_np.reshape(1, 1, 1, D))
     got = np.array(cache.attend(q, None, None, scale=D**-0.5))
     assert cache.retrieved_steps == 1
