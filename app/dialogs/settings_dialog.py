@@ -57,7 +57,7 @@ PRESET_LABELS = {"speed": "Speed (default)", "quality": "Quality", None: "Custom
 PRESET_HELP = (
     "Speed: rerank 2. Quality: rerank 4, twice the candidates scored by their exact keys: at 8K "
     "on the demo model perplexity 1.015x full attention instead of 1.030x (three texts) and "
-    "every multi-value needle full attention finds (twelve prompts), for a retrieval step that "
+    "every multi-value needle full attention finds (18 prompts), for a retrieval step that "
     "decodes at 1.09x KVCache's speed on a 2-core CPU instead of 1.17x (docs/BENCHMARKS.md). "
     "The missed-attention estimate below is separate."
 )

@@ -1561,6 +1561,8 @@ def blocks() -> dict[str, str]:
         ("tasks-estimate-mean", "tasks_4k_estimate_mean.json", tasks_table),
         ("tasks-rr4-8k", "tasks_8k_rr4.json", tasks_table),
         ("tasks-rr4-4k", "tasks_4k_rr4.json", tasks_table),
+        ("tasks-rr4-4k-18", "tasks_4k_rr4_18.json", tasks_table),
+        ("tasks-rr4-8k-18", "tasks_8k_rr4_18.json", tasks_table),
         ("tasks-8k", "tasks_8k.json", tasks_table),
         ("tasks-gemma", "tasks_gemma3_270m_4k.json", tasks_table),
         ("tasks-gemma-8k", "tasks_gemma3_270m_8k.json", tasks_table),
@@ -1624,6 +1626,11 @@ def blocks() -> dict[str, str]:
         (
             "gemma-texts-estimate-mean-4k",
             "eval_gemma3_270m_4k_texts_estimate_mean.json",
+            model_texts_table,
+        ),
+        (
+            "gemma-texts-pq-estimate-4k",
+            "eval_gemma3_270m_4k_texts_pq_estimate.json",
             model_texts_table,
         ),
     )
