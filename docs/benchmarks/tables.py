@@ -1633,6 +1633,12 @@ def blocks() -> dict[str, str]:
             "eval_gemma3_270m_4k_texts_pq_estimate.json",
             model_texts_table,
         ),
+        (
+            "gemma-texts-pq-estimate-8k",
+            "eval_gemma3_270m_8k_texts_pq_estimate.json",
+            model_texts_table,
+        ),
+        ("gemma-texts-rr4-4k", "eval_gemma3_270m_4k_texts_rr4.json", model_texts_table),
     )
     for key, fname, fn in simple:
         if (data := _load(fname)) is not None:
