@@ -1616,6 +1616,7 @@ def blocks() -> dict[str, str]:
         ("estimate-scores-speed", "decode_estimate_scores.json", estimate_scores_speed_table),
         ("estimate-code-speed", "decode_estimate_code.json", estimate_scores_speed_table),
         ("presets-speed", "decode_presets.json", decode_methods_table),
+        ("gemma-estimate-speed", "decode_gemma3_270m_estimate.json", decode_methods_table),
         ("texts-8k", "eval_8k_texts.json", texts_table),
         ("texts-estimate-4k", "eval_4k_texts_estimate.json", texts_table),
         ("texts-estimate-left-4k", "eval_4k_texts_estimate_left.json", texts_table),
