@@ -31,11 +31,8 @@ def estimate_applies(config, codebook) -> bool:
     distance bucket), and its score is still the exact mean score of the slot's tokens.
     Centroid scores need one code per token and KV head (a full-dimension codebook): with
     product VQ they are off, and a warning says so."""
-    if (
-        config.estimate_missed
-        and config.estimate_scores == "centroid"
-        and (codebook.num_subspaces != 1)
-    ):
+    centroid = config.estimate_scores == "centroid"
+    if config.estimate_missed and centroid and codebook.num_subspaces != 1:
         warnings.warn(
             f"A2ATS: estimate_missed is off for this codebook: centroid slot scores need a "
             f"full-dimension codebook, this one has {codebook.num_subspaces} subspaces "
