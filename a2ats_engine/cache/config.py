@@ -285,11 +285,17 @@ def preset_of(config: A2ATSConfig) -> str | None:
     return None
 
 
+def estimate_runs(config: A2ATSConfig, subspaces: int) -> bool:
+    """Whether the missed-attention estimate runs with a codebook of `subspaces` subspaces:
+    slots scored by their own keys run with any codebook, centroid scores with one VQ only."""
+    return config.estimate_missed and (subspaces == 1 or config.estimate_scores != "centroid")
+
+
 def describe_retrieval(config: A2ATSConfig, subspaces: int) -> str:
     """`preset quality, rerank 4; missed-attention estimate (mean slot scores)`: what a chat's
-    stderr says of its retrieval settings (the estimate only where it runs: one subspace)."""
+    stderr says of its retrieval settings (the estimate only where it runs: `estimate_runs`)."""
     text = f"preset {preset_of(config) or 'custom'}, rerank {config.rerank}"
-    if config.estimate_missed and subspaces == 1:
+    if estimate_runs(config, subspaces):
         text += f"; missed-attention estimate ({config.estimate_scores} slot scores)"
     return text
 

@@ -63,6 +63,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from .config import estimate_runs
+
 FORMAT = "a2ats-crossover"
 VERSION = 1
 MAX_TABLE_BYTES = 4 * 1024 * 1024
@@ -87,8 +89,8 @@ class Crossover:
 def step_kind(config: Any, subspaces: int = 1) -> str:
     """The settings of an `A2ATSConfig` (and its codebook's subspace count) that a retrieval
     step's cost depends on, as a crossover row's `step`: 'vq, budget 0.03, rerank 2, buckets 4,
-    kv model dtype' (', estimate mean' with the missed-attention estimate, which runs with
-    one-VQ codebooks only)."""
+    kv model dtype' (', estimate mean' with the missed-attention estimate where it runs:
+    `config.estimate_runs`)."""
     rerank = f"{config.rerank}{' shared' if config.rerank_shared else ''}"
     parts = [
         "vq" if subspaces == 1 else f"pq{subspaces}",
@@ -97,7 +99,7 @@ def step_kind(config: Any, subspaces: int = 1) -> str:
         f"buckets {config.far_buckets}",
         f"kv {config.kv_bits or 'model dtype'}",
     ]
-    if config.estimate_missed and subspaces == 1:
+    if estimate_runs(config, subspaces):
         parts.append(f"estimate {config.estimate_scores}")
     return ", ".join(parts)
 

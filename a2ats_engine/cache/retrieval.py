@@ -19,6 +19,7 @@ import mlx.core as mx
 
 from . import attention as att
 from . import host_step
+from .config import estimate_runs
 from .storage import KEYS, VALUES, RowStorage, gather_rows
 
 if TYPE_CHECKING:
@@ -31,8 +32,7 @@ def estimate_applies(config, codebook) -> bool:
     distance bucket), and its score is still the exact mean score of the slot's tokens.
     Centroid scores need one code per token and KV head (a full-dimension codebook): with
     product VQ they are off, and a warning says so."""
-    centroid = config.estimate_scores == "centroid"
-    if config.estimate_missed and centroid and codebook.num_subspaces != 1:
+    if config.estimate_missed and not estimate_runs(config, codebook.num_subspaces):
         warnings.warn(
             f"A2ATS: estimate_missed is off for this codebook: centroid slot scores need a "
             f"full-dimension codebook, this one has {codebook.num_subspaces} subspaces "

@@ -174,7 +174,11 @@ def test_a_row_applies_only_to_the_settings_it_was_measured_with(table, monkeypa
     estimate = xo.step_kind(A2ATSConfig(estimate_missed=True))
     assert estimate == xo.DEFAULT_KIND + ", estimate mean"
     assert xo.step_kind(A2ATSConfig(estimate_missed=True), 16).startswith("pq16, ")
-    assert "estimate" not in xo.step_kind(A2ATSConfig(estimate_missed=True), 16)  # it cannot run
+    pq_mean = xo.step_kind(A2ATSConfig(estimate_missed=True), 16)  # runs: slots by own keys
+    assert pq_mean.startswith("pq16, ") and pq_mean.endswith(", estimate mean")
+    centroid = A2ATSConfig(estimate_missed=True, estimate_scores="centroid")
+    assert "estimate" not in xo.step_kind(centroid, 16)  # it cannot run with product VQ
+    assert xo.step_kind(centroid).endswith(", estimate centroid")
     geometry = (3, 2, D)
     xo.record_crossover(row(640, geometry=geometry))  # no kind: the defaults
     xo.record_crossover(row(9000, geometry=geometry, step=estimate))
