@@ -1056,7 +1056,8 @@ def profile_table(data: dict) -> str:
     blas = ", ".join(f"{k} {v}" for k, v in threads["blas_threads"].items()) or "none found"
     rows = [
         f"`{data['command']}`; {data['machine']}; MLX's BLAS {threads['mlx_blas']}, BLAS "
-        f"threads: {blas}. Retrieval forced at every context; each phase evaluated on its own.",
+        f"threads: {blas}. Retrieval forced at every context; each phase evaluated on its own."
+        + (f" Method {data['method']}: {data['retrieval']}." if "retrieval" in data else ""),
         "",
     ]
     for r in data["results"]:

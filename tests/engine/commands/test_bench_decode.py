@@ -240,6 +240,35 @@ def test_bench_decode_profile_times_every_phase_with_the_thread_settings(tmp_pat
     assert row["kvcache_step_ms"] > 0 and row["a2ats_step_ms"] > 0
 
 
+def test_bench_decode_profile_takes_the_named_methods_settings(tmp_path, capsys):
+    """`--profile --methods a2ats_rr4_estm`: the profiled step runs with rerank 4 and the
+    missed-attention estimate (its phase is timed, the JSON names the settings); a list that is
+    not one A2ATS method is refused before any model loads, so no setting is dropped unseen."""
+    folder = save_tiny_model(tmp_path / "m", "llama", hidden_size=256)
+    argv = ["bench", "decode", "--model", str(folder), "--contexts", "300", "--steps", "3",
+            "--profile", "--budget", "32", "--json"]  # fmt: skip
+    assert main([*argv, "--methods", "full,a2ats_rr4_estm"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["method"] == "a2ats_rr4_estm" and out["budget"] == 32
+    assert "rerank 4" in out["retrieval"] and "estimate (mean" in out["retrieval"]
+    assert "estimate" in out["results"][0]["phases_ms_per_step"]
+    assert main(argv) == 0  # default: a2ats, no estimate
+    out = json.loads(capsys.readouterr().out)
+    assert out["method"] == "a2ats" and "estimate" not in out["results"][0]["phases_ms_per_step"]
+    for bad in ("full,a2ats,a2ats_kv4", "kv4", "full"):
+        assert main([*argv, "--methods", bad]) == 1
+        assert "--profile times one A2ATS method" in capsys.readouterr().err
+    assert main([*argv, "--methods", "a2ats_rr4", "--rerank", "2"]) == 1
+    assert "--rerank=2 disagrees" in capsys.readouterr().err
+
+
+def test_bench_decode_geometry_refuses_methods(capsys):
+    """A geometry run times full and a2ats only: --methods is refused, not ignored."""
+    argv = ["bench", "decode", "--geometry", "tiny", "--contexts", "256", "--methods", "full"]
+    assert main(argv) == 1
+    assert "--methods does not apply with --geometry" in capsys.readouterr().err
+
+
 def test_decode_copies_of_a_hybrid_models_state_are_independent():
     """A linear-attention layer's ArraysCache holds a list of states: a copy that shares the
     list would let one method's decode move another's state (qwen3_next: layers 0 and 2)."""
