@@ -178,6 +178,10 @@ def bench_decode(
                     len(own) * len(follow)
                 )
                 extra["a2ats_layers"] = len(own)
+                sums = [c.retrieval.host_missed[1] for c in own if c.retrieval.host_missed]
+                if sums:  # the host step's estimate: rows of the occupied slots only
+                    shares = [r.rows_used / r.n_slots for r in sums]
+                    extra["estimate_rows_share"] = sum(shares) / len(shares)
             results.append(
                 DecodeResult(method, n, rates[method], held[method], held[method] / n, extra)
             )

@@ -14,8 +14,9 @@ candidate scores and the attention are float32 products whose rounding may diffe
 in the last bit). `applies` says when this path runs; anything else (quantized or cold rows,
 reuse of a selection, an evaluation variant's own far scores, a codebook with product VQ, a
 model dtype NumPy has no type for) takes the generic step. The missed-attention estimate runs
-here too, all in NumPy: its per-slot sums are NumPy arrays moved in place by the few tokens that
-change slot a step (`missed_sums`, the generic step's `Retrieval.missed_moves`), and its softmax
+here too, all in NumPy: its per-slot sums are rows of the occupied slots only (`SlotRows`),
+moved in place by the few tokens that change slot a step (`missed_sums`, the generic step's
+`Retrieval.missed_moves`), and its softmax
 over the slots' tokens not retrieved is `attention_with_estimate` (the same sums as
 `attention.selected_attention_with_estimate`).
 """
@@ -28,6 +29,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import attention as att
+from .slot_rows import SlotRows
 
 if TYPE_CHECKING:
     from .a2ats_cache import A2ATSCache
@@ -80,8 +82,8 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
 
     approx = timed(layer, "code scores", scores)  # [B, n_kv, G, F]
     k_np, v_np = np.asarray(keys), np.asarray(values)
-    missed = ()
-    if cache.estimates:  # (counts [B, n_kv, slots], value sums [B, n_kv, slots, d])
+    missed = None
+    if cache.estimates:  # the occupied slots' counts and sums (a SlotRows)
         missed = timed(
             layer,
             "estimate",
@@ -109,16 +111,16 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
     sink_logits = None if sinks is None else np.asarray(sinks.astype(mx.float32))
 
     def attend() -> np.ndarray:
-        if not missed:
+        if missed is None:
             return attention(q, k_sel, v_sel, repeat, scale, sink_logits)
-        counts, sums = missed
-        slot_table, key_sums = tables_np, None
-        if cache.config.estimate_scores != "centroid":  # sums: values, then keys
-            slot_table, key_sums, sums = None, sums[..., d:], sums[..., :d]
-        slots = selected_slots(codes, positions, cache, lay)
+        counts, sums, key_sums, slot_of = missed.view()  # the occupied slots' rows
+        slot_table = None
+        if key_sums is None:  # centroid scores: the step's tables at each row's slot
+            slot_table = np.take_along_axis(tables_np, slot_of[:, :, None, :], axis=-1)
+        rows = missed.lookup(selected_slots(codes, positions, cache, lay))
         far = (positions >= lay.n_sinks) & (positions < lay.window_start) & ~repeat
         out, share = attention_with_estimate(
-            q, k_sel, v_sel, repeat, scale, sink_logits, slot_table, counts, sums, slots, far,
+            q, k_sel, v_sel, repeat, scale, sink_logits, slot_table, counts, sums, rows, far,
             key_sums,
         )  # fmt: skip
         retrieval.missed_share = mx.array(share)
@@ -233,7 +235,8 @@ def attention_with_estimate(
     """`attention.selected_attention_with_estimate` in NumPy, over the far tokens not
     retrieved: q [B, n_kv, G, d] float32, keys / values [B, n_kv, M, d], repeat [B, n_kv, M],
     sinks None or logits [n_kv * G], counts [B, n_kv, slots] and sums [B, n_kv, slots, d] of
-    the whole far region, slots [B, n_kv, M] of the attended positions, far [B, n_kv, M] bool
+    the whole far region (dense, or the occupied slots' rows: `SlotRows.view`), slots
+    [B, n_kv, M] the index into them of the attended positions, far [B, n_kv, M] bool
     (a retrieved far token counted once) -> (output [B, n_kv, G, d] float32, estimated share
     of the softmax mass [B, n_kv, G]).
 
@@ -284,51 +287,32 @@ def attention_with_estimate(
 
 
 def missed_sums(retrieval: Retrieval, cache: A2ATSCache, lay: att.Layout, codes, values, keys):
-    """The far region's per-slot token counts [B, n_kv, slots] and value sums
-    [B, n_kv, slots, d] (float32 NumPy) at this step: the held ones moved in place by the few
-    tokens that changed slot since the last step (`Retrieval.missed_moves`), else rebuilt from
-    the codes [B, n_kv, capacity, 1] and values [B, n_kv, capacity, d] the step read. With
-    `estimate_scores="mean"` each slot's row is its values' sum then its keys' sum (keys
-    [B, n_kv, capacity, d], post-RoPE): [B, n_kv, slots, 2 d]."""
-    if cache.config.estimate_scores == "centroid":
-        keys = None
+    """The far region's per-slot token counts and value sums (and key sums with
+    `estimate_scores` "mean" / "code_mean": keys post-RoPE) at this step, as a `SlotRows` (rows
+    of the occupied slots only): the held ones moved in place by the few tokens that changed
+    slot since the last step (`Retrieval.missed_moves`), else rebuilt from the codes
+    [B, n_kv, capacity, 1+] and the values / keys [B, n_kv, capacity, d] the step read."""
+    with_keys = cache.config.estimate_scores != "centroid"
     held = retrieval.host_missed
     moves = retrieval.missed_moves(cache, lay, None if held is None else held[0])
     C = cache.codebook.n_centroids
     lower_edges = cache.estimate_edges
     B, n_kv = codes.shape[:2]
     if moves is None:
-        d = values.shape[-1] * (1 if keys is None else 2)
-        counts = np.zeros((B, n_kv, cache.n_slots), np.float32)
-        sums = np.zeros((B, n_kv, cache.n_slots, d), np.float32)
+        rows = SlotRows(B, n_kv, cache.n_slots, values.shape[-1], with_keys)
         if lay.n_far:
             slots = codes[:, :, lay.n_sinks : lay.window_start, 0].astype(np.int64)
             if lower_edges is not None:
                 ends = (lay.n, lay.n_sinks, lay.window_start)
                 slots += C * np.asarray(att.bucket_ids(*ends, lower_edges))
-            rows = _summed_rows(values, keys, np.s_[:, :, lay.n_sinks : lay.window_start])
-            for b in range(B):
-                for h in range(n_kv):
-                    counts[b, h] = np.bincount(slots[b, h], minlength=cache.n_slots)
-                    np.add.at(sums[b, h], slots[b, h], rows[b, h])
+            index = np.s_[:, :, lay.n_sinks : lay.window_start]
+            rows.add(slots, 1.0, values[index], keys[index] if with_keys else None)
     else:
-        _, counts, sums = held
-        if moves:  # every move of every KV head in one scatter (a slot may take several)
+        rows = held[1]
+        if moves:  # every move of every KV head in one sorted sum (a slot may take several)
             pos, bucket, w = (np.asarray(col) for col in zip(*moves, strict=True))
             slots = codes[:, :, pos, 0].astype(np.int64) + bucket * C  # [B, n_kv, moves]
-            heads = (np.arange(B)[:, None, None], np.arange(n_kv)[None, :, None], slots)
-            w = w.astype(np.float32)
-            np.add.at(counts, heads, np.broadcast_to(w, slots.shape))
-            np.add.at(sums, heads, w[:, None] * _summed_rows(values, keys, np.s_[:, :, pos]))
-    retrieval.host_missed = (lay.n, counts, sums)
+            rows.add(slots, w, values[:, :, pos], keys[:, :, pos] if with_keys else None)
+    retrieval.host_missed = (lay.n, rows)
     retrieval.missed_sums, retrieval.missed_n = None, None  # the MLX sums no longer follow
-    return counts, sums
-
-
-def _summed_rows(values: np.ndarray, keys: np.ndarray | None, index) -> np.ndarray:
-    """The rows a slot sums at `index`, float32: the values, then the keys when they are given
-    (`estimate_scores="mean"`: [..., 2 d])."""
-    rows = values[index].astype(np.float32, copy=False)
-    if keys is None:
-        return rows
-    return np.concatenate([rows, keys[index].astype(np.float32, copy=False)], axis=-1)
+    return rows

@@ -94,7 +94,7 @@ class Retrieval:
         """Drop the per-slot sums: the next decode step rebuilds them from codes and values."""
         self.missed_sums = None  # (counts [B, n_kv, slots], value sums [B, n_kv, slots, d])
         self.missed_n: int | None = None  # the context length the sums describe
-        # the host step's own sums, in NumPy: (context, counts, value sums), or None
+        # the host step's own sums, in NumPy: (context, slot_rows.SlotRows), or None
         self.host_missed: tuple | None = None
         self.missed_share = None  # the last step's estimated mass [B, n_kv, G]
         self.budget_used = None  # the last step's kept far tokens per query head [B, n_kv, G]
@@ -107,8 +107,8 @@ class Retrieval:
     @property
     def estimate_bytes(self) -> int:
         """Bytes of the per-slot count and value sums (0 when estimate_missed is off)."""
-        held = self.host_missed[1:] if self.host_missed is not None else ()
-        return sum(a.nbytes for a in (*(self.missed_sums or ()), *held))
+        held = self.host_missed[1].nbytes if self.host_missed is not None else 0
+        return held + sum(a.nbytes for a in self.missed_sums or ())
 
     # -- scores -------------------------------------------------------------------------------
     def far_token_scores(self, cache: A2ATSCache, queries: mx.array, lay: att.Layout) -> mx.array:

@@ -724,19 +724,23 @@ def decode_methods_table(data: dict) -> str:
     """Any `a2ats bench decode` run: one row per context and method, its speed and its ratio to
     KVCache (median, spread over the runs)."""
     by, contexts = _by_method_and_context(data)
+    shares = any("estimate_rows_share" in r for r in by.values())  # runs since 2026-12-05
     rows = [
         _interleaved_note(data),
         "",
-        "| context | method | tok/s | / KVCache (spread) |",
-        "|---:|---|---:|---:|",
+        "| context | method | tok/s | / KVCache (spread) |"
+        + (" estimate's slots with a row |" if shares else ""),
+        "|---:|---|---:|---:|" + ("---:|" if shares else ""),
     ]
     for n in contexts:
         for (method, context), r in by.items():
             if context == n:
                 lo, hi = r.get("ratio_spread", (1.0, 1.0))
+                share = r.get("estimate_rows_share")
                 rows.append(
                     f"| {n:,} | {method} | {r['tokens_per_s']:.2f} | "
                     f"{r['ratio_median']:.2f}x ({lo:.2f}-{hi:.2f}) |"
+                    + ((f" {share:.0%} |" if share is not None else " - |") if shares else "")
                 )
     return "\n".join(rows)
 

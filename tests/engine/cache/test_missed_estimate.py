@@ -91,11 +91,12 @@ def test_estimate_with_attention_sinks_is_exact_too():
 
 def held_sums(c: A2ATSCache) -> tuple[int, np.ndarray, np.ndarray]:
     """(context, counts, value sums) of the per-slot sums a cache holds: the host step's NumPy
-    ones or the generic step's MLX ones."""
+    ones (the occupied slots' rows, spread over every slot) or the generic step's MLX ones."""
     r = c.retrieval
     if r.host_missed is not None:
         assert r.missed_sums is None  # one copy at a time
-        return r.host_missed
+        n, rows = r.host_missed
+        return n, *rows.dense()
     return r.missed_n, *(np.array(a) for a in r.missed_sums)
 
 

@@ -1,0 +1,132 @@
+"""The host step's per-slot sums of the missed-attention estimate, one row per occupied slot.
+
+A slot is a (distance bucket, code) pair: 4 x 512 = 2,048 of them per KV head with the demo's
+codebook, each summing its far tokens' values (and, with slots scored by their own keys, their
+keys): float32 rows of d (2 d) numbers. Held densely that is 1 MiB per KV head and layer, read
+twice a step (the slots' scores, then their values), though only a fifth (2K context) to two
+fifths (8K) of the slots hold a token: a bucket holds the codes of its own tokens only. So
+`SlotRows` gives a slot a row the first time a token enters it, per (batch, KV head), and the
+step reads the rows in use (the most any KV head uses). A slot left empty keeps its row at count
+0, which the estimate skips like any empty slot; a rebuild (prefill, trim, restore) starts from
+the occupied slots again. Plain NumPy arrays, moved in place by the host step
+(`host_step.missed_sums`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class SlotRows:
+    """Counts [B, n_kv, R], value sums [B, n_kv, R, d] and key sums (or None) of the occupied
+    slots, and each (batch, KV head)'s map slot -> row (-1: none yet) and row -> slot."""
+
+    def __init__(self, batch: int, n_kv: int, n_slots: int, d: int, with_keys: bool) -> None:
+        self.n_slots, self.d, self.with_keys = n_slots, d, with_keys
+        self.row_of = np.full((batch, n_kv, n_slots), -1, np.int32)
+        self.used = np.zeros((batch, n_kv), np.int64)  # rows given out per (batch, KV head)
+        self._alloc(16)
+
+    def _alloc(self, capacity: int) -> None:
+        """(Re)size the row arrays to `capacity` rows, keeping the rows in use."""
+        B, n_kv = self.used.shape
+        old = getattr(self, "counts", None)
+        counts = np.zeros((B, n_kv, capacity), np.float32)
+        slot_of = np.zeros((B, n_kv, capacity), np.int32)
+        values = np.zeros((B, n_kv, capacity, self.d), np.float32)
+        keys = np.zeros_like(values) if self.with_keys else None
+        if old is not None:
+            r = old.shape[-1]
+            counts[..., :r], slot_of[..., :r] = old, self.slot_of
+            values[..., :r, :] = self.values
+            if keys is not None:
+                keys[..., :r, :] = self.keys
+        self.counts, self.slot_of, self.values, self.keys = counts, slot_of, values, keys
+
+    @property
+    def rows_used(self) -> int:
+        """The rows a step reads: the most any (batch, KV head) has given out."""
+        return int(self.used.max(initial=0))
+
+    @property
+    def nbytes(self) -> int:
+        held = (self.row_of, self.counts, self.slot_of, self.values, self.keys)
+        return sum(a.nbytes for a in held if a is not None)
+
+    def lookup(self, slots: np.ndarray) -> np.ndarray:
+        """The rows of `slots` [B, n_kv, m] -> int64 [B, n_kv, m], 0 for a slot without one
+        (a sink's or the window's slot, which the estimate masks out)."""
+        B, n_kv = self.used.shape
+        index = np.arange(B * n_kv, dtype=np.int64).reshape(B, n_kv, 1) * self.n_slots
+        rows = np.take(self.row_of.reshape(-1), (index + slots).reshape(-1)).astype(np.int64)
+        return np.maximum(rows, 0).reshape(slots.shape)
+
+    def rows(self, slots: np.ndarray) -> np.ndarray:
+        """The rows of `slots` [B, n_kv, m] (int), giving a row to each slot that has none
+        (in first-seen order) -> int64 [B, n_kv, m]."""
+        B, n_kv = self.used.shape
+        for b in range(B):
+            for h in range(n_kv):
+                new = slots[b, h][self.row_of[b, h, slots[b, h]] < 0]
+                if new.size:
+                    new = new[np.sort(np.unique(new, return_index=True)[1])]
+                    start = int(self.used[b, h])
+                    if start + new.size > self.counts.shape[-1]:
+                        self._alloc(max(2 * self.counts.shape[-1], start + new.size))
+                    self.row_of[b, h, new] = np.arange(start, start + new.size)
+                    self.slot_of[b, h, start : start + new.size] = new
+                    self.used[b, h] = start + new.size
+        return self.lookup(slots)
+
+    def add(self, slots: np.ndarray, weights, values: np.ndarray, keys: np.ndarray | None):
+        """Add `weights` (one per token: [m] or [B, n_kv, m]) times each token's count, value
+        [B, n_kv, m, d] and key to the row of its slot [B, n_kv, m] (a slot may take several
+        tokens: summed by one sort, not a scatter per token)."""
+        rows = self.rows(slots)
+        B, n_kv, m = slots.shape
+        if not m:
+            return
+        cap = self.counts.shape[-1]
+        w = np.broadcast_to(np.asarray(weights, np.float32), (B, n_kv, m)).reshape(-1)
+        flat = (np.arange(B * n_kv, dtype=np.int64).reshape(B, n_kv, 1) * cap + rows).reshape(-1)
+        held = [
+            (h.reshape(-1, self.d), r.astype(np.float32, copy=False).reshape(-1, self.d))
+            for h, r in ((self.values, values), (self.keys, keys))
+            if h is not None
+        ]
+        if np.unique(flat).size == flat.size:  # a step's few moves: one row each, added in place
+            self.counts.reshape(-1)[flat] += w
+            for h, r in held:
+                h[flat] += w[:, None] * r
+            return
+        order = np.argsort(flat, kind="stable")  # many tokens a row (a rebuild): sum sorted runs
+        target = flat[order]
+        starts = np.flatnonzero(np.r_[True, target[1:] != target[:-1]])
+        self.counts.reshape(-1)[target[starts]] += np.add.reduceat(w[order], starts)
+        for h, r in held:
+            h[target[starts]] += np.add.reduceat(r[order] * w[order, None], starts, axis=0)
+
+    def view(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
+        """(counts [B, n_kv, R], value sums [B, n_kv, R, d], key sums or None, slot of each
+        row [B, n_kv, R]) of the rows a step reads (R = `rows_used`; a row beyond a KV head's
+        own is empty: count 0, sums 0)."""
+        r = self.rows_used
+        keys = None if self.keys is None else self.keys[..., :r, :]
+        return self.counts[..., :r], self.values[..., :r, :], keys, self.slot_of[..., :r]
+
+    def dense(self) -> tuple[np.ndarray, np.ndarray]:
+        """Counts [B, n_kv, slots] and sums [B, n_kv, slots, d (2 d with keys: values, then
+        keys)] over every slot: what the generic step holds (tests compare the two)."""
+        B, n_kv = self.used.shape
+        width = self.d * (2 if self.with_keys else 1)
+        counts = np.zeros((B, n_kv, self.n_slots), np.float32)
+        sums = np.zeros((B, n_kv, self.n_slots, width), np.float32)
+        for b in range(B):
+            for h in range(n_kv):
+                r = int(self.used[b, h])
+                slots = self.slot_of[b, h, :r]
+                counts[b, h, slots] = self.counts[b, h, :r]
+                sums[b, h, slots, : self.d] = self.values[b, h, :r]
+                if self.keys is not None:
+                    sums[b, h, slots, self.d :] = self.keys[b, h, :r]
+        return counts, sums

@@ -1,0 +1,61 @@
+"""`SlotRows`: the host step's estimate sums, one row per occupied slot, equal dense sums."""
+
+import numpy as np
+import pytest
+
+from a2ats_engine.cache.slot_rows import SlotRows
+
+
+def dense_reference(adds, shape, d, with_keys):
+    counts = np.zeros(shape, np.float64)
+    sums = np.zeros((*shape, d * (2 if with_keys else 1)), np.float64)
+    B, n_kv, _ = shape
+    for slots, w, values, keys in adds:
+        w = np.broadcast_to(np.asarray(w, np.float64), slots.shape)
+        rows = values if keys is None else np.concatenate([values, keys], axis=-1)
+        for b in range(B):
+            for h in range(n_kv):
+                np.add.at(counts[b, h], slots[b, h], w[b, h])
+                np.add.at(sums[b, h], slots[b, h], w[b, h][:, None] * rows[b, h])
+    return counts, sums
+
+
+@pytest.mark.parametrize("with_keys", [False, True])  # centroid slot scores, mean ones
+def test_rows_follow_dense_sums_through_moves_duplicates_and_growth(with_keys):
+    """Many tokens a slot (a rebuild), then steps of a few moves with and without two tokens of
+    one slot: the rows spread over every slot equal dense sums; rows are given only to slots that
+    took a token (so far fewer than the slots), and growing past the first capacity keeps them."""
+    rng = np.random.default_rng(0)
+    B, n_kv, n_slots, d = 2, 3, 400, 8
+    rows = SlotRows(B, n_kv, n_slots, d, with_keys)
+    adds = []
+
+    def add(slots, w):
+        values = rng.standard_normal((*slots.shape, d)).astype(np.float32)
+        keys = rng.standard_normal((*slots.shape, d)).astype(np.float32) if with_keys else None
+        rows.add(slots, w, values, keys)
+        adds.append((slots, w, values, keys))
+
+    add(rng.integers(0, 60, (B, n_kv, 500)), 1.0)  # a rebuild: slots 0-59 only
+    assert 16 < rows.rows_used <= 60  # grew past the first 16 rows; only occupied slots
+    for step in range(30):
+        m = 5
+        slots = rng.choice(n_slots, (B, n_kv, m))  # new slots too
+        if step % 3 == 0:
+            slots[..., 1] = slots[..., 0]  # two moves into one slot
+        add(slots, rng.choice([-1.0, 1.0], m))
+    counts, sums = rows.dense()
+    want_counts, want_sums = dense_reference(adds, (B, n_kv, n_slots), d, with_keys)
+    np.testing.assert_allclose(counts, want_counts, atol=1e-4)
+    np.testing.assert_allclose(sums, want_sums, atol=1e-4)
+    view_counts, values, keys, slot_of = rows.view()
+    assert view_counts.shape == (B, n_kv, rows.rows_used) and values.shape[-1] == d
+    assert (keys is not None) == with_keys
+    probe = rng.integers(0, n_slots, (B, n_kv, 7))
+    got = rows.lookup(probe)
+    for b in range(B):
+        for h in range(n_kv):
+            known = rows.row_of[b, h, probe[b, h]] >= 0
+            assert (slot_of[b, h, got[b, h][known]] == probe[b, h][known]).all()
+            assert (got[b, h][~known] == 0).all()  # no row: index 0, masked by the caller
+    assert rows.nbytes < counts.nbytes + sums.nbytes  # fewer rows than slots held
