@@ -244,7 +244,7 @@ class SettingsDialog(QDialog):
         self.estimate_missed.setToolTip(
             "Folds the far tokens that were not retrieved into the softmax through their codebook "
             "slots, each scored by the mean of its own keys: perplexity 1.025x -> 1.008x full "
-            "at 4K on the demo model (three texts), for a slower retrieval step (about 25% "
+            "at 4K on the demo model (three texts), for a slower retrieval step (about 20% "
             "at 8K on a 2-core CPU) and larger per-slot sums (docs/BENCHMARKS.md sections 1 and "
             "2). Inspector > Fidelity shows the estimated mass."
         )

@@ -717,6 +717,20 @@ def estimate_scores_speed_table(data: dict) -> str:
         rows.append(
             f"| {n:,} | {full['tokens_per_s']:.2f} | {' | '.join(cells)} | {' | '.join(shares)} |"
         )
+    held = [  # runs since 2026-12-05: the host step's rows of the occupied slots
+        f"{label}: "
+        + ", ".join(
+            f"{by[('a2ats_eb0_' + suffix, n)]['estimate_rows_share']:.0%} at {n:,}"
+            for n in contexts
+        )
+        for suffix, label, _ in kinds
+        if all("estimate_rows_share" in by[("a2ats_eb0_" + suffix, n)] for n in contexts)
+    ]
+    if held:
+        rows += [
+            "",
+            "Slots holding a row (mean over layers, share of all slots): " + "; ".join(held) + ".",
+        ]
     return "\n".join(rows)
 
 
@@ -1511,6 +1525,14 @@ HISTORY = {
         "--methods full,a2ats_eb0 --json`, default threads, one thread, default again: "
         "a2ats_eb0 / full 0.74x, 0.72x, 0.74x (KVCache 16.1, 13.8, 17.1 tok/s)",
     ),
+    "decode_estimate_dense.json": (
+        "2026-12-05",
+        "`a2ats bench decode --contexts 1024,8192 --steps 32 --repeats 3 --methods "
+        "full,a2ats_eb0,a2ats_eb0_estm,a2ats_eb0_estc --json` on commit fed0197, quiet, right "
+        "after decode_estimate_rows.json: the host step's estimate sums held for every slot "
+        "(before `SlotRows`): mean slots 0.73 / 0.75 of a retrieval step's speed at 1K / 8K "
+        "(0.82 / 0.80 with rows of the occupied slots only)",
+    ),
     "tasks_8k_1prompt.json": (
         "2026-12-01",
         "`a2ats bench tasks --contexts 8192 --methods full,a2ats,window,oracle_topk --depths 0.5 "
@@ -1568,6 +1590,7 @@ def blocks() -> dict[str, str]:
         ("tasks-rr4-4k", "tasks_4k_rr4.json", tasks_table),
         ("tasks-rr4-4k-18", "tasks_4k_rr4_18.json", tasks_table),
         ("tasks-rr4-8k-18", "tasks_8k_rr4_18.json", tasks_table),
+        ("tasks-rr4-8k-number-vt", "tasks_8k_rr4_number_vt.json", tasks_table),
         ("tasks-8k", "tasks_8k.json", tasks_table),
         ("tasks-gemma", "tasks_gemma3_270m_4k.json", tasks_table),
         ("tasks-gemma-8k", "tasks_gemma3_270m_8k.json", tasks_table),
@@ -1620,6 +1643,7 @@ def blocks() -> dict[str, str]:
         ("estimate-speed", "decode_estimate_host_step.json", estimate_speed_table),
         ("estimate-scores-speed", "decode_estimate_scores.json", estimate_scores_speed_table),
         ("estimate-code-speed", "decode_estimate_code.json", estimate_scores_speed_table),
+        ("estimate-rows-speed", "decode_estimate_rows.json", estimate_scores_speed_table),
         ("presets-speed", "decode_presets.json", decode_methods_table),
         ("gemma-estimate-speed", "decode_gemma3_270m_estimate.json", decode_methods_table),
         ("texts-8k", "eval_8k_texts.json", texts_table),
