@@ -309,7 +309,7 @@ def missed_sums(retrieval: Retrieval, cache: A2ATSCache, lay: att.Layout, codes,
             rows.add(slots, 1.0, values[index], keys[index] if with_keys else None)
     else:
         rows = held[1]
-        if moves:  # every move of every KV head in one sorted sum (a slot may take several)
+        if moves:  # every move of every KV head at once (a slot may take several)
             pos, bucket, w = (np.asarray(col) for col in zip(*moves, strict=True))
             slots = codes[:, :, pos, 0].astype(np.int64) + bucket * C  # [B, n_kv, moves]
             rows.add(slots, w, values[:, :, pos], keys[:, :, pos] if with_keys else None)
