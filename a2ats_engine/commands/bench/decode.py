@@ -50,7 +50,9 @@ def register(bench: argparse._SubParsersAction) -> None:
         "window + K tokens: A2ATS's attended count with nothing scored, the speed ceiling), "
         "a2ats, a2ats_kv8, a2ats_kv4, a2ats_telemetry; "
         "a2ats_rr<N> = a2ats with rerank N, a2ats_eb<N> = exact_below N (a2ats_eb0: retrieval "
-        "from the start, the crossover probe; combines: a2ats_kv4_rr2_eb0)",
+        "from the start, the crossover probe), suffix _estm = the missed-attention estimate "
+        "(mean slot scores; _estc codes alone, _est centroid scores, _noest off); combines: "
+        "a2ats_kv4_rr2_eb0_estm",
     )
     add_rerank_flag(d, RERANK_CONFIG_HELP)
     d.add_argument(
