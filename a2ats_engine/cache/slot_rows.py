@@ -80,8 +80,9 @@ class SlotRows:
 
     def add(self, slots: np.ndarray, weights, values: np.ndarray, keys: np.ndarray | None):
         """Add `weights` (one per token: [m] or [B, n_kv, m]) times each token's count, value
-        [B, n_kv, m, d] and key to the row of its slot [B, n_kv, m] (a slot may take several
-        tokens: summed by one sort, not a scatter per token)."""
+        [B, n_kv, m, d] and key to the row of its slot [B, n_kv, m]: in place when each token
+        has its own row (a step's few moves), by one sorted sum when a slot takes several (a
+        rebuild), never a scatter per token."""
         rows = self.rows(slots)
         B, n_kv, m = slots.shape
         if not m:
