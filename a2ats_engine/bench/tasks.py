@@ -418,9 +418,10 @@ def bench_tasks(
 ) -> list[TaskTrial]:
     """Every method's greedy answer to every prompt, scored (see the module docstring).
 
-    journal: a JSON-lines file of finished trials: prompts whose every method is in it are not
-    run again, and each prompt's trials are appended as soon as they are scored (a long run
-    that stops part-way resumes where it stopped). Its first line is `setup` (what the answers
+    journal: a JSON-lines file of finished trials: a prompt runs only the methods it lacks
+    there (a method added to a finished run costs that method alone), and each prompt's new
+    trials are appended as soon as they are scored (a long run that stops part-way resumes
+    where it stopped). Its first line is `setup` (what the answers
     depend on besides the prompt: model, codebook, retrieval settings; JSON values), and a
     journal written with another setup is refused rather than mixed in."""
     config = config or A2ATSConfig()
@@ -435,23 +436,23 @@ def bench_tasks(
     trials = []
     for i, p in enumerate(prompts):
         kept = done.get((p.task, p.context, p.depth, p.seed), {})
-        if set(kept) >= set(methods):
-            trials += [kept[m] for m in methods]
-            continue
-        if progress is not None:
-            progress(f"{p.task} context {p.context} depth {p.depth} seed {p.seed}", i, len(prompts))
-        answers = answer_with_methods(
-            model, p.ids, methods, codebook=codebook, config=config, answer_tokens=p.answer_tokens
-        )
-        for name, (tokens, _) in answers.items():
-            answer = tokenizer.decode(tokens)
-            trials.append(
-                TaskTrial(p.task, p.context, p.depth, p.seed, name, answer,
-                          score_answer(answer, p.references))
+        missing = [m for m in methods if m not in kept]  # only these run (answers are greedy)
+        if missing:
+            if progress is not None:
+                where = f"{p.task} context {p.context} depth {p.depth} seed {p.seed}"
+                progress(where, i, len(prompts))
+            answers = answer_with_methods(
+                model, p.ids, missing, codebook=codebook, config=config,
+                answer_tokens=p.answer_tokens,
             )  # fmt: skip
-        if journal is not None:
-            with journal.open("a", encoding="utf-8") as f:
-                f.writelines(json.dumps(vars(t)) + "\n" for t in trials[-len(answers) :])
+            for name, (tokens, _) in answers.items():
+                answer = tokenizer.decode(tokens)
+                kept[name] = TaskTrial(p.task, p.context, p.depth, p.seed, name, answer,
+                                       score_answer(answer, p.references))  # fmt: skip
+            if journal is not None:
+                with journal.open("a", encoding="utf-8") as f:
+                    f.writelines(json.dumps(vars(kept[m])) + "\n" for m in missing)
+        trials += [kept[m] for m in methods]
     if progress is not None:
         progress("tasks", len(prompts), len(prompts))
     return trials

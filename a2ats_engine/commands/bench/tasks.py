@@ -48,8 +48,8 @@ def register(bench: argparse._SubParsersAction) -> None:
     t.add_argument("--trials", action="store_true", help="also list every answer in the JSON")
     t.add_argument(
         "--journal",
-        help="JSON-lines file of finished prompts: appended as each prompt is scored, and "
-        "prompts already in it are not run again (resume a long run)",
+        help="JSON-lines file of finished answers: appended as each prompt is scored; a prompt "
+        "runs only the methods not already in it (resume a long run, or add a method to it)",
     )
     add_json_flag(t, run_tasks)
 

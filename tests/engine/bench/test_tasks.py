@@ -182,7 +182,7 @@ def test_bench_tasks_json(tmp_path, capsys):
     real = tk.answer_with_methods
 
     def counting(*args, **kwargs):
-        answered.append(1)
+        answered.append(list(args[2]))  # the methods asked for
         return real(*args, **kwargs)
 
     tk.answer_with_methods = counting
@@ -204,7 +204,10 @@ def test_bench_tasks_json(tmp_path, capsys):
         assert main([*argv, "--journal", str(journal)]) == 0
         assert json.loads(capsys.readouterr().out)["results"] == first["results"]
         assert len(answered) == 12 - 3
-        assert len(journal.read_text().splitlines()) == len(lines) + 2
+        # prompt 4 ran only the two methods its whole lines lack, and journalled those two
+        assert answered[0] == ["window", "oracle_topk"]
+        assert all(len(asked) == 4 for asked in answered[1:])
+        assert len(journal.read_text().splitlines()) == len(lines)
         assert main([*argv, "--journal", str(journal), "--trials"]) == 0
         again = json.loads(capsys.readouterr().out)
         assert len(answered) == 12 - 3  # nothing left to answer
