@@ -439,8 +439,7 @@ def bench_tasks(
         missing = [m for m in methods if m not in kept]  # only these run (answers are greedy)
         if missing:
             if progress is not None:
-                where = f"{p.task} context {p.context} depth {p.depth} seed {p.seed}"
-                progress(where, i, len(prompts))
+                progress(f"{p.task} {p.context} depth {p.depth} seed {p.seed}", i, len(prompts))
             answers = answer_with_methods(
                 model, p.ids, missing, codebook=codebook, config=config,
                 answer_tokens=p.answer_tokens,
