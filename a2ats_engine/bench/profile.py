@@ -27,6 +27,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
 from .._backend import blas_library
+from ..cache import numpy_blas
 from ..cache.a2ats_cache import A2ATSCache
 from ..cache.config import A2ATSConfig
 from ..cache.model_cache import make_cache
@@ -68,6 +69,10 @@ def threads() -> dict[str, Any]:
         "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "mlx_blas": os.path.basename(blas_library) if blas_library else "MLX's own",
         "blas_threads": libs,
+        # NumPy's BLAS inside the host decode step (cache/numpy_blas.py): one thread, where set
+        "host_step_numpy_blas": (
+            "kept" if numpy_blas.kept() else 1 if numpy_blas.threads() is not None else "not set"
+        ),
         "env": {k: os.environ[k] for k in env if k in os.environ},
     }
 

@@ -47,7 +47,7 @@ class A2ATSConfig:
                   slot's score (`estimate_scores`). Output error 0.105 -> 0.050 (below oracle
                   top-K's 0.077), ppl 1.025x -> 1.008x full at 4K / budget 0.03 on the demo
                   model (three texts pooled, slots scored by their mean keys); off by
-                  default. In the host step it costs about 20% of a retrieval step's speed
+                  default, on in the "quality" preset (`PRESETS`). In the host step it costs about 20% of a retrieval step's speed
                   at 8K with mean slot scores (docs/benchmarks/decode_estimate_rows.json,
                   docs/BENCHMARKS.md section 2). With a product-VQ codebook a slot is the
                   first subspace's code (and bucket); "centroid" scores need a full-dimension
@@ -243,16 +243,16 @@ class A2ATSConfig:
 
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "speed": {"rerank": 2},
-    "quality": {"rerank": 4},
+    "speed": {"rerank": 2, "estimate_missed": False},
+    "quality": {"rerank": 4, "estimate_missed": True, "estimate_scores": "mean"},
 }
 """Named retrieval settings (the app's Preset box, `a2ats chat --preset`), each the fields it
-sets. "speed" is the default (`A2ATSConfig()`); "quality" scores twice as many candidates by
-their exact keys: on the demo model at 8K it keeps every multi-value needle full attention
-finds and takes perplexity from 1.030x to 1.015x full, for part of the decode speed-up there
-(docs/BENCHMARKS.md, "Across texts" and "Retrieval"). A preset leaves the
-missed-attention estimate as it is: it lowers perplexity further (0.999x full at 8K with
-rerank 4) but changed the answer on two of the twelve 8K multi-value prompts (the same docs)."""
+sets. "speed" is the default (`A2ATSConfig()`): rerank 2, no missed-attention estimate.
+"quality" scores twice as many candidates by their exact keys (rerank 4) and folds the far
+tokens not retrieved into the softmax (the estimate, slots scored by their mean keys): on the
+demo model at 8K perplexity 0.999x full instead of 1.030x, answers closer to full attention's on
+the needle tasks, for about a fifth of a retrieval step's speed on a 2-core CPU
+(docs/BENCHMARKS.md, "Across texts", "Retrieval" and section 2)."""
 
 
 def with_preset(config: A2ATSConfig, name: str) -> A2ATSConfig:

@@ -12,8 +12,9 @@ attention. The result enters the model's graph as one `mx.array`.
 The selection is the generic step's: the same scores into the same `NumpyTopK` calls (exact
 candidate scores and the attention are float32 products whose rounding may differ from MLX's
 in the last bit). `applies` says when this path runs; anything else (quantized or cold rows,
-reuse of a selection, an evaluation variant's own far scores, a codebook with product VQ, a
-model dtype NumPy has no type for) takes the generic step. The missed-attention estimate runs
+reuse of a selection, an evaluation variant's own far scores, a model dtype NumPy has no type
+for) takes the generic step. A product-VQ codebook's far scores are the sums of its subspaces'
+table entries, as in MLX. The missed-attention estimate runs
 here too, all in NumPy: its per-slot sums are rows of the occupied slots only (`SlotRows`),
 moved in place by the few tokens that change slot a step (`missed_sums`, the generic step's
 `Retrieval.missed_moves`), and its softmax
@@ -29,6 +30,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import attention as att
+from . import numpy_blas
 from .slot_rows import SlotRows
 
 if TYPE_CHECKING:
@@ -56,7 +58,6 @@ def applies(cache: A2ATSCache, queries: mx.array) -> bool:
         and rows.keys is not None
         and rows.keys.dtype in _NUMPY_DTYPES
         and cfg.reuse_selection is None
-        and cache.codebook.num_subspaces == 1
     )
 
 
@@ -64,9 +65,7 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
     """`Retrieval.step` on the host: queries post-RoPE [B, n_q, 1, d] ->
     (output [B, n_q, 1, d], positions [B, n_kv, M], repeat [B, n_kv, M]) as mx.arrays."""
     B, n_q, _, d = queries.shape
-    n_kv = cache.codes.shape[1]
-    G = n_q // n_kv
-    timed, layer, cfg, top_k = retrieval.timed, cache.layer, cache.config, cache.top_k
+    timed, layer = retrieval.timed, cache.layer
     if retrieval.clock is not None:  # the model's work up to here, so no phase is charged for it
         timed(layer, "layer inputs", lambda: [queries, *cache.state])
     retrieval.reused = False
@@ -74,6 +73,24 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
     keys, values = cache.rows.keys, cache.rows.values
     mx.eval(tables, queries, cache.codes, keys, values)  # the step's one host sync
     retrieval.step_tables = None
+    sink_logits = None if sinks is None else np.asarray(sinks.astype(mx.float32))
+    with numpy_blas.one_thread():  # NumPy's BLAS threads would contend with MLX's
+        out, positions, repeat = _on_host(
+            retrieval, cache, queries, tables, keys, values, lay, scale, sink_logits
+        )
+    out = mx.array(out.reshape(B, n_q, 1, d)).astype(queries.dtype)
+    return out, mx.array(positions), mx.array(repeat)
+
+
+def _on_host(retrieval: Retrieval, cache: A2ATSCache, queries, tables, keys, values, lay, scale,
+             sink_logits):  # fmt: skip
+    """The step after its sync, all NumPy: far scores, top-K (+ rerank), union, gather and the
+    attention (with the estimate where it runs) -> (output [B, n_kv, G, d] float32, positions
+    [B, n_kv, M], repeat [B, n_kv, M])."""
+    B, n_q, _, d = queries.shape
+    n_kv = cache.codes.shape[1]
+    G = n_q // n_kv
+    timed, layer, cfg, top_k = retrieval.timed, cache.layer, cache.config, cache.top_k
     q = np.asarray(queries).reshape(B, n_kv, G, d).astype(np.float32, copy=False)
     tables_np, codes = np.asarray(tables), np.asarray(cache.codes)
 
@@ -108,7 +125,6 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
     k_sel, v_sel = timed(
         layer, "gather K/V", lambda: (gather(k_np, positions), gather(v_np, positions))
     )
-    sink_logits = None if sinks is None else np.asarray(sinks.astype(mx.float32))
 
     def attend() -> np.ndarray:
         if missed is None:
@@ -126,25 +142,32 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
         retrieval.missed_share = mx.array(share)
         return out
 
-    out = timed(layer, "attention", attend)
-    out = mx.array(out.reshape(B, n_q, 1, d)).astype(queries.dtype)
-    return out, mx.array(positions), mx.array(repeat)
+    return timed(layer, "attention", attend), positions, repeat
 
 
 def far_scores(tables: np.ndarray, codes: np.ndarray, cache: A2ATSCache, lay: att.Layout):
-    """`attention.far_scores` in NumPy for one code per token: tables [B, n_kv, G, m * C],
-    codes [B, n_kv, capacity, 1] (the cache's) -> [B, n_kv, G, F] float32."""
-    B, n_kv = codes.shape[:2]
-    index = codes[:, :, lay.n_sinks : lay.window_start, 0].astype(np.int32)
+    """`attention.far_scores` in NumPy: tables [B, n_kv, G, m * S * C], codes
+    [B, n_kv, capacity, S] (the cache's) -> [B, n_kv, G, F] float32: each far token's table
+    entry (one VQ), or the sum of its S subspaces' entries (product VQ, summed in the same order
+    as MLX's)."""
+    B, n_kv, _, S = codes.shape
+    C = cache.codebook.n_centroids
+    index = codes[:, :, lay.n_sinks : lay.window_start, :].astype(np.int32)  # [B, n_kv, F, S]
+    if S > 1:
+        index += np.arange(S, dtype=np.int32) * np.int32(C)
     _, lower_edges = cache.buckets
     if lower_edges is not None:
         buckets = np.asarray(att.bucket_ids(lay.n, lay.n_sinks, lay.window_start, lower_edges))
-        index += buckets * np.int32(cache.codebook.n_centroids)
-    G, F = tables.shape[2], index.shape[-1]
+        index += (buckets * np.int32(S * C))[:, None]
+    G, F = tables.shape[2], index.shape[2]
     out = np.empty((B, n_kv, G, F), tables.dtype)
     for b in range(B):  # one np.take per KV head: 4x faster than take_along_axis's broadcast
         for h in range(n_kv):
-            np.take(tables[b, h], index[b, h], axis=-1, out=out[b, h])
+            if S == 1:
+                np.take(tables[b, h], index[b, h, :, 0], axis=-1, out=out[b, h])
+            else:
+                picked = np.take(tables[b, h], index[b, h].reshape(-1), axis=-1)
+                picked.reshape(G, F, S).sum(axis=-1, out=out[b, h])
     return out
 
 
@@ -214,12 +237,13 @@ def attention(q, keys, values, repeat, scale: float, sinks=None) -> np.ndarray:
 
 def selected_slots(codes: np.ndarray, positions: np.ndarray, cache: A2ATSCache, lay: att.Layout):
     """The slot (distance bucket * C + code) of each attended position: codes the cache's
-    [B, n_kv, capacity, 1], positions [B, n_kv, M] -> int64 [B, n_kv, M] (a sink's or the
+    [B, n_kv, capacity, S] (a slot is the first subspace's code), positions [B, n_kv, M] -> int64 [B, n_kv, M] (a sink's or the
     window's slot is computed too; `attention_with_estimate` masks it out)."""
     B, n_kv, M = positions.shape
-    cap = codes.shape[2]
+    cap, S = codes.shape[2:]
     base = (np.arange(B * n_kv, dtype=np.int64) * cap).reshape(B, n_kv, 1)
-    slots = np.take(codes.reshape(-1), (positions + base).reshape(-1)).reshape(B, n_kv, M)
+    flat = (positions + base).reshape(-1) * S  # the first subspace's code (product VQ)
+    slots = np.take(codes.reshape(-1), flat).reshape(B, n_kv, M)
     slots = slots.astype(np.int64)
     lower_edges = cache.estimate_edges
     if lower_edges is not None:

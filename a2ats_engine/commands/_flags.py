@@ -55,15 +55,17 @@ def add_preset_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--preset",
         choices=tuple(PRESETS),
-        help="A2ATS retrieval preset: speed (the default: rerank 2) or quality (rerank 4: twice "
-        "the candidates scored exactly; closer to full attention at 8K, less of the decode "
-        "speed-up); --rerank overrides it; the estimate is --estimate's",
+        help="A2ATS retrieval preset: speed (the default: rerank 2, no estimate) or quality "
+        "(rerank 4: twice the candidates scored exactly, and the estimate with mean slot "
+        "scores; closer to full attention, less of the decode speed-up); --rerank and "
+        "--estimate override its fields",
     )
     p.add_argument(
         "--estimate",
         choices=("off", *ESTIMATE_SCORES),
         help="A2ATS: fold the far tokens not retrieved into the softmax through per-slot sums, "
-        "with these slot scores (mean: what the app's checkbox turns on); default off",
+        "with these slot scores (mean: what the app's checkbox turns on); default: the "
+        "preset's (speed: off, quality: mean)",
     )
 
 

@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from a2ats_engine.cache.config import PRESETS, preset_of
+from a2ats_engine.cache.config import preset_of, with_preset
 from a2ats_engine.records import MODEL_SAMPLING_FIELDS, SamplingSettings
 
 from ..settings import THEMES, CacheSettings
@@ -55,11 +55,11 @@ KV_MEMORY_HELP = (
 )
 PRESET_LABELS = {"speed": "Speed (default)", "quality": "Quality", None: "Custom"}
 PRESET_HELP = (
-    "Speed: rerank 2. Quality: rerank 4, twice the candidates scored by their exact keys: at 8K "
-    "on the demo model perplexity 1.015x full attention instead of 1.030x (three texts) and "
-    "every multi-value needle full attention finds (18 prompts), for a retrieval step that "
-    "decodes at 1.09x KVCache's speed on a 2-core CPU instead of 1.17x (docs/BENCHMARKS.md). "
-    "The missed-attention estimate below is separate."
+    "Speed: rerank 2, no estimate. Quality: rerank 4 (twice the candidates scored by their exact "
+    "keys) and the missed-attention estimate below: at 8K on the demo model perplexity 0.999x "
+    "full attention instead of 1.030x (three texts) and answers closer to full attention's, for "
+    "a retrieval step that decodes at 1.03x KVCache's speed on a 2-core CPU instead of 1.36x "
+    "(docs/BENCHMARKS.md). Choosing a preset sets the rerank and the estimate."
 )
 # The A2ATSConfig fields edited in a spin box of the same name, as they are.
 CONFIG_SPINS = (
@@ -256,6 +256,7 @@ class SettingsDialog(QDialog):
         self.preset_help = _hint(PRESET_HELP)
         self.preset.currentIndexChanged.connect(self._on_preset_chosen)
         self.rerank.valueChanged.connect(self._show_preset)
+        self.estimate_missed.toggled.connect(self._show_preset)
         self._show_preset()
         self.kv_bits = QComboBox()
         self.kv_bits.setAccessibleName("Stored K/V precision")
@@ -306,19 +307,23 @@ class SettingsDialog(QDialog):
         return page
 
     def _show_preset(self, *_: object) -> None:
-        """The Preset box names the preset the fields make (its rerank), else Custom (the only
-        time Custom shows: it is not a choice)."""
-        name = preset_of(replace(self._config, rerank=self.rerank.value()))
+        """The Preset box names the preset the fields make (its rerank and estimate), else
+        Custom (the only time Custom shows: it is not a choice)."""
+        shown = {"rerank": self.rerank.value(), "estimate_missed": self.estimate_missed.isChecked()}
+        name = preset_of(replace(self._config, **shown))
         self.preset.blockSignals(True)
         self.preset.setCurrentIndex(self.preset.findData(name))
         self.preset.blockSignals(False)
 
     def _on_preset_chosen(self, index: int) -> None:
-        """Choosing a preset sets its fields (the rerank); choosing Custom changes nothing."""
+        """Choosing a preset sets its fields (the rerank and the estimate, with its slot
+        scoring); choosing Custom changes nothing."""
         name = self.preset.itemData(index)
         if name is None:
             return
-        self.rerank.setValue(PRESETS[name]["rerank"])
+        self._config = with_preset(self._config, name)
+        self.rerank.setValue(self._config.rerank)
+        self.estimate_missed.setChecked(self._config.estimate_missed)
         self._show_preset()
 
     def _on_far_buckets_changed(self, buckets: int) -> None:

@@ -1074,7 +1074,14 @@ def profile_table(data: dict) -> str:
     blas = ", ".join(f"{k} {v}" for k, v in threads["blas_threads"].items()) or "none found"
     rows = [
         f"`{data['command']}`; {data['machine']}; MLX's BLAS {threads['mlx_blas']}, BLAS "
-        f"threads: {blas}. Retrieval forced at every context; each phase evaluated on its own."
+        f"threads: {blas}"
+        + (
+            f"; NumPy's BLAS in the host step: {threads['host_step_numpy_blas']}"
+            + (" thread" if threads["host_step_numpy_blas"] == 1 else "")
+            if "host_step_numpy_blas" in threads  # runs since 2026-12-05
+            else ""
+        )
+        + ". Retrieval forced at every context; each phase evaluated on its own."
         + (f" Method {data['method']}: {data['retrieval']}." if "retrieval" in data else ""),
         "",
     ]
@@ -1306,6 +1313,20 @@ def readme_summary(d: dict[str, dict]) -> str:
 
 # Recorded runs that no current table shows: (date first recorded, what it measured).
 HISTORY = {
+    "decode_gemma3_270m_estimate_generic.json": (
+        "2026-12-05",
+        "`a2ats bench decode --model gemma3-270m --contexts 1024,8192 --steps 32 --repeats 3 "
+        "--methods full,a2ats_eb0,a2ats_eb0_estm --json`, quiet, product VQ on the generic MLX "
+        "step (dense sums): retrieval forced 0.94x / 0.96x KVCache at 1K / 8K, with the estimate "
+        "0.83x / 0.86x",
+    ),
+    "decode_presets.json": (
+        "2026-12-05",
+        "`a2ats bench decode --contexts 1024,8192 --steps 32 --repeats 3 --methods "
+        "full,a2ats,a2ats_eb0,a2ats_eb0_estm,a2ats_rr4_eb0,a2ats_rr4_eb0_estm --json`, a slow day, "
+        "every slot's sums held: at 8K retrieval 1.17x KVCache, rerank 4 1.09x, rerank 4 with "
+        "the estimate 0.85x (so the Quality preset was rerank 4 alone until then)",
+    ),
     "decode_estimate_rr4.json": (
         "2026-12-04",
         "`a2ats bench decode --contexts 8192 --steps 32 --repeats 3 --methods "
@@ -1633,6 +1654,8 @@ def blocks() -> dict[str, str]:
         ("readme-reopen-gemma", "reopen_gemma3_270m.json", readme_reopen_lines),
         ("app-memory", "app_memory_demo.json", app_memory_table),
         ("profile", "profile_step.json", profile_table),
+        ("profile-gemma-kept", "profile_gemma3_270m_8k_blas_kept.json", profile_table),
+        ("profile-gemma", "profile_gemma3_270m_8k.json", profile_table),
         ("step-overhead", "step_overhead.json", step_overhead_table),
         ("host-step-cold", "host_step_cold.json", host_step_cold_table),
         ("crossover-probe", "crossover_demo.json", crossover_probe_table),
@@ -1645,7 +1668,7 @@ def blocks() -> dict[str, str]:
         ("estimate-scores-speed", "decode_estimate_scores.json", estimate_scores_speed_table),
         ("estimate-code-speed", "decode_estimate_code.json", estimate_scores_speed_table),
         ("estimate-rows-speed", "decode_estimate_rows.json", estimate_scores_speed_table),
-        ("presets-speed", "decode_presets.json", decode_methods_table),
+        ("presets-speed", "decode_quality_preset.json", decode_methods_table),
         ("gemma-estimate-speed", "decode_gemma3_270m_estimate.json", decode_methods_table),
         ("texts-8k", "eval_8k_texts.json", texts_table),
         ("texts-estimate-4k", "eval_4k_texts_estimate.json", texts_table),

@@ -309,23 +309,24 @@ def test_settings_dialog_sets_a_kv_memory_limit_with_full_precision_storage(qtbo
     assert reopened.kv_memory.value() == 512 and not reopened.kv_bits.isEnabled()
 
 
-def test_the_preset_box_sets_the_rerank_and_names_what_it_makes(qtbot):
-    """Choosing Quality sets rerank 4 and leaves the estimate as it is; another rerank shows
-    Custom (not a choice); Speed and Restore Defaults give the default config back; the help
-    quotes the recorded 8K runs (tests/test_docs_figures.py)."""
+def test_the_preset_box_sets_the_rerank_and_the_estimate_and_names_what_they_make(qtbot):
+    """Choosing Quality sets rerank 4 and the estimate with mean slot scores (even over a
+    config that held another scoring); another rerank, or the estimate unticked, shows Custom
+    (not a choice); Speed and Restore Defaults give the default config back; the help quotes
+    the recorded runs (tests/test_docs_figures.py)."""
     from a2ats_engine.cache.config import preset_of
     from app.dialogs.settings_dialog import PRESET_HELP
 
-    dialog = SettingsDialog(CacheSettings(), SamplingSettings(), "system", "")
+    held = CacheSettings.of(estimate_scores="code_mean")
+    dialog = SettingsDialog(held, SamplingSettings(), "system", "")
     qtbot.addWidget(dialog)
-    assert dialog.preset.currentData() == "speed"
+    assert dialog.preset.currentData() == "speed" and not dialog.estimate_missed.isChecked()
     custom = dialog.preset.findData(None)
     assert not dialog.preset.model().item(custom).isEnabled()
-    dialog.estimate_missed.setChecked(True)
     dialog.preset.setCurrentIndex(dialog.preset.findData("quality"))
     assert dialog.rerank.value() == 4 and dialog.estimate_missed.isChecked()
     config = dialog.values().cache.to_config()
-    assert (config.rerank, config.estimate_missed) == (4, True)
+    assert (config.rerank, config.estimate_missed, config.estimate_scores) == (4, True, "mean")
     assert preset_of(config) == "quality"
     dialog.rerank.setValue(3)
     assert dialog.preset.currentData() is None and dialog.preset.currentText() == "Custom"
@@ -333,15 +334,25 @@ def test_the_preset_box_sets_the_rerank_and_names_what_it_makes(qtbot):
     dialog.rerank.setValue(4)
     assert dialog.preset.currentData() == "quality"
     dialog.estimate_missed.setChecked(False)
+    assert dialog.preset.currentData() is None  # rerank 4 without the estimate: custom
+    assert dialog.values().cache.to_config().estimate_missed is False
+    dialog.estimate_missed.setChecked(True)
+    assert dialog.preset.currentData() == "quality"
     dialog.preset.setCurrentIndex(dialog.preset.findData("speed"))
-    assert dialog.values().cache == CacheSettings()
+    assert not dialog.estimate_missed.isChecked() and dialog.rerank.value() == 2
+    assert preset_of(dialog.values().cache.to_config()) == "speed"
     dialog.preset.setCurrentIndex(dialog.preset.findData("quality"))
     dialog.restore_defaults()
-    assert dialog.preset.currentData() == "speed" and dialog.values().cache == CacheSettings()
+    assert dialog.preset.currentData() == "speed"
+    assert dialog.values().cache.to_config().estimate_missed is False
     assert dialog.preset_help.text() == PRESET_HELP
-    reopened = SettingsDialog(CacheSettings.of(rerank=4), SamplingSettings(), "system", "")
+    quality = CacheSettings.of(rerank=4, estimate_missed=True)
+    reopened = SettingsDialog(quality, SamplingSettings(), "system", "")
     qtbot.addWidget(reopened)
     assert reopened.preset.currentData() == "quality"
+    alone = SettingsDialog(CacheSettings.of(rerank=4), SamplingSettings(), "system", "")
+    qtbot.addWidget(alone)
+    assert alone.preset.currentData() is None  # rerank 4 alone is no longer a preset
 
 
 def test_settings_dialog_shows_every_label_whole(qtbot):

@@ -201,7 +201,7 @@ def test_a_row_applies_only_to_the_settings_it_was_measured_with(table, monkeypa
 def test_cli_measures_and_records_with_the_settings_given(tiny_folder, table, capsys):
     """`a2ats crossover --estimate mean --budget 0.05` measures those settings and records them
     as the row's kind, beside (not over) the defaults' row; `--preset quality` measures the
-    preset's."""
+    preset's (rerank 4 with the estimate)."""
     argv = ["crossover", str(tiny_folder), *ARGV, "--json"]
     assert main([*argv, "--budget", "0.05", "--estimate", "mean"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -211,8 +211,9 @@ def test_cli_measures_and_records_with_the_settings_given(tiny_folder, table, ca
     capsys.readouterr()
     kinds = {e["step"] for e in json.loads(table.read_text())["entries"]}
     assert kinds == {kind, xo.DEFAULT_KIND}
-    assert main([*argv, "--preset", "quality"]) == 0  # the preset's kind: rerank 4
-    quality = xo.step_kind(A2ATSConfig(rerank=4))
+    assert main([*argv, "--preset", "quality"]) == 0  # the preset's kind: rerank 4, estimate
+    quality = xo.step_kind(A2ATSConfig(rerank=4, estimate_missed=True))
+    assert quality.endswith("rerank 4, buckets 4, kv model dtype, estimate mean")
     assert json.loads(capsys.readouterr().out)["step"] == quality
 
 

@@ -19,11 +19,14 @@ ROPE = RopeSpec.from_module(initialize_rope(D, 10000.0, False, None, 8192), D)
 BASE = {"window": 16, "sinks": 4, "budget": 12, "telemetry": True}
 
 
-def decode(config, *, host: bool, monkeypatch, sinks=None, steps=3, B=2, n_kv=2, G=3, seed=0):
+def decode(
+    config, *, host: bool, monkeypatch, sinks=None, steps=3, B=2, n_kv=2, G=3, seed=0, sub_dim=None
+):
     """Per decode step (output, selected rows per KV head, kept counts, tokens retrieved) of a
-    NumPy-top-K cache over random keys coded by a 64-centroid codebook (score ties included)."""
+    NumPy-top-K cache over random keys coded by a 64-centroid codebook (score ties included;
+    `sub_dim`: product VQ)."""
     rng = np.random.default_rng(seed)
-    book = Codebook.random(1, n_kv, D, 64, seed=1)
+    book = Codebook.random(1, n_kv, D, 64, sub_dim=sub_dim, seed=1)
     with topk.forced("numpy"):
         cache = A2ATSCache(0, ROPE, book, config, 8192)
     rows = rng.standard_normal((2, B, n_kv, 700, D)).astype(np.float32)
@@ -61,11 +64,14 @@ def decode(config, *, host: bool, monkeypatch, sinks=None, steps=3, B=2, n_kv=2,
     ],
 )
 @pytest.mark.parametrize("with_sinks", [False, True])
-def test_the_host_step_selects_and_attends_as_the_generic_step(monkeypatch, knobs, with_sinks):
+@pytest.mark.parametrize("sub_dim", [None, 8])  # 8: product VQ, 4 subspaces
+def test_the_host_step_selects_and_attends_as_the_generic_step(
+    monkeypatch, knobs, with_sinks, sub_dim
+):
     config = A2ATSConfig(**BASE, **knobs)
     sinks = mx.array(np.linspace(-1, 1, 6).astype(np.float32)) if with_sinks else None
-    host = decode(config, host=True, monkeypatch=monkeypatch, sinks=sinks)
-    generic = decode(config, host=False, monkeypatch=monkeypatch, sinks=sinks)
+    host = decode(config, host=True, monkeypatch=monkeypatch, sinks=sinks, sub_dim=sub_dim)
+    generic = decode(config, host=False, monkeypatch=monkeypatch, sinks=sinks, sub_dim=sub_dim)
     for (out_h, sel_h, used_h, n_h, mass_h), (out_g, sel_g, used_g, n_g, mass_g) in zip(
         host, generic, strict=True
     ):
@@ -104,7 +110,7 @@ def test_the_host_step_is_only_for_what_it_computes():
     with topk.forced("numpy"):
         pq = A2ATSCache(0, ROPE, product, A2ATSConfig(**BASE), 8192)
     pq.update_and_fetch(rows, rows)
-    assert not host_step.applies(pq, q)
+    assert host_step.applies(pq, q)  # product VQ: its far scores summed over subspaces
 
 
 def test_the_host_step_times_its_phases():

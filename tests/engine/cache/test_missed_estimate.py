@@ -1,5 +1,7 @@
 """estimate_missed: the far tokens not retrieved, folded into the softmax through their slots."""
 
+from dataclasses import replace
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -244,43 +246,52 @@ def test_fast_exp_matches_exp_and_sends_minus_infinity_to_zero():
 
 
 def test_presets_name_the_default_and_the_quality_settings():
-    """ "speed" is A2ATSConfig()'s rerank, "quality" rerank 4 (the setting of the recorded 8K
-    runs, docs/benchmarks/eval_8k_texts_rr4.json and tasks_8k_rr4.json); a preset leaves the
-    estimate and every other field as they are; a config with another rerank is no preset;
-    an unknown name is refused by name; the flags' fields override the preset's."""
+    """ "speed" is A2ATSConfig()'s rerank without the estimate, "quality" rerank 4 with the
+    estimate scored by mean keys (the settings of the recorded 8K runs,
+    docs/benchmarks/eval_8k_texts_rr4.json and tasks_8k_rr4.json); a preset leaves every other
+    field as it is; a config with another rerank, or rerank 4 without the estimate, is no
+    preset; an unknown name is refused by name; the flags' fields override the preset's."""
     import json
     from pathlib import Path
 
     from a2ats_engine.cache.config import PRESETS, preset_of, retrieval_fields, with_preset
 
     assert preset_of(A2ATSConfig()) == "speed"
-    held = A2ATSConfig(budget=0.05, estimate_missed=True, estimate_scores="code_mean")
+    assert preset_of(A2ATSConfig(estimate_scores="centroid")) == "speed"  # the estimate is off
+    held = A2ATSConfig(budget=0.05, estimate_scores="code_mean")
     quality = with_preset(held, "quality")
-    assert quality.rerank == 4 and preset_of(quality) == "quality"
-    assert (quality.budget, quality.estimate_missed, quality.estimate_scores) == (
-        0.05,
-        True,
-        "code_mean",
-    )
+    assert preset_of(quality) == "quality" and quality.budget == 0.05
+    assert (quality.rerank, quality.estimate_missed, quality.estimate_scores) == (4, True, "mean")
     assert preset_of(with_preset(quality, "speed")) == "speed"
+    assert with_preset(quality, "speed").estimate_missed is False
     assert preset_of(A2ATSConfig(rerank=3)) is None
+    assert preset_of(A2ATSConfig(rerank=4)) is None  # rerank 4 alone: custom
+    assert preset_of(replace(quality, estimate_scores="code_mean")) is None
     with pytest.raises(ValueError, match="preset 'fast' is unknown: must be one of speed, quality"):
         with_preset(A2ATSConfig(), "fast")
     assert set(PRESETS) == {"speed", "quality"}
-    assert retrieval_fields("quality", None, "mean") == {
+    assert retrieval_fields("quality", None, "code_mean") == {
         "rerank": 4,
         "estimate_missed": True,
+        "estimate_scores": "code_mean",
+    }
+    assert retrieval_fields("quality", 3, "off") == {
+        "rerank": 3,
+        "estimate_missed": False,
         "estimate_scores": "mean",
     }
-    assert retrieval_fields("quality", 3, "off") == {"rerank": 3, "estimate_missed": False}
-    assert retrieval_fields(None) == {"rerank": A2ATSConfig().rerank}
+    assert retrieval_fields(None) == {"rerank": A2ATSConfig().rerank, "estimate_missed": False}
+    assert replace(A2ATSConfig(), **retrieval_fields(None)) == A2ATSConfig()
     bench = Path(__file__).resolve().parents[3] / "docs/benchmarks"
-    for run in ("eval_8k_texts_rr4.json", "tasks_8k_rr4.json"):
-        recorded = json.loads((bench / run).read_text())
-        assert f"--rerank {PRESETS['quality']['rerank']}" in recorded["command"]
+    recorded = json.loads((bench / "eval_8k_texts_rr4.json").read_text())
+    assert f"--rerank {PRESETS['quality']['rerank']}" in recorded["command"]
+    assert "a2ats_estimate_mean" in recorded["command"]  # the estimate's scoring, measured
+    recorded = json.loads((bench / "tasks_8k_rr4.json").read_text())
+    assert f"--rerank {PRESETS['quality']['rerank']}" in recorded["command"]
+    assert "a2ats_estimate_mean" in recorded["command"]
 
 
-@pytest.mark.parametrize("subspaces", [1, 2])  # 2: product VQ (the generic step only)
+@pytest.mark.parametrize("subspaces", [1, 2])  # 2: product VQ
 @pytest.mark.parametrize("scores", ["mean", "code_mean"])
 @pytest.mark.parametrize("strategy", ["numpy", "mlx"])  # the host step, the generic step
 def test_the_estimate_scores_only_the_tokens_left_in_a_slot(strategy, scores, subspaces):

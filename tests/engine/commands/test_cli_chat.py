@@ -177,26 +177,36 @@ def test_the_estimate_flag_turns_the_missed_attention_estimate_on(tmp_path, caps
     assert command[command.index("--preset") + 1] == "quality"
 
 
-def test_the_preset_flag_sets_the_rerank_and_flags_override_it(tmp_path, capsys, monkeypatch):
-    """`--preset quality` = rerank 4 (said on stderr, the caches built with it), the estimate
-    left to `--estimate`; `--rerank` overrides the preset's; `--preset speed` (the default) is
-    A2ATSConfig()'s; a bad --rerank fails before the model loads or a rank starts."""
+def test_the_preset_flag_sets_the_rerank_and_the_estimate_and_flags_override_it(
+    tmp_path, capsys, monkeypatch
+):
+    """`--preset quality` = rerank 4 with the estimate (mean slot scores), said on stderr and
+    the caches built with it; `--estimate` and `--rerank` override the preset's; `--preset
+    speed` (the default) is A2ATSConfig()'s; a bad --rerank fails before the model loads or a
+    rank starts."""
     from a2ats_engine.cache.config import A2ATSConfig
 
     args, configs = _chat_with_codebook(tmp_path, monkeypatch)
     assert main([*args, "--preset", "quality"]) == 0
-    assert "preset quality, rerank 4;" in capsys.readouterr().err
-    assert (configs[-1].rerank, configs[-1].estimate_missed) == (4, False)
-    assert main([*args, "--preset", "quality", "--estimate", "mean"]) == 0
     err = capsys.readouterr().err
     assert "preset quality, rerank 4; missed-attention estimate (mean slot scores)" in err
     assert (configs[-1].rerank, configs[-1].estimate_missed) == (4, True)
+    assert configs[-1].estimate_scores == "mean"
+    assert main([*args, "--preset", "quality", "--estimate", "off"]) == 0
+    err = capsys.readouterr().err
+    assert "preset custom, rerank 4" in err and "missed-attention" not in err
+    assert (configs[-1].rerank, configs[-1].estimate_missed) == (4, False)
     assert main([*args, "--preset", "quality", "--rerank", "3"]) == 0
     assert "preset custom, rerank 3;" in capsys.readouterr().err
-    assert configs[-1].rerank == 3
+    assert (configs[-1].rerank, configs[-1].estimate_missed) == (3, True)
     assert main([*args, "--preset", "speed"]) == 0
-    assert "preset speed, rerank 2;" in capsys.readouterr().err
-    assert configs[-1].rerank == A2ATSConfig().rerank
+    err = capsys.readouterr().err
+    assert "preset speed, rerank 2" in err and "missed-attention" not in err
+    default = A2ATSConfig()
+    assert (configs[-1].rerank, configs[-1].estimate_missed) == (
+        default.rerank,
+        default.estimate_missed,
+    )
     calls = len(configs)
     hosts = tmp_path / "hosts.json"
     hosts.write_text('[{"ssh": "localhost"}]')

@@ -289,7 +289,7 @@ def test_two_ranks_split_by_heads_sample_the_tokens_of_one_process(two_ranks, tm
     options = ["--tensor", "--model", str(model_dir), "--codebook", str(book), "--temp", "1.0"]
     options += ["--seed", "11", "--max-tokens", "16", "--window", "16", "--budget", "8"]
     options += ["--exact-below", "0", "--prompt", PROMPT, "--stats-json", str(tmp_path / "s")]
-    done = _launch(tmp_path, [*options, "--preset", "quality", "--estimate", "mean"])
+    done = _launch(tmp_path, [*options, "--preset", "quality"])  # with the estimate
     assert done.returncode == 0, done.stderr[-2000:]
     assert "rank 1 of 2: KV heads 1-1 of 2 in all 4 layers (tensor split)" in done.stderr
     assert "preset quality, rerank 4; missed-attention estimate (mean" in done.stderr
