@@ -47,9 +47,10 @@ class A2ATSConfig:
                   slot's score (`estimate_scores`). Output error 0.105 -> 0.050 (below oracle
                   top-K's 0.077), ppl 1.025x -> 1.008x full at 4K / budget 0.03 on the demo
                   model (three texts pooled, slots scored by their mean keys); off by
-                  default, on in the "quality" preset (`PRESETS`). In the host step it costs about 20% of a retrieval step's speed
-                  at 8K with mean slot scores (docs/benchmarks/decode_estimate_rows.json,
-                  docs/BENCHMARKS.md section 2). With a product-VQ codebook a slot is the
+                  default, on in the "quality" preset (`PRESETS`). In the host step it costs
+                  about 20% of a retrieval step's speed at 8K with mean slot scores
+                  (docs/benchmarks/decode_estimate_rows.json, docs/BENCHMARKS.md section 2).
+                  With a product-VQ codebook a slot is the
                   first subspace's code (and bucket); "centroid" scores need a full-dimension
                   codebook (sub_dim = head_dim): with product VQ the cache warns and runs
                   without the estimate.

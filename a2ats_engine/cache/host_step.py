@@ -10,15 +10,14 @@ scores (a table lookup: the same float32 values as MLX's), top-K, rerank, union,
 attention. The result enters the model's graph as one `mx.array`.
 
 The selection is the generic step's: the same scores into the same `NumpyTopK` calls (exact
-candidate scores and the attention are float32 products whose rounding may differ from MLX's
-in the last bit). `applies` says when this path runs; anything else (quantized or cold rows,
-reuse of a selection, an evaluation variant's own far scores, a model dtype NumPy has no type
-for) takes the generic step. A product-VQ codebook's far scores are the sums of its subspaces'
-table entries, as in MLX. The missed-attention estimate runs
-here too, all in NumPy: its per-slot sums are rows of the occupied slots only (`SlotRows`),
-moved in place by the few tokens that change slot a step (`missed_sums`, the generic step's
-`Retrieval.missed_moves`), and its softmax
-over the slots' tokens not retrieved is `attention_with_estimate` (the same sums as
+candidate scores and the attention are float32 products whose rounding may differ from MLX's in
+the last bit). `applies` says when this path runs; anything else (quantized or cold rows, reuse
+of a selection, an evaluation variant's own far scores, a model dtype NumPy has no type for)
+takes the generic step. A product-VQ codebook's far scores are the sums of its subspaces' table
+entries, as in MLX. The missed-attention estimate runs here too, all in NumPy: its per-slot sums
+are rows of the occupied slots only (`SlotRows`), moved in place by the few tokens that change
+slot a step (`missed_sums`, the generic step's `Retrieval.missed_moves`), and its softmax over
+the slots' tokens not retrieved is `attention_with_estimate` (the same sums as
 `attention.selected_attention_with_estimate`).
 """
 
@@ -237,8 +236,9 @@ def attention(q, keys, values, repeat, scale: float, sinks=None) -> np.ndarray:
 
 def selected_slots(codes: np.ndarray, positions: np.ndarray, cache: A2ATSCache, lay: att.Layout):
     """The slot (distance bucket * C + code) of each attended position: codes the cache's
-    [B, n_kv, capacity, S] (a slot is the first subspace's code), positions [B, n_kv, M] -> int64 [B, n_kv, M] (a sink's or the
-    window's slot is computed too; `attention_with_estimate` masks it out)."""
+    [B, n_kv, capacity, S] (a slot is the first subspace's code), positions [B, n_kv, M]
+    -> int64 [B, n_kv, M] (a sink's or the window's slot is computed too;
+    `attention_with_estimate` masks it out)."""
     B, n_kv, M = positions.shape
     cap, S = codes.shape[2:]
     base = (np.arange(B * n_kv, dtype=np.int64) * cap).reshape(B, n_kv, 1)
