@@ -16,7 +16,6 @@ NumPy's own BLAS are reported beside the figures (`threads`).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import time
 from dataclasses import replace
@@ -34,35 +33,15 @@ from ..cache.model_cache import make_cache
 from ..cache.retrieval import PhaseClock
 from .speed import filler_tokens, time_to_first_token
 
-_GETTERS = ("openblas_get_num_threads", "openblas_get_num_threads64_",
-            "scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads")  # fmt: skip
-
 
 def _blas_threads(path: str) -> int | None:
-    try:
-        lib = ctypes.CDLL(path)
-    except OSError:
-        return None
-    for name in _GETTERS:
-        fn = getattr(lib, name, None)
-        if fn is not None:
-            return int(fn())
-    return None
-
-
-def _loaded_blas() -> list[str]:
-    """Paths of the BLAS libraries mapped into this process (Linux; [] elsewhere)."""
-    try:
-        with open("/proc/self/maps", encoding="ascii", errors="replace") as f:
-            paths = {line.split()[-1] for line in f if "blas" in line.lower() and "/" in line}
-    except OSError:
-        return []
-    return sorted(p for p in paths if p.startswith("/"))
+    calls = numpy_blas.thread_calls(path)
+    return None if calls is None else int(calls[0]())
 
 
 def threads() -> dict[str, Any]:
     """The thread settings the figures depend on."""
-    libs = {os.path.basename(p): _blas_threads(p) for p in _loaded_blas()}
+    libs = {os.path.basename(p): _blas_threads(p) for p in numpy_blas.loaded_blas()}
     env = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE")
     return {
         "cpus": os.cpu_count(),

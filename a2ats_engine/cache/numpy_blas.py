@@ -33,21 +33,41 @@ _CALLS = (
 _found: tuple | None = None
 
 
+def loaded_blas() -> list[str]:
+    """Paths of the BLAS libraries mapped into this process (Linux; [] elsewhere)."""
+    try:
+        with open("/proc/self/maps", encoding="ascii", errors="replace") as f:
+            paths = {line.split()[-1] for line in f if "blas" in line.lower() and "/" in line}
+    except OSError:
+        return []
+    return sorted(p for p in paths if p.startswith("/"))
+
+
+def thread_calls(path: str) -> tuple | None:
+    """(get, set) of the OpenBLAS thread count the library at `path` exports, or None."""
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError:
+        return None
+    for get, set_ in _CALLS:
+        if hasattr(lib, get) and hasattr(lib, set_):
+            getter, setter = getattr(lib, get), getattr(lib, set_)
+            getter.restype, setter.argtypes = ctypes.c_int, [ctypes.c_int]
+            return getter, setter
+    return None
+
+
 def numpy_blas_path() -> str | None:
     """Path of the BLAS library NumPy's products call (Linux), or None where unknown."""
     import numpy as np
 
     np.ones((2, 2)) @ np.ones((2, 2))  # a product maps NumPy's BLAS, wherever it lives
     root = os.path.dirname(os.path.dirname(np.__file__))  # site-packages
-    try:
-        with open("/proc/self/maps", encoding="ascii", errors="replace") as f:
-            paths = {line.split()[-1] for line in f if "blas" in line.lower() and "/" in line}
-    except OSError:
-        return None
-    bundled = sorted(p for p in paths if p.startswith(os.path.join(root, "numpy")))
+    paths = loaded_blas()
+    bundled = [p for p in paths if p.startswith(os.path.join(root, "numpy"))]
     if bundled:  # a wheel's own OpenBLAS (numpy.libs or numpy/.libs)
         return bundled[0]
-    system = sorted(p for p in paths if "openblas" in os.path.basename(p))
+    system = [p for p in paths if "openblas" in os.path.basename(p)]
     return system[0] if system else None
 
 
@@ -60,19 +80,8 @@ def _calls() -> tuple | None:
     """(get, set) of NumPy's BLAS thread count, or None where there is none to set."""
     global _found
     if _found is None:
-        _found = ()
         path = numpy_blas_path()
-        if path is not None:
-            try:
-                lib = ctypes.CDLL(path)
-            except OSError:
-                lib = None
-            for get, set_ in _CALLS:
-                if lib is not None and hasattr(lib, get) and hasattr(lib, set_):
-                    getter, setter = getattr(lib, get), getattr(lib, set_)
-                    getter.restype, setter.argtypes = ctypes.c_int, [ctypes.c_int]
-                    _found = (getter, setter)
-                    break
+        _found = (path and thread_calls(path)) or ()
     return _found or None
 
 
