@@ -141,6 +141,30 @@ def machine_id() -> str:
     return ", ".join(parts)
 
 
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """'family 25 model 17 stepping 1' on Linux x86 (from `cpuinfo`, else /proc/cpuinfo), else
+    "": what tells two hosts apart whose CPU name is the same (a virtual machine's "AMD EPYC")."""
+    if cpuinfo is None:
+        if not sys.platform.startswith("linux"):
+            return ""
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            return ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines()[:64]:  # the first processor's block
+        if not line.strip():
+            break
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key in ("cpu family", "model", "stepping") and key not in fields:
+            fields[key] = " ".join(value.split())[:16]
+    if "cpu family" not in fields or "model" not in fields:
+        return ""
+    text = f"family {fields['cpu family']} model {fields['model']}"
+    return text + (f" stepping {fields['stepping']}" if "stepping" in fields else "")
+
+
 def cpu_name() -> str:
     """The CPU or chip name where the OS says it cheaply, else ""."""
     try:

@@ -62,14 +62,15 @@ def command_line(args: argparse.Namespace, *default: str) -> str:
 
 
 def machine() -> str:
-    """One line naming the machine (OS, CPU architecture, cores, CPU name, MLX device)."""
+    """One line naming the machine (OS, CPU architecture, cores, CPU name and model numbers,
+    MLX device)."""
     import os
 
     import mlx.core as mx
 
-    from ..cache.crossover import cpu_name
+    from ..cache.crossover import cpu_model, cpu_name
 
-    cpu = cpu_name()
+    cpu = ", ".join(part for part in (cpu_name(), cpu_model()) if part)
     return (
         f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores"
         + (f" ({cpu})" if cpu else "")

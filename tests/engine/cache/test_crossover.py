@@ -226,6 +226,23 @@ def test_machine_id_names_os_architecture_and_cores():
     )
 
 
+def test_cpu_model_reads_the_first_processor_and_bounds_what_it_takes():
+    info = (
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+        "model name\t: AMD EPYC\nstepping\t: 1\n\nprocessor\t: 1\ncpu family\t: 6\n"
+    )
+    assert xo.cpu_model(info) == "family 25 model 17 stepping 1"
+    assert xo.cpu_model("cpu family : 6\nmodel : 85\n") == "family 6 model 85"
+    assert xo.cpu_model("model name : Apple M2\n") == ""  # no family: nothing to add
+    assert len(xo.cpu_model("cpu family : " + "9" * 500 + "\nmodel : 1\n")) < 40
+
+
+def test_bench_machine_line_names_the_cpu_model_where_the_os_gives_it():
+    from a2ats_engine.commands._bench_common import machine
+
+    assert xo.cpu_model() in machine()
+
+
 # -- `a2ats crossover` and `a2ats info` -----------------------------------------------------------
 
 
