@@ -101,8 +101,21 @@ class CrossoverMeasured:
     exact_below: int = 0
     never: bool = False
     ratios: tuple[tuple[int, float], ...] = ()
+    estimate: float | None = None  # a retrieval step with the missed-attention estimate / without
+    estimate_on: bool = False  # so the estimate is on by default (estimate_missed None)
     skipped: bool = False
     cancelled: bool = False
+
+    @classmethod
+    def of(cls, entry: dict) -> CrossoverMeasured:
+        """From the crossover row the measurement recorded (`crossover_probe.measure_crossover`)."""
+        ratios = tuple((int(n), float(r)) for n, r in entry["ratios"].items())
+        est = entry.get("estimate") or {}
+        ratio = est.get("ratio")
+        return cls(
+            int(entry["exact_below"]), bool(entry["never"]), ratios,
+            float(ratio) if ratio is not None else None, bool(est.get("on")),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,12 @@ class Feedback(QObject):
             text += f"through {measured.exact_below - 1:,} tokens"
         else:
             text = f"retrieval pays off from {measured.exact_below:,} tokens ({ratios})"
+        if measured.estimate is not None:
+            state = "on" if measured.estimate_on else "off"
+            text += (
+                f"; missed-attention estimate {state} by default ({measured.estimate:.2f}x the "
+                "speed without it)"
+            )
         self._status(f"Measured on this machine: {text}", 15000)
 
     def _on_error(self, report: ErrorReport) -> None:

@@ -26,7 +26,10 @@ from a2ats_engine.records import MODEL_SAMPLING_FIELDS, ModelInfo, SamplingSetti
 from .app_dirs import atomic_write_text, config_dir, remove_stale_temp_files
 from .untrusted_json import clean_json, clean_text, read_json
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: the Speed preset's missed-attention estimate is None (on where measured to cost nothing
+here); a version-1 file on Speed (rerank 2, estimate off, the only off it could mean) migrates to
+it (`AppSettings.from_dict`)."""
 MAX_SETTINGS_BYTES = 1 << 20  # a larger settings.json is corrupt, not read
 MAX_PIXELS = 100_000  # splitter sizes beyond this overflow Qt's int and fit no screen
 MAX_RECENT_MODELS = 8
@@ -168,6 +171,10 @@ class AppSettings:
         names = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in names}
         values["schema_version"] = SCHEMA_VERSION  # older versions migrate by defaulting fields
+        cache = values.get("cache")
+        speed_v1 = isinstance(cache, dict) and cache.get("estimate_missed") is False
+        if version < 2 and speed_v1 and cache.get("rerank", 2) == 2:  # version 1's Speed preset
+            values["cache"] = {**cache, "estimate_missed": None}  # now its estimate is measured
         if "cache" in values:
             values["cache"] = CacheSettings.from_dict(values["cache"])
         if "sampling" in values:

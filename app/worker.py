@@ -321,10 +321,7 @@ class EngineWorker(QObject):
         except Exception as exc:  # noqa: BLE001  (reported, the app carries on)
             self._report(Job.CROSSOVER, exc, name, automatic=automatic)
             return
-        ratios = tuple((int(n), float(r)) for n, r in entry["ratios"].items())
-        self.crossover_measured.emit(
-            CrossoverMeasured(int(entry["exact_below"]), bool(entry["never"]), ratios)
-        )
+        self.crossover_measured.emit(CrossoverMeasured.of(entry))
 
     def calibrate(self, request: CalibrationRequest) -> None:
         """Train a codebook on the current model, save it, then load it. A cancel that came

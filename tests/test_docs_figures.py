@@ -226,6 +226,22 @@ def estimate_rows_gain() -> tuple[int, ...]:
     return tuple(estimate_cost(run, n) for run in runs for n in (1024, 8192))
 
 
+def estimate_free() -> tuple[float]:
+    """`crossover.ESTIMATE_FREE`: from what measured ratio the estimate is on by default."""
+    from a2ats_engine.cache.crossover import ESTIMATE_FREE
+
+    return (ESTIMATE_FREE,)
+
+
+def host_run(context: int, method: str) -> dict:
+    """One row of the decode run on the host named by its model numbers."""
+    return next(
+        r
+        for r in j("decode_host_f25m17.json")["results"]
+        if (r["context"], r["method"]) == (context, method)
+    )
+
+
 def amd(context: int, method: str) -> float:
     """A method's median ratio to KVCache in the 2-core AMD EPYC host's decode run."""
     return next(
@@ -295,6 +311,26 @@ FIGURES: list[tuple[str, str, Callable[[], tuple]]] = [
     ("README.md", "so the first token took {:.2f}x KVCache's time at 1K tokens, {:.2f}x at 4K "
      "and {:.2f}x at 8K",
      lambda: tuple(r["ratio_median"] for r in j("prefill.json")["results"] if "ratio_median" in r)),
+    # the estimate's default: on where measured to cost nothing (the threshold, in code)
+    ("README.md", "where that keeps at least {:.2f}x the speed of a step", estimate_free),
+    ("a2ats_engine/cache/config.py", "timed a retrieval step with it at >= {:.2f}x the speed",
+     estimate_free),
+    ("app/dialogs/settings_dialog.py", "timed it at {:.2f}x the speed or more", estimate_free),
+    ("a2ats_engine/commands/crossover.py", "where it keeps at least {:.2f}x the speed",
+     estimate_free),
+    # BENCHMARKS "Hosts": the host named by its model numbers
+    ("docs/BENCHMARKS.md", "where it attends exactly ({:.2f}x at 1K, {:.2f}x at 2K, {:.2f}x at 4K",
+     lambda: tuple(host_run(n, "a2ats")["ratio_median"] for n in (1024, 2048, 4096))),
+    ("docs/BENCHMARKS.md", "{:.2f}x at 8K where it retrieves ({:.2f}-{:.2f})",
+     lambda: (host_run(8192, "a2ats")["ratio_median"], *host_run(8192, "a2ats")["ratio_spread"])),
+    ("docs/BENCHMARKS.md", "Retrieval forced from the first step costs {:.2f}x KVCache's step time "
+     "at 1K ({:.2f}x the speed)",
+     lambda: (1 / host_run(1024, "a2ats_eb0")["ratio_median"],
+              host_run(1024, "a2ats_eb0")["ratio_median"])),
+    ("docs/BENCHMARKS.md", "layer {:.2f} ms to code and store the key, {:.2f} ms for the one sync, "
+     "{:.2f} ms for the lookup tables",
+     lambda: tuple(j("step_overhead_host_f25m17.json")["runs"][0]["pieces_ms_per_layer"][k]
+                   for k in ("code and store each key", "one sync a layer", "lookup tables"))),
     # ARCHITECTURE and A2ATSConfig: the estimate's quality and its decode cost
     ("docs/ARCHITECTURE.md", "at 4K it gives {:.3f}x full pooled against {:.3f}x with (bucket, "
      "code) slots (`eval_4k_texts_estimate_left.json`), for {}% of a retrieval step's speed at "

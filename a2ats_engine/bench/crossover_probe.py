@@ -9,6 +9,11 @@ more than real text's, which NumPy's argpartition is sensitive to) and times gre
 both interleaved (`speed._decode_interleaved`). The ratio
 a2ats / full is taken within a repeat; `cache/crossover.py`'s `decide_crossover` turns the
 median ratio per context into the crossover.
+
+With the missed-attention estimate left at its default (`A2ATSConfig.estimate_missed` None) the
+A2ATS caches are timed without it, and at the largest context also with it (`_est` methods,
+interleaved with the rest): the median ratio with / without is the row's `estimate.ratio`,
+which decides whether None turns it on (`crossover.ESTIMATE_FREE`).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from dataclasses import dataclass, replace
 import mlx.nn as nn
 
 from ..cache import crossover as xo
-from ..cache.config import A2ATSConfig
+from ..cache.config import A2ATSConfig, estimate_runs
 from ..cache.crossover import TOP_K_STRATEGIES
 from ..cache.geometry import model_geometry
 from ..cache.layer_plan import plan_for
@@ -38,6 +43,14 @@ class ContextTiming:
     ratios: tuple[float, ...]
     top_k: str | None = None  # the top-K strategy timed faster (None: only the default timed)
     top_k_ratios: dict[str, float] | None = None  # median a2ats / full per strategy
+    estimate_ratios: tuple[float, ...] = ()  # each repeat's a2ats with the estimate / without
+    estimate_top_k: str | None = None  # the top-K strategy faster with the estimate
+
+    @property
+    def estimate_ratio(self) -> float | None:
+        """Median of the repeats' ratios with the missed-attention estimate / without (None:
+        not timed at this context)."""
+        return float(statistics.median(self.estimate_ratios)) if self.estimate_ratios else None
 
     @property
     def ratio(self) -> float:
@@ -56,9 +69,17 @@ def probe_crossover(
     progress: Progress | None = None,
 ) -> list[ContextTiming]:
     """Decode timings of `full` and A2ATS (`config` with exact_below 0) at each context
-    (ascending), `repeats` times over all contexts; `steps` timed decode steps per method."""
+    (ascending), `repeats` times over all contexts; `steps` timed decode steps per method. With
+    `config.estimate_missed` None, A2ATS without the estimate, and at the largest context also
+    with it (module docstring)."""
     config = replace(config or A2ATSConfig(), exact_below=0)
     contexts = sorted(set(contexts))
+    estimate_at = None
+    if config.estimate_missed is None:  # measure its default: without, and with at the largest
+        config = replace(config, estimate_missed=False)
+        subspaces = codebook.num_subspaces if codebook is not None else 1
+        if estimate_runs(replace(config, estimate_missed=True), subspaces):
+            estimate_at = contexts[-1]
     total = repeats * len(contexts)
     top_ks = TOP_K_STRATEGIES if xo.backend() == "cpu" else ()
     runs = []
@@ -71,7 +92,7 @@ def probe_crossover(
         runs.append(
             bench_geometry_decode(
                 model, contexts, steps=steps, config=config, codebook=codebook, seed=i,
-                progress=report, top_ks=top_ks,
+                progress=report, top_ks=top_ks, estimate_at=estimate_at,
             )
         )  # fmt: skip
     if progress:
@@ -82,12 +103,24 @@ def probe_crossover(
 def timings_of(runs: list[list], contexts: list[int]) -> list[ContextTiming]:
     """ContextTiming per context from the repeats' DecodeResults. Where both top-K strategies
     were timed (`a2ats_mlx`, `a2ats_numpy`), A2ATS is the one faster at the largest context
-    (median over repeats) at every context: the strategy the caches will use."""
+    (median over repeats) at every context: the strategy the caches will use. Where the
+    estimate was timed too (`<method>_est`), its ratio is the faster method with it over the
+    faster without (each repeat), and `estimate_top_k` that method's strategy: the two
+    strategies' estimates are different code (NumPy's in the host step, MLX's dense sums)."""
     rates = {n: [{r.method: r.tokens_per_s for r in run if r.context == n} for run in runs]
              for n in contexts}  # fmt: skip
-    methods = [m for m in rates[contexts[-1]][0] if m.startswith("a2ats")]
+    methods = [m for m in rates[contexts[-1]][0] if m.startswith("a2ats") and m[-4:] != "_est"]
     best = max(methods, key=lambda m: statistics.median(r[m] for r in rates[contexts[-1]]))
     top_k = best.removeprefix("a2ats_") if best != "a2ats" else None
+    with_est = [m for m in methods if f"{m}_est" in rates[contexts[-1]][0]]
+    est_best = max(
+        with_est,
+        key=lambda m: statistics.median(r[f"{m}_est"] for r in rates[contexts[-1]]),
+        default=None,
+    )
+    est_top_k = None
+    if est_best is not None and est_best != "a2ats":
+        est_top_k = est_best.removeprefix("a2ats_")
     return [
         ContextTiming(
             n,
@@ -97,6 +130,8 @@ def timings_of(runs: list[list], contexts: list[int]) -> list[ContextTiming]:
             top_k,
             {m.removeprefix("a2ats_"): round(statistics.median(r[m] / r["full"] for r in rates[n]), 3)
              for m in methods if m != "a2ats"},
+            tuple(r[f"{est_best}_est"] / r[best] for r in rates[n] if f"{est_best}_est" in r),
+            est_top_k if n == contexts[-1] else None,
         )
         for n in contexts
     ]  # fmt: skip
@@ -142,6 +177,20 @@ def measure_crossover(
         "a2ats_layers": len(plan.a2ats_layers),
         "date": xo.today(),
         "ratios": {str(t.context): round(t.ratio, 3) for t in timings},
+        **(
+            {
+                "estimate": {
+                    "ratio": round(timings[-1].estimate_ratio, 3),
+                    "ratio_runs": [round(r, 3) for r in timings[-1].estimate_ratios],
+                    "context": timings[-1].context,
+                    "scores": config.estimate_scores,
+                    "on": xo.estimate_pays(timings[-1].estimate_ratio),
+                    **({"top_k": timings[-1].estimate_top_k} if timings[-1].estimate_top_k else {}),
+                }
+            }
+            if timings and timings[-1].estimate_ratio is not None
+            else {}
+        ),
         **(
             {
                 "top_k": timings[-1].top_k,

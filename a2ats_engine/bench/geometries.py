@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import replace
 from typing import Any
 
 import mlx.core as mx
@@ -198,11 +199,14 @@ def bench_geometry_decode(
     seed: int = 0,
     progress=None,
     top_ks: tuple[str, ...] = (),
+    estimate_at: int | None = None,
 ) -> list[DecodeResult]:
     """Decode tokens/s and bytes held of `full` (mlx-lm's own caches) and `a2ats` (the layer
     plan's caches) at each context, both filled synthetically, timed interleaved; each result's
     `extra["anon_growth"]` is the process's measured private-memory growth over its fill. With `top_ks`
-    ("mlx", "numpy"), one A2ATS method per top-K strategy instead (`a2ats_mlx`, ...)."""
+    ("mlx", "numpy"), one A2ATS method per top-K strategy instead (`a2ats_mlx`, ...). At context
+    `estimate_at` each A2ATS method also runs with the missed-attention estimate on (`<name>_est`,
+    `config`'s slot scores): what its default is measured by (`cache/crossover.py`)."""
     import random
 
     config = config or A2ATSConfig()
@@ -217,6 +221,9 @@ def bench_geometry_decode(
             with forced(strategy) if strategy else contextlib.nullcontext():
                 name = f"a2ats_{strategy}" if strategy else "a2ats"
                 caches[name] = make_cache(model, config, codebook)
+                if n == estimate_at:
+                    with_estimate = replace(config, estimate_missed=True)
+                    caches[f"{name}_est"] = make_cache(model, with_estimate, codebook)
         grew = {
             method: _measured_fill(model, cache, n, seed, codebook)
             for method, cache in caches.items()

@@ -180,8 +180,12 @@ class Method:
 
     def config(self, base: A2ATSConfig, window_budget: int | None = None) -> A2ATSConfig:
         """The A2ATS settings this method runs with: `base` with telemetry on (the measurements
-        read `last_stats`), no fidelity shadow, and this method's knobs."""
+        read `last_stats`), no fidelity shadow, and this method's knobs. The estimate left to
+        the machine's measurement (`estimate_missed` None) is off here: a quality figure must
+        not depend on the machine it was run on (the `a2ats_estimate*` methods measure it)."""
         knobs: dict[str, Any] = {"telemetry": True, "fidelity_every": 0, **self.knobs}
+        if knobs.get("estimate_missed", base.estimate_missed) is None:
+            knobs["estimate_missed"] = False
         if self.window_budget:
             if window_budget is None:
                 raise ValueError(

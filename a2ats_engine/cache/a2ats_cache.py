@@ -12,6 +12,7 @@ step's selection is `retrieval.py`, its telemetry `layer_stats.py`, the models' 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import mlx.core as mx
 from mlx_lm.models.cache import _BaseCache, create_attention_mask
@@ -21,7 +22,7 @@ from ..records import planning_context
 from . import attention as att
 from . import layer_stats
 from .config import A2ATSConfig
-from .crossover import measured_crossover, step_kind
+from .crossover import measured_crossover, measured_estimate, step_kind
 from .kinds import check_storage, group_size, make_rows
 from .retrieval import Retrieval, estimate_applies, estimate_slots
 from .rope import RopeSpec, bucket_plan
@@ -66,10 +67,11 @@ class A2ATSCache(_BaseCache):
         """What is fixed for the cache's life (`meta_state`); a layer's own budget (`for_layer`)."""
         self.layer, self.rope, self.codebook = layer, rope, codebook
         kind = step_kind(config, codebook.num_subspaces)  # the model's settings, not the layer's
-        self.config = config = config.for_layer(layer)
-        self.max_context = planning_context(max_context)
         geometry = (codebook.num_layers, codebook.num_kv_heads, rope.head_dim)
-        self.top_k = choose_top_k(geometry, kind)  # NumPy or MLX top-K, decided once (topk.py)
+        self.config = config = config.for_layer(layer)
+        estimate, measured_on = decided_estimate(config, geometry, kind)
+        self.max_context = planning_context(max_context)
+        self.top_k = choose_top_k(geometry, kind, measured_on)  # NumPy or MLX, once (topk.py)
         self.buckets = bucket_plan(config, self.max_context)
         # [d, m * d]: rotation to each far distance (the retrieval queries' frames), built once
         self.rotations = mx.concatenate(
@@ -77,7 +79,7 @@ class A2ATSCache(_BaseCache):
         )
         self.kv_share = kv_share
         check_storage(config, rope.head_dim, kv_share)
-        self.estimates = estimate_applies(config, codebook)
+        self.estimates = estimate_applies(estimate, codebook)  # whether it runs
         self.estimate_edges, self.n_slots = estimate_slots(config, self.buckets, codebook)
         # decode steps of this cache's life that attended exactly / retrieved (`attention_steps`)
         self.exact_steps = self.retrieved_steps = 0
@@ -328,6 +330,16 @@ class A2ATSCache(_BaseCache):
     def close(self) -> None:
         """Free the rows now (and remove a cold-tier file)."""
         self.rows.close()
+
+
+def decided_estimate(config: A2ATSConfig, geometry: tuple, kind: str) -> tuple[A2ATSConfig, bool]:
+    """(`config` with the missed-attention estimate decided, whether the measurement turned it
+    on): None is on where it was measured to cost nothing here (`crossover.measured_estimate`).
+    The cache keeps `config` as asked, so a restore, or a later measurement, decides afresh."""
+    if config.estimate_missed is not None:
+        return config, False
+    on = measured_estimate(*geometry, kind)
+    return replace(config, estimate_missed=on), on
 
 
 def key_codes(codebook, layer: int, rope: RopeSpec, keys: mx.array, offset: int) -> mx.array:

@@ -46,10 +46,16 @@ class A2ATSConfig:
                   `exp(s_c) V_c` to the numerator (minus the retrieved tokens' share), s_c the
                   slot's score (`estimate_scores`). Output error 0.105 -> 0.050 (below oracle
                   top-K's 0.077), ppl 1.025x -> 1.008x full at 4K / budget 0.03 on the demo
-                  model (three texts pooled, slots scored by their mean keys); off by
-                  default, on in the "quality" preset (`PRESETS`). In the host step it costs
-                  about 20% of a retrieval step's speed at 8K with mean slot scores
-                  (docs/benchmarks/decode_estimate_rows.json, docs/BENCHMARKS.md section 2).
+                  model (three texts pooled, slots scored by their mean keys). None (the
+                  default, the "speed" preset): on where it costs nothing measurable on this
+                  machine for this model's geometry: where `a2ats crossover` (or the app's
+                  first-load measurement) timed a retrieval step with it at >= 0.95x the speed
+                  of one without (`crossover.measured_estimate`), off where that was not
+                  measured; True in the "quality" preset (`PRESETS`). Its cost depends on the
+                  retrieving layers and KV heads. In the host step it costs about 20% of a
+                  retrieval step's speed at 8K with mean slot scores on the demo model's 30
+                  layers on a 2-core CPU, nothing measurable on Gemma 3 270M's 3
+                  (docs/BENCHMARKS.md sections 1 and 2).
                   With a product-VQ codebook a slot is the
                   first subspace's code (and bucket); "centroid" scores need a full-dimension
                   codebook (sub_dim = head_dim): with product VQ the cache warns and runs
@@ -113,7 +119,7 @@ class A2ATSConfig:
     rerank: int = 2
     rerank_shared: bool = False
     reuse_selection: float | None = None
-    estimate_missed: bool = False
+    estimate_missed: bool | None = None
     estimate_scores: str = "mean"
     exact_below: int | None = None
     coverage: float | None = None
@@ -185,9 +191,10 @@ class A2ATSConfig:
             raise ValueError(
                 f"A2ATSConfig.rerank_shared={self.rerank_shared!r} must be True or False"
             )
-        if not isinstance(self.estimate_missed, bool):
+        if self.estimate_missed is not None and not isinstance(self.estimate_missed, bool):
             raise ValueError(
-                f"A2ATSConfig.estimate_missed={self.estimate_missed!r} must be True or False"
+                f"A2ATSConfig.estimate_missed={self.estimate_missed!r} must be True, False or "
+                "None (where measured to cost nothing)"
             )
         if self.estimate_scores not in ESTIMATE_SCORES:
             raise ValueError(
@@ -244,11 +251,12 @@ class A2ATSConfig:
 
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "speed": {"rerank": 2, "estimate_missed": False},
+    "speed": {"rerank": 2, "estimate_missed": None},
     "quality": {"rerank": 4, "estimate_missed": True, "estimate_scores": "mean"},
 }
 """Named retrieval settings (the app's Preset box, `a2ats chat --preset`), each the fields it
-sets. "speed" is the default (`A2ATSConfig()`): rerank 2, no missed-attention estimate.
+sets. "speed" is the default (`A2ATSConfig()`): rerank 2, the missed-attention estimate only
+where it was measured to cost nothing on this machine (`A2ATSConfig.estimate_missed` None).
 "quality" scores twice as many candidates by their exact keys (rerank 4) and folds the far
 tokens not retrieved into the softmax (the estimate, slots scored by their mean keys): on the
 demo model at 8K perplexity 0.999x full instead of 1.030x, answers closer to full attention's on
@@ -265,7 +273,8 @@ def retrieval_fields(
     preset: str | None, rerank: int | None = None, estimate: str | None = None
 ) -> dict[str, Any]:
     """The fields of a preset (speed when None), then `rerank` and `estimate` (a slot scoring,
-    or "off") over their own when given: what `--preset`, `--rerank` and `--estimate` set."""
+    "off", or "auto": where measured to cost nothing) over their own when given: what
+    `--preset`, `--rerank` and `--estimate` set."""
     if preset is not None and preset not in PRESETS:
         raise ValueError(f"preset {preset!r} is unknown: must be one of {', '.join(PRESETS)}")
     fields = dict(PRESETS[preset or "speed"])
@@ -273,6 +282,8 @@ def retrieval_fields(
         fields["rerank"] = rerank
     if estimate == "off":
         fields["estimate_missed"] = False
+    elif estimate == "auto":
+        fields["estimate_missed"] = None
     elif estimate is not None:
         fields.update(estimate_missed=True, estimate_scores=estimate)
     return fields
@@ -288,16 +299,29 @@ def preset_of(config: A2ATSConfig) -> str | None:
 
 def estimate_runs(config: A2ATSConfig, subspaces: int) -> bool:
     """Whether the missed-attention estimate runs with a codebook of `subspaces` subspaces:
-    slots scored by their own keys run with any codebook, centroid scores with one VQ only."""
-    return config.estimate_missed and (subspaces == 1 or config.estimate_scores != "centroid")
+    slots scored by their own keys run with any codebook, centroid scores with one VQ only.
+    None (where measured to cost nothing) is False here: a cache resolves it when it is made."""
+    return bool(config.estimate_missed) and (subspaces == 1 or config.estimate_scores != "centroid")
 
 
-def describe_retrieval(config: A2ATSConfig, subspaces: int) -> str:
+def describe_retrieval(
+    config: A2ATSConfig, subspaces: int, resolved: A2ATSConfig | None = None
+) -> str:
     """`preset quality, rerank 4; missed-attention estimate (mean slot scores)`: what a chat's
-    stderr says of its retrieval settings (the estimate only where it runs: `estimate_runs`)."""
+    stderr says of its retrieval settings (the estimate only where it runs: `estimate_runs`).
+    `resolved`: the same settings with the estimate left to the measurement (None) decided
+    (`crossover_model.with_default_crossover`); the preset is named from `config`."""
     text = f"preset {preset_of(config) or 'custom'}, rerank {config.rerank}"
-    if estimate_runs(config, subspaces):
-        text += f"; missed-attention estimate ({config.estimate_scores} slot scores)"
+    runs = estimate_runs(resolved if resolved is not None else config, subspaces)
+    if runs:
+        text += f"; missed-attention estimate ({config.estimate_scores} slot scores"
+        text += ", measured to cost nothing here)" if config.estimate_missed is None else ")"
+    elif (
+        config.estimate_missed is None
+        and resolved is None
+        and estimate_runs(replace(config, estimate_missed=True), subspaces)
+    ):
+        text += "; missed-attention estimate where measured to cost nothing here"
     return text
 
 

@@ -41,6 +41,16 @@ every measurement so far shows (retrieval gains on exact attention as the contex
   nothing was measured; `a2ats crossover` and `a2ats info` say so, and measuring longer
   contexts (`--contexts ...,32768`) settles it.
 
+The missed-attention estimate (`A2ATSConfig.estimate_missed`). Its cost is a share of each
+retrieval step that depends on the machine and on the retrieving layers and KV heads, so its
+default is measured too: the probe behind `a2ats crossover` (with the estimate left at its
+default, None) also times, at its largest context, a retrieval step with the estimate, and the
+row records the median speed ratio with / without (`estimate.ratio`). None resolves to on where
+that ratio is >= `ESTIMATE_FREE` (`measured_estimate`), else (or where nothing was measured) off.
+The row stays the settings without the estimate: its crossover serves both, and the top-K
+strategy faster with the estimate is recorded beside the one faster without (`estimate.top_k`:
+the two strategies' estimates are different code).
+
 The built-in rows come from `a2ats bench decode --contexts 512,1024,2048,4096,8192 --methods
 full,a2ats_eb0` on a quiet machine (docs/BENCHMARKS.md); `a2ats crossover SOURCE` measures the
 same thing on synthetic caches for any model and records it in the user table.
@@ -84,6 +94,28 @@ class Crossover:
     origin: str = "built-in"
     never: bool = False
     top_k: str | None = None  # the top-K strategy measured faster here ("mlx" or "numpy")
+    estimate: float | None = None  # speed of a retrieval step with the estimate / without
+    estimate_top_k: str | None = None  # the top-K strategy measured faster with the estimate
+
+    @property
+    def estimate_on(self) -> bool:
+        """Whether the missed-attention estimate was measured to cost nothing here (None-valued
+        `A2ATSConfig.estimate_missed` turns it on then): `estimate_pays`."""
+        return self.estimate is not None and estimate_pays(self.estimate)
+
+
+ESTIMATE_FREE = 0.95
+"""The missed-attention estimate goes on by default (`A2ATSConfig.estimate_missed` None) where
+a retrieval step with it decoded at >= this share of the speed of one without (median of the
+probe's repeats at its largest context): within the run-to-run spread of a 2-core machine, so
+"costs nothing measurable". On a 2-core AMD host the demo model's 30 layers measured well below
+it and Gemma 3 270M's 3 just below it: off for both there (docs/BENCHMARKS.md section 1,
+"Across texts: code, prose and dialogue", the estimate's default)."""
+
+
+def estimate_pays(ratio: float) -> bool:
+    """Whether a measured speed ratio (with the estimate / without) counts as costing nothing."""
+    return ratio >= ESTIMATE_FREE
 
 
 def step_kind(config: Any, subspaces: int = 1) -> str:
@@ -388,8 +420,36 @@ def lookup_crossover(
             origin=str(path),
             never=bool(row.get("never", False)),
             top_k=top_k if top_k in TOP_K_STRATEGIES else None,
+            estimate=estimate_ratio(row),
+            estimate_top_k=_estimate_top_k(row),
         )
     return MEASURED.get((be, num_layers, num_kv_heads, head_dim, kind))
+
+
+def estimate_ratio(row: Mapping[str, Any]) -> float | None:
+    """The row's measured speed ratio of a retrieval step with the estimate / without (its
+    `estimate.ratio`), None where it was not measured or is not a number in (0, 10]."""
+    measured = row.get("estimate")
+    ratio = measured.get("ratio") if isinstance(measured, dict) else None
+    if isinstance(ratio, bool) or not isinstance(ratio, int | float):
+        return None
+    return float(ratio) if 0 < ratio <= 10 else None
+
+
+def _estimate_top_k(row: Mapping[str, Any]) -> str | None:
+    measured = row.get("estimate")
+    top_k = measured.get("top_k") if isinstance(measured, dict) else None
+    return top_k if top_k in TOP_K_STRATEGIES else None
+
+
+def measured_estimate(
+    num_layers: int, num_kv_heads: int, head_dim: int, kind: str = DEFAULT_KIND
+) -> bool:
+    """Whether the missed-attention estimate was measured to cost nothing on this machine for
+    this geometry and step kind (`ESTIMATE_FREE`): what `A2ATSConfig.estimate_missed` None
+    resolves to; False where nothing was measured."""
+    row = lookup_crossover(num_layers, num_kv_heads, head_dim, kind)
+    return row is not None and row.estimate_on
 
 
 TOP_K_STRATEGIES = ("mlx", "numpy")
@@ -397,12 +457,20 @@ STRATEGY_NAMES = {"mlx": "MLX", "numpy": "NumPy"}
 
 
 def measured_top_k(
-    num_layers: int, num_kv_heads: int, head_dim: int, kind: str = DEFAULT_KIND
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    kind: str = DEFAULT_KIND,
+    with_estimate: bool = False,
 ) -> str | None:
     """The top-K strategy (`topk.py`) the crossover measurement found faster on this machine
-    for this geometry and step kind ("mlx" or "numpy"), None where none was measured."""
+    for this geometry and step kind ("mlx" or "numpy"), None where none was measured.
+    `with_estimate`: the estimate was turned on by the measurement (`measured_estimate`): the
+    strategy faster with it, where the row has one."""
     row = lookup_crossover(num_layers, num_kv_heads, head_dim, kind)
-    return row.top_k if row is not None else None
+    if row is None:
+        return None
+    return (row.estimate_top_k if with_estimate else None) or row.top_k
 
 
 def _row_source(row: Mapping[str, Any]) -> str:
@@ -414,6 +482,9 @@ def _row_source(row: Mapping[str, Any]) -> str:
     head = ", ".join(str(row[k]) for k in ("model", "date") if row.get(k))
     if row.get("top_k") in TOP_K_STRATEGIES:
         text += f"; top-K in {STRATEGY_NAMES[row['top_k']]}, measured faster"
+    ratio = estimate_ratio(row)
+    if ratio is not None:
+        text += f"; with the missed-attention estimate a step {ratio:.2f}x the speed without"
     return f"{head}: {text}" if text else head
 
 
@@ -454,9 +525,19 @@ def describe_crossover(
         where += f"{source}` measures this one"
     else:
         where = f"measured on this machine: {row.origin}; {row.source}"
+    estimate = (
+        f"; missed-attention estimate off by default (its cost not measured here: `a2ats "
+        f"crossover {source}` measures it)"
+    )
+    if row.estimate is not None:
+        state = "on" if row.estimate_on else "off"
+        estimate = (
+            f"; missed-attention estimate {state} by default ({row.estimate:.2f}x the speed "
+            f"without it, on from {ESTIMATE_FREE:.2f}x)"
+        )
     if row.never:
         return (
             f"exact until {row.tokens:,} tokens, retrieval beyond (not measured: retrieval was "
-            f"slower at every measured context) ({where})"
+            f"slower at every measured context) ({where}){estimate}"
         )
-    return f"exact until {row.tokens:,} tokens ({where})"
+    return f"exact until {row.tokens:,} tokens ({where}){estimate}"

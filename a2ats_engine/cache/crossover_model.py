@@ -134,8 +134,12 @@ def with_default_crossover(
 ) -> tuple[A2ATSConfig, Crossover]:
     """`config` with `exact_below` set to the crossover that applies (when it is None), and
     that crossover (what the app and `a2ats chat` run with; `a2ats info` says which applies).
-    `codebook`: the one the caches use (its subspace count is part of the step kind)."""
-    if config.exact_below is not None:
-        return config, Crossover(config.exact_below, "set in the settings", origin="settings")
+    `codebook`: the one the caches use (its subspace count is part of the step kind). The
+    missed-attention estimate left to the measurement (None) stays None, for the caches to
+    decide with the top-K strategy measured with it; the crossover's `estimate_on` says what
+    they will decide."""
     row = default_crossover(model, config, codebook)
+    if config.exact_below is not None:
+        set_here = {"source": "set in the settings", "origin": "settings", "never": False}
+        return config, replace(row, tokens=config.exact_below, **set_here)
     return replace(config, exact_below=row.tokens), row

@@ -54,16 +54,18 @@ def forced(strategy: str) -> Iterator[None]:
 
 
 def choose_top_k(
-    geometry: tuple[int, int, int] | None = None, kind: str = DEFAULT_KIND
+    geometry: tuple[int, int, int] | None = None,
+    kind: str = DEFAULT_KIND,
+    with_estimate: bool = False,
 ) -> MlxTopK | NumpyTopK:
     """A fresh strategy for one cache. In order: a `forced` one, `A2ATS_TOPK`, the one the
     crossover measurement found faster on this machine for this geometry (attention layers, KV
-    heads, head dim) and step kind (`crossover.measured_top_k`), else NumPy on CPU-only MLX and
-    MLX otherwise.
+    heads, head dim) and step kind (`crossover.measured_top_k`; with the estimate turned on by
+    the measurement, the one faster with it), else NumPy on CPU-only MLX and MLX otherwise.
     """
     choice = (_forced or os.environ.get(ENV, "")).strip().lower()
     if choice not in TOP_K_STRATEGIES and geometry is not None:
-        choice = measured_top_k(*geometry, kind) or ""
+        choice = measured_top_k(*geometry, kind, with_estimate) or ""
     host = choice == "numpy" if choice in TOP_K_STRATEGIES else cpu_only()
     return NumpyTopK() if host else MlxTopK()
 

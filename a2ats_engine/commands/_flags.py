@@ -48,24 +48,26 @@ def add_retrieval_flags(p: argparse.ArgumentParser, rerank_help: str = RERANK_HE
 
 
 def add_preset_flags(p: argparse.ArgumentParser) -> None:
-    """--preset (`config.PRESETS`) and --estimate (off or `config.ESTIMATE_SCORES`), None
+    """--preset (`config.PRESETS`) and --estimate (off, auto or `config.ESTIMATE_SCORES`), None
     unless given; `retrieval_knobs` turns them and --rerank into config fields."""
     from ..cache.config import ESTIMATE_SCORES, PRESETS
 
     p.add_argument(
         "--preset",
         choices=tuple(PRESETS),
-        help="A2ATS retrieval preset: speed (the default: rerank 2, no estimate) or quality "
+        help="A2ATS retrieval preset: speed (the default: rerank 2, the estimate only where "
+        "measured to cost nothing on this machine) or quality "
         "(rerank 4: twice the candidates scored exactly, and the estimate with mean slot "
         "scores; closer to full attention, less of the decode speed-up); --rerank and "
         "--estimate override its fields",
     )
     p.add_argument(
         "--estimate",
-        choices=("off", *ESTIMATE_SCORES),
+        choices=("off", "auto", *ESTIMATE_SCORES),
         help="A2ATS: fold the far tokens not retrieved into the softmax through per-slot sums, "
-        "with these slot scores (mean: what the app's checkbox turns on); default: the "
-        "preset's (speed: off, quality: mean)",
+        "with these slot scores (mean: what the app's On turns on); auto: with mean slot "
+        "scores where `a2ats crossover` measured it to cost nothing on this machine for this "
+        "model, else off; default: the preset's (speed: auto, quality: mean)",
     )
 
 

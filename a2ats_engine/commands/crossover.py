@@ -32,7 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "settings a retrieval step's cost depends on (codebook subspaces, --budget, "
             "--rerank or --preset, distance buckets, K/V precision, --estimate): every A2ATS "
             "cache with those settings and exact_below unset uses it (A2ATSConfig.exact_below "
-            "overrides it). "
+            "overrides it). With the missed-attention estimate at its default (no --estimate, "
+            "or --estimate auto) a retrieval step is also timed with it at the largest context: "
+            "where it keeps at least 0.95x the speed, the estimate is on by default for this "
+            "model on this machine. "
             "On CPU-only MLX both top-K strategies (MLX's, NumPy's) are timed and the faster "
             "one at the largest context is recorded for the caches to use. "
             "Measure on a quiet machine: other work makes the ratios noisy."
@@ -150,6 +153,14 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"top-K: {names[entry['top_k']]} measured faster at {contexts[-1]:,} ({each})")
     print(f"crossover: {decision.describe(contexts[-1])} (exact_below = {decision.exact_below})")
+    if entry.get("estimate"):
+        est = entry["estimate"]
+        runs = ", ".join(f"{x:.2f}" for x in est["ratio_runs"])
+        print(
+            f"missed-attention estimate: a retrieval step with it {est['ratio']:.2f}x the speed "
+            f"of one without at {est['context']:,} ({runs}): {'on' if est['on'] else 'off'} by "
+            f"default (on from {xo.ESTIMATE_FREE:.2f}x)"
+        )
     if path is None:
         print(f"--dry-run: nothing recorded (would update {xo.user_table_path()})")
     else:

@@ -50,7 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--estimate",
         choices=("off", *ESTIMATE_SCORES),
-        help="A2ATS missed-attention estimate, off or its slot scores (as `a2ats chat`)",
+        help="A2ATS missed-attention estimate, off (the default across machines: each rank's "
+        "own measurement does not cover a split model) or its slot scores (as `a2ats chat`)",
     )
     p.add_argument(
         "--exact-below",
@@ -319,6 +320,8 @@ def _cache_choice(args, model, info, stage, rank0: bool) -> tuple:
     book = load_rank_codebook(path, stage.owns, getattr(stage, "heads", None))
     knobs = {"budget": args.budget, "window": args.window, "exact_below": args.exact_below}
     knobs.update(retrieval_fields(args.preset, args.rerank, args.estimate))
+    if knobs["estimate_missed"] is None:  # measured per machine and whole model: not for ranks
+        knobs["estimate_missed"] = False
     if book.metadata.get("far_offset") is not None:
         knobs["far_offset"] = int(book.metadata["far_offset"])
     config = A2ATSConfig(**{k: v for k, v in knobs.items() if v is not None})

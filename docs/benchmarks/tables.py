@@ -613,6 +613,48 @@ def crossover_probe_table(data: dict) -> str:
             f"| {r['context']:,} | {r['full_tokens_per_s']:.2f} | {r['a2ats_tokens_per_s']:.2f} | "
             f"{r['ratio']:.2f}x ({runs}) |" + "".join(f" {per[s]:.2f}x |" for s in strategies)
         )
+    est = data.get("estimate")
+    if est:
+        runs = ", ".join(f"{x:.2f}" for x in est["ratio_runs"])
+        rows += [
+            "",
+            f"Missed-attention estimate ({est['scores']} slot scores), timed at "
+            f"{est['context']:,} with each top-K: a retrieval step with it "
+            f"({names.get(est.get('top_k'), 'the default')}, the faster with it) "
+            f"{est['ratio']:.2f}x the speed of the faster step without ({runs}): "
+            f"**{'on' if est['on'] else 'off'}** by default on this machine for this model "
+            "(on from 0.95x).",
+        ]
+    return "\n".join(rows)
+
+
+def hosts_table(runs: list[dict]) -> str:
+    """The shipped default and retrieval forced against KVCache at 1K and 8K, one row per
+    recorded `a2ats bench decode --methods full,a2ats,a2ats_eb0` run (a host on a day)."""
+    rows = [
+        "| run | machine | KVCache tok/s 1K / 8K | A2ATS / KVCache 1K | A2ATS / KVCache 8K "
+        "| forced / KVCache 1K (fixed cost: KVCache time / A2ATS time) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for data in runs:
+        by, _ = _by_method_and_context(data)
+
+        def ratio(method: str, n: int, by: dict = by) -> str:
+            r = by.get((method, n))
+            if r is None:
+                return "-"
+            lo, hi = r["ratio_spread"]
+            return f"{r['ratio_median']:.2f}x ({lo:.2f}-{hi:.2f})"
+
+        full = [by.get(("full", n)) for n in (1024, 8192)]
+        speeds = " / ".join(f"{f['tokens_per_s']:.2f}" if f else "-" for f in full)
+        forced = by.get(("a2ats_eb0", 1024))
+        cost = f"; a step {1 / forced['ratio_median']:.2f}x KVCache's" if forced else ""
+        machine = data["machine"].split(", MLX")[0].replace("Linux x86_64, ", "")
+        rows.append(
+            f"| `{data['_file']}` | {machine} | {speeds} | {ratio('a2ats', 1024)} | "
+            f"{ratio('a2ats', 8192)} | {ratio('a2ats_eb0', 1024)}{cost} |"
+        )
     return "\n".join(rows)
 
 
@@ -1596,6 +1638,13 @@ def history_list() -> str:
 LOADED: set[str] = set()  # the JSON files blocks() read (every one feeds a table)
 
 
+HOST_RUNS = (
+    "decode_amd_epyc.json",
+    "decode_amd_epyc_rerun.json",
+    "decode_host_f25m17.json",
+)  # `a2ats bench decode --methods full,a2ats,a2ats_eb0` per host and day (section 2, "Hosts")
+
+
 def blocks() -> dict[str, str]:
     """{KEY: generated text} for every table whose JSON is recorded here."""
     LOADED.clear()
@@ -1663,6 +1712,16 @@ def blocks() -> dict[str, str]:
         ("shadow-cost", "shadow_cost.json", shadow_cost_table),
         ("speed-amd", "decode_amd_epyc.json", host_speed_table),
         ("speed-amd-rerun", "decode_amd_epyc_rerun.json", host_speed_table),
+        ("speed-host-f25m17", "decode_host_f25m17.json", host_speed_table),
+        ("profile-host-f25m17", "profile_step_host_f25m17.json", profile_table),
+        ("step-overhead-host-f25m17", "step_overhead_host_f25m17.json", step_overhead_table),
+        ("crossover-probe-host-f25m17", "crossover_demo_host_f25m17.json", crossover_probe_table),
+        ("crossover-probe-estimate", "crossover_demo_estimate.json", crossover_probe_table),
+        (
+            "crossover-probe-gemma-estimate",
+            "crossover_gemma3_270m_estimate.json",
+            crossover_probe_table,
+        ),
         ("speed-gemma", "decode_gemma3_270m.json", host_speed_table),
         ("estimate-speed", "decode_estimate_host_step.json", estimate_speed_table),
         ("estimate-scores-speed", "decode_estimate_scores.json", estimate_scores_speed_table),
@@ -1710,6 +1769,12 @@ def blocks() -> dict[str, str]:
     )  # fmt: skip
     if dist := [d for n in names if (d := _load(n)) is not None]:
         out["distributed"] = distributed_table(dist)
+    host_runs = []
+    for name in HOST_RUNS:
+        if (data := _load(name)) is not None:
+            host_runs.append({**data, "_file": name})
+    if host_runs:
+        out["hosts"] = hosts_table(host_runs)
     summary = {
         "eval": "eval_4k_b003.json", "texts": "eval_4k_texts.json", "passkey": "passkey.json",
         "tasks": "tasks.json", "tasks_8k": "tasks_8k.json",

@@ -261,6 +261,7 @@ class FakeBackend:
         self.crossover_known = False  # this machine has its own measurement for the model
         self.crossover_runs = 0
         self.crossover_delay = 0.0
+        self.crossover_estimate: dict | None = None  # the row's estimate measurement, if any
         self.load_seconds = load_seconds
         self.reply_fn = reply_fn
         self.snapshots = snapshots
@@ -360,6 +361,7 @@ class FakeBackend:
             "exact_below": 2048,
             "never": False,
             "ratios": {"1024": 0.9, "2048": 1.1, "4096": 1.3},
+            **({"estimate": self.crossover_estimate} if self.crossover_estimate else {}),
         }
 
     def with_crossover(self, model, config, codebook=None):

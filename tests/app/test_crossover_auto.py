@@ -122,7 +122,29 @@ def test_the_engine_backend_measures_records_and_can_be_cancelled(tmp_path, monk
     backend.measure_crossover(model, "tiny", None, lambda *a: None, cancel, estimate)
     assert backend.crossover_measured_here(model, estimate)
     assert len(json.loads(table.read_text())["entries"]) == 2
+    # the default leaves the estimate to the measurement: a row without it is measured again
+    assert row["estimate"]["context"] == 2048 and "ratio" in row["estimate"]
+    data = json.loads(table.read_text())
+    data["entries"] = [{k: v for k, v in e.items() if k != "estimate"} for e in data["entries"]]
+    table.write_text(json.dumps(data))
+    xo.reload_user_table()
+    assert not backend.crossover_measured_here(model)
+    assert backend.crossover_measured_here(model, A2ATSConfig(estimate_missed=False))
     cancel.set()
     with pytest.raises(CrossoverCancelled):
         backend.measure_crossover(model, "tiny", None, lambda *a: None, cancel)
     xo.reload_user_table()
+
+
+@pytest.mark.parametrize("ratio, state", [(0.98, "on"), (0.81, "off")])
+def test_the_status_bar_says_whether_the_measurement_turned_the_estimate_on(
+    auto, make_window, qtbot, ratio, state
+):
+    backend = FakeBackend()
+    backend.crossover_estimate = {"ratio": ratio, "on": state == "on", "context": 4096}
+    window = make_window(backend)
+    result = measured(qtbot, window.controller, lambda: window.controller.load_model("fake"))
+    assert result.estimate == ratio and result.estimate_on is (state == "on")
+    message = window.statusBar().currentMessage()
+    assert message.startswith("Measured on this machine: retrieval pays off from 2,048 tokens")
+    assert f"missed-attention estimate {state} by default ({ratio:.2f}x the speed" in message

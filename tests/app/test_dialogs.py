@@ -279,17 +279,29 @@ def test_settings_dialog_says_what_each_kv_storage_costs(qtbot):
     assert dialog.kv_bits_help.text() == KV_BITS_HELP
 
 
-def test_the_missed_attention_estimate_is_a_setting_off_by_default(qtbot):
+def choose_estimate(dialog, key: str) -> None:
+    dialog.estimate_missed.setCurrentIndex(dialog.estimate_missed.findData(key))
+
+
+def test_the_missed_attention_estimate_is_left_to_the_measurement_by_default(qtbot):
+    """Three choices: where it costs nothing here (measured; the default, None), on, off."""
     dialog = SettingsDialog(CacheSettings(), SamplingSettings(), "system", "")
     qtbot.addWidget(dialog)
-    assert not dialog.estimate_missed.isChecked()
-    assert not dialog.values().cache.to_config().estimate_missed
-    dialog.estimate_missed.setChecked(True)
-    assert dialog.values().cache.to_config().estimate_missed
-    tip = dialog.estimate_missed.toolTip()  # says what it buys and that it costs speed
-    assert "1.008x full" in tip and "slower retrieval step" in tip
+    assert dialog.estimate_missed.currentData() == "auto"
+    assert dialog.estimate_missed.currentText().startswith("Where it costs nothing here")
+    assert dialog.values().cache.to_config().estimate_missed is None
+    choose_estimate(dialog, "on")
+    assert dialog.values().cache.to_config().estimate_missed is True
+    choose_estimate(dialog, "off")
+    assert dialog.values().cache.to_config().estimate_missed is False
+    tip = dialog.estimate_missed.toolTip()  # says what it buys, what it costs, what auto means
+    assert "1.008x full" in tip and "slower retrieval step" in tip and "0.95x" in tip
     dialog.restore_defaults()
-    assert not dialog.estimate_missed.isChecked()
+    assert dialog.estimate_missed.currentData() == "auto"
+    off = CacheSettings.of(estimate_missed=False)
+    reopened = SettingsDialog(off, SamplingSettings(), "system", "")
+    qtbot.addWidget(reopened)
+    assert reopened.estimate_missed.currentData() == "off"
 
 
 def test_settings_dialog_sets_a_kv_memory_limit_with_full_precision_storage(qtbot):
@@ -320,11 +332,12 @@ def test_the_preset_box_sets_the_rerank_and_the_estimate_and_names_what_they_mak
     held = CacheSettings.of(estimate_scores="code_mean")
     dialog = SettingsDialog(held, SamplingSettings(), "system", "")
     qtbot.addWidget(dialog)
-    assert dialog.preset.currentData() == "speed" and not dialog.estimate_missed.isChecked()
+    assert dialog.preset.currentData() == "speed"
+    assert dialog.estimate_missed.currentData() == "auto"
     custom = dialog.preset.findData(None)
     assert not dialog.preset.model().item(custom).isEnabled()
     dialog.preset.setCurrentIndex(dialog.preset.findData("quality"))
-    assert dialog.rerank.value() == 4 and dialog.estimate_missed.isChecked()
+    assert dialog.rerank.value() == 4 and dialog.estimate_missed.currentData() == "on"
     config = dialog.values().cache.to_config()
     assert (config.rerank, config.estimate_missed, config.estimate_scores) == (4, True, "mean")
     assert preset_of(config) == "quality"
@@ -333,18 +346,18 @@ def test_the_preset_box_sets_the_rerank_and_the_estimate_and_names_what_they_mak
     assert dialog.values().cache.to_config().rerank == 3  # the user's value, kept
     dialog.rerank.setValue(4)
     assert dialog.preset.currentData() == "quality"
-    dialog.estimate_missed.setChecked(False)
+    choose_estimate(dialog, "off")
     assert dialog.preset.currentData() is None  # rerank 4 without the estimate: custom
     assert dialog.values().cache.to_config().estimate_missed is False
-    dialog.estimate_missed.setChecked(True)
+    choose_estimate(dialog, "on")
     assert dialog.preset.currentData() == "quality"
     dialog.preset.setCurrentIndex(dialog.preset.findData("speed"))
-    assert not dialog.estimate_missed.isChecked() and dialog.rerank.value() == 2
+    assert dialog.estimate_missed.currentData() == "auto" and dialog.rerank.value() == 2
     assert preset_of(dialog.values().cache.to_config()) == "speed"
     dialog.preset.setCurrentIndex(dialog.preset.findData("quality"))
     dialog.restore_defaults()
     assert dialog.preset.currentData() == "speed"
-    assert dialog.values().cache.to_config().estimate_missed is False
+    assert dialog.values().cache.to_config().estimate_missed is None
     assert dialog.preset_help.text() == PRESET_HELP
     quality = CacheSettings.of(rerank=4, estimate_missed=True)
     reopened = SettingsDialog(quality, SamplingSettings(), "system", "")

@@ -289,6 +289,27 @@ EARLIER_CACHE = {
 }  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "version, cache, expected",
+    [
+        (1, {"rerank": 2, "estimate_missed": False}, None),  # version 1's Speed: now measured
+        (1, {"estimate_missed": False}, None),
+        (1, {"rerank": 3, "estimate_missed": False}, False),  # custom: kept
+        (1, {"rerank": 2, "estimate_missed": True}, True),
+        (2, {"rerank": 2, "estimate_missed": False}, False),  # chosen off in version 2: kept
+    ],
+)
+def test_a_version_1_speed_preset_migrates_to_the_measured_estimate(
+    app_dirs, version, cache, expected
+):
+    path = settings_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"schema_version": version, "cache": cache}))
+    settings, message = load_settings()
+    assert message is None and settings.cache.config.estimate_missed is expected
+    assert settings.schema_version == SCHEMA_VERSION == 2
+
+
 def test_a_settings_file_of_the_earlier_format_still_loads_and_is_written_alike(app_dirs):
     from a2ats_engine.cache.config import A2ATSConfig
 
@@ -299,9 +320,11 @@ def test_a_settings_file_of_the_earlier_format_still_loads_and_is_written_alike(
     assert message is None and settings.theme == "dark" and settings.cache.a2ats_enabled
     expected = A2ATSConfig(window=32, sinks=4, budget=0.05, fidelity_every=2, kv_bits=None)
     assert settings.cache.config == expected  # the app holds the engine's own config
+    assert expected.estimate_missed is None  # version 1's Speed preset, migrated
     save_settings(settings)
     cache = json.loads(path.read_text())["cache"]
-    assert {k: cache[k] for k in EARLIER_CACHE} == EARLIER_CACHE  # an earlier version reads it
+    # the same fields, flat: an earlier version reads them (all but the migrated estimate)
+    assert {k: cache[k] for k in EARLIER_CACHE} == {**EARLIER_CACHE, "estimate_missed": None}
     assert "telemetry" not in cache and "config" not in cache  # flat, as before
     assert set(cache) - set(EARLIER_CACHE) <= set(A2ATSConfig.__dataclass_fields__)
     assert load_settings()[0] == settings

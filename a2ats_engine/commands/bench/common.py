@@ -20,7 +20,8 @@ def load_codebook(path: str | None, model_source: str, model_path: str | None = 
 
 def retrieval_run(args: argparse.Namespace):
     """(model, tokenizer, info, codebook, codebook description, config) for a benchmark that
-    measures retrieval itself: `exact_below=0`, so no step attends exactly below the crossover."""
+    measures retrieval itself: `exact_below=0`, so no step attends exactly below the crossover,
+    and the estimate off unless a method names it (not left to this machine's measurement)."""
     from ...loading.models import load_model
 
     contexts = limits.contexts("--contexts", args.contexts)
@@ -30,7 +31,9 @@ def retrieval_run(args: argparse.Namespace):
     model, tokenizer, info = load_model(args.model)
     limits.check_model_context("--contexts", contexts, info.context_length)
     codebook, desc = find_codebook(args.codebook, args.model, info.path, required=True)
-    config = a2ats_config(codebook, model, budget=budget, rerank=args.rerank, exact_below=0)
+    config = a2ats_config(
+        codebook, model, budget=budget, rerank=args.rerank, exact_below=0, estimate_missed=False
+    )
     return model, tokenizer, info, codebook, desc, config
 
 

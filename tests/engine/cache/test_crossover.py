@@ -20,16 +20,6 @@ from a2ats_engine.loading.models import load_model
 from .test_cache import D, filled_cache
 
 
-@pytest.fixture
-def table(tmp_path, monkeypatch):
-    """The user table at a fresh path (nothing read from it yet)."""
-    path = tmp_path / "data" / "crossover.json"
-    monkeypatch.setenv("A2ATS_CROSSOVER_FILE", str(path))
-    xo.reload_user_table()
-    yield path
-    xo.reload_user_table()
-
-
 def row(exact_below=1234, *, backend="cpu", machine=None, geometry=(30, 3, 64), **extra):
     layers, kv, hd = geometry
     return {

@@ -246,7 +246,8 @@ def test_fast_exp_matches_exp_and_sends_minus_infinity_to_zero():
 
 
 def test_presets_name_the_default_and_the_quality_settings():
-    """ "speed" is A2ATSConfig()'s rerank without the estimate, "quality" rerank 4 with the
+    """ "speed" is A2ATSConfig()'s rerank with the estimate left to the machine's measurement
+    (None; tests/engine/cache/test_estimate_default.py), "quality" rerank 4 with the
     estimate scored by mean keys (the settings of the recorded 8K runs,
     docs/benchmarks/eval_8k_texts_rr4.json and tasks_8k_rr4.json); a preset leaves every other
     field as it is; a config with another rerank, or rerank 4 without the estimate, is no
@@ -263,7 +264,7 @@ def test_presets_name_the_default_and_the_quality_settings():
     assert preset_of(quality) == "quality" and quality.budget == 0.05
     assert (quality.rerank, quality.estimate_missed, quality.estimate_scores) == (4, True, "mean")
     assert preset_of(with_preset(quality, "speed")) == "speed"
-    assert with_preset(quality, "speed").estimate_missed is False
+    assert with_preset(quality, "speed").estimate_missed is None
     assert preset_of(A2ATSConfig(rerank=3)) is None
     assert preset_of(A2ATSConfig(rerank=4)) is None  # rerank 4 alone: custom
     assert preset_of(replace(quality, estimate_scores="code_mean")) is None
@@ -280,7 +281,7 @@ def test_presets_name_the_default_and_the_quality_settings():
         "estimate_missed": False,
         "estimate_scores": "mean",
     }
-    assert retrieval_fields(None) == {"rerank": A2ATSConfig().rerank, "estimate_missed": False}
+    assert retrieval_fields(None) == {"rerank": A2ATSConfig().rerank, "estimate_missed": None}
     assert replace(A2ATSConfig(), **retrieval_fields(None)) == A2ATSConfig()
     bench = Path(__file__).resolve().parents[3] / "docs/benchmarks"
     recorded = json.loads((bench / "eval_8k_texts_rr4.json").read_text())

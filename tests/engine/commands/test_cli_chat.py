@@ -159,6 +159,41 @@ def _chat_with_codebook(tmp_path, monkeypatch) -> tuple[list[str], list]:
     return ["chat", "--model", str(model_dir), "--prompt", "Hi", "--max-tokens", "3"], configs
 
 
+def test_the_default_estimate_follows_the_measurement_and_the_chat_says_so(
+    tmp_path, capsys, monkeypatch
+):
+    """Where this machine's crossover row measured the estimate to cost nothing, the default
+    (speed) chat runs with it (the caches decide: the config keeps None) and says so; where it
+    cost more, without."""
+    from a2ats_engine.cache import crossover as xo
+    from a2ats_engine.cache.a2ats_cache import A2ATSCache
+
+    args, configs = _chat_with_codebook(tmp_path, monkeypatch)
+    monkeypatch.setenv("A2ATS_CROSSOVER_FILE", str(tmp_path / "crossover.json"))
+    made = []
+    configure = A2ATSCache._configure
+
+    def spy(self, *a, **kw):
+        configure(self, *a, **kw)
+        made.append(self)
+
+    monkeypatch.setattr(A2ATSCache, "_configure", spy)
+    for ratio, on in ((0.99, True), (0.8, False)):
+        xo.reload_user_table()
+        xo.record_crossover({
+            "backend": xo.backend(), "machine": xo.machine_id(), "layers": 2, "kv_heads": 2,
+            "head_dim": 16, "exact_below": 640, "never": False, "estimate": {"ratio": ratio},
+        })  # fmt: skip
+        made.clear()
+        assert main(args) == 0
+        err = capsys.readouterr().err
+        assert "preset speed, rerank 2" in err and "exact until 640 tokens" in err
+        said = "missed-attention estimate (mean slot scores, measured to cost nothing here)"
+        assert (said in err) is on and configs[-1].estimate_missed is None
+        assert made and all(c.estimates is on for c in made)
+    xo.reload_user_table()
+
+
 def test_the_estimate_flag_turns_the_missed_attention_estimate_on(tmp_path, capsys, monkeypatch):
     """`--estimate mean` runs the chat's A2ATS caches with the estimate (said on stderr, and
     the caches built with it); with --hosts the flags go to the ranks."""
@@ -182,7 +217,7 @@ def test_the_preset_flag_sets_the_rerank_and_the_estimate_and_flags_override_it(
 ):
     """`--preset quality` = rerank 4 with the estimate (mean slot scores), said on stderr and
     the caches built with it; `--estimate` and `--rerank` override the preset's; `--preset
-    speed` (the default) is A2ATSConfig()'s; a bad --rerank fails before the model loads or a
+    speed` (the default) is A2ATSConfig()'s, its estimate decided by the measurement; a bad --rerank fails before the model loads or a
     rank starts."""
     from a2ats_engine.cache.config import A2ATSConfig
 
@@ -202,11 +237,8 @@ def test_the_preset_flag_sets_the_rerank_and_the_estimate_and_flags_override_it(
     assert main([*args, "--preset", "speed"]) == 0
     err = capsys.readouterr().err
     assert "preset speed, rerank 2" in err and "missed-attention" not in err
-    default = A2ATSConfig()
-    assert (configs[-1].rerank, configs[-1].estimate_missed) == (
-        default.rerank,
-        default.estimate_missed,
-    )
+    # the default's estimate is left to this machine's measurement (the caches decide)
+    assert (configs[-1].rerank, configs[-1].estimate_missed) == (A2ATSConfig().rerank, None)
     calls = len(configs)
     hosts = tmp_path / "hosts.json"
     hosts.write_text('[{"ssh": "localhost"}]')
