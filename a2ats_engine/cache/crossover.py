@@ -482,9 +482,6 @@ def _row_source(row: Mapping[str, Any]) -> str:
     head = ", ".join(str(row[k]) for k in ("model", "date") if row.get(k))
     if row.get("top_k") in TOP_K_STRATEGIES:
         text += f"; top-K in {STRATEGY_NAMES[row['top_k']]}, measured faster"
-    ratio = estimate_ratio(row)
-    if ratio is not None:
-        text += f"; with the missed-attention estimate a step {ratio:.2f}x the speed without"
     return f"{head}: {text}" if text else head
 
 

@@ -303,11 +303,11 @@ def attention_with_estimate(
             np.take(e[b, h], slots[b, h], axis=-1, out=own[b, h])
     own *= far[:, :, None, :]
     est_den = np.maximum((e @ counts[..., None])[..., 0] - own.sum(axis=-1), 0.0)
-    est_num = e @ sums - own @ v  # [B, n_kv, G, d]
     den = p.sum(axis=-1) + est_den
     if sinks is not None:
         den = den + np.exp(sink - top)[..., 0]
-    return (p @ v + est_num) / den[..., None], est_den / den
+    # p @ v + (e @ sums - own @ v), with one product over the attended rows instead of two
+    return ((p - own) @ v + e @ sums) / den[..., None], est_den / den
 
 
 def missed_sums(retrieval: Retrieval, cache: A2ATSCache, lay: att.Layout, codes, values, keys):
