@@ -178,6 +178,7 @@ def bench_decode(
                     len(own) * len(follow)
                 )
                 extra["a2ats_layers"] = len(own)
+                extra["estimate"] = any(c.estimates for c in own)  # as asked or as measured here
                 sums = [c.retrieval.host_missed[1] for c in own if c.retrieval.host_missed]
                 if sums:  # the host step's estimate: rows of the occupied slots only
                     shares = [r.rows_used / r.n_slots for r in sums]

@@ -56,8 +56,8 @@ KV_MEMORY_HELP = (
 PRESET_LABELS = {"speed": "Speed (default)", "quality": "Quality", None: "Custom"}
 PRESET_HELP = (
     "Speed: rerank 2, the estimate only where it was measured to cost nothing on this machine "
-    "(the measurement made on a model's first load says so in the status bar). Quality: rerank 4 (twice the candidates scored by their exact "
-    "keys) and the missed-attention estimate below: at 8K on the demo model perplexity 0.999x "
+    "(the measurement made on a model's first load says so in the status bar). Quality: rerank "
+    "4 (twice the candidates scored by their exact keys) and the missed-attention estimate below: at 8K on the demo model perplexity 0.999x "
     "full attention instead of 1.030x (three texts) and answers closer to full attention's, for "
     "a retrieval step that decodes at 1.03x KVCache's speed on a 2-core CPU instead of 1.36x "
     "(docs/BENCHMARKS.md). Choosing a preset sets the rerank and the estimate."

@@ -264,7 +264,8 @@ def test_bench_decode_profile_takes_the_named_methods_settings(tmp_path, capsys)
 
 def test_bench_decode_records_the_estimates_rows(tmp_path, capsys):
     """With the missed-attention estimate on the host step, a row records the share of the
-    slots that hold a row (the occupied ones), below 1 on a short context."""
+    slots that hold a row (the occupied ones), below 1 on a short context, and every A2ATS row
+    whether the estimate ran."""
     folder = save_tiny_model(tmp_path / "m", "llama", hidden_size=256)
     argv = ["bench", "decode", "--model", str(folder), "--contexts", "300", "--steps", "3",
             "--methods", "full,a2ats_eb0,a2ats_eb0_estm", "--repeats", "1", "--json"]  # fmt: skip
@@ -272,6 +273,8 @@ def test_bench_decode_records_the_estimates_rows(tmp_path, capsys):
     rows = {r["method"]: r for r in json.loads(capsys.readouterr().out)["results"]}
     assert 0.0 < rows["a2ats_eb0_estm"]["estimate_rows_share"] < 1.0
     assert "estimate_rows_share" not in rows["a2ats_eb0"]
+    # whether the estimate ran, as named or as this machine's measurement decided (none here)
+    assert rows["a2ats_eb0_estm"]["estimate"] is True and rows["a2ats_eb0"]["estimate"] is False
 
 
 def test_bench_decode_geometry_refuses_methods(capsys):
