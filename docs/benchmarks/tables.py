@@ -1662,6 +1662,7 @@ def blocks() -> dict[str, str]:
         ("tasks-rr4-8k-18", "tasks_8k_rr4_18.json", tasks_table),
         ("tasks-rr4-8k-number-vt", "tasks_8k_rr4_number_vt.json", tasks_table),
         ("tasks-gemma-estimate-4k", "tasks_gemma3_270m_4k_estimate.json", tasks_table),
+        ("tasks-gemma-estimate-8k", "tasks_gemma3_270m_8k_estimate.json", tasks_table),
         ("tasks-8k", "tasks_8k.json", tasks_table),
         ("tasks-gemma", "tasks_gemma3_270m_4k.json", tasks_table),
         ("tasks-gemma-8k", "tasks_gemma3_270m_8k.json", tasks_table),
