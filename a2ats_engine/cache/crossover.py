@@ -109,8 +109,8 @@ ESTIMATE_FREE = 0.95
 a retrieval step with it decoded at >= this share of the speed of one without (median of the
 probe's repeats at its largest context): within the run-to-run spread of a 2-core machine, so
 "costs nothing measurable". On a 2-core AMD host the demo model's 30 layers measured well below
-it and Gemma 3 270M's 3 just below it: off for both there (docs/BENCHMARKS.md section 1,
-"Across texts: code, prose and dialogue", the estimate's default)."""
+it (off) and Gemma 3 270M's 3 at it (off in one run, on in the next) (docs/BENCHMARKS.md
+section 1, "Across texts: code, prose and dialogue", the estimate's default)."""
 
 
 def estimate_pays(ratio: float) -> bool:

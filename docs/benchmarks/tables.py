@@ -1355,6 +1355,18 @@ def readme_summary(d: dict[str, dict]) -> str:
 
 # Recorded runs that no current table shows: (date first recorded, what it measured).
 HISTORY = {
+    "crossover_gemma3_270m_estimate_before_cheaper_step.json": (
+        "2026-12-06",
+        "`a2ats crossover gemma3-270m --contexts 1024,2048,4096,8192 --json`, quiet, before the "
+        "estimate's host step took one product over the attended rows instead of two: the "
+        "estimate 0.94x (0.92, 0.94, 0.99), off by a hair",
+    ),
+    "crossover_demo_estimate_before_cheaper_step.json": (
+        "2026-12-06",
+        "`a2ats crossover demo --contexts 1024,2048,4096,8192 --json`, quiet, before the "
+        "estimate's host step took one product over the attended rows instead of two: the "
+        "estimate 0.82x (0.74, 0.84, 0.82), off",
+    ),
     "decode_gemma3_270m_estimate_generic.json": (
         "2026-12-05",
         "`a2ats bench decode --model gemma3-270m --contexts 1024,8192 --steps 32 --repeats 3 "
