@@ -172,9 +172,7 @@ class EngineBackend:
         """Whether this machine has its own measured crossover for the model's geometry with
         these A2ATS settings (None: the defaults) and codebook (`crossover.step_kind`), and,
         where the estimate is left to the measurement (`estimate_missed` None), its cost."""
-        from dataclasses import replace
-
-        from a2ats_engine.cache.config import A2ATSConfig, estimate_runs
+        from a2ats_engine.cache.config import A2ATSConfig, estimate_would_run
         from a2ats_engine.cache.crossover import lookup_crossover, step_kind
         from a2ats_engine.cache.geometry import model_geometry
 
@@ -185,10 +183,7 @@ class EngineBackend:
         row = lookup_crossover(geo.num_layers, geo.num_kv_heads, geo.head_dim, kind)
         if row is None or row.origin in ("built-in", "estimate"):
             return False
-        asks_estimate = config.estimate_missed is None and estimate_runs(
-            replace(config, estimate_missed=True), subspaces
-        )
-        return row.estimate is not None or not asks_estimate
+        return row.estimate is not None or not estimate_would_run(config, subspaces)
 
     def measure_crossover(self, model, name: str, codebook, progress, cancel, config=None) -> dict:
         """Measure the model's crossover on this machine (short: one run of a few steps at

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import mlx.nn as nn
 
 from ..cache import crossover as xo
-from ..cache.config import A2ATSConfig, estimate_runs
+from ..cache.config import A2ATSConfig, estimate_would_run
 from ..cache.crossover import TOP_K_STRATEGIES
 from ..cache.geometry import model_geometry
 from ..cache.layer_plan import plan_for
@@ -74,12 +74,11 @@ def probe_crossover(
     with it (module docstring)."""
     config = replace(config or A2ATSConfig(), exact_below=0)
     contexts = sorted(set(contexts))
-    estimate_at = None
-    if config.estimate_missed is None:  # measure its default: without, and with at the largest
+    subspaces = codebook.num_subspaces if codebook is not None else 1
+    # the estimate left to the measurement: timed without, and with at the largest context
+    estimate_at = contexts[-1] if estimate_would_run(config, subspaces) else None
+    if config.estimate_missed is None:
         config = replace(config, estimate_missed=False)
-        subspaces = codebook.num_subspaces if codebook is not None else 1
-        if estimate_runs(replace(config, estimate_missed=True), subspaces):
-            estimate_at = contexts[-1]
     total = repeats * len(contexts)
     top_ks = TOP_K_STRATEGIES if xo.backend() == "cpu" else ()
     runs = []

@@ -304,23 +304,25 @@ def estimate_runs(config: A2ATSConfig, subspaces: int) -> bool:
     return bool(config.estimate_missed) and (subspaces == 1 or config.estimate_scores != "centroid")
 
 
-def describe_retrieval(
-    config: A2ATSConfig, subspaces: int, resolved: A2ATSConfig | None = None
-) -> str:
+def estimate_would_run(config: A2ATSConfig, subspaces: int) -> bool:
+    """Whether the estimate left to the measurement (`estimate_missed` None) would run if the
+    measurement turned it on: what the probe measures and the app asks to be measured."""
+    return config.estimate_missed is None and estimate_runs(
+        replace(config, estimate_missed=True), subspaces
+    )
+
+
+def describe_retrieval(config: A2ATSConfig, subspaces: int, measured_on: bool | None = None) -> str:
     """`preset quality, rerank 4; missed-attention estimate (mean slot scores)`: what a chat's
     stderr says of its retrieval settings (the estimate only where it runs: `estimate_runs`).
-    `resolved`: the same settings with the estimate left to the measurement (None) decided
-    (`crossover_model.with_default_crossover`); the preset is named from `config`."""
+    `measured_on`: what the measurement decided for an estimate left to it (None: not known,
+    `crossover.Crossover.estimate_on`)."""
     text = f"preset {preset_of(config) or 'custom'}, rerank {config.rerank}"
-    runs = estimate_runs(resolved if resolved is not None else config, subspaces)
-    if runs:
+    measured = estimate_would_run(config, subspaces)
+    if estimate_runs(config, subspaces) or (measured and measured_on):
         text += f"; missed-attention estimate ({config.estimate_scores} slot scores"
-        text += ", measured to cost nothing here)" if config.estimate_missed is None else ")"
-    elif (
-        config.estimate_missed is None
-        and resolved is None
-        and estimate_runs(replace(config, estimate_missed=True), subspaces)
-    ):
+        text += ", measured to cost nothing here)" if measured else ")"
+    elif measured and measured_on is None:
         text += "; missed-attention estimate where measured to cost nothing here"
     return text
 

@@ -65,8 +65,9 @@ class SlotRows:
         """The rows of `slots` [B, n_kv, m] (int), giving a row to each slot that has none
         (in first-seen order) -> int64 [B, n_kv, m]."""
         B, n_kv = self.used.shape
-        if (np.take_along_axis(self.row_of, slots.astype(np.int64), axis=-1) >= 0).all():
-            return self.lookup(slots)  # a step's moves: every slot has its row already
+        held = np.take_along_axis(self.row_of, slots.astype(np.int64), axis=-1)
+        if (held >= 0).all():  # a step's moves: every slot has its row already
+            return held.astype(np.int64)
         for b in range(B):
             for h in range(n_kv):
                 new = slots[b, h][self.row_of[b, h, slots[b, h]] < 0]

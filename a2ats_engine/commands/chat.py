@@ -12,7 +12,6 @@ import signal
 import sys
 import threading
 import warnings
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -268,10 +267,7 @@ def _a2ats(args: argparse.Namespace, model: Any, path: Path) -> tuple:
         # make_cache validates again when the session builds its caches: say it only once
         warnings.filterwarnings("ignore", message=re.escape(note))
     config, crossover = with_default_crossover(model, config, codebook)
-    decided = config  # the estimate left to the measurement, as the caches will decide it
-    if config.estimate_missed is None:
-        decided = replace(config, estimate_missed=crossover.estimate_on)
-    retrieval = describe_retrieval(config, codebook.num_subspaces, decided)
+    retrieval = describe_retrieval(config, codebook.num_subspaces, crossover.estimate_on)
     print(
         f"cache: a2ats, codebook {path}; {retrieval}; exact until {config.exact_below:,} tokens "
         f"({crossover_origin(crossover)})",
