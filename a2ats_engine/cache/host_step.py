@@ -23,6 +23,7 @@ the slots' tokens not retrieved is `attention_with_estimate` (the same sums as
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
@@ -156,7 +157,7 @@ def far_scores(tables: np.ndarray, codes: np.ndarray, cache: A2ATSCache, lay: at
         index += np.arange(S, dtype=np.int32) * np.int32(C)
     _, lower_edges = cache.buckets
     if lower_edges is not None:
-        buckets = np.asarray(att.bucket_ids(lay.n, lay.n_sinks, lay.window_start, lower_edges))
+        buckets = far_buckets(lay.n, lay.n_sinks, lay.window_start, tuple(lower_edges))
         index += (buckets * np.int32(S * C))[:, None]
     G, F = tables.shape[2], index.shape[2]
     out = np.empty((B, n_kv, G, F), tables.dtype)
@@ -247,10 +248,22 @@ def selected_slots(codes: np.ndarray, positions: np.ndarray, cache: A2ATSCache, 
     slots = slots.astype(np.int64)
     lower_edges = cache.estimate_edges
     if lower_edges is not None:
-        dist = (lay.n - 1) - positions
-        bucket = (dist[..., None] >= np.asarray(lower_edges)).sum(axis=-1)
+        edges = np.sort(np.asarray(lower_edges))  # a bucket: the edges at or below a distance
+        bucket = np.searchsorted(edges, (lay.n - 1) - positions, side="right")
         slots += bucket * cache.codebook.n_centroids
     return slots
+
+
+@lru_cache(maxsize=4)
+def far_buckets(n: int, n_sinks: int, window_start: int, lower_edges: tuple[int, ...]):
+    """`attention.bucket_ids` in NumPy, kept for the step (every layer of a step shares it):
+    the distance bucket of every far token [n_sinks, window_start) when the current token is
+    n - 1 -> int32 [F], read-only."""
+    dist = (n - 1) - np.arange(n_sinks, window_start, dtype=np.int64)
+    edges = np.sort(np.asarray(lower_edges, dtype=np.int64))
+    out = np.searchsorted(edges, dist, side="right").astype(np.int32)
+    out.flags.writeable = False
+    return out
 
 
 def attention_with_estimate(
@@ -328,7 +341,7 @@ def missed_sums(retrieval: Retrieval, cache: A2ATSCache, lay: att.Layout, codes,
             slots = codes[:, :, lay.n_sinks : lay.window_start, 0].astype(np.int64)
             if lower_edges is not None:
                 ends = (lay.n, lay.n_sinks, lay.window_start)
-                slots += C * np.asarray(att.bucket_ids(*ends, lower_edges))
+                slots += C * far_buckets(*ends, tuple(lower_edges))
             index = np.s_[:, :, lay.n_sinks : lay.window_start]
             rows.add(slots, 1.0, values[index], keys[index] if with_keys else None)
     else:

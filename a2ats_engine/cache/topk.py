@@ -138,10 +138,8 @@ class NumpyTopK:
 
     @staticmethod
     def top(scores: mx.array | np.ndarray, k: int) -> np.ndarray:
-        """NumPy `MlxTopK.top`: [..., F] -> [..., k] int32 (unordered)."""
-        scores = np.asarray(scores)
-        n = scores.shape[-1]
-        return np.argpartition(scores, n - k, axis=-1)[..., n - k :].astype(np.int32)
+        """NumPy `MlxTopK.top`: [..., F] -> [..., k] int32 (unordered; `top_indices`)."""
+        return top_indices(np.asarray(scores), k).astype(np.int32)
 
     def pick(self, cand: np.ndarray, exact: mx.array, k: int) -> np.ndarray:
         return np.take_along_axis(cand, self.top(exact, k), axis=-1)
@@ -184,6 +182,47 @@ class NumpyTopK:
     @property
     def retrieved(self) -> int:
         return self._retrieved
+
+
+SAMPLE_STRIDE = 16  # every 16th score of a row estimates its top-K threshold
+THRESHOLD_FROM = 1536  # rows shorter than this: one argpartition (as fast or faster)
+
+
+def top_indices(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k highest scores of each row: [..., F] -> [..., k] int64, unordered (the
+    same scores as `np.argpartition`'s; which of tied scores at the k-th is arbitrary in both).
+
+    A full argpartition of every row was most of a host retrieval step's top-K + rerank at 8K
+    (docs/BENCHMARKS.md, "Where a decode step's time goes"). Here a strided sample of each row
+    gives a threshold a little below its k-th score, one comparison keeps the scores at or
+    above it (about 1.25 k of them) and the argpartition runs over those only. Where the
+    threshold keeps fewer than k in some row (a sample that misleads) or a score is NaN (which
+    argpartition ranks highest) every row takes the full argpartition, so the result never
+    depends on the sample.
+    """
+    n = scores.shape[-1]
+    if n < THRESHOLD_FROM or 4 * k > n:
+        return np.argpartition(scores, n - k, axis=-1)[..., n - k :]
+    lead = scores.shape[:-1]
+    rows = scores.reshape(-1, n)
+    sample = rows[:, ::SAMPLE_STRIDE]
+    m = sample.shape[1]
+    j = min(m - 1, (5 * k * m) // (4 * n) + 8)  # the j-th highest of the sample: ~1.25 k kept
+    threshold = np.partition(sample, m - 1 - j, axis=-1)[:, m - 1 - j]
+    keep = rows >= threshold[:, None]
+    counts = np.count_nonzero(keep, axis=-1)
+    if (counts < k).any() or np.isnan(rows.max()):
+        return np.argpartition(scores, n - k, axis=-1)[..., n - k :]
+    flat = np.flatnonzero(keep)  # row r's kept scores: flat[ends[r-1]:ends[r]], row-major
+    kept = rows.reshape(-1)[flat]
+    out = np.empty((rows.shape[0], k), np.int64)
+    start = 0
+    for r, end in enumerate(np.cumsum(counts).tolist()):
+        part = kept[start:end]
+        out[r] = flat[start:end][np.argpartition(part, part.size - k)[part.size - k :]]
+        start = end
+    out -= (np.arange(rows.shape[0], dtype=np.int64) * n)[:, None]
+    return out.reshape(*lead, k)
 
 
 def _distinct(indices: np.ndarray) -> int:

@@ -20,8 +20,9 @@ BASE = {"window": 16, "sinks": 4, "budget": 12, "telemetry": True}
 
 
 def decode(
-    config, *, host: bool, monkeypatch, sinks=None, steps=3, B=2, n_kv=2, G=3, seed=0, sub_dim=None
-):
+    config, *, host: bool, monkeypatch, sinks=None, steps=3, B=2, n_kv=2, G=3, seed=0, sub_dim=None,
+    n=700,
+):  # fmt: skip
     """Per decode step (output, selected rows per KV head, kept counts, tokens retrieved) of a
     NumPy-top-K cache over random keys coded by a 64-centroid codebook (score ties included;
     `sub_dim`: product VQ)."""
@@ -29,7 +30,7 @@ def decode(
     book = Codebook.random(1, n_kv, D, 64, sub_dim=sub_dim, seed=1)
     with topk.forced("numpy"):
         cache = A2ATSCache(0, ROPE, book, config, 8192)
-    rows = rng.standard_normal((2, B, n_kv, 700, D)).astype(np.float32)
+    rows = rng.standard_normal((2, B, n_kv, n, D)).astype(np.float32)
     cache.update_and_fetch(mx.array(rows[0]), mx.array(rows[1]))
     if not host:
         monkeypatch.setattr(host_step, "applies", lambda cache, queries: False)
@@ -85,6 +86,29 @@ def test_the_host_step_selects_and_attends_as_the_generic_step(
         if mass_h is not None:  # the estimate's share of the softmax mass, per KV head
             assert min(mass_g) > 0.01  # far from nothing: the estimate is really in the output
             np.testing.assert_allclose(mass_h, mass_g, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("knobs", [{}, {"estimate_missed": True, "estimate_scores": "mean"}])
+def test_the_host_step_matches_at_a_context_where_top_k_samples_a_threshold(monkeypatch, knobs):
+    """2,600 far tokens: `topk.top_indices` takes its sampled threshold (and the estimate's
+    slot rows move through more distance buckets); the host and generic steps still agree."""
+    config = A2ATSConfig(**BASE, **knobs)
+    n = 2600
+    assert n - BASE["window"] >= topk.THRESHOLD_FROM
+    host = decode(config, host=True, monkeypatch=monkeypatch, n=n, steps=2)
+    generic = decode(config, host=False, monkeypatch=monkeypatch, n=n, steps=2)
+    for (out_h, sel_h, *_), (out_g, sel_g, *_) in zip(host, generic, strict=True):
+        assert all(np.array_equal(a, b) for a, b in zip(sel_h, sel_g, strict=True))
+        np.testing.assert_allclose(out_h, out_g, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("edges", [(64, 512, 2048), (2048, 64, 512), (100,)])
+def test_the_host_steps_distance_buckets_are_the_mlx_ones(edges):
+    for n, sinks, start in ((700, 4, 684), (5000, 8, 4936), (20, 4, 4)):
+        want = np.asarray(att.bucket_ids(n, sinks, start, edges))
+        got = host_step.far_buckets(n, sinks, start, edges)
+        assert got.dtype == np.int32 and np.array_equal(got, want)
+        assert not got.flags.writeable  # shared by every layer of the step
 
 
 def test_the_host_step_is_only_for_what_it_computes():

@@ -59,3 +59,18 @@ def test_rows_follow_dense_sums_through_moves_duplicates_and_growth(with_keys):
             assert (slot_of[b, h, got[b, h][known]] == probe[b, h][known]).all()
             assert (got[b, h][~known] == 0).all()  # no row: index 0, masked by the caller
     assert rows.nbytes < counts.nbytes + sums.nbytes  # fewer rows than slots held
+
+
+def test_new_slots_take_rows_in_first_seen_order_per_kv_head():
+    """Each (batch, KV head) numbers its own new slots from its own count, in the order they
+    first appear, a slot seen twice taking one row; heads with nothing new keep theirs."""
+    rows = SlotRows(1, 3, 50, 4, False)
+    rows.rows(np.array([[[7, 3], [9, 9], [1, 2]]]))
+    got = rows.rows(np.array([[[3, 20, 11, 20], [9, 9, 9, 9], [5, 2, 5, 40]]]))
+    assert got.tolist() == [[[1, 2, 3, 2], [0, 0, 0, 0], [2, 1, 2, 3]]]
+    assert rows.used.tolist() == [[4, 1, 4]]
+    assert rows.slot_of[0, 0, :4].tolist() == [7, 3, 20, 11]
+    assert rows.slot_of[0, 2, :4].tolist() == [1, 2, 5, 40]
+    big = rows.rows(np.arange(40).reshape(1, 1, 40).repeat(3, axis=1))  # past 16 rows: grows
+    assert rows.counts.shape[-1] >= 41 and (big >= 0).all()
+    assert rows.slot_of[0, 1, : rows.used[0, 1]].tolist()[:2] == [9, 0]
