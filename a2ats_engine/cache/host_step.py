@@ -347,9 +347,20 @@ def missed_sums(retrieval: Retrieval, cache: A2ATSCache, lay: att.Layout, codes,
     else:
         rows = held[1]
         if moves:  # every move of every KV head at once (a slot may take several)
-            pos, bucket, w = (np.asarray(col) for col in zip(*moves, strict=True))
+            pos, bucket, w = _move_columns(moves)
             slots = codes[:, :, pos, 0].astype(np.int64) + bucket * C  # [B, n_kv, moves]
             rows.add(slots, w, values[:, :, pos], keys[:, :, pos] if with_keys else None)
     retrieval.host_missed = (lay.n, rows)
     retrieval.missed_sums, retrieval.missed_n = None, None  # the MLX sums no longer follow
     return rows
+
+
+@lru_cache(maxsize=8)
+def _move_columns(moves: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A step's moves ((position, bucket, weight), ...) as three arrays, made once for the step's
+    layers: positions and buckets int64, weights float32 (read-only)."""
+    pos, bucket, w = zip(*moves, strict=True)
+    out = (np.array(pos, np.int64), np.array(bucket, np.int64), np.array(w, np.float32))
+    for a in out:
+        a.flags.writeable = False
+    return out

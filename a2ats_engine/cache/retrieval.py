@@ -13,6 +13,7 @@ import time
 import warnings
 from collections import defaultdict
 from collections.abc import Callable
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
@@ -50,6 +51,40 @@ def estimate_slots(config, buckets, codebook) -> tuple[tuple[int, ...] | None, i
     if config.estimate_scores == "code_mean":
         return None, codebook.n_centroids
     return buckets[1], len(buckets[0]) * codebook.n_centroids
+
+
+def _bucket_of(lower_edges: tuple[int, ...] | None, n: int, position: int) -> int:
+    """The estimate's distance bucket of a far token at `position` when the current token is
+    n - 1 (0 when its slots are codes alone)."""
+    return sum((n - 1) - position >= lo for lo in lower_edges or ())
+
+
+@lru_cache(maxsize=8)
+def slot_moves(
+    n: int, window: int, sinks: int, k: int, lower_edges: tuple[int, ...] | None
+) -> tuple[tuple[int, int, float], ...]:
+    """The moves of the estimate's per-slot sums from context n - 1 to n: (position, bucket,
+    +1 / -1) for each far token that changed region or bucket (the one leaving the window, one
+    per bucket edge; a token that moves leaves one slot and enters another). The same for every
+    layer of a step with these settings: computed once a step (kept for the last few).
+
+    Anything but one appended token (prefill, trim, restore) rebuilds the sums instead
+    (`Retrieval.missed_moves`), so the sums are never saved."""
+    old, now_lay = att.layout(n - 1, window, sinks, k), att.layout(n, window, sinks, k)
+    candidates = {*range(old.window_start, now_lay.window_start)}
+    candidates |= {*range(old.n_sinks, now_lay.n_sinks)}
+    candidates |= {(n - 1) - lo for lo in lower_edges or ()}
+    moves: list[tuple[int, int, float]] = []
+    for p in sorted(candidates):
+        was = None
+        if old.n_sinks <= p < old.window_start:
+            was = _bucket_of(lower_edges, n - 1, p)
+        now = None
+        if now_lay.n_sinks <= p < now_lay.window_start:
+            now = _bucket_of(lower_edges, n, p)
+        if was != now:
+            moves += [(p, b, w) for b, w in ((was, -1.0), (now, 1.0)) if b is not None]
+    return tuple(moves)
 
 
 class PhaseClock:
@@ -263,12 +298,6 @@ class Retrieval:
         return top
 
     # -- estimated missed attention -----------------------------------------------------------
-    def _bucket_of(self, cache: A2ATSCache, n: int, position: int) -> int:
-        """The estimate's distance bucket of a far token at `position` when the current token
-        is n - 1 (0 when its slots are codes alone)."""
-        lower_edges = cache.estimate_edges
-        return sum((n - 1) - position >= lo for lo in lower_edges or ())
-
     def _slot_rows(self, cache: A2ATSCache, positions: mx.array, buckets, weights: mx.array):
         """Signed per-slot sums of the tokens at `positions` [r] in distance buckets `buckets`."""
         B, n_kv = cache.codes.shape[:2]
@@ -283,30 +312,14 @@ class Retrieval:
 
     def missed_moves(self, cache: A2ATSCache, lay: att.Layout, n_done: int | None):
         """How the per-slot sums of the far region [n_sinks, window_start) change from the step
-        they last described (context `n_done`) to this one: [(position, bucket, +1 / -1)],
-        or None when they must be rebuilt from the stored codes and values.
-
-        After one appended token only the tokens that changed region or bucket move (the one
-        leaving the window, one per bucket edge); anything else (prefill, trim, restore)
-        rebuilds, so the sums are never saved.
-        """
-        n, cfg = lay.n, cache.config
-        if n_done is None or n_done != n - 1:
+        they last described (context `n_done`) to this one: ((position, bucket, +1 / -1), ...),
+        or None when they must be rebuilt from the stored codes and values (`slot_moves`)."""
+        if n_done is None or n_done != lay.n - 1:
             return None
-        lower_edges = cache.estimate_edges
-        old = att.layout(n - 1, cfg.window, cfg.sinks, lay.k)
-        candidates = {*range(old.window_start, lay.window_start)}
-        candidates |= {*range(old.n_sinks, lay.n_sinks)}
-        candidates |= {(n - 1) - lo for lo in lower_edges or ()}
-        moves: list[tuple[int, int, float]] = []
-        for p in sorted(candidates):
-            was = None
-            if old.n_sinks <= p < old.window_start:
-                was = self._bucket_of(cache, n - 1, p)
-            now = self._bucket_of(cache, n, p) if lay.n_sinks <= p < lay.window_start else None
-            if was != now:
-                moves += [(p, b, w) for b, w in ((was, -1.0), (now, 1.0)) if b is not None]
-        return moves
+        cfg, edges = cache.config, cache.estimate_edges
+        return slot_moves(
+            lay.n, cfg.window, cfg.sinks, lay.k, None if edges is None else tuple(edges)
+        )
 
     def _sync_missed(self, cache: A2ATSCache, lay: att.Layout) -> None:
         """Per-slot count and value sum of the far region at this step, in MLX

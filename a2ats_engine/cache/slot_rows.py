@@ -21,6 +21,8 @@ class SlotRows:
     """Counts [B, n_kv, R], value sums [B, n_kv, R, d] and key sums (or None) of the occupied
     slots, and each (batch, KV head)'s map slot -> row (-1: none yet) and row -> slot."""
 
+    FEW = 512  # `add` of up to this many tokens: `np.add.at`; more (a rebuild): sorted sums
+
     def __init__(self, batch: int, n_kv: int, n_slots: int, d: int, with_keys: bool) -> None:
         self.n_slots, self.d, self.with_keys = n_slots, d, with_keys
         self.row_of = np.full((batch, n_kv, n_slots), -1, np.int32)
@@ -88,9 +90,8 @@ class SlotRows:
 
     def add(self, slots: np.ndarray, weights, values: np.ndarray, keys: np.ndarray | None):
         """Add `weights` (one per token: [m] or [B, n_kv, m]) times each token's count, value
-        [B, n_kv, m, d] and key to the row of its slot [B, n_kv, m]: in place when each token
-        has its own row (a step's few moves), by one sorted sum when a slot takes several (a
-        rebuild), never a scatter per token."""
+        [B, n_kv, m, d] and key to the row of its slot [B, n_kv, m]: by `np.add.at` for a step's
+        few moves, by one sorted sum per row for a rebuild, never a scatter per token."""
         rows = self.rows(slots)
         B, n_kv, m = slots.shape
         if not m:
@@ -103,10 +104,10 @@ class SlotRows:
             for h, r in ((self.values, values), (self.keys, keys))
             if h is not None
         ]
-        if np.unique(flat).size == flat.size:  # a step's few moves: one row each, added in place
-            self.counts.reshape(-1)[flat] += w
+        if flat.size <= self.FEW:  # a step's few moves: unbuffered adds (a slot may take two)
+            np.add.at(self.counts.reshape(-1), flat, w)
             for h, r in held:
-                h[flat] += w[:, None] * r
+                np.add.at(h, flat, w[:, None] * r)
             return
         order = np.argsort(flat, kind="stable")  # many tokens a row (a rebuild): sum sorted runs
         target = flat[order]

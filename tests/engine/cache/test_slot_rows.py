@@ -74,3 +74,29 @@ def test_new_slots_take_rows_in_first_seen_order_per_kv_head():
     big = rows.rows(np.arange(40).reshape(1, 1, 40).repeat(3, axis=1))  # past 16 rows: grows
     assert rows.counts.shape[-1] >= 41 and (big >= 0).all()
     assert rows.slot_of[0, 1, : rows.used[0, 1]].tolist()[:2] == [9, 0]
+
+
+@pytest.mark.parametrize("edges", [None, (64, 512, 2048), (100,)])
+def test_a_steps_slot_moves_are_every_token_that_changed_slot(edges):
+    """`retrieval.slot_moves` against every position's far bucket before and after one appended
+    token; computed once for a step's layers (the same tuple)."""
+    from a2ats_engine.cache import attention as att
+    from a2ats_engine.cache.retrieval import slot_moves
+
+    window, sinks, k = 16, 4, 12
+    for n in (21, 22, 200, 2100, 2101, 3000):
+
+        def bucket(context, p):
+            lay = att.layout(context, window, sinks, k)
+            if not lay.n_sinks <= p < lay.window_start:
+                return None
+            return sum((context - 1) - p >= lo for lo in edges or ())
+
+        want = []
+        for p in range(n):
+            was, now = bucket(n - 1, p), bucket(n, p)
+            if was != now:
+                want += [(p, b, w) for b, w in ((was, -1.0), (now, 1.0)) if b is not None]
+        got = slot_moves(n, window, sinks, k, edges)
+        assert sorted(got) == sorted(want)
+        assert slot_moves(n, window, sinks, k, edges) is got
