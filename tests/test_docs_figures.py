@@ -233,13 +233,32 @@ def estimate_free() -> tuple[float]:
     return (ESTIMATE_FREE,)
 
 
-def host_run(context: int, method: str) -> dict:
+BEFORE = "decode_host_f25m17_before_sampled_topk.json"  # that host, before the sampled top-K
+
+
+def host_run(context: int, method: str, run: str = "decode_host_f25m17.json") -> dict:
     """One row of the decode run on the host named by its model numbers."""
-    return next(
-        r
-        for r in j("decode_host_f25m17.json")["results"]
-        if (r["context"], r["method"]) == (context, method)
-    )
+    return next(r for r in j(run)["results"] if (r["context"], r["method"]) == (context, method))
+
+
+def step_ms_over_kvcache(run: str) -> tuple[float, float]:
+    """(ms a forced retrieval step takes beyond KVCache's, KVCache's ms) at 1K in a host run."""
+    full, forced = (1e3 / host_run(1024, m, run)["tokens_per_s"] for m in ("full", "a2ats_eb0"))
+    return round(forced - full, 1), round(full, 1)
+
+
+def profile_phase(run: str, context: int, phase: str) -> float:
+    """A phase's ms per layer in a `bench decode --profile` run."""
+    row = next(r for r in j(run)["results"] if r["context"] == context)
+    return row["phases_ms_per_layer"][phase]
+
+
+def cold_run(i: int) -> tuple[float, float, float]:
+    """(warm, after a layer's weights, inside decode) ms of the host step's NumPy part, run i of
+    host_step_cold_host_f25m17.json."""
+    r = j("host_step_cold_host_f25m17.json")["runs"][i]
+    whole = "whole NumPy part"
+    return r["warm_ms"][whole], r["cold_ms"][whole], r["in_decode_ms_per_layer"]
 
 
 def amd(context: int, method: str) -> float:
@@ -337,6 +356,23 @@ FIGURES: list[tuple[str, str, Callable[[], tuple]]] = [
      "{:.2f} ms for the lookup tables",
      lambda: tuple(j("step_overhead_host_f25m17.json")["runs"][0]["pieces_ms_per_layer"][k]
                    for k in ("code and store each key", "one sync a layer", "lookup tables"))),
+    ("docs/BENCHMARKS.md", "take {:.2f} ms a layer instead of {:.2f} (the two profiles",
+     lambda: tuple(profile_phase(f, 8000, "top-K + rerank") for f in (
+         "profile_step_host_f25m17.json", "profile_step_host_f25m17_before_sampled_topk.json"))),
+    ("docs/BENCHMARKS.md", "retrieval forced went from {:.2f}x to {:.2f}x KVCache at 8K and from "
+     "{:.2f}x to {:.2f}x at 4K",
+     lambda: (host_run(8192, "a2ats_eb0", BEFORE)["ratio_median"],
+              host_run(8192, "a2ats_eb0")["ratio_median"],
+              host_run(4096, "a2ats_eb0", BEFORE)["ratio_median"],
+              host_run(4096, "a2ats_eb0")["ratio_median"])),
+    ("docs/BENCHMARKS.md", "{:.1f} ms a step more than KVCache's {:.1f} ms, against {:.1f} ms more "
+     "than {:.1f} ms in the run before",
+     lambda: (*step_ms_over_kvcache("decode_host_f25m17.json"),
+              *step_ms_over_kvcache(BEFORE))),
+    ("docs/BENCHMARKS.md", "{:.2f} ms a layer warm at 1K, {:.2f} ms right after one layer's "
+     "weights passed through the caches, {:.2f} ms inside decode steps ({:.2f}x warm; {:.2f}x "
+     "at 8K)",
+     lambda: (*cold_run(0)[:3], cold_run(0)[2] / cold_run(0)[0], cold_run(1)[2] / cold_run(1)[0])),
     # ARCHITECTURE and A2ATSConfig: the estimate's quality and its decode cost
     ("docs/ARCHITECTURE.md", "at 4K it gives {:.3f}x full pooled against {:.3f}x with (bucket, "
      "code) slots (`eval_4k_texts_estimate_left.json`), for {}% of a retrieval step's speed at "

@@ -1361,6 +1361,18 @@ HISTORY = {
         "estimate's host step took one product over the attended rows instead of two: the "
         "estimate 0.94x (0.92, 0.94, 0.99), off by a hair",
     ),
+    "crossover_demo_host_f25m17_before_sampled_topk.json": (
+        "2026-12-06",
+        "`a2ats crossover demo --contexts 1024,2048,4096,8192 --json` on the host of family 25 "
+        "model 17, quiet, before the host top-K's sampled threshold: 0.75x, 0.90x, 0.91x, "
+        "1.10x KVCache at 1K-8K (MLX's top-K 1.10x and NumPy's 1.10x at 8K), exact below 8,192",
+    ),
+    "profile_step_host_f25m17_before_sampled_topk.json": (
+        "2026-12-06",
+        "`a2ats bench decode --profile --contexts 1024,8000 --steps 16 --json` on the host of "
+        "family 25 model 17, before the host top-K's sampled threshold: top-K + rerank 0.99 ms "
+        "a layer at 8K, an A2ATS step 0.93x KVCache's speed",
+    ),
     "crossover_demo_estimate_before_cheaper_step.json": (
         "2026-12-06",
         "`a2ats crossover demo --contexts 1024,2048,4096,8192 --json`, quiet, before the "
@@ -1653,6 +1665,7 @@ LOADED: set[str] = set()  # the JSON files blocks() read (every one feeds a tabl
 HOST_RUNS = (
     "decode_amd_epyc.json",
     "decode_amd_epyc_rerun.json",
+    "decode_host_f25m17_before_sampled_topk.json",
     "decode_host_f25m17.json",
 )  # `a2ats bench decode --methods full,a2ats,a2ats_eb0` per host and day (section 2, "Hosts")
 
@@ -1727,6 +1740,7 @@ def blocks() -> dict[str, str]:
         ("speed-amd-rerun", "decode_amd_epyc_rerun.json", host_speed_table),
         ("speed-host-f25m17", "decode_host_f25m17.json", host_speed_table),
         ("profile-host-f25m17", "profile_step_host_f25m17.json", profile_table),
+        ("host-step-cold-host-f25m17", "host_step_cold_host_f25m17.json", host_step_cold_table),
         ("step-overhead-host-f25m17", "step_overhead_host_f25m17.json", step_overhead_table),
         ("crossover-probe-host-f25m17", "crossover_demo_host_f25m17.json", crossover_probe_table),
         ("crossover-probe-estimate", "crossover_demo_estimate.json", crossover_probe_table),
