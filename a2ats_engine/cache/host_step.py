@@ -3,15 +3,17 @@
 With `topk.NumpyTopK` the generic step (`retrieval.Retrieval.step`) pulls the far scores to the
 host, goes back to MLX to gather and score the rerank's candidate keys, pulls their exact scores,
 goes back to MLX for the union, the K/V gather and the attention: two syncs and about sixty
-small MLX ops per layer. Here the layer's lookup tables are the only MLX work of the step; one
-`mx.eval` brings them together with the layer's codes and K/V rows (read in place: NumPy views of
-MLX's buffers, no copy), and everything after is NumPy on arrays of a few hundred rows: far
-scores (a table lookup: the same float32 values as MLX's), top-K, rerank, union, gather, softmax
-attention. The result enters the model's graph as one `mx.array`.
+small MLX ops per layer. Here one `mx.eval` brings the layer's query, codes and K/V rows (read
+in place: NumPy views of MLX's buffers, no copy) together with the step's rotation matrix
+(`attention.step_rotations`, one for every layer of the step), and everything after is NumPy on
+arrays of a few hundred rows: the lookup tables (two small products, `host_tables`; in MLX they
+were the largest piece of a step's fixed cost on one host, docs/BENCHMARKS.md "Hosts"), far
+scores (a table lookup), top-K, rerank, union, gather, softmax attention. The result enters the
+model's graph as one `mx.array`.
 
-The selection is the generic step's: the same scores into the same `NumpyTopK` calls (exact
-candidate scores and the attention are float32 products whose rounding may differ from MLX's in
-the last bit). `applies` says when this path runs; anything else (quantized or cold rows, reuse
+The selection is the generic step's: the same scores into the same `NumpyTopK` calls (the
+tables, the exact candidate scores and the attention are float32 products whose rounding may
+differ from MLX's in the last bit). `applies` says when this path runs; anything else (quantized or cold rows, reuse
 of a selection, an evaluation variant's own far scores, a model dtype NumPy has no type for)
 takes the generic step. A product-VQ codebook's far scores are the sums of its subspaces' table
 entries, as in MLX. The missed-attention estimate runs here too, all in NumPy: its per-slot sums
@@ -69,35 +71,38 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
     if retrieval.clock is not None:  # the model's work up to here, so no phase is charged for it
         timed(layer, "layer inputs", lambda: [queries, *cache.state])
     retrieval.reused = False
-    tables = retrieval.slot_scores(cache, queries, lay)  # [B, n_kv, G, m * C], lazy
+    # the step's query rotations (one matrix, shared by every layer of the step)
+    to_far = att.step_rotations(cache.rope, lay.n - 1, cache.rotations, tuple(cache.buckets[0]))
     keys, values = cache.rows.keys, cache.rows.values
-    mx.eval(tables, queries, cache.codes, keys, values)  # the step's one host sync
+    mx.eval(to_far, queries, cache.codes, keys, values)  # the step's one host sync
     retrieval.step_tables = None
     sink_logits = None if sinks is None else np.asarray(sinks.astype(mx.float32))
     with numpy_blas.one_thread():  # NumPy's BLAS threads would contend with MLX's
         out, positions, repeat = _on_host(
-            retrieval, cache, queries, tables, keys, values, lay, scale, sink_logits
+            retrieval, cache, queries, to_far, keys, values, lay, scale, sink_logits
         )
     out = mx.array(out.reshape(B, n_q, 1, d)).astype(queries.dtype)
     return out, mx.array(positions), mx.array(repeat)
 
 
-def _on_host(retrieval: Retrieval, cache: A2ATSCache, queries, tables, keys, values, lay, scale,
+def _on_host(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, values, lay, scale,
              sink_logits):  # fmt: skip
-    """The step after its sync, all NumPy: far scores, top-K (+ rerank), union, gather and the
-    attention (with the estimate where it runs) -> (output [B, n_kv, G, d] float32, positions
-    [B, n_kv, M], repeat [B, n_kv, M])."""
+    """The step after its sync, all NumPy: lookup tables and far scores, top-K (+ rerank),
+    union, gather and the attention (with the estimate where it runs) -> (output
+    [B, n_kv, G, d] float32, positions [B, n_kv, M], repeat [B, n_kv, M])."""
     B, n_q, _, d = queries.shape
     n_kv = cache.codes.shape[1]
     G = n_q // n_kv
     timed, layer, cfg, top_k = retrieval.timed, cache.layer, cache.config, cache.top_k
     q = np.asarray(queries).reshape(B, n_kv, G, d).astype(np.float32, copy=False)
-    tables_np, codes = np.asarray(tables), np.asarray(cache.codes)
+    codes = np.asarray(cache.codes)
 
-    def scores() -> np.ndarray:
-        return far_scores(tables_np, codes, cache, lay)
+    def scores() -> tuple[np.ndarray, np.ndarray]:
+        centroids = np.asarray(cache.codebook.scoring_centroids(layer, q))
+        tables = host_tables(q, np.asarray(to_far), centroids)
+        return tables, far_scores(tables, codes, cache, lay)
 
-    approx = timed(layer, "code scores", scores)  # [B, n_kv, G, F]
+    tables_np, approx = timed(layer, "code scores", scores)  # tables; [B, n_kv, G, F]
     k_np, v_np = np.asarray(keys), np.asarray(values)
     missed = None
     if cache.estimates:  # the occupied slots' counts and sums (a SlotRows)
@@ -143,6 +148,22 @@ def _on_host(retrieval: Retrieval, cache: A2ATSCache, queries, tables, keys, val
         return out
 
     return timed(layer, "attention", attend), positions, repeat
+
+
+def host_tables(q: np.ndarray, to_far: np.ndarray, centroids: np.ndarray) -> np.ndarray:
+    """`attention.retrieval_tables` in NumPy: post-RoPE queries q [B, n_kv, G, d] float32, the
+    step's rotations to_far [d, m * d] (`attention.step_rotations`), the layer's centroids
+    [n_kv, S, C, sub_dim] -> [B, n_kv, G, m * S * C] float32 (per query head, m bucket tables
+    of S subspaces of C centroids). The centroids are the left operand of the product (rows
+    already contiguous: BLAS's path, no transposed copy of them a step); the same sums as MLX's
+    up to float32 rounding in the last bit."""
+    B, n_kv, G, d = q.shape
+    m = to_far.shape[-1] // d
+    S, C, sd = centroids.shape[1:]
+    rq = (q.reshape(B * n_kv * G, d) @ to_far).reshape(B, n_kv, G * m, S, sd)
+    rq_t = np.ascontiguousarray(rq.transpose(0, 1, 3, 4, 2))  # [B, n_kv, S, sd, G * m]
+    t = centroids[None].astype(np.float32, copy=False) @ rq_t  # [B, n_kv, S, C, G * m]
+    return np.ascontiguousarray(t.transpose(0, 1, 4, 2, 3)).reshape(B, n_kv, G, m * S * C)
 
 
 def far_scores(tables: np.ndarray, codes: np.ndarray, cache: A2ATSCache, lay: att.Layout):

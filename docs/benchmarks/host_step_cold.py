@@ -25,6 +25,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from a2ats_engine.bench.speed import _method_cache
+from a2ats_engine.cache import attention as att
 from a2ats_engine.cache import host_step
 from a2ats_engine.commands._bench_common import machine
 from _demo_prefill import demo_prefilled
@@ -39,17 +40,16 @@ def _median_ms(times: list[float]) -> float:
 
 
 def _pieces(step_args) -> dict:
-    """The host step's NumPy pieces as closures over one layer's real inputs (its lookup tables
-    are MLX's, evaluated in the step's one sync: not a piece here)."""
+    """The host step's NumPy pieces as closures over one layer's real inputs."""
     retrieval, c, queries, lay, scale, _sinks = step_args
     B, n_q, _, d = queries.shape
     n_kv = c.codes.shape[1]
-    tables = retrieval.slot_scores(c, queries, lay)
-    retrieval.step_tables = None
-    mx.eval(tables, queries, c.codes, c.rows.keys, c.rows.values)
+    to_far = att.step_rotations(c.rope, lay.n - 1, c.rotations, tuple(c.buckets[0]))
+    mx.eval(to_far, queries, c.codes, c.rows.keys, c.rows.values)
     q = np.asarray(queries).reshape(B, n_kv, n_q // n_kv, d).astype(np.float32)
     codes, keys, values = (np.asarray(a) for a in (c.codes, c.rows.keys, c.rows.values))
-    tables = np.asarray(tables)
+    to_far, centroids = np.asarray(to_far), np.asarray(c.codebook.scoring_centroids(c.layer))
+    tables = host_step.host_tables(q, to_far, centroids)
     approx = host_step.far_scores(tables, codes, c, lay)
     cands = min(c.config.rerank * lay.k, lay.n_far)
     top = host_step.rerank(q, approx, lay, cands, keys, c.top_k, None, False)
@@ -57,6 +57,7 @@ def _pieces(step_args) -> dict:
     k_sel, v_sel = host_step.gather(keys, pos), host_step.gather(values, pos)
     out = host_step.attention(q, k_sel, v_sel, rep, scale, None)
     return {
+        "lookup tables": lambda: host_step.host_tables(q, to_far, centroids),
         "code scores": lambda: host_step.far_scores(tables, codes, c, lay),
         "top-K + rerank": lambda: host_step.rerank(
             q, approx, lay, cands, keys, c.top_k, None, False

@@ -7,8 +7,11 @@ taking turns CHUNK steps at a time), from the same prefilled state:
 
 - `kvcache`: mlx-lm's KVCache (the baseline).
 - `exact`: A2ATS caches (each key coded and stored) attending exactly, no host sync.
-- `sync`: as `exact`, plus the host step's one `mx.eval` a layer (queries, codes, rows).
-- `sync_tables`: as `sync`, with the layer's lookup tables in that eval.
+- `sync`: as `exact`, plus the host step's one `mx.eval` a layer (queries, codes, rows, the
+  step's rotation matrix).
+- `sync_tables`: as `sync`, plus the layer's lookup tables computed after it, as the host step
+  computes them (`host_step.host_tables`, in NumPy since 2026-12-06; before, in MLX inside the
+  eval).
 - `host_step`: the shipped retrieval step (`cache/host_step.py`), retrieval forced.
 
 Each difference is one piece's cost per step: `exact - kvcache` the coding and storing of keys,
@@ -29,9 +32,11 @@ import time
 
 import a2ats_engine  # noqa: F401  (BLAS preload before mlx.core)
 import mlx.core as mx
+import numpy as np
 
 from a2ats_engine.bench.speed import _decode_chunk, _method_cache
-from a2ats_engine.cache import host_step
+from a2ats_engine.cache import attention as att
+from a2ats_engine.cache import host_step, numpy_blas
 from a2ats_engine.commands._bench_common import machine
 from _demo_prefill import demo_prefilled
 
@@ -47,11 +52,16 @@ def _variant_step(variant: str, shipped):
 
     def step(retrieval, cache, queries, lay, scale, sinks):
         if variant != "exact":
-            arrays = [queries, cache.codes, cache.rows.keys, cache.rows.values]
+            distances = tuple(cache.buckets[0])
+            to_far = att.step_rotations(cache.rope, lay.n - 1, cache.rotations, distances)
+            mx.eval(queries, cache.codes, cache.rows.keys, cache.rows.values, to_far)
             if variant == "sync_tables":
-                arrays.append(retrieval.slot_scores(cache, queries, lay))
-            mx.eval(*arrays)
-            retrieval.step_tables = None
+                B, n_q, _, d = queries.shape
+                n_kv = cache.codes.shape[1]
+                q = np.asarray(queries).reshape(B, n_kv, n_q // n_kv, d).astype(np.float32)
+                centroids = np.asarray(cache.codebook.scoring_centroids(cache.layer))
+                with numpy_blas.one_thread():
+                    host_step.host_tables(q, np.asarray(to_far), centroids)
         keys = cache.rows.keys[..., : lay.n, :].astype(queries.dtype)
         values = cache.rows.values[..., : lay.n, :].astype(queries.dtype)
         out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale)

@@ -186,6 +186,12 @@ def test_the_compiled_lookup_tables_equal_the_ops_one_by_one(rope, sub_dim):
     )  # fmt: skip
     with pytest.raises(ValueError, match="do not fit the codebook"):
         att.retrieval_tables(q[:, :1], rope, 70, rotations, book, 1)
+    for position in (70, 4001):  # the host step's tables: NumPy, the same to float32 rounding
+        to_far = np.array(att.step_rotations(rope, position, rotations))
+        host = host_step.host_tables(np.array(q), to_far, np.array(book.scoring_centroids(1)))
+        mlx_tables = np.array(att.retrieval_tables(q, rope, position, rotations, book, 1))
+        assert host.shape == mlx_tables.shape and host.dtype == np.float32
+        np.testing.assert_allclose(host, mlx_tables, rtol=1e-5, atol=1e-5)
 
 
 def test_every_layer_of_a_step_shares_its_rotation_matrix():
