@@ -1355,6 +1355,12 @@ def readme_summary(d: dict[str, dict]) -> str:
 
 # Recorded runs that no current table shows: (date first recorded, what it measured).
 HISTORY = {
+    "crossover_gemma3_270m_estimate_before_host_tables.json": (
+        "2026-12-06",
+        "`a2ats crossover gemma3-270m --contexts 1024,2048,4096,8192 --json`, quiet, before the "
+        "sampled top-K and the lookup tables in NumPy: the estimate 0.98x (0.88, 0.98, 1.04), "
+        "on; retrieval 0.96x KVCache at 8K, exact through 8K",
+    ),
     "crossover_gemma3_270m_estimate_before_cheaper_step.json": (
         "2026-12-06",
         "`a2ats crossover gemma3-270m --contexts 1024,2048,4096,8192 --json`, quiet, before the "
@@ -1367,11 +1373,42 @@ HISTORY = {
         "model 17, quiet, before the host top-K's sampled threshold: 0.75x, 0.90x, 0.91x, "
         "1.10x KVCache at 1K-8K (MLX's top-K 1.10x and NumPy's 1.10x at 8K), exact below 8,192",
     ),
+    "crossover_demo_host_f25m17_before_host_tables.json": (
+        "2026-12-06",
+        "`a2ats crossover demo --contexts 1024,2048,4096,8192 --json` on the host of family 25 "
+        "model 17, quiet, with the sampled top-K, before the host step's lookup tables in NumPy: "
+        "0.76x, 0.76x, 0.85x, 1.10x KVCache at 1K-8K, exact below 8,192; the estimate 0.79x, off",
+    ),
+    "profile_step_host_f25m17_before_host_tables.json": (
+        "2026-12-06",
+        "`a2ats bench decode --profile --contexts 1024,8000 --steps 16 --json` on the host of "
+        "family 25 model 17, with the sampled top-K, before the lookup tables in NumPy: top-K + "
+        "rerank 0.60 ms a layer at 8K, an A2ATS step 1.05x KVCache's speed at 8K, 0.68x at 1K",
+    ),
+    "host_step_cold_host_f25m17_before_host_tables.json": (
+        "2026-12-06",
+        "`python docs/benchmarks/host_step_cold.py 1024,8000` on the host of family 25 model 17, "
+        "before the lookup tables in NumPy (not a piece then): the NumPy part 0.22 ms a layer "
+        "warm at 1K, 0.26 after a layer's weights, 0.47 inside decode steps",
+    ),
+    "step_overhead_host_f25m17_before_host_tables.json": (
+        "2026-12-06",
+        "`python docs/benchmarks/step_overhead.py 1024,8000` on the host of family 25 model 17, "
+        "before the sampled top-K and the lookup tables in NumPy: at 1K a forced step 1.54x "
+        "KVCache's time; per layer code and store 0.09 ms, sync 0.23, MLX's lookup tables 0.46, "
+        "NumPy step 0.38",
+    ),
     "profile_step_host_f25m17_before_sampled_topk.json": (
         "2026-12-06",
         "`a2ats bench decode --profile --contexts 1024,8000 --steps 16 --json` on the host of "
         "family 25 model 17, before the host top-K's sampled threshold: top-K + rerank 0.99 ms "
         "a layer at 8K, an A2ATS step 0.93x KVCache's speed",
+    ),
+    "crossover_demo_estimate_before_host_tables.json": (
+        "2026-12-06",
+        "`a2ats crossover demo --contexts 1024,2048,4096,8192 --json`, quiet, before the sampled "
+        "top-K, the lookup tables in NumPy and the estimate's moves once a step: the estimate "
+        "0.78x (0.78, 0.79, 0.74), off; MLX's top-K kept (1.07x at 8K)",
     ),
     "crossover_demo_estimate_before_cheaper_step.json": (
         "2026-12-06",
@@ -1666,6 +1703,7 @@ HOST_RUNS = (
     "decode_amd_epyc.json",
     "decode_amd_epyc_rerun.json",
     "decode_host_f25m17_before_sampled_topk.json",
+    "decode_host_f25m17_before_host_tables.json",
     "decode_host_f25m17.json",
 )  # `a2ats bench decode --methods full,a2ats,a2ats_eb0` per host and day (section 2, "Hosts")
 
@@ -1743,7 +1781,7 @@ def blocks() -> dict[str, str]:
         ("host-step-cold-host-f25m17", "host_step_cold_host_f25m17.json", host_step_cold_table),
         ("step-overhead-host-f25m17", "step_overhead_host_f25m17.json", step_overhead_table),
         ("crossover-probe-host-f25m17", "crossover_demo_host_f25m17.json", crossover_probe_table),
-        ("crossover-probe-estimate", "crossover_demo_estimate.json", crossover_probe_table),
+        ("crossover-probe-estimate", "crossover_demo_host_f25m17.json", crossover_probe_table),
         (
             "crossover-probe-gemma-estimate",
             "crossover_gemma3_270m_estimate.json",
