@@ -61,16 +61,17 @@ def _bucket_of(lower_edges: tuple[int, ...] | None, n: int, position: int) -> in
 
 @lru_cache(maxsize=8)
 def slot_moves(
-    n: int, window: int, sinks: int, k: int, lower_edges: tuple[int, ...] | None
+    n: int, window: int, sinks: int, lower_edges: tuple[int, ...] | None
 ) -> tuple[tuple[int, int, float], ...]:
     """The moves of the estimate's per-slot sums from context n - 1 to n: (position, bucket,
     +1 / -1) for each far token that changed region or bucket (the one leaving the window, one
     per bucket edge; a token that moves leaves one slot and enters another). The same for every
-    layer of a step with these settings: computed once a step (kept for the last few).
+    layer of a step with these settings (the layer's top-K budget plays no part): computed
+    once a step (kept for the last few).
 
     Anything but one appended token (prefill, trim, restore) rebuilds the sums instead
     (`Retrieval.missed_moves`), so the sums are never saved."""
-    old, now_lay = att.layout(n - 1, window, sinks, k), att.layout(n, window, sinks, k)
+    old, now_lay = att.layout(n - 1, window, sinks, 0), att.layout(n, window, sinks, 0)
     candidates = {*range(old.window_start, now_lay.window_start)}
     candidates |= {*range(old.n_sinks, now_lay.n_sinks)}
     candidates |= {(n - 1) - lo for lo in lower_edges or ()}
@@ -317,9 +318,7 @@ class Retrieval:
         if n_done is None or n_done != lay.n - 1:
             return None
         cfg, edges = cache.config, cache.estimate_edges
-        return slot_moves(
-            lay.n, cfg.window, cfg.sinks, lay.k, None if edges is None else tuple(edges)
-        )
+        return slot_moves(lay.n, cfg.window, cfg.sinks, None if edges is None else tuple(edges))
 
     def _sync_missed(self, cache: A2ATSCache, lay: att.Layout) -> None:
         """Per-slot count and value sum of the far region at this step, in MLX
