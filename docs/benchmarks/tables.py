@@ -1705,6 +1705,7 @@ HOST_RUNS = (
     "decode_host_f25m17_before_sampled_topk.json",
     "decode_host_f25m17_before_host_tables.json",
     "decode_host_f25m17.json",
+    "decode_host_f25m17_rerun.json",
 )  # `a2ats bench decode --methods full,a2ats,a2ats_eb0` per host and day (section 2, "Hosts")
 
 
