@@ -429,17 +429,21 @@ def lookup_crossover(
 def estimate_ratio(row: Mapping[str, Any]) -> float | None:
     """The row's measured speed ratio of a retrieval step with the estimate / without (its
     `estimate.ratio`), None where it was not measured or is not a number in (0, 10]."""
-    measured = row.get("estimate")
-    ratio = measured.get("ratio") if isinstance(measured, dict) else None
+    ratio = _estimate_entry(row).get("ratio")
     if isinstance(ratio, bool) or not isinstance(ratio, int | float):
         return None
     return float(ratio) if 0 < ratio <= 10 else None
 
 
 def _estimate_top_k(row: Mapping[str, Any]) -> str | None:
-    measured = row.get("estimate")
-    top_k = measured.get("top_k") if isinstance(measured, dict) else None
+    top_k = _estimate_entry(row).get("top_k")
     return top_k if top_k in TOP_K_STRATEGIES else None
+
+
+def _estimate_entry(row: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The row's `estimate` measurement, {} where it has none or it is not a mapping."""
+    measured = row.get("estimate")
+    return measured if isinstance(measured, dict) else {}
 
 
 def measured_estimate(

@@ -75,7 +75,6 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
     to_far = att.step_rotations(cache.rope, lay.n - 1, cache.rotations, tuple(cache.buckets[0]))
     keys, values = cache.rows.keys, cache.rows.values
     mx.eval(to_far, queries, cache.codes, keys, values)  # the step's one host sync
-    retrieval.step_tables = None
     sink_logits = None if sinks is None else np.asarray(sinks.astype(mx.float32))
     with numpy_blas.one_thread():  # NumPy's BLAS threads would contend with MLX's
         out, positions, repeat = _on_host(
@@ -269,9 +268,7 @@ def selected_slots(codes: np.ndarray, positions: np.ndarray, cache: A2ATSCache, 
     slots = slots.astype(np.int64)
     lower_edges = cache.estimate_edges
     if lower_edges is not None:
-        edges = np.sort(np.asarray(lower_edges))  # a bucket: the edges at or below a distance
-        bucket = np.searchsorted(edges, (lay.n - 1) - positions, side="right")
-        slots += bucket * cache.codebook.n_centroids
+        slots += buckets_of((lay.n - 1) - positions, lower_edges) * cache.codebook.n_centroids
     return slots
 
 
@@ -281,10 +278,16 @@ def far_buckets(n: int, n_sinks: int, window_start: int, lower_edges: tuple[int,
     the distance bucket of every far token [n_sinks, window_start) when the current token is
     n - 1 -> int32 [F], read-only."""
     dist = (n - 1) - np.arange(n_sinks, window_start, dtype=np.int64)
-    edges = np.sort(np.asarray(lower_edges, dtype=np.int64))
-    out = np.searchsorted(edges, dist, side="right").astype(np.int32)
+    out = buckets_of(dist, lower_edges).astype(np.int32)
     out.flags.writeable = False
     return out
+
+
+def buckets_of(distances: np.ndarray, lower_edges) -> np.ndarray:
+    """The distance bucket of each distance: how many of the buckets' lower edges are at or
+    below it (`attention.bucket_ids`' count, in any order of the edges) -> int64, same shape."""
+    edges = np.sort(np.asarray(lower_edges, dtype=np.int64))
+    return np.searchsorted(edges, distances, side="right")
 
 
 def attention_with_estimate(

@@ -86,7 +86,7 @@ class SlotRows:
         self.row_of.reshape(-1)[fresh] = row
         self.slot_of.reshape(-1)[head * self.counts.shape[-1] + row] = fresh % self.n_slots
         used += per_head
-        return np.take(self.row_of.reshape(-1), keys).astype(np.int64).reshape(B, n_kv, m)
+        return self.lookup(slots)
 
     def add(self, slots: np.ndarray, weights, values: np.ndarray, keys: np.ndarray | None):
         """Add `weights` (one per token: [m] or [B, n_kv, m]) times each token's count, value

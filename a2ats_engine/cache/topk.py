@@ -201,8 +201,12 @@ def top_indices(scores: np.ndarray, k: int) -> np.ndarray:
     depends on the sample.
     """
     n = scores.shape[-1]
-    if n < THRESHOLD_FROM or 4 * k > n:
+
+    def full() -> np.ndarray:
         return np.argpartition(scores, n - k, axis=-1)[..., n - k :]
+
+    if n < THRESHOLD_FROM or 4 * k > n:
+        return full()
     lead = scores.shape[:-1]
     rows = scores.reshape(-1, n)
     sample = rows[:, ::SAMPLE_STRIDE]
@@ -212,7 +216,7 @@ def top_indices(scores: np.ndarray, k: int) -> np.ndarray:
     keep = rows >= threshold[:, None]
     counts = np.count_nonzero(keep, axis=-1)
     if (counts < k).any() or np.isnan(rows.max()):
-        return np.argpartition(scores, n - k, axis=-1)[..., n - k :]
+        return full()
     flat = np.flatnonzero(keep)  # row r's kept scores: flat[ends[r-1]:ends[r]], row-major
     kept = rows.reshape(-1)[flat]
     out = np.empty((rows.shape[0], k), np.int64)
