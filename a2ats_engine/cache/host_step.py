@@ -98,7 +98,13 @@ def _on_host(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, val
 
     def scores() -> tuple[np.ndarray, np.ndarray]:
         centroids = np.asarray(cache.codebook.scoring_centroids(layer, q))
-        tables = host_tables(q, np.asarray(to_far), centroids)
+        rotations = np.asarray(to_far)
+        if not (cache.estimates and cache.config.estimate_scores == "centroid"):
+            # the buckets a far token is in (the farthest is the last): a short context
+            # leaves the farthest buckets empty, and their tables are not made (the
+            # centroid-scored estimate reads every held slot's table: all of them)
+            rotations = rotations[:, : d * used_buckets(cache, lay)]
+        tables = host_tables(q, rotations, centroids)
         return tables, far_scores(tables, codes, cache, lay)
 
     tables_np, approx = timed(layer, "code scores", scores)  # tables; [B, n_kv, G, F]
@@ -137,10 +143,11 @@ def _on_host(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, val
         slot_table = None
         if key_sums is None:  # centroid scores: the step's tables at each row's slot
             slot_table = np.take_along_axis(tables_np, slot_of[:, :, None, :], axis=-1)
-        rows = missed.lookup(selected_slots(codes, positions, cache, lay))
-        far = (positions >= lay.n_sinks) & (positions < lay.window_start) & ~repeat
+        # the retrieved far union's columns (`TopK.select_host`: sinks, union, window)
+        union = slice(lay.n_sinks, positions.shape[-1] - (lay.n - lay.window_start))
+        rows = missed.lookup(selected_slots(codes, positions[..., union], cache, lay))
         out, share = attention_with_estimate(
-            q, k_sel, v_sel, repeat, scale, sink_logits, slot_table, counts, sums, rows, far,
+            q, k_sel, v_sel, repeat, scale, sink_logits, slot_table, counts, sums, rows, union,
             key_sums,
         )  # fmt: skip
         retrieval.missed_share = mx.array(share)
@@ -163,6 +170,15 @@ def host_tables(q: np.ndarray, to_far: np.ndarray, centroids: np.ndarray) -> np.
     rq_t = np.ascontiguousarray(rq.transpose(0, 1, 3, 4, 2))  # [B, n_kv, S, sd, G * m]
     t = centroids[None].astype(np.float32, copy=False) @ rq_t  # [B, n_kv, S, C, G * m]
     return np.ascontiguousarray(t.transpose(0, 1, 4, 2, 3)).reshape(B, n_kv, G, m * S * C)
+
+
+def used_buckets(cache: A2ATSCache, lay: att.Layout) -> int:
+    """How many of the cache's distance buckets hold a far token at this step: the bucket of
+    the farthest (position n_sinks) and every nearer one (1 with the single distance)."""
+    _, lower_edges = cache.buckets
+    if lower_edges is None or not lay.n_far:
+        return 1
+    return int(buckets_of(np.int64((lay.n - 1) - lay.n_sinks), lower_edges)) + 1
 
 
 def far_scores(tables: np.ndarray, codes: np.ndarray, cache: A2ATSCache, lay: att.Layout):
@@ -256,10 +272,9 @@ def attention(q, keys, values, repeat, scale: float, sinks=None) -> np.ndarray:
 
 
 def selected_slots(codes: np.ndarray, positions: np.ndarray, cache: A2ATSCache, lay: att.Layout):
-    """The slot (distance bucket * C + code) of each attended position: codes the cache's
-    [B, n_kv, capacity, S] (a slot is the first subspace's code), positions [B, n_kv, M]
-    -> int64 [B, n_kv, M] (a sink's or the window's slot is computed too;
-    `attention_with_estimate` masks it out)."""
+    """The slot (distance bucket * C + code) of each far position: codes the cache's
+    [B, n_kv, capacity, S] (a slot is the first subspace's code), positions [B, n_kv, M] (the
+    retrieved far union's columns, any strides) -> int64 [B, n_kv, M]."""
     B, n_kv, M = positions.shape
     cap, S = codes.shape[2:]
     base = (np.arange(B * n_kv, dtype=np.int64) * cap).reshape(B, n_kv, 1)
@@ -291,37 +306,39 @@ def buckets_of(distances: np.ndarray, lower_edges) -> np.ndarray:
 
 
 def attention_with_estimate(
-    q, keys, values, repeat, scale: float, sinks, tables, counts, sums, slots, far, key_sums=None
+    q, keys, values, repeat, scale: float, sinks, tables, counts, sums, rows, union, key_sums=None
 ) -> tuple[np.ndarray, np.ndarray]:
     """`attention.selected_attention_with_estimate` in NumPy, over the far tokens not
     retrieved: q [B, n_kv, G, d] float32, keys / values [B, n_kv, M, d], repeat [B, n_kv, M],
-    sinks None or logits [n_kv * G], counts [B, n_kv, slots] and sums [B, n_kv, slots, d] of
-    the whole far region (dense, or the occupied slots' rows: `SlotRows.view`), slots
-    [B, n_kv, M] the index into them of the attended positions, far [B, n_kv, M] bool
-    (a retrieved far token counted once) -> (output [B, n_kv, G, d] float32, estimated share
-    of the softmax mass [B, n_kv, G]).
+    sinks None or logits [n_kv * G], counts [B, n_kv, R] and sums [B, n_kv, R, d] of the whole
+    far region per slot (dense, or the occupied slots' rows: `SlotRows.view`), union the slice
+    of the attended columns that holds the retrieved far tokens (`TopK.select_host`: a token
+    retrieved by several query heads once, its repeats marked in `repeat`), rows [B, n_kv, U]
+    the row in counts / sums of each union column -> (output [B, n_kv, G, d] float32,
+    estimated share of the softmax mass [B, n_kv, G]).
 
-    tables: the step's slot scores [B, n_kv, G, slots] (centroid scoring), or None with
-    `key_sums` [B, n_kv, slots, d] (the far region's post-RoPE key sums): each slot is then
-    scored by the mean key of its tokens not retrieved, `(q . K_c - sum of the retrieved
-    tokens' scores) / (n_c - r_c)` (their scores are the step's exact logits, summed per slot
-    by one `np.bincount`). The retrieved tokens' counts and values leave their slots as
-    `own` below."""
+    tables: the step's slot scores [B, n_kv, G, R] (centroid scoring), or None with `key_sums`
+    [B, n_kv, R, d] (the far region's post-RoPE key sums): each slot is then scored by the mean
+    key of its tokens not retrieved, `(q . K_c - sum of the retrieved tokens' scores) /
+    (n_c - r_c)` (their scores are the step's exact logits, summed per slot by one
+    `np.bincount`). The retrieved tokens' counts and values leave their slots as `own` below.
+    Column slices throughout: a boolean mask over the attended columns cost as much as the
+    sums it selected."""
     B, n_kv, G, _ = q.shape
     s = _logits(q, keys, repeat, scale)  # [B, n_kv, G, M], scaled
-    n_slots = counts.shape[-1]
-    # each retrieved far token's slot, per (batch, KV head): one flat index
-    heads = np.arange(B * n_kv, dtype=np.int64).reshape(B, n_kv, 1) * n_slots
-    flat = (heads + slots)[far]
-    got = np.bincount(flat, minlength=B * n_kv * n_slots).astype(np.float32)
-    left = counts - got.reshape(B, n_kv, n_slots)  # the far tokens not retrieved, per slot
-    left = left[:, :, None, :]  # [B, n_kv, 1, slots]: the same for every query head
-    if tables is None:  # the retrieved tokens' scores summed per (query head, slot)
-        far_q = np.broadcast_to(far[:, :, None, :], s.shape)
-        rows = np.arange(B * n_kv * G, dtype=np.int64).reshape(B, n_kv, G, 1) * n_slots
-        flat_q = (rows + slots[:, :, None, :])[far_q]
-        got_scores = np.bincount(flat_q, s[far_q], minlength=B * n_kv * G * n_slots)
-        got_scores = got_scores.astype(np.float32).reshape(B, n_kv, G, n_slots)
+    R = counts.shape[-1]
+    bins = R + 1  # per (batch, KV head): its rows, then one bin for the union's repeats
+    rep = repeat[..., union]  # [B, n_kv, U]
+    binned = np.where(rep, R, rows)
+    heads = np.arange(B * n_kv, dtype=np.int64).reshape(B, n_kv, 1) * bins
+    got = np.bincount((heads + binned).reshape(-1), minlength=B * n_kv * bins)
+    left = counts - got.reshape(B, n_kv, bins)[..., :R]  # the far tokens not retrieved, per row
+    left = left.astype(np.float32, copy=False)[:, :, None, :]  # [B, n_kv, 1, R]: every head's
+    if tables is None:  # the retrieved tokens' scores summed per (query head, row)
+        per_q = np.arange(B * n_kv * G, dtype=np.int64).reshape(B, n_kv, G, 1) * bins
+        index = (per_q + binned[:, :, None, :]).reshape(-1)
+        got_scores = np.bincount(index, s[..., union].reshape(-1), minlength=B * n_kv * G * bins)
+        got_scores = got_scores.reshape(B, n_kv, G, bins)[..., :R].astype(np.float32)
         t = _scores(q * np.float32(scale), key_sums) - got_scores  # scaled sums of the left
         t = t / np.maximum(left, 1.0)
     else:
@@ -332,19 +349,20 @@ def attention_with_estimate(
         sink = sinks.reshape(1, n_kv, G, 1)
         top = np.maximum(top, sink)
     p = np.exp(s - top)
-    e = np.exp(t - top)  # [B, n_kv, G, slots]; an empty slot adds 0 below
-    v = values.astype(np.float32, copy=False)
-    own = np.empty_like(s)  # each attended position's slot term, 0 unless a retrieved far token
+    e = np.exp(t - top)  # [B, n_kv, G, R]; an empty row adds 0 below
+    den = p.sum(axis=-1)
+    own = np.empty(p.shape[:-1] + rows.shape[-1:], p.dtype)  # each union column's row term
     for b in range(B):  # one np.take per KV head: 4x faster than take_along_axis's broadcast
         for h in range(n_kv):
-            np.take(e[b, h], slots[b, h], axis=-1, out=own[b, h])
-    own *= far[:, :, None, :]
+            np.take(e[b, h], rows[b, h], axis=-1, out=own[b, h])
+    own *= ~rep[:, :, None, :]  # a repeat's column is not a token of its own
     est_den = np.maximum((e @ counts[..., None])[..., 0] - own.sum(axis=-1), 0.0)
-    den = p.sum(axis=-1) + est_den
+    den += est_den
     if sinks is not None:
         den = den + np.exp(sink - top)[..., 0]
-    # p @ v + (e @ sums - own @ v), with one product over the attended rows instead of two
-    return ((p - own) @ v + e @ sums) / den[..., None], est_den / den
+    p[..., union] -= own  # p @ v + (e @ sums - own @ v), with one product over the attended rows
+    v = values.astype(np.float32, copy=False)
+    return (p @ v + e @ sums) / den[..., None], est_den / den
 
 
 def missed_sums(retrieval: Retrieval, cache: A2ATSCache, lay: att.Layout, codes, values, keys):

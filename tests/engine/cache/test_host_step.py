@@ -111,6 +111,26 @@ def test_the_host_steps_distance_buckets_are_the_mlx_ones(edges):
         assert not got.flags.writeable  # shared by every layer of the step
 
 
+def test_the_host_step_makes_tables_for_the_buckets_that_hold_a_far_token():
+    """The farthest far token's bucket and every nearer one: at a short context the farthest
+    buckets are empty (no table made for them), from some context on every bucket holds one."""
+    config = A2ATSConfig(**BASE)
+    with topk.forced("numpy"):
+        cache = A2ATSCache(0, ROPE, Codebook.random(1, 2, D, 64, seed=1), config, 8192)
+    _, edges = cache.buckets
+    seen = []
+    for n in (21, 60, 200, 700, 1500, 3000, 8000):
+        lay = att.layout(n, config.window, config.sinks, 12)
+        held = np.asarray(att.bucket_ids(n, lay.n_sinks, lay.window_start, edges))
+        assert host_step.used_buckets(cache, lay) == int(held.max()) + 1
+        seen.append(int(held.max()) + 1)
+    assert seen[0] < config.far_buckets and seen[-1] == config.far_buckets
+    one = A2ATSCache(
+        0, ROPE, Codebook.random(1, 2, D, 64, seed=1), A2ATSConfig(**BASE, far_buckets=1), 8192
+    )
+    assert host_step.used_buckets(one, att.layout(8000, 16, 4, 12)) == 1
+
+
 def test_the_host_step_is_only_for_what_it_computes():
     rng = np.random.default_rng(0)
     book = Codebook.random(1, 1, D, 16, seed=1)
@@ -192,6 +212,11 @@ def test_the_compiled_lookup_tables_equal_the_ops_one_by_one(rope, sub_dim):
         mlx_tables = np.array(att.retrieval_tables(q, rope, position, rotations, book, 1))
         assert host.shape == mlx_tables.shape and host.dtype == np.float32
         np.testing.assert_allclose(host, mlx_tables, rtol=1e-5, atol=1e-5)
+        nearest_two = host_step.host_tables(  # a short context's: its nearer buckets only
+            np.array(q), to_far[:, : 2 * D], np.array(book.scoring_centroids(1))
+        )
+        want = host[..., : 2 * book.num_subspaces * 32]
+        np.testing.assert_allclose(nearest_two, want, rtol=1e-5, atol=1e-5)
 
 
 def test_every_layer_of_a_step_shares_its_rotation_matrix():
