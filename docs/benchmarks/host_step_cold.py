@@ -48,7 +48,8 @@ def _pieces(step_args) -> dict:
     mx.eval(to_far, queries, c.codes, c.rows.keys, c.rows.values)
     q = np.asarray(queries).reshape(B, n_kv, n_q // n_kv, d).astype(np.float32)
     codes, keys, values = (np.asarray(a) for a in (c.codes, c.rows.keys, c.rows.values))
-    to_far, centroids = np.asarray(to_far), np.asarray(c.codebook.scoring_centroids(c.layer))
+    to_far = np.asarray(to_far)[:, : d * host_step.used_buckets(c, lay)]  # as the step's
+    centroids = np.asarray(c.codebook.scoring_centroids(c.layer))
     tables = host_step.host_tables(q, to_far, centroids)
     approx = host_step.far_scores(tables, codes, c, lay)
     cands = min(c.config.rerank * lay.k, lay.n_far)

@@ -11,7 +11,7 @@ taking turns CHUNK steps at a time), from the same prefilled state:
   step's rotation matrix).
 - `sync_tables`: as `sync`, plus the layer's lookup tables computed after it, as the host step
   computes them (`host_step.host_tables`, in NumPy since 2026-12-06; before, in MLX inside the
-  eval).
+  eval), for the distance buckets that hold a far token.
 - `host_step`: the shipped retrieval step (`cache/host_step.py`), retrieval forced.
 
 Each difference is one piece's cost per step: `exact - kvcache` the coding and storing of keys,
@@ -60,8 +60,9 @@ def _variant_step(variant: str, shipped):
                 n_kv = cache.codes.shape[1]
                 q = np.asarray(queries).reshape(B, n_kv, n_q // n_kv, d).astype(np.float32)
                 centroids = np.asarray(cache.codebook.scoring_centroids(cache.layer))
+                used = d * host_step.used_buckets(cache, lay)  # the buckets holding a far token
                 with numpy_blas.one_thread():
-                    host_step.host_tables(q, np.asarray(to_far), centroids)
+                    host_step.host_tables(q, np.asarray(to_far)[:, :used], centroids)
         keys = cache.rows.keys[..., : lay.n, :].astype(queries.dtype)
         values = cache.rows.values[..., : lay.n, :].astype(queries.dtype)
         out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale)
