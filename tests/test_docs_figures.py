@@ -273,6 +273,11 @@ def step_ms_over_kvcache(run: str) -> tuple[float, float]:
     return round(forced - full, 1), round(full, 1)
 
 
+def ab_ms(variant: str) -> float:
+    """docs/benchmarks/host_step_ab_estimate.json: a variant's median ms a step."""
+    return j("host_step_ab_estimate.json")["ms_per_step"][variant]
+
+
 def profile_phase(run: str, context: int, phase: str) -> float:
     """A phase's ms per layer in a `bench decode --profile` run."""
     row = next(r for r in j(run)["results"] if r["context"] == context)
@@ -387,6 +392,13 @@ FIGURES: list[tuple[str, str, Callable[[], tuple]]] = [
      "step (the table above), against {:.2f} ms of exact attention",
      lambda: (*overhead_pieces("step_overhead_host_f25m17.json"),
               j("profile_step_host_f25m17.json")["results"][0]["exact_attention_ms_per_layer"])),
+    ("docs/BENCHMARKS.md", "the estimate's cost a step went from {:.1f} to {:.1f} ms",
+     lambda: tuple(ab_ms(v + "_estm") - ab_ms(v + "_noest") for v in ("then", "now"))),
+    ("docs/BENCHMARKS.md", "keeps {:.3f}x the speed of one without instead of {:.3f}x",
+     lambda: (j("host_step_ab_estimate.json")["estimate_speed_ratio"]["now"],
+              j("host_step_ab_estimate.json")["estimate_speed_ratio"]["then"])),
+    ("docs/BENCHMARKS.md", "the two steps are the same speed ({:.3f}x)",
+     lambda: (j("host_step_ab_estimate.json")["now_vs_then_speed"]["noest"],)),
     ("docs/BENCHMARKS.md", "gave them {:.2f} ms a layer in MLX", lambda: (overhead_pieces(
         "step_overhead_host_f25m17_before_host_tables.json")[2],)),
     ("docs/BENCHMARKS.md", "and {:.2f} ms in NumPy now (the sync {:.2f} ms in that run, {:.2f} ms "

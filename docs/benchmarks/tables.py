@@ -1182,6 +1182,38 @@ def step_overhead_table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def host_step_ab_table(data: dict) -> str:
+    """`docs/benchmarks/host_step_ab.py`: this tree's host step against a past commit's, with
+    and without the estimate, interleaved in one decode."""
+    ms, runs = data["ms_per_step"], data["ms_per_step_runs"]
+    est, now = data["estimate_speed_ratio"], data["now_vs_then_speed"]
+    commit = data["commit"]
+    lines = [
+        "| host step | ms / step, no estimate | ms / step, estimate | with / without (speed) |",
+        "|---|---:|---:|---:|",
+    ]
+    for version, label in (("then", f"commit {commit}"), ("now", "this change")):
+        lines.append(
+            f"| {label} | {ms[version + '_noest']:.1f} | {ms[version + '_estm']:.1f} | "
+            f"**{est[version]:.3f}x** |"
+        )
+    spread = {v: f"{min(r):.0f}-{max(r):.0f}" for v, r in runs.items()}  # the rounds' range, ms
+    lines += [
+        "",
+        f"This change / commit {commit}, speed: {now['noest']:.3f}x without the estimate, "
+        f"{now['estm']:.3f}x with it (medians of the rounds' ratios). Rounds' ranges (ms): "
+        + ", ".join(f"{v} {r}" for v, r in spread.items())
+        + ".",
+        "",
+        f"`{data['command']}`; {data['machine']}; {data['model']}, context "
+        f"{data['context']:,}, retrieval forced, NumPy top-K; median of "
+        f"{data['rounds_counted']} rounds of {data['steps_per_round']} greedy steps per "
+        f"variant, the four taking turns; load average at the end "
+        f"{', '.join(str(x) for x in data['load_average_at_end'])}.",
+    ]
+    return "\n".join(lines)
+
+
 def host_step_cold_table(data: dict) -> str:
     """`docs/benchmarks/host_step_cold.py`: the host step's NumPy pieces warm, after one layer's
     weights passed through the caches, and the whole part inside real decode steps."""
@@ -1781,6 +1813,7 @@ def blocks() -> dict[str, str]:
         ("profile-host-f25m17", "profile_step_host_f25m17.json", profile_table),
         ("host-step-cold-host-f25m17", "host_step_cold_host_f25m17.json", host_step_cold_table),
         ("step-overhead-host-f25m17", "step_overhead_host_f25m17.json", step_overhead_table),
+        ("host-step-ab-estimate", "host_step_ab_estimate.json", host_step_ab_table),
         ("crossover-probe-host-f25m17", "crossover_demo_host_f25m17.json", crossover_probe_table),
         ("crossover-probe-estimate", "crossover_demo_host_f25m17.json", crossover_probe_table),
         (
