@@ -1814,6 +1814,7 @@ def blocks() -> dict[str, str]:
         ("host-step-cold-host-f25m17", "host_step_cold_host_f25m17.json", host_step_cold_table),
         ("step-overhead-host-f25m17", "step_overhead_host_f25m17.json", step_overhead_table),
         ("host-step-ab-estimate", "host_step_ab_estimate.json", host_step_ab_table),
+        ("host-step-ab-1k", "host_step_ab_1k.json", host_step_ab_table),
         ("crossover-probe-host-f25m17", "crossover_demo_host_f25m17.json", crossover_probe_table),
         ("crossover-probe-estimate", "crossover_demo_host_f25m17.json", crossover_probe_table),
         (
