@@ -20,7 +20,6 @@ Reported: each variant's median ms a step and every round's, and the per-round m
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -28,12 +27,10 @@ import time
 import types
 
 import a2ats_engine  # noqa: F401  (BLAS preload before mlx.core)
-import mlx.core as mx
 
-from a2ats_engine.bench.speed import _decode_chunk, _method_cache
+from a2ats_engine.bench.speed import _method_cache
 from a2ats_engine.cache import host_step, topk
-from a2ats_engine.commands._bench_common import machine
-from _demo_prefill import demo_prefilled
+from _demo_prefill import demo_prefilled, take_turns, turns_record
 
 CHUNK = 6
 ROUNDS = 21  # the first round warms up and is not counted
@@ -77,36 +74,16 @@ def main(commit: str, context: int) -> dict:
         caches = {
             v: _method_cache(model, base, m, config, codebook) for v, (_, m) in variants.items()
         }
-    last = {v: mx.array([ids[-1]]) for v in variants}
-    ms = {v: [] for v in variants}
-    names = list(variants)
-    for round_ in range(ROUNDS):
-        turn = names[round_ % len(names) :] + names[: round_ % len(names)]  # each goes first
-        for v in turn:
-            version = variants[v][0]
-            host_step.step = steps[version]
-            try:
-                seconds, last[v] = _decode_chunk(model, caches[v], last[v], CHUNK)
-            finally:
-                host_step.step = shipped
-            if round_:
-                ms[v].append(seconds / CHUNK * 1e3)
+    ms = take_turns(
+        model, caches, ids[-1], ROUNDS, CHUNK, lambda v: steps[variants[v][0]], rotate=True
+    )
 
     def ratio(a: str, b: str) -> float:  # the speed of `a` over `b`: the rounds' median
         return round(statistics.median(y / x for x, y in zip(ms[a], ms[b], strict=True)), 3)
 
     return {
-        "model": info.name,
-        "codebook": desc,
-        "context": context,
+        **turns_record("host_step_ab.py", info, desc, context, ms, CHUNK),
         "commit": commit,
-        "machine": machine(),
-        "command": "python docs/benchmarks/host_step_ab.py " + " ".join(sys.argv[1:]),
-        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
-        "steps_per_round": CHUNK,
-        "rounds_counted": ROUNDS - 1,
-        "ms_per_step": {v: round(statistics.median(ms[v]), 2) for v in variants},
-        "ms_per_step_runs": {v: [round(x, 1) for x in ms[v]] for v in variants},
         "estimate_speed_ratio": {
             version: ratio(f"{version}_estm", f"{version}_noest") for version in steps
         },  # fmt: skip

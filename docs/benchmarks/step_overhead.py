@@ -25,7 +25,6 @@ graph is built while the previous step computes), `sync_tables - sync` the table
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import time
@@ -34,11 +33,10 @@ import a2ats_engine  # noqa: F401  (BLAS preload before mlx.core)
 import mlx.core as mx
 import numpy as np
 
-from a2ats_engine.bench.speed import _decode_chunk, _method_cache
+from a2ats_engine.bench.speed import _method_cache
 from a2ats_engine.cache import attention as att
 from a2ats_engine.cache import host_step, numpy_blas
-from a2ats_engine.commands._bench_common import machine
-from _demo_prefill import demo_prefilled
+from _demo_prefill import demo_prefilled, take_turns, turns_record
 
 VARIANTS = ("kvcache", "exact", "sync", "sync_tables", "host_step")
 CHUNK = 6
@@ -79,17 +77,7 @@ def main(context: int) -> dict:
         for v in VARIANTS
     }
     shipped = host_step.step
-    last = {v: mx.array([ids[-1]]) for v in VARIANTS}
-    ms = {v: [] for v in VARIANTS}
-    for round_ in range(ROUNDS):
-        for v in VARIANTS:
-            host_step.step = _variant_step(v, shipped)
-            try:
-                seconds, last[v] = _decode_chunk(model, caches[v], last[v], CHUNK)
-            finally:
-                host_step.step = shipped
-            if round_:
-                ms[v].append(seconds / CHUNK * 1e3)
+    ms = take_turns(model, caches, ids[-1], ROUNDS, CHUNK, lambda v: _variant_step(v, shipped))
     median = {v: statistics.median(ms[v]) for v in VARIANTS}
     layers = sum(1 for c in caches["exact"] if hasattr(c, "codes"))
     pieces = {
@@ -99,17 +87,8 @@ def main(context: int) -> dict:
         "NumPy step": median["host_step"] - median["sync_tables"],
     }
     return {
-        "model": info.name,
-        "codebook": desc,
-        "context": context,
+        **turns_record("step_overhead.py", info, desc, context, ms, CHUNK),
         "a2ats_layers": layers,
-        "machine": machine(),
-        "command": "python docs/benchmarks/step_overhead.py " + " ".join(sys.argv[1:]),
-        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
-        "steps_per_round": CHUNK,
-        "rounds_counted": ROUNDS - 1,
-        "ms_per_step": {v: round(median[v], 2) for v in VARIANTS},
-        "ms_per_step_runs": {v: [round(x, 1) for x in ms[v]] for v in VARIANTS},
         "pieces_ms_per_step": {k: round(x, 2) for k, x in pieces.items()},
         "pieces_ms_per_layer": {k: round(x / layers, 3) for k, x in pieces.items()},
         "date": time.strftime("%Y-%m-%d"),
