@@ -174,11 +174,12 @@ def host_tables(q: np.ndarray, to_far: np.ndarray, centroids: np.ndarray) -> np.
 
 def used_buckets(cache: A2ATSCache, lay: att.Layout) -> int:
     """How many of the cache's distance buckets hold a far token at this step: the bucket of
-    the farthest (position n_sinks) and every nearer one (1 with the single distance)."""
+    the farthest (position n_sinks; the step's `far_buckets`, which its far scores use too)
+    and every nearer one (1 with the single distance)."""
     _, lower_edges = cache.buckets
     if lower_edges is None or not lay.n_far:
         return 1
-    return int(buckets_of(np.int64((lay.n - 1) - lay.n_sinks), lower_edges)) + 1
+    return int(far_buckets(lay.n, lay.n_sinks, lay.window_start, tuple(lower_edges))[0]) + 1
 
 
 def far_scores(tables: np.ndarray, codes: np.ndarray, cache: A2ATSCache, lay: att.Layout):

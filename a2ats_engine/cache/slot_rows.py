@@ -21,7 +21,7 @@ class SlotRows:
     """Counts [B, n_kv, R], value sums [B, n_kv, R, d] and key sums (or None) of the occupied
     slots, and each (batch, KV head)'s map slot -> row (-1: none yet) and row -> slot."""
 
-    FEW = 512  # `add` of up to this many tokens: `np.add.at`; more (a rebuild): sorted sums
+    FEW = 512  # `add` of up to this many tokens checks for distinct rows (a step's moves)
 
     def __init__(self, batch: int, n_kv: int, n_slots: int, d: int, with_keys: bool) -> None:
         self.n_slots, self.d, self.with_keys = n_slots, d, with_keys
@@ -90,8 +90,9 @@ class SlotRows:
 
     def add(self, slots: np.ndarray, weights, values: np.ndarray, keys: np.ndarray | None):
         """Add `weights` (one per token: [m] or [B, n_kv, m]) times each token's count, value
-        [B, n_kv, m, d] and key to the row of its slot [B, n_kv, m]: by `np.add.at` for a step's
-        few moves, by one sorted sum per row for a rebuild, never a scatter per token."""
+        [B, n_kv, m, d] and key to the row of its slot [B, n_kv, m]: by one buffered add where
+        every token has its own row (a step's few moves, checked), else by one sorted sum per
+        row (a rebuild, or two moves into one row), never a scatter per token."""
         rows = self.rows(slots)
         B, n_kv, m = slots.shape
         if not m:
@@ -104,18 +105,14 @@ class SlotRows:
             for h, r in ((self.values, values), (self.keys, keys))
             if h is not None
         ]
-        if flat.size <= self.FEW:  # a step's few moves
-            ordered = np.sort(flat)
-            if (ordered[1:] != ordered[:-1]).all():  # distinct rows: buffered adds, 3-4x
-                self.counts.reshape(-1)[flat] += w  # faster than `np.add.at` on this host
+        if flat.size <= self.FEW:  # a step's few moves: distinct rows take one buffered add
+            ordered = np.sort(flat)  # (several times faster than `np.add.at` on this host)
+            if (ordered[1:] != ordered[:-1]).all():
+                self.counts.reshape(-1)[flat] += w
                 for h, r in held:
                     h[flat] += w[:, None] * r
-            else:  # a row taking two moves: unbuffered adds
-                np.add.at(self.counts.reshape(-1), flat, w)
-                for h, r in held:
-                    np.add.at(h, flat, w[:, None] * r)
-            return
-        order = np.argsort(flat, kind="stable")  # many tokens a row (a rebuild): sum sorted runs
+                return
+        order = np.argsort(flat, kind="stable")  # a row taking several tokens: sum sorted runs
         target = flat[order]
         starts = np.flatnonzero(np.r_[True, target[1:] != target[:-1]])
         self.counts.reshape(-1)[target[starts]] += np.add.reduceat(w[order], starts)
