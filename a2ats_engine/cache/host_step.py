@@ -145,7 +145,7 @@ def _on_host(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, val
             slot_table = np.take_along_axis(tables_np, slot_of[:, :, None, :], axis=-1)
         # the retrieved far union's columns (`TopK.select_host`: sinks, union, window)
         union = slice(lay.n_sinks, positions.shape[-1] - (lay.n - lay.window_start))
-        rows = missed.lookup(selected_slots(codes, positions[..., union], cache, lay))
+        rows = missed.at(positions[..., union])  # the row of each one's slot
         out, share = attention_with_estimate(
             q, k_sel, v_sel, repeat, scale, sink_logits, slot_table, counts, sums, rows, union,
             key_sums,
@@ -272,22 +272,6 @@ def attention(q, keys, values, repeat, scale: float, sinks=None) -> np.ndarray:
     return (p @ values.astype(np.float32, copy=False)) / den
 
 
-def selected_slots(codes: np.ndarray, positions: np.ndarray, cache: A2ATSCache, lay: att.Layout):
-    """The slot (distance bucket * C + code) of each far position: codes the cache's
-    [B, n_kv, capacity, S] (a slot is the first subspace's code), positions [B, n_kv, M] (the
-    retrieved far union's columns, any strides) -> int64 [B, n_kv, M]."""
-    B, n_kv, M = positions.shape
-    cap, S = codes.shape[2:]
-    base = (np.arange(B * n_kv, dtype=np.int64) * cap).reshape(B, n_kv, 1)
-    flat = (positions + base).reshape(-1) * S  # the first subspace's code (product VQ)
-    slots = np.take(codes.reshape(-1), flat).reshape(B, n_kv, M)
-    slots = slots.astype(np.int64)
-    lower_edges = cache.estimate_edges
-    if lower_edges is not None:
-        slots += buckets_of((lay.n - 1) - positions, lower_edges) * cache.codebook.n_centroids
-    return slots
-
-
 @lru_cache(maxsize=4)
 def far_buckets(n: int, n_sinks: int, window_start: int, lower_edges: tuple[int, ...]):
     """`attention.bucket_ids` in NumPy, kept for the step (every layer of a step shares it):
@@ -312,7 +296,8 @@ def attention_with_estimate(
     """`attention.selected_attention_with_estimate` in NumPy, over the far tokens not
     retrieved: q [B, n_kv, G, d] float32, keys / values [B, n_kv, M, d], repeat [B, n_kv, M],
     sinks None or logits [n_kv * G], counts [B, n_kv, R] and sums [B, n_kv, R, d] of the whole
-    far region per slot (dense, or the occupied slots' rows: `SlotRows.view`), union the slice
+    far region per slot (the occupied slots' rows, `SlotRows.view`, whose last row is always
+    empty: the bin of the union's repeats; or dense with an empty last slot), union the slice
     of the attended columns that holds the retrieved far tokens (`TopK.select_host`: a token
     retrieved by several query heads once, its repeats marked in `repeat`), rows [B, n_kv, U]
     the row in counts / sums of each union column -> (output [B, n_kv, G, d] float32,
@@ -327,24 +312,22 @@ def attention_with_estimate(
     sums it selected."""
     B, n_kv, G, _ = q.shape
     s = _logits(q, keys, repeat, scale)  # [B, n_kv, G, M], scaled
-    R = counts.shape[-1]
-    bins = R + 1  # per (batch, KV head): its rows, then one bin for the union's repeats
-    rep = repeat[..., union]  # [B, n_kv, U]
-    binned = np.where(rep, R, rows)
-    heads = np.arange(B * n_kv, dtype=np.int64).reshape(B, n_kv, 1) * bins
-    got = np.bincount((heads + binned).reshape(-1), minlength=B * n_kv * bins)
-    left = counts - got.reshape(B, n_kv, bins)[..., :R]  # the far tokens not retrieved, per row
+    R = counts.shape[-1]  # the last row is empty (`SlotRows.view`): the union's repeats go there
+    binned = np.where(repeat[..., union], R - 1, rows)  # [B, n_kv, U]
+    heads = np.arange(0, B * n_kv * R, R, dtype=np.int64).reshape(B, n_kv, 1)
+    got = np.bincount((heads + binned).reshape(-1), minlength=B * n_kv * R)
+    left = counts - got.reshape(B, n_kv, R)  # the far tokens not retrieved, per row
     left = left.astype(np.float32, copy=False)[:, :, None, :]  # [B, n_kv, 1, R]: every head's
     if tables is None:  # the retrieved tokens' scores summed per (query head, row)
-        per_q = np.arange(B * n_kv * G, dtype=np.int64).reshape(B, n_kv, G, 1) * bins
+        per_q = np.arange(0, B * n_kv * G * R, R, dtype=np.int64).reshape(B, n_kv, G, 1)
         index = (per_q + binned[:, :, None, :]).reshape(-1)
-        got_scores = np.bincount(index, s[..., union].reshape(-1), minlength=B * n_kv * G * bins)
-        got_scores = got_scores.reshape(B, n_kv, G, bins)[..., :R].astype(np.float32)
+        got_scores = np.bincount(index, s[..., union].reshape(-1), minlength=B * n_kv * G * R)
+        got_scores = got_scores.reshape(B, n_kv, G, R).astype(np.float32)
         t = _scores(q * np.float32(scale), key_sums) - got_scores  # scaled sums of the left
         t = t / np.maximum(left, 1.0)
     else:
         t = tables * np.float32(scale)
-    t = np.where(left > 0, t, np.float32(-np.inf))
+    t = np.where(left > 0, t, np.float32(-np.inf))  # the empty rows (the last one too) at -inf
     top = np.maximum(s.max(axis=-1, keepdims=True), t.max(axis=-1, keepdims=True))
     if sinks is not None:
         sink = sinks.reshape(1, n_kv, G, 1)
@@ -354,9 +337,8 @@ def attention_with_estimate(
     den = p.sum(axis=-1)
     own = np.empty(p.shape[:-1] + rows.shape[-1:], p.dtype)  # each union column's row term
     for b in range(B):  # one np.take per KV head: 4x faster than take_along_axis's broadcast
-        for h in range(n_kv):
-            np.take(e[b, h], rows[b, h], axis=-1, out=own[b, h])
-    own *= ~rep[:, :, None, :]  # a repeat's column is not a token of its own
+        for h in range(n_kv):  # (a repeat's column takes the empty row's 0: not a token)
+            np.take(e[b, h], binned[b, h], axis=-1, out=own[b, h])
     est_den = np.maximum((e @ counts[..., None])[..., 0] - own.sum(axis=-1), 0.0)
     den += est_den
     if sinks is not None:
@@ -386,24 +368,30 @@ def missed_sums(retrieval: Retrieval, cache: A2ATSCache, lay: att.Layout, codes,
                 ends = (lay.n, lay.n_sinks, lay.window_start)
                 slots += C * far_buckets(*ends, tuple(lower_edges))
             index = np.s_[:, :, lay.n_sinks : lay.window_start]
-            rows.add(slots, 1.0, values[index], keys[index] if with_keys else None)
+            placed = rows.add(slots, 1.0, values[index], keys[index] if with_keys else None)
+            rows.place(np.arange(lay.n_sinks, lay.window_start), placed)
     else:
         rows = held[1]
         if moves:  # every move of every KV head at once (a slot may take several)
-            pos, bucket, w = _move_columns(moves)
-            slots = codes[:, :, pos, 0].astype(np.int64) + bucket * C  # [B, n_kv, moves]
-            rows.add(slots, w, values[:, :, pos], keys[:, :, pos] if with_keys else None)
+            pos, first_slot, w, entering = _move_columns(moves, C)
+            slots = codes[:, :, pos, 0] + first_slot  # [B, n_kv, moves] int64
+            placed = rows.add(slots, w, values[:, :, pos], keys[:, :, pos] if with_keys else None)
+            rows.place(pos[entering], placed[..., entering])  # a token's new slot's row
     retrieval.host_missed = (lay.n, rows)
     retrieval.missed_sums, retrieval.missed_n = None, None  # the MLX sums no longer follow
     return rows
 
 
 @lru_cache(maxsize=8)
-def _move_columns(moves: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A step's moves ((position, bucket, weight), ...) as three arrays, made once for the step's
-    layers: positions and buckets int64, weights float32 (read-only)."""
+def _move_columns(moves: tuple, n_centroids: int) -> tuple[np.ndarray, ...]:
+    """A step's moves ((position, bucket, weight), ...) as arrays, made once for the step's
+    layers: positions int64, the first slot of each one's bucket (bucket * n_centroids, int64),
+    weights float32, and which moves enter a slot (weight > 0: a token's one slot after the
+    step) (read-only)."""
     pos, bucket, w = zip(*moves, strict=True)
-    out = (np.array(pos, np.int64), np.array(bucket, np.int64), np.array(w, np.float32))
+    first_slot = np.array(bucket, np.int64) * n_centroids
+    out = (np.array(pos, np.int64), first_slot, np.array(w, np.float32))
+    out += (np.flatnonzero(out[2] > 0),)
     for a in out:
         a.flags.writeable = False
     return out

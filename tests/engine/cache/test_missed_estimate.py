@@ -160,7 +160,19 @@ def test_incremental_sums_equal_a_rebuild_across_bucket_edges_trim_and_restore(s
         fresh.attend(mx.zeros((1, 2, 1, D)), None, None, scale=0.2)  # first step: a rebuild
         return held_sums(fresh)
 
+    def placed_slots(c: A2ATSCache) -> np.ndarray:
+        """The host step's slot of each far position, read through its placed row."""
+        n, rows = c.retrieval.host_missed
+        far = np.arange(config.sinks, n - config.window)
+        return np.take_along_axis(rows.slot_of, rows.at(np.broadcast_to(far, (1, 2, far.size))), -1)
+
     def assert_same(c: A2ATSCache) -> None:
+        if strategy == "numpy":  # each far token's row, kept step by step, is a rebuild's
+            kept_rows = placed_slots(c)
+            with topk.forced(strategy):
+                fresh = A2ATSCache.from_state(c.state, c.meta_state, codebook=c.codebook)
+            fresh.attend(mx.zeros((1, 2, 1, D)), None, None, scale=0.2)
+            np.testing.assert_array_equal(kept_rows, placed_slots(fresh))
         kept, fresh = held_sums(c), rebuilt(c)
         assert kept[0] == fresh[0] == c.offset
         assert kept[1].sum() > 100  # the far region's tokens, all counted

@@ -49,7 +49,8 @@ def test_rows_follow_dense_sums_through_moves_duplicates_and_growth(with_keys):
     np.testing.assert_allclose(counts, want_counts, atol=1e-4)
     np.testing.assert_allclose(sums, want_sums, atol=1e-4)
     view_counts, values, keys, slot_of = rows.view()
-    assert view_counts.shape == (B, n_kv, rows.rows_used) and values.shape[-1] == d
+    assert view_counts.shape == (B, n_kv, rows.rows_used + 1) and values.shape[-1] == d
+    assert not view_counts[..., -1].any() and not values[..., -1, :].any()  # one empty row
     assert (keys is not None) == with_keys
     probe = rng.integers(0, n_slots, (B, n_kv, 7))
     got = rows.lookup(probe)
@@ -100,3 +101,22 @@ def test_a_steps_slot_moves_are_every_token_that_changed_slot(edges):
         got = slot_moves(n, window, sinks, edges)
         assert sorted(got) == sorted(want)
         assert slot_moves(n, window, sinks, edges) is got  # every layer of the step shares it
+
+
+def test_placed_positions_read_their_slots_row_through_moves_and_growth():
+    """`place` records each added token's row at its position; `at` reads it back per (batch,
+    KV head), a token placed again (a farther bucket) reads its new row, and placing past the
+    held positions grows them without losing the earlier ones."""
+    rows = SlotRows(1, 2, 50, 4, False)
+    ones = np.ones((1, 2, 3, 4), np.float32)
+    placed = rows.add(np.array([[[5, 7, 5], [1, 1, 2]]]), 1.0, ones, None)
+    rows.place(np.array([10, 11, 12]), placed)
+    assert rows.at(np.array([[[12, 10, 11], [12, 10, 11]]])).tolist() == [[[0, 0, 1], [1, 0, 0]]]
+    moved = rows.add(np.array([[[9], [2]]]), 1.0, ones[:, :, :1], None)  # position 11 moves
+    rows.place(np.array([11]), moved)
+    rows.place(np.array([300]), rows.add(np.array([[[7], [40]]]), 1.0, ones[:, :, :1], None))
+    assert rows.row_at.shape[-1] > 300
+    got = rows.at(np.array([[[11, 300, 10], [11, 300, 10]]]))
+    assert got.tolist() == [[[2, 1, 0], [1, 2, 0]]]
+    assert (rows.slot_of[0, 0, got[0, 0]] == [9, 7, 5]).all()
+    assert (rows.slot_of[0, 1, got[0, 1]] == [2, 40, 1]).all()
