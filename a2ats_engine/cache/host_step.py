@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from .a2ats_cache import A2ATSCache
     from .retrieval import Retrieval
 
-_NUMPY_DTYPES = (mx.float32, mx.float16)
+NUMPY_DTYPES = (mx.float32, mx.float16)
 
 
 def _own_far_scores(cache: A2ATSCache) -> bool:
@@ -55,10 +55,10 @@ def applies(cache: A2ATSCache, queries: mx.array) -> bool:
     return (
         cache.top_k.on_host
         and _own_far_scores(cache)
-        and queries.dtype in _NUMPY_DTYPES
+        and queries.dtype in NUMPY_DTYPES
         and rows.kind == "float"
         and rows.keys is not None
-        and rows.keys.dtype in _NUMPY_DTYPES
+        and rows.keys.dtype in NUMPY_DTYPES
         and cfg.reuse_selection is None
     )
 
@@ -318,9 +318,10 @@ def attention_with_estimate(
     got = np.bincount((heads + binned).reshape(-1), minlength=B * n_kv * R)
     left = counts - got.reshape(B, n_kv, R)  # the far tokens not retrieved, per row
     left = left.astype(np.float32, copy=False)[:, :, None, :]  # [B, n_kv, 1, R]: every head's
+    # each union column's row, per query head, in the flat [B, n_kv, G, R] arrays
+    per_q = np.arange(0, B * n_kv * G * R, R, dtype=np.int64).reshape(B, n_kv, G, 1)
+    index = (per_q + binned[:, :, None, :]).reshape(-1)
     if tables is None:  # the retrieved tokens' scores summed per (query head, row)
-        per_q = np.arange(0, B * n_kv * G * R, R, dtype=np.int64).reshape(B, n_kv, G, 1)
-        index = (per_q + binned[:, :, None, :]).reshape(-1)
         got_scores = np.bincount(index, s[..., union].reshape(-1), minlength=B * n_kv * G * R)
         got_scores = got_scores.reshape(B, n_kv, G, R).astype(np.float32)
         t = _scores(q * np.float32(scale), key_sums) - got_scores  # scaled sums of the left
@@ -335,10 +336,8 @@ def attention_with_estimate(
     p = np.exp(s - top)
     e = np.exp(t - top)  # [B, n_kv, G, R]; an empty row adds 0 below
     den = p.sum(axis=-1)
-    own = np.empty(p.shape[:-1] + rows.shape[-1:], p.dtype)  # each union column's row term
-    for b in range(B):  # one np.take per KV head: 4x faster than take_along_axis's broadcast
-        for h in range(n_kv):  # (a repeat's column takes the empty row's 0: not a token)
-            np.take(e[b, h], binned[b, h], axis=-1, out=own[b, h])
+    # each union column's row term (a repeat's column takes the empty row's 0: not a token)
+    own = np.take(e.reshape(-1), index).reshape(p.shape[:-1] + rows.shape[-1:])
     est_den = np.maximum((e @ counts[..., None])[..., 0] - own.sum(axis=-1), 0.0)
     den += est_den
     if sinks is not None:
@@ -354,8 +353,14 @@ def missed_sums(retrieval: Retrieval, cache: A2ATSCache, lay: att.Layout, codes,
     of the occupied slots only): the held ones moved in place by the few tokens that changed
     slot since the last step (`Retrieval.missed_moves`), else rebuilt from the codes
     [B, n_kv, capacity, 1+] and the values / keys [B, n_kv, capacity, d] the step read."""
+    if cache.step_sums is not None:  # every layer's sums moved at once (`step_sums.py`)
+        shared = cache.step_sums.rows_for(cache, lay)
+        if shared is not None:
+            return shared
     with_keys = cache.config.estimate_scores != "centroid"
     held = retrieval.host_missed
+    if held is not None and not isinstance(held[1], SlotRows):
+        held = None  # a StepSums' part, not moved here: rebuilt as this layer's own
     moves = retrieval.missed_moves(cache, lay, None if held is None else held[0])
     C = cache.codebook.n_centroids
     lower_edges = cache.estimate_edges
@@ -373,7 +378,7 @@ def missed_sums(retrieval: Retrieval, cache: A2ATSCache, lay: att.Layout, codes,
     else:
         rows = held[1]
         if moves:  # every move of every KV head at once (a slot may take several)
-            pos, first_slot, w, entering = _move_columns(moves, C)
+            pos, first_slot, w, entering = move_columns(moves, C)
             slots = codes[:, :, pos, 0] + first_slot  # [B, n_kv, moves] int64
             placed = rows.add(slots, w, values[:, :, pos], keys[:, :, pos] if with_keys else None)
             rows.place(pos[entering], placed[..., entering])  # a token's new slot's row
@@ -383,7 +388,7 @@ def missed_sums(retrieval: Retrieval, cache: A2ATSCache, lay: att.Layout, codes,
 
 
 @lru_cache(maxsize=8)
-def _move_columns(moves: tuple, n_centroids: int) -> tuple[np.ndarray, ...]:
+def move_columns(moves: tuple, n_centroids: int) -> tuple[np.ndarray, ...]:
     """A step's moves ((position, bucket, weight), ...) as arrays, made once for the step's
     layers: positions int64, the first slot of each one's bucket (bucket * n_centroids, int64),
     weights float32, and which moves enter a slot (weight > 0: a token's one slot after the

@@ -16,6 +16,7 @@ from .codebook import Codebook
 from .config import A2ATSConfig
 from .geometry import model_geometry
 from .layer_plan import A2ATS, native_caches, plan_for, rope_spec_of
+from .step_sums import StepSums
 from .telemetry import CacheSnapshot
 
 RANDOM_CENTROIDS = 256  # the stand-in codebook's size when none is given (wiring, timing)
@@ -55,6 +56,7 @@ def make_cache(model: nn.Module, config: A2ATSConfig | None = None, codebook=Non
     for choice in chosen:
         spec = rope_spec_of(model, choice)
         caches[choice.layer] = A2ATSCache(choice.layer, spec, codebook, config, ctx, share)
+    StepSums.join(caches)  # the estimate's sums of all layers moved at once (host step)
     return caches
 
 

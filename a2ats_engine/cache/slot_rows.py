@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import numpy as np
 
+ALL = slice(None)  # every batch entry (a `part` is a leading slice of them: one layer's)
+
 
 class SlotRows:
     """Counts [B, n_kv, R], value sums [B, n_kv, R, d] and key sums (or None) of the occupied
     slots, each (batch, KV head)'s map slot -> row (-1: none yet) and row -> slot, and the row
     of each far position's slot (`row_at` [B, n_kv, positions])."""
 
-    FEW = 512  # `add` of up to this many tokens checks for distinct rows (a step's moves)
+    FEW = 4096  # `add` of up to this many tokens takes buffered adds (moves, every layer's)
 
     def __init__(self, batch: int, n_kv: int, n_slots: int, d: int, with_keys: bool) -> None:
         self.n_slots, self.d, self.with_keys = n_slots, d, with_keys
@@ -70,14 +72,16 @@ class SlotRows:
         held = (self.row_of, self.row_at, self.counts, self.slot_of, self.values, self.keys)
         return sum(a.nbytes for a in held if a is not None)
 
-    def lookup(self, slots: np.ndarray) -> np.ndarray:
+    def lookup(self, slots: np.ndarray, part: slice = ALL) -> np.ndarray:
         """The rows of `slots` [B, n_kv, m] -> int64 [B, n_kv, m], 0 for a slot without one
-        (a sink's or the window's slot, which the estimate masks out)."""
-        rows = np.take(self.row_of.reshape(-1), (self._base(self.n_slots) + slots).reshape(-1))
+        (a sink's or the window's slot, which the estimate masks out). `part`: the batch entries
+        `slots` covers (a leading slice; all of them by default)."""
+        index = self._base(self.n_slots)[part] + slots
+        rows = np.take(self.row_of.reshape(-1), index.reshape(-1))
         rows = rows.astype(np.int64)
         return np.maximum(rows, 0).reshape(slots.shape)
 
-    def place(self, positions: np.ndarray, rows: np.ndarray) -> None:
+    def place(self, positions: np.ndarray, rows: np.ndarray, part: slice = ALL) -> None:
         """Record `rows` [B, n_kv, m] (what `add` returned) as the rows of the tokens at
         `positions` [m] (int), growing `row_at` to hold them; a position placed again (a token
         moving to a farther bucket) takes its new row."""
@@ -88,20 +92,21 @@ class SlotRows:
             grown = np.zeros((*self.used.shape, max(top, 2 * held)), np.int32)
             grown[..., :held] = self.row_at
             self.row_at = grown
-        self.row_at[:, :, positions] = rows
+        self.row_at[part][:, :, positions] = rows
 
-    def at(self, positions: np.ndarray) -> np.ndarray:
+    def at(self, positions: np.ndarray, part: slice = ALL) -> np.ndarray:
         """The rows of the far tokens at `positions` [B, n_kv, m] (placed ones; any strides)
         -> int64 [B, n_kv, m], one flat take."""
-        flat = (positions + self._base(self.row_at.shape[-1])).reshape(-1)
-        return np.take(self.row_at.reshape(-1), flat).astype(np.int64).reshape(positions.shape)
+        held = self.row_at[part]  # a leading slice: still one flat array
+        flat = (positions + self._base(held.shape[-1])[: held.shape[0]]).reshape(-1)
+        return np.take(held.reshape(-1), flat).astype(np.int64).reshape(positions.shape)
 
-    def rows(self, slots: np.ndarray) -> np.ndarray:
+    def rows(self, slots: np.ndarray, part: slice = ALL) -> np.ndarray:
         """The rows of `slots` [B, n_kv, m] (int), giving a row to each slot that has none
         (in first-seen order per (batch, KV head)) -> int64 [B, n_kv, m]. Every (batch, KV
         head) at once: a step's moves reach a new slot in about a third of the layers."""
         B, n_kv, m = slots.shape
-        keys = (self._base(self.n_slots) + slots).reshape(-1)  # (batch, KV head, slot), flat
+        keys = (self._base(self.n_slots)[part] + slots).reshape(-1)  # (batch, head, slot), flat
         held = np.take(self.row_of.reshape(-1), keys)
         new = held < 0
         if not new.any():  # a step's moves: every slot has its row already
@@ -109,7 +114,7 @@ class SlotRows:
         fresh, first = np.unique(keys[new], return_index=True)
         fresh = fresh[np.argsort(first, kind="stable")]  # first-seen order, heads in order
         head = fresh // self.n_slots  # the flat (batch, KV head) of each new slot
-        per_head = np.bincount(head, minlength=B * n_kv)
+        per_head = np.bincount(head, minlength=self.used.size)
         starts = np.cumsum(per_head) - per_head  # where each head's new slots begin in `fresh`
         used = self.used.reshape(-1)
         row = used[head] + (np.arange(fresh.size) - starts[head])
@@ -118,64 +123,86 @@ class SlotRows:
         self.row_of.reshape(-1)[fresh] = row
         self.slot_of.reshape(-1)[head * self.counts.shape[-1] + row] = fresh % self.n_slots
         used += per_head
-        return self.lookup(slots)
+        return self.lookup(slots, part)
 
     def add(
-        self, slots: np.ndarray, weights, values: np.ndarray, keys: np.ndarray | None
-    ) -> np.ndarray:
+        self, slots: np.ndarray, weights, values: np.ndarray, keys: np.ndarray | None,
+        part: slice = ALL,
+    ) -> np.ndarray:  # fmt: skip
         """Add `weights` (one per token: [m] or [B, n_kv, m]) times each token's count, value
-        [B, n_kv, m, d] and key to the row of its slot [B, n_kv, m]: by one buffered add where
-        every token has its own row (a step's few moves, checked), else by one sorted sum per
-        row (a rebuild, or two moves into one row), never a scatter per token. Returns the
-        tokens' rows (int64 [B, n_kv, m]) for `place`."""
-        rows = self.rows(slots)
+        [B, n_kv, m, d] and key to the row of its slot [B, n_kv, m]: a step's moves (up to
+        `FEW` tokens, nearly all in rows of their own) by buffered adds over distinct rows (one,
+        or one more per extra token a row takes), a rebuild by one sorted sum per row; never a
+        scatter per token.
+        Returns the tokens' rows (int64 [B, n_kv, m]) for `place`."""
+        rows = self.rows(slots, part)
         B, n_kv, m = slots.shape
         if not m:
             return rows
         w = np.broadcast_to(np.asarray(weights, np.float32), (B, n_kv, m)).reshape(-1)
-        flat = (self._base(self.counts.shape[-1]) + rows).reshape(-1)
+        flat = (self._base(self.counts.shape[-1])[part] + rows).reshape(-1)
         held = [
             (h.reshape(-1, self.d), r.astype(np.float32, copy=False).reshape(-1, self.d))
             for h, r in ((self.values, values), (self.keys, keys))
             if h is not None
         ]
-        if flat.size <= self.FEW:  # a step's few moves: distinct rows take one buffered add
-            ordered = np.sort(flat)  # (several times faster than `np.add.at` on this host)
-            if (ordered[1:] != ordered[:-1]).all():
-                self.counts.reshape(-1)[flat] += w
-                for h, r in held:
-                    h[flat] += w[:, None] * r
-                return rows
-        order = np.argsort(flat, kind="stable")  # a row taking several tokens: sum sorted runs
+        order = np.argsort(flat, kind="stable")
         target = flat[order]
-        starts = np.flatnonzero(np.r_[True, target[1:] != target[:-1]])
+        starts = np.flatnonzero(np.r_[True, target[1:] != target[:-1]])  # each row's first
+        if flat.size <= self.FEW and 8 * starts.size >= 7 * flat.size:  # moves: few repeats
+            if starts.size == flat.size:  # every token its own row: one buffered add
+                self._add_distinct(flat, w, held, None)
+                return rows
+            # a row's k-th token in round k, each round one buffered add over distinct rows
+            # (several times faster than `np.add.at` on this host)
+            rank = np.arange(flat.size) - np.repeat(starts, np.diff(np.r_[starts, flat.size]))
+            for k in range(int(rank.max()) + 1):
+                self._add_distinct(flat, w, held, order[rank == k])
+            return rows
+        # a rebuild: rows taking many tokens, one sorted sum per row
         self.counts.reshape(-1)[target[starts]] += np.add.reduceat(w[order], starts)
         for h, r in held:
             h[target[starts]] += np.add.reduceat(r[order] * w[order, None], starts, axis=0)
         return rows
 
-    def view(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
-        """(counts [B, n_kv, R], value sums [B, n_kv, R, d], key sums or None, slot of each
-        row [B, n_kv, R]) of the rows a step reads: R = `rows_used` + 1, the last row given to
-        no slot (the host step bins its repeats there); a row beyond a KV head's own is empty:
-        count 0, sums 0."""
-        r = self.rows_used + 1  # `rows` keeps the capacity past the rows given out
-        keys = None if self.keys is None else self.keys[..., :r, :]
-        return self.counts[..., :r], self.values[..., :r, :], keys, self.slot_of[..., :r]
+    def _add_distinct(self, flat, w, held, index: np.ndarray | None) -> None:
+        """One buffered add of the tokens at `index` (all where None), whose rows `flat` are
+        distinct: counts += w, sums += w * row."""
+        if index is not None:
+            flat, w = flat[index], w[index]
+            held = [(h, r[index]) for h, r in held]
+        self.counts.reshape(-1)[flat] += w
+        for h, r in held:
+            h[flat] += w[:, None] * r
 
-    def dense(self) -> tuple[np.ndarray, np.ndarray]:
+    def view(
+        self, part: slice = ALL
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
+        """(counts [B, n_kv, R], value sums [B, n_kv, R, d], key sums or None, slot of each
+        row [B, n_kv, R]) of the rows a step reads for the batch entries `part`: R = the most
+        rows any of them uses + 1, the last row given to no slot (the host step bins its
+        repeats there); a row beyond a KV head's own is empty: count 0, sums 0."""
+        used = self.used if part == ALL else self.used[part]
+        r = int(used.max(initial=0)) + 1  # `rows` keeps the capacity past every row given out
+        keys = None if self.keys is None else self.keys[part, :, :r, :]
+        return (
+            self.counts[part, :, :r], self.values[part, :, :r, :], keys, self.slot_of[part, :, :r]
+        )  # fmt: skip
+
+    def dense(self, part: slice = ALL) -> tuple[np.ndarray, np.ndarray]:
         """Counts [B, n_kv, slots] and sums [B, n_kv, slots, d (2 d with keys: values, then
         keys)] over every slot: what the generic step holds (tests compare the two)."""
-        B, n_kv = self.used.shape
+        batch = range(*part.indices(self.used.shape[0]))
+        B, n_kv = len(batch), self.used.shape[1]
         width = self.d * (2 if self.with_keys else 1)
         counts = np.zeros((B, n_kv, self.n_slots), np.float32)
         sums = np.zeros((B, n_kv, self.n_slots, width), np.float32)
-        for b in range(B):
+        for b, src in enumerate(batch):
             for h in range(n_kv):
-                r = int(self.used[b, h])
-                slots = self.slot_of[b, h, :r]
-                counts[b, h, slots] = self.counts[b, h, :r]
-                sums[b, h, slots, : self.d] = self.values[b, h, :r]
+                r = int(self.used[src, h])
+                slots = self.slot_of[src, h, :r]
+                counts[b, h, slots] = self.counts[src, h, :r]
+                sums[b, h, slots, : self.d] = self.values[src, h, :r]
                 if self.keys is not None:
-                    sums[b, h, slots, self.d :] = self.keys[b, h, :r]
+                    sums[b, h, slots, self.d :] = self.keys[src, h, :r]
         return counts, sums

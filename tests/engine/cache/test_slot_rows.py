@@ -120,3 +120,31 @@ def test_placed_positions_read_their_slots_row_through_moves_and_growth():
     assert got.tolist() == [[[2, 1, 0], [1, 2, 0]]]
     assert (rows.slot_of[0, 0, got[0, 0]] == [9, 7, 5]).all()
     assert (rows.slot_of[0, 1, got[0, 1]] == [2, 40, 1]).all()
+
+
+def test_moves_with_a_few_repeated_rows_add_in_rounds_like_dense_sums():
+    """Every layer's moves at once: 80 tokens, one row taking three of them (the buffered adds'
+    rounds: a row's k-th token in round k) and one taking two; the sums equal dense ones, and
+    the same moves with every row distinct take the single buffered add."""
+    rng = np.random.default_rng(3)
+    rows = SlotRows(1, 2, 300, 4, True)
+    base = rng.integers(0, 300, (1, 2, 200))
+    adds = []
+
+    def add(slots, w):
+        values = rng.standard_normal((*slots.shape, 4)).astype(np.float32)
+        keys = rng.standard_normal((*slots.shape, 4)).astype(np.float32)
+        rows.add(slots, w, values, keys)
+        adds.append((slots, w, values, keys))
+
+    add(base, 1.0)  # a rebuild first (the sorted sums)
+    moves = np.stack([rng.permutation(300)[:40] for _ in range(2)])[None]
+    add(moves, rng.choice([-1.0, 1.0], 40))  # all distinct
+    moves = moves.copy()
+    moves[0, 0, 1] = moves[0, 0, 2] = moves[0, 0, 0]  # one row three tokens
+    moves[0, 1, 5] = moves[0, 1, 9]  # another two
+    add(moves, rng.choice([-1.0, 1.0], 40))
+    counts, sums = rows.dense()
+    want_counts, want_sums = dense_reference(adds, (1, 2, 300), 4, True)
+    np.testing.assert_allclose(counts, want_counts, atol=1e-4)
+    np.testing.assert_allclose(sums, want_sums, atol=1e-4)
