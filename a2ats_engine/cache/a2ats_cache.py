@@ -39,9 +39,6 @@ class A2ATSCache(_BaseCache):
 
     # whether `config.rerank` applies (False for evaluation caches whose ranking is not a score)
     reranks: bool = True
-    # the estimate's sums shared with the model's other A2ATS layers (`step_sums.StepSums`,
-    # given by `model_cache.make_cache`); None: this layer keeps its own
-    step_sums = None
 
     step = STEP
 

@@ -353,8 +353,9 @@ def missed_sums(retrieval: Retrieval, cache: A2ATSCache, lay: att.Layout, codes,
     of the occupied slots only): the held ones moved in place by the few tokens that changed
     slot since the last step (`Retrieval.missed_moves`), else rebuilt from the codes
     [B, n_kv, capacity, 1+] and the values / keys [B, n_kv, capacity, d] the step read."""
-    if cache.step_sums is not None:  # every layer's sums moved at once (`step_sums.py`)
-        shared = cache.step_sums.rows_for(cache, lay)
+    step_sums = getattr(cache, "step_sums", None)  # given by make_cache (`step_sums.py`)
+    if step_sums is not None:  # every layer's sums moved at once
+        shared = step_sums.rows_for(cache, lay)
         if shared is not None:
             return shared
     with_keys = cache.config.estimate_scores != "centroid"

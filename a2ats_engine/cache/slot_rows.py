@@ -11,7 +11,8 @@ step reads the rows in use (the most any KV head uses). A slot left empty keeps 
 the occupied slots again. Each far position also keeps the row of its slot (`at`), set when its
 token enters the row (`place`): the step reads its retrieved tokens' rows from there, one take,
 instead of coding their slots again. Plain NumPy arrays, moved in place by the host step
-(`host_step.missed_sums`).
+(`host_step.missed_sums`); every call takes a `part` (a leading slice of the batch), so one
+`SlotRows` can hold every layer's rows, stacked over (layer, batch) (`step_sums.StepSums`).
 """
 
 from __future__ import annotations

@@ -71,10 +71,11 @@ class StepSums:
     @staticmethod
     def join(caches: list) -> None:
         """Give the A2ATS caches of a cache list that run the estimate with the same geometry
-        one StepSums each group (two or more caches; `step_sums` stays None otherwise)."""
+        one StepSums each group of two or more, as their `step_sums` (a cache without one
+        keeps its own sums)."""
         groups: dict[tuple, list] = {}
         for c in caches:
-            if getattr(c, "estimates", False) and hasattr(c, "step_sums"):
+            if getattr(c, "estimates", False):  # A2ATS caches running the estimate
                 groups.setdefault(geometry_key(c), []).append(c)
         for members in groups.values():
             if len(members) > 1:
