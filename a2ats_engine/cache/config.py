@@ -52,7 +52,7 @@ class A2ATSConfig:
                   first-load measurement) timed a retrieval step with it at >= 0.95x the speed
                   of one without (`crossover.measured_estimate`), off where that was not
                   measured; True in the "quality" preset (`PRESETS`). Its cost depends on the
-                  retrieving layers and KV heads. In the host step it costs about 20% of a
+                  retrieving layers and KV heads. In the host step it costs about 8% of a
                   retrieval step's speed at 8K with mean slot scores on the demo model's 30
                   layers on a 2-core CPU, nothing measurable on Gemma 3 270M's 3
                   (docs/BENCHMARKS.md sections 1 and 2).

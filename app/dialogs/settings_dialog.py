@@ -59,7 +59,7 @@ PRESET_HELP = (
     "(the measurement made on a model's first load says so in the status bar). Quality: rerank "
     "4 (twice the candidates scored by their exact keys) and the missed-attention estimate below: at 8K on the demo model perplexity 0.999x "
     "full attention instead of 1.030x (three texts) and answers closer to full attention's, for "
-    "a retrieval step that decodes at 1.03x KVCache's speed on a 2-core CPU instead of 1.36x "
+    "a retrieval step that decodes at 0.95x KVCache's speed on a 2-core CPU instead of 1.14x "
     "(docs/BENCHMARKS.md). Choosing a preset sets the rerank and the estimate."
 )
 # The missed-attention estimate's choices: (label, A2ATSConfig.estimate_missed) by key.
@@ -256,7 +256,7 @@ class SettingsDialog(QDialog):
             "Estimate the attention of the tokens not retrieved: folds them into the softmax "
             "through their codebook slots, each scored by the mean of its own keys: perplexity "
             "1.025x -> 1.008x full at 4K on the demo model (three texts), for a slower "
-            "retrieval step (about 20% at 8K on a 2-core CPU) on the demo's 30 layers, nothing "
+            "retrieval step (about 8% at 8K on a 2-core CPU) on the demo's 30 layers, nothing "
             "measurable on Gemma 3 270M's 3, and larger per-slot sums (docs/BENCHMARKS.md "
             "sections 1 and 2). \u201cWhere it costs nothing here\u201d: on where the "
             "measurement of where retrieval pays off (made the first time a model is loaded) "

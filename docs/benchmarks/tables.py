@@ -1455,6 +1455,14 @@ HISTORY = {
         "step (dense sums): retrieval forced 0.94x / 0.96x KVCache at 1K / 8K, with the estimate "
         "0.83x / 0.86x",
     ),
+    "decode_quality_preset_before_step_sums.json": (
+        "2026-12-05",
+        "`a2ats bench decode --contexts 1024,8192 --steps 32 --repeats 3 --methods "
+        "full,a2ats_eb0,a2ats_rr4_eb0,a2ats_rr4_eb0_estm --json`, quiet, each layer moving its "
+        "own estimate sums (before `cache/step_sums.py`): at 8K retrieval 1.36x KVCache (5.70 "
+        "tok/s), rerank 4 1.33x, rerank 4 with the estimate 1.03x (the estimate 23% of a "
+        "rerank-4 step); at 1K 0.87x, 0.85x, 0.68x",
+    ),
     "decode_presets.json": (
         "2026-12-05",
         "`a2ats bench decode --contexts 1024,8192 --steps 32 --repeats 3 --methods "
@@ -1757,6 +1765,7 @@ def blocks() -> dict[str, str]:
         ("tasks-rr4-4k-18", "tasks_4k_rr4_18.json", tasks_table),
         ("tasks-rr4-8k-18", "tasks_8k_rr4_18.json", tasks_table),
         ("tasks-rr4-8k-number-vt", "tasks_8k_rr4_number_vt.json", tasks_table),
+        ("tasks-rr4-8k-vt24", "tasks_8k_rr4_vt24.json", tasks_table),
         ("tasks-gemma-estimate-4k", "tasks_gemma3_270m_4k_estimate.json", tasks_table),
         ("tasks-gemma-estimate-8k", "tasks_gemma3_270m_8k_estimate.json", tasks_table),
         ("tasks-8k", "tasks_8k.json", tasks_table),
@@ -1815,6 +1824,7 @@ def blocks() -> dict[str, str]:
         ("step-overhead-host-f25m17", "step_overhead_host_f25m17.json", step_overhead_table),
         ("host-step-ab-estimate", "host_step_ab_estimate.json", host_step_ab_table),
         ("host-step-ab-1k", "host_step_ab_1k.json", host_step_ab_table),
+        ("host-step-ab-step-sums", "host_step_ab_step_sums.json", host_step_ab_table),
         ("crossover-probe-host-f25m17", "crossover_demo_host_f25m17.json", crossover_probe_table),
         ("crossover-probe-estimate", "crossover_demo_host_f25m17.json", crossover_probe_table),
         (
