@@ -86,13 +86,17 @@ class StepSums:
     def rows_for(self, cache: A2ATSCache, lay: att.Layout) -> LayerRows | None:
         """`cache`'s part of the sums at this step (context lay.n), every member's moved or
         rebuilt the first time a member asks at this context; None where a member's rows
-        cannot be read here (the caller keeps its own `SlotRows` then)."""
+        cannot be read here, or differ in batch, KV heads or head dim (the caller keeps its own
+        `SlotRows` then)."""
         retrieval = cache.retrieval
         held = retrieval.host_missed
         if self.n == lay.n and held is not None and held[0] == lay.n:
             return held[1] if isinstance(held[1], LayerRows) else None
         arrays = [readable(c, lay) for c in self.members]
-        if any(a is None for a in arrays):
+        if (
+            any(a is None for a in arrays)
+            or len({a[1].shape[:2] + a[1].shape[3:] for a in arrays}) > 1
+        ):
             self.n = None
             return None
         moves = None

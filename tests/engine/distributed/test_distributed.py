@@ -272,7 +272,12 @@ def test_two_ranks_sample_the_tokens_of_one_process_with_half_the_cache(
         assert rank["replies"][0]["tokens"] == tokens
     assert [r["layers"] for r in ranks] == [[2, 4], [0, 2]]
     per_rank = [r["replies"][0]["cache_bytes"] for r in ranks]
-    assert sum(per_rank) == held
+    if knobs.get("estimate_missed"):  # the estimate's sums are stacked per cache list
+        # (`StepSums`), each list's rows as many as its layer with the most: two ranks' lists
+        # hold a slightly different total than one process's
+        assert sum(per_rank) == pytest.approx(held, rel=0.05) and sum(per_rank) != 0
+    else:
+        assert sum(per_rank) == held
     assert all(0.4 * held <= b <= 0.6 * held for b in per_rank)
     assert ranks[0]["replies"][0]["sent_bytes_per_decode_step"] == 64 * 4  # the gather
     assert ranks[1]["replies"][0]["sent_bytes_per_decode_step"] == 2 * 64 * 4  # send + gather
