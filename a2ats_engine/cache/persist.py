@@ -27,6 +27,7 @@ from ..errors import A2ATSError
 from .a2ats_cache import A2ATSCache
 from .codebook_file import MAX_HEADER_BYTES, header_length
 from .rope import RopeSpec
+from .step_sums import StepSums
 
 FORMAT = "a2ats-session"
 VERSION = 2
@@ -175,6 +176,7 @@ def _load(name: str, meta: dict, arrays: dict, model, codebook) -> tuple[list, d
         from . import hooks
 
         hooks.install(model)
+    StepSums.join(caches)  # as `make_cache`: the estimate's sums of all layers moved at once
     return caches, meta["metadata"]
 
 

@@ -122,3 +122,24 @@ def test_a_member_whose_rows_cannot_be_read_sends_every_layer_to_its_own_sums():
 
     lay = att.layout(own[0].offset + 1, 16, 4, 8)
     assert shared.rows_for(own[0], lay) is None and shared.n is None
+
+
+def test_a_restored_session_shares_its_layers_sums_and_decodes_as_before(tmp_path):
+    """A session saved and loaded back (`persist`) gives its A2ATS layers one StepSums as
+    `make_cache` does, and decodes the same tokens' logits as the caches it was saved from."""
+    from a2ats_engine.cache.persist import load_session, save_session
+
+    model = tiny_model("llama", num_hidden_layers=3)
+    geo = model_geometry(model)
+    book = made_for(model, Codebook.random(geo.num_layers, geo.num_kv_heads, geo.head_dim, 16))
+    caches = caches_for(model, book, "mean", True)
+    decode(model, caches, [(5 * i) % 89 + 2 for i in range(150)], 3)
+    save_session(tmp_path / "s.safetensors", caches)
+    with topk.forced("numpy"):
+        restored, _ = load_session(tmp_path / "s.safetensors", model=model, codebook=book)
+    own = [c for c in restored if isinstance(c, A2ATSCache)]
+    assert own[0].step_sums is not None and len({id(c.step_sums) for c in own}) == 1
+    want = np.array(model(mx.array([[17]]), cache=caches))
+    got = np.array(model(mx.array([[17]]), cache=restored))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert own[0].step_sums.rebuilds == 1  # its first step rebuilt every layer's sums at once
