@@ -33,7 +33,7 @@ import numpy as np
 
 from . import attention as att
 from . import numpy_blas
-from .slot_rows import SlotRows
+from .slot_rows import ALL, SlotRows
 
 if TYPE_CHECKING:
     from .a2ats_cache import A2ATSCache
@@ -358,38 +358,60 @@ def missed_sums(retrieval: Retrieval, cache: A2ATSCache, lay: att.Layout, codes,
         shared = step_sums.rows_for(cache, lay)
         if shared is not None:
             return shared
-    with_keys = cache.config.estimate_scores != "centroid"
     held = retrieval.host_missed
     if held is not None and not isinstance(held[1], SlotRows):
         held = None  # a StepSums' part, not moved here: rebuilt as this layer's own
     moves = retrieval.missed_moves(cache, lay, None if held is None else held[0])
-    C = cache.codebook.n_centroids
-    lower_edges = cache.estimate_edges
-    B, n_kv = codes.shape[:2]
     if moves is None:
+        B, n_kv = codes.shape[:2]
+        with_keys = cache.config.estimate_scores != "centroid"
         rows = SlotRows(B, n_kv, cache.n_slots, values.shape[-1], with_keys)
-        if lay.n_far:
-            slots = codes[:, :, lay.n_sinks : lay.window_start, 0].astype(np.int64)
-            if lower_edges is not None:
-                ends = (lay.n, lay.n_sinks, lay.window_start)
-                slots += C * far_buckets(*ends, tuple(lower_edges))
-            index = np.s_[:, :, lay.n_sinks : lay.window_start]
-            placed = rows.add(slots, 1.0, values[index], keys[index] if with_keys else None)
-            rows.place(np.arange(lay.n_sinks, lay.window_start), placed)
+        rebuild_rows(rows, cache, lay, codes, values, keys)
     else:
         rows = held[1]
-        if moves:  # every move of every KV head at once (a slot may take several)
-            pos, first_slot, w, entering = move_columns(moves, C)
-            slots = codes[:, :, pos, 0] + first_slot  # [B, n_kv, moves] int64
-            placed = rows.add(slots, w, values[:, :, pos], keys[:, :, pos] if with_keys else None)
-            rows.place(pos[entering], placed[..., entering])  # a token's new slot's row
+        if moves:
+            move_rows(rows, cache, moves, [(codes, values, keys)])
     retrieval.host_missed = (lay.n, rows)
     retrieval.missed_sums, retrieval.missed_n = None, None  # the MLX sums no longer follow
     return rows
 
 
+def rebuild_rows(rows: SlotRows, cache: A2ATSCache, lay: att.Layout, codes, values, keys,
+                 part: slice = ALL) -> None:  # fmt: skip
+    """Add the far region [n_sinks, window_start) of one cache's codes / values / keys (the
+    NumPy views the step read) to the batch entries `part` of fresh `rows`: each token to its
+    slot (first subspace's code, distance bucket at context lay.n), and its row placed."""
+    if not lay.n_far:
+        return
+    slots = codes[:, :, lay.n_sinks : lay.window_start, 0].astype(np.int64)
+    if cache.estimate_edges is not None:
+        ends = (lay.n, lay.n_sinks, lay.window_start)
+        slots += cache.codebook.n_centroids * far_buckets(*ends, tuple(cache.estimate_edges))
+    far = np.s_[:, :, lay.n_sinks : lay.window_start]
+    placed = rows.add(slots, 1.0, values[far], keys[far] if rows.with_keys else None, part)
+    rows.place(np.arange(lay.n_sinks, lay.window_start), placed, part)
+
+
+def move_rows(rows: SlotRows, cache: A2ATSCache, moves: tuple, arrays: list) -> None:
+    """A step's moves (`Retrieval.missed_moves`) added to `rows`, whose batch stacks the
+    (codes, values, keys) of `arrays` in order (one cache's, or every `StepSums` member's):
+    every move of every KV head with one add (a slot may take several), each entering token's
+    new row placed."""
+    pos, first_slot, w, entering = _move_columns(moves, cache.codebook.n_centroids)
+
+    def stacked(column: int, index) -> np.ndarray:
+        taken = [a[column][index] for a in arrays]
+        return taken[0] if len(taken) == 1 else np.concatenate(taken)
+
+    slots = stacked(0, np.s_[:, :, pos, 0]) + first_slot  # [B, n_kv, moves] int64
+    values = stacked(1, np.s_[:, :, pos])
+    keys = stacked(2, np.s_[:, :, pos]) if rows.with_keys else None
+    placed = rows.add(slots, w, values, keys)
+    rows.place(pos[entering], placed[..., entering])  # a token's new slot's row
+
+
 @lru_cache(maxsize=8)
-def move_columns(moves: tuple, n_centroids: int) -> tuple[np.ndarray, ...]:
+def _move_columns(moves: tuple, n_centroids: int) -> tuple[np.ndarray, ...]:
     """A step's moves ((position, bucket, weight), ...) as arrays, made once for the step's
     layers: positions int64, the first slot of each one's bucket (bucket * n_centroids, int64),
     weights float32, and which moves enter a slot (weight > 0: a token's one slot after the

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import attention as att
-from .host_step import NUMPY_DTYPES, far_buckets, move_columns
+from .host_step import NUMPY_DTYPES, move_rows, rebuild_rows
 from .slot_rows import SlotRows
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ class StepSums:
             self.rebuilds += 1
         else:
             if moves:
-                self._move(cache, moves, arrays)
+                move_rows(self.rows, cache, moves, arrays)
             self.moved_steps += 1
         del arrays  # no view of a member's MLX buffers outlives the update
         self.n = lay.n
@@ -124,7 +124,7 @@ class StepSums:
         return self.parts[self.part[id(cache)]]
 
     def _rebuild(self, cache: A2ATSCache, lay: att.Layout, arrays: list) -> None:
-        """Every member's part from its own far region (`host_step.missed_sums`' rebuild)."""
+        """Every member's part from its own far region (`host_step.rebuild_rows` each)."""
         B, n_kv = arrays[0][0].shape[:2]
         d = arrays[0][1].shape[-1]
         with_keys = cache.config.estimate_scores != "centroid"
@@ -134,31 +134,8 @@ class StepSums:
             LayerRows(rows, slice(i * B, (i + 1) * B), len(self.members))
             for i in range(len(self.members))
         ]
-        if not lay.n_far:
-            return
-        first = 0
-        edges = cache.estimate_edges
-        if edges is not None:
-            ends = (lay.n, lay.n_sinks, lay.window_start)
-            first = cache.codebook.n_centroids * far_buckets(*ends, tuple(edges))
-        far = np.s_[:, :, lay.n_sinks : lay.window_start]
-        positions = np.arange(lay.n_sinks, lay.window_start)
         for part, (codes, values, keys) in zip(self.parts, arrays, strict=True):
-            slots = codes[:, :, lay.n_sinks : lay.window_start, 0].astype(np.int64) + first
-            kept = keys[far] if with_keys else None
-            placed = rows.add(slots, 1.0, values[far], kept, part.part)
-            rows.place(positions, placed, part.part)
-
-    def _move(self, cache: A2ATSCache, moves: tuple, arrays: list) -> None:
-        """Every member's moves with one add: the moved tokens' codes, values and keys read
-        from each member's rows, stacked over (member, batch)."""
-        pos, first_slot, w, entering = move_columns(moves, cache.codebook.n_centroids)
-        with_keys = self.rows.keys is not None
-        slots = np.concatenate([codes[:, :, pos, 0] for codes, _, _ in arrays]) + first_slot
-        values = np.concatenate([v[:, :, pos] for _, v, _ in arrays])
-        keys = np.concatenate([k[:, :, pos] for _, _, k in arrays]) if with_keys else None
-        placed = self.rows.add(slots, w, values, keys)
-        self.rows.place(pos[entering], placed[..., entering])
+            rebuild_rows(rows, cache, lay, codes, values, keys, part.part)
 
 
 def geometry_key(cache: A2ATSCache) -> tuple:
