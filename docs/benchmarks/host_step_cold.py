@@ -1,9 +1,13 @@
 # ruff: noqa: I001  (a2ats_engine before mlx: it preloads OpenBLAS)
 """Why a host step costs twice in a decode what it costs on its own: the NumPy part of one A2ATS
-layer's retrieval step (`cache/host_step.py`), timed per piece warm (run again at once) and cold
+layer's retrieval step (`cache/host_step.py`), timed per piece warm (run again at once), cold
 (right after reading as many bytes as one decoder layer's weights, which is what passes through
-the caches between two layers' steps in a decode), next to the same part measured inside real
-decode steps (`host_step.step`'s time less its one `mx.eval`, per layer).
+the caches between two layers' steps in a decode), right after MLX ran real layer work (the
+MLPs of MLX_LAYERS decoder layers, evaluated: MLX's threads on both cores), right after NumPy
+read the same weights (matrix-vector products on the main thread), and the call after the one
+that follows MLX's work; next to the same part measured inside real decode steps
+(`host_step.step`'s time less its one `mx.eval`, per layer). Every piece runs under
+`numpy_blas.one_thread()`, as in the step.
 
 The demo model, prefilled from filler text, retrieval forced (`a2ats_eb0`); the pieces are the
 host step's own functions on the inputs one real step gave layer LAYER.
@@ -26,13 +30,14 @@ from mlx.utils import tree_flatten
 
 from a2ats_engine.bench.speed import _method_cache
 from a2ats_engine.cache import attention as att
-from a2ats_engine.cache import host_step
+from a2ats_engine.cache import host_step, numpy_blas
 from a2ats_engine.commands._bench_common import machine
 from _demo_prefill import demo_prefilled
 
 LAYER = 15
 REPS = 150
 STEPS = 12
+MLX_LAYERS = 4  # the decoder layers whose MLPs MLX runs before a piece (42 MB of float32 weights)
 
 
 def _median_ms(times: list[float]) -> float:
@@ -68,6 +73,55 @@ def _pieces(step_args) -> dict:
         "attention": lambda: host_step.attention(q, k_sel, v_sel, rep, scale, None),
         "back to MLX": lambda: mx.eval(mx.array(out), mx.array(pos), mx.array(rep)),
     }
+
+
+def _compiled_piece(step_args):
+    """The step's far scores, top-K and rerank as the compiled call (`host_kernels.select_far`)
+    on the same inputs, or None where it does not run here."""
+    from a2ats_engine.cache import host_kernels
+
+    fn = host_kernels.selector()
+    if fn is None:
+        return None
+    _, c, queries, lay, _scale, _sinks = step_args
+    B, n_q, _, d = queries.shape
+    n_kv = c.codes.shape[1]
+    to_far = att.step_rotations(c.rope, lay.n - 1, c.rotations, tuple(c.buckets[0]))
+    mx.eval(to_far)
+    q = np.asarray(queries).reshape(B, n_kv, n_q // n_kv, d).astype(np.float32)
+    codes, keys = np.asarray(c.codes), np.asarray(c.rows.keys)
+    to_far = np.asarray(to_far)[:, : d * host_step.used_buckets(c, lay)]
+    tables = host_step.host_tables(q, to_far, np.asarray(c.codebook.scoring_centroids(c.layer)))
+    buckets = host_step.far_bucket_ids(c, lay)
+    cands, C = min(c.config.rerank * lay.k, lay.n_far), c.codebook.n_centroids
+    return lambda: host_kernels.select_far(
+        fn, tables, codes, buckets, lay, C, lay.k, cands, q, keys
+    )
+
+
+def _layer_work(model):
+    """(MLX runs the MLPs of MLX_LAYERS decoder layers on one token and waits for them, NumPy
+    multiplies the same weights by a vector on the main thread, their bytes)."""
+    weights = [
+        v for layer in model.layers[:MLX_LAYERS] for _, v in tree_flatten(layer.mlp.parameters())
+    ]
+    x = mx.random.normal((1, 1, model.layers[0].mlp.gate_proj.weight.shape[1]))
+    mx.eval(x)
+
+    def mlps() -> None:
+        y = x
+        for layer in model.layers[:MLX_LAYERS]:
+            y = layer.mlp(y)
+        mx.eval(y)
+
+    copies = [np.array(w.astype(mx.float32)) for w in weights]
+    ones = [np.ones(w.shape[1], np.float32) for w in copies]
+
+    def numpy_mlps() -> None:
+        for w, v in zip(copies, ones, strict=True):
+            w @ v
+
+    return mlps, numpy_mlps, int(sum(w.nbytes for w in weights))
 
 
 def main(context: int) -> dict:
@@ -108,24 +162,34 @@ def main(context: int) -> dict:
     pieces = _pieces(seen[0])
     parts = list(pieces.values())
     pieces["whole NumPy part"] = lambda: [fn() for fn in parts]
+    compiled = _compiled_piece(seen[0])
+    if compiled is not None:  # not in the whole: it replaces code scores and top-K + rerank
+        pieces["compiled far scores + top-K + rerank (host_kernels)"] = compiled
     _, c, queries, lay, scale, _ = seen[0]
     keys, values = c.rows.keys[..., : lay.n, :], c.rows.values[..., : lay.n, :]
     mx.eval(keys, values)
     pieces["exact attention (MLX; what the step replaces)"] = lambda: mx.eval(
         mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale)
     )
-    cold, warm = {}, {}
-    for name, fn in pieces.items():
-        c_times, w_times = [], []
-        for _ in range(REPS):
-            sweep.sum()
-            began = time.perf_counter()
-            fn()
-            c_times.append(time.perf_counter() - began)
-            began = time.perf_counter()
-            fn()
-            w_times.append(time.perf_counter() - began)
-        cold[name], warm[name] = _median_ms(c_times), _median_ms(w_times)
+    mlps, numpy_mlps, mlp_bytes = _layer_work(model)
+    before = {"cold": sweep.sum, "after_mlx": mlps, "after_numpy_weights": numpy_mlps}
+    times: dict[str, dict[str, list]] = {k: {} for k in [*before, "warm", "after_mlx_second"]}
+    with numpy_blas.one_thread():
+        for name, fn in pieces.items():
+            for k in times:
+                times[k][name] = []
+            for _ in range(REPS):
+                for kind, work in before.items():
+                    work()
+                    began = time.perf_counter()
+                    fn()
+                    times[kind][name].append(time.perf_counter() - began)
+                    began = time.perf_counter()
+                    fn()
+                    after = {"cold": "warm", "after_mlx": "after_mlx_second"}.get(kind)
+                    if after:
+                        times[after][name].append(time.perf_counter() - began)
+    ms = {k: {n: _median_ms(t) for n, t in v.items()} for k, v in times.items()}
     return {
         "model": info.name,
         "codebook": desc,
@@ -135,8 +199,14 @@ def main(context: int) -> dict:
         "machine": machine(),
         "command": "python docs/benchmarks/host_step_cold.py " + " ".join(sys.argv[1:]),
         "reps": REPS,
-        "warm_ms": warm,
-        "cold_ms": cold,
+        "warm_ms": ms["warm"],
+        "cold_ms": ms["cold"],
+        "after_mlx_ms": ms["after_mlx"],
+        "after_mlx_second_call_ms": ms["after_mlx_second"],
+        "after_numpy_weights_ms": ms["after_numpy_weights"],
+        "mlx_layers": MLX_LAYERS,
+        "mlx_layer_bytes": mlp_bytes,
+        "blas": "numpy_blas.one_thread() around every piece",
         "in_decode_ms_per_layer": _median_ms(in_decode),
         "decode_steps": STEPS,
         "load_average_at_end": [round(x, 2) for x in os.getloadavg()],

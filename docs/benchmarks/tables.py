@@ -1216,30 +1216,55 @@ def host_step_ab_table(data: dict) -> str:
 
 def host_step_cold_table(data: dict) -> str:
     """`docs/benchmarks/host_step_cold.py`: the host step's NumPy pieces warm, after one layer's
-    weights passed through the caches, and the whole part inside real decode steps."""
+    weights passed through the caches (and, in runs that have them, right after MLX's layer
+    work, the call after that one, and right after NumPy read the same weights), and the whole
+    part inside real decode steps."""
     runs = data["runs"]
     first = runs[0]
+    mlx = "after_mlx_ms" in first
+    extra = (
+        " after MLX's layer work ms | its next call ms | after NumPy read the same weights ms |"
+        if mlx
+        else ""
+    )
     lines = [
-        "| context | piece | warm ms | after a layer's weights ms |",
-        "|---:|---|---:|---:|",
+        "| context | piece | warm ms | after a layer's weights ms |" + extra,
+        "|---:|---|---:|---:|" + ("---:|---:|---:|" if mlx else ""),
     ]
     for r in runs:
         for name, warm in r["warm_ms"].items():
             label = f"**{name}**" if name == "whole NumPy part" else name
-            lines.append(f"| {r['context']:,} | {label} | {warm:.3f} | {r['cold_ms'][name]:.3f} |")
-    lines += ["", "| context | NumPy part warm | after a layer's weights | inside decode steps "
-              "(median of the layers' steps) | inside decode / warm |", "|---:|---:|---:|---:|---:|"]  # fmt: skip
+            row = f"| {r['context']:,} | {label} | {warm:.3f} | {r['cold_ms'][name]:.3f} |"
+            if mlx:
+                row += (
+                    f" {r['after_mlx_ms'][name]:.3f} | {r['after_mlx_second_call_ms'][name]:.3f}"
+                    f" | {r['after_numpy_weights_ms'][name]:.3f} |"
+                )
+            lines.append(row)
+    lines += ["", "| context | NumPy part warm | after a layer's weights | "
+              + ("after MLX's layer work | " if mlx else "")
+              + "inside decode steps (median of the layers' steps) | inside decode / warm |",
+              "|---:|---:|---:|---:|---:|" + ("---:|" if mlx else "")]  # fmt: skip
     for r in runs:
         whole, cold = r["warm_ms"]["whole NumPy part"], r["cold_ms"]["whole NumPy part"]
         inside = r["in_decode_ms_per_layer"]
-        lines.append(f"| {r['context']:,} | {whole:.3f} | {cold:.3f} | {inside:.3f} | "
+        after = f"{r['after_mlx_ms']['whole NumPy part']:.3f} | " if mlx else ""
+        lines.append(f"| {r['context']:,} | {whole:.3f} | {cold:.3f} | {after}{inside:.3f} | "
                      f"{inside / whole:.2f}x |")  # fmt: skip
+    mlx_note = ""
+    if mlx:
+        mlx_note = (
+            f"; MLX's layer work: the MLPs of the first {first['mlx_layers']} decoder layers "
+            f"on one token, evaluated ({first['mlx_layer_bytes'] / 1e6:.1f} MB of weights), and "
+            "NumPy's the same weights times a vector on the main thread; every piece under "
+            "`numpy_blas.one_thread()` as in the step"
+        )
     lines += [
         "",
         f"`{first['command']}`; {first['machine']}; layer {first['layer']} of the demo model, "
         f"median of {first['reps']} calls per piece (each warm call right after a cold one; "
-        f"the sweep reads {first['sweep_bytes'] / 1e6:.1f} MB, one decoder layer's weights); "
-        f"inside decode: `host_step.step`'s time less its `mx.eval`, over "
+        f"the sweep reads {first['sweep_bytes'] / 1e6:.1f} MB, one decoder layer's weights)"
+        f"{mlx_note}; inside decode: `host_step.step`'s time less its `mx.eval`, over "
         f"{first['decode_steps']} decode steps; other jobs stopped while it ran.",
     ]
     return "\n".join(lines)
