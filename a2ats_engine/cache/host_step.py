@@ -32,7 +32,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import attention as att
-from . import host_kernels, numpy_blas
+from . import numpy_blas
 from .slot_rows import ALL, SlotRows
 
 if TYPE_CHECKING:
@@ -95,17 +95,8 @@ def _on_host(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, val
     timed, layer, cfg, top_k = retrieval.timed, cache.layer, cache.config, cache.top_k
     q = np.asarray(queries).reshape(B, n_kv, G, d).astype(np.float32, copy=False)
     codes = np.asarray(cache.codes)
-    k_np, v_np = np.asarray(keys), np.asarray(values)
-    candidates = min(cfg.rerank * lay.k, lay.n_far) if cache.reranks else lay.k
-    cover = None
-    if candidates > lay.k and cfg.coverage is not None:
-        cover = (scale, cfg.coverage, min(cfg.coverage_floor, lay.k))
-    S = codes.shape[-1]
-    compiled = None  # far scores, top-K and rerank in one compiled call (`host_kernels`)
-    if host_kernels.usable(codes, k_np, S, cover, candidates > lay.k and cfg.rerank_shared):
-        compiled = host_kernels.selector()
 
-    def scores() -> tuple[np.ndarray, np.ndarray | None]:
+    def scores() -> tuple[np.ndarray, np.ndarray]:
         centroids = np.asarray(cache.codebook.scoring_centroids(layer, q))
         rotations = np.asarray(to_far)
         if not (cache.estimates and cache.config.estimate_scores == "centroid"):
@@ -114,9 +105,10 @@ def _on_host(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, val
             # centroid-scored estimate reads every held slot's table: all of them)
             rotations = rotations[:, : d * used_buckets(cache, lay)]
         tables = host_tables(q, rotations, centroids)
-        return tables, None if compiled else far_scores(tables, codes, cache, lay)
+        return tables, far_scores(tables, codes, cache, lay)
 
     tables_np, approx = timed(layer, "code scores", scores)  # tables; [B, n_kv, G, F]
+    k_np, v_np = np.asarray(keys), np.asarray(values)
     missed = None
     if cache.estimates:  # the occupied slots' counts and sums (a SlotRows)
         missed = timed(
@@ -124,27 +116,21 @@ def _on_host(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, val
             "estimate",
             lambda: missed_sums(retrieval, cache, lay, codes, v_np, k_np),
         )
+    candidates = min(cfg.rerank * lay.k, lay.n_far) if cache.reranks else lay.k
     retrieval.budget_used = None
-    phase = "top-K + rerank" if candidates > lay.k else "top-K"
-    top = None
-    if compiled is not None:
-        n_centroids = cache.codebook.n_centroids
-        top = timed(layer, phase, lambda: host_kernels.select_far(
-            compiled, tables_np, codes, far_bucket_ids(cache, lay), lay, n_centroids, lay.k,
-            candidates, q, k_np,
-        ))  # fmt: skip
-        if top is None:  # a NaN score: the NumPy calls rank it as argpartition does
-            approx = far_scores(tables_np, codes, cache, lay)
-    if top is None and candidates > lay.k:
+    if candidates > lay.k:
+        cover = None
+        if cfg.coverage is not None:
+            cover = (scale, cfg.coverage, min(cfg.coverage_floor, lay.k))
 
         def pick() -> np.ndarray:
             return rerank(q, approx, lay, candidates, k_np, top_k, cover, cfg.rerank_shared)
 
-        top = timed(layer, phase, pick)
+        top = timed(layer, "top-K + rerank", pick)
         if cover is not None:
             top, retrieval.budget_used = top
-    elif top is None:
-        top = timed(layer, phase, lambda: top_k.top(approx, lay.k))
+    else:
+        top = timed(layer, "top-K", lambda: top_k.top(approx, lay.k))
     positions, repeat = timed(layer, "union", lambda: top_k.select_host(top, lay))
     k_sel, v_sel = timed(
         layer, "gather K/V", lambda: (gather(k_np, positions), gather(v_np, positions))
@@ -184,22 +170,6 @@ def host_tables(q: np.ndarray, to_far: np.ndarray, centroids: np.ndarray) -> np.
     rq_t = np.ascontiguousarray(rq.transpose(0, 1, 3, 4, 2))  # [B, n_kv, S, sd, G * m]
     t = centroids[None].astype(np.float32, copy=False) @ rq_t  # [B, n_kv, S, C, G * m]
     return np.ascontiguousarray(t.transpose(0, 1, 4, 2, 3)).reshape(B, n_kv, G, m * S * C)
-
-
-def far_bucket_ids(cache: A2ATSCache, lay: att.Layout) -> np.ndarray:
-    """Each far token's distance bucket at this step (`far_buckets`; all 0 with one distance)
-    -> int32 [F], read-only."""
-    _, lower_edges = cache.buckets
-    if lower_edges is None:
-        return _zeros(lay.n_far)
-    return far_buckets(lay.n, lay.n_sinks, lay.window_start, tuple(lower_edges))
-
-
-@lru_cache(maxsize=4)
-def _zeros(n: int) -> np.ndarray:
-    out = np.zeros(n, np.int32)
-    out.flags.writeable = False
-    return out
 
 
 def used_buckets(cache: A2ATSCache, lay: att.Layout) -> int:

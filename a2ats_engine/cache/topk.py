@@ -190,8 +190,7 @@ THRESHOLD_FROM = 1536  # rows shorter than this: one argpartition (as fast or fa
 
 def top_indices(scores: np.ndarray, k: int) -> np.ndarray:
     """Indices of the k highest scores of each row: [..., F] -> [..., k] int64, unordered (the
-    same scores as `np.argpartition`'s; of the scores tied at the k-th, the lowest indices:
-    `lowest_ties`, so that the compiled host selection, `host_kernels`, keeps the same ones).
+    same scores as `np.argpartition`'s; which of tied scores at the k-th is arbitrary in both).
 
     A full argpartition of every row was most of a host retrieval step's top-K + rerank at 8K
     (docs/BENCHMARKS.md, "Where a decode step's time goes"). Here a strided sample of each row
@@ -204,7 +203,7 @@ def top_indices(scores: np.ndarray, k: int) -> np.ndarray:
     n = scores.shape[-1]
 
     def full() -> np.ndarray:
-        return lowest_ties(scores, np.argpartition(scores, n - k, axis=-1)[..., n - k :])
+        return np.argpartition(scores, n - k, axis=-1)[..., n - k :]
 
     if n < THRESHOLD_FROM or 4 * k > n:
         return full()
@@ -227,23 +226,7 @@ def top_indices(scores: np.ndarray, k: int) -> np.ndarray:
         out[r] = flat[start:end][np.argpartition(part, part.size - k)[part.size - k :]]
         start = end
     out -= (np.arange(rows.shape[0], dtype=np.int64) * n)[:, None]
-    return lowest_ties(scores, out.reshape(*lead, k))
-
-
-def lowest_ties(scores: np.ndarray, top: np.ndarray) -> np.ndarray:
-    """`top` [..., k] (indices of the k highest of `scores` [..., F]) with, in each row where
-    scores equal to its k-th highest are not all kept, the lowest indices of those instead
-    (rows then ascending). A rule both top-K paths of the host step follow: VQ scores tie often,
-    and argpartition's choice among ties is its own. Rows with a NaN are left as they are."""
-    n, k = scores.shape[-1], top.shape[-1]
-    rows, idx = scores.reshape(-1, n), top.reshape(-1, k)
-    kth = np.take_along_axis(rows, idx, axis=-1).min(axis=-1, keepdims=True)
-    above, equal = rows > kth, rows == kth
-    n_above = np.count_nonzero(above, axis=-1)
-    if np.isnan(kth).any() or (n_above + np.count_nonzero(equal, axis=-1) == k).all():
-        return top
-    keep = above | (equal & (np.cumsum(equal, axis=-1) <= (k - n_above)[:, None]))
-    return np.nonzero(keep)[1].reshape(top.shape).astype(top.dtype, copy=False)
+    return out.reshape(*lead, k)
 
 
 def _distinct(indices: np.ndarray) -> int:

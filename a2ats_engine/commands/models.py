@@ -127,26 +127,13 @@ def run_info(args: argparse.Namespace) -> int:
 
     info = describe(args.source, progress=_StageReporter())
     crossover = crossover_text(info, args.source)
-    host = host_step_text() if crossover is not None else None
     if args.json:
-        print(json.dumps({**info.to_dict(), "crossover": crossover, "host_step": host}, indent=2))
+        print(json.dumps({**info.to_dict(), "crossover": crossover}, indent=2))
     else:
         from ..terminal import printable
 
-        print(printable(format_info(info, crossover, host)))
+        print(printable(format_info(info, crossover)))
     return 0
-
-
-def host_step_text() -> str:
-    """How a retrieval step selects on this machine: on CPU-only MLX the host step, its far
-    scores and top-K compiled or in NumPy calls (`cache/host_kernels.py`); else MLX's step."""
-    from .._backend import is_cpu_only
-
-    if not is_cpu_only():
-        return "MLX's step on the device"
-    from ..cache import host_kernels
-
-    return f"on the host; far scores, top-K and rerank {host_kernels.status()}"
 
 
 def crossover_text(info, source: str) -> str | None:
@@ -170,9 +157,8 @@ def crossover_text(info, source: str) -> str | None:
     return describe_crossover(*geometry, source, estimate, kind)
 
 
-def format_info(info, crossover: str | None = None, host: str | None = None) -> str:
-    """ModelInfo as aligned `field: value` lines (and the crossover and host step lines when
-    given)."""
+def format_info(info, crossover: str | None = None) -> str:
+    """ModelInfo as aligned `field: value` lines (and the crossover line when given)."""
     rope = info.rope
     if "error" in rope:
         rope_text = f"unsupported ({rope['error']})"
@@ -204,8 +190,6 @@ def format_info(info, crossover: str | None = None, host: str | None = None) -> 
     lines += [f"{'':<{width}}{line}" for line in _plan_lines(plan)]
     if crossover is not None:
         lines.append(f"{'exact below':<{width}}  {crossover}")
-    if host is not None:
-        lines.append(f"{'retrieval step':<{width}}  {host}")
     return "\n".join(lines)
 
 

@@ -75,30 +75,6 @@ def _pieces(step_args) -> dict:
     }
 
 
-def _compiled_piece(step_args):
-    """The step's far scores, top-K and rerank as the compiled call (`host_kernels.select_far`)
-    on the same inputs, or None where it does not run here."""
-    from a2ats_engine.cache import host_kernels
-
-    fn = host_kernels.selector()
-    if fn is None:
-        return None
-    _, c, queries, lay, _scale, _sinks = step_args
-    B, n_q, _, d = queries.shape
-    n_kv = c.codes.shape[1]
-    to_far = att.step_rotations(c.rope, lay.n - 1, c.rotations, tuple(c.buckets[0]))
-    mx.eval(to_far)
-    q = np.asarray(queries).reshape(B, n_kv, n_q // n_kv, d).astype(np.float32)
-    codes, keys = np.asarray(c.codes), np.asarray(c.rows.keys)
-    to_far = np.asarray(to_far)[:, : d * host_step.used_buckets(c, lay)]
-    tables = host_step.host_tables(q, to_far, np.asarray(c.codebook.scoring_centroids(c.layer)))
-    buckets = host_step.far_bucket_ids(c, lay)
-    cands, C = min(c.config.rerank * lay.k, lay.n_far), c.codebook.n_centroids
-    return lambda: host_kernels.select_far(
-        fn, tables, codes, buckets, lay, C, lay.k, cands, q, keys
-    )
-
-
 def _layer_work(model):
     """(MLX runs the MLPs of MLX_LAYERS decoder layers on one token and waits for them, NumPy
     multiplies the same weights by a vector on the main thread, their bytes)."""
@@ -162,9 +138,6 @@ def main(context: int) -> dict:
     pieces = _pieces(seen[0])
     parts = list(pieces.values())
     pieces["whole NumPy part"] = lambda: [fn() for fn in parts]
-    compiled = _compiled_piece(seen[0])
-    if compiled is not None:  # not in the whole: it replaces code scores and top-K + rerank
-        pieces["compiled far scores + top-K + rerank (host_kernels)"] = compiled
     _, c, queries, lay, scale, _ = seen[0]
     keys, values = c.rows.keys[..., : lay.n, :], c.rows.values[..., : lay.n, :]
     mx.eval(keys, values)
