@@ -1448,6 +1448,18 @@ HISTORY = {
         "before the lookup tables in NumPy (not a piece then): the NumPy part 0.22 ms a layer "
         "warm at 1K, 0.26 after a layer's weights, 0.47 inside decode steps",
     ),
+    "host_step_ab_compiled_selection_1k.json": (
+        "2026-12-06",
+        "`python docs/benchmarks/host_step_ab.py a951c5e 1024` with the host step's far "
+        "scores, top-K and rerank as one numba loop (commit e8f527b, backed out by 85bd921), "
+        "the commit's step with its NumPy top-K: 1.02x the speed without the estimate, 1.05x "
+        "with it",
+    ),
+    "host_step_ab_compiled_selection_8k.json": (
+        "2026-12-06",
+        "the same at 8,192 tokens: 0.98x the speed without the estimate and with it; the "
+        "compiled selection was left out",
+    ),
     "step_overhead_host_f25m17_before_host_tables.json": (
         "2026-12-06",
         "`python docs/benchmarks/step_overhead.py 1024,8000` on the host of family 25 model 17, "
@@ -1838,6 +1850,11 @@ def blocks() -> dict[str, str]:
         ("profile-gemma", "profile_gemma3_270m_8k.json", profile_table),
         ("step-overhead", "step_overhead.json", step_overhead_table),
         ("host-step-cold", "host_step_cold.json", host_step_cold_table),
+        (
+            "host-step-cold-after-mlx",
+            "host_step_cold_host_f25m17_after_mlx.json",
+            host_step_cold_table,
+        ),
         ("crossover-probe", "crossover_demo.json", crossover_probe_table),
         ("crossover-probe-gemma", "crossover_gemma3_270m.json", crossover_probe_table),
         ("shadow-cost", "shadow_cost.json", shadow_cost_table),
