@@ -9,7 +9,8 @@ slot scores), the four taking turns CHUNK steps at a time (`bench/speed.py`'s pi
 each round starting from the next variant (no variant always runs after the same one).
 The past version is that commit's `cache/host_step.py` and `cache/slot_rows.py` (read with
 `git show`, loaded beside this tree's); everything else is this tree's, so the commit's host
-step must take the same call (`host_step.step(retrieval, cache, queries, lay, scale, sinks)`).
+step must take the same call (`host_step.step(retrieval, cache, queries, lay, scale, sinks)`);
+its turns also take the commit's `topk.top_indices`.
 
 Reported: each variant's median ms a step and every round's, and the per-round medians of
 "with the estimate / without" (speed) for each version, and "this tree / the commit" (speed).
@@ -51,14 +52,26 @@ def _module_at(commit: str, name: str, source_of=lambda s: s) -> types.ModuleTyp
 
 
 def past_step(commit: str):
-    """The host step (`host_step.step`) of `commit`, with that commit's SlotRows."""
+    """The host step (`host_step.step`) of `commit`, with that commit's SlotRows, and during its
+    calls that commit's `topk.top_indices` (the caches' `NumpyTopK` is this tree's class, whose
+    `top` calls the module's function: without the swap a change to the top-K would be timed
+    in both versions)."""
     _module_at(commit, "slot_rows")
     old = _module_at(
         commit,
         "host_step",
         lambda s: s.replace("from .slot_rows import", "from .slot_rows_at_commit import"),
     )
-    return old.step
+    then_top = _module_at(commit, "topk").top_indices
+
+    def step(*args):
+        now_top, topk.top_indices = topk.top_indices, then_top
+        try:
+            return old.step(*args)
+        finally:
+            topk.top_indices = now_top
+
+    return step
 
 
 def main(commit: str, context: int) -> dict:
