@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from .a2ats_cache import A2ATSCache
     from .retrieval import Retrieval
 
-NUMPY_DTYPES = (mx.float32, mx.float16)
+_NUMPY_DTYPES = (mx.float32, mx.float16)
 
 
 def _own_far_scores(cache: A2ATSCache) -> bool:
@@ -49,17 +49,21 @@ def _own_far_scores(cache: A2ATSCache) -> bool:
     return type(cache).far_token_scores.__qualname__ == "A2ATSCache.far_token_scores"
 
 
+def rows_on_host(cache: A2ATSCache) -> bool:
+    """Whether the host can read the cache's K/V rows in place: float rows held in memory, of
+    a dtype NumPy has (not quantized, not in the cold tier's file, not bfloat16)."""
+    rows = cache.rows
+    return rows.kind == "float" and rows.keys is not None and rows.keys.dtype in _NUMPY_DTYPES
+
+
 def applies(cache: A2ATSCache, queries: mx.array) -> bool:
     """Whether the decode step of `cache` for `queries` runs here (see the module docstring)."""
-    cfg, rows = cache.config, cache.rows
     return (
         cache.top_k.on_host
         and _own_far_scores(cache)
-        and queries.dtype in NUMPY_DTYPES
-        and rows.kind == "float"
-        and rows.keys is not None
-        and rows.keys.dtype in NUMPY_DTYPES
-        and cfg.reuse_selection is None
+        and queries.dtype in _NUMPY_DTYPES
+        and rows_on_host(cache)
+        and cache.config.reuse_selection is None
     )
 
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import attention as att
-from .host_step import NUMPY_DTYPES, move_rows, rebuild_rows
+from .host_step import move_rows, rebuild_rows, rows_on_host
 from .slot_rows import SlotRows
 
 if TYPE_CHECKING:
@@ -153,14 +153,11 @@ def readable(cache: A2ATSCache, lay: att.Layout) -> tuple | None:
     """(codes, values, keys) of a member as NumPy views of its MLX arrays (evaluated here where
     they are not yet), or None where the host step cannot read them: rows not held as plain
     float arrays in memory, or fewer tokens than the far region of this step."""
-    rows = cache.rows
     if (
         not cache.estimates
-        or rows.kind != "float"
-        or rows.keys is None
-        or rows.keys.dtype not in NUMPY_DTYPES
+        or not rows_on_host(cache)
         or cache.codes is None
         or cache.offset < lay.window_start
     ):
         return None
-    return np.asarray(cache.codes), np.asarray(rows.values), np.asarray(rows.keys)
+    return np.asarray(cache.codes), np.asarray(cache.rows.values), np.asarray(cache.rows.keys)
