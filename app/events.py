@@ -103,6 +103,7 @@ class CrossoverMeasured:
     ratios: tuple[tuple[int, float], ...] = ()
     estimate: float | None = None  # a retrieval step with the missed-attention estimate / without
     estimate_on: bool = False  # so the estimate is on by default (estimate_missed None)
+    estimate_layers: int | None = None  # on this many layers (those that miss most); None: all
     skipped: bool = False
     cancelled: bool = False
 
@@ -111,10 +112,12 @@ class CrossoverMeasured:
         """From the crossover row the measurement recorded (`crossover_probe.measure_crossover`)."""
         ratios = tuple((int(n), float(r)) for n, r in entry["ratios"].items())
         est = entry.get("estimate") or {}
-        ratio = est.get("ratio")
+        ratio, layers = est.get("ratio"), est.get("layers")
+        if not isinstance(layers, int) or layers >= int(entry.get("a2ats_layers") or 0):
+            layers = None  # every layer (or not recorded)
         return cls(
             int(entry["exact_below"]), bool(entry["never"]), ratios,
-            float(ratio) if ratio is not None else None, bool(est.get("on")),
+            float(ratio) if ratio is not None else None, bool(est.get("on")), layers,
         )  # fmt: skip
 
 

@@ -106,9 +106,11 @@ class Feedback(QObject):
             text = f"retrieval pays off from {measured.exact_below:,} tokens ({ratios})"
         if measured.estimate is not None:
             state = "on" if measured.estimate_on else "off"
+            if measured.estimate_on and measured.estimate_layers is not None:
+                state = f"on the {measured.estimate_layers} layers that miss most"
             text += (
                 f"; missed-attention estimate {state} by default ({measured.estimate:.2f}x the "
-                "speed without it)"
+                "speed without it on every layer)"
             )
         self._status(f"Measured on this machine: {text}", 15000)
 

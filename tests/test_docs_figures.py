@@ -396,9 +396,25 @@ FIGURES: list[tuple[str, str, Callable[[], tuple]]] = [
      lambda: tuple(r["ratio_median"] for r in j("prefill.json")["results"] if "ratio_median" in r)),
     # the estimate's default: on where measured to cost nothing (the threshold, in code)
     ("README.md", "where that keeps at least {:.2f}x the speed of a step", estimate_free),
-    ("a2ats_engine/cache/config.py", "timed a retrieval step with it at >= {:.2f}x the speed",
+    ("a2ats_engine/cache/config.py", "with it on every layer at >= {:.2f}x the",
      estimate_free),
     ("app/dialogs/settings_dialog.py", "timed it at {:.2f}x the speed or more", estimate_free),
+    # the estimate on the layers that miss most: the default's quality and speed on the demo
+    ("README.md", "the demo runs it on {} of its 30 layers, for perplexity {:.3f}x full at 4K "
+     "instead of {:.3f}x without it and {:.3f}x on every layer",
+     lambda: (j("crossover_demo_estimate_layers.json")["estimate"]["layers"],
+              *(pooled("eval_4k_texts_estimate_layers.json", m, "ppl_vs_full")
+                for m in ("a2ats_estimate_top11", "a2ats", "a2ats_estimate_mean")))),
+    ("README.md", "retrieval step's speed at 8K of {:.2f}x KVCache's, as without it",
+     lambda: (speed_ratio("decode_estimate_layers.json", 8192, "a2ats_eb0"),)),
+    ("app/dialogs/settings_dialog.py", "CPU {} of the demo's 30: perplexity {:.3f}x full at 4K "
+     "instead of {:.3f}x",
+     lambda: (j("crossover_demo_estimate_layers.json")["estimate"]["layers"],
+              *(pooled("eval_4k_texts_estimate_layers.json", m, "ppl_vs_full")
+                for m in ("a2ats_estimate_top11", "a2ats")))),
+    # the estimate on the layers that miss most: how many the AMD host's probe affords
+    ("docs/ARCHITECTURE.md", "{} of the demo's 30 on the 2-core AMD host",
+     lambda: (j("crossover_demo_estimate_layers.json")["estimate"]["layers"],)),
     ("a2ats_engine/commands/crossover.py", "where it keeps at least {:.2f}x the speed",
      estimate_free),
     # BENCHMARKS "Hosts": the host named by its model numbers

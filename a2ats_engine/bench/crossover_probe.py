@@ -13,7 +13,8 @@ median ratio per context into the crossover.
 With the missed-attention estimate left at its default (`A2ATSConfig.estimate_missed` None) the
 A2ATS caches are timed without it, and at the largest context also with it (`_est` methods,
 interleaved with the rest): the median ratio with / without is the row's `estimate.ratio`,
-which decides whether None turns it on (`crossover.ESTIMATE_FREE`).
+which decides whether None turns it on (`crossover.ESTIMATE_FREE`), and on how many of the
+model's A2ATS layers where not on all (`estimate.layers`, `crossover.affordable_layers`).
 """
 
 from __future__ import annotations
@@ -163,6 +164,7 @@ def measure_crossover(
         progress=progress,
     )  # fmt: skip
     decision = xo.decide_crossover({t.context: t.ratio for t in timings})
+    a2ats_layers = len(plan.a2ats_layers)
     entry = {
         "backend": xo.backend(),
         "machine": xo.machine_id(),
@@ -173,7 +175,7 @@ def measure_crossover(
         "exact_below": decision.exact_below,
         "never": decision.never,
         "model": model_name,
-        "a2ats_layers": len(plan.a2ats_layers),
+        "a2ats_layers": a2ats_layers,
         "date": xo.today(),
         "ratios": {str(t.context): round(t.ratio, 3) for t in timings},
         **(
@@ -183,7 +185,8 @@ def measure_crossover(
                     "ratio_runs": [round(r, 3) for r in timings[-1].estimate_ratios],
                     "context": timings[-1].context,
                     "scores": config.estimate_scores,
-                    "on": xo.estimate_pays(timings[-1].estimate_ratio),
+                    "on": xo.affordable_layers(timings[-1].estimate_ratio, a2ats_layers) > 0,
+                    "layers": xo.affordable_layers(timings[-1].estimate_ratio, a2ats_layers),
                     **({"top_k": timings[-1].estimate_top_k} if timings[-1].estimate_top_k else {}),
                 }
             }

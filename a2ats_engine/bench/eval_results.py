@@ -51,6 +51,8 @@ class MethodResult:
     recall_per_layer: list[float | None] | None = None
     layer_budgets: tuple[float, ...] | None = None  # the multipliers it ran with, if any
     dev_recall_per_layer: list[float | None] | None = None  # a2ats_alloc: what they came from
+    error_per_layer: list[float | None] | None = None  # output rel. error, as recall_per_layer
+    estimate_kept: tuple[int, ...] | None = None  # the layers that kept the estimate, if chosen
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -80,6 +82,10 @@ class MethodResult:
             out["layer_budgets"] = [round(m, 4) for m in self.layer_budgets]
         if self.dev_recall_per_layer is not None:
             out["dev_recall_per_layer"] = _rounded(self.dev_recall_per_layer)
+        if self.error_per_layer is not None:
+            out["output_error_per_layer"] = _rounded(self.error_per_layer)
+        if self.estimate_kept is not None:
+            out["estimate_layers"] = list(self.estimate_kept)
         return out
 
 
@@ -95,10 +101,20 @@ def layer_recall(records: Sequence[StepRecord | None]) -> list[float | None] | N
 
     Every layer records one recall per step, exact steps as 1, so the overall `recall` is the
     mean of this list with None read as the recall that layer recorded (1)."""
+    return _per_layer(records, "recall")
+
+
+def layer_error(records: Sequence[StepRecord | None]) -> list[float | None] | None:
+    """Per layer, the mean output rel. error over its decode steps (as `layer_recall`)."""
+    return _per_layer(records, "output_error")
+
+
+def _per_layer(records: Sequence[StepRecord | None], field: str) -> list[float | None] | None:
     if not any(r is not None and any(r.retrieval) for r in records):
         return None
     return [
-        float(np.mean(r.recall)) if r is not None and any(r.retrieval) else None for r in records
+        float(np.mean(getattr(r, field))) if r is not None and any(r.retrieval) else None
+        for r in records
     ]
 
 
@@ -161,6 +177,9 @@ def pooled_figures(runs: Sequence[EvalRun]) -> dict[str, dict[str, Any]]:
         per_layer = pooled_layer_recall([r.recall_per_layer for r in rows])
         if per_layer is not None:
             pooled["recall_per_layer"] = _rounded(per_layer)
+        errors = pooled_layer_recall([r.error_per_layer for r in rows])
+        if errors is not None:
+            pooled["output_error_per_layer"] = _rounded(errors)
         if "full" in runs[0].methods and all(r.nll is not None for r in rows):
             deltas = [r.nll - run.methods["full"].nll for r, run in zip(rows, runs, strict=True)]
             mean, low, high = block_bootstrap_ci(deltas)

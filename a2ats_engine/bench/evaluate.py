@@ -55,6 +55,7 @@ from .eval_results import (
     MethodResult,
     StepRecord,
     bytes_read_per_step,
+    layer_error,
     layer_recall,
 )
 from .methods import (  # noqa: F401  (re-exported: the method caches are part of this API)
@@ -286,9 +287,21 @@ def run_method(
         attended_fraction=float(np.mean([c.attended_fraction for r in records for c in r.cost])),
         bytes_read=bytes_read_per_step(records),
         recall_per_layer=layer_recall(per_slot),
+        error_per_layer=layer_error(per_slot),
+        estimate_kept=_estimate_kept(caches),
         layer_budgets=None if spec.config is None else spec.config.layer_budgets,
     )
     return result, np.asarray(argmax)
+
+
+def _estimate_kept(caches: list) -> tuple[int, ...] | None:
+    """The layers that kept the missed-attention estimate where it ran on the layers that miss
+    most (`estimate_layers.EstimateLayers`), None elsewhere."""
+    for c in caches:
+        choice = getattr(getattr(c, "inner", c), "estimate_choice", None)
+        if choice is not None:
+            return choice.chosen
+    return None
 
 
 def context_length(base: list) -> int:

@@ -196,6 +196,7 @@ class Method:
 
 
 COVERAGE_SWEEP = (0.8, 0.9, 0.95, 0.99)  # the adaptive-budget methods a2ats_cov<p>
+ESTIMATE_TOP = (1, 3, 11, 13)  # a2ats_estimate_top<n>: the estimate on the n layers that miss most
 
 METHODS: dict[str, Method] = {
     m.name: m
@@ -246,6 +247,16 @@ METHODS: dict[str, Method] = {
             "A2ATS with estimate_missed on, each slot scored by the mean of its own keys "
             "(estimate_scores mean, the estimate's default) instead of its centroid",
             knobs={"estimate_missed": True, "estimate_scores": "mean"},
+        ),
+        *(
+            Method(
+                f"a2ats_estimate_top{n}",
+                DIAGNOSTIC,
+                f"a2ats_estimate_mean on the {n} layers whose retrieval misses most (their "
+                f"estimated missed share over the first retrieval steps; estimate_layers {n})",
+                knobs={"estimate_missed": True, "estimate_scores": "mean", "estimate_layers": n},
+            )
+            for n in ESTIMATE_TOP
         ),
         Method(
             "a2ats_estimate_code",
@@ -449,11 +460,12 @@ def _mlx_lm_copy(method: Method, head_dim: int) -> Callable[[Any], Any]:
 # a2ats_kv4_rr2, a2ats_cov90 (coverage 0.9: adaptive budget per head), a2ats_eb0 (exact_below
 # 0: retrieval from the start, the crossover probe),
 # a2ats_noest (estimate_missed off), a2ats_est / a2ats_estm / a2ats_estc (on; estm:
-# estimate_scores mean, estc: code_mean),
+# estimate_scores mean, estc: code_mean), a2ats_estm_l13 (on the 13 layers that miss most),
 # a2ats_telemetry, ...
 _DECODE_VARIANT = re.compile(
     r"a2ats(?:_kv(?P<bits>4|8))?(?:_rr(?P<rerank>\d+)(?P<shared>g)?)?(?:_cov(?P<coverage>\d\d))?"
-    r"(?:_eb(?P<exact_below>\d+))?(?:_(?P<estimate>estc|estm|est|noest))?(?P<telemetry>_telemetry)?"
+    r"(?:_eb(?P<exact_below>\d+))?(?:_(?P<estimate>estc|estm|est|noest))?(?:_l(?P<layers>\d+))?"
+    r"(?P<telemetry>_telemetry)?"
 )
 
 
@@ -480,6 +492,8 @@ def decode_variant_knobs(name: str) -> dict[str, Any] | None:
         if knobs["estimate_missed"]:  # est: centroid slot scores (as recorded), estm: mean
             scores = {"estm": "mean", "estc": "code_mean"}  # keys, estc: mean keys of a code
             knobs["estimate_scores"] = scores.get(match["estimate"], "centroid")
+    if match["layers"]:  # a2ats_estm_l13: the estimate on the 13 layers that miss most
+        knobs["estimate_layers"] = int(match["layers"])
     if match["telemetry"]:
         knobs["telemetry"] = True
     return knobs

@@ -29,6 +29,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from ..cache import hooks
+from ..cache.estimate_layers import EstimateLayers
 from ..cache.layer_plan import A2ATS, plan_for, rope_spec_of
 
 if TYPE_CHECKING:  # an annotation only: methods.py builds the copies with this module
@@ -122,6 +123,7 @@ def plan_caches(model: nn.Module, base: list, spec: MethodSpec) -> tuple[list, l
         else:
             caches.append(clone_native(src))
         measured.append(on_a2ats)
+    EstimateLayers.join(caches)  # as `make_cache`: the layers that keep the estimate
     return caches, measured
 
 

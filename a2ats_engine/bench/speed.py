@@ -5,7 +5,9 @@ same keys and values (codes assigned in one pass), so every method decodes from 
 state. Each method then decodes greedily the way mlx-lm's `generate_step` does (the next step's
 graph is built while the current step computes, every token read back on the host), the methods
 taking turns a few steps at a time (so changes in machine load hit all of them alike);
-tokens/s is steps / seconds.
+tokens/s is steps / seconds. The first `UNTIMED` steps of each method are not timed: they
+cover the estimate's warm-up where it runs on the layers that miss most (every layer runs it
+until the choice, `estimate_layers.WARMUP` steps; before 2026-12-06 two steps were untimed).
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache, make_prompt_c
 
 from ..cache.a2ats_cache import A2ATSCache
 from ..cache.config import A2ATSConfig
+from ..cache.estimate_layers import WARMUP
 from ..cache.model_cache import make_cache
 from ..process_memory import growth, mlx_memory
 from .methods import decode_variant_knobs
 from .plan_caches import clone_native, feed_prompt, is_plain
+
+UNTIMED = WARMUP + 2  # decode steps before the timed ones: the estimate's choice made
 
 
 @dataclass
@@ -158,8 +163,8 @@ def bench_decode(
     config = config or A2ATSConfig()
     results = []
     for ci, n in enumerate(contexts):
-        ids = filler_tokens(tokenizer, n + steps + 2)
-        prompt, follow = ids[:n], ids[n : n + steps + 2]
+        ids = filler_tokens(tokenizer, n + steps + UNTIMED)
+        prompt, follow = ids[:n], ids[n : n + steps + UNTIMED]
         if progress:
             progress(f"prefill {n}", ci, len(contexts))
         base = make_prompt_cache(model)
@@ -169,7 +174,7 @@ def bench_decode(
             method: _method_cache(model, base, method, config, codebook) for method in methods
         }
         held = {method: cache_bytes(cache) for method, cache in caches.items()}
-        rates = _decode_interleaved(model, caches, follow)
+        rates = _decode_interleaved(model, caches, follow, warmup=UNTIMED)
         for method, cache in caches.items():
             extra = {}
             own = [c for c in cache if isinstance(c, A2ATSCache)]
@@ -179,6 +184,7 @@ def bench_decode(
                 )
                 extra["a2ats_layers"] = len(own)
                 extra["estimate"] = any(c.estimates for c in own)  # as asked or as measured here
+                extra["estimate_layers"] = sum(c.estimates for c in own)  # after any choice
                 sums = [c.retrieval.host_missed[1] for c in own if c.retrieval.host_missed]
                 if sums:  # the host step's estimate: rows of the occupied slots only
                     shares = [r.rows_used / r.n_slots for r in sums]

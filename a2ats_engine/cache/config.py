@@ -47,11 +47,13 @@ class A2ATSConfig:
                   slot's score (`estimate_scores`). Output error 0.105 -> 0.050 (below oracle
                   top-K's 0.077), ppl 1.025x -> 1.008x full at 4K / budget 0.03 on the demo
                   model (three texts pooled, slots scored by their mean keys). None (the
-                  default, the "speed" preset): on where it costs nothing measurable on this
-                  machine for this model's geometry: where `a2ats crossover` (or the app's
-                  first-load measurement) timed a retrieval step with it at >= 0.95x the speed
-                  of one without (`crossover.measured_estimate`), off where that was not
-                  measured; True in the "quality" preset (`PRESETS`). Its cost depends on the
+                  default, the "speed" preset): left to what it costs on this machine for
+                  this model's geometry: where `a2ats crossover` (or the app's first-load
+                  measurement) timed a retrieval step with it on every layer at >= 0.95x the
+                  speed of one without, on every layer; below that, on the layers that miss
+                  most, as many as keep that margin (`estimate_layers`,
+                  `crossover.measured_estimate`); off where that was not measured; True (every
+                  layer) in the "quality" preset (`PRESETS`). Its cost depends on the
                   retrieving layers and KV heads. In the host step it costs about 8% of a
                   retrieval step's speed at 8K with mean slot scores on the demo model's 30
                   layers on a 2-core CPU, nothing measurable on Gemma 3 270M's 3
@@ -60,6 +62,14 @@ class A2ATSConfig:
                   first subspace's code (and bucket); "centroid" scores need a full-dimension
                   codebook (sub_dim = head_dim): with product VQ the cache warns and runs
                   without the estimate.
+    estimate_layers: with the estimate on, None = every A2ATS layer runs it; N >= 1 = only
+                  the N layers whose retrieval misses the most attention mass: every layer
+                  runs it for a cache list's first retrieval steps, then the N with the
+                  highest estimated missed share keep it (`estimate_layers.EstimateLayers`).
+                  With `estimate_missed` None and this None, N is what the measured cost
+                  affords on this machine (`crossover.affordable_layers`): every layer where
+                  the estimate on all of them costs nothing measurable, else as many as keep
+                  a step within that margin (`crossover.ESTIMATE_FREE`).
     estimate_scores: how `estimate_missed` scores a slot. "centroid": the step's lookup
                   table (the query rotated to the bucket's distance, against the centroid).
                   "mean": the query against the mean of the slot's own post-RoPE keys (the
@@ -121,6 +131,7 @@ class A2ATSConfig:
     reuse_selection: float | None = None
     estimate_missed: bool | None = None
     estimate_scores: str = "mean"
+    estimate_layers: int | None = None
     exact_below: int | None = None
     coverage: float | None = None
     coverage_floor: int = 16
@@ -196,6 +207,8 @@ class A2ATSConfig:
                 f"A2ATSConfig.estimate_missed={self.estimate_missed!r} must be True, False or "
                 "None (where measured to cost nothing)"
             )
+        if self.estimate_layers is not None:
+            _check_int("estimate_layers", self.estimate_layers, 1)
         if self.estimate_scores not in ESTIMATE_SCORES:
             raise ValueError(
                 f"A2ATSConfig.estimate_scores={self.estimate_scores!r} must be one of "
@@ -312,16 +325,27 @@ def estimate_would_run(config: A2ATSConfig, subspaces: int) -> bool:
     )
 
 
-def describe_retrieval(config: A2ATSConfig, subspaces: int, measured_on: bool | None = None) -> str:
+def describe_retrieval(
+    config: A2ATSConfig,
+    subspaces: int,
+    measured_on: bool | None = None,
+    measured_layers: int | None = None,
+) -> str:
     """`preset quality, rerank 4; missed-attention estimate (mean slot scores)`: what a chat's
     stderr says of its retrieval settings (the estimate only where it runs: `estimate_runs`).
     `measured_on`: what the measurement decided for an estimate left to it (None: not known,
-    `crossover.Crossover.estimate_on`)."""
+    `crossover.Crossover.estimate_on`), `measured_layers` on how many layers (None: all)."""
     text = f"preset {preset_of(config) or 'custom'}, rerank {config.rerank}"
     measured = estimate_would_run(config, subspaces)
     if estimate_runs(config, subspaces) or (measured and measured_on):
         text += f"; missed-attention estimate ({config.estimate_scores} slot scores"
-        text += ", measured to cost nothing here)" if measured else ")"
+        layers = measured_layers if measured and config.estimate_layers is None else None
+        layers = layers or config.estimate_layers
+        if layers is not None:
+            text += f", on the {layers} layers that miss most"
+            text += ": what its measured cost affords here)" if measured else ")"
+        else:
+            text += ", measured to cost nothing here)" if measured else ")"
     elif measured and measured_on is None:
         text += "; missed-attention estimate where measured to cost nothing here"
     return text

@@ -45,8 +45,11 @@ The missed-attention estimate (`A2ATSConfig.estimate_missed`). Its cost is a sha
 retrieval step that depends on the machine and on the retrieving layers and KV heads, so its
 default is measured too: the probe behind `a2ats crossover` (with the estimate left at its
 default, None) also times, at its largest context, a retrieval step with the estimate, and the
-row records the median speed ratio with / without (`estimate.ratio`). None resolves to on where
-that ratio is >= `ESTIMATE_FREE` (`measured_estimate`), else (or where nothing was measured) off.
+row records the median speed ratio with / without (`estimate.ratio`). None resolves to on every
+layer where that ratio is >= `ESTIMATE_FREE` (`measured_estimate`); below it, to on as many
+layers as keep a step within that margin (`affordable_layers`, recorded as `estimate.layers`;
+which ones: the layers that miss most, `estimate_layers.py`), off where that is none or where
+nothing was measured (rows recorded before `estimate.layers`: on every layer or none).
 The row stays the settings without the estimate: its crossover serves both, and the top-K
 strategy faster with the estimate is recorded beside the one faster without (`estimate.top_k`:
 the two strategies' estimates are different code).
@@ -96,21 +99,27 @@ class Crossover:
     top_k: str | None = None  # the top-K strategy measured faster here ("mlx" or "numpy")
     estimate: float | None = None  # speed of a retrieval step with the estimate / without
     estimate_top_k: str | None = None  # the top-K strategy measured faster with the estimate
+    estimate_layers: int | None = None  # layers it affords (`affordable_layers`); None: all
 
     @property
     def estimate_on(self) -> bool:
-        """Whether the missed-attention estimate was measured to cost nothing here (None-valued
-        `A2ATSConfig.estimate_missed` turns it on then): `estimate_pays`."""
-        return self.estimate is not None and estimate_pays(self.estimate)
+        """Whether the measurement turns the missed-attention estimate on (None-valued
+        `A2ATSConfig.estimate_missed`): on every layer where it costs nothing measurable
+        (`estimate_pays`), on `estimate_layers` of them where the row affords some."""
+        if self.estimate is None:
+            return False
+        return estimate_pays(self.estimate) or bool(self.estimate_layers)
 
 
 ESTIMATE_FREE = 0.95
-"""The missed-attention estimate goes on by default (`A2ATSConfig.estimate_missed` None) where
-a retrieval step with it decoded at >= this share of the speed of one without (median of the
-probe's repeats at its largest context): within the run-to-run spread of a 2-core machine, so
-"costs nothing measurable". On a 2-core AMD host the demo model's 30 layers measured well below
-it (off) and Gemma 3 270M's 3 at it (off in one run, on in the next) (docs/BENCHMARKS.md
-section 1, "Across texts: code, prose and dialogue", the estimate's default)."""
+"""The missed-attention estimate goes on by default (`A2ATSConfig.estimate_missed` None) on every
+layer where a retrieval step with it on every layer decoded at >= this share of the speed of one
+without (median of the probe's repeats at its largest context), and on fewer layers where that
+keeps a step at this share (`affordable_layers`): within the run-to-run spread of a 2-core
+machine, so "costs nothing measurable". On a 2-core AMD host the demo model's 30 layers measured well below
+it (on 10 or 11 of them by the layer rule) and Gemma 3 270M's 3 at it (one run on all three,
+an earlier one on 2) (docs/BENCHMARKS.md section 1, "Across texts: code, prose and dialogue", the
+estimate's default, and "The estimate on the layers that miss most")."""
 
 
 def estimate_pays(ratio: float) -> bool:
@@ -118,11 +127,22 @@ def estimate_pays(ratio: float) -> bool:
     return ratio >= ESTIMATE_FREE
 
 
+def affordable_layers(ratio: float, layers: int) -> int:
+    """Of `layers` layers whose estimate on all of them measured `ratio` (speed with / without),
+    on how many it keeps a step at >= `ESTIMATE_FREE` of the speed without: all where it pays,
+    else the share of layers whose cost fits, each layer taken to cost the same (what a step
+    with it on fewer layers measured: docs/BENCHMARKS.md section 1, "The estimate on the layers
+    that miss most")."""
+    if estimate_pays(ratio):
+        return layers
+    return max(0, min(layers, int(layers * (1.0 - ESTIMATE_FREE) / (1.0 - ratio) + 1e-9)))
+
+
 def step_kind(config: Any, subspaces: int = 1) -> str:
     """The settings of an `A2ATSConfig` (and its codebook's subspace count) that a retrieval
     step's cost depends on, as a crossover row's `step`: 'vq, budget 0.03, rerank 2, buckets 4,
     kv model dtype' (', estimate mean' with the missed-attention estimate where it runs:
-    `config.estimate_runs`)."""
+    `config.estimate_runs`; ', estimate mean on 13 layers' on the layers that miss most)."""
     rerank = f"{config.rerank}{' shared' if config.rerank_shared else ''}"
     parts = [
         "vq" if subspaces == 1 else f"pq{subspaces}",
@@ -132,7 +152,8 @@ def step_kind(config: Any, subspaces: int = 1) -> str:
         f"kv {config.kv_bits or 'model dtype'}",
     ]
     if estimate_runs(config, subspaces):
-        parts.append(f"estimate {config.estimate_scores}")
+        on = getattr(config, "estimate_layers", None)
+        parts.append(f"estimate {config.estimate_scores}{f' on {on} layers' if on else ''}")
     return ", ".join(parts)
 
 
@@ -422,6 +443,7 @@ def lookup_crossover(
             top_k=top_k if top_k in TOP_K_STRATEGIES else None,
             estimate=estimate_ratio(row),
             estimate_top_k=_estimate_top_k(row),
+            estimate_layers=_estimate_layers(row),
         )
     return MEASURED.get((be, num_layers, num_kv_heads, head_dim, kind))
 
@@ -440,6 +462,18 @@ def _estimate_top_k(row: Mapping[str, Any]) -> str | None:
     return top_k if top_k in TOP_K_STRATEGIES else None
 
 
+def _estimate_layers(row: Mapping[str, Any]) -> int | None:
+    """The layers the row's estimate measurement affords (`estimate.layers`, recorded since
+    2026-12-06, bounded by the row's A2ATS layers), None where absent or malformed (the row's
+    ratio alone decides then: every layer or none)."""
+    layers, total = _estimate_entry(row).get("layers"), row.get("a2ats_layers")
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
+        return None
+    if isinstance(total, int) and not isinstance(total, bool) and layers >= total:
+        return None  # every layer
+    return layers if layers <= 4096 else None
+
+
 def _estimate_entry(row: Mapping[str, Any]) -> Mapping[str, Any]:
     """The row's `estimate` measurement, {} where it has none or it is not a mapping."""
     measured = row.get("estimate")
@@ -454,6 +488,17 @@ def measured_estimate(
     resolves to; False where nothing was measured."""
     row = lookup_crossover(num_layers, num_kv_heads, head_dim, kind)
     return row is not None and row.estimate_on
+
+
+def measured_estimate_layers(
+    num_layers: int, num_kv_heads: int, head_dim: int, kind: str = DEFAULT_KIND
+) -> int | None:
+    """On how many layers the measurement affords the estimate (`Crossover.estimate_layers`),
+    None for every layer (or where the measurement did not turn it on: `measured_estimate`)."""
+    row = lookup_crossover(num_layers, num_kv_heads, head_dim, kind)
+    if row is None or row.estimate is None or estimate_pays(row.estimate):
+        return None
+    return row.estimate_layers or None
 
 
 TOP_K_STRATEGIES = ("mlx", "numpy")
@@ -532,9 +577,11 @@ def describe_crossover(
     )
     if row.estimate is not None:
         state = "on" if row.estimate_on else "off"
+        if row.estimate_on and not estimate_pays(row.estimate):
+            state = f"on the {row.estimate_layers} layers that miss most"
         estimate = (
             f"; missed-attention estimate {state} by default ({row.estimate:.2f}x the speed "
-            f"without it, on from {ESTIMATE_FREE:.2f}x)"
+            f"without it on every layer, on all from {ESTIMATE_FREE:.2f}x)"
         )
     if row.never:
         return (

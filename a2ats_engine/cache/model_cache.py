@@ -14,6 +14,7 @@ from . import hooks
 from .a2ats_cache import A2ATSCache
 from .codebook import Codebook
 from .config import A2ATSConfig
+from .estimate_layers import EstimateLayers
 from .geometry import model_geometry
 from .layer_plan import A2ATS, native_caches, plan_for, rope_spec_of
 from .step_sums import StepSums
@@ -57,6 +58,7 @@ def make_cache(model: nn.Module, config: A2ATSConfig | None = None, codebook=Non
         spec = rope_spec_of(model, choice)
         caches[choice.layer] = A2ATSCache(choice.layer, spec, codebook, config, ctx, share)
     StepSums.join(caches)  # the estimate's sums of all layers moved at once (host step)
+    EstimateLayers.join(caches)  # the layers that keep the estimate, where not all
     return caches
 
 

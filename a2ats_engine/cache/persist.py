@@ -26,6 +26,7 @@ from mlx_lm.models.cache import KVCache
 from ..errors import A2ATSError
 from .a2ats_cache import A2ATSCache
 from .codebook_file import MAX_HEADER_BYTES, header_length
+from .estimate_layers import EstimateLayers
 from .rope import RopeSpec
 from .step_sums import StepSums
 
@@ -177,6 +178,7 @@ def _load(name: str, meta: dict, arrays: dict, model, codebook) -> tuple[list, d
 
         hooks.install(model)
     StepSums.join(caches)  # as `make_cache`: the estimate's sums of all layers moved at once
+    EstimateLayers.join(caches)  # the layers that keep the estimate, where not all
     return caches, meta["metadata"]
 
 

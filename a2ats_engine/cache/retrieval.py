@@ -128,17 +128,22 @@ class Retrieval:
 
     def forget(self) -> None:
         """Drop the per-slot sums: the next decode step rebuilds them from codes and values."""
-        self.missed_sums = None  # (counts [B, n_kv, slots], value sums [B, n_kv, slots, d])
-        self.missed_n: int | None = None  # the context length the sums describe
-        # the host step's own sums, in NumPy: (context, slot_rows.SlotRows), or None
-        self.host_missed: tuple | None = None
-        self.missed_share = None  # the last step's estimated mass [B, n_kv, G]
+        self.forget_estimate()
         self.budget_used = None  # the last step's kept far tokens per query head [B, n_kv, G]
         # reuse_selection: (k, context, pre-RoPE query [B, n_kv, G, d], far indices) of the
         # selection last computed, and whether the last step reused it
         self.anchor: tuple | None = None
         self.reused = False
         self.step_tables = None  # (queries, context, tables) of the step being attended
+
+    def forget_estimate(self) -> None:
+        """Drop the missed-attention estimate's sums and last share (`forget`; a layer the
+        estimate leaves, `estimate_layers.EstimateLayers`)."""
+        self.missed_sums = None  # (counts [B, n_kv, slots], value sums [B, n_kv, slots, d])
+        self.missed_n: int | None = None  # the context length the sums describe
+        # the host step's own sums, in NumPy: (context, slot_rows.SlotRows), or None
+        self.host_missed: tuple | None = None
+        self.missed_share = None  # the last step's estimated mass [B, n_kv, G]
 
     @property
     def estimate_bytes(self) -> int:
@@ -183,7 +188,15 @@ class Retrieval:
     # -- the step -----------------------------------------------------------------------------
     def step(self, cache: A2ATSCache, queries: mx.array, lay: att.Layout, scale: float, sinks):
         """Attention of one decode query over the selection: queries post-RoPE [B, n_q, 1, d]
-        -> ([B, n_q, 1, d], positions [B, n_kv, M], repeat [B, n_kv, M])."""
+        -> ([B, n_q, 1, d], positions [B, n_kv, M], repeat [B, n_kv, M]). A layer whose
+        estimate is still being weighed reports its missed share (`EstimateLayers`)."""
+        out = self._step(cache, queries, lay, scale, sinks)
+        choice = getattr(cache, "estimate_choice", None)
+        if choice is not None and cache.estimates:
+            choice.report(cache, self.missed_share)
+        return out
+
+    def _step(self, cache: A2ATSCache, queries: mx.array, lay: att.Layout, scale: float, sinks):
         if host_step.applies(cache, queries):
             return host_step.step(self, cache, queries, lay, scale, sinks)
         B, n_q, _, d = queries.shape

@@ -435,14 +435,21 @@ def _nanmean(values: np.ndarray) -> float:
 
 
 def missed_history(snapshots: list[CacheSnapshot], head: int | None = ALL_HEADS) -> MissedHistory:
-    """Estimated and measured missed mass of each snapshot (mean over layers)."""
+    """Estimated and measured missed mass of each snapshot (mean over layers; where some layers
+    run the estimate and others not, the measured mean is over the same layers as the
+    estimate's, so the two compare)."""
     return MissedHistory(
         steps=np.array([s.step for s in snapshots], dtype=np.int64),
         estimate=np.array([_nanmean(missed_column(s, head)) for s in snapshots], np.float32),
-        measured=np.array(
-            [_nanmean(measured_missed_column(s, head)) for s in snapshots], np.float32
-        ),
+        measured=np.array([_measured_mean(s, head) for s in snapshots], np.float32),
     )
+
+
+def _measured_mean(snapshot: CacheSnapshot, head: int | None) -> float:
+    measured, estimate = measured_missed_column(snapshot, head), missed_column(snapshot, head)
+    if np.isfinite(estimate).any():  # the layers that run the estimate (`estimate_layers`)
+        measured = np.where(np.isfinite(estimate), measured, np.nan)
+    return _nanmean(measured)
 
 
 def budget_matrix(snapshot: CacheSnapshot) -> np.ndarray:

@@ -56,7 +56,8 @@ class EstimateView(QWidget):
         item.setLabel("bottom", "layer (viewed step)")
         item.setLabel("left", "missed")
         item.setMouseEnabled(x=False, y=False)
-        self.layer_estimate = item.plot([], [], name="estimated")
+        # gaps where a layer runs no estimate (on the layers that miss most only)
+        self.layer_estimate = item.plot([], [], name="estimated", connect="finite")
         self.layer_measured = item.plot([], [], name="measured (1 - recall)")
 
         self.step_plot = ThemedPlot()
@@ -205,8 +206,8 @@ class EstimateView(QWidget):
                 self.step_measured,
             )
         ]
-        ys = [y for y in ys if y is not None and len(y)]
-        top = float(max(np.max(y) for y in ys)) if ys else 0.0
+        ys = [y for y in ys if y is not None and np.isfinite(y).any()]  # NaN: a layer's gap
+        top = float(max(np.nanmax(y) for y in ys)) if ys else 0.0
         top = nice_ceiling(top) if top > 0 else 0.1
         for plot in (self.layer_plot, self.step_plot):
             plot.plotItem.setYRange(0.0, top, padding=0.02)
@@ -223,7 +224,10 @@ class EstimateView(QWidget):
             }
             measured = 1.0 - np.array([by_layer.get(layer.layer, np.nan) for layer in snap.layers])
         has, got = np.isfinite(estimate), np.isfinite(measured)
-        self.layer_estimate.setData(x[has], estimate[has])
+        if has.any():  # a gap at each layer that runs no estimate
+            self.layer_estimate.setData(x, estimate, connect="finite")
+        else:
+            self.layer_estimate.setData([], [])
         self.layer_measured.setData(x[got], measured[got])
 
     def _step_point(self, entry: Entry) -> tuple[int, float, float]:
@@ -284,8 +288,13 @@ class EstimateView(QWidget):
         estimate = data.missed_column(snap, self.head)
         if np.isfinite(estimate).any():
             worst = int(np.nanargmax(estimate))
+            retrieving = sum(not layer.exact for layer in snap.layers)
+            some = int(np.isfinite(estimate).sum())
+            where = (
+                f" over the {some} of {retrieving} layers that run it" if some < retrieving else ""
+            )
             parts.append(
-                f"estimated missed mass mean {np.nanmean(estimate):.3f}, highest layer "
+                f"estimated missed mass mean {np.nanmean(estimate):.3f}{where}, highest layer "
                 f"{snap.layers[worst].layer} ({estimate[worst]:.3f})"
             )
         elif snap.layers and mode == "A2ATS retrieving":

@@ -498,6 +498,38 @@ def texts_table(data: dict) -> str:
     return "\n".join(rows)
 
 
+def estimate_layers_table(data: dict) -> str:
+    """`texts_table` of a run with the estimate on the layers that miss most
+    (`a2ats_estimate_top<n>`), then per text the layers each such method kept it on, and per
+    layer the pooled output error of each method (where the run recorded it)."""
+    lines = [f"`{data['command']}`", "", texts_table(data), ""]
+    for name in data["pooled"][0]["methods"]:
+        kept = [
+            (_text_label(t["text"]), t["runs"][0]["methods"][name].get("estimate_layers"))
+            for t in data["texts"]
+        ]
+        if all(layers is not None for _, layers in kept):
+            where = "; ".join(f"{label}: {', '.join(map(str, layers))}" for label, layers in kept)
+            lines.append(f"- {name} kept the estimate on layers {where}")
+    errors = {
+        name: r["output_error_per_layer"]
+        for name, r in data["pooled"][0]["methods"].items()
+        if r.get("output_error_per_layer")
+    }
+    if errors:
+        lines += [
+            "",
+            "Output rel. error per layer, pooled: "
+            + "; ".join(
+                f"{name}: " + ", ".join(f"{x:.3f}" if x is not None else "-" for x in per)
+                for name, per in errors.items()
+            )
+            + " (layers 0 to "
+            + f"{len(next(iter(errors.values()))) - 1}).",
+        ]
+    return "\n".join(lines)
+
+
 def _layer_recall_lines(methods: dict) -> list[str]:
     """One line per retrieval method: its recall on each layer that retrieved (A2ATS layers)."""
     lines = []
@@ -616,14 +648,23 @@ def crossover_probe_table(data: dict) -> str:
     est = data.get("estimate")
     if est:
         runs = ", ".join(f"{x:.2f}" for x in est["ratio_runs"])
+        state, rule = ("on" if est["on"] else "off"), "(on from 0.95x)"
+        layers, total = est.get("layers"), data.get("a2ats_layers")
+        if layers is not None:  # recorded since 2026-12-06: on the layers that miss most
+            state = (
+                f"on all {total} layers" if layers >= total else f"on {layers} of {total} layers"
+            )
+            state = "off" if not layers else state
+            rule = (
+                "(on every layer from 0.95x, else on as many as that allows, those that miss most)"
+            )
         rows += [
             "",
             f"Missed-attention estimate ({est['scores']} slot scores), timed at "
-            f"{est['context']:,} with each top-K: a retrieval step with it "
+            f"{est['context']:,} with each top-K: a retrieval step with it on every layer "
             f"({names.get(est.get('top_k'), 'the default')}, the faster with it) "
             f"{est['ratio']:.2f}x the speed of the faster step without ({runs}): "
-            f"**{'on' if est['on'] else 'off'}** by default on this machine for this model "
-            "(on from 0.95x).",
+            f"**{state}** by default on this machine for this model {rule}.",
         ]
     return "\n".join(rows)
 
@@ -781,21 +822,25 @@ def decode_methods_table(data: dict) -> str:
     KVCache (median, spread over the runs)."""
     by, contexts = _by_method_and_context(data)
     shares = any("estimate_rows_share" in r for r in by.values())  # runs since 2026-12-05
+    layers = any("estimate_layers" in r for r in by.values())  # runs since 2026-12-06
     rows = [
         _interleaved_note(data),
         "",
         "| context | method | tok/s | / KVCache (spread) |"
+        + (" layers running the estimate |" if layers else "")
         + (" estimate's slots with a row |" if shares else ""),
-        "|---:|---|---:|---:|" + ("---:|" if shares else ""),
+        "|---:|---|---:|---:|" + ("---:|" if layers else "") + ("---:|" if shares else ""),
     ]
     for n in contexts:
         for (method, context), r in by.items():
             if context == n:
                 lo, hi = r.get("ratio_spread", (1.0, 1.0))
-                share = r.get("estimate_rows_share")
+                share, on = r.get("estimate_rows_share"), r.get("estimate_layers")
+                cell = f" {on} of {r['a2ats_layers']} |" if on else " - |"
                 rows.append(
                     f"| {n:,} | {method} | {r['tokens_per_s']:.2f} | "
                     f"{r['ratio_median']:.2f}x ({lo:.2f}-{hi:.2f}) |"
+                    + (cell if layers else "")
                     + ((f" {share:.0%} |" if share is not None else " - |") if shares else "")
                 )
     return "\n".join(rows)
@@ -1868,7 +1913,10 @@ def blocks() -> dict[str, str]:
         ("host-step-ab-1k", "host_step_ab_1k.json", host_step_ab_table),
         ("host-step-ab-step-sums", "host_step_ab_step_sums.json", host_step_ab_table),
         ("crossover-probe-host-f25m17", "crossover_demo_host_f25m17.json", crossover_probe_table),
-        ("crossover-probe-estimate", "crossover_demo_host_f25m17.json", crossover_probe_table),
+        ("crossover-probe-estimate", "crossover_demo_estimate_layers.json", crossover_probe_table),
+        ("estimate-layers-sweep", "eval_4k_texts_estimate_top.json", estimate_layers_table),
+        ("estimate-layers-4k", "eval_4k_texts_estimate_layers.json", estimate_layers_table),
+        ("estimate-layers-speed", "decode_estimate_layers.json", decode_methods_table),
         (
             "crossover-probe-gemma-estimate",
             "crossover_gemma3_270m_estimate.json",

@@ -361,6 +361,7 @@ class FakeBackend:
             "exact_below": 2048,
             "never": False,
             "ratios": {"1024": 0.9, "2048": 1.1, "4096": 1.3},
+            "a2ats_layers": 30,
             **({"estimate": self.crossover_estimate} if self.crossover_estimate else {}),
         }
 

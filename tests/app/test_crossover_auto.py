@@ -136,15 +136,20 @@ def test_the_engine_backend_measures_records_and_can_be_cancelled(tmp_path, monk
     xo.reload_user_table()
 
 
-@pytest.mark.parametrize("ratio, state", [(0.98, "on"), (0.81, "off")])
+@pytest.mark.parametrize(
+    "ratio, state, layers",
+    [(0.98, "on", 30), (0.81, "off", 0), (0.87, "on the 11 layers that miss most", 11)],
+)
 def test_the_status_bar_says_whether_the_measurement_turned_the_estimate_on(
-    auto, make_window, qtbot, ratio, state
+    auto, make_window, qtbot, ratio, state, layers
 ):
     backend = FakeBackend()
-    backend.crossover_estimate = {"ratio": ratio, "on": state == "on", "context": 4096}
+    on = state != "off"
+    backend.crossover_estimate = {"ratio": ratio, "on": on, "context": 4096, "layers": layers}
     window = make_window(backend)
     result = measured(qtbot, window.controller, lambda: window.controller.load_model("fake"))
-    assert result.estimate == ratio and result.estimate_on is (state == "on")
+    assert result.estimate == ratio and result.estimate_on is on
+    assert result.estimate_layers == {30: None, 0: 0, 11: 11}[layers]  # None: every layer
     message = window.statusBar().currentMessage()
     assert message.startswith("Measured on this machine: retrieval pays off from 2,048 tokens")
     assert f"missed-attention estimate {state} by default ({ratio:.2f}x the speed" in message

@@ -499,6 +499,34 @@ def test_estimate_beside_measured_recall_and_fixed_budget(panel):
     assert ys == pytest.approx(data.missed_column(snap, 1))
 
 
+def test_the_estimate_on_some_layers_leaves_gaps_and_says_on_how_many(panel):
+    """The estimate kept on the layers that miss most (`estimate_layers`): the other layers of
+    a retrieving step have no estimated mass; the plot leaves them out and the info line says
+    over how many layers the mean is."""
+    from dataclasses import replace
+
+    snaps = [
+        replace(
+            s,
+            layers=tuple(
+                layer if layer.layer in (0, 3) else replace(layer, missed_mass=None)
+                for layer in s.layers
+            ),
+        )  # fmt: skip
+        for s in synthetic_snapshots(layers=6, prompt_tokens=500, steps=4, fidelity_every=2)
+    ]
+    feed(panel, snaps)
+    view = panel.fidelity_panel.estimate
+    xs, ys = view.layer_estimate.getData()
+    assert np.isfinite(ys).tolist() == [True, False, False, True, False, False]
+    assert ys[[0, 3]] == pytest.approx(data.missed_column(panel.viewed_snapshot())[[0, 3]])
+    assert "over the 2 of 6 layers that run it" in view.info.text()
+    # over steps the measured mean is over the same two layers as the estimate's
+    steps, measured = view.step_measured.getData()
+    want = [np.mean(data.measured_missed_column(snaps[i])[[0, 3]]) for i in (0, 2)]
+    assert steps.tolist() == [0, 2] and measured == pytest.approx(want)
+
+
 def test_budget_heatmap_with_adaptive_coverage(panel):
     feed(panel, synthetic_snapshots(layers=5, prompt_tokens=400, steps=4, coverage=True))
     view = panel.fidelity_panel.estimate

@@ -182,6 +182,34 @@ def test_evaluate_metrics_are_consistent(tiny):
     assert m["a2ats"].recall > m["a2ats_no_rerank"].recall
 
 
+def test_the_estimate_on_the_layer_that_misses_most_is_measured_per_layer(tiny):
+    """`a2ats_estimate_top1`: the estimate on all layers for the first retrieval steps, then on
+    the one that misses most: the run records which one, and the per-layer output error shows
+    it (that layer as with the estimate everywhere's first steps, the other as without)."""
+    model, book, ids = tiny
+    methods = ("full", "a2ats", "a2ats_estimate_mean", "a2ats_estimate_top1")
+    (run,) = evaluate(
+        model, ids, context=300, decode=12, budgets=[0.05], codebooks={"a2ats": book},
+        config=A2ATSConfig(), methods=methods,
+    )  # fmt: skip
+    m = run.methods
+    (kept,) = m["a2ats_estimate_top1"].estimate_kept
+    assert m["a2ats_estimate_mean"].estimate_kept is None and m["a2ats"].estimate_kept is None
+    errors = {name: m[name].error_per_layer for name in methods[1:]}
+    assert all(len(e) == 2 and None not in e for e in errors.values())
+    assert m["a2ats_estimate_top1"].to_dict()["estimate_layers"] == [kept]
+    assert m["a2ats"].output_rel_error == pytest.approx(np.mean(errors["a2ats"]))
+    # with the estimate kept on one layer only, its error lies between none and everywhere
+    other = 1 - kept
+    top1, every, none = (
+        errors["a2ats_estimate_top1"],
+        errors["a2ats_estimate_mean"],
+        errors["a2ats"],
+    )
+    assert every[kept] < none[kept] and top1[kept] < none[kept]
+    assert top1[other] > every[other]
+
+
 def test_evaluate_with_nothing_to_drop_equals_full(tiny):
     model, book, ids = tiny
     (run,) = evaluate(
