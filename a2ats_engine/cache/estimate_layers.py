@@ -57,13 +57,14 @@ class EstimateLayers:
         if self.chosen is not None or held is None or share is None:
             return
         held.append(share.astype(mx.float32).mean())
-        if min(len(s) for s in self.shares.values()) >= WARMUP:
+        # a member that never retrieves (a dense layer) never reports: it does not hold it up
+        if min(len(s) for s in self.shares.values() if s) >= WARMUP:
             self._choose()
 
     def _choose(self) -> None:
         means = [self.shares[id(c)] for c in self.members]
         mx.eval(means)
-        score = np.array([float(np.mean([float(m) for m in s])) for s in means])
+        score = np.array([float(np.mean([float(m) for m in s])) if s else -np.inf for s in means])
         keep = sorted(np.argsort(-score, kind="stable")[: self.count].tolist())
         kept = [self.members[i] for i in keep]
         self.chosen = tuple(c.layer for c in kept)
@@ -88,20 +89,3 @@ def layer_count(cache: A2ATSCache) -> int | None:
     codebook = cache.codebook
     geometry = (codebook.num_layers, codebook.num_kv_heads, cache.rope.head_dim)
     return measured_estimate_layers(*geometry, step_kind(config, codebook.num_subspaces))
-
-
-def choice_note(caches: list) -> str | None:
-    """'the estimate on layers 0, 1, 7 (of 30)' once the choice is made, 'the estimate on the
-    13 of 30 layers that miss most, chosen in the first 8 retrieval steps' before it; None
-    where every layer running it keeps it."""
-    choice = next((c.estimate_choice for c in caches if getattr(c, "estimate_choice", None)),
-                  None)  # fmt: skip
-    if choice is None:
-        return None
-    n = len(choice.members)
-    if choice.chosen is None:
-        return (
-            f"the estimate on the {choice.count} of {n} layers that miss most, chosen in the "
-            f"first {WARMUP} retrieval steps"
-        )
-    return f"the estimate on layers {', '.join(map(str, choice.chosen))} (of {n})"
