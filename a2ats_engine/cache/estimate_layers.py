@@ -68,11 +68,11 @@ class EstimateLayers:
         keep = sorted(np.argsort(-score, kind="stable")[: self.count].tolist())
         kept = [self.members[i] for i in keep]
         self.chosen = tuple(c.layer for c in kept)
-        for c in self.members:
-            c.step_sums = None
-            c.retrieval.forget_estimate()
-            if c not in kept:
+        for i, c in enumerate(self.members):
+            c.step_sums = None  # a kept layer's held part is not a new StepSums': rebuilt
+            if i not in keep:
                 c.estimates = False
+                c.retrieval.forget_estimate()  # its sums and share go
         StepSums.join(kept)  # the kept layers' sums moved at once again
         self.shares = {}
 
