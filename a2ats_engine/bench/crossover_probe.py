@@ -165,6 +165,8 @@ def measure_crossover(
     )  # fmt: skip
     decision = xo.decide_crossover({t.context: t.ratio for t in timings})
     a2ats_layers = len(plan.a2ats_layers)
+    est_ratio = timings[-1].estimate_ratio if timings else None
+    est_layers = None if est_ratio is None else xo.affordable_layers(est_ratio, a2ats_layers)
     entry = {
         "backend": xo.backend(),
         "machine": xo.machine_id(),
@@ -185,8 +187,8 @@ def measure_crossover(
                     "ratio_runs": [round(r, 3) for r in timings[-1].estimate_ratios],
                     "context": timings[-1].context,
                     "scores": config.estimate_scores,
-                    "on": xo.affordable_layers(timings[-1].estimate_ratio, a2ats_layers) > 0,
-                    "layers": xo.affordable_layers(timings[-1].estimate_ratio, a2ats_layers),
+                    "on": est_layers > 0,
+                    "layers": est_layers,
                     **({"top_k": timings[-1].estimate_top_k} if timings[-1].estimate_top_k else {}),
                 }
             }

@@ -339,8 +339,7 @@ def describe_retrieval(
     measured = estimate_would_run(config, subspaces)
     if estimate_runs(config, subspaces) or (measured and measured_on):
         text += f"; missed-attention estimate ({config.estimate_scores} slot scores"
-        layers = measured_layers if measured and config.estimate_layers is None else None
-        layers = layers or config.estimate_layers
+        layers = config.estimate_layers or (measured_layers if measured else None)
         if layers is not None:
             text += f", on the {layers} layers that miss most"
             text += ": what its measured cost affords here)" if measured else ")"

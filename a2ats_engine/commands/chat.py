@@ -268,9 +268,8 @@ def _a2ats(args: argparse.Namespace, model: Any, path: Path) -> tuple:
         warnings.filterwarnings("ignore", message=re.escape(note))
     config, crossover = with_default_crossover(model, config, codebook)
     retrieval = describe_retrieval(
-        config, codebook.num_subspaces, crossover.estimate_on,
-        getattr(crossover, "estimate_layers", None),
-    )  # fmt: skip
+        config, codebook.num_subspaces, crossover.estimate_on, crossover.estimate_layers
+    )
     print(
         f"cache: a2ats, codebook {path}; {retrieval}; exact until {config.exact_below:,} tokens "
         f"({crossover_origin(crossover)})",
