@@ -29,7 +29,7 @@ sysdeps:
 	  fi; \
 	fi
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py a2ats_engine/cache/native_step.cpp
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e ".[test,dev]"

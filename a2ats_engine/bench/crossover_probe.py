@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 import mlx.nn as nn
 
 from ..cache import crossover as xo
+from ..cache import native_step
 from ..cache.config import A2ATSConfig, estimate_would_run
 from ..cache.crossover import TOP_K_STRATEGIES
 from ..cache.geometry import model_geometry
@@ -179,6 +180,7 @@ def measure_crossover(
         "model": model_name,
         "a2ats_layers": a2ats_layers,
         "date": xo.today(),
+        "host_step": native_step.status(),  # what the retrieval step ran (cache/native_step.py)
         "ratios": {str(t.context): round(t.ratio, 3) for t in timings},
         **(
             {

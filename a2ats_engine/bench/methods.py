@@ -469,6 +469,19 @@ _DECODE_VARIANT = re.compile(
 )
 
 
+NUMPY_STEP = (
+    "_npstep"  # a decode method's last suffix: the NumPy host step (`cache/native_step.py`)
+)
+
+
+def numpy_step_variant(name: str) -> tuple[str, bool]:
+    """(`name` without the `_npstep` suffix, whether it had it): `a2ats_eb0_npstep` times the
+    caches of `a2ats_eb0` with the NumPy host step instead of the C++ one."""
+    if name.startswith("a2ats") and name.endswith(NUMPY_STEP):
+        return name[: -len(NUMPY_STEP)], True
+    return name, False
+
+
 def decode_variant_knobs(name: str) -> dict[str, Any] | None:
     """A2ATSConfig fields spelled in an `a2ats bench decode` method name, None if it is not one:
     `a2ats_kv4_rr2_eb0_telemetry` -> {"kv_bits": 4, "rerank": 2, "exact_below": 0,

@@ -26,7 +26,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
 from .._backend import blas_library
-from ..cache import numpy_blas
+from ..cache import native_step, numpy_blas
 from ..cache.a2ats_cache import A2ATSCache
 from ..cache.config import A2ATSConfig
 from ..cache.model_cache import make_cache
@@ -42,7 +42,13 @@ def _blas_threads(path: str) -> int | None:
 def threads() -> dict[str, Any]:
     """The thread settings the figures depend on."""
     libs = {os.path.basename(p): _blas_threads(p) for p in numpy_blas.loaded_blas()}
-    env = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE")
+    env = (
+        "OMP_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "OPENBLAS_CORETYPE",
+        "A2ATS_HOST_STEP",
+    )
     return {
         "cpus": os.cpu_count(),
         "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
@@ -52,6 +58,7 @@ def threads() -> dict[str, Any]:
         "host_step_numpy_blas": (
             "kept" if numpy_blas.kept() else 1 if numpy_blas.threads() is not None else "not set"
         ),
+        "host_step": native_step.status(),  # C++ or NumPy, and why (cache/native_step.py)
         "env": {k: os.environ[k] for k in env if k in os.environ},
     }
 

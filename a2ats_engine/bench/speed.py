@@ -20,12 +20,13 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
+from ..cache import native_step
 from ..cache.a2ats_cache import A2ATSCache
 from ..cache.config import A2ATSConfig
 from ..cache.estimate_layers import WARMUP
 from ..cache.model_cache import make_cache
 from ..process_memory import growth, mlx_memory
-from .methods import decode_variant_knobs
+from .methods import decode_variant_knobs, numpy_step_variant
 from .plan_caches import clone_native, feed_prompt, is_plain
 
 UNTIMED = WARMUP + 2  # decode steps before the timed ones: the estimate's choice made
@@ -158,7 +159,8 @@ def bench_decode(
 
     Methods: full (mlx-lm KVCache), kv8 / kv4 (mlx-lm QuantizedKVCache), a2ats (A2ATS with
     `config`), a2ats_kv4 / a2ats_kv8 (the same with kv_bits), a2ats_rr<N> (rerank N),
-    a2ats_telemetry (telemetry on); suffixes combine in that order (a2ats_kv4_rr2).
+    a2ats_telemetry (telemetry on); suffixes combine in that order (a2ats_kv4_rr2); a last
+    `_npstep` keeps the NumPy host step (`cache/native_step.py`) for that method's caches.
     """
     config = config or A2ATSConfig()
     results = []
@@ -185,6 +187,8 @@ def bench_decode(
                 extra["a2ats_layers"] = len(own)
                 extra["estimate"] = any(c.estimates for c in own)  # as asked or as measured here
                 extra["estimate_layers"] = sum(c.estimates for c in own)  # after any choice
+                numpy_step = any(getattr(c, "numpy_step", False) for c in own)
+                extra["host_step"] = "NumPy" if numpy_step else native_step.status()
                 sums = [c.retrieval.host_missed[1] for c in own if c.retrieval.host_missed]
                 if sums:  # the host step's estimate: rows of the occupied slots only
                     shares = [r.rows_used / r.n_slots for r in sums]
@@ -229,9 +233,14 @@ def _method_cache(model: nn.Module, base: list, method: str, config: A2ATSConfig
         return _window_copy(base, config)
     if method in ("kv8", "kv4"):
         return _copy_into_quantized(base, int(method[-1]))
+    method, numpy_step = numpy_step_variant(method)
     knobs = decode_variant_knobs(method)
     if knobs is not None:
-        return _copy_into_a2ats(model, base, replace(config, **knobs), codebook)
+        caches = _copy_into_a2ats(model, base, replace(config, **knobs), codebook)
+        for c in caches:
+            if numpy_step and isinstance(c, A2ATSCache):
+                c.numpy_step = True  # read by `native_step.applies`
+        return caches
     raise ValueError(f"unknown method {method!r}")
 
 

@@ -32,7 +32,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import attention as att
-from . import numpy_blas
+from . import native_step, numpy_blas
 from .slot_rows import ALL, SlotRows
 
 if TYPE_CHECKING:
@@ -80,12 +80,52 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
     keys, values = cache.rows.keys, cache.rows.values
     mx.eval(to_far, queries, cache.codes, keys, values)  # the step's one host sync
     sink_logits = None if sinks is None else np.asarray(sinks.astype(mx.float32))
-    with numpy_blas.one_thread():  # NumPy's BLAS threads would contend with MLX's
-        out, positions, repeat = _on_host(
-            retrieval, cache, queries, to_far, keys, values, lay, scale, sink_logits
-        )
+    got = _native(retrieval, cache, queries, to_far, keys, values, lay, scale, sink_logits)
+    if got is None:
+        with numpy_blas.one_thread():  # NumPy's BLAS threads would contend with MLX's
+            got = _on_host(retrieval, cache, queries, to_far, keys, values, lay, scale, sink_logits)
+    out, positions, repeat = got
     out = mx.array(out.reshape(B, n_q, 1, d)).astype(queries.dtype)
     return out, mx.array(positions), mx.array(repeat)
+
+
+def _native(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, values, lay, scale,
+            sink_logits):  # fmt: skip
+    """The step after its sync in one C++ call (`native_step`) where it applies -> (output
+    [B, n_kv, G, d] float32, positions, repeat) as `_on_host` returns them, else None."""
+    if not native_step.applies(cache, lay, keys.dtype):
+        return None
+    B, n_q, _, d = queries.shape
+    n_kv = cache.codes.shape[1]
+    q = np.ascontiguousarray(np.asarray(queries).reshape(B, n_kv, n_q // n_kv, d), np.float32)
+    _, lower_edges = cache.buckets
+    bucket = None
+    if lower_edges is not None:
+        bucket = far_buckets(lay.n, lay.n_sinks, lay.window_start, tuple(lower_edges))
+    m = used_buckets(cache, lay)
+    got = retrieval.timed(
+        cache.layer,
+        "native step",
+        lambda: native_step.run(
+            cache,
+            lay,
+            q,
+            np.asarray(to_far),
+            m,
+            bucket,
+            np.asarray(cache.codes),
+            np.asarray(keys),
+            np.asarray(values),
+            scale,
+            sink_logits,
+        ),  # fmt: skip
+    )
+    if got is None:  # a NaN score: the NumPy step ranks it as argpartition does
+        return None
+    out, positions, repeat, retrieved = got
+    cache.top_k.add_retrieved(retrieved)
+    retrieval.budget_used = None
+    return out, positions, repeat
 
 
 def _on_host(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, values, lay, scale,

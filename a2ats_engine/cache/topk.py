@@ -179,6 +179,10 @@ class NumpyTopK:
         repeat[..., lay.n_sinks + 1 : lay.n_sinks + G * k] = dup
         return positions, repeat
 
+    def add_retrieved(self, count: int) -> None:
+        """Count far tokens a step selected outside `select_host` (the C++ host step)."""
+        self._retrieved += count
+
     @property
     def retrieved(self) -> int:
         return self._retrieved

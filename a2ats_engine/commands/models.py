@@ -123,16 +123,18 @@ def run_import_gguf(args: argparse.Namespace) -> int:
 
 
 def run_info(args: argparse.Namespace) -> int:
+    from ..cache import native_step
     from ..loading.models import describe
 
     info = describe(args.source, progress=_StageReporter())
     crossover = crossover_text(info, args.source)
+    step = native_step.status() if crossover is not None else None
     if args.json:
-        print(json.dumps({**info.to_dict(), "crossover": crossover}, indent=2))
+        print(json.dumps({**info.to_dict(), "crossover": crossover, "host_step": step}, indent=2))
     else:
         from ..terminal import printable
 
-        print(printable(format_info(info, crossover)))
+        print(printable(format_info(info, crossover, step)))
     return 0
 
 
@@ -157,8 +159,9 @@ def crossover_text(info, source: str) -> str | None:
     return describe_crossover(*geometry, source, estimate, kind)
 
 
-def format_info(info, crossover: str | None = None) -> str:
-    """ModelInfo as aligned `field: value` lines (and the crossover line when given)."""
+def format_info(info, crossover: str | None = None, host_step: str | None = None) -> str:
+    """ModelInfo as aligned `field: value` lines (and the crossover and host step lines when
+    given: the host step is what runs a retrieval step after its sync on CPU-only MLX)."""
     rope = info.rope
     if "error" in rope:
         rope_text = f"unsupported ({rope['error']})"
@@ -190,6 +193,8 @@ def format_info(info, crossover: str | None = None) -> str:
     lines += [f"{'':<{width}}{line}" for line in _plan_lines(plan)]
     if crossover is not None:
         lines.append(f"{'exact below':<{width}}  {crossover}")
+    if host_step is not None:
+        lines.append(f"{'host step':<{width}}  {host_step}")
     return "\n".join(lines)
 
 

@@ -22,7 +22,7 @@ from .profile import run_profile
 DECODE_METHOD_NAMES = (
     "full, kv8, kv4, window, a2ats, a2ats_kv8, a2ats_kv4, a2ats_telemetry, a2ats_noest, "
     "a2ats_est, a2ats_rr<N>[g], a2ats_cov<NN>, a2ats_eb<N> (suffixes combine in that order: "
-    "a2ats_kv4_rr2_eb0)"
+    "a2ats_kv4_rr2_eb0; a last _npstep keeps the NumPy host step: a2ats_eb0_npstep)"
 )
 
 
@@ -87,8 +87,9 @@ def register(bench: argparse._SubParsersAction) -> None:
 
 
 def _is_decode_method(name: str) -> bool:
-    from ...bench.methods import decode_variant_knobs
+    from ...bench.methods import decode_variant_knobs, numpy_step_variant
 
+    name = numpy_step_variant(name)[0]
     return name in ("full", "kv8", "kv4", "window") or decode_variant_knobs(name) is not None
 
 
@@ -140,11 +141,14 @@ def median_results(runs: list[list]) -> list:
 def _decode_meta(args: argparse.Namespace, head: dict, **extra: Any) -> dict:
     """What a `bench decode` result records besides its rows: `head`, the steps and repeats,
     `extra`, the machine and the command."""
+    from ...cache import native_step
+
     return {
         **head,
         "steps": args.steps,
         "repeats": args.repeats,
         **extra,
+        "host_step": native_step.status(),
         **bench_run("decode", args),
     }
 

@@ -278,6 +278,7 @@ def test_cli_records_the_table_that_caches_and_info_then_use(tiny_folder, table,
         r"^exact below +exact until [\d,]+ tokens \(estimated from the geometry", before, re.M
     )
     assert f"`a2ats crossover {tiny_folder}`" in before
+    assert re.search(r"^host step +C\+\+ \(native_step\.cpp\)$", before, re.M)  # built here
 
     assert main(["crossover", str(tiny_folder), *ARGV, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -302,7 +303,9 @@ def test_cli_records_the_table_that_caches_and_info_then_use(tiny_folder, table,
     assert re.search(rf"^exact below +exact until {n:,} tokens", after, re.M)
     assert f"measured on this machine: {table}; tiny-llama" in after
     assert main(["info", "--json", str(tiny_folder)]) == 0
-    assert json.loads(capsys.readouterr().out)["crossover"].startswith(f"exact until {n:,}")
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["crossover"].startswith(f"exact until {n:,}")
+    assert listed["host_step"] == "C++ (native_step.cpp)"
 
 
 def test_info_names_the_built_in_row(monkeypatch, capsys):

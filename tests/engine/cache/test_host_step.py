@@ -1,4 +1,7 @@
-"""The host decode step (`cache/host_step.py`) selects and attends as the generic step does."""
+"""The host decode step (`cache/host_step.py`) selects and attends as the generic step does.
+
+These pin the NumPy step (`native_step.forced("numpy")`); tests/engine/cache/test_native_step.py
+holds the C++ step to it."""
 
 import mlx.core as mx
 import numpy as np
@@ -7,7 +10,7 @@ from mlx_lm.models.rope_utils import initialize_rope
 
 from a2ats_engine.bench.methods import OracleTopKCache
 from a2ats_engine.cache import attention as att
-from a2ats_engine.cache import host_step, topk
+from a2ats_engine.cache import host_step, native_step, topk
 from a2ats_engine.cache.a2ats_cache import A2ATSCache
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig
@@ -17,6 +20,12 @@ from a2ats_engine.cache.rope import RopeSpec
 D = 32
 ROPE = RopeSpec.from_module(initialize_rope(D, 10000.0, False, None, 8192), D)
 BASE = {"window": 16, "sinks": 4, "budget": 12, "telemetry": True}
+
+
+@pytest.fixture(autouse=True)
+def numpy_step():
+    with native_step.forced("numpy"):
+        yield
 
 
 def decode(

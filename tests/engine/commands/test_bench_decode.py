@@ -6,6 +6,7 @@ import shlex
 import pytest
 from tiny import save_tiny_model
 
+from a2ats_engine.cache import native_step
 from a2ats_engine.cli import main
 
 # the speed benchmarks run on random codebooks on purpose (`a2ats bench` without --codebook, and
@@ -227,17 +228,23 @@ def test_bench_decode_profile_times_every_phase_with_the_thread_settings(tmp_pat
     """`--profile`: a row per context with the KVCache and A2ATS step times, exact attention per
     layer and the retrieval phases (retrieval forced even at a short context)."""
     folder = save_tiny_model(tmp_path / "m", "llama", hidden_size=256)
-    rc = main(["bench", "decode", "--model", str(folder), "--contexts", "300", "--steps", "3",
-               "--profile", "--json"])  # fmt: skip
-    assert rc == 0
+    argv = ["bench", "decode", "--model", str(folder), "--contexts", "300", "--steps", "3",
+            "--profile", "--json"]  # fmt: skip
+    assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert "blas_threads" in out["threads"] and out["threads"]["cpus"] >= 1
     row = out["results"][0]
     assert row["retrieved_steps"] >= 6  # uninstrumented and instrumented steps both retrieved
     phases = row["phases_ms_per_step"]
-    assert {"code scores", "top-K + rerank", "union", "gather K/V", "attention"} <= set(phases)
+    assert "native step" in phases and out["threads"]["host_step"] == "C++ (native_step.cpp)"
     assert all(ms >= 0 for ms in phases.values()) and row["exact_attention_ms_per_layer"] > 0
     assert row["kvcache_step_ms"] > 0 and row["a2ats_step_ms"] > 0
+    with native_step.forced("numpy"):  # the NumPy step's phases, one by one
+        assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    phases = out["results"][0]["phases_ms_per_step"]
+    assert {"code scores", "top-K + rerank", "union", "gather K/V", "attention"} <= set(phases)
+    assert "native step" not in phases and out["threads"]["host_step"] == "NumPy"
 
 
 def test_bench_decode_profile_takes_the_named_methods_settings(tmp_path, capsys):

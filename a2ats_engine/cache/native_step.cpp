@@ -1,0 +1,224 @@
+// The host decode step of one A2ATS layer after its sync, in one call: lookup tables, far scores,
+// top-K (+ rerank), GQA union, and softmax attention over the selected rows. The NumPy step
+// (a2ats_engine/cache/host_step.py) makes about forty NumPy calls a layer for the same work, and
+// right after MLX's threads ran the layer each of them runs several times slower than warm
+// (docs/BENCHMARKS.md, "The step after MLX's layer work"); one compiled call touches far less
+// code and no temporaries. Loaded with ctypes by a2ats_engine/cache/native_step.py, which checks
+// every shape before the call: nothing here validates its arguments.
+//
+// Selection rule (the same scores as NumPy's argpartition; among tied scores at the cut the
+// lowest far index, where argpartition's choice is arbitrary): the `want` highest of a row.
+
+#include <Python.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__APPLE__)
+#define A2ATS_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define A2ATS_CLONES
+#endif
+
+namespace {
+
+inline float dot(const float* a, const float* b, int d) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int i = 0; i < d; ++i) s += a[i] * b[i];
+  return s;
+}
+
+struct Scratch {
+  std::vector<float> rq, tables, scores, exact, logits, values, tops, dens;
+  std::vector<int> idx, pick, top, far;
+};
+
+// Indices into s[0..F) of its `want` highest (want <= F), ascending -> out. A strided sample
+// gives a threshold a little below the want-th score where the row is long (as
+// `topk.top_indices`), else the row's own values are partitioned. False on a NaN score.
+bool top_of(const float* s, int F, int want, std::vector<float>& vals, std::vector<int>& out) {
+  out.clear();
+  vals.clear();
+  bool nan = false;
+  for (int t = 0; t < F; ++t) nan |= s[t] != s[t];
+  if (nan) return false;
+  if (F >= 1536 && 4 * want <= F) {
+    for (int t = 0; t < F; t += 16) vals.push_back(s[t]);
+    int m = (int)vals.size();
+    int j = std::min(m - 1, (5 * want * m) / (4 * F) + 8);
+    std::nth_element(vals.begin(), vals.begin() + j, vals.end(), std::greater<float>());
+    float lo = vals[j];
+    vals.clear();
+    for (int t = 0; t < F; ++t)
+      if (s[t] >= lo) vals.push_back(s[t]);
+    if ((int)vals.size() < want) vals.clear();
+  }
+  if (vals.empty()) vals.assign(s, s + F);
+  std::nth_element(vals.begin(), vals.begin() + (want - 1), vals.end(), std::greater<float>());
+  float thr = vals[want - 1];
+  int ties = want;
+  for (int t = 0; t < F; ++t) ties -= s[t] > thr;
+  for (int t = 0; t < F; ++t) {
+    float v = s[t];
+    if (v > thr) {
+      out.push_back(t);
+    } else if (v == thr && ties > 0) {
+      out.push_back(t);
+      --ties;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+// Shapes (all C-contiguous; float32 unless said):
+//   q [B, n_kv, G, d] post-RoPE queries; to_far [d, ld] whose first m * d columns are the
+//   step's rotations to the m distance buckets used; centroids [n_kv, S, C, sd] (the layer's
+//   scoring centroids); codes uint16 [B, n_kv, cap, S]; bucket int32 [F] or null
+//   (m == 1); keys / values [B, n_kv, cap, d]; sink_logits [n_kv * G] or null.
+// Far region [n_sinks, window_start), F = window_start - n_sinks >= k; cand > k reranks the
+// top `cand` by their exact scores. Outputs: out [B, n_kv, G, d]; positions int32 and repeat
+// uint8 [B, n_kv, M], M = n_sinks + G * k + (n - window_start) (`NumpyTopK.select_host`'s).
+// Returns the far tokens retrieved (distinct over KV heads, summed over the batch), or -1
+// where a score is NaN (nothing written that the caller keeps: it takes the NumPy step).
+extern "C" A2ATS_CLONES long a2ats_native_step(
+    int B, int n_kv, int G, int d, int m, int S, int C, const float* q, const float* to_far,
+    int ld, const float* centroids, const uint16_t* codes, const int32_t* bucket,
+    const float* keys, const float* values, const float* sink_logits, int cap, int n,
+    int n_sinks, int window_start, int k, int cand, float scale, float* out, int32_t* positions,
+    uint8_t* repeat) {
+  const int F = window_start - n_sinks;
+  const int n_win = n - window_start;
+  const int M = n_sinks + G * k + n_win;
+  const int sd = d / S;
+  thread_local Scratch w;
+  w.rq.assign((size_t)G * m * d, 0.f);
+  w.tables.resize((size_t)G * m * S * C);
+  w.scores.resize((size_t)F);
+  w.logits.resize((size_t)G * M);
+  w.top.resize((size_t)G * k);
+  long retrieved = 0;
+  for (int b = 0; b < B; ++b) {
+    w.far.clear();
+    for (int h = 0; h < n_kv; ++h) {
+      const size_t bh = (size_t)b * n_kv + h;
+      const float* qh = q + bh * G * d;
+      const float* kh = keys + bh * cap * d;
+      const float* vh = values + bh * cap * d;
+      const uint16_t* ch = codes + bh * cap * S;
+      // the queries rotated to each bucket's distance: rq[g, bk, :] = q[g] @ to_far[:, bk]
+      std::fill(w.rq.begin(), w.rq.end(), 0.f);
+      for (int g = 0; g < G; ++g) {
+        float* dst = w.rq.data() + (size_t)g * m * d;
+        for (int i = 0; i < d; ++i) {
+          const float a = qh[(size_t)g * d + i];
+          const float* row = to_far + (size_t)i * ld;
+#pragma omp simd
+          for (int j = 0; j < m * d; ++j) dst[j] += a * row[j];
+        }
+      }
+      // lookup tables [g, bk, s, c]: each subspace's slice of rq against its centroids (each
+      // centroid row read once for the G * m rows)
+      for (int s = 0; s < S; ++s) {
+        const float* cs = centroids + ((size_t)h * S + s) * C * sd;
+        for (int c = 0; c < C; ++c) {
+          const float* cc = cs + (size_t)c * sd;
+          for (int r = 0; r < G * m; ++r)
+            w.tables[((size_t)r * S + s) * C + c] = dot(cc, w.rq.data() + (size_t)r * d + (size_t)s * sd, sd);
+        }
+      }
+      for (int g = 0; g < G; ++g) {
+        // far scores: each far token's table entry (summed over subspaces in order)
+        const float* tg = w.tables.data() + (size_t)g * m * S * C;
+        for (int t = 0; t < F; ++t) {
+          const uint16_t* code = ch + (size_t)(n_sinks + t) * S;
+          const float* tb = tg + (size_t)(bucket ? bucket[t] : 0) * S * C;
+          float v = tb[code[0]];
+          for (int s = 1; s < S; ++s) v += tb[(size_t)s * C + code[s]];
+          w.scores[t] = v;
+        }
+        const float* qg = qh + (size_t)g * d;
+        int* dst = w.top.data() + (size_t)g * k;
+        if (cand > k) {
+          if (!top_of(w.scores.data(), F, cand, w.values, w.idx)) return -1;
+          const int c_n = (int)w.idx.size();
+          w.exact.resize(c_n);
+          for (int j = 0; j < c_n; ++j) {
+            if (j + 8 < c_n) __builtin_prefetch(kh + (size_t)(n_sinks + w.idx[j + 8]) * d);
+            w.exact[j] = dot(kh + (size_t)(n_sinks + w.idx[j]) * d, qg, d);
+          }
+          if (!top_of(w.exact.data(), c_n, k, w.values, w.pick)) return -1;
+          for (int j = 0; j < k; ++j) dst[j] = w.idx[w.pick[j]];
+        } else {
+          if (!top_of(w.scores.data(), F, k, w.values, w.idx)) return -1;
+          std::copy(w.idx.begin(), w.idx.begin() + k, dst);
+        }
+      }
+      // the GQA union, sorted (its repeats marked), between the sinks and the window
+      std::sort(w.top.begin(), w.top.end());
+      int32_t* pos = positions + bh * M;
+      uint8_t* rep = repeat + bh * M;
+      for (int i = 0; i < n_sinks; ++i) pos[i] = i, rep[i] = 0;
+      for (int i = 0; i < G * k; ++i) {
+        pos[n_sinks + i] = w.top[i] + n_sinks;
+        rep[n_sinks + i] = i > 0 && w.top[i] == w.top[i - 1];
+        if (!rep[n_sinks + i]) w.far.push_back(w.top[i]);
+      }
+      for (int i = 0; i < n_win; ++i) pos[n_sinks + G * k + i] = window_start + i;
+      std::fill(rep + n_sinks + G * k, rep + M, 0);
+      // softmax attention: each attended row read once for the G query heads
+      w.tops.assign(G, -INFINITY);
+      w.dens.assign(G, 0.f);
+      if (sink_logits) {
+        for (int g = 0; g < G; ++g) w.tops[g] = sink_logits[h * G + g];
+      }
+      for (int i = 0; i < M; ++i) {
+        if (i + 8 < M) __builtin_prefetch(kh + (size_t)pos[i + 8] * d);
+        const float* kr = kh + (size_t)pos[i] * d;
+        for (int g = 0; g < G; ++g) {
+          const float l = rep[i] ? -INFINITY : scale * dot(kr, qh + (size_t)g * d, d);
+          w.logits[(size_t)g * M + i] = l;
+          w.tops[g] = std::max(w.tops[g], l);
+        }
+      }
+      float* oh = out + bh * G * d;
+      std::fill(oh, oh + (size_t)G * d, 0.f);
+      for (int i = 0; i < M; ++i) {
+        if (rep[i]) continue;
+        if (i + 8 < M) __builtin_prefetch(vh + (size_t)pos[i + 8] * d);
+        const float* v = vh + (size_t)pos[i] * d;
+        for (int g = 0; g < G; ++g) {
+          const float p = std::exp(w.logits[(size_t)g * M + i] - w.tops[g]);
+          w.dens[g] += p;
+          float* o = oh + (size_t)g * d;
+#pragma omp simd
+          for (int j = 0; j < d; ++j) o[j] += p * v[j];
+        }
+      }
+      for (int g = 0; g < G; ++g) {
+        float den = w.dens[g];
+        if (sink_logits) den += std::exp(sink_logits[h * G + g] - w.tops[g]);
+        const float inv = 1.f / den;
+        float* o = oh + (size_t)g * d;
+        for (int j = 0; j < d; ++j) o[j] *= inv;
+      }
+    }
+    std::sort(w.far.begin(), w.far.end());
+    retrieved += std::unique(w.far.begin(), w.far.end()) - w.far.begin();
+  }
+  return retrieved;
+}
+
+// An importable module, so that packagers find the library; the step itself is the C function
+// above, called through ctypes.
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT, "_native_step",
+    "The A2ATS host decode step in C++ (a2ats_engine/cache/native_step.py loads it).", -1,
+    nullptr};
+
+PyMODINIT_FUNC PyInit__native_step(void) { return PyModule_Create(&native_module); }

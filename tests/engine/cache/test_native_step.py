@@ -1,0 +1,146 @@
+"""The C++ host step (`cache/native_step.py`, `native_step.cpp`) selects and attends as the
+NumPy host step does, takes the NumPy step for what it does not compute, and says which runs."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from a2ats_engine.cache import attention as att
+from a2ats_engine.cache import host_step, native_step, topk
+from a2ats_engine.cache.a2ats_cache import A2ATSCache
+from a2ats_engine.cache.codebook import Codebook
+from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cache.retrieval import PhaseClock
+
+from .test_host_step import BASE, ROPE, D, decode
+
+
+def stable_top(scores, k):
+    """The C++ step's rule among tied scores (the lowest far index), for the NumPy step."""
+    return np.argsort(-np.asarray(scores), axis=-1, kind="stable")[..., :k]
+
+
+def test_the_native_step_is_built():
+    """`pip install -e .` builds it where there is a C++ compiler (CI has one): fail, not skip."""
+    assert native_step.on(), native_step.status()
+    assert native_step.status() == "C++ (native_step.cpp)"
+
+
+@pytest.mark.parametrize("knobs", [{}, {"rerank": 1}, {"far_buckets": 1}, {"rerank": 3}])
+@pytest.mark.parametrize("with_sinks", [False, True])
+@pytest.mark.parametrize("sub_dim", [None, 8])  # 8: product VQ, 4 subspaces
+@pytest.mark.parametrize("n", [700, 2600])  # 2600: the top-K's sampled threshold
+def test_the_native_step_selects_and_attends_as_the_numpy_step(
+    monkeypatch, knobs, with_sinks, sub_dim, n
+):
+    config = A2ATSConfig(**BASE, **knobs)
+    sinks = mx.array(np.linspace(-1, 1, 6).astype(np.float32)) if with_sinks else None
+    calls = []
+    run = native_step.run
+    monkeypatch.setattr(native_step, "run", lambda *a: calls.append(1) or run(*a))
+    native = decode(config, host=True, monkeypatch=monkeypatch, sinks=sinks, sub_dim=sub_dim, n=n)
+    assert len(calls) == 3  # one step a layer, three steps: the C++ step ran each time
+    monkeypatch.setattr(topk, "top_indices", stable_top)
+    with native_step.forced("numpy"):
+        numpy = decode(
+            config, host=True, monkeypatch=monkeypatch, sinks=sinks, sub_dim=sub_dim, n=n
+        )
+    for (out_c, sel_c, used_c, n_c, _), (out_n, sel_n, used_n, n_n, _) in zip(
+        native, numpy, strict=True
+    ):
+        assert all(np.array_equal(a, b) for a, b in zip(sel_c, sel_n, strict=True))
+        assert n_c == n_n > 0
+        assert used_c is None and used_n is None
+        np.testing.assert_allclose(out_c, out_n, rtol=1e-5, atol=1e-5)
+
+
+def _cache(**knobs):
+    rng = np.random.default_rng(0)
+    with topk.forced("numpy"):
+        cache = A2ATSCache(0, ROPE, Codebook.random(1, 1, D, 16, seed=1),
+                           A2ATSConfig(**{**BASE, **knobs}), 8192)  # fmt: skip
+    rows = mx.array(rng.standard_normal((1, 1, 300, D)).astype(np.float32))
+    cache.update_and_fetch(rows, rows)
+    return cache, mx.array(rng.standard_normal((1, 2, 1, D)).astype(np.float32))
+
+
+@pytest.mark.parametrize(
+    ("knobs", "native"),
+    [
+        ({}, True),
+        ({"estimate_missed": True}, False),
+        ({"coverage": 0.9}, False),
+        ({"rerank": 3, "rerank_shared": True}, False),
+    ],
+)
+def test_what_the_native_step_does_not_compute_takes_the_numpy_step(monkeypatch, knobs, native):
+    cache, q = _cache(**knobs)
+    seen = []
+    on_host = host_step._on_host
+    monkeypatch.setattr(host_step, "_on_host", lambda *a: seen.append("numpy") or on_host(*a))
+    run = native_step.run
+    monkeypatch.setattr(native_step, "run", lambda *a: seen.append("native") or run(*a))
+    mx.eval(cache.attend(q, None, None, scale=D**-0.5))
+    assert seen == (["native"] if native else ["numpy"])
+    cache.numpy_step = True  # the benchmarks' `_npstep` methods
+    seen.clear()
+    mx.eval(cache.attend(q, None, None, scale=D**-0.5))
+    assert seen == ["numpy"]
+
+
+def test_float16_rows_take_the_numpy_step(monkeypatch):
+    rng = np.random.default_rng(0)
+    with topk.forced("numpy"):
+        cache = A2ATSCache(0, ROPE, Codebook.random(1, 1, D, 16, seed=1), A2ATSConfig(**BASE), 8192)
+    rows = mx.array(rng.standard_normal((1, 1, 300, D)).astype(np.float16))
+    cache.update_and_fetch(rows, rows)
+    q = mx.array(rng.standard_normal((1, 2, 1, D)).astype(np.float16))
+    assert host_step.applies(cache, q)
+    monkeypatch.setattr(native_step, "run", lambda *a: pytest.fail("the C++ step takes float32"))
+    assert cache.attend(q, None, None, scale=D**-0.5).shape == (1, 2, 1, D)
+
+
+def test_a_nan_score_takes_the_numpy_step(monkeypatch):
+    """NaN ranks highest in argpartition; the C++ step declines the call instead of guessing."""
+    cache, q = _cache()
+    q = mx.full(q.shape, float("nan"))
+    seen = []
+    on_host = host_step._on_host
+    monkeypatch.setattr(host_step, "_on_host", lambda *a: seen.append("numpy") or on_host(*a))
+    out = cache.attend(q, None, None, scale=D**-0.5)
+    mx.eval(out)
+    assert seen == ["numpy"]
+
+
+def test_the_native_step_is_timed_as_one_phase():
+    cache, q = _cache()
+    clock = cache.retrieval.clock = PhaseClock()
+    cache.attend(q, None, None, scale=D**-0.5)
+    phases = {phase for _, phase in clock.seconds}
+    assert "native step" in phases and "top-K + rerank" not in phases
+
+
+def test_the_native_step_refuses_arrays_it_cannot_read():
+    cache, _ = _cache()
+    lay = att.layout(300, 16, 4, 12)
+    k = np.zeros((1, 1, 300, D), np.float32)
+    codes = np.zeros((1, 1, 300, 1), np.uint16)
+    qn = np.zeros((1, 1, 2, D), np.float32)
+    to_far = np.zeros((D, D), np.float32)
+    with pytest.raises(ValueError, match="float32"):
+        native_step.run(cache, lay, qn, to_far, 1, None, codes, k[..., ::2], k, 1.0, None)
+    with pytest.raises(ValueError, match="codes"):
+        native_step.run(cache, lay, qn, to_far, 1, None, codes.astype(np.int32), k, k, 1.0, None)
+    with pytest.raises(ValueError, match="rotations"):
+        native_step.run(cache, lay, qn, to_far, 2, None, codes, k, k, 1.0, None)
+
+
+def test_status_names_the_step_that_runs(monkeypatch):
+    with native_step.forced("numpy"):
+        assert native_step.status() == "NumPy" and not native_step.on()
+    monkeypatch.setattr(native_step, "_fn", None)
+    monkeypatch.setattr(native_step, "_why", "not built (no compiler)")
+    assert not native_step.on()
+    assert native_step.status() == "NumPy (the C++ step is not built (no compiler))"
+    with pytest.raises(ValueError, match="one of native, numpy"):
+        native_step.forced("fast").__enter__()
