@@ -81,9 +81,12 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
     mx.eval(to_far, queries, cache.codes, keys, values)  # the step's one host sync
     sink_logits = None if sinks is None else np.asarray(sinks.astype(mx.float32))
     got = _native(retrieval, cache, queries, to_far, keys, values, lay, scale, sink_logits)
-    if got is None:
+    if got is None or got[0] is None:  # the NumPy step, or its attention after C++'s selection
         with numpy_blas.one_thread():  # NumPy's BLAS threads would contend with MLX's
-            got = _on_host(retrieval, cache, queries, to_far, keys, values, lay, scale, sink_logits)
+            got = _on_host(
+                retrieval, cache, queries, to_far, keys, values, lay, scale, sink_logits,
+                None if got is None else got[1:],
+            )  # fmt: skip
     out, positions, repeat = got
     out = mx.array(out.reshape(B, n_q, 1, d)).astype(queries.dtype)
     return out, mx.array(positions), mx.array(repeat)
@@ -91,9 +94,10 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
 
 def _native(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, values, lay, scale,
             sink_logits):  # fmt: skip
-    """The step after its sync in one C++ call (`native_step`) where it applies -> (output
-    [B, n_kv, G, d] float32, positions, repeat) as `_on_host` returns them, else None."""
-    if not native_step.applies(cache, lay, keys.dtype):
+    """The step after its sync in one C++ call (`native_step`) where it selects -> (output
+    [B, n_kv, G, d] float32 or None where the NumPy step attends, positions, repeat), else
+    None."""
+    if not native_step.selects(cache, lay, keys.dtype):
         return None
     B, n_q, _, d = queries.shape
     n_kv = cache.codes.shape[1]
@@ -103,23 +107,15 @@ def _native(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, valu
     if lower_edges is not None:
         bucket = far_buckets(lay.n, lay.n_sinks, lay.window_start, tuple(lower_edges))
     m = used_buckets(cache, lay)
-    got = retrieval.timed(
-        cache.layer,
-        "native step",
-        lambda: native_step.run(
-            cache,
-            lay,
-            q,
-            np.asarray(to_far),
-            m,
-            bucket,
-            np.asarray(cache.codes),
-            np.asarray(keys),
-            np.asarray(values),
-            scale,
-            sink_logits,
-        ),  # fmt: skip
-    )
+    arrays = (np.asarray(to_far), m, bucket, np.asarray(cache.codes), np.asarray(keys))
+    attend = native_step.attends(cache)
+
+    def run():
+        return native_step.run(
+            cache, lay, q, *arrays, np.asarray(values), scale, sink_logits, attend
+        )
+
+    got = retrieval.timed(cache.layer, "native step", run)
     if got is None:  # a NaN score: the NumPy step ranks it as argpartition does
         return None
     out, positions, repeat, retrieved = got
@@ -129,10 +125,11 @@ def _native(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, valu
 
 
 def _on_host(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, values, lay, scale,
-             sink_logits):  # fmt: skip
+             sink_logits, selected=None):  # fmt: skip
     """The step after its sync, all NumPy: lookup tables and far scores, top-K (+ rerank),
     union, gather and the attention (with the estimate where it runs) -> (output
-    [B, n_kv, G, d] float32, positions [B, n_kv, M], repeat [B, n_kv, M])."""
+    [B, n_kv, G, d] float32, positions [B, n_kv, M], repeat [B, n_kv, M]). `selected`:
+    (positions, repeat) the C++ step chose (`_native`): only the gather and attention here."""
     B, n_q, _, d = queries.shape
     n_kv = cache.codes.shape[1]
     G = n_q // n_kv
@@ -151,7 +148,9 @@ def _on_host(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, val
         tables = host_tables(q, rotations, centroids)
         return tables, far_scores(tables, codes, cache, lay)
 
-    tables_np, approx = timed(layer, "code scores", scores)  # tables; [B, n_kv, G, F]
+    tables_np = None  # C++'s selection: never with the estimate's centroid scores (the tables)
+    if selected is None:
+        tables_np, approx = timed(layer, "code scores", scores)  # tables; [B, n_kv, G, F]
     k_np, v_np = np.asarray(keys), np.asarray(values)
     missed = None
     if cache.estimates:  # the occupied slots' counts and sums (a SlotRows)
@@ -162,7 +161,9 @@ def _on_host(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, val
         )
     candidates = min(cfg.rerank * lay.k, lay.n_far) if cache.reranks else lay.k
     retrieval.budget_used = None
-    if candidates > lay.k:
+    if selected is not None:
+        positions, repeat = selected
+    elif candidates > lay.k:
         cover = None
         if cfg.coverage is not None:
             cover = (scale, cfg.coverage, min(cfg.coverage_floor, lay.k))
@@ -175,7 +176,8 @@ def _on_host(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, val
             top, retrieval.budget_used = top
     else:
         top = timed(layer, "top-K", lambda: top_k.top(approx, lay.k))
-    positions, repeat = timed(layer, "union", lambda: top_k.select_host(top, lay))
+    if selected is None:
+        positions, repeat = timed(layer, "union", lambda: top_k.select_host(top, lay))
     k_sel, v_sel = timed(
         layer, "gather K/V", lambda: (gather(k_np, positions), gather(v_np, positions))
     )

@@ -83,7 +83,8 @@ bool top_of(const float* s, int F, int want, std::vector<float>& vals, std::vect
 //   (m == 1); keys / values [B, n_kv, cap, d]; sink_logits [n_kv * G] or null.
 // Far region [n_sinks, window_start), F = window_start - n_sinks >= k; cand > k reranks the
 // top `cand` by their exact scores. Outputs: out [B, n_kv, G, d]; positions int32 and repeat
-// uint8 [B, n_kv, M], M = n_sinks + G * k + (n - window_start) (`NumpyTopK.select_host`'s).
+// uint8 [B, n_kv, M], M = n_sinks + G * k + (n - window_start) (`NumpyTopK.select_host`'s);
+// out null: the selection only.
 // Returns the far tokens retrieved (distinct over KV heads, summed over the batch), or -1
 // where a score is NaN (nothing written that the caller keeps: it takes the NumPy step).
 extern "C" A2ATS_CLONES long a2ats_native_step(
@@ -171,6 +172,7 @@ extern "C" A2ATS_CLONES long a2ats_native_step(
       }
       for (int i = 0; i < n_win; ++i) pos[n_sinks + G * k + i] = window_start + i;
       std::fill(rep + n_sinks + G * k, rep + M, 0);
+      if (!out) continue;  // the caller attends (the missed-attention estimate)
       // softmax attention: each attended row read once for the G query heads
       w.tops.assign(G, -INFINITY);
       w.dens.assign(G, 0.f);

@@ -8,9 +8,11 @@ top-K (+ rerank), the GQA union and the softmax attention (with the model's atte
 
 It selects the same scores as the NumPy step: among scores tied at the cut, the lowest far
 index (NumPy's argpartition picks an arbitrary one), and its float32 sums may differ in the last
-bit. What it does not compute takes the NumPy step (`applies`): the missed-attention estimate,
-the adaptive budget (`coverage`), shared rerank candidates, float16 rows, and a layer whose far
-region is smaller than its K. A NaN score makes that one call fall back too.
+bit. What it does not compute takes the NumPy step (`selects`): the adaptive budget (`coverage`),
+shared rerank candidates, the estimate's centroid slot scores (which read the lookup tables),
+float16 rows, and a layer whose far region is smaller than its K; a NaN score makes that one
+call fall back too. With the missed-attention estimate it selects and the NumPy step attends
+(`attends`: its per-slot sums are NumPy's `SlotRows`).
 
 Built by `pip install -e .` (`setup.py`, an optional extension): where there is no compiler the
 engine runs the NumPy step and `a2ats info` says why (`status`). `A2ATS_HOST_STEP=numpy` (read
@@ -42,7 +44,7 @@ def _load() -> tuple[ctypes._CFuncPtr | None, str]:
     try:
         from . import _native_step
     except ImportError as exc:
-        return None, f"not built ({exc}; `pip install -e .` builds it with a C++ compiler)"
+        return None, f"not built ({exc.msg.split(' from ')[0]}: `pip install -e .` builds it)"
     try:
         fn = ctypes.CDLL(_native_step.__file__).a2ats_native_step
     except (OSError, AttributeError) as exc:
@@ -89,18 +91,25 @@ def status() -> str:
     return "C++ (native_step.cpp)"
 
 
-def applies(cache: A2ATSCache, lay: Layout, rows_dtype) -> bool:
-    """Whether this layer's step runs here (see the module docstring)."""
+def selects(cache: A2ATSCache, lay: Layout, rows_dtype) -> bool:
+    """Whether this layer's selection runs here (see the module docstring); the attention too
+    where `attends`."""
     cfg = cache.config
     return (
         on()
         and not getattr(cache, "numpy_step", False)
-        and not cache.estimates
         and cfg.coverage is None
         and not (cfg.rerank_shared and cache.reranks)
+        and not (cache.estimates and cfg.estimate_scores == "centroid")  # reads the tables
         and rows_dtype == mx.float32
         and 0 < lay.k <= lay.n_far
     )
+
+
+def attends(cache: A2ATSCache) -> bool:
+    """Whether the C++ step also attends (else the NumPy step's attention with the estimate
+    takes its selection)."""
+    return not cache.estimates
 
 
 def _ptr(a: np.ndarray | None) -> int | None:
@@ -108,12 +117,13 @@ def _ptr(a: np.ndarray | None) -> int | None:
 
 
 def run(cache: A2ATSCache, lay: Layout, q, to_far, m: int, bucket, codes, keys, values, scale,
-        sink_logits):  # fmt: skip
+        sink_logits, attend: bool = True):  # fmt: skip
     """The step: q [B, n_kv, G, d] float32, to_far [d, >= m * d] (`attention.step_rotations`),
     m the buckets used, bucket int32 [F] or None, codes [B, n_kv, cap, S] uint16, keys / values
     [B, n_kv, cap, d] float32 (the NumPy views the step read), sink_logits None or [n_kv * G]
-    -> (out [B, n_kv, G, d] float32, positions int32 and repeat bool [B, n_kv, M], far tokens
-    retrieved), or None where a score was NaN (the caller takes the NumPy step)."""
+    -> (out [B, n_kv, G, d] float32 (None without `attend`), positions int32 and repeat bool
+    [B, n_kv, M], far tokens retrieved), or None where a score was NaN (the caller takes the
+    NumPy step; so too where an array is not C-contiguous)."""
     B, n_kv, G, d = q.shape
     cap, S = codes.shape[2], codes.shape[3]
     cent = np.asarray(cache.codebook.scoring_centroids(cache.layer, q))  # [n_kv, S, C, sd]
@@ -122,10 +132,12 @@ def run(cache: A2ATSCache, lay: Layout, q, to_far, m: int, bucket, codes, keys, 
     cand = min(cfg.rerank * lay.k, lay.n_far) if cache.reranks else lay.k
     F = lay.window_start - lay.n_sinks
     arrays = (q, to_far, cent, keys, values)
-    if not all(a.flags.c_contiguous and a.dtype == np.float32 for a in arrays) or d % S:
-        raise ValueError("native step: float32 contiguous arrays, subspaces dividing head dim")
-    if codes.dtype != np.uint16 or not codes.flags.c_contiguous:
+    if not all(a.dtype == np.float32 for a in arrays) or d % S:
+        raise ValueError("native step: float32 arrays, subspaces dividing the head dim")
+    if codes.dtype != np.uint16:
         raise ValueError(f"native step: codes {codes.dtype}")
+    if not all(a.flags.c_contiguous for a in (*arrays, codes)):
+        return None  # rows read in place with other strides (a trimmed cache): NumPy's gather
     if keys.shape != (B, n_kv, cap, d) or values.shape != keys.shape or cent.shape != (
         n_kv, S, C, d // S
     ):  # fmt: skip
@@ -137,7 +149,7 @@ def run(cache: A2ATSCache, lay: Layout, q, to_far, m: int, bucket, codes, keys, 
     if sink_logits is not None:
         sink_logits = np.ascontiguousarray(sink_logits, dtype=np.float32).reshape(n_kv * G)
     M = lay.n_sinks + G * lay.k + (lay.n - lay.window_start)
-    out = np.empty((B, n_kv, G, d), np.float32)
+    out = np.empty((B, n_kv, G, d), np.float32) if attend else None
     positions = np.empty((B, n_kv, M), np.int32)
     repeat = np.empty((B, n_kv, M), np.bool_)
     got = _fn(

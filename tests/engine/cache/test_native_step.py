@@ -26,7 +26,17 @@ def test_the_native_step_is_built():
     assert native_step.status() == "C++ (native_step.cpp)"
 
 
-@pytest.mark.parametrize("knobs", [{}, {"rerank": 1}, {"far_buckets": 1}, {"rerank": 3}])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {},
+        {"rerank": 1},
+        {"far_buckets": 1},
+        {"rerank": 3},
+        {"estimate_missed": True},  # C++ selects, NumPy attends with the estimate
+        {"estimate_missed": True, "estimate_scores": "code_mean", "rerank": 1},
+    ],
+)
 @pytest.mark.parametrize("with_sinks", [False, True])
 @pytest.mark.parametrize("sub_dim", [None, 8])  # 8: product VQ, 4 subspaces
 @pytest.mark.parametrize("n", [700, 2600])  # 2600: the top-K's sampled threshold
@@ -45,13 +55,16 @@ def test_the_native_step_selects_and_attends_as_the_numpy_step(
         numpy = decode(
             config, host=True, monkeypatch=monkeypatch, sinks=sinks, sub_dim=sub_dim, n=n
         )
-    for (out_c, sel_c, used_c, n_c, _), (out_n, sel_n, used_n, n_n, _) in zip(
+    for (out_c, sel_c, used_c, n_c, mass_c), (out_n, sel_n, used_n, n_n, mass_n) in zip(
         native, numpy, strict=True
     ):
         assert all(np.array_equal(a, b) for a, b in zip(sel_c, sel_n, strict=True))
         assert n_c == n_n > 0
         assert used_c is None and used_n is None
         np.testing.assert_allclose(out_c, out_n, rtol=1e-5, atol=1e-5)
+        assert (mass_c is None) == (not config.estimate_missed) == (mass_n is None)
+        if mass_c is not None:
+            np.testing.assert_allclose(mass_c, mass_n, rtol=1e-5, atol=1e-6)
 
 
 def _cache(**knobs):
@@ -65,15 +78,16 @@ def _cache(**knobs):
 
 
 @pytest.mark.parametrize(
-    ("knobs", "native"),
+    ("knobs", "steps"),
     [
-        ({}, True),
-        ({"estimate_missed": True}, False),
-        ({"coverage": 0.9}, False),
-        ({"rerank": 3, "rerank_shared": True}, False),
+        ({}, ["native"]),
+        ({"estimate_missed": True}, ["native", "numpy"]),  # the NumPy step attends
+        ({"estimate_missed": True, "estimate_scores": "centroid"}, ["numpy"]),  # reads tables
+        ({"coverage": 0.9}, ["numpy"]),
+        ({"rerank": 3, "rerank_shared": True}, ["numpy"]),
     ],
 )
-def test_what_the_native_step_does_not_compute_takes_the_numpy_step(monkeypatch, knobs, native):
+def test_what_the_native_step_does_not_compute_takes_the_numpy_step(monkeypatch, knobs, steps):
     cache, q = _cache(**knobs)
     seen = []
     on_host = host_step._on_host
@@ -81,7 +95,7 @@ def test_what_the_native_step_does_not_compute_takes_the_numpy_step(monkeypatch,
     run = native_step.run
     monkeypatch.setattr(native_step, "run", lambda *a: seen.append("native") or run(*a))
     mx.eval(cache.attend(q, None, None, scale=D**-0.5))
-    assert seen == (["native"] if native else ["numpy"])
+    assert seen == steps
     cache.numpy_step = True  # the benchmarks' `_npstep` methods
     seen.clear()
     mx.eval(cache.attend(q, None, None, scale=D**-0.5))
@@ -128,7 +142,12 @@ def test_the_native_step_refuses_arrays_it_cannot_read():
     qn = np.zeros((1, 1, 2, D), np.float32)
     to_far = np.zeros((D, D), np.float32)
     with pytest.raises(ValueError, match="float32"):
-        native_step.run(cache, lay, qn, to_far, 1, None, codes, k[..., ::2], k, 1.0, None)
+        native_step.run(cache, lay, qn, to_far, 1, None, codes, k.astype(np.float16), k, 1.0, None)
+    # other strides: declined (the NumPy step gathers them)
+    assert (
+        native_step.run(cache, lay, qn, to_far, 1, None, codes, k[..., ::2, :], k, 1.0, None)
+        is None
+    )
     with pytest.raises(ValueError, match="codes"):
         native_step.run(cache, lay, qn, to_far, 1, None, codes.astype(np.int32), k, k, 1.0, None)
     with pytest.raises(ValueError, match="rotations"):
