@@ -1,11 +1,14 @@
 """`a2ats bench decode --profile`: where the time of one A2ATS decode step goes, per phase.
 
 Per context: the same prompt is prefilled into mlx-lm's caches and A2ATS's; then
-- `steps` decode steps of each, timed whole (no instrumentation): the step times to compare;
+- `UNTIMED` steps of each (the missed-attention estimate's warm-up, after which its layers are
+  chosen), then `steps` decode steps of each, timed whole (no instrumentation): the step times
+  to compare;
 - `steps` more A2ATS steps with a `PhaseClock` on every A2ATS layer: first the layer's inputs
   (`layer inputs`: the model's work up to the attention call, i.e. the previous layer's MLP,
   this layer's projections and the new key's code), then each phase (code scores, top-K or
-  top-K + rerank, union, gather K/V, estimate, attention over the selection, telemetry)
+  top-K + rerank, union, gather K/V, estimate, attention over the selection, telemetry; with
+  the C++ host step its one call, `native step`)
   evaluated and timed on its own, summed over layers, as ms per step and per layer;
 - exact attention (mlx-lm's `scaled_dot_product_attention`) over one layer's whole cache, the
   cost each layer's retrieval replaces.
@@ -31,7 +34,7 @@ from ..cache.a2ats_cache import A2ATSCache
 from ..cache.config import A2ATSConfig
 from ..cache.model_cache import make_cache
 from ..cache.retrieval import PhaseClock
-from .speed import filler_tokens, time_to_first_token
+from .speed import UNTIMED, filler_tokens, time_to_first_token
 
 
 def _blas_threads(path: str) -> int | None:
@@ -107,6 +110,8 @@ def profile_decode(
         _, first = time_to_first_token(model, full, ids)
         time_to_first_token(model, a2ats, ids)
         token = mx.array([first])
+        for cache in (full, a2ats):  # untimed, as `bench decode`: the estimate's layers chosen
+            _decode(model, cache, token, UNTIMED)
         full_s, _ = _decode(model, full, token, steps)
         a2ats_s, last = _decode(model, a2ats, token, steps)
         layers = [c for c in a2ats if isinstance(c, A2ATSCache)]

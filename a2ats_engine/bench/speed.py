@@ -186,7 +186,8 @@ def bench_decode(
                 )
                 extra["a2ats_layers"] = len(own)
                 extra["estimate"] = any(c.estimates for c in own)  # as asked or as measured here
-                extra["estimate_layers"] = sum(c.estimates for c in own)  # after any choice
+                retrieving = any(c.retrieved_steps for c in own)  # else no step estimated
+                extra["estimate_layers"] = sum(c.estimates for c in own) if retrieving else 0
                 numpy_step = any(getattr(c, "numpy_step", False) for c in own)
                 extra["host_step"] = "NumPy" if numpy_step else native_step.status()
                 sums = [c.retrieval.host_missed[1] for c in own if c.retrieval.host_missed]

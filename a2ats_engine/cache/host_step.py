@@ -21,6 +21,9 @@ are rows of the occupied slots only (`SlotRows`), moved in place by the few toke
 slot a step (`missed_sums`, the generic step's `Retrieval.missed_moves`), and its softmax over
 the slots' tokens not retrieved is `attention_with_estimate` (the same sums as
 `attention.selected_attention_with_estimate`).
+
+Where the C++ step is built (`native_step.py`) one call replaces everything after the sync
+(`_native`), or the selection only with the estimate; this module's NumPy does the rest.
 """
 
 from __future__ import annotations

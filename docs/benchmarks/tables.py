@@ -631,7 +631,9 @@ def crossover_probe_table(data: dict) -> str:
     rows = [
         f"`{data['command']}` ({data['measured_on']}; model {data['model']}, codebook "
         f"{data['codebook'].rsplit('/', 1)[-1]}, budget {data['budget']}, rerank {data['rerank']}; {data['steps']} "
-        f"steps, median of {data['repeats']} runs). Top-K kept: "
+        f"steps, median of {data['repeats']} runs"
+        + (f"; host step {data['host_step']}" if "host_step" in data else "")  # since 2026-12-06
+        + "). Top-K kept: "
         f"{names.get(data.get('top_k'), 'the default')}; crossover: exact below "
         f"{data['exact_below']:,} tokens{' (retrieval slower at every context)' if data['never'] else ''}.",
         "",
@@ -701,9 +703,10 @@ def hosts_table(runs: list[dict]) -> str:
 
 def _interleaved_note(data: dict) -> str:
     """How a `bench decode` run with interleaved methods was measured, and where."""
+    step = f"; host step {data['host_step']}" if "host_step" in data else ""  # since 2026-12-06
     return (
         f"Median of {data['repeats']} runs of {data['steps']} decode steps, interleaved "
-        f"(`{data['command']}`; {data['machine']})."
+        f"(`{data['command']}`; {data['machine']}{step})."
     )
 
 
@@ -1168,6 +1171,7 @@ def profile_table(data: dict) -> str:
             if "host_step_numpy_blas" in threads  # runs since 2026-12-05
             else ""
         )
+        + (f"; host step: {threads['host_step']}" if "host_step" in threads else "")
         + ". Retrieval forced at every context; each phase evaluated on its own."
         + (f" Method {data['method']}: {data['retrieval']}." if "retrieval" in data else ""),
         "",
@@ -1828,6 +1832,7 @@ HOST_RUNS = (
     "decode_host_f25m17_before_host_tables.json",
     "decode_host_f25m17.json",
     "decode_host_f25m17_rerun.json",
+    "decode_native_step.json",
 )  # `a2ats bench decode --methods full,a2ats,a2ats_eb0` per host and day (section 2, "Hosts")
 
 
@@ -1913,6 +1918,10 @@ def blocks() -> dict[str, str]:
         ("host-step-ab-1k", "host_step_ab_1k.json", host_step_ab_table),
         ("host-step-ab-step-sums", "host_step_ab_step_sums.json", host_step_ab_table),
         ("crossover-probe-host-f25m17", "crossover_demo_host_f25m17.json", crossover_probe_table),
+        ("crossover-probe-native", "crossover_demo_native_step.json", crossover_probe_table),
+        ("speed-native", "decode_native_step.json", decode_methods_table),
+        ("speed-native-noest", "decode_native_step_noest.json", decode_methods_table),
+        ("profile-native", "profile_native_step.json", profile_table),
         ("crossover-probe-estimate", "crossover_demo_estimate_layers.json", crossover_probe_table),
         ("estimate-layers-sweep", "eval_4k_texts_estimate_top.json", estimate_layers_table),
         ("estimate-layers-4k", "eval_4k_texts_estimate_layers.json", estimate_layers_table),
