@@ -400,23 +400,51 @@ FIGURES: list[tuple[str, str, Callable[[], tuple]]] = [
      estimate_free),
     ("app/dialogs/settings_dialog.py", "timed it at {:.2f}x the speed or more", estimate_free),
     # the estimate on the layers that miss most: the default's quality and speed on the demo
-    ("README.md", "the demo runs it on {} of its 30 layers, for perplexity {:.3f}x full at 4K "
-     "instead of {:.3f}x without it and {:.3f}x on every layer",
+    ("README.md", "the demo ran it on {} of its 30 layers with the NumPy host step, for "
+     "perplexity {:.3f}x full at 4K instead of {:.3f}x without it and {:.3f}x on every layer",
      lambda: (j("crossover_demo_estimate_layers.json")["estimate"]["layers"],
               *(pooled("eval_4k_texts_estimate_layers.json", m, "ppl_vs_full")
                 for m in ("a2ats_estimate_top11", "a2ats", "a2ats_estimate_mean")))),
     ("README.md", "retrieval step's speed at 8K of {:.2f}x KVCache's, as without it",
      lambda: (speed_ratio("decode_estimate_layers.json", 8192, "a2ats_eb0"),)),
-    ("app/dialogs/settings_dialog.py", "CPU {} of the demo's 30: perplexity {:.3f}x full at 4K "
-     "instead of {:.3f}x",
-     lambda: (j("crossover_demo_estimate_layers.json")["estimate"]["layers"],
+    ("app/dialogs/settings_dialog.py", "CPU {} of the demo's 30; on {}, perplexity {:.3f}x full "
+     "at 4K instead of {:.3f}x",
+     lambda: (j("crossover_demo_native_step.json")["estimate"]["layers"],
+              j("crossover_demo_estimate_layers.json")["estimate"]["layers"],
               *(pooled("eval_4k_texts_estimate_layers.json", m, "ppl_vs_full")
                 for m in ("a2ats_estimate_top11", "a2ats")))),
+    ("README.md", "host step, whose step without the estimate is faster, on {} (not evaluated on "
+     "{}: 3 layers gave {:.3f}x, 13 gave {:.3f}x)",
+     lambda: (j("crossover_demo_native_step.json")["estimate"]["layers"],
+              j("crossover_demo_native_step.json")["estimate"]["layers"],
+              *(pooled("eval_4k_texts_estimate_top.json", m, "ppl_vs_full")
+                for m in ("a2ats_estimate_top3", "a2ats_estimate_top13")))),
     # the estimate on the layers that miss most: how many the AMD host's probe affords
-    ("docs/ARCHITECTURE.md", "{} of the demo's 30 on the 2-core AMD host",
-     lambda: (j("crossover_demo_estimate_layers.json")["estimate"]["layers"],)),
+    ("docs/ARCHITECTURE.md", "{} of the demo's 30 on the 2-core AMD host with the C++ host step, "
+     "{} with the NumPy one",
+     lambda: (j("crossover_demo_native_step.json")["estimate"]["layers"],
+              j("crossover_demo_estimate_layers.json")["estimate"]["layers"])),
     ("a2ats_engine/commands/crossover.py", "where it keeps at least {:.2f}x the speed",
      estimate_free),
+    # BENCHMARKS "The host step in C++": the same runs, C++ step against NumPy step
+    ("docs/BENCHMARKS.md", "C++ step against NumPy step in the same runs: {:.2f}x KVCache "
+     "against {:.2f}x at 1K, {:.2f}x against {:.2f}x at 2K, {:.2f}x against {:.2f}x at 4K and "
+     "{:.2f}x against {:.2f}x at 8K. Without the estimate: {:.2f}x against {:.2f}x at 1K, "
+     "{:.2f}x against {:.2f}x at 8K",
+     lambda: (*(speed_ratio("decode_native_step.json", n, m) for n in (1024, 2048, 4096, 8192)
+                for m in ("a2ats_eb0", "a2ats_eb0_npstep")),
+              *(speed_ratio("decode_native_step_noest.json", n, m) for n in (1024, 8192)
+                for m in ("a2ats_eb0_noest", "a2ats_eb0_noest_npstep")))),
+    ("docs/BENCHMARKS.md", "{:.2f}x KVCache's time without the estimate ({:.2f}x with the NumPy "
+     "step in the same run), {:.2f}x with it on {} layers ({:.2f}x)",
+     lambda: (1 / speed_ratio("decode_native_step_noest.json", 1024, "a2ats_eb0_noest"),
+              1 / speed_ratio("decode_native_step_noest.json", 1024, "a2ats_eb0_noest_npstep"),
+              1 / speed_ratio("decode_native_step.json", 1024, "a2ats_eb0"),
+              j("crossover_demo_native_step.json")["estimate"]["layers"],
+              1 / speed_ratio("decode_native_step.json", 1024, "a2ats_eb0_npstep"))),
+    ("docs/BENCHMARKS.md", "The default as shipped: {:.2f}x KVCache at 1K, {:.2f}x at 2K, {:.2f}x "
+     "at 4K",
+     lambda: tuple(speed_ratio("decode_native_step.json", n, "a2ats") for n in (1024, 2048, 4096))),
     # BENCHMARKS "Hosts": the host named by its model numbers
     ("docs/BENCHMARKS.md", "where it attends exactly ({:.2f}x at 1K, {:.2f}x at 2K, {:.2f}x at 4K",
      lambda: tuple(host_run(n, "a2ats")["ratio_median"] for n in (1024, 2048, 4096))),
