@@ -240,7 +240,7 @@ def _method_cache(model: nn.Module, base: list, method: str, config: A2ATSConfig
         caches = _copy_into_a2ats(model, base, replace(config, **knobs), codebook)
         for c in caches:
             if numpy_step and isinstance(c, A2ATSCache):
-                c.numpy_step = True  # read by `native_step.applies`
+                c.numpy_step = True  # read by `native_step.selects`
         return caches
     raise ValueError(f"unknown method {method!r}")
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -57,6 +58,8 @@ def _load() -> tuple[ctypes._CFuncPtr | None, str]:
 
 _fn, _why = _load()
 _env = os.environ.get(ENV, "").strip().lower()
+if _env and _env not in STRATEGIES:  # said, not dropped
+    warnings.warn(f"{ENV}={_env!r} is not one of {', '.join(STRATEGIES)}: ignored", stacklevel=1)
 _forced: str | None = None
 
 

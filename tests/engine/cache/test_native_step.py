@@ -1,9 +1,12 @@
 """The C++ host step (`cache/native_step.py`, `native_step.cpp`) selects and attends as the
 NumPy host step does, takes the NumPy step for what it does not compute, and says which runs."""
 
+import os
+
 import mlx.core as mx
 import numpy as np
 import pytest
+from repo_python import run_python
 
 from a2ats_engine.cache import attention as att
 from a2ats_engine.cache import host_step, native_step, topk
@@ -163,3 +166,24 @@ def test_status_names_the_step_that_runs(monkeypatch):
     assert native_step.status() == "NumPy (the C++ step is not built (no compiler))"
     with pytest.raises(ValueError, match="one of native, numpy"):
         native_step.forced("fast").__enter__()
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("numpy", "NumPy (the C++ step is built; turned off by A2ATS_HOST_STEP=numpy)"),
+        ("fast", "C++ (native_step.cpp)"),  # not a step: a warning, and ignored
+    ],
+)
+def test_the_environment_turns_it_off_and_a_typo_is_said(value, says):
+    code = (
+        "import warnings; warnings.simplefilter('always')\n"
+        "import a2ats_engine\n"
+        "from a2ats_engine.cache import native_step\n"
+        "print(native_step.status())\n"
+    )
+    env = {**os.environ, "A2ATS_HOST_STEP": value}
+    result = run_python(code, env, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == says
+    assert ("is not one of native, numpy: ignored" in result.stderr) == (value == "fast")
