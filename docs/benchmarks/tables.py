@@ -1922,6 +1922,7 @@ def blocks() -> dict[str, str]:
         ("speed-native", "decode_native_step.json", decode_methods_table),
         ("speed-native-noest", "decode_native_step_noest.json", decode_methods_table),
         ("profile-native", "profile_native_step.json", profile_table),
+        ("speed-gemma-native", "decode_gemma3_270m_native_step.json", decode_methods_table),
         ("crossover-probe-estimate", "crossover_demo_estimate_layers.json", crossover_probe_table),
         ("estimate-layers-sweep", "eval_4k_texts_estimate_top.json", estimate_layers_table),
         ("estimate-layers-4k", "eval_4k_texts_estimate_layers.json", estimate_layers_table),
