@@ -839,6 +839,8 @@ def decode_methods_table(data: dict) -> str:
             if context == n:
                 lo, hi = r.get("ratio_spread", (1.0, 1.0))
                 share, on = r.get("estimate_rows_share"), r.get("estimate_layers")
+                if r.get("retrieved_per_step") == 0:  # exact steps only: nothing estimated
+                    on = None  # (runs before 2026-12-06 counted every layer there)
                 cell = f" {on} of {r['a2ats_layers']} |" if on else " - |"
                 rows.append(
                     f"| {n:,} | {method} | {r['tokens_per_s']:.2f} | "
