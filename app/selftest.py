@@ -162,7 +162,10 @@ def check_mlx() -> str:
             raise RuntimeError(f"{detail}: Metal is not available (mlx.metallib not found?)")
         detail += f", Metal library {_metallib_path() or 'found'}"
     else:
+        from a2ats_engine.cache import native_step  # the retrieval step after its host sync
+
         detail += f", BLAS {_backend.blas_library or 'MLX built-in'}"
+        detail += f", host step {native_step.status()}"
     return detail
 
 
