@@ -124,7 +124,7 @@ def cache_step_cost(
     lay = att.layout(n, cfg.window, cfg.sinks, cfg.top_k(n))
     if lay.exact:
         return exact_step_cost(n, n_kv, key_row)
-    candidates = min(cfg.rerank * lay.k, lay.n_far) if cache.reranks else lay.k
+    candidates = att.rerank_candidates(cache, lay)
     return retrieval_step_cost(
         attended, lay, n_q=n_q, key_row=key_row, scoring=scoring, candidates=candidates,
         code_bytes_per_token=int(cache.codes.shape[-1] * cache.codes.dtype.size),

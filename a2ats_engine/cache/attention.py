@@ -47,6 +47,14 @@ class Layout:
 
 
 @functools.lru_cache(maxsize=8)
+def rerank_candidates(cache, lay: Layout) -> int:
+    """Far tokens per query head a retrieval step scores exactly before its top-K: the best
+    `rerank * K` by approximate score (at most the far region), or K without a rerank (rerank 1,
+    or a cache whose `reranks` is False: an evaluation variant's own selection). Every step
+    (MLX, NumPy, C++) and the cost accounting take the count from here."""
+    return min(cache.config.rerank * lay.k, lay.n_far) if cache.reranks else lay.k
+
+
 def fixed_parts(B: int, n_kv: int, n_sinks: int, window_start: int, n: int):
     """Sink and window positions and their all-False repeat masks for one step's layout.
 

@@ -162,7 +162,7 @@ def _on_host(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, val
             "estimate",
             lambda: missed_sums(retrieval, cache, lay, codes, v_np, k_np),
         )
-    candidates = min(cfg.rerank * lay.k, lay.n_far) if cache.reranks else lay.k
+    candidates = att.rerank_candidates(cache, lay)
     retrieval.budget_used = None
     if selected is not None:
         positions, repeat = selected

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
+from .attention import rerank_candidates
+
 if TYPE_CHECKING:
     from .a2ats_cache import A2ATSCache
     from .attention import Layout
@@ -87,10 +89,10 @@ def status() -> str:
     """One line for `a2ats info` and the benchmarks' records: which host step runs, and why."""
     if _fn is None:
         return f"NumPy (the C++ step is {_why})"
-    if (_forced or _env) == "numpy":
-        return (
-            f"NumPy (the C++ step is built; turned off by {ENV}=numpy)" if not _forced else "NumPy"
-        )
+    if _forced == "numpy":
+        return "NumPy"
+    if not _forced and _env == "numpy":
+        return f"NumPy (the C++ step is built; turned off by {ENV}=numpy)"
     return "C++ (native_step.cpp)"
 
 
@@ -131,8 +133,7 @@ def run(cache: A2ATSCache, lay: Layout, q, to_far, m: int, bucket, codes, keys, 
     cap, S = codes.shape[2], codes.shape[3]
     cent = np.asarray(cache.codebook.scoring_centroids(cache.layer, q))  # [n_kv, S, C, sd]
     C = cent.shape[2]
-    cfg = cache.config
-    cand = min(cfg.rerank * lay.k, lay.n_far) if cache.reranks else lay.k
+    cand = rerank_candidates(cache, lay)
     F = lay.window_start - lay.n_sinks
     arrays = (q, to_far, cent, keys, values)
     if not all(a.dtype == np.float32 for a in arrays) or d % S:

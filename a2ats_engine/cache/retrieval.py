@@ -279,7 +279,7 @@ class Retrieval:
         the approximate scores, reranked by exact scores when rerank > 1."""
         cfg, timed = cache.config, self.timed
         scores = timed(cache.layer, "code scores", lambda: cache.far_token_scores(queries, lay))
-        candidates = min(cfg.rerank * lay.k, lay.n_far) if cache.reranks else lay.k
+        candidates = att.rerank_candidates(cache, lay)
         self.budget_used = None
         if candidates > lay.k:
             cover = None
