@@ -17,6 +17,9 @@
 #include <functional>
 #include <vector>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__APPLE__)
 #define A2ATS_CLONES __attribute__((target_clones("avx2", "default")))
 #else
@@ -30,6 +33,60 @@ inline float dot(const float* a, const float* b, int d) {
 #pragma omp simd reduction(+ : s)
   for (int i = 0; i < d; ++i) s += a[i] * b[i];
   return s;
+}
+
+// One subspace's lookup tables: out[r * ld + c] = centroid c . x_r (c < C, r < R), the C
+// centroids row-major of sd numbers, x_r = x + r * xstride. The x86 kernel takes 8 centroids at
+// once and sums their 8 accumulators with one horizontal-add tree: a dot at a time spent most
+// of its time in each dot's own final reduction (the tables were 0.10-0.13 ms of the step's
+// ~0.3 ms a layer on the demo at 1K, 0.06 ms with this kernel).
+void table_rows_generic(const float* cs, int C, int sd, const float* x, int xstride, int R,
+                        float* out, size_t ld) {
+  for (int c = 0; c < C; ++c) {
+    const float* cc = cs + (size_t)c * sd;
+    for (int r = 0; r < R; ++r) out[(size_t)r * ld + c] = dot(cc, x + (size_t)r * xstride, sd);
+  }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2,fma"))) void table_rows_avx2(const float* cs, int C, int sd,
+                                                          const float* x, int xstride, int R,
+                                                          float* out, size_t ld) {
+  const int C8 = C - C % 8;
+  for (int c0 = 0; c0 < C8; c0 += 8) {
+    const float* cc = cs + (size_t)c0 * sd;
+    for (int r = 0; r < R; ++r) {
+      const float* xr = x + (size_t)r * xstride;
+      __m256 a[8];
+      for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
+      for (int i = 0; i < sd; i += 8) {
+        const __m256 xv = _mm256_loadu_ps(xr + i);
+        for (int j = 0; j < 8; ++j)
+          a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(cc + (size_t)j * sd + i), xv, a[j]);
+      }
+      const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+      const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+      _mm256_storeu_ps(out + (size_t)r * ld + c0,
+                       _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                                     _mm256_permute2f128_ps(u0, u1, 0x31)));
+    }
+  }
+  if (C8 < C) table_rows_generic(cs + (size_t)C8 * sd, C - C8, sd, x, xstride, R, out + C8, ld);
+}
+
+bool cpu_has_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+const bool has_avx2 = cpu_has_avx2();
+#endif
+
+void table_rows(const float* cs, int C, int sd, const float* x, int xstride, int R, float* out,
+                size_t ld) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (has_avx2 && sd % 8 == 0) return table_rows_avx2(cs, C, sd, x, xstride, R, out, ld);
+#endif
+  table_rows_generic(cs, C, sd, x, xstride, R, out, ld);
 }
 
 struct Scratch {
@@ -123,16 +180,10 @@ extern "C" A2ATS_CLONES long a2ats_native_step(
           for (int j = 0; j < m * d; ++j) dst[j] += a * row[j];
         }
       }
-      // lookup tables [g, bk, s, c]: each subspace's slice of rq against its centroids (each
-      // centroid row read once for the G * m rows)
-      for (int s = 0; s < S; ++s) {
-        const float* cs = centroids + ((size_t)h * S + s) * C * sd;
-        for (int c = 0; c < C; ++c) {
-          const float* cc = cs + (size_t)c * sd;
-          for (int r = 0; r < G * m; ++r)
-            w.tables[((size_t)r * S + s) * C + c] = dot(cc, w.rq.data() + (size_t)r * d + (size_t)s * sd, sd);
-        }
-      }
+      // lookup tables [g, bk, s, c]: each subspace's slice of rq against its centroids
+      for (int s = 0; s < S; ++s)
+        table_rows(centroids + ((size_t)h * S + s) * C * sd, C, sd, w.rq.data() + (size_t)s * sd,
+                   d, G * m, w.tables.data() + (size_t)s * C, (size_t)S * C);
       for (int g = 0; g < G; ++g) {
         // far scores: each far token's table entry (summed over subspaces in order)
         const float* tg = w.tables.data() + (size_t)g * m * S * C;

@@ -30,13 +30,13 @@ def numpy_step():
 
 def decode(
     config, *, host: bool, monkeypatch, sinks=None, steps=3, B=2, n_kv=2, G=3, seed=0, sub_dim=None,
-    n=700,
+    n=700, centroids=64,
 ):  # fmt: skip
     """Per decode step (output, selected rows per KV head, kept counts, tokens retrieved) of a
     NumPy-top-K cache over random keys coded by a 64-centroid codebook (score ties included;
-    `sub_dim`: product VQ)."""
+    `sub_dim`: product VQ; `centroids` another count)."""
     rng = np.random.default_rng(seed)
-    book = Codebook.random(1, n_kv, D, 64, sub_dim=sub_dim, seed=1)
+    book = Codebook.random(1, n_kv, D, centroids, sub_dim=sub_dim, seed=1)
     with topk.forced("numpy"):
         cache = A2ATSCache(0, ROPE, book, config, 8192)
     rows = rng.standard_normal((2, B, n_kv, n, D)).astype(np.float32)

@@ -70,6 +70,25 @@ def test_the_native_step_selects_and_attends_as_the_numpy_step(
             np.testing.assert_allclose(mass_c, mass_n, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "sub_dim, centroids",
+    [(4, 64), (None, 60), (8, 61)],  # a subspace width and centroid counts not multiples of 8
+)
+def test_tables_of_any_width_and_centroid_count(monkeypatch, sub_dim, centroids):
+    """The x86 table kernel takes 8 centroids of a multiple of 8 numbers at once; the rest (the
+    last centroids of a count not a multiple of 8, narrower subspaces) the plain loop: each
+    selects what the NumPy step selects."""
+    config = A2ATSConfig(**BASE)
+    args = {"host": True, "monkeypatch": monkeypatch, "sub_dim": sub_dim, "centroids": centroids}
+    native = decode(config, **args)
+    monkeypatch.setattr(topk, "top_indices", stable_top)
+    with native_step.forced("numpy"):
+        numpy = decode(config, **args)
+    for (out_c, sel_c, *_), (out_n, sel_n, *_) in zip(native, numpy, strict=True):
+        assert all(np.array_equal(a, b) for a, b in zip(sel_c, sel_n, strict=True))
+        np.testing.assert_allclose(out_c, out_n, rtol=1e-5, atol=1e-5)
+
+
 def _cache(**knobs):
     rng = np.random.default_rng(0)
     with topk.forced("numpy"):
