@@ -23,7 +23,8 @@ the slots' tokens not retrieved is `attention_with_estimate` (the same sums as
 `attention.selected_attention_with_estimate`).
 
 Where the C++ step is built (`native_step.py`) one call replaces everything after the sync
-(`_native`), or the selection only with the estimate; this module's NumPy does the rest.
+(`_native`); with the estimate it selects, this module moves the slot sums, and a second C++
+call (`native_step.attend_estimate`) attends.
 """
 
 from __future__ import annotations
@@ -103,20 +104,18 @@ def _native(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, valu
     if not native_step.selects(cache, lay, keys.dtype):
         return None
     B, n_q, _, d = queries.shape
-    n_kv = cache.codes.shape[1]
-    q = np.ascontiguousarray(np.asarray(queries).reshape(B, n_kv, n_q // n_kv, d), np.float32)
+    codes = np.asarray(cache.codes)
+    q = np.ascontiguousarray(np.asarray(queries).reshape(B, codes.shape[1], -1, d), np.float32)
     _, lower_edges = cache.buckets
-    bucket = None
+    bucket, m = None, 1
     if lower_edges is not None:
         bucket = far_buckets(lay.n, lay.n_sinks, lay.window_start, tuple(lower_edges))
-    m = used_buckets(cache, lay)
-    arrays = (np.asarray(to_far), m, bucket, np.asarray(cache.codes), np.asarray(keys))
+        m = int(bucket[0]) + 1  # `used_buckets`: the farthest token's bucket and every nearer
+    arrays = (np.asarray(to_far), m, bucket, codes, np.asarray(keys), np.asarray(values))
     attend = native_step.attends(cache)
 
     def run():
-        return native_step.run(
-            cache, lay, q, *arrays, np.asarray(values), scale, sink_logits, attend
-        )
+        return native_step.run(cache, lay, q, *arrays, scale, sink_logits, attend)
 
     got = retrieval.timed(cache.layer, "native step", run)
     if got is None:  # a NaN score: the NumPy step ranks it as argpartition does
@@ -181,24 +180,39 @@ def _on_host(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, val
         top = timed(layer, "top-K", lambda: top_k.top(approx, lay.k))
     if selected is None:
         positions, repeat = timed(layer, "union", lambda: top_k.select_host(top, lay))
-    k_sel, v_sel = timed(
-        layer, "gather K/V", lambda: (gather(k_np, positions), gather(v_np, positions))
-    )
+    # C++'s selection with the estimate: C++ attends over the cache's rows (no gather here)
+    native = selected is not None and missed is not None
+    k_sel = v_sel = None
+    if not native:
+        k_sel, v_sel = timed(
+            layer, "gather K/V", lambda: (gather(k_np, positions), gather(v_np, positions))
+        )
 
     def attend() -> np.ndarray:
+        nonlocal k_sel, v_sel
         if missed is None:
             return attention(q, k_sel, v_sel, repeat, scale, sink_logits)
-        counts, sums, key_sums, slot_of = missed.view()  # the occupied slots' rows
-        slot_table = None
-        if key_sums is None:  # centroid scores: the step's tables at each row's slot
-            slot_table = np.take_along_axis(tables_np, slot_of[:, :, None, :], axis=-1)
+        view = missed.view()  # the occupied slots' rows: counts, sums, key sums, slots
+        counts, sums, key_sums, slot_of = view
         # the retrieved far union's columns (`TopK.select_host`: sinks, union, window)
         union = slice(lay.n_sinks, positions.shape[-1] - (lay.n - lay.window_start))
         rows = missed.at(positions[..., union])  # the row of each one's slot
-        out, share = attention_with_estimate(
-            q, k_sel, v_sel, repeat, scale, sink_logits, slot_table, counts, sums, rows, union,
-            key_sums,
-        )  # fmt: skip
+        got = None
+        if native:
+            got = native_step.attend_estimate(
+                q, k_np, v_np, positions, repeat, lay, view, rows, scale, sink_logits
+            )
+        if got is None:  # NumPy's attention (other strides than C++ reads)
+            if k_sel is None:
+                k_sel, v_sel = gather(k_np, positions), gather(v_np, positions)
+            slot_table = None
+            if key_sums is None:  # centroid scores: the step's tables at each row's slot
+                slot_table = np.take_along_axis(tables_np, slot_of[:, :, None, :], axis=-1)
+            got = attention_with_estimate(
+                q, k_sel, v_sel, repeat, scale, sink_logits, slot_table, counts, sums, rows,
+                union, key_sums,
+            )  # fmt: skip
+        out, share = got
         retrieval.missed_share = mx.array(share)
         return out
 

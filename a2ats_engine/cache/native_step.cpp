@@ -3,8 +3,12 @@
 // (a2ats_engine/cache/host_step.py) makes about forty NumPy calls a layer for the same work, and
 // right after MLX's threads ran the layer each of them runs several times slower than warm
 // (docs/BENCHMARKS.md, "The step after MLX's layer work"); one compiled call touches far less
-// code and no temporaries. Loaded with ctypes by a2ats_engine/cache/native_step.py, which checks
-// every shape before the call: nothing here validates its arguments.
+// code and no temporaries (what slows them is the layer's weights having pushed the step's
+// code and data out of the CPU caches: docs/BENCHMARKS.md, "The host step in C++"). With the
+// missed-attention estimate a second call, a2ats_native_attend_estimate, attends after the NumPy
+// step moved the slot sums. Loaded with ctypes by a2ats_engine/cache/native_step.py, which
+// checks every shape before the call: nothing here validates its arguments (but the estimate's
+// slot rows, which index its sums).
 //
 // Selection rule (the same scores as NumPy's argpartition; among tied scores at the cut the
 // lowest far index, where argpartition's choice is arbitrary): the `want` highest of a row.
@@ -265,6 +269,116 @@ extern "C" A2ATS_CLONES long a2ats_native_step(
     retrieved += std::unique(w.far.begin(), w.far.end()) - w.far.begin();
   }
   return retrieved;
+}
+
+// Softmax attention over a selection (a2ats_native_step's positions / repeat) with the
+// missed-attention estimate, mean slot scores (host_step.attention_with_estimate with key sums):
+// each occupied slot's far tokens not retrieved enter the softmax as one term, scored by their
+// mean key, `(q . key_sum - the retrieved tokens' exact scores) / (count - retrieved)`, weighted
+// by that count, contributing their summed values.
+// Shapes: q [B, n_kv, G, d]; keys / values [B, n_kv, cap, d] (the cache's rows); positions int32
+// and repeat uint8 [B, n_kv, M]; the union's columns [u0, u0 + U); rows int64 [B, n_kv, U] the
+// row (in counts / sums / key_sums) of each union column's slot; counts [B, n_kv, R] float32,
+// sums and key_sums [B, n_kv, R, d], the strides of their first two dimensions in elements
+// (cs_b, cs_h; ss_b, ss_h; a row of d numbers after another), the last row R - 1 empty (the bin
+// of the union's repeats); sink_logits [n_kv * G] or null. Outputs: out [B, n_kv, G, d], share
+// [B, n_kv, G] (the estimated share of the softmax mass). Returns 0, or -1 where a union
+// column's row is outside [0, R) (nothing written that the caller keeps).
+extern "C" A2ATS_CLONES int a2ats_native_attend_estimate(
+    int B, int n_kv, int G, int d, int cap, int M, int u0, int U, int R, const float* q,
+    const float* keys, const float* values, const int32_t* positions, const uint8_t* repeat,
+    const int64_t* rows, const float* counts, long cs_b, long cs_h, const float* sums,
+    const float* key_sums, long ss_b, long ss_h, const float* sink_logits, float scale,
+    float* out, float* share) {
+  thread_local std::vector<float> logits, t, e, got;
+  thread_local std::vector<int> binned;
+  logits.resize((size_t)G * M);
+  t.resize((size_t)G * R);
+  e.resize((size_t)G * R);
+  got.resize((size_t)R);
+  binned.resize((size_t)U);
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < n_kv; ++h) {
+      const size_t bh = (size_t)b * n_kv + h;
+      const float* qh = q + bh * G * d;
+      const float* kh = keys + bh * cap * d;
+      const float* vh = values + bh * cap * d;
+      const int32_t* pos = positions + bh * M;
+      const uint8_t* rep = repeat + bh * M;
+      const float* cnt = counts + b * cs_b + h * cs_h;
+      const float* vs = sums + b * ss_b + h * ss_h;
+      const float* ks = key_sums + b * ss_b + h * ss_h;
+      // the attended rows' scaled logits (a repeat at -inf)
+      for (int i = 0; i < M; ++i) {
+        if (i + 8 < M) __builtin_prefetch(kh + (size_t)pos[i + 8] * d);
+        const float* kr = kh + (size_t)pos[i] * d;
+        for (int g = 0; g < G; ++g)
+          logits[(size_t)g * M + i] = rep[i] ? -INFINITY : scale * dot(kr, qh + (size_t)g * d, d);
+      }
+      // each union column's row (a repeat's: the empty last row), the retrieved per row
+      std::fill(got.begin(), got.end(), 0.f);
+      for (int u = 0; u < U; ++u) {
+        const int64_t row = rep[u0 + u] ? R - 1 : rows[bh * U + u];
+        if (row < 0 || row >= R) return -1;
+        binned[u] = (int)row;
+        got[row] += 1.f;
+      }
+      for (int g = 0; g < G; ++g) {
+        const float* qg = qh + (size_t)g * d;
+        const float* lg = logits.data() + (size_t)g * M;
+        float* tg = t.data() + (size_t)g * R;
+        float* eg = e.data() + (size_t)g * R;
+        // the retrieved tokens' exact scores summed per row, taken from the row's key sum
+        std::fill(tg, tg + R, 0.f);
+        for (int u = 0; u < U; ++u)
+          if (!rep[u0 + u]) tg[binned[u]] += lg[u0 + u];
+        float top = -INFINITY;
+        for (int r = 0; r < R; ++r) {
+          const float left = cnt[r] - got[r];
+          tg[r] = left > 0.f ? (scale * dot(qg, ks + (size_t)r * d, d) - tg[r]) / std::max(left, 1.f)
+                             : -INFINITY;
+          top = std::max(top, tg[r]);
+        }
+        for (int i = 0; i < M; ++i) top = std::max(top, lg[i]);
+        if (sink_logits) top = std::max(top, sink_logits[h * G + g]);
+        float est = 0.f;
+        for (int r = 0; r < R; ++r) {
+          eg[r] = std::exp(tg[r] - top);
+          est += eg[r] * cnt[r];
+        }
+        float* o = out + (bh * G + g) * d;
+        std::fill(o, o + d, 0.f);
+        float den = 0.f;
+        for (int i = 0; i < M; ++i) {
+          if (rep[i]) continue;
+          float p = std::exp(lg[i] - top);
+          den += p;
+          if (i >= u0 && i < u0 + U) {  // this token leaves its slot's term
+            const float own = eg[binned[i - u0]];
+            est -= own;
+            p -= own;
+          }
+          const float* v = vh + (size_t)pos[i] * d;
+#pragma omp simd
+          for (int j = 0; j < d; ++j) o[j] += p * v[j];
+        }
+        for (int r = 0; r < R; ++r) {
+          if (eg[r] == 0.f) continue;
+          const float w = eg[r];
+          const float* v = vs + (size_t)r * d;
+#pragma omp simd
+          for (int j = 0; j < d; ++j) o[j] += w * v[j];
+        }
+        est = std::max(est, 0.f);
+        den += est;
+        if (sink_logits) den += std::exp(sink_logits[h * G + g] - top);
+        const float inv = 1.f / den;
+        for (int j = 0; j < d; ++j) o[j] *= inv;
+        share[bh * G + g] = est * inv;
+      }
+    }
+  }
+  return 0;
 }
 
 // An importable module, so that packagers find the library; the step itself is the C function

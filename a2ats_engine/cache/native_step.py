@@ -11,8 +11,9 @@ index (NumPy's argpartition picks an arbitrary one), and its float32 sums may di
 bit. What it does not compute takes the NumPy step (`selects`): the adaptive budget (`coverage`),
 shared rerank candidates, the estimate's centroid slot scores (which read the lookup tables),
 float16 rows, and a layer whose far region is smaller than its K; a NaN score makes that one
-call fall back too. With the missed-attention estimate it selects and the NumPy step attends
-(`attends`: its per-slot sums are NumPy's `SlotRows`).
+call fall back too. With the missed-attention estimate it selects, the NumPy step moves the
+per-slot sums (`SlotRows`), and a second call (`attend_estimate`) attends over the selection and
+the sums (with the same expression as `host_step.attention_with_estimate`).
 
 Built by `pip install -e .` (`setup.py`, an optional extension): where there is no compiler the
 engine runs the NumPy step and `a2ats info` says why (`status`). `A2ATS_HOST_STEP=numpy` (read
@@ -42,23 +43,27 @@ ENV = "A2ATS_HOST_STEP"
 STRATEGIES = ("native", "numpy")
 
 
-def _load() -> tuple[ctypes._CFuncPtr | None, str]:
-    """(the C function, "") or (None, why it is not there)."""
+def _load() -> tuple[ctypes._CFuncPtr | None, ctypes._CFuncPtr | None, str]:
+    """(the step, the attention with the estimate, "") or (None, None, why they are not
+    there)."""
     try:
         from . import _native_step
     except ImportError as exc:
-        return None, f"not built ({exc.msg.split(' from ')[0]}: `pip install -e .` builds it)"
+        return None, None, f"not built ({exc.msg.split(' from ')[0]}: `pip install -e .` builds it)"
     try:
-        fn = ctypes.CDLL(_native_step.__file__).a2ats_native_step
+        lib = ctypes.CDLL(_native_step.__file__)
+        fn, est = lib.a2ats_native_step, lib.a2ats_native_attend_estimate
     except (OSError, AttributeError) as exc:
-        return None, f"{_native_step.__file__} cannot be loaded: {exc}"
-    P, I = ctypes.c_void_p, ctypes.c_int  # noqa: E741, N806
+        return None, None, f"{_native_step.__file__} cannot be loaded: {exc}"
+    P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long  # noqa: E741, N806
     fn.argtypes = [I] * 7 + [P] * 2 + [I] + [P] * 6 + [I] * 6 + [ctypes.c_float] + [P] * 3
-    fn.restype = ctypes.c_long
-    return fn, ""
+    fn.restype = L
+    est.argtypes = [I] * 9 + [P] * 6 + [P, L, L, P, P, L, L, P, ctypes.c_float, P, P]
+    est.restype = I
+    return fn, est, ""
 
 
-_fn, _why = _load()
+_fn, _estimate_fn, _why = _load()
 _env = os.environ.get(ENV, "").strip().lower()
 if _env and _env not in STRATEGIES:  # said, not dropped
     warnings.warn(f"{ENV}={_env!r} is not one of {', '.join(STRATEGIES)}: ignored", stacklevel=1)
@@ -112,13 +117,47 @@ def selects(cache: A2ATSCache, lay: Layout, rows_dtype) -> bool:
 
 
 def attends(cache: A2ATSCache) -> bool:
-    """Whether the C++ step also attends (else the NumPy step's attention with the estimate
-    takes its selection)."""
+    """Whether the C++ step also attends in its one call (else, with the estimate, the NumPy
+    step moves the slot sums and `attend_estimate` attends)."""
     return not cache.estimates
 
 
 def _ptr(a: np.ndarray | None) -> int | None:
     return None if a is None else a.__array_interface__["data"][0]
+
+
+_F32, _U16 = np.dtype(np.float32), np.dtype(np.uint16)
+
+
+def _centroids(cache: A2ATSCache) -> tuple:
+    """The layer's scoring centroids, checked once and kept on the cache (attribute
+    `native_centroids`) while the codebook holds the same array -> (that array, its float32
+    NumPy view, the view's address or None where the view is not C-contiguous)."""
+    cent = cache.codebook.scoring_centroids(cache.layer)
+    held = getattr(cache, "native_centroids", None)
+    if held is None or held[0] is not cent:
+        host = np.asarray(cent)
+        if host.dtype != _F32 or host.ndim != 4:
+            raise ValueError(f"native step: centroids {host.dtype} {host.shape}")
+        held = (cent, host, _ptr(host) if host.flags.c_contiguous else None)
+        cache.native_centroids = held
+    return held
+
+
+def _outputs(cache: A2ATSCache, B: int, n_kv: int, G: int, d: int, M: int) -> tuple:
+    """(out, positions, repeat) buffers for a step of M attended rows, kept on the cache
+    (attribute `native_outputs`) for the next step of the same M: the caller's `mx.array`s
+    copy them (a step at context n and the next differ by one window row, so most steps of a
+    decode make new ones; the same M recurs while the budget rounds to the same K)."""
+    held = getattr(cache, "native_outputs", None)
+    if held is None or held[0] != (B, n_kv, G, d, M):
+        held = cache.native_outputs = (
+            (B, n_kv, G, d, M),
+            np.empty((B, n_kv, G, d), np.float32),
+            np.empty((B, n_kv, M), np.int32),
+            np.empty((B, n_kv, M), np.bool_),
+        )
+    return held[1:]
 
 
 def run(cache: A2ATSCache, lay: Layout, q, to_far, m: int, bucket, codes, keys, values, scale,
@@ -128,19 +167,21 @@ def run(cache: A2ATSCache, lay: Layout, q, to_far, m: int, bucket, codes, keys, 
     [B, n_kv, cap, d] float32 (the NumPy views the step read), sink_logits None or [n_kv * G]
     -> (out [B, n_kv, G, d] float32 (None without `attend`), positions int32 and repeat bool
     [B, n_kv, M], far tokens retrieved), or None where a score was NaN (the caller takes the
-    NumPy step; so too where an array is not C-contiguous)."""
+    NumPy step; so too where an array is not C-contiguous). The arrays returned are the
+    cache's buffers (`_outputs`), overwritten by its next step: copy them before that."""
     B, n_kv, G, d = q.shape
     cap, S = codes.shape[2], codes.shape[3]
-    cent = np.asarray(cache.codebook.scoring_centroids(cache.layer, q))  # [n_kv, S, C, sd]
+    _, cent, cent_ptr = _centroids(cache)
     C = cent.shape[2]
-    cand = rerank_candidates(cache, lay)
     F = lay.window_start - lay.n_sinks
-    arrays = (q, to_far, cent, keys, values)
-    if not all(a.dtype == np.float32 for a in arrays) or d % S:
+    if not (q.dtype == to_far.dtype == keys.dtype == values.dtype == _F32) or d % S:
         raise ValueError("native step: float32 arrays, subspaces dividing the head dim")
-    if codes.dtype != np.uint16:
+    if codes.dtype != _U16:
         raise ValueError(f"native step: codes {codes.dtype}")
-    if not all(a.flags.c_contiguous for a in (*arrays, codes)):
+    if cent_ptr is None or not (
+        q.flags.c_contiguous and to_far.flags.c_contiguous and codes.flags.c_contiguous
+        and keys.flags.c_contiguous and values.flags.c_contiguous
+    ):  # fmt: skip
         return None  # rows read in place with other strides (a trimmed cache): NumPy's gather
     if keys.shape != (B, n_kv, cap, d) or values.shape != keys.shape or cent.shape != (
         n_kv, S, C, d // S
@@ -153,12 +194,59 @@ def run(cache: A2ATSCache, lay: Layout, q, to_far, m: int, bucket, codes, keys, 
     if sink_logits is not None:
         sink_logits = np.ascontiguousarray(sink_logits, dtype=np.float32).reshape(n_kv * G)
     M = lay.n_sinks + G * lay.k + (lay.n - lay.window_start)
-    out = np.empty((B, n_kv, G, d), np.float32) if attend else None
-    positions = np.empty((B, n_kv, M), np.int32)
-    repeat = np.empty((B, n_kv, M), np.bool_)
+    out, positions, repeat = _outputs(cache, B, n_kv, G, d, M)
     got = _fn(
-        B, n_kv, G, d, m, S, C, _ptr(q), _ptr(to_far), to_far.shape[1], _ptr(cent), _ptr(codes),
+        B, n_kv, G, d, m, S, C, _ptr(q), _ptr(to_far), to_far.shape[1], cent_ptr, _ptr(codes),
         _ptr(bucket), _ptr(keys), _ptr(values), _ptr(sink_logits), cap, lay.n, lay.n_sinks,
-        lay.window_start, lay.k, cand, float(scale), _ptr(out), _ptr(positions), _ptr(repeat),
+        lay.window_start, lay.k, rerank_candidates(cache, lay), float(scale),
+        _ptr(out) if attend else None, _ptr(positions), _ptr(repeat),
     )  # fmt: skip
-    return None if got < 0 else (out, positions, repeat, int(got))
+    return None if got < 0 else (out if attend else None, positions, repeat, int(got))
+
+
+def attend_estimate(q, keys, values, positions, repeat, lay: Layout, view: tuple, rows, scale,
+                    sink_logits):  # fmt: skip
+    """`host_step.attention_with_estimate` with key sums (mean slot scores) over the rows the
+    cache holds: q [B, n_kv, G, d] float32, keys / values [B, n_kv, cap, d] float32 (the
+    NumPy views the step read), positions int32 / repeat bool [B, n_kv, M] (`run`'s), view
+    the step's `SlotRows.view()` (counts, sums, key sums, slots), rows int64 [B, n_kv, U] the
+    row of each retrieved far column (`SlotRows.at`) -> (output [B, n_kv, G, d], estimated
+    share [B, n_kv, G]) float32, or None where an array has other strides (the NumPy
+    attention takes it)."""
+    counts, sums, key_sums, _ = view
+    B, n_kv, G, d = q.shape
+    cap, M, R = keys.shape[2], positions.shape[-1], counts.shape[-1]
+    U = M - lay.n_sinks - (lay.n - lay.window_start)
+    if key_sums is None or not (
+        q.dtype == keys.dtype == values.dtype == counts.dtype == sums.dtype == key_sums.dtype
+        == _F32
+    ):  # fmt: skip
+        raise ValueError("native estimate: float32 arrays and key sums")
+    if (
+        keys.shape != (B, n_kv, cap, d) or values.shape != keys.shape
+        or positions.shape != (B, n_kv, M) or repeat.shape != positions.shape
+        or positions.dtype != np.int32 or repeat.dtype != np.bool_
+        or rows.shape != (B, n_kv, U) or rows.dtype != np.int64
+        or counts.shape != (B, n_kv, R) or sums.shape != (B, n_kv, R, d)
+        or key_sums.shape != sums.shape or key_sums.strides != sums.strides
+    ):  # fmt: skip
+        raise ValueError(f"native estimate: shapes {keys.shape}, {positions.shape}, {sums.shape}")
+    if not (
+        q.flags.c_contiguous and keys.flags.c_contiguous and values.flags.c_contiguous
+        and positions.flags.c_contiguous and repeat.flags.c_contiguous and rows.flags.c_contiguous
+        and counts.strides[-1] == 4 and sums.strides[-2:] == (4 * d, 4)
+    ):  # fmt: skip
+        return None
+    if sink_logits is not None:
+        sink_logits = np.ascontiguousarray(sink_logits, dtype=np.float32).reshape(n_kv * G)
+    out = np.empty((B, n_kv, G, d), np.float32)
+    share = np.empty((B, n_kv, G), np.float32)
+    bad = _estimate_fn(
+        B, n_kv, G, d, cap, M, lay.n_sinks, U, R, _ptr(q), _ptr(keys), _ptr(values),
+        _ptr(positions), _ptr(repeat), _ptr(rows), _ptr(counts), counts.strides[0] // 4,
+        counts.strides[1] // 4, _ptr(sums), _ptr(key_sums), sums.strides[0] // 4,
+        sums.strides[1] // 4, _ptr(sink_logits), float(scale), _ptr(out), _ptr(share),
+    )  # fmt: skip
+    if bad:
+        raise ValueError("native estimate: a retrieved column's slot row is out of range")
+    return out, share

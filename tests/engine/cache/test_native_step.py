@@ -36,7 +36,7 @@ def test_the_native_step_is_built():
         {"rerank": 1},
         {"far_buckets": 1},
         {"rerank": 3},
-        {"estimate_missed": True},  # C++ selects, NumPy attends with the estimate
+        {"estimate_missed": True},  # C++ selects, NumPy moves the slot sums, C++ attends
         {"estimate_missed": True, "estimate_scores": "code_mean", "rerank": 1},
     ],
 )
@@ -48,11 +48,16 @@ def test_the_native_step_selects_and_attends_as_the_numpy_step(
 ):
     config = A2ATSConfig(**BASE, **knobs)
     sinks = mx.array(np.linspace(-1, 1, 6).astype(np.float32)) if with_sinks else None
-    calls = []
-    run = native_step.run
+    calls, estimates = [], []
+    run, attend_estimate = native_step.run, native_step.attend_estimate
     monkeypatch.setattr(native_step, "run", lambda *a: calls.append(1) or run(*a))
+    monkeypatch.setattr(
+        native_step, "attend_estimate", lambda *a: estimates.append(1) or attend_estimate(*a)
+    )
     native = decode(config, host=True, monkeypatch=monkeypatch, sinks=sinks, sub_dim=sub_dim, n=n)
     assert len(calls) == 3  # one step a layer, three steps: the C++ step ran each time
+    # with the estimate C++ attends too (its own call, over the selection and the slot sums)
+    assert len(estimates) == (3 if config.estimate_missed else 0)
     monkeypatch.setattr(topk, "top_indices", stable_top)
     with native_step.forced("numpy"):
         numpy = decode(
@@ -206,3 +211,25 @@ def test_the_environment_turns_it_off_and_a_typo_is_said(value, says):
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == says
     assert ("is not one of native, numpy: ignored" in result.stderr) == (value == "fast")
+
+
+def test_the_estimate_attention_checks_rows_and_declines_other_strides():
+    """Its slot rows index the sums it reads: a row out of range is refused, not read; rows
+    read with other strides are left to NumPy's attention (None)."""
+    rng = np.random.default_rng(0)
+    lay = att.layout(10, 4, 1, 2)  # 1 sink, far [1, 6), window [6, 10)
+    M, R, d = lay.n_sinks + lay.k + (lay.n - lay.window_start), 3, 8
+    f32 = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
+    q, keys, values = f32(1, 1, 1, d), f32(1, 1, 10, d), f32(1, 1, 10, d)
+    positions = np.array([[[0, 2, 4, 6, 7, 8, 9]]], np.int32)
+    repeat = np.zeros((1, 1, M), np.bool_)
+    view = (np.array([[[2, 1, 0]]], np.float32), f32(1, 1, R, d), f32(1, 1, R, d), None)
+    rows = np.array([[[0, 1]]], np.int64)
+    args = (positions, repeat, lay, view)
+    out, share = native_step.attend_estimate(q, keys, values, *args, rows, 0.3, None)
+    assert out.shape == (1, 1, 1, d) and 0 < share[0, 0, 0] < 1
+    with pytest.raises(ValueError, match="out of range"):
+        native_step.attend_estimate(q, keys, values, *args, rows + R, 0.3, None)
+    wide = np.zeros((1, 1, 10, 2 * d), np.float32)
+    wide[..., :d] = keys
+    assert native_step.attend_estimate(q, wide[..., :d], values, *args, rows, 0.3, None) is None
