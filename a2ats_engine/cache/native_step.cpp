@@ -41,9 +41,8 @@ inline float dot(const float* a, const float* b, int d) {
 
 // One subspace's lookup tables: out[r * ld + c] = centroid c . x_r (c < C, r < R), the C
 // centroids row-major of sd numbers, x_r = x + r * xstride. The x86 kernel takes 8 centroids at
-// once and sums their 8 accumulators with one horizontal-add tree: a dot at a time spent most
-// of its time in each dot's own final reduction (the tables were 0.10-0.13 ms of the step's
-// ~0.3 ms a layer on the demo at 1K, 0.06 ms with this kernel).
+// once and sums their 8 accumulators with one horizontal-add tree, where a dot at a time pays
+// a horizontal reduction for each dot.
 void table_rows_generic(const float* cs, int C, int sd, const float* x, int xstride, int R,
                         float* out, size_t ld) {
   for (int c = 0; c < C; ++c) {

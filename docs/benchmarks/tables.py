@@ -1160,6 +1160,28 @@ def app_memory_table(data: dict) -> str:
     return "\n".join(rows)
 
 
+def host_step_caches_table(data: dict) -> str:
+    """`host_step_caches.py`: one layer's C++ host step call in a decode, in a warm loop, and
+    in a loop that writes memory between calls."""
+    got = data["us_per_layer_call"]
+    where = {
+        "in_decode": "in a decode",
+        "warm_loop": "in a loop",
+        "flushed_loop": f"in a loop, {data['flush_bytes'] // 2**20} MB written between calls",
+    }
+    lines = [
+        f"`{data['command']}` ({data['machine']}; model {data['model']}, context "
+        f"{data['context']:,}; host step {data['host_step']}; medians, "
+        f"{data['calls_per_loop']} calls in each loop).",
+        "",
+        "| where | `native_step.run`'s Python (us) | the C++ call (us) |",
+        "|---|---:|---:|",
+    ]
+    for key, label in where.items():
+        lines.append(f"| {label} | {got[key]['python']:.1f} | {got[key]['call']:.1f} |")
+    return "\n".join(lines)
+
+
 def profile_table(data: dict) -> str:
     """`a2ats bench decode --profile`: where an A2ATS decode step's time goes, per layer."""
     threads = data["threads"]
@@ -1524,6 +1546,30 @@ HISTORY = {
         "family 25 model 17, before the host top-K's sampled threshold: top-K + rerank 0.99 ms "
         "a layer at 8K, an A2ATS step 0.93x KVCache's speed",
     ),
+    "crossover_demo_native_step_before_cpp_estimate.json": (
+        "2026-12-06",
+        "`a2ats crossover demo --contexts 1024,2048,4096,8192 --json`, quiet, the first C++ host "
+        "step (tables a dot at a time, the estimate's attention in NumPy): retrieval 0.78x, "
+        "0.94x, 1.00x, 1.15x KVCache at 1K-8K, exact below 8,192; the estimate 0.82x, 8 layers",
+    ),
+    "decode_native_step_noest_before_cpp_estimate.json": (
+        "2026-12-06",
+        "`a2ats bench decode --contexts 1024,8192 --steps 32 --repeats 3 --methods "
+        "full,a2ats_eb0_noest,a2ats_eb0_noest_npstep --json`, quiet, the first C++ host step: "
+        "0.80x against 0.72x (NumPy step) at 1K, 1.26x against 1.06x at 8K",
+    ),
+    "profile_native_step_before_cpp_estimate.json": (
+        "2026-12-06",
+        "`a2ats bench decode --profile --contexts 1024,8000 --steps 16 --json`, quiet, the first "
+        "C++ host step: the call 0.41 ms a layer at 1K, 1.06 ms at 8K; the NumPy attention with "
+        "the estimate 0.35 ms on each of its 8 layers at 1K",
+    ),
+    "decode_gemma3_270m_native_step_before_cpp_estimate.json": (
+        "2026-12-06",
+        "`a2ats bench decode --model gemma3-270m --contexts 8192 --steps 32 --repeats 3 "
+        "--methods full,a2ats_eb0,a2ats_eb0_npstep --json`, quiet, the first C++ host step "
+        "(selection only on the estimate's layers): 0.95x KVCache against 0.97x (NumPy step)",
+    ),
     "crossover_demo_estimate_before_host_tables.json": (
         "2026-12-06",
         "`a2ats crossover demo --contexts 1024,2048,4096,8192 --json`, quiet, before the sampled "
@@ -1834,6 +1880,7 @@ HOST_RUNS = (
     "decode_host_f25m17_before_host_tables.json",
     "decode_host_f25m17.json",
     "decode_host_f25m17_rerun.json",
+    "decode_native_step_before_cpp_estimate.json",
     "decode_native_step.json",
 )  # `a2ats bench decode --methods full,a2ats,a2ats_eb0` per host and day (section 2, "Hosts")
 
@@ -1925,6 +1972,7 @@ def blocks() -> dict[str, str]:
         ("speed-native-noest", "decode_native_step_noest.json", decode_methods_table),
         ("profile-native", "profile_native_step.json", profile_table),
         ("speed-gemma-native", "decode_gemma3_270m_native_step.json", decode_methods_table),
+        ("host-step-caches", "host_step_caches.json", host_step_caches_table),
         ("crossover-probe-estimate", "crossover_demo_estimate_layers.json", crossover_probe_table),
         ("estimate-layers-sweep", "eval_4k_texts_estimate_top.json", estimate_layers_table),
         ("estimate-layers-4k", "eval_4k_texts_estimate_layers.json", estimate_layers_table),
