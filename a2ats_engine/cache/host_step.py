@@ -23,8 +23,8 @@ the slots' tokens not retrieved is `attention_with_estimate` (the same sums as
 `attention.selected_attention_with_estimate`).
 
 Where the C++ step is built (`native_step.py`) one call replaces everything after the sync
-(`_native`); with the estimate it selects, this module moves the slot sums, and a second C++
-call (`native_step.attend_estimate`) attends.
+(`_native`); with the estimate it selects, this module moves the slot sums (`missed_sums`), and
+a second C++ call (`native_step.attend_estimate`) attends, all in `_native`.
 """
 
 from __future__ import annotations
@@ -98,9 +98,9 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
 
 def _native(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, values, lay, scale,
             sink_logits):  # fmt: skip
-    """The step after its sync in one C++ call (`native_step`) where it selects -> (output
-    [B, n_kv, G, d] float32 or None where the NumPy step attends, positions, repeat), else
-    None."""
+    """The step after its sync in C++ (`native_step`) where it selects -> (output
+    [B, n_kv, G, d] float32, positions, repeat), the output None where the NumPy step attends
+    (rows of other strides with the estimate), else None."""
     if not native_step.selects(cache, lay, keys.dtype):
         return None
     B, n_q, _, d = queries.shape
@@ -117,12 +117,29 @@ def _native(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, valu
     def run():
         return native_step.run(cache, lay, q, *arrays, scale, sink_logits, attend)
 
-    got = retrieval.timed(cache.layer, "native step", run)
+    timed, layer = retrieval.timed, cache.layer
+    got = timed(layer, "native step", run)
     if got is None:  # a NaN score: the NumPy step ranks it as argpartition does
         return None
     out, positions, repeat, retrieved = got
     cache.top_k.add_retrieved(retrieved)
     retrieval.budget_used = None
+    if out is None:  # the estimate: NumPy moves the slot sums, C++ attends with them
+        k_np, v_np = arrays[4:]
+        missed = timed(
+            layer, "estimate", lambda: missed_sums(retrieval, cache, lay, codes, v_np, k_np)
+        )
+
+        def with_estimate():
+            return native_step.attend_estimate(
+                q, k_np, v_np, positions, repeat, lay, missed.view(), missed.row_table(), scale,
+                sink_logits,
+            )  # fmt: skip
+
+        attended = timed(layer, "attention", with_estimate)
+        if attended is not None:  # else other strides: `_on_host` attends after the selection
+            out, share = attended
+            retrieval.missed_share = mx.array(share)
     return out, positions, repeat
 
 
@@ -180,39 +197,24 @@ def _on_host(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, val
         top = timed(layer, "top-K", lambda: top_k.top(approx, lay.k))
     if selected is None:
         positions, repeat = timed(layer, "union", lambda: top_k.select_host(top, lay))
-    # C++'s selection with the estimate: C++ attends over the cache's rows (no gather here)
-    native = selected is not None and missed is not None
-    k_sel = v_sel = None
-    if not native:
-        k_sel, v_sel = timed(
-            layer, "gather K/V", lambda: (gather(k_np, positions), gather(v_np, positions))
-        )
+    k_sel, v_sel = timed(
+        layer, "gather K/V", lambda: (gather(k_np, positions), gather(v_np, positions))
+    )
 
     def attend() -> np.ndarray:
-        nonlocal k_sel, v_sel
         if missed is None:
             return attention(q, k_sel, v_sel, repeat, scale, sink_logits)
-        view = missed.view()  # the occupied slots' rows: counts, sums, key sums, slots
-        counts, sums, key_sums, slot_of = view
+        counts, sums, key_sums, slot_of = missed.view()  # the occupied slots' rows
+        slot_table = None
+        if key_sums is None:  # centroid scores: the step's tables at each row's slot
+            slot_table = np.take_along_axis(tables_np, slot_of[:, :, None, :], axis=-1)
         # the retrieved far union's columns (`TopK.select_host`: sinks, union, window)
         union = slice(lay.n_sinks, positions.shape[-1] - (lay.n - lay.window_start))
         rows = missed.at(positions[..., union])  # the row of each one's slot
-        got = None
-        if native:
-            got = native_step.attend_estimate(
-                q, k_np, v_np, positions, repeat, lay, view, rows, scale, sink_logits
-            )
-        if got is None:  # NumPy's attention (other strides than C++ reads)
-            if k_sel is None:
-                k_sel, v_sel = gather(k_np, positions), gather(v_np, positions)
-            slot_table = None
-            if key_sums is None:  # centroid scores: the step's tables at each row's slot
-                slot_table = np.take_along_axis(tables_np, slot_of[:, :, None, :], axis=-1)
-            got = attention_with_estimate(
-                q, k_sel, v_sel, repeat, scale, sink_logits, slot_table, counts, sums, rows,
-                union, key_sums,
-            )  # fmt: skip
-        out, share = got
+        out, share = attention_with_estimate(
+            q, k_sel, v_sel, repeat, scale, sink_logits, slot_table, counts, sums, rows, union,
+            key_sums,
+        )  # fmt: skip
         retrieval.missed_share = mx.array(share)
         return out
 

@@ -276,17 +276,20 @@ extern "C" A2ATS_CLONES long a2ats_native_step(
 // mean key, `(q . key_sum - the retrieved tokens' exact scores) / (count - retrieved)`, weighted
 // by that count, contributing their summed values.
 // Shapes: q [B, n_kv, G, d]; keys / values [B, n_kv, cap, d] (the cache's rows); positions int32
-// and repeat uint8 [B, n_kv, M]; the union's columns [u0, u0 + U); rows int64 [B, n_kv, U] the
-// row (in counts / sums / key_sums) of each union column's slot; counts [B, n_kv, R] float32,
+// and repeat uint8 [B, n_kv, M]; the union's columns [u0, u0 + U); row_at int32 [B, n_kv, P]
+// (strides ra_b, ra_h in elements) the row (in counts / sums / key_sums) of each far position's
+// slot (`SlotRows.row_at`); counts [B, n_kv, R] float32,
 // sums and key_sums [B, n_kv, R, d], the strides of their first two dimensions in elements
 // (cs_b, cs_h; ss_b, ss_h; a row of d numbers after another), the last row R - 1 empty (the bin
 // of the union's repeats); sink_logits [n_kv * G] or null. Outputs: out [B, n_kv, G, d], share
 // [B, n_kv, G] (the estimated share of the softmax mass). Returns 0, or -1 where a union
-// column's row is outside [0, R) (nothing written that the caller keeps).
+// column's position is outside [0, P) or its row outside [0, R) (nothing written that the
+// caller keeps).
 extern "C" A2ATS_CLONES int a2ats_native_attend_estimate(
     int B, int n_kv, int G, int d, int cap, int M, int u0, int U, int R, const float* q,
     const float* keys, const float* values, const int32_t* positions, const uint8_t* repeat,
-    const int64_t* rows, const float* counts, long cs_b, long cs_h, const float* sums,
+    const int32_t* row_at, long ra_b, long ra_h, int P, const float* counts, long cs_b,
+    long cs_h, const float* sums,
     const float* key_sums, long ss_b, long ss_h, const float* sink_logits, float scale,
     float* out, float* share) {
   thread_local std::vector<float> logits, t, e, got;
@@ -317,7 +320,9 @@ extern "C" A2ATS_CLONES int a2ats_native_attend_estimate(
       // each union column's row (a repeat's: the empty last row), the retrieved per row
       std::fill(got.begin(), got.end(), 0.f);
       for (int u = 0; u < U; ++u) {
-        const int64_t row = rep[u0 + u] ? R - 1 : rows[bh * U + u];
+        const int32_t p = pos[u0 + u];
+        if (p < 0 || p >= P) return -1;
+        const int32_t row = rep[u0 + u] ? R - 1 : row_at[b * ra_b + h * ra_h + p];
         if (row < 0 || row >= R) return -1;
         binned[u] = (int)row;
         got[row] += 1.f;

@@ -58,7 +58,7 @@ def _load() -> tuple[ctypes._CFuncPtr | None, ctypes._CFuncPtr | None, str]:
     P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long  # noqa: E741, N806
     fn.argtypes = [I] * 7 + [P] * 2 + [I] + [P] * 6 + [I] * 6 + [ctypes.c_float] + [P] * 3
     fn.restype = L
-    est.argtypes = [I] * 9 + [P] * 6 + [P, L, L, P, P, L, L, P, ctypes.c_float, P, P]
+    est.argtypes = [I] * 9 + [P] * 5 + [P, L, L, I, P, L, L, P, P, L, L, P, ctypes.c_float, P, P]
     est.restype = I
     return fn, est, ""
 
@@ -204,15 +204,15 @@ def run(cache: A2ATSCache, lay: Layout, q, to_far, m: int, bucket, codes, keys, 
     return None if got < 0 else (out if attend else None, positions, repeat, int(got))
 
 
-def attend_estimate(q, keys, values, positions, repeat, lay: Layout, view: tuple, rows, scale,
+def attend_estimate(q, keys, values, positions, repeat, lay: Layout, view: tuple, row_at, scale,
                     sink_logits):  # fmt: skip
     """`host_step.attention_with_estimate` with key sums (mean slot scores) over the rows the
     cache holds: q [B, n_kv, G, d] float32, keys / values [B, n_kv, cap, d] float32 (the
     NumPy views the step read), positions int32 / repeat bool [B, n_kv, M] (`run`'s), view
-    the step's `SlotRows.view()` (counts, sums, key sums, slots), rows int64 [B, n_kv, U] the
-    row of each retrieved far column (`SlotRows.at`) -> (output [B, n_kv, G, d], estimated
-    share [B, n_kv, G]) float32, or None where an array has other strides (the NumPy
-    attention takes it)."""
+    the step's `SlotRows.view()` (counts, sums, key sums, slots), row_at int32 [B, n_kv, P] the
+    row of each far position's slot (`SlotRows.row_table`) -> (output [B, n_kv, G, d],
+    estimated share [B, n_kv, G]) float32, or None where an array has other strides (the
+    NumPy attention takes it)."""
     counts, sums, key_sums, _ = view
     B, n_kv, G, d = q.shape
     cap, M, R = keys.shape[2], positions.shape[-1], counts.shape[-1]
@@ -226,15 +226,15 @@ def attend_estimate(q, keys, values, positions, repeat, lay: Layout, view: tuple
         keys.shape != (B, n_kv, cap, d) or values.shape != keys.shape
         or positions.shape != (B, n_kv, M) or repeat.shape != positions.shape
         or positions.dtype != np.int32 or repeat.dtype != np.bool_
-        or rows.shape != (B, n_kv, U) or rows.dtype != np.int64
+        or row_at.shape[:2] != (B, n_kv) or row_at.dtype != np.int32
         or counts.shape != (B, n_kv, R) or sums.shape != (B, n_kv, R, d)
         or key_sums.shape != sums.shape or key_sums.strides != sums.strides
     ):  # fmt: skip
         raise ValueError(f"native estimate: shapes {keys.shape}, {positions.shape}, {sums.shape}")
     if not (
         q.flags.c_contiguous and keys.flags.c_contiguous and values.flags.c_contiguous
-        and positions.flags.c_contiguous and repeat.flags.c_contiguous and rows.flags.c_contiguous
-        and counts.strides[-1] == 4 and sums.strides[-2:] == (4 * d, 4)
+        and positions.flags.c_contiguous and repeat.flags.c_contiguous
+        and row_at.strides[-1] == 4 and counts.strides[-1] == 4 and sums.strides[-2:] == (4 * d, 4)
     ):  # fmt: skip
         return None
     if sink_logits is not None:
@@ -243,10 +243,13 @@ def attend_estimate(q, keys, values, positions, repeat, lay: Layout, view: tuple
     share = np.empty((B, n_kv, G), np.float32)
     bad = _estimate_fn(
         B, n_kv, G, d, cap, M, lay.n_sinks, U, R, _ptr(q), _ptr(keys), _ptr(values),
-        _ptr(positions), _ptr(repeat), _ptr(rows), _ptr(counts), counts.strides[0] // 4,
+        _ptr(positions), _ptr(repeat), _ptr(row_at), row_at.strides[0] // 4,
+        row_at.strides[1] // 4, row_at.shape[2], _ptr(counts), counts.strides[0] // 4,
         counts.strides[1] // 4, _ptr(sums), _ptr(key_sums), sums.strides[0] // 4,
         sums.strides[1] // 4, _ptr(sink_logits), float(scale), _ptr(out), _ptr(share),
     )  # fmt: skip
     if bad:
-        raise ValueError("native estimate: a retrieved column's slot row is out of range")
+        raise ValueError(
+            "native estimate: a retrieved column's position or slot row is out of range"
+        )
     return out, share

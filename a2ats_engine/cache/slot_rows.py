@@ -102,6 +102,11 @@ class SlotRows:
         flat = (positions + self._base(held.shape[-1])[: held.shape[0]]).reshape(-1)
         return np.take(held.reshape(-1), flat).astype(np.int64).reshape(positions.shape)
 
+    def row_table(self, part: slice = ALL) -> np.ndarray:
+        """The row of each placed far position's slot, int32 [B, n_kv, positions] (a view: what
+        `at` reads; the C++ step's estimate looks its columns up in it)."""
+        return self.row_at[part]
+
     def rows(self, slots: np.ndarray, part: slice = ALL) -> np.ndarray:
         """The rows of `slots` [B, n_kv, m] (int), giving a row to each slot that has none
         (in first-seen order per (batch, KV head)) -> int64 [B, n_kv, m]. Every (batch, KV

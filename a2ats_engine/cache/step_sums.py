@@ -53,6 +53,9 @@ class LayerRows:
     def at(self, positions: np.ndarray) -> np.ndarray:
         return self.rows.at(positions, self.part)
 
+    def row_table(self) -> np.ndarray:
+        return self.rows.row_table(self.part)
+
     def dense(self):
         return self.rows.dense(self.part)
 

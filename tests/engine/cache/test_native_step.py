@@ -108,7 +108,7 @@ def _cache(**knobs):
     ("knobs", "steps"),
     [
         ({}, ["native"]),
-        ({"estimate_missed": True}, ["native", "numpy"]),  # the NumPy step attends
+        ({"estimate_missed": True}, ["native"]),  # NumPy moves only the slot sums
         ({"estimate_missed": True, "estimate_scores": "centroid"}, ["numpy"]),  # reads tables
         ({"coverage": 0.9}, ["numpy"]),
         ({"rerank": 3, "rerank_shared": True}, ["numpy"]),
@@ -214,22 +214,26 @@ def test_the_environment_turns_it_off_and_a_typo_is_said(value, says):
 
 
 def test_the_estimate_attention_checks_rows_and_declines_other_strides():
-    """Its slot rows index the sums it reads: a row out of range is refused, not read; rows
-    read with other strides are left to NumPy's attention (None)."""
+    """Its slot rows index the sums it reads: a position past the row table or a row out of
+    range is refused, not read; rows read with other strides are left to NumPy's attention
+    (None)."""
     rng = np.random.default_rng(0)
     lay = att.layout(10, 4, 1, 2)  # 1 sink, far [1, 6), window [6, 10)
     M, R, d = lay.n_sinks + lay.k + (lay.n - lay.window_start), 3, 8
     f32 = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
     q, keys, values = f32(1, 1, 1, d), f32(1, 1, 10, d), f32(1, 1, 10, d)
-    positions = np.array([[[0, 2, 4, 6, 7, 8, 9]]], np.int32)
+    positions = np.array([[[0, 2, 4, 6, 7, 8, 9]]], np.int32)  # the union: positions 2 and 4
     repeat = np.zeros((1, 1, M), np.bool_)
     view = (np.array([[[2, 1, 0]]], np.float32), f32(1, 1, R, d), f32(1, 1, R, d), None)
-    rows = np.array([[[0, 1]]], np.int64)
+    row_at = np.zeros((1, 1, 10), np.int32)
+    row_at[0, 0, 4] = 1
     args = (positions, repeat, lay, view)
-    out, share = native_step.attend_estimate(q, keys, values, *args, rows, 0.3, None)
+    out, share = native_step.attend_estimate(q, keys, values, *args, row_at, 0.3, None)
     assert out.shape == (1, 1, 1, d) and 0 < share[0, 0, 0] < 1
     with pytest.raises(ValueError, match="out of range"):
-        native_step.attend_estimate(q, keys, values, *args, rows + R, 0.3, None)
+        native_step.attend_estimate(q, keys, values, *args, row_at + R, 0.3, None)
+    with pytest.raises(ValueError, match="out of range"):  # position 4 past a table of 3
+        native_step.attend_estimate(q, keys, values, *args, row_at[..., :3], 0.3, None)
     wide = np.zeros((1, 1, 10, 2 * d), np.float32)
     wide[..., :d] = keys
-    assert native_step.attend_estimate(q, wide[..., :d], values, *args, rows, 0.3, None) is None
+    assert native_step.attend_estimate(q, wide[..., :d], values, *args, row_at, 0.3, None) is None
