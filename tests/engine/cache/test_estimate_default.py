@@ -201,3 +201,33 @@ def test_quality_methods_run_the_estimate_as_named_not_as_measured():
     assert METHODS["a2ats_no_rerank"].config(base).estimate_missed is False
     assert METHODS["a2ats_estimate_mean"].config(base).estimate_missed is True
     assert METHODS["a2ats"].config(A2ATSConfig(estimate_missed=True)).estimate_missed is True
+
+
+def test_the_crossover_is_where_the_default_with_its_estimate_pays(tiny_folder, monkeypatch):
+    """On a fake timing source: retrieval timed without the estimate at 1.01x KVCache at 2K and
+    1.23x at 8K, the estimate on every layer 0.92x of that. By default it runs on the share of
+    layers that cost affords, so the default decodes at ~0.95x of the timed ratios: exact at
+    2K and 4K (0.96x there), retrieving at 8K. Measured with the estimate set (not left to the
+    probe), the timed ratios decide as they are."""
+    from a2ats_engine.bench import crossover_probe as cp
+
+    ratios = {1024: 0.84, 2048: 1.01, 4096: 1.007, 8192: 1.23}
+
+    def fake(model, contexts, **_):
+        return [
+            cp.ContextTiming(n, 10.0, 10.0 * r, (r, r, r),
+                             estimate_ratios=(0.92, 0.919, 0.91) if n == 8192 else ())
+            for n, r in ratios.items()
+        ]  # fmt: skip
+
+    monkeypatch.setattr(cp, "probe_crossover", fake)
+    model, _, _ = load_model(str(tiny_folder))
+    entry, _ = cp.measure_crossover(model, "tiny", list(ratios))
+    layers = entry["a2ats_layers"]
+    assert entry["estimate"]["layers"] == xo.affordable_layers(0.919, layers) > 0
+    assert entry["exact_below"] == 8192 and not entry["never"]
+    assert xo.decide_crossover(ratios).exact_below == 2048  # the timed ratios alone
+    # the fold: nothing without an estimate measured, the whole ratio on every layer
+    assert cp.as_default_decodes(ratios, None, 0, 30) == ratios
+    assert cp.as_default_decodes(ratios, 0.97, 30, 30)[8192] == pytest.approx(1.23 * 0.97)
+    assert cp.as_default_decodes(ratios, 0.919, 18, 30)[4096] == pytest.approx(1.007 * 0.9514)
