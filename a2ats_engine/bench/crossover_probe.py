@@ -148,8 +148,9 @@ def as_default_decodes(
     (on `est_layers` of `layers`, its cost on all of them measured as `est_ratio`) its share
     comes off every context's ratio, each layer taken to cost the same (`affordable_layers`'
     rule). The crossover is decided on these, so the default attends exactly wherever it would
-    decode slower than KVCache with its estimate (a probe that measured retrieval at 1.01x at
-    2K and the estimate at 0.92x on all 30 layers, on 18 of them, is exact at 2K)."""
+    decode slower than KVCache with its estimate (the demo on a 2-core host: retrieval timed
+    1.00x KVCache at 2K, the estimate 0.86x on all 30 layers, so on 10 of them, 0.95x: exact at
+    2K; docs/BENCHMARKS.md section 2, "The host step in C++")."""
     if est_ratio is None or not est_layers or not layers:
         return dict(ratios)
     factor = 1.0 - min(est_layers, layers) / layers * (1.0 - est_ratio)

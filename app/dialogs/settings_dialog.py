@@ -262,7 +262,7 @@ class SettingsDialog(QDialog):
             "sections 1 and 2). \u201cWhere it costs nothing here\u201d: on every layer where "
             "the measurement of where retrieval pays off (made the first time a model is "
             "loaded) timed it at 0.95x the speed or more, else on the layers that miss most, as "
-            "many as keep that speed (on a 2-core CPU 18 of the demo's 30; on 11, perplexity "
+            "many as keep that speed (on a 2-core CPU 10 of the demo's 30; on 11, perplexity "
             "1.011x full at 4K instead of 1.025x, for no speed a run can see at 8K). Inspector > "
             "Fidelity shows the estimated mass."
         )
