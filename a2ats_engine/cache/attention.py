@@ -46,7 +46,6 @@ class Layout:
         return self.n_far <= self.k
 
 
-@functools.lru_cache(maxsize=8)
 def rerank_candidates(cache, lay: Layout) -> int:
     """Far tokens per query head a retrieval step scores exactly before its top-K: the best
     `rerank * K` by approximate score (at most the far region), or K without a rerank (rerank 1,
@@ -55,6 +54,7 @@ def rerank_candidates(cache, lay: Layout) -> int:
     return min(cache.config.rerank * lay.k, lay.n_far) if cache.reranks else lay.k
 
 
+@functools.lru_cache(maxsize=8)
 def fixed_parts(B: int, n_kv: int, n_sinks: int, window_start: int, n: int):
     """Sink and window positions and their all-False repeat masks for one step's layout.
 

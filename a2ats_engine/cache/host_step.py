@@ -107,10 +107,10 @@ def _native(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, valu
     codes = np.asarray(cache.codes)
     q = np.ascontiguousarray(np.asarray(queries).reshape(B, codes.shape[1], -1, d), np.float32)
     _, lower_edges = cache.buckets
-    bucket, m = None, 1
+    bucket = None
     if lower_edges is not None:
         bucket = far_buckets(lay.n, lay.n_sinks, lay.window_start, tuple(lower_edges))
-        m = int(bucket[0]) + 1  # `used_buckets`: the farthest token's bucket and every nearer
+    m = used_buckets(cache, lay)
     arrays = (np.asarray(to_far), m, bucket, codes, np.asarray(keys), np.asarray(values))
     attend = native_step.attends(cache)
 

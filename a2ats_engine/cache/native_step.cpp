@@ -92,6 +92,18 @@ void table_rows(const float* cs, int C, int sd, const float* x, int xstride, int
   table_rows_generic(cs, C, sd, x, xstride, R, out, ld);
 }
 
+// Scaled logits of the attended rows of one KV head, a GQA union's repeats at -inf:
+// logits[g * M + i] = scale * q_g . keys[pos[i]] (each row read once for the G query heads).
+void attended_logits(const float* kh, const float* qh, const int32_t* pos, const uint8_t* rep,
+                     int M, int G, int d, float scale, float* logits) {
+  for (int i = 0; i < M; ++i) {
+    if (i + 8 < M) __builtin_prefetch(kh + (size_t)pos[i + 8] * d);
+    const float* kr = kh + (size_t)pos[i] * d;
+    for (int g = 0; g < G; ++g)
+      logits[(size_t)g * M + i] = rep[i] ? -INFINITY : scale * dot(kr, qh + (size_t)g * d, d);
+  }
+}
+
 struct Scratch {
   std::vector<float> rq, tables, scores, exact, logits, values, tops, dens;
   std::vector<int> idx, pick, top, far;
@@ -233,15 +245,9 @@ extern "C" A2ATS_CLONES long a2ats_native_step(
       if (sink_logits) {
         for (int g = 0; g < G; ++g) w.tops[g] = sink_logits[h * G + g];
       }
-      for (int i = 0; i < M; ++i) {
-        if (i + 8 < M) __builtin_prefetch(kh + (size_t)pos[i + 8] * d);
-        const float* kr = kh + (size_t)pos[i] * d;
-        for (int g = 0; g < G; ++g) {
-          const float l = rep[i] ? -INFINITY : scale * dot(kr, qh + (size_t)g * d, d);
-          w.logits[(size_t)g * M + i] = l;
-          w.tops[g] = std::max(w.tops[g], l);
-        }
-      }
+      attended_logits(kh, qh, pos, rep, M, G, d, scale, w.logits.data());
+      for (int g = 0; g < G; ++g)
+        for (int i = 0; i < M; ++i) w.tops[g] = std::max(w.tops[g], w.logits[(size_t)g * M + i]);
       float* oh = out + bh * G * d;
       std::fill(oh, oh + (size_t)G * d, 0.f);
       for (int i = 0; i < M; ++i) {
@@ -310,13 +316,7 @@ extern "C" A2ATS_CLONES int a2ats_native_attend_estimate(
       const float* cnt = counts + b * cs_b + h * cs_h;
       const float* vs = sums + b * ss_b + h * ss_h;
       const float* ks = key_sums + b * ss_b + h * ss_h;
-      // the attended rows' scaled logits (a repeat at -inf)
-      for (int i = 0; i < M; ++i) {
-        if (i + 8 < M) __builtin_prefetch(kh + (size_t)pos[i + 8] * d);
-        const float* kr = kh + (size_t)pos[i] * d;
-        for (int g = 0; g < G; ++g)
-          logits[(size_t)g * M + i] = rep[i] ? -INFINITY : scale * dot(kr, qh + (size_t)g * d, d);
-      }
+      attended_logits(kh, qh, pos, rep, M, G, d, scale, logits.data());
       // each union column's row (a repeat's: the empty last row), the retrieved per row
       std::fill(got.begin(), got.end(), 0.f);
       for (int u = 0; u < U; ++u) {
