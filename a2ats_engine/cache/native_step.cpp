@@ -92,54 +92,112 @@ void table_rows(const float* cs, int C, int sd, const float* x, int xstride, int
   table_rows_generic(cs, C, sd, x, xstride, R, out, ld);
 }
 
+// out[g * ld + i] = x_g . rows[i] (i < n, g < G; x_g = x + g * d): rows given by address (the
+// attended rows of a selection, or a run of slot rows), each read once for the G vectors; on
+// x86 8 rows at a time with one horizontal-add tree per 8 dots, as `table_rows`.
+void row_dots_generic(const float* const* rows, int n, const float* x, int G, int d, float* out,
+                      size_t ld) {
+  for (int i = 0; i < n; ++i)
+    for (int g = 0; g < G; ++g) out[(size_t)g * ld + i] = dot(rows[i], x + (size_t)g * d, d);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2,fma"))) void row_dots_avx2(const float* const* rows, int n,
+                                                        const float* x, int G, int d, float* out,
+                                                        size_t ld) {
+  const int n8 = n - n % 8;
+  for (int i0 = 0; i0 < n8; i0 += 8) {
+    const float* const* r = rows + i0;
+    if (i0 + 16 <= n)
+      for (int j = 0; j < 8; ++j) __builtin_prefetch(rows[i0 + 8 + j]);
+    for (int g = 0; g < G; ++g) {
+      const float* xg = x + (size_t)g * d;
+      __m256 a[8];
+      for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
+      for (int i = 0; i < d; i += 8) {
+        const __m256 xv = _mm256_loadu_ps(xg + i);
+        for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(r[j] + i), xv, a[j]);
+      }
+      const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+      const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+      _mm256_storeu_ps(out + (size_t)g * ld + i0,
+                       _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                                     _mm256_permute2f128_ps(u0, u1, 0x31)));
+    }
+  }
+  if (n8 < n) row_dots_generic(rows + n8, n - n8, x, G, d, out + n8, ld);
+}
+#endif
+
+void row_dots(const float* const* rows, int n, const float* x, int G, int d, float* out,
+              size_t ld) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (has_avx2 && d % 8 == 0) return row_dots_avx2(rows, n, x, G, d, out, ld);
+#endif
+  row_dots_generic(rows, n, x, G, d, out, ld);
+}
+
 // Scaled logits of the attended rows of one KV head, a GQA union's repeats at -inf:
 // logits[g * M + i] = scale * q_g . keys[pos[i]] (each row read once for the G query heads).
 void attended_logits(const float* kh, const float* qh, const int32_t* pos, const uint8_t* rep,
                      int M, int G, int d, float scale, float* logits) {
-  for (int i = 0; i < M; ++i) {
-    if (i + 8 < M) __builtin_prefetch(kh + (size_t)pos[i + 8] * d);
-    const float* kr = kh + (size_t)pos[i] * d;
-    for (int g = 0; g < G; ++g)
-      logits[(size_t)g * M + i] = rep[i] ? -INFINITY : scale * dot(kr, qh + (size_t)g * d, d);
+  thread_local std::vector<const float*> rows;
+  rows.resize((size_t)M);
+  for (int i = 0; i < M; ++i) rows[i] = kh + (size_t)pos[i] * d;
+  row_dots(rows.data(), M, qh, G, d, logits, (size_t)M);
+  for (int g = 0; g < G; ++g) {
+    float* lg = logits + (size_t)g * M;
+    for (int i = 0; i < M; ++i) lg[i] = rep[i] ? -INFINITY : scale * lg[i];
   }
 }
 
 struct Scratch {
   std::vector<float> rq, tables, scores, exact, logits, values, tops, dens;
   std::vector<int> idx, pick, top, far;
+  std::vector<const float*> rows;
 };
 
 // Indices into s[0..F) of its `want` highest (want <= F), ascending -> out. A strided sample
 // gives a threshold a little below the want-th score where the row is long (as
-// `topk.top_indices`), else the row's own values are partitioned. False on a NaN score.
+// `topk.top_indices`), and one pass keeps the scores at or above it with their indices (else
+// every score is kept); the want-th highest of those is the cut, taken from the kept ones
+// alone. False on a NaN score.
 bool top_of(const float* s, int F, int want, std::vector<float>& vals, std::vector<int>& out) {
+  thread_local std::vector<float> kept;
+  thread_local std::vector<int> at;
   out.clear();
   vals.clear();
+  kept.clear();
+  at.clear();
   bool nan = false;
   for (int t = 0; t < F; ++t) nan |= s[t] != s[t];
-  if (nan) return false;
+  if (nan) return false;  // (before any nth_element: a NaN breaks its ordering)
   if (F >= 1536 && 4 * want <= F) {
     for (int t = 0; t < F; t += 16) vals.push_back(s[t]);
     int m = (int)vals.size();
     int j = std::min(m - 1, (5 * want * m) / (4 * F) + 8);
     std::nth_element(vals.begin(), vals.begin() + j, vals.end(), std::greater<float>());
-    float lo = vals[j];
-    vals.clear();
-    for (int t = 0; t < F; ++t)
-      if (s[t] >= lo) vals.push_back(s[t]);
-    if ((int)vals.size() < want) vals.clear();
+    const float lo = vals[j];
+    for (int t = 0; t < F; ++t) {
+      if (s[t] >= lo) {
+        kept.push_back(s[t]);
+        at.push_back(t);
+      }
+    }
   }
-  if (vals.empty()) vals.assign(s, s + F);
+  const bool whole = (int)kept.size() < want;  // no sample, or too few above its threshold
+  const float* v = whole ? s : kept.data();
+  const int n = whole ? F : (int)kept.size();
+  vals.assign(v, v + n);
   std::nth_element(vals.begin(), vals.begin() + (want - 1), vals.end(), std::greater<float>());
-  float thr = vals[want - 1];
+  const float thr = vals[want - 1];
   int ties = want;
-  for (int t = 0; t < F; ++t) ties -= s[t] > thr;
-  for (int t = 0; t < F; ++t) {
-    float v = s[t];
-    if (v > thr) {
-      out.push_back(t);
-    } else if (v == thr && ties > 0) {
-      out.push_back(t);
+  for (int i = 0; i < n; ++i) ties -= v[i] > thr;
+  for (int i = 0; i < n; ++i) {
+    if (v[i] > thr) {
+      out.push_back(whole ? i : at[i]);
+    } else if (v[i] == thr && ties > 0) {
+      out.push_back(whole ? i : at[i]);
       --ties;
     }
   }
@@ -215,10 +273,9 @@ extern "C" A2ATS_CLONES long a2ats_native_step(
           if (!top_of(w.scores.data(), F, cand, w.values, w.idx)) return -1;
           const int c_n = (int)w.idx.size();
           w.exact.resize(c_n);
-          for (int j = 0; j < c_n; ++j) {
-            if (j + 8 < c_n) __builtin_prefetch(kh + (size_t)(n_sinks + w.idx[j + 8]) * d);
-            w.exact[j] = dot(kh + (size_t)(n_sinks + w.idx[j]) * d, qg, d);
-          }
+          w.rows.resize(c_n);
+          for (int j = 0; j < c_n; ++j) w.rows[j] = kh + (size_t)(n_sinks + w.idx[j]) * d;
+          row_dots(w.rows.data(), c_n, qg, 1, d, w.exact.data(), (size_t)c_n);
           if (!top_of(w.exact.data(), c_n, k, w.values, w.pick)) return -1;
           for (int j = 0; j < k; ++j) dst[j] = w.idx[w.pick[j]];
         } else {
@@ -298,13 +355,21 @@ extern "C" A2ATS_CLONES int a2ats_native_attend_estimate(
     long cs_h, const float* sums,
     const float* key_sums, long ss_b, long ss_h, const float* sink_logits, float scale,
     float* out, float* share) {
-  thread_local std::vector<float> logits, t, e, got;
-  thread_local std::vector<int> binned;
+  // Every row (attended, key sum, value sum) is read once for the group's G query heads, and
+  // a slot row with no far token left unretrieved is skipped.
+  thread_local std::vector<float> logits, t, e, got, tops, ests, dens, kd;
+  thread_local std::vector<int> binned, live;
+  thread_local std::vector<const float*> rows;
   logits.resize((size_t)G * M);
   t.resize((size_t)G * R);
   e.resize((size_t)G * R);
+  kd.resize((size_t)G * R);
+  rows.resize((size_t)R);
   got.resize((size_t)R);
   binned.resize((size_t)U);
+  tops.resize(G);
+  ests.resize(G);
+  dens.resize(G);
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < n_kv; ++h) {
       const size_t bh = (size_t)b * n_kv + h;
@@ -327,56 +392,94 @@ extern "C" A2ATS_CLONES int a2ats_native_attend_estimate(
         binned[u] = (int)row;
         got[row] += 1.f;
       }
+      // the retrieved tokens' exact scores summed per row (t, [R, G]), taken from the row's
+      // key sum: t = (q . key_sum - retrieved) / left, or -inf where nothing is left
+      std::fill(t.begin(), t.end(), 0.f);
+      for (int u = 0; u < U; ++u)
+        if (!rep[u0 + u])
+          for (int g = 0; g < G; ++g) t[(size_t)binned[u] * G + g] += logits[(size_t)g * M + u0 + u];
+      for (int r = 0; r < R; ++r) rows[r] = ks + (size_t)r * d;
+      row_dots(rows.data(), R, qh, G, d, kd.data(), (size_t)R);  // q_g . key_sum_r
+      live.clear();
+      for (int g = 0; g < G; ++g) tops[g] = -INFINITY;
+      for (int r = 0; r < R; ++r) {
+        const float left = cnt[r] - got[r];
+        float* tr = t.data() + (size_t)r * G;
+        if (!(left > 0.f)) {
+          for (int g = 0; g < G; ++g) tr[g] = -INFINITY;
+          continue;
+        }
+        live.push_back(r);
+        const float inv = 1.f / std::max(left, 1.f);
+        for (int g = 0; g < G; ++g) {
+          tr[g] = (scale * kd[(size_t)g * R + r] - tr[g]) * inv;
+          tops[g] = std::max(tops[g], tr[g]);
+        }
+      }
       for (int g = 0; g < G; ++g) {
-        const float* qg = qh + (size_t)g * d;
         const float* lg = logits.data() + (size_t)g * M;
-        float* tg = t.data() + (size_t)g * R;
-        float* eg = e.data() + (size_t)g * R;
-        // the retrieved tokens' exact scores summed per row, taken from the row's key sum
-        std::fill(tg, tg + R, 0.f);
-        for (int u = 0; u < U; ++u)
-          if (!rep[u0 + u]) tg[binned[u]] += lg[u0 + u];
-        float top = -INFINITY;
-        for (int r = 0; r < R; ++r) {
-          const float left = cnt[r] - got[r];
-          tg[r] = left > 0.f ? (scale * dot(qg, ks + (size_t)r * d, d) - tg[r]) / std::max(left, 1.f)
-                             : -INFINITY;
-          top = std::max(top, tg[r]);
+        for (int i = 0; i < M; ++i) tops[g] = std::max(tops[g], lg[i]);
+        if (sink_logits) tops[g] = std::max(tops[g], sink_logits[h * G + g]);
+        ests[g] = 0.f;
+        dens[g] = 0.f;
+      }
+      // each live row's weight exp(t - top) (e, [R, G]; 0 elsewhere) and the estimated mass
+      std::fill(e.begin(), e.end(), 0.f);
+      for (const int r : live) {
+        for (int g = 0; g < G; ++g) {
+          const float w = std::exp(t[(size_t)r * G + g] - tops[g]);
+          e[(size_t)r * G + g] = w;
+          ests[g] += w * cnt[r];
         }
-        for (int i = 0; i < M; ++i) top = std::max(top, lg[i]);
-        if (sink_logits) top = std::max(top, sink_logits[h * G + g]);
-        float est = 0.f;
-        for (int r = 0; r < R; ++r) {
-          eg[r] = std::exp(tg[r] - top);
-          est += eg[r] * cnt[r];
-        }
-        float* o = out + (bh * G + g) * d;
-        std::fill(o, o + d, 0.f);
-        float den = 0.f;
+      }
+      // the attended rows' weights (in logits), each retrieved token taken out of its slot's
+      // term, then each attended value row read once
+      for (int g = 0; g < G; ++g) {
+        float* lg = logits.data() + (size_t)g * M;
         for (int i = 0; i < M; ++i) {
-          if (rep[i]) continue;
-          float p = std::exp(lg[i] - top);
-          den += p;
+          if (rep[i]) {
+            lg[i] = 0.f;
+            continue;
+          }
+          float p = std::exp(lg[i] - tops[g]);
+          dens[g] += p;
           if (i >= u0 && i < u0 + U) {  // this token leaves its slot's term
-            const float own = eg[binned[i - u0]];
-            est -= own;
+            const float own = e[(size_t)binned[i - u0] * G + g];
+            ests[g] -= own;
             p -= own;
           }
-          const float* v = vh + (size_t)pos[i] * d;
+          lg[i] = p;
+        }
+      }
+      float* oh = out + bh * G * d;
+      std::fill(oh, oh + (size_t)G * d, 0.f);
+      for (int i = 0; i < M; ++i) {
+        if (rep[i]) continue;
+        if (i + 8 < M) __builtin_prefetch(vh + (size_t)pos[i + 8] * d);
+        const float* v = vh + (size_t)pos[i] * d;
+        for (int g = 0; g < G; ++g) {
+          const float p = logits[(size_t)g * M + i];
+          float* o = oh + (size_t)g * d;
 #pragma omp simd
           for (int j = 0; j < d; ++j) o[j] += p * v[j];
         }
-        for (int r = 0; r < R; ++r) {
-          if (eg[r] == 0.f) continue;
-          const float w = eg[r];
-          const float* v = vs + (size_t)r * d;
+      }
+      for (const int r : live) {
+        const float* v = vs + (size_t)r * d;
+        for (int g = 0; g < G; ++g) {
+          const float w = e[(size_t)r * G + g];
+          if (w == 0.f) continue;
+          float* o = oh + (size_t)g * d;
 #pragma omp simd
           for (int j = 0; j < d; ++j) o[j] += w * v[j];
         }
-        est = std::max(est, 0.f);
-        den += est;
-        if (sink_logits) den += std::exp(sink_logits[h * G + g] - top);
+      }
+      for (int g = 0; g < G; ++g) {
+        const float est = std::max(ests[g], 0.f);
+        float den = dens[g] + est;
+        if (sink_logits) den += std::exp(sink_logits[h * G + g] - tops[g]);
         const float inv = 1.f / den;
+        float* o = oh + (size_t)g * d;
         for (int j = 0; j < d; ++j) o[j] *= inv;
         share[bh * G + g] = est * inv;
       }
