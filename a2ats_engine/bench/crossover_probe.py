@@ -12,7 +12,9 @@ median ratio per context into the crossover.
 
 With the missed-attention estimate left at its default (`A2ATSConfig.estimate_missed` None) the
 A2ATS caches are timed without it, and at the largest context also with it (`_est` methods,
-interleaved with the rest): the median ratio with / without is the row's `estimate.ratio`,
+interleaved with the rest; every method there decodes `ESTIMATE_STEPS` times as many steps, as
+this ratio is the noisiest the probe takes): the median ratio with / without is the row's
+`estimate.ratio`,
 which decides whether None turns it on (`crossover.ESTIMATE_FREE`), and on how many of the
 model's A2ATS layers where not on all (`estimate.layers`, `crossover.affordable_layers`). The
 crossover is then decided on the ratios the default decodes at, that estimate's cost taken off
@@ -34,6 +36,8 @@ from ..cache.geometry import model_geometry
 from ..cache.layer_plan import plan_for
 from ..progress import Progress
 from .geometries import bench_geometry_decode
+
+ESTIMATE_STEPS = 2  # times `steps` at the largest context, where the estimate is timed too
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,7 @@ def probe_crossover(
             bench_geometry_decode(
                 model, contexts, steps=steps, config=config, codebook=codebook, seed=i,
                 progress=report, top_ks=top_ks, estimate_at=estimate_at,
+                estimate_steps=ESTIMATE_STEPS * steps,
             )
         )  # fmt: skip
     if progress:
@@ -210,6 +215,7 @@ def measure_crossover(
                     "ratio": round(timings[-1].estimate_ratio, 3),
                     "ratio_runs": [round(r, 3) for r in timings[-1].estimate_ratios],
                     "context": timings[-1].context,
+                    "steps": ESTIMATE_STEPS * steps,
                     "scores": config.estimate_scores,
                     "on": est_layers > 0,
                     "layers": est_layers,

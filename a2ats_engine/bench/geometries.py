@@ -200,13 +200,15 @@ def bench_geometry_decode(
     progress=None,
     top_ks: tuple[str, ...] = (),
     estimate_at: int | None = None,
+    estimate_steps: int | None = None,
 ) -> list[DecodeResult]:
     """Decode tokens/s and bytes held of `full` (mlx-lm's own caches) and `a2ats` (the layer
     plan's caches) at each context, both filled synthetically, timed interleaved; each result's
     `extra["anon_growth"]` is the process's measured private-memory growth over its fill. With `top_ks`
     ("mlx", "numpy"), one A2ATS method per top-K strategy instead (`a2ats_mlx`, ...). At context
     `estimate_at` each A2ATS method also runs with the missed-attention estimate on (`<name>_est`,
-    `config`'s slot scores): what its default is measured by (`cache/crossover.py`)."""
+    `config`'s slot scores): what its default is measured by (`cache/crossover.py`); every
+    method there decodes `estimate_steps` steps (`steps` where None)."""
     import random
 
     config = config or A2ATSConfig()
@@ -229,7 +231,8 @@ def bench_geometry_decode(
             for method, cache in caches.items()
         }
         held = {method: cache_bytes(cache) for method, cache in caches.items()}
-        tokens = [rng.randrange(vocab) for _ in range(steps + 2)]
+        timed = estimate_steps if n == estimate_at and estimate_steps else steps
+        tokens = [rng.randrange(vocab) for _ in range(timed + 2)]
         rates = _decode_interleaved(model, caches, tokens)
         for method in caches:
             extra = {"anon_growth": grew[method]}

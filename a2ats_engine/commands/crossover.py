@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "cache with those settings and exact_below unset uses it (A2ATSConfig.exact_below "
             "overrides it). With the missed-attention estimate at its default (no --estimate, "
             "or --estimate auto) a retrieval step is also timed with it on every layer at the "
-            "largest context: where it keeps at least 0.95x the speed, the estimate is on by "
+            "largest context (every method there over twice --steps): where it keeps at least 0.95x the speed, the estimate is on by "
             "default on every layer for this model on this machine, else on as many of the "
             "layers that miss most as keep that speed (none: off). "
             "On CPU-only MLX both top-K strategies (MLX's, NumPy's) are timed and the faster "

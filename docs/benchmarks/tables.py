@@ -663,7 +663,9 @@ def crossover_probe_table(data: dict) -> str:
         rows += [
             "",
             f"Missed-attention estimate ({est['scores']} slot scores), timed at "
-            f"{est['context']:,} with each top-K: a retrieval step with it on every layer "
+            f"{est['context']:,}"
+            + (f" over {est['steps']} steps" if "steps" in est else "")  # since 2026-12-07
+            + f" with each top-K: a retrieval step with it on every layer "
             f"({names.get(est.get('top_k'), 'the default')}, the faster with it) "
             f"{est['ratio']:.2f}x the speed of the faster step without ({runs}): "
             f"**{state}** by default on this machine for this model {rule}.",

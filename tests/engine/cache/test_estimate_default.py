@@ -147,11 +147,22 @@ def tiny_folder(tmp_path_factory):
 
 
 def test_the_crossover_command_measures_the_estimate_only_when_left_to_it(
-    tiny_folder, table, capsys
+    tiny_folder, table, capsys, monkeypatch
 ):
     """Left at its default, `a2ats crossover` also times the estimate at its largest context
-    and records the ratio and the decision; the app's and chat's config then follows it.
+    (over `ESTIMATE_STEPS` times the steps: its ratio is the noisiest the probe takes) and
+    records the ratio and the decision; the app's and chat's config then follows it.
     `--estimate off` or `mean` measures those settings and nothing about the default."""
+    from a2ats_engine.bench import crossover_probe, geometries
+
+    timed = []  # (methods, tokens decoded) of each interleaved decode
+
+    def decode(model, caches, tokens, *args, **kwargs):
+        timed.append((tuple(sorted(caches)), len(tokens)))
+        return real_decode(model, caches, tokens, *args, **kwargs)
+
+    real_decode = geometries._decode_interleaved
+    monkeypatch.setattr(geometries, "_decode_interleaved", decode)
     argv = ["crossover", str(tiny_folder), *ARGV, "--json"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the random codebook's warning
@@ -160,6 +171,12 @@ def test_the_crossover_command_measures_the_estimate_only_when_left_to_it(
     (entry,) = json.loads(table.read_text())["entries"]
     est = entry["estimate"]
     assert est["context"] == 300 and len(est["ratio_runs"]) == 2 and est["scores"] == "mean"
+    steps = int(ARGV[ARGV.index("--steps") + 1])
+    assert crossover_probe.ESTIMATE_STEPS > 1
+    assert est["steps"] == crossover_probe.ESTIMATE_STEPS * steps
+    with_est = [n for methods, n in timed if any(m.endswith("_est") for m in methods)]
+    without = [n for methods, n in timed if not any(m.endswith("_est") for m in methods)]
+    assert with_est == [est["steps"] + 2] * 2 and without == [steps + 2] * 2  # 2 untimed each
     # on where it pays on every layer, or on as many as its cost affords (the probe's rule
     # since the estimate runs on the layers that miss most: 0.908 affords 1 of these 2)
     affords = xo.affordable_layers(est["ratio"], entry["a2ats_layers"])
