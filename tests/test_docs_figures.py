@@ -304,6 +304,19 @@ def decode_spread(run: str, context: int, method: str) -> list[float]:
     )
 
 
+F25M1 = "decode_native_step_f25m1.json"  # the second host of the C++ step, as the step is now
+F25M1_BEFORE = "decode_native_step_f25m1_before_row_kernels.json"
+F25M1_PROBE = "crossover_demo_native_step_f25m1.json"
+F25M1_NOEST = "decode_native_step_noest_f25m1.json"
+F25M1_GEMMA = "decode_gemma3_270m_native_step_f25m1.json"
+
+
+def f25m1_profile(context: int, before: bool = False) -> dict:
+    """A context's row of the second host's profile (the step now, or before its row kernels)."""
+    name = "profile_native_step_f25m1" + ("_before_row_kernels" if before else "") + ".json"
+    return next(r for r in j(name)["results"] if r["context"] == context)
+
+
 def host_run(context: int, method: str, run: str = "decode_host_f25m17.json") -> dict:
     """One row of the decode run on the host named by its model numbers."""
     return next(r for r in j(run)["results"] if (r["context"], r["method"]) == (context, method))
@@ -439,10 +452,12 @@ FIGURES: list[tuple[str, str, Callable[[], tuple]]] = [
               min(j("crossover_demo_native_step.json")["estimate"]["ratio_runs"]),
               max(j("crossover_demo_native_step.json")["estimate"]["ratio_runs"]))),
     # the estimate on the layers that miss most: how many the AMD host's probe affords
-    ("docs/ARCHITECTURE.md", "{} of the demo's 30 on the 2-core AMD host with the C++ host step, "
-     "{} with the NumPy one",
+    ("docs/ARCHITECTURE.md", "{} of the demo's 30 on a 2-core AMD EPYC family 25 model 17 host "
+     "with the C++ host step, {} there with the NumPy one, {} on a family 25 model 1 host with the "
+     "step's later row kernels",
      lambda: (j("crossover_demo_native_step.json")["estimate"]["layers"],
-              j("crossover_demo_estimate_layers.json")["estimate"]["layers"])),
+              j("crossover_demo_estimate_layers.json")["estimate"]["layers"],
+              j(F25M1_PROBE)["estimate"]["layers"])),
     ("a2ats_engine/commands/crossover.py", "where it keeps at least {:.2f}x the speed",
      estimate_free),
     # BENCHMARKS "The host step in C++": the same runs, C++ step against NumPy step
@@ -499,6 +514,72 @@ FIGURES: list[tuple[str, str, Callable[[], tuple]]] = [
     ("docs/BENCHMARKS.md", "The default as shipped: {:.2f}x KVCache at 1K, {:.2f}x at 2K, {:.2f}x "
      "at 4K",
      lambda: tuple(speed_ratio("decode_native_step.json", n, "a2ats") for n in (1024, 2048, 4096))),
+    # README: the C++ step on two hosts
+    ("README.md", "with the C++ step {:.2f}x on the third and {:.2f}x on a fourth",
+     lambda: (speed_ratio("decode_native_step.json", 8192, "a2ats"),
+              speed_ratio(F25M1, 8192, "a2ats"))),
+    ("README.md", "the default decodes at {:.2f}x KVCache at 8K; on a fourth (AMD EPYC family 25 "
+     "model 1, crossover {}K), with the step's later row kernels, at {:.2f}x KVCache at 1K (exact "
+     "there), {:.2f}x at 4K and {:.2f}x at 8K, retrieval forced at 1K at {:.2f}x",
+     lambda: (speed_ratio("decode_native_step.json", 8192, "a2ats"),
+              j(F25M1_PROBE)["exact_below"] // 1024,
+              *(speed_ratio(F25M1, n, "a2ats") for n in (1024, 4096, 8192)),
+              speed_ratio(F25M1, 1024, "a2ats_eb0"))),
+    ("docs/BENCHMARKS.md", "with the C++ step {:.2f}x on the family 25 model 17 host and {:.2f}x "
+     "on a family 25 model 1 host, where a forced step at 1K is {:.2f}x KVCache",
+     lambda: (speed_ratio("decode_native_step.json", 8192, "a2ats"),
+              speed_ratio(F25M1, 8192, "a2ats"), speed_ratio(F25M1, 1024, "a2ats_eb0"))),
+    # BENCHMARKS "A second host, and the step's other dots 8 rows at a time" (family 25 model 1)
+    ("docs/BENCHMARKS.md", "retrieval forced at 1K {:.2f}x KVCache, the default {:.2f}x at 8K",
+     lambda: (speed_ratio(F25M1_BEFORE, 1024, "a2ats_eb0"), speed_ratio(F25M1_BEFORE, 8192, "a2ats"))),
+    ("docs/BENCHMARKS.md", "The default as shipped: {:.2f}x KVCache at 1K (exact there), {:.2f}x "
+     "at 2K, {:.2f}x at 4K and **{:.2f}x at 8K ({:.2f}-{:.2f})**",
+     lambda: (*(speed_ratio(F25M1, n, "a2ats") for n in (1024, 2048, 4096, 8192)),
+              *decode_spread(F25M1, 8192, "a2ats"))),
+    ("docs/BENCHMARKS.md", "KVCache decodes at {:.2f} tok/s at 1K and {:.2f} at 8K",
+     lambda: tuple(host_run(n, "full", F25M1)["tokens_per_s"] for n in (1024, 8192))),
+    ("docs/BENCHMARKS.md", "C++ step against NumPy step in the same runs: {:.2f}x KVCache against "
+     "{:.2f}x at 1K, {:.2f}x against {:.2f}x at 2K, {:.2f}x against {:.2f}x at 4K and {:.2f}x "
+     "against {:.2f}x at 8K. The fixed cost (a forced step at 1K, the estimate on {} layers): "
+     "{:.2f}x KVCache's time",
+     lambda: (*(speed_ratio(F25M1, n, m) for n in (1024, 2048, 4096, 8192)
+                for m in ("a2ats_eb0", "a2ats_eb0_npstep")),
+              host_run(1024, "a2ats_eb0", F25M1)["estimate_layers"],
+              1 / speed_ratio(F25M1, 1024, "a2ats_eb0"))),
+    ("docs/BENCHMARKS.md", "the NumPy step, unchanged, measured {:.2f}x at 8K in both; the C++ "
+     "step forced went from {:.2f}x to {:.2f}x at 8K",
+     lambda: (speed_ratio(F25M1, 8192, "a2ats_eb0_npstep"),
+              speed_ratio(F25M1_BEFORE, 8192, "a2ats_eb0"), speed_ratio(F25M1, 8192, "a2ats_eb0"))),
+    ("docs/BENCHMARKS.md", "The probe: exact below {:,}; the estimate on every layer {:.2f}x "
+     "({:.2f}, {:.2f}, {:.2f} over {} steps each) -> {} of 30 layers",
+     lambda: (j(F25M1_PROBE)["exact_below"], j(F25M1_PROBE)["estimate"]["ratio"],
+              *j(F25M1_PROBE)["estimate"]["ratio_runs"], j(F25M1_PROBE)["estimate"]["steps"],
+              j(F25M1_PROBE)["estimate"]["layers"])),
+    ("docs/BENCHMARKS.md", "Without the estimate: {:.2f}x against {:.2f}x at 1K (a step {:.2f}x "
+     "KVCache's time), {:.2f}x against {:.2f}x at 8K",
+     lambda: (speed_ratio(F25M1_NOEST, 1024, "a2ats_eb0_noest"),
+              speed_ratio(F25M1_NOEST, 1024, "a2ats_eb0_noest_npstep"),
+              1 / speed_ratio(F25M1_NOEST, 1024, "a2ats_eb0_noest"),
+              speed_ratio(F25M1_NOEST, 8192, "a2ats_eb0_noest"),
+              speed_ratio(F25M1_NOEST, 8192, "a2ats_eb0_noest_npstep"))),
+    ("docs/BENCHMARKS.md", "Gemma 3 270M at 8K, retrieval forced: {:.2f}x KVCache ({:.2f}-{:.2f}) "
+     "with the C++ step against {:.2f}x ({:.2f}-{:.2f}) with the NumPy step",
+     lambda: tuple(
+         x for m in ("a2ats_eb0", "a2ats_eb0_npstep")
+         for x in (speed_ratio(F25M1_GEMMA, 8192, m), *decode_spread(F25M1_GEMMA, 8192, m)))),
+    ("docs/BENCHMARKS.md", "The profile: the C++ call {:.2f} ms a layer at 1K (exact attention "
+     "over the layer {:.2f} ms) and {:.2f} ms at 8K, against {:.2f} and {:.2f} ms with the previous "
+     "step on this host; the estimate's attention {:.2f} ms on each of its layers at 8K, against "
+     "{:.2f}",
+     lambda: (f25m1_profile(1024)["phases_ms_per_layer"]["native step"],
+              f25m1_profile(1024)["exact_attention_ms_per_layer"],
+              f25m1_profile(8000)["phases_ms_per_layer"]["native step"],
+              f25m1_profile(1024, True)["phases_ms_per_layer"]["native step"],
+              f25m1_profile(8000, True)["phases_ms_per_layer"]["native step"],
+              f25m1_profile(8000)["phases_ms_per_step"]["attention"]
+              / host_run(8192, "a2ats_eb0", F25M1)["estimate_layers"],
+              f25m1_profile(8000, True)["phases_ms_per_step"]["attention"]
+              / host_run(8192, "a2ats_eb0", F25M1_BEFORE)["estimate_layers"])),
     # BENCHMARKS "Hosts": the host named by its model numbers
     ("docs/BENCHMARKS.md", "where it attends exactly ({:.2f}x at 1K, {:.2f}x at 2K, {:.2f}x at 4K",
      lambda: tuple(host_run(n, "a2ats")["ratio_median"] for n in (1024, 2048, 4096))),

@@ -1548,6 +1548,19 @@ HISTORY = {
         "family 25 model 17, before the host top-K's sampled threshold: top-K + rerank 0.99 ms "
         "a layer at 8K, an A2ATS step 0.93x KVCache's speed",
     ),
+    "crossover_demo_native_step_f25m1_before_row_kernels.json": (
+        "2026-12-07",
+        "`a2ats crossover demo --contexts 1024,2048,4096,8192 --json` on the host of family 25 "
+        "model 1, quiet, with the host step of the family 25 model 17 figures (commit 26fed3f): "
+        "retrieval 0.99x, 1.09x, 1.23x, 1.50x KVCache at 1K-8K, exact below 2,048; the "
+        "estimate 0.89x (0.90, 0.85, 0.89), 13 layers",
+    ),
+    "profile_native_step_f25m1_before_row_kernels.json": (
+        "2026-12-07",
+        "`a2ats bench decode --profile --contexts 1024,8000 --steps 16 --json` on the host of "
+        "family 25 model 1, the same step: the C++ call 0.34 ms a layer at 1K (exact attention "
+        "0.56 ms), 1.32 ms at 8K; the estimate's attention 4.37 ms a step at 1K, 10.04 ms at 8K",
+    ),
     "crossover_demo_native_step_before_cpp_estimate.json": (
         "2026-12-06",
         "`a2ats crossover demo --contexts 1024,2048,4096,8192 --json`, quiet, the first C++ host "
@@ -1884,6 +1897,8 @@ HOST_RUNS = (
     "decode_host_f25m17_rerun.json",
     "decode_native_step_before_cpp_estimate.json",
     "decode_native_step.json",
+    "decode_native_step_f25m1_before_row_kernels.json",
+    "decode_native_step_f25m1.json",
 )  # `a2ats bench decode --methods full,a2ats,a2ats_eb0` per host and day (section 2, "Hosts")
 
 
@@ -1974,6 +1989,19 @@ def blocks() -> dict[str, str]:
         ("speed-native-noest", "decode_native_step_noest.json", decode_methods_table),
         ("profile-native", "profile_native_step.json", profile_table),
         ("speed-gemma-native", "decode_gemma3_270m_native_step.json", decode_methods_table),
+        (
+            "crossover-probe-native-f25m1",
+            "crossover_demo_native_step_f25m1.json",
+            crossover_probe_table,
+        ),
+        ("speed-native-f25m1", "decode_native_step_f25m1.json", decode_methods_table),
+        ("speed-native-noest-f25m1", "decode_native_step_noest_f25m1.json", decode_methods_table),
+        ("profile-native-f25m1", "profile_native_step_f25m1.json", profile_table),
+        (
+            "speed-gemma-native-f25m1",
+            "decode_gemma3_270m_native_step_f25m1.json",
+            decode_methods_table,
+        ),
         ("host-step-caches", "host_step_caches.json", host_step_caches_table),
         ("crossover-probe-estimate", "crossover_demo_estimate_layers.json", crossover_probe_table),
         ("estimate-layers-sweep", "eval_4k_texts_estimate_top.json", estimate_layers_table),
