@@ -52,27 +52,30 @@ void table_rows_generic(const float* cs, int C, int sd, const float* x, int xstr
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
+// The 8 dots row_j . x (j < 8, d a multiple of 8) -> [dot_0 .. dot_7]: 8 accumulators, summed
+// with one horizontal-add tree.
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 dots8_avx2(
+    const float* const* row, const float* x, int d) {
+  __m256 a[8];
+  for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
+  for (int i = 0; i < d; i += 8) {
+    const __m256 xv = _mm256_loadu_ps(x + i);
+    for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(row[j] + i), xv, a[j]);
+  }
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
 __attribute__((target("avx2,fma"))) void table_rows_avx2(const float* cs, int C, int sd,
                                                           const float* x, int xstride, int R,
                                                           float* out, size_t ld) {
   const int C8 = C - C % 8;
   for (int c0 = 0; c0 < C8; c0 += 8) {
-    const float* cc = cs + (size_t)c0 * sd;
-    for (int r = 0; r < R; ++r) {
-      const float* xr = x + (size_t)r * xstride;
-      __m256 a[8];
-      for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
-      for (int i = 0; i < sd; i += 8) {
-        const __m256 xv = _mm256_loadu_ps(xr + i);
-        for (int j = 0; j < 8; ++j)
-          a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(cc + (size_t)j * sd + i), xv, a[j]);
-      }
-      const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-      const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-      _mm256_storeu_ps(out + (size_t)r * ld + c0,
-                       _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
-                                     _mm256_permute2f128_ps(u0, u1, 0x31)));
-    }
+    const float* cc[8];
+    for (int j = 0; j < 8; ++j) cc[j] = cs + (size_t)(c0 + j) * sd;
+    for (int r = 0; r < R; ++r)
+      _mm256_storeu_ps(out + (size_t)r * ld + c0, dots8_avx2(cc, x + (size_t)r * xstride, sd));
   }
   if (C8 < C) table_rows_generic(cs + (size_t)C8 * sd, C - C8, sd, x, xstride, R, out + C8, ld);
 }
@@ -110,20 +113,8 @@ __attribute__((target("avx2,fma"))) void row_dots_avx2(const float* const* rows,
     const float* const* r = rows + i0;
     if (i0 + 16 <= n)
       for (int j = 0; j < 8; ++j) __builtin_prefetch(rows[i0 + 8 + j]);
-    for (int g = 0; g < G; ++g) {
-      const float* xg = x + (size_t)g * d;
-      __m256 a[8];
-      for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
-      for (int i = 0; i < d; i += 8) {
-        const __m256 xv = _mm256_loadu_ps(xg + i);
-        for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(r[j] + i), xv, a[j]);
-      }
-      const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-      const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-      _mm256_storeu_ps(out + (size_t)g * ld + i0,
-                       _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
-                                     _mm256_permute2f128_ps(u0, u1, 0x31)));
-    }
+    for (int g = 0; g < G; ++g)
+      _mm256_storeu_ps(out + (size_t)g * ld + i0, dots8_avx2(r, x + (size_t)g * d, d));
   }
   if (n8 < n) row_dots_generic(rows + n8, n - n8, x, G, d, out + n8, ld);
 }
@@ -148,6 +139,33 @@ void attended_logits(const float* kh, const float* qh, const int32_t* pos, const
   for (int g = 0; g < G; ++g) {
     float* lg = logits + (size_t)g * M;
     for (int i = 0; i < M; ++i) lg[i] = rep[i] ? -INFINITY : scale * lg[i];
+  }
+}
+
+// out[g] = sum_i w_gi * values[pos[i]] over the rows that are not repeats (out [G, d], zeroed
+// here), each value row read once for the G query heads: w_gi = p[g * M + i], or with `tops`
+// exp(p[g * M + i] - tops[g]), summed into dens[g]. Inlined into each C entry, so that it is
+// compiled for the entry's target (AVX2 in its x86 clone).
+__attribute__((always_inline)) inline void attended_values(const float* vh, const int32_t* pos,
+                                                           const uint8_t* rep, int M, int G,
+                                                           int d, const float* p,
+                                                           const float* tops, float* dens,
+                                                           float* out) {
+  std::fill(out, out + (size_t)G * d, 0.f);
+  for (int i = 0; i < M; ++i) {
+    if (rep[i]) continue;
+    if (i + 8 < M) __builtin_prefetch(vh + (size_t)pos[i + 8] * d);
+    const float* v = vh + (size_t)pos[i] * d;
+    for (int g = 0; g < G; ++g) {
+      float w = p[(size_t)g * M + i];
+      if (tops) {
+        w = std::exp(w - tops[g]);
+        dens[g] += w;
+      }
+      float* o = out + (size_t)g * d;
+#pragma omp simd
+      for (int j = 0; j < d; ++j) o[j] += w * v[j];
+    }
   }
 }
 
@@ -306,19 +324,7 @@ extern "C" A2ATS_CLONES long a2ats_native_step(
       for (int g = 0; g < G; ++g)
         for (int i = 0; i < M; ++i) w.tops[g] = std::max(w.tops[g], w.logits[(size_t)g * M + i]);
       float* oh = out + bh * G * d;
-      std::fill(oh, oh + (size_t)G * d, 0.f);
-      for (int i = 0; i < M; ++i) {
-        if (rep[i]) continue;
-        if (i + 8 < M) __builtin_prefetch(vh + (size_t)pos[i + 8] * d);
-        const float* v = vh + (size_t)pos[i] * d;
-        for (int g = 0; g < G; ++g) {
-          const float p = std::exp(w.logits[(size_t)g * M + i] - w.tops[g]);
-          w.dens[g] += p;
-          float* o = oh + (size_t)g * d;
-#pragma omp simd
-          for (int j = 0; j < d; ++j) o[j] += p * v[j];
-        }
-      }
+      attended_values(vh, pos, rep, M, G, d, w.logits.data(), w.tops.data(), w.dens.data(), oh);
       for (int g = 0; g < G; ++g) {
         float den = w.dens[g];
         if (sink_logits) den += std::exp(sink_logits[h * G + g] - w.tops[g]);
@@ -452,18 +458,7 @@ extern "C" A2ATS_CLONES int a2ats_native_attend_estimate(
         }
       }
       float* oh = out + bh * G * d;
-      std::fill(oh, oh + (size_t)G * d, 0.f);
-      for (int i = 0; i < M; ++i) {
-        if (rep[i]) continue;
-        if (i + 8 < M) __builtin_prefetch(vh + (size_t)pos[i + 8] * d);
-        const float* v = vh + (size_t)pos[i] * d;
-        for (int g = 0; g < G; ++g) {
-          const float p = logits[(size_t)g * M + i];
-          float* o = oh + (size_t)g * d;
-#pragma omp simd
-          for (int j = 0; j < d; ++j) o[j] += p * v[j];
-        }
-      }
+      attended_values(vh, pos, rep, M, G, d, logits.data(), nullptr, nullptr, oh);
       for (const int r : live) {
         const float* v = vs + (size_t)r * d;
         for (int g = 0; g < G; ++g) {
