@@ -309,6 +309,7 @@ F25M1_BEFORE = "decode_native_step_f25m1_before_row_kernels.json"
 F25M1_PROBE = "crossover_demo_native_step_f25m1.json"
 F25M1_NOEST = "decode_native_step_noest_f25m1.json"
 F25M1_GEMMA = "decode_gemma3_270m_native_step_f25m1.json"
+F25M1_RERUN = "decode_native_step_f25m1_rerun.json"
 
 
 def f25m1_profile(context: int, before: bool = False) -> dict:
@@ -520,15 +521,26 @@ FIGURES: list[tuple[str, str, Callable[[], tuple]]] = [
               speed_ratio(F25M1, 8192, "a2ats"))),
     ("README.md", "the default decodes at {:.2f}x KVCache at 8K; on a fourth (AMD EPYC family 25 "
      "model 1, crossover {}K), with the step's later row kernels, at {:.2f}x KVCache at 1K (exact "
-     "there), {:.2f}x at 4K and {:.2f}x at 8K, retrieval forced at 1K at {:.2f}x",
+     "there), {:.2f}x at 4K and {:.2f}x at 8K",
      lambda: (speed_ratio("decode_native_step.json", 8192, "a2ats"),
               j(F25M1_PROBE)["exact_below"] // 1024,
-              *(speed_ratio(F25M1, n, "a2ats") for n in (1024, 4096, 8192)),
-              speed_ratio(F25M1, 1024, "a2ats_eb0"))),
+              *(speed_ratio(F25M1, n, "a2ats") for n in (1024, 4096, 8192)))),
     ("docs/BENCHMARKS.md", "with the C++ step {:.2f}x on the family 25 model 17 host and {:.2f}x "
      "on a family 25 model 1 host, where a forced step at 1K is {:.2f}x KVCache",
      lambda: (speed_ratio("decode_native_step.json", 8192, "a2ats"),
               speed_ratio(F25M1, 8192, "a2ats"), speed_ratio(F25M1, 1024, "a2ats_eb0"))),
+    ("README.md", "at 8K ({:.2f}x in a rerun), retrieval forced at 1K at {:.2f}x ({:.2f}x in the "
+     "rerun)",
+     lambda: (speed_ratio(F25M1_RERUN, 8192, "a2ats"), speed_ratio(F25M1, 1024, "a2ats_eb0"),
+              speed_ratio(F25M1_RERUN, 1024, "a2ats_eb0"))),
+    ("docs/BENCHMARKS.md", "the default {:.2f}x at 1K and {:.2f}x at 8K ({:.2f}-{:.2f}); forced "
+     "{:.2f}x at 1K, a step {:.2f}x KVCache's time, within the 1.2x target but not the first "
+     "run's {:.2f}x",
+     lambda: (speed_ratio(F25M1_RERUN, 1024, "a2ats"), speed_ratio(F25M1_RERUN, 8192, "a2ats"),
+              *decode_spread(F25M1_RERUN, 8192, "a2ats"),
+              speed_ratio(F25M1_RERUN, 1024, "a2ats_eb0"),
+              1 / speed_ratio(F25M1_RERUN, 1024, "a2ats_eb0"),
+              1 / speed_ratio(F25M1, 1024, "a2ats_eb0"))),
     # BENCHMARKS "A second host, and the step's other dots 8 rows at a time" (family 25 model 1)
     ("docs/BENCHMARKS.md", "retrieval forced at 1K {:.2f}x KVCache, the default {:.2f}x at 8K",
      lambda: (speed_ratio(F25M1_BEFORE, 1024, "a2ats_eb0"), speed_ratio(F25M1_BEFORE, 8192, "a2ats"))),

@@ -1899,6 +1899,7 @@ HOST_RUNS = (
     "decode_native_step.json",
     "decode_native_step_f25m1_before_row_kernels.json",
     "decode_native_step_f25m1.json",
+    "decode_native_step_f25m1_rerun.json",
 )  # `a2ats bench decode --methods full,a2ats,a2ats_eb0` per host and day (section 2, "Hosts")
 
 
