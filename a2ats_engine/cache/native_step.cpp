@@ -96,7 +96,7 @@ void table_rows(const float* cs, int C, int sd, const float* x, int xstride, int
 }
 
 // out[g * ld + i] = x_g . rows[i] (i < n, g < G; x_g = x + g * d): rows given by address (the
-// attended rows of a selection, or a run of slot rows), each read once for the G vectors; on
+// attended rows of a selection, the rerank's candidates), each read once for the G vectors; on
 // x86 8 rows at a time with one horizontal-add tree per 8 dots, as `table_rows`.
 void row_dots_generic(const float* const* rows, int n, const float* x, int G, int d, float* out,
                       size_t ld) {
@@ -365,12 +365,10 @@ extern "C" A2ATS_CLONES int a2ats_native_attend_estimate(
   // a slot row with no far token left unretrieved is skipped.
   thread_local std::vector<float> logits, t, e, got, tops, ests, dens, kd;
   thread_local std::vector<int> binned, live;
-  thread_local std::vector<const float*> rows;
   logits.resize((size_t)G * M);
   t.resize((size_t)G * R);
   e.resize((size_t)G * R);
   kd.resize((size_t)G * R);
-  rows.resize((size_t)R);
   got.resize((size_t)R);
   binned.resize((size_t)U);
   tops.resize(G);
@@ -404,8 +402,7 @@ extern "C" A2ATS_CLONES int a2ats_native_attend_estimate(
       for (int u = 0; u < U; ++u)
         if (!rep[u0 + u])
           for (int g = 0; g < G; ++g) t[(size_t)binned[u] * G + g] += logits[(size_t)g * M + u0 + u];
-      for (int r = 0; r < R; ++r) rows[r] = ks + (size_t)r * d;
-      row_dots(rows.data(), R, qh, G, d, kd.data(), (size_t)R);  // q_g . key_sum_r
+      table_rows(ks, R, d, qh, d, G, kd.data(), (size_t)R);  // kd[g, r] = key_sum_r . q_g
       live.clear();
       for (int g = 0; g < G; ++g) tops[g] = -INFINITY;
       for (int r = 0; r < R; ++r) {
