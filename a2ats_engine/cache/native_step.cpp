@@ -129,10 +129,11 @@ void row_dots(const float* const* rows, int n, const float* x, int G, int d, flo
 }
 
 // Scaled logits of the attended rows of one KV head, a GQA union's repeats at -inf:
-// logits[g * M + i] = scale * q_g . keys[pos[i]] (each row read once for the G query heads).
+// logits[g * M + i] = scale * q_g . keys[pos[i]] (each row read once for the G query heads);
+// `rows` is the caller's scratch for the rows' addresses.
 void attended_logits(const float* kh, const float* qh, const int32_t* pos, const uint8_t* rep,
-                     int M, int G, int d, float scale, float* logits) {
-  thread_local std::vector<const float*> rows;
+                     int M, int G, int d, float scale, float* logits,
+                     std::vector<const float*>& rows) {
   rows.resize((size_t)M);
   for (int i = 0; i < M; ++i) rows[i] = kh + (size_t)pos[i] * d;
   row_dots(rows.data(), M, qh, G, d, logits, (size_t)M);
@@ -169,55 +170,146 @@ __attribute__((always_inline)) inline void attended_values(const float* vh, cons
   }
 }
 
+// A call's scratch (one per thread, grown as needed, never shrunk). The entries bind a
+// reference to it once: a thread_local named in a loop is an address lookup each time.
 struct Scratch {
-  std::vector<float> rq, tables, scores, exact, logits, values, tops, dens;
-  std::vector<int> idx, pick, top, far;
+  std::vector<float> rq, tables, scores, exact, logits, values, tops, dens, kept;
+  std::vector<int> idx, pick, top, merged, at, col, cand;
+  std::vector<uint8_t> seen;
   std::vector<const float*> rows;
 };
+thread_local Scratch step_scratch;
 
-// Indices into s[0..F) of its `want` highest (want <= F), ascending -> out. A strided sample
-// gives a threshold a little below the want-th score where the row is long (as
-// `topk.top_indices`), and one pass keeps the scores at or above it with their indices (else
-// every score is kept); the want-th highest of those is the cut, taken from the kept ones
-// alone. False on a NaN score.
-bool top_of(const float* s, int F, int want, std::vector<float>& vals, std::vector<int>& out) {
-  thread_local std::vector<float> kept;
-  thread_local std::vector<int> at;
-  out.clear();
-  vals.clear();
-  kept.clear();
-  at.clear();
-  bool nan = false;
-  for (int t = 0; t < F; ++t) nan |= s[t] != s[t];
-  if (nan) return false;  // (before any nth_element: a NaN breaks its ordering)
-  if (F >= 1536 && 4 * want <= F) {
-    for (int t = 0; t < F; t += 16) vals.push_back(s[t]);
-    int m = (int)vals.size();
-    int j = std::min(m - 1, (5 * want * m) / (4 * F) + 8);
-    std::nth_element(vals.begin(), vals.begin() + j, vals.end(), std::greater<float>());
-    const float lo = vals[j];
-    for (int t = 0; t < F; ++t) {
-      if (s[t] >= lo) {
-        kept.push_back(s[t]);
-        at.push_back(t);
-      }
-    }
-  }
-  const bool whole = (int)kept.size() < want;  // no sample, or too few above its threshold
-  const float* v = whole ? s : kept.data();
-  const int n = whole ? F : (int)kept.size();
+struct EstimateScratch {
+  std::vector<float> logits, t, e, got, tops, ests, dens, kd;
+  std::vector<int> binned, live;
+  std::vector<const float*> rows;
+};
+thread_local EstimateScratch estimate_scratch;
+
+// The cut of the `want` highest of v[0..n) (want <= n): the want-th highest is the threshold,
+// every value above it is kept and, of the values equal to it, the first ones in order; the
+// kept ones' indices (or at[i] with `at`), ascending -> out[0..want).
+void cut_of(const float* v, const int* at, int n, int want, std::vector<float>& vals, int* out) {
   vals.assign(v, v + n);
   std::nth_element(vals.begin(), vals.begin() + (want - 1), vals.end(), std::greater<float>());
   const float thr = vals[want - 1];
   int ties = want;
   for (int i = 0; i < n; ++i) ties -= v[i] > thr;
-  for (int i = 0; i < n; ++i) {
-    if (v[i] > thr) {
-      out.push_back(whole ? i : at[i]);
-    } else if (v[i] == thr && ties > 0) {
-      out.push_back(whole ? i : at[i]);
-      --ties;
+  int o = 0;
+  for (int i = 0; i < n; ++i)
+    if (v[i] > thr || (v[i] == thr && ties-- > 0)) out[o++] = at ? at[i] : i;
+}
+
+// Where a row of F scores is long, a strided sample's threshold a little below the want-th
+// highest (as `topk.top_indices`): the cut is then taken from the scores at or above it alone.
+inline bool sampled_row(int F, int want) { return F >= 1536 && 4 * want <= F; }
+
+// The sample of a row given by `score(t)` (every 16th) -> its threshold, or false on a NaN in
+// the sample (before any nth_element: a NaN breaks its ordering).
+template <class Score>
+bool sample_threshold(Score score, int F, int want, std::vector<float>& vals, float* lo) {
+  vals.clear();
+  for (int t = 0; t < F; t += 16) vals.push_back(score(t));
+  for (const float v : vals)
+    if (v != v) return false;
+  const int m = (int)vals.size();
+  const int j = (int)std::min<long long>(m - 1, (5LL * want * m) / (4LL * F) + 8);
+  std::nth_element(vals.begin(), vals.begin() + j, vals.end(), std::greater<float>());
+  *lo = vals[j];
+  return true;
+}
+
+// Indices into s[0..F) of its `want` highest (want <= F), ascending -> out[0..want): one pass
+// keeps the scores at or above the sampled threshold with their indices where the row is long
+// (else, or where too few are kept, the cut is taken from the whole row). False on a NaN score.
+bool top_of(const float* s, int F, int want, Scratch& w, int* out) {
+  for (int t = 0; t < F; ++t)
+    if (s[t] != s[t]) return false;  // (before any nth_element)
+  float lo;
+  auto at_t = [s](int t) { return s[t]; };
+  if (sampled_row(F, want) && sample_threshold(at_t, F, want, w.values, &lo)) {
+    w.kept.clear();
+    w.at.clear();
+    for (int t = 0; t < F; ++t) {
+      if (s[t] >= lo) {
+        w.kept.push_back(s[t]);
+        w.at.push_back(t);
+      }
     }
+    if ((int)w.kept.size() >= want) {
+      cut_of(w.kept.data(), w.at.data(), (int)w.kept.size(), want, w.values, out);
+      return true;
+    }
+  }
+  cut_of(s, nullptr, F, want, w.values, out);
+  return true;
+}
+
+// The `want` highest far scores of each of the G query heads of one KV head -> w.cand
+// [G, want], ascending far indices (top_of on each head's row of far scores gives the same).
+// A far token's score is its table entry (tables [G, ldT], bucket `bucket[t]`, summed over the
+// S subspaces in order). Where the row is long, each head's sampled threshold comes first, and
+// one pass over the far tokens keeps the head's scores at or above it with their indices
+// (branch-free: each one is written, and counted where kept); the row of far scores is not
+// written out whole. False on a NaN score.
+bool far_top(Scratch& w, const float* tables, int G, int ldT, int S, int C,
+             const uint16_t* codes, const int32_t* bucket, int F, int want) {
+  w.cand.resize((size_t)G * want);
+  // each far token's first table column (its bucket's first entry + its first code), once for
+  // the G heads
+  w.col.resize((size_t)F);
+  int* col = w.col.data();
+  for (int t = 0; t < F; ++t) col[t] = (bucket ? bucket[t] : 0) * S * C + codes[(size_t)t * S];
+  auto score = [=](const float* tg, int t) {
+    const uint16_t* code = codes + (size_t)t * S;
+    const float* tb = tg + (col[t] - code[0]);  // the token's bucket's tables
+    float v = tb[code[0]];
+    for (int s = 1; s < S; ++s) v += tb[(size_t)s * C + code[s]];
+    return v;
+  };
+  const bool sampled = sampled_row(F, want);
+  if (sampled && w.kept.size() < (size_t)F) {
+    w.kept.resize((size_t)F);
+    w.at.resize((size_t)F);
+  }
+  for (int g = 0; g < G; ++g) {
+    const float* tg = tables + (size_t)g * ldT;
+    int* out = w.cand.data() + (size_t)g * want;
+    float lo;
+    if (sampled) {
+      if (!sample_threshold([&](int t) { return score(tg, t); }, F, want, w.values, &lo))
+        return false;
+      float* kept = w.kept.data();
+      int* at = w.at.data();
+      int n = 0;
+      bool nan = false;
+      if (S == 1) {
+        for (int t = 0; t < F; ++t) {
+          const float v = tg[col[t]];
+          kept[n] = v;
+          at[n] = t;
+          n += v >= lo;
+          nan |= v != v;
+        }
+      } else {
+        for (int t = 0; t < F; ++t) {
+          const float v = score(tg, t);
+          kept[n] = v;
+          at[n] = t;
+          n += v >= lo;
+          nan |= v != v;
+        }
+      }
+      if (nan) return false;
+      if (n >= want) {
+        cut_of(kept, at, n, want, w.values, out);
+        continue;
+      }
+    }
+    w.scores.resize((size_t)F);  // a short row, or too few kept: the cut over the whole row
+    for (int t = 0; t < F; ++t) w.scores[t] = score(tg, t);
+    if (!top_of(w.scores.data(), F, want, w, out)) return false;
   }
   return true;
 }
@@ -245,15 +337,14 @@ extern "C" A2ATS_CLONES long a2ats_native_step(
   const int n_win = n - window_start;
   const int M = n_sinks + G * k + n_win;
   const int sd = d / S;
-  thread_local Scratch w;
+  Scratch& w = step_scratch;
   w.rq.assign((size_t)G * m * d, 0.f);
   w.tables.resize((size_t)G * m * S * C);
-  w.scores.resize((size_t)F);
   w.logits.resize((size_t)G * M);
   w.top.resize((size_t)G * k);
   long retrieved = 0;
   for (int b = 0; b < B; ++b) {
-    w.far.clear();
+    w.seen.assign((size_t)F, 0);
     for (int h = 0; h < n_kv; ++h) {
       const size_t bh = (size_t)b * n_kv + h;
       const float* qh = q + bh * G * d;
@@ -275,41 +366,44 @@ extern "C" A2ATS_CLONES long a2ats_native_step(
       for (int s = 0; s < S; ++s)
         table_rows(centroids + ((size_t)h * S + s) * C * sd, C, sd, w.rq.data() + (size_t)s * sd,
                    d, G * m, w.tables.data() + (size_t)s * C, (size_t)S * C);
+      // each query head's `want` highest far scores (the rerank's candidates, or the top K)
+      const int want = cand > k ? cand : k;
+      if (!far_top(w, w.tables.data(), G, m * S * C, S, C, ch + (size_t)n_sinks * S, bucket, F,
+                   want))
+        return -1;
       for (int g = 0; g < G; ++g) {
-        // far scores: each far token's table entry (summed over subspaces in order)
-        const float* tg = w.tables.data() + (size_t)g * m * S * C;
-        for (int t = 0; t < F; ++t) {
-          const uint16_t* code = ch + (size_t)(n_sinks + t) * S;
-          const float* tb = tg + (size_t)(bucket ? bucket[t] : 0) * S * C;
-          float v = tb[code[0]];
-          for (int s = 1; s < S; ++s) v += tb[(size_t)s * C + code[s]];
-          w.scores[t] = v;
-        }
-        const float* qg = qh + (size_t)g * d;
+        const int* idx = w.cand.data() + (size_t)g * want;
         int* dst = w.top.data() + (size_t)g * k;
         if (cand > k) {
-          if (!top_of(w.scores.data(), F, cand, w.values, w.idx)) return -1;
-          const int c_n = (int)w.idx.size();
-          w.exact.resize(c_n);
-          w.rows.resize(c_n);
-          for (int j = 0; j < c_n; ++j) w.rows[j] = kh + (size_t)(n_sinks + w.idx[j]) * d;
-          row_dots(w.rows.data(), c_n, qg, 1, d, w.exact.data(), (size_t)c_n);
-          if (!top_of(w.exact.data(), c_n, k, w.values, w.pick)) return -1;
-          for (int j = 0; j < k; ++j) dst[j] = w.idx[w.pick[j]];
+          w.exact.resize(cand);
+          w.rows.resize(cand);
+          w.pick.resize(k);
+          for (int j = 0; j < cand; ++j) w.rows[j] = kh + (size_t)(n_sinks + idx[j]) * d;
+          row_dots(w.rows.data(), cand, qh + (size_t)g * d, 1, d, w.exact.data(), (size_t)cand);
+          if (!top_of(w.exact.data(), cand, k, w, w.pick.data())) return -1;
+          for (int j = 0; j < k; ++j) dst[j] = idx[w.pick[j]];
         } else {
-          if (!top_of(w.scores.data(), F, k, w.values, w.idx)) return -1;
-          std::copy(w.idx.begin(), w.idx.begin() + k, dst);
+          std::copy(idx, idx + k, dst);
         }
       }
-      // the GQA union, sorted (its repeats marked), between the sinks and the window
-      std::sort(w.top.begin(), w.top.end());
+      // the GQA union, sorted (its repeats marked), between the sinks and the window: each
+      // head's K are ascending, merged
+      for (int g = 1; g < G; ++g) {
+        w.merged.resize((size_t)(g + 1) * k);
+        std::merge(w.top.begin(), w.top.begin() + (size_t)g * k, w.top.begin() + (size_t)g * k,
+                   w.top.begin() + (size_t)(g + 1) * k, w.merged.begin());
+        std::copy(w.merged.begin(), w.merged.end(), w.top.begin());
+      }
       int32_t* pos = positions + bh * M;
       uint8_t* rep = repeat + bh * M;
       for (int i = 0; i < n_sinks; ++i) pos[i] = i, rep[i] = 0;
       for (int i = 0; i < G * k; ++i) {
         pos[n_sinks + i] = w.top[i] + n_sinks;
         rep[n_sinks + i] = i > 0 && w.top[i] == w.top[i - 1];
-        if (!rep[n_sinks + i]) w.far.push_back(w.top[i]);
+        if (!rep[n_sinks + i]) {  // a far token retrieved in this batch row: counted once
+          retrieved += !w.seen[w.top[i]];
+          w.seen[w.top[i]] = 1;
+        }
       }
       for (int i = 0; i < n_win; ++i) pos[n_sinks + G * k + i] = window_start + i;
       std::fill(rep + n_sinks + G * k, rep + M, 0);
@@ -320,7 +414,7 @@ extern "C" A2ATS_CLONES long a2ats_native_step(
       if (sink_logits) {
         for (int g = 0; g < G; ++g) w.tops[g] = sink_logits[h * G + g];
       }
-      attended_logits(kh, qh, pos, rep, M, G, d, scale, w.logits.data());
+      attended_logits(kh, qh, pos, rep, M, G, d, scale, w.logits.data(), w.rows);
       for (int g = 0; g < G; ++g)
         for (int i = 0; i < M; ++i) w.tops[g] = std::max(w.tops[g], w.logits[(size_t)g * M + i]);
       float* oh = out + bh * G * d;
@@ -333,8 +427,6 @@ extern "C" A2ATS_CLONES long a2ats_native_step(
         for (int j = 0; j < d; ++j) o[j] *= inv;
       }
     }
-    std::sort(w.far.begin(), w.far.end());
-    retrieved += std::unique(w.far.begin(), w.far.end()) - w.far.begin();
   }
   return retrieved;
 }
@@ -363,8 +455,10 @@ extern "C" A2ATS_CLONES int a2ats_native_attend_estimate(
     float* out, float* share) {
   // Every row (attended, key sum, value sum) is read once for the group's G query heads, and
   // a slot row with no far token left unretrieved is skipped.
-  thread_local std::vector<float> logits, t, e, got, tops, ests, dens, kd;
-  thread_local std::vector<int> binned, live;
+  EstimateScratch& x = estimate_scratch;
+  std::vector<float>&logits = x.logits, &t = x.t, &e = x.e, &got = x.got, &tops = x.tops;
+  std::vector<float>&ests = x.ests, &dens = x.dens, &kd = x.kd;
+  std::vector<int>&binned = x.binned, &live = x.live;
   logits.resize((size_t)G * M);
   t.resize((size_t)G * R);
   e.resize((size_t)G * R);
@@ -385,7 +479,7 @@ extern "C" A2ATS_CLONES int a2ats_native_attend_estimate(
       const float* cnt = counts + b * cs_b + h * cs_h;
       const float* vs = sums + b * ss_b + h * ss_h;
       const float* ks = key_sums + b * ss_b + h * ss_h;
-      attended_logits(kh, qh, pos, rep, M, G, d, scale, logits.data());
+      attended_logits(kh, qh, pos, rep, M, G, d, scale, logits.data(), x.rows);
       // each union column's row (a repeat's: the empty last row), the retrieved per row
       std::fill(got.begin(), got.end(), 0.f);
       for (int u = 0; u < U; ++u) {
