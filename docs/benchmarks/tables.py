@@ -1900,6 +1900,7 @@ HOST_RUNS = (
     "decode_native_step_f25m1_before_row_kernels.json",
     "decode_native_step_f25m1.json",
     "decode_native_step_f25m1_rerun.json",
+    "decode_native_step_f25m1_one_pass.json",
 )  # `a2ats bench decode --methods full,a2ats,a2ats_eb0` per host and day (section 2, "Hosts")
 
 
@@ -2003,6 +2004,17 @@ def blocks() -> dict[str, str]:
             "decode_gemma3_270m_native_step_f25m1.json",
             decode_methods_table,
         ),
+        (
+            "crossover-probe-native-f25m1-one-pass",
+            "crossover_demo_native_step_f25m1_one_pass.json",
+            crossover_probe_table,
+        ),
+        ("speed-native-f25m1-one-pass", "decode_native_step_f25m1_one_pass.json",
+         decode_methods_table),
+        ("speed-native-noest-f25m1-one-pass", "decode_native_step_noest_f25m1_one_pass.json",
+         decode_methods_table),
+        ("profile-native-f25m1-one-pass", "profile_native_step_f25m1_one_pass.json",
+         profile_table),
         ("host-step-caches", "host_step_caches.json", host_step_caches_table),
         ("crossover-probe-estimate", "crossover_demo_estimate_layers.json", crossover_probe_table),
         ("estimate-layers-sweep", "eval_4k_texts_estimate_top.json", estimate_layers_table),
