@@ -314,6 +314,7 @@ F25M1_RERUN = "decode_native_step_f25m1_rerun.json"
 F25M1_ONE = "decode_native_step_f25m1_one_pass.json"
 F25M1_ONE_PROBE = "crossover_demo_native_step_f25m1_one_pass.json"
 F25M1_ONE_NOEST = "decode_native_step_noest_f25m1_one_pass.json"
+F25M1_ONE_RERUN = "decode_native_step_f25m1_one_pass_rerun.json"
 
 
 def f25m1_profile(context: int, before: bool = False, suffix: str = "") -> dict:
@@ -526,19 +527,29 @@ FIGURES: list[tuple[str, str, Callable[[], tuple]]] = [
               speed_ratio(F25M1_ONE, 8192, "a2ats"))),
     ("README.md", "the default decodes at {:.2f}x KVCache at 8K; on a fourth (AMD EPYC family 25 "
      "model 1, crossover {}K), with the step as it is now, at {:.2f}x KVCache at 1K (exact "
-     "there), {:.2f}x at 4K and {:.2f}x at 8K ({:.2f}-{:.2f}), retrieval forced at 1K at {:.2f}x "
-     "(a step {:.2f}x KVCache's time)",
+     "there), {:.2f}x at 4K and {:.2f}x at 8K",
      lambda: (speed_ratio("decode_native_step.json", 8192, "a2ats"),
               j(F25M1_ONE_PROBE)["exact_below"] // 1024,
-              *(speed_ratio(F25M1_ONE, n, "a2ats") for n in (1024, 4096, 8192)),
-              *decode_spread(F25M1_ONE, 8192, "a2ats"),
-              speed_ratio(F25M1_ONE, 1024, "a2ats_eb0"),
-              1 / speed_ratio(F25M1_ONE, 1024, "a2ats_eb0"))),
+              *(speed_ratio(F25M1_ONE, n, "a2ats") for n in (1024, 4096, 8192)))),
     ("docs/BENCHMARKS.md", "with the C++ step {:.2f}x on the family 25 model 17 host and {:.2f}x "
      "on a family 25 model 1 host, where a forced step at 1K is {:.2f}x KVCache",
      lambda: (speed_ratio("decode_native_step.json", 8192, "a2ats"),
               speed_ratio(F25M1_ONE, 8192, "a2ats"), speed_ratio(F25M1_ONE, 1024, "a2ats_eb0"))),
+    ("README.md", "({:.2f}-{:.2f}; {:.2f}x in a rerun), retrieval forced at 1K at {:.2f}x (a step "
+     "{:.2f}x KVCache's time; {:.2f}x in the rerun)",
+     lambda: (*decode_spread(F25M1_ONE, 8192, "a2ats"), speed_ratio(F25M1_ONE_RERUN, 8192, "a2ats"),
+              speed_ratio(F25M1_ONE, 1024, "a2ats_eb0"),
+              1 / speed_ratio(F25M1_ONE, 1024, "a2ats_eb0"),
+              1 / speed_ratio(F25M1_ONE_RERUN, 1024, "a2ats_eb0"))),
     # BENCHMARKS "The far scores kept in one pass" (family 25 model 1, the step as it is now)
+    ("docs/BENCHMARKS.md", "the default {:.2f}x at 1K and {:.2f}x at 8K ({:.2f}-{:.2f}); forced "
+     "{:.2f}x at 1K (a step {:.2f}x KVCache's time) and {:.2f}x at 8K",
+     lambda: (speed_ratio(F25M1_ONE_RERUN, 1024, "a2ats"),
+              speed_ratio(F25M1_ONE_RERUN, 8192, "a2ats"),
+              *decode_spread(F25M1_ONE_RERUN, 8192, "a2ats"),
+              speed_ratio(F25M1_ONE_RERUN, 1024, "a2ats_eb0"),
+              1 / speed_ratio(F25M1_ONE_RERUN, 1024, "a2ats_eb0"),
+              speed_ratio(F25M1_ONE_RERUN, 8192, "a2ats_eb0"))),
     ("docs/BENCHMARKS.md", "The default as shipped: {:.2f}x KVCache at 1K (exact there; "
      "{:.2f}-{:.2f} over the runs), {:.2f}x at 2K, {:.2f}x at 4K and **{:.2f}x at 8K "
      "({:.2f}-{:.2f})**. KVCache decoded at {:.2f} tok/s at 1K and {:.2f} at 8K in these runs, "
