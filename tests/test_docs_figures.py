@@ -315,6 +315,7 @@ F25M1_ONE = "decode_native_step_f25m1_one_pass.json"
 F25M1_ONE_PROBE = "crossover_demo_native_step_f25m1_one_pass.json"
 F25M1_ONE_NOEST = "decode_native_step_noest_f25m1_one_pass.json"
 F25M1_ONE_RERUN = "decode_native_step_f25m1_one_pass_rerun.json"
+F25M1_ONE_GEMMA = "decode_gemma3_270m_native_step_f25m1_one_pass.json"
 
 
 def f25m1_profile(context: int, before: bool = False, suffix: str = "") -> dict:
@@ -596,6 +597,14 @@ FIGURES: list[tuple[str, str, Callable[[], tuple]]] = [
               f25m1_profile(1024)["phases_ms_per_layer"]["native step"],
               f25m1_profile(8000)["phases_ms_per_layer"]["native step"],
               f25m1_profile(8000, suffix="_one_pass")["a2ats_vs_kvcache"])),
+    ("docs/BENCHMARKS.md", "no Gemma probe on this host): {:.2f}x KVCache ({:.2f}-{:.2f}) with the "
+     "C++ step against {:.2f}x ({:.2f}-{:.2f}) with the NumPy step, where the previous step's run "
+     "measured {:.2f}x and {:.2f}x",
+     lambda: (*(x for m in ("a2ats_eb0", "a2ats_eb0_npstep")
+                for x in (speed_ratio(F25M1_ONE_GEMMA, 8192, m),
+                          *decode_spread(F25M1_ONE_GEMMA, 8192, m))),
+              speed_ratio(F25M1_GEMMA, 8192, "a2ats_eb0"),
+              speed_ratio(F25M1_GEMMA, 8192, "a2ats_eb0_npstep"))),
     ("docs/BENCHMARKS.md", "The exact default at 1K ({:.2f}x here, {:.2f}x and {:.2f}x in the "
      "previous step's two runs)",
      lambda: (speed_ratio(F25M1_ONE, 1024, "a2ats"), speed_ratio(F25M1, 1024, "a2ats"),
