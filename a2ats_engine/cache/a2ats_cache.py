@@ -1,7 +1,8 @@
 """A2ATSCache: an mlx-lm KV cache that retrieves the top-K far tokens with VQ codes.
 
 Every key that enters the cache is un-rotated to its pre-RoPE frame and coded against the
-layer's codebook (uint16 per token per KV head and subspace). The post-RoPE K/V rows go to the
+layer's codebook (uint16 per token per KV head and subspace; `code_store.py`: a decode step's
+key is coded with the next ones, before anything reads `codes`). The post-RoPE K/V rows go to the
 cache's storage kind (`storage.py`: float or kv_bits in memory; `cold.py`: a memory-mapped
 file past the KV memory limit), from which a decode step reads the rows it attends.
 Attention reaches `attend` through the hook in `hooks.py` (which gives us the true query); the
@@ -21,6 +22,7 @@ from ..errors import A2ATSError, ModelNotSupportedError
 from ..records import planning_context
 from . import attention as att
 from . import layer_stats
+from .code_store import CodeStore
 from .config import A2ATSConfig
 from .crossover import measured_crossover, measured_estimate, step_kind
 from .kinds import check_storage, group_size, make_rows
@@ -93,7 +95,7 @@ class A2ATSCache(_BaseCache):
         if old is not None:
             old.close()
         self.rows = make_rows(self.config, self.rope.head_dim, self.kv_share, self.layer)
-        self.codes = None
+        self.code_store = CodeStore(self.codebook, self.layer, self.rope)
         self.offset = self.tokens_seen = self.steps = 0
         self.reported: int | None = None  # tokens the last snapshot covered; None: keyframe
         self.last_stats: LayerStats | None = None
@@ -120,9 +122,8 @@ class A2ATSCache(_BaseCache):
                 "model computed attention itself); refusing to run full attention as A2ATS"
             )
         self._unattended = L == 1
-        codes = key_codes(self.codebook, self.layer, self.rope, keys, self.offset)
         prev = self.offset
-        self._store_codes(codes, prev)
+        self.code_store.add(keys, prev)  # a decode step's key coded with the next (code_store.py)
         self.rows.append(keys, values, prev)
         self.offset = prev + L
         self.tokens_seen += L
@@ -131,19 +132,14 @@ class A2ATSCache(_BaseCache):
             self.retrieval.forget()
         return self.rows.for_attention(keys, values, prev)
 
-    def _store_codes(self, codes: mx.array, start: int) -> None:
-        """codes [B, n_kv, L, S] at [start, start + L), growing by STEP rows."""
-        end = start + codes.shape[2]
-        if self.codes is None or end > self.codes.shape[2]:
-            B, n_kv, _, S = codes.shape
-            size = ((codes.shape[2] + STEP - 1) // STEP) * STEP
-            new = mx.zeros((B, n_kv, size, S), mx.uint16)
-            self.codes = (
-                new
-                if self.codes is None
-                else mx.concatenate([self.codes[..., :start, :], new], axis=2)
-            )
-        self.codes[..., start:end, :] = codes
+    @property
+    def codes(self) -> mx.array | None:
+        """Every held key's codes [B, n_kv, capacity, S] uint16 (None: no key yet)."""
+        return self.code_store.codes()
+
+    @codes.setter
+    def codes(self, codes: mx.array | None) -> None:
+        self.code_store.set(codes)
 
     @property
     def keys(self) -> mx.array | None:
@@ -202,13 +198,14 @@ class A2ATSCache(_BaseCache):
         return self.offset
 
     def empty(self) -> bool:
-        return self.codes is None
+        return self.code_store.empty
 
     def is_trimmable(self) -> bool:
         return True
 
     def trim(self, n: int) -> int:
         self._unattended = False
+        self.code_store.flush()  # the keys waiting are coded at their positions first
         n = min(self.offset, n)
         self.offset -= n
         self.rows.truncate(self.offset)
@@ -340,12 +337,3 @@ def decided_estimate(config: A2ATSConfig, geometry: tuple, kind: str) -> tuple[A
         return config, False
     on = measured_estimate(*geometry, kind)
     return replace(config, estimate_missed=on), on
-
-
-def key_codes(codebook, layer: int, rope: RopeSpec, keys: mx.array, offset: int) -> mx.array:
-    """Codes [B, n_kv, L, S] of post-RoPE keys [B, n_kv, L, d] at positions offset.. : a decode
-    step's one key through the step's un-rotation matrix (shared by every layer of the step),
-    a prefill's keys un-rotated by RoPE."""
-    if keys.shape[2] == 1:
-        return codebook.assign_rotated(layer, keys, att.step_unrotation(rope, offset))
-    return codebook.assign(layer, rope.unrotate(keys.astype(mx.float32), offset))

@@ -153,8 +153,12 @@ class ResidentRows:
 
     def append(self, keys: mx.array, values: mx.array, start: int) -> None:
         """Store float rows [B, n_kv, L, d] at [start, start + L) (rows past start are dropped)."""
-        k, v = self.fmt.encode(keys), self.fmt.encode(values)
         end = start + keys.shape[2]
+        if not self.fmt.quantized and self.keys is not None and end <= self.keys.shape[2]:
+            self.keys[..., start:end, :] = keys  # float rows with room: a decode step's two writes
+            self.values[..., start:end, :] = values
+            return
+        k, v = self.fmt.encode(keys), self.fmt.encode(values)
         if self.keys is None or end > self.capacity:
             self.keys, self.values = (
                 grown(self.keys, k, start, end),
@@ -165,6 +169,8 @@ class ResidentRows:
 
     def fetch(self, end: int) -> tuple[mx.array, mx.array]:
         """Float K/V rows [0, end): `[B, n_kv, end, d]` each."""
+        if not self.fmt.quantized:
+            return self.keys[..., :end, :], self.values[..., :end, :]
         deq = self.fmt.dequantize
         return deq(RowStorage.rows(self.keys, end)), deq(RowStorage.rows(self.values, end))
 

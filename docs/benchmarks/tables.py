@@ -2021,6 +2021,7 @@ def blocks() -> dict[str, str]:
             decode_methods_table,
         ),
         ("profile-native-f25m1-one-pass", "profile_native_step_f25m1_one_pass.json", profile_table),
+        ("speed-exact-default-f25m1", "decode_exact_default_f25m1.json", decode_methods_table),
         (
             "speed-gemma-native-f25m1-one-pass",
             "decode_gemma3_270m_native_step_f25m1_one_pass.json",

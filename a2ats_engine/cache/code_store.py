@@ -1,0 +1,87 @@
+"""A cache's VQ codes: uint16 [B, n_kv, capacity, S], grown by STEP rows, coded in batches.
+
+Every key that enters an A2ATS cache is coded against the layer's codebook (its pre-RoPE frame).
+A prefill's keys are coded at once. A decode step's one key is kept as it came and coded with
+the next ones, up to CHUNK of them in one batch, or as soon as anything reads the codes
+(`CodeStore.codes`: retrieval, telemetry, the state, the byte counts), so every reader sees
+every key coded: coding one key a step was a compiled MLX call a layer, most of what an exact
+decode step adds to KVCache's in Python (docs/BENCHMARKS.md, "The exact default's Python").
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from . import attention as att
+from .rope import RopeSpec
+from .storage import STEP
+
+CHUNK = 32  # decode keys coded together at most (a window holds more: retrieval never waits)
+
+
+class CodeStore:
+    """The codes of one layer's cache (`A2ATSCache.codes` reads them through `codes`)."""
+
+    def __init__(self, codebook, layer: int, rope: RopeSpec) -> None:
+        self.codebook, self.layer, self.rope = codebook, layer, rope
+        self.array: mx.array | None = None  # the codes coded so far (rows past them: stale)
+        self.pending: list[tuple[int, mx.array]] = []  # (position, post-RoPE key [B, n_kv, 1, d])
+
+    @property
+    def empty(self) -> bool:
+        return self.array is None and not self.pending
+
+    def add(self, keys: mx.array, start: int) -> None:
+        """Keys [B, n_kv, L, d] post-RoPE at positions [start, start + L): a decode step's one
+        key waits for the next ones (CHUNK at most), a prefill's are coded now."""
+        if keys.shape[2] == 1:
+            self.pending.append((start, keys))
+            if len(self.pending) >= CHUNK:
+                self.flush()
+            return
+        self.flush()
+        self._store(key_codes(self.codebook, self.layer, self.rope, keys, start), start)
+
+    def codes(self) -> mx.array | None:
+        """Every key's codes (the keys waiting coded first): [B, n_kv, capacity, S] or None."""
+        self.flush()
+        return self.array
+
+    def set(self, codes: mx.array | None) -> None:
+        """Codes given whole (a restored state; None: none)."""
+        self.array, self.pending = codes, []
+
+    def flush(self) -> None:
+        """Code the keys waiting: one key as a decode step did, several in one batch."""
+        if not self.pending:
+            return
+        (start, first), rest = self.pending[0], self.pending[1:]
+        for i, (position, _) in enumerate(rest, 1):
+            if position != start + i:  # never: positions follow one another (trim flushes first)
+                raise AssertionError(f"waiting keys at {start}+{i}, not {position}")
+        keys = first if not rest else mx.concatenate([first, *(k for _, k in rest)], axis=2)
+        self.pending = []
+        self._store(key_codes(self.codebook, self.layer, self.rope, keys, start), start)
+
+    def _store(self, codes: mx.array, start: int) -> None:
+        """codes [B, n_kv, L, S] at [start, start + L), growing by STEP rows."""
+        end = start + codes.shape[2]
+        if self.array is None or end > self.array.shape[2]:
+            B, n_kv, _, S = codes.shape
+            size = ((codes.shape[2] + STEP - 1) // STEP) * STEP
+            new = mx.zeros((B, n_kv, size, S), mx.uint16)
+            self.array = (
+                new
+                if self.array is None
+                else mx.concatenate([self.array[..., :start, :], new], axis=2)
+            )
+        self.array[..., start:end, :] = codes
+
+
+def key_codes(codebook, layer: int, rope: RopeSpec, keys: mx.array, offset: int) -> mx.array:
+    """Codes [B, n_kv, L, S] of post-RoPE keys [B, n_kv, L, d] at positions offset.. : one key
+    through its step's un-rotation matrix (shared by every layer of the step), several
+    un-rotated by RoPE."""
+    if keys.shape[2] == 1:
+        return codebook.assign_rotated(layer, keys, att.step_unrotation(rope, offset))
+    return codebook.assign(layer, rope.unrotate(keys.astype(mx.float32), offset))
