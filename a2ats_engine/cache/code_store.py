@@ -25,7 +25,8 @@ class CodeStore:
     def __init__(self, codebook, layer: int, rope: RopeSpec) -> None:
         self.codebook, self.layer, self.rope = codebook, layer, rope
         self.array: mx.array | None = None  # the codes coded so far (rows past them: stale)
-        self.pending: list[tuple[int, mx.array]] = []  # (position, post-RoPE key [B, n_kv, 1, d])
+        self.pending: list[mx.array] = []  # post-RoPE keys [B, n_kv, 1, d] at start, start + 1..
+        self.start = 0
 
     @property
     def empty(self) -> bool:
@@ -35,7 +36,9 @@ class CodeStore:
         """Keys [B, n_kv, L, d] post-RoPE at positions [start, start + L): a decode step's one
         key waits for the next ones (CHUNK at most), a prefill's are coded now."""
         if keys.shape[2] == 1:
-            self.pending.append((start, keys))
+            if not self.pending:
+                self.start = start
+            self.pending.append(keys)  # (the next position: the cache's offset; trim flushes)
             if len(self.pending) >= CHUNK:
                 self.flush()
             return
@@ -55,13 +58,9 @@ class CodeStore:
         """Code the keys waiting: one key as a decode step did, several in one batch."""
         if not self.pending:
             return
-        (start, first), rest = self.pending[0], self.pending[1:]
-        for i, (position, _) in enumerate(rest, 1):
-            if position != start + i:  # never: positions follow one another (trim flushes first)
-                raise AssertionError(f"waiting keys at {start}+{i}, not {position}")
-        keys = first if not rest else mx.concatenate([first, *(k for _, k in rest)], axis=2)
-        self.pending = []
-        self._store(key_codes(self.codebook, self.layer, self.rope, keys, start), start)
+        waiting, self.pending = self.pending, []
+        keys = waiting[0] if len(waiting) == 1 else mx.concatenate(waiting, axis=2)
+        self._store(key_codes(self.codebook, self.layer, self.rope, keys, self.start), self.start)
 
     def _store(self, codes: mx.array, start: int) -> None:
         """codes [B, n_kv, L, S] at [start, start + L), growing by STEP rows."""

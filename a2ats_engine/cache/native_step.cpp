@@ -174,7 +174,7 @@ __attribute__((always_inline)) inline void attended_values(const float* vh, cons
 // reference to it once: a thread_local named in a loop is an address lookup each time.
 struct Scratch {
   std::vector<float> rq, tables, scores, exact, logits, values, tops, dens, kept;
-  std::vector<int> idx, pick, top, merged, at, col, cand;
+  std::vector<int> pick, top, merged, at, col, cand;
   std::vector<uint8_t> seen;
   std::vector<const float*> rows;
 };
@@ -284,23 +284,19 @@ bool far_top(Scratch& w, const float* tables, int G, int ldT, int S, int C,
       int* at = w.at.data();
       int n = 0;
       bool nan = false;
-      if (S == 1) {
+      auto keep = [&](auto score_t) {  // one pass (the one-subspace score given inline)
         for (int t = 0; t < F; ++t) {
-          const float v = tg[col[t]];
+          const float v = score_t(t);
           kept[n] = v;
           at[n] = t;
           n += v >= lo;
           nan |= v != v;
         }
-      } else {
-        for (int t = 0; t < F; ++t) {
-          const float v = score(tg, t);
-          kept[n] = v;
-          at[n] = t;
-          n += v >= lo;
-          nan |= v != v;
-        }
-      }
+      };
+      if (S == 1)
+        keep([&](int t) { return tg[col[t]]; });
+      else
+        keep([&](int t) { return score(tg, t); });
       if (nan) return false;
       if (n >= want) {
         cut_of(kept, at, n, want, w.values, out);

@@ -1905,6 +1905,23 @@ HOST_RUNS = (
 )  # `a2ats bench decode --methods full,a2ats,a2ats_eb0` per host and day (section 2, "Hosts")
 
 
+def native_step_set(tag: str) -> tuple:
+    """The (KEY, JSON, table) of one recording of the C++ host step on a host: its probe,
+    decode, no-estimate decode, profile and Gemma runs, named `*_native_step_{tag}.json` and
+    keyed `*-native-{tag}` (underscores as dashes)."""
+    key = tag.replace("_", "-")
+    return (
+        (f"crossover-probe-native-{key}", f"crossover_demo_native_step_{tag}.json",
+         crossover_probe_table),
+        (f"speed-native-{key}", f"decode_native_step_{tag}.json", decode_methods_table),
+        (f"speed-native-noest-{key}", f"decode_native_step_noest_{tag}.json",
+         decode_methods_table),
+        (f"profile-native-{key}", f"profile_native_step_{tag}.json", profile_table),
+        (f"speed-gemma-native-{key}", f"decode_gemma3_270m_native_step_{tag}.json",
+         decode_methods_table),
+    )  # fmt: skip
+
+
 def blocks() -> dict[str, str]:
     """{KEY: generated text} for every table whose JSON is recorded here."""
     LOADED.clear()
@@ -1992,41 +2009,9 @@ def blocks() -> dict[str, str]:
         ("speed-native-noest", "decode_native_step_noest.json", decode_methods_table),
         ("profile-native", "profile_native_step.json", profile_table),
         ("speed-gemma-native", "decode_gemma3_270m_native_step.json", decode_methods_table),
-        (
-            "crossover-probe-native-f25m1",
-            "crossover_demo_native_step_f25m1.json",
-            crossover_probe_table,
-        ),
-        ("speed-native-f25m1", "decode_native_step_f25m1.json", decode_methods_table),
-        ("speed-native-noest-f25m1", "decode_native_step_noest_f25m1.json", decode_methods_table),
-        ("profile-native-f25m1", "profile_native_step_f25m1.json", profile_table),
-        (
-            "speed-gemma-native-f25m1",
-            "decode_gemma3_270m_native_step_f25m1.json",
-            decode_methods_table,
-        ),
-        (
-            "crossover-probe-native-f25m1-one-pass",
-            "crossover_demo_native_step_f25m1_one_pass.json",
-            crossover_probe_table,
-        ),
-        (
-            "speed-native-f25m1-one-pass",
-            "decode_native_step_f25m1_one_pass.json",
-            decode_methods_table,
-        ),
-        (
-            "speed-native-noest-f25m1-one-pass",
-            "decode_native_step_noest_f25m1_one_pass.json",
-            decode_methods_table,
-        ),
-        ("profile-native-f25m1-one-pass", "profile_native_step_f25m1_one_pass.json", profile_table),
+        *native_step_set("f25m1"),
+        *native_step_set("f25m1_one_pass"),
         ("speed-exact-default-f25m1", "decode_exact_default_f25m1.json", decode_methods_table),
-        (
-            "speed-gemma-native-f25m1-one-pass",
-            "decode_gemma3_270m_native_step_f25m1_one_pass.json",
-            decode_methods_table,
-        ),
         ("host-step-caches", "host_step_caches.json", host_step_caches_table),
         ("crossover-probe-estimate", "crossover_demo_estimate_layers.json", crossover_probe_table),
         ("estimate-layers-sweep", "eval_4k_texts_estimate_top.json", estimate_layers_table),
