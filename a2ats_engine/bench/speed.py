@@ -24,7 +24,7 @@ from ..cache import native_step
 from ..cache.a2ats_cache import A2ATSCache
 from ..cache.config import A2ATSConfig
 from ..cache.estimate_layers import WARMUP
-from ..cache.model_cache import make_cache
+from ..cache.model_cache import make_cache, snapshot
 from ..process_memory import growth, mlx_memory
 from .methods import decode_variant_knobs, numpy_step_variant
 from .plan_caches import clone_native, feed_prompt, is_plain
@@ -105,16 +105,23 @@ def _greedy_step(model: nn.Module, cache: list, token: mx.array) -> mx.array:
 def _decode_chunk(model: nn.Module, cache: list, token: mx.array, n: int) -> tuple[float, mx.array]:
     """Seconds for n greedy decode steps from `token`, pipelined like mlx-lm's `generate_step`
     (the next step's graph is built while the current one computes; each token is read back on
-    the host, as a chat app does). Returns (seconds, last token)."""
+    the host, as a chat app does). With telemetry on, each token is followed by the cache's
+    snapshot, as the app's session takes one for the inspector (the newest step's stats are
+    made then: `layer_stats.py`). Returns (seconds, last token)."""
+    watched = any(isinstance(c, A2ATSCache) and c.config.telemetry for c in cache)
     began = time.perf_counter()
     y = _greedy_step(model, cache, token)
     mx.async_eval(y)
     for _ in range(n - 1):
         nxt = _greedy_step(model, cache, y)
         mx.async_eval(nxt)
-        y.item()
+        token_id = y.item()
+        if watched:
+            snapshot(cache, token_id)
         y = nxt
-    y.item()
+    token_id = y.item()
+    if watched:
+        snapshot(cache, token_id)
     return time.perf_counter() - began, y
 
 

@@ -98,8 +98,7 @@ class A2ATSCache(_BaseCache):
         self.code_store = CodeStore(self.codebook, self.layer, self.rope)
         self.offset = self.tokens_seen = self.steps = 0
         self.reported: int | None = None  # tokens the last snapshot covered; None: keyframe
-        self.last_stats: LayerStats | None = None
-        self.stats_final = False  # last_stats already carries its codes (`take_stats`)
+        self.step_record = layer_stats.StepRecord()  # the last step, for `last_stats`
         self._unattended = False  # a decode step stored keys and `attend` has not run yet
         self.retrieval = Retrieval()
 
@@ -189,6 +188,11 @@ class A2ATSCache(_BaseCache):
         [B, n_kv, G, F] (`Retrieval.far_token_scores`; evaluation variants override this)."""
         return self.retrieval.far_token_scores(self, queries, lay)
 
+    @property
+    def last_stats(self) -> LayerStats | None:
+        """The last decode step's LayerStats (telemetry), made when first read (`layer_stats`)."""
+        return layer_stats.last_stats(self)
+
     def take_stats(self) -> LayerStats | None:
         """The last step's LayerStats with its codes, for a snapshot (`layer_stats.take_stats`)."""
         return layer_stats.take_stats(self)
@@ -205,6 +209,7 @@ class A2ATSCache(_BaseCache):
 
     def trim(self, n: int) -> int:
         self._unattended = False
+        layer_stats.last_stats(self)  # the last step's stats made while its keys are held
         self.code_store.flush()  # the keys waiting are coded at their positions first
         n = min(self.offset, n)
         self.offset -= n

@@ -24,7 +24,10 @@ the slots' tokens not retrieved is `attention_with_estimate` (the same sums as
 
 Where the C++ step is built (`native_step.py`) one call replaces everything after the sync
 (`_native`); with the estimate it selects, this module moves the slot sums (`missed_sums`), and
-a second C++ call (`native_step.attend_estimate`) attends, all in `_native`.
+a second C++ call (`native_step.attend_estimate`) attends, all in `_native`. The step's
+selection goes to the telemetry as NumPy copies (no MLX array made of it). `shadow` is the
+inspector's shadow selection of an exact step (`Retrieval.shadow`): the C++ step's selection
+alone, and its recall in C++ (`native_step.recall`), after one sync.
 """
 
 from __future__ import annotations
@@ -73,7 +76,8 @@ def applies(cache: A2ATSCache, queries: mx.array) -> bool:
 
 def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.Layout, scale, sinks):
     """`Retrieval.step` on the host: queries post-RoPE [B, n_q, 1, d] ->
-    (output [B, n_q, 1, d], positions [B, n_kv, M], repeat [B, n_kv, M]) as mx.arrays."""
+    (output [B, n_q, 1, d] mx.array, positions int32 [B, n_kv, M], repeat bool [B, n_kv, M]
+    NumPy arrays: the telemetry's, never part of the graph)."""
     B, n_q, _, d = queries.shape
     timed, layer = retrieval.timed, cache.layer
     if retrieval.clock is not None:  # the model's work up to here, so no phase is charged for it
@@ -93,7 +97,7 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
             )  # fmt: skip
     out, positions, repeat = got
     out = mx.array(out.reshape(B, n_q, 1, d)).astype(queries.dtype)
-    return out, mx.array(positions), mx.array(repeat)
+    return out, positions.copy(), repeat.copy()  # (the C++ step's buffers serve its next step)
 
 
 def _native(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, values, lay, scale,
@@ -103,15 +107,8 @@ def _native(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, valu
     (rows of other strides with the estimate), else None."""
     if not native_step.selects(cache, lay, keys.dtype):
         return None
-    B, n_q, _, d = queries.shape
-    codes = np.asarray(cache.codes)
-    q = np.ascontiguousarray(np.asarray(queries).reshape(B, codes.shape[1], -1, d), np.float32)
-    _, lower_edges = cache.buckets
-    bucket = None
-    if lower_edges is not None:
-        bucket = far_buckets(lay.n, lay.n_sinks, lay.window_start, tuple(lower_edges))
-    m = used_buckets(cache, lay)
-    arrays = (np.asarray(to_far), m, bucket, codes, np.asarray(keys), np.asarray(values))
+    q, *arrays = _native_args(cache, queries, to_far, keys, values, lay)
+    codes = arrays[3]
     attend = native_step.attends(cache)
 
     def run():
@@ -141,6 +138,40 @@ def _native(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, valu
             out, share = attended
             retrieval.missed_share = mx.array(share)
     return out, positions, repeat
+
+
+def _native_args(cache: A2ATSCache, queries, to_far, keys, values, lay: att.Layout) -> list:
+    """The layer's arrays after the sync for `native_step.run`: [q [B, n_kv, G, d] float32,
+    to_far, buckets used, distance buckets, codes, keys, values] (NumPy views)."""
+    B, n_q, _, d = queries.shape
+    codes = np.asarray(cache.codes)
+    q = np.ascontiguousarray(np.asarray(queries).reshape(B, codes.shape[1], -1, d), np.float32)
+    _, lower_edges = cache.buckets
+    bucket = None
+    if lower_edges is not None:
+        bucket = far_buckets(lay.n, lay.n_sinks, lay.window_start, tuple(lower_edges))
+    m = used_buckets(cache, lay)
+    return [q, np.asarray(to_far), m, bucket, codes, np.asarray(keys), np.asarray(values)]
+
+
+def shadow(cache: A2ATSCache, queries: mx.array, lay: att.Layout, scale: float):
+    """`Retrieval.shadow` through the C++ step's selection (no attention, nothing counted)
+    where it selects, and its recall in C++ from the same arrays, after one sync ->
+    (positions int32, repeat bool [B, n_kv, M] NumPy arrays, recall per KV head), or None
+    (the generic step's shadow: the C++ step is not built, does not select here, or met a NaN
+    score)."""
+    keys, values = cache.rows.keys, cache.rows.values
+    if not native_step.selects(cache, lay, keys.dtype):
+        return None
+    to_far = att.step_rotations(cache.rope, lay.n - 1, cache.rotations, tuple(cache.buckets[0]))
+    mx.eval(to_far, queries, cache.codes, keys, values)
+    q, *arrays = _native_args(cache, queries, to_far, keys, values, lay)
+    got = native_step.run(cache, lay, q, *arrays, scale, None, attend=False)
+    if got is None:
+        return None
+    positions, repeat = got[1].copy(), got[2].copy()  # (run's buffers serve the next step)
+    mass = native_step.recall(q, arrays[4], lay.n, positions, repeat, scale)
+    return positions, repeat, tuple(float(m) for m in mass.mean(axis=0))
 
 
 def _on_host(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, values, lay, scale,

@@ -570,6 +570,47 @@ extern "C" A2ATS_CLONES int a2ats_native_attend_estimate(
   return 0;
 }
 
+// The exact attention mass on a selection (layer_stats.attention_recall, the inspector's shadow
+// selection): for each (b, h), the softmax over the n rows held of scale * q_g . keys[i], summed
+// over the selection's positions that are not repeats, averaged over the G query heads. Each
+// row is read once for the G heads. Shapes: q [B, n_kv, G, d]; keys [B, n_kv, cap, d];
+// positions int32 and repeat uint8 [B, n_kv, M]. Output: mass [B, n_kv]. Returns 0, or -1
+// where a position is outside [0, n) (nothing written that the caller keeps).
+extern "C" A2ATS_CLONES int a2ats_native_recall(int B, int n_kv, int G, int d, int cap, int n,
+                                                int M, const float* q, const float* keys,
+                                                const int32_t* positions,
+                                                const uint8_t* repeat, float scale,
+                                                float* mass) {
+  Scratch& w = step_scratch;
+  w.logits.resize((size_t)G * n);
+  w.rows.resize((size_t)n);
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < n_kv; ++h) {
+      const size_t bh = (size_t)b * n_kv + h;
+      const float* kh = keys + bh * cap * d;
+      const int32_t* pos = positions + bh * M;
+      const uint8_t* rep = repeat + bh * M;
+      for (int i = 0; i < n; ++i) w.rows[i] = kh + (size_t)i * d;
+      row_dots(w.rows.data(), n, q + bh * G * d, G, d, w.logits.data(), (size_t)n);
+      double total = 0.0;
+      for (int g = 0; g < G; ++g) {
+        float* lg = w.logits.data() + (size_t)g * n;
+        float top = -INFINITY;
+        for (int i = 0; i < n; ++i) top = std::max(top, lg[i] *= scale);
+        double den = 0.0, kept = 0.0;
+        for (int i = 0; i < n; ++i) den += (lg[i] = std::exp(lg[i] - top));
+        for (int j = 0; j < M; ++j) {
+          if (pos[j] < 0 || pos[j] >= n) return -1;
+          if (!rep[j]) kept += lg[pos[j]];
+        }
+        total += kept / den;
+      }
+      mass[bh] = (float)(total / G);
+    }
+  }
+  return 0;
+}
+
 // An importable module, so that packagers find the library; the step itself is the C function
 // above, called through ctypes.
 static struct PyModuleDef native_module = {

@@ -13,7 +13,9 @@ shared rerank candidates, the estimate's centroid slot scores (which read the lo
 float16 rows, and a layer whose far region is smaller than its K; a NaN score makes that one
 call fall back too. With the missed-attention estimate it selects, the NumPy step moves the
 per-slot sums (`SlotRows`), and a second call (`attend_estimate`) attends over the selection and
-the sums (with the same expression as `host_step.attention_with_estimate`).
+the sums (with the same expression as `host_step.attention_with_estimate`). A third entry,
+`recall`, gives the exact attention mass on a selection (the inspector's shadow selection,
+`host_step.shadow`).
 
 Built by `pip install -e .` (`setup.py`, an optional extension): where there is no compiler the
 engine runs the NumPy step and `a2ats info` says why (`status`). `A2ATS_HOST_STEP=numpy` (read
@@ -28,7 +30,7 @@ import ctypes
 import os
 import warnings
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import numpy as np
@@ -43,27 +45,31 @@ ENV = "A2ATS_HOST_STEP"
 STRATEGIES = ("native", "numpy")
 
 
-def _load() -> tuple[ctypes._CFuncPtr | None, ctypes._CFuncPtr | None, str]:
-    """(the step, the attention with the estimate, "") or (None, None, why they are not
-    there)."""
+def _load() -> tuple[Any, Any, Any, str]:
+    """(the step, the attention with the estimate, the recall, "") or (None, None, None, why
+    they are not there)."""
     try:
         from . import _native_step
     except ImportError as exc:
-        return None, None, f"not built ({exc.msg.split(' from ')[0]}: `pip install -e .` builds it)"
+        why = f"not built ({exc.msg.split(' from ')[0]}: `pip install -e .` builds it)"
+        return None, None, None, why
     try:
         lib = ctypes.CDLL(_native_step.__file__)
         fn, est = lib.a2ats_native_step, lib.a2ats_native_attend_estimate
+        rec = lib.a2ats_native_recall
     except (OSError, AttributeError) as exc:
-        return None, None, f"{_native_step.__file__} cannot be loaded: {exc}"
+        return None, None, None, f"{_native_step.__file__} cannot be loaded: {exc}"
     P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long  # noqa: E741, N806
     fn.argtypes = [I] * 7 + [P] * 2 + [I] + [P] * 6 + [I] * 6 + [ctypes.c_float] + [P] * 3
     fn.restype = L
     est.argtypes = [I] * 9 + [P] * 5 + [P, L, L, I, P, L, L, P, P, L, L, P, ctypes.c_float, P, P]
     est.restype = I
-    return fn, est, ""
+    rec.argtypes = [I] * 7 + [P] * 4 + [ctypes.c_float, P]
+    rec.restype = I
+    return fn, est, rec, ""
 
 
-_fn, _estimate_fn, _why = _load()
+_fn, _estimate_fn, _recall_fn, _why = _load()
 _env = os.environ.get(ENV, "").strip().lower()
 if _env and _env not in STRATEGIES:  # said, not dropped
     warnings.warn(f"{ENV}={_env!r} is not one of {', '.join(STRATEGIES)}: ignored", stacklevel=1)
@@ -253,3 +259,35 @@ def attend_estimate(q, keys, values, positions, repeat, lay: Layout, view: tuple
             "native estimate: a retrieved column's position or slot row is out of range"
         )
     return out, share
+
+
+def recall(q, keys, n: int, positions, repeat, scale) -> np.ndarray:
+    """The exact attention mass on a selection (`layer_stats.attention_recall`): q
+    [B, n_kv, G, d] float32, keys [B, n_kv, cap, d] float32 (the NumPy view the step read, the
+    first n rows held), positions int32 / repeat bool [B, n_kv, M] (`run`'s) -> float32
+    [B, n_kv], each averaged over the group's query heads."""
+    B, n_kv, G, d = q.shape
+    cap, M = keys.shape[2], positions.shape[-1]
+    if (
+        not (q.dtype == keys.dtype == _F32)
+        or positions.dtype != np.int32
+        or repeat.dtype != np.bool_
+    ):
+        raise ValueError("native recall: float32 queries and rows, int32 positions")
+    if keys.shape != (B, n_kv, cap, d) or positions.shape != (B, n_kv, M) or (
+        repeat.shape != positions.shape or not 0 < n <= cap
+    ):  # fmt: skip
+        raise ValueError(f"native recall: shapes {q.shape}, {keys.shape}, {positions.shape}")
+    if not (
+        q.flags.c_contiguous and keys.flags.c_contiguous and positions.flags.c_contiguous
+        and repeat.flags.c_contiguous
+    ):  # fmt: skip
+        raise ValueError("native recall: C-contiguous arrays")
+    mass = np.empty((B, n_kv), np.float32)
+    bad = _recall_fn(
+        B, n_kv, G, d, cap, n, M, _ptr(q), _ptr(keys), _ptr(positions), _ptr(repeat),
+        float(scale), _ptr(mass),
+    )  # fmt: skip
+    if bad:
+        raise ValueError(f"native recall: a selected position is outside the {n} rows held")
+    return mass

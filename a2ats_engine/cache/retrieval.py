@@ -188,7 +188,8 @@ class Retrieval:
     # -- the step -----------------------------------------------------------------------------
     def step(self, cache: A2ATSCache, queries: mx.array, lay: att.Layout, scale: float, sinks):
         """Attention of one decode query over the selection: queries post-RoPE [B, n_q, 1, d]
-        -> ([B, n_q, 1, d], positions [B, n_kv, M], repeat [B, n_kv, M]). A layer whose
+        -> ([B, n_q, 1, d], positions [B, n_kv, M], repeat [B, n_kv, M]: mx arrays, or NumPy
+        arrays from the host step; the telemetry's, never the graph's). A layer whose
         estimate is still being weighed reports its missed share (`EstimateLayers`)."""
         out = self._step(cache, queries, lay, scale, sinks)
         choice = getattr(cache, "estimate_choice", None)
@@ -263,14 +264,19 @@ class Retrieval:
 
     def shadow(self, cache: A2ATSCache, queries: mx.array, lay: att.Layout, scale: float):
         """What retrieval would select at a step that attends exactly (the inspector's shadow
-        selection): (positions, repeat) [B, n_kv, M] as a retrieval step would attend them.
+        selection): (positions, repeat) [B, n_kv, M] as a retrieval step would attend them, and
+        their recall where the host step computed it with them (`host_step.shadow`), else None.
         Nothing of the step's state is kept (no reuse anchor, no retrieved count)."""
+        if host_step.applies(cache, queries):
+            got = host_step.shadow(cache, queries, lay, scale)
+            if got is not None:
+                return got
         B, n_q, _, d = queries.shape
         group = queries.reshape(B, cache.codes.shape[1], n_q // cache.codes.shape[1], d)
         anchor = self.anchor
         top = self._far_selection(cache, queries, group, lay, scale)
         self.anchor, self.step_tables = anchor, None
-        return cache.top_k.select(top, lay, count=False)
+        return (*cache.top_k.select(top, lay, count=False), None)
 
     def _far_selection(
         self, cache: A2ATSCache, queries: mx.array, group: mx.array, lay: att.Layout, scale: float

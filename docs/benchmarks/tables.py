@@ -854,8 +854,9 @@ def decode_methods_table(data: dict) -> str:
 
 
 def shadow_cost_table(data: dict) -> str:
-    """`a2ats bench decode ... --methods full,a2ats,a2ats_telemetry` below the crossover: what
-    the inspector costs while it is visible (telemetry with the shadow selection every step)."""
+    """`a2ats bench decode ... --methods full,a2ats,a2ats_telemetry`: what the inspector costs
+    while it is visible (telemetry and a snapshot every step; below the crossover the shadow
+    selection too)."""
     rows = [
         _interleaved_note(data),
         "",
@@ -1548,6 +1549,20 @@ HISTORY = {
         "family 25 model 17, before the host top-K's sampled threshold: top-K + rerank 0.99 ms "
         "a layer at 8K, an A2ATS step 0.93x KVCache's speed",
     ),
+    "inspector_cost_f25m1_before.json": (
+        "2026-12-07",
+        "`a2ats bench decode --contexts 1024,2048,8192 --steps 32 --repeats 3 --methods "
+        "full,a2ats,a2ats_telemetry --json` on the host of family 25 model 1, quiet, the bench "
+        "taking the app's snapshot after each token, the engine before the stats were made at "
+        "the snapshot (commit dca966e): the inspector visible 0.63x KVCache at 1K (exact and "
+        "the MLX shadow selection), 0.99x at 2K, 1.43x at 8K; hidden 0.99x, 1.10x, 1.66x",
+    ),
+    "shadow_cost.json": (
+        "2026-12-02",
+        "`a2ats bench decode --contexts 1024,2048 --steps 32 --repeats 3 --methods "
+        "full,a2ats,a2ats_telemetry --json`, quiet, no snapshot taken in the bench: the "
+        "inspector visible 0.50x KVCache at 1K, 0.52x at 2K (both exact then)",
+    ),
     "crossover_demo_native_step_f25m1_before_row_kernels.json": (
         "2026-12-07",
         "`a2ats crossover demo --contexts 1024,2048,4096,8192 --json` on the host of family 25 "
@@ -1993,7 +2008,7 @@ def blocks() -> dict[str, str]:
         ),
         ("crossover-probe", "crossover_demo.json", crossover_probe_table),
         ("crossover-probe-gemma", "crossover_gemma3_270m.json", crossover_probe_table),
-        ("shadow-cost", "shadow_cost.json", shadow_cost_table),
+        ("inspector-cost", "inspector_cost_f25m1.json", shadow_cost_table),
         ("speed-amd", "decode_amd_epyc.json", host_speed_table),
         ("speed-amd-rerun", "decode_amd_epyc_rerun.json", host_speed_table),
         ("speed-host-f25m17", "decode_host_f25m17.json", host_speed_table),

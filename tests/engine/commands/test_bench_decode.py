@@ -313,3 +313,30 @@ def test_decode_copies_of_a_hybrid_models_state_are_independent():
     )
     got = model(mx.array([[7]]), cache=second)
     assert float(mx.abs(ref - got).max()) == 0.0
+
+
+def test_telemetry_methods_take_a_snapshot_after_each_token_as_the_app_does(monkeypatch):
+    """The app's session takes the inspector's snapshot after each token, and the stats are
+    made then (`layer_stats`): the bench's `_telemetry` methods time that too; the others take
+    none."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+    from tiny import tiny_model
+
+    from a2ats_engine.bench import speed
+    from a2ats_engine.cache.config import A2ATSConfig
+
+    model = tiny_model("llama", hidden_size=256)
+    base = make_prompt_cache(model)
+    model(mx.array([list(range(3, 100))]), cache=base)
+    taken, snapshot = [], speed.snapshot
+    monkeypatch.setattr(speed, "snapshot", lambda c, t: taken.append(snapshot(c, t)))
+    config = A2ATSConfig(window=16, sinks=4)
+    for method, want in (("a2ats", 0), ("a2ats_telemetry", 5)):
+        cache = speed._method_cache(model, base, method, config, None)
+        speed._decode_chunk(model, cache, mx.array([5]), 5)
+        assert len(taken) == want
+    assert all(s is not None and len(s.layers) == len(model.layers) for s in taken)
+    # each shows the newest step built (the next one's graph is built before a token is read:
+    # 97 prompt tokens, the first step 98); after the last token no other step was built
+    assert [s.layers[0].offset for s in taken] == [99, 100, 101, 102, 102]
