@@ -107,12 +107,14 @@ def _make(cache: A2ATSCache, kept: _Step) -> LayerStats:
         pos, rep = np.array(positions[0]), np.array(repeat[0])
         selected = tuple(np.unique(pos[h][~rep[h]]).astype(np.int32) for h in range(n_kv))
     recall = recall_ms = would = None
+    shadowed = positions is None and not lay.exact  # an exact step that could have dropped some
+    if kept.fidelity or shadowed:  # the step's layer computed first: its cost is not recall_ms's
+        mx.eval(kept.queries)
     if kept.fidelity:
         start = time.perf_counter()
         recall = attention_recall(cache, kept.queries, positions, repeat, kept.scale, lay.n)
         recall_ms = (time.perf_counter() - start) * 1e3
-    elif positions is None and not lay.exact:
-        # an exact step that could have dropped tokens: what retrieval would keep, and its recall
+    elif shadowed:  # what retrieval would keep there, and its recall
         start = time.perf_counter()
         shadow, shadow_repeat, recall = cache.retrieval.shadow(cache, kept.queries, lay, kept.scale)
         if recall is None:
