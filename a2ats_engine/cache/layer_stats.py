@@ -6,8 +6,9 @@ one piece that MLX evaluates while the next is built, as without telemetry). The
 made when it is first read (`A2ATSCache.last_stats`, `take_stats` at a snapshot): the attended
 positions, the byte counts, and on an exact step that could have dropped tokens the shadow
 selection and its recall (through the host step where it runs, `host_step.shadow`). The app
-takes its snapshot after each token while the next step computes, so that work overlaps it.
-`take_stats` adds the codes when a snapshot is taken.
+takes its snapshot after each token, when the next step's graph is already queued: on a GPU that
+work overlaps the next step; on the CPU (MLX's `async_eval` returns there only when most of a
+step is done) it adds to it. `take_stats` adds the codes when a snapshot is taken.
 """
 
 from __future__ import annotations
