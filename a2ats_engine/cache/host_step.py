@@ -83,10 +83,7 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
     if retrieval.clock is not None:  # the model's work up to here, so no phase is charged for it
         timed(layer, "layer inputs", lambda: [queries, *cache.state])
     retrieval.reused = False
-    # the step's query rotations (one matrix, shared by every layer of the step)
-    to_far = att.step_rotations(cache.rope, lay.n - 1, cache.rotations, tuple(cache.buckets[0]))
-    keys, values = cache.rows.keys, cache.rows.values
-    mx.eval(to_far, queries, cache.codes, keys, values)  # the step's one host sync
+    to_far, keys, values = _synced(cache, queries, lay)  # the step's one host sync
     sink_logits = None if sinks is None else np.asarray(sinks.astype(mx.float32))
     got = _native(retrieval, cache, queries, to_far, keys, values, lay, scale, sink_logits)
     if got is None or got[0] is None:  # the NumPy step, or its attention after C++'s selection
@@ -98,6 +95,15 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
     out, positions, repeat = got
     out = mx.array(out.reshape(B, n_q, 1, d)).astype(queries.dtype)
     return out, positions.copy(), repeat.copy()  # (the C++ step's buffers serve its next step)
+
+
+def _synced(cache: A2ATSCache, queries: mx.array, lay: att.Layout) -> tuple:
+    """The step's one host sync: the query rotations (one matrix, shared by every layer of the
+    step), the query, codes and K/V rows evaluated -> (to_far, keys, values) mx.arrays."""
+    to_far = att.step_rotations(cache.rope, lay.n - 1, cache.rotations, tuple(cache.buckets[0]))
+    keys, values = cache.rows.keys, cache.rows.values
+    mx.eval(to_far, queries, cache.codes, keys, values)
+    return to_far, keys, values
 
 
 def _native(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, values, lay, scale,
@@ -160,11 +166,9 @@ def shadow(cache: A2ATSCache, queries: mx.array, lay: att.Layout, scale: float):
     (positions int32, repeat bool [B, n_kv, M] NumPy arrays, recall per KV head), or None
     (the generic step's shadow: the C++ step is not built, does not select here, or met a NaN
     score)."""
-    keys, values = cache.rows.keys, cache.rows.values
-    if not native_step.selects(cache, lay, keys.dtype):
+    if not native_step.selects(cache, lay, cache.rows.keys.dtype):
         return None
-    to_far = att.step_rotations(cache.rope, lay.n - 1, cache.rotations, tuple(cache.buckets[0]))
-    mx.eval(to_far, queries, cache.codes, keys, values)
+    to_far, keys, values = _synced(cache, queries, lay)
     q, *arrays = _native_args(cache, queries, to_far, keys, values, lay)
     got = native_step.run(cache, lay, q, *arrays, scale, None, attend=False)
     if got is None:
