@@ -93,8 +93,7 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
                 None if got is None else got[1:],
             )  # fmt: skip
     out, positions, repeat = got
-    out = mx.array(out.reshape(B, n_q, 1, d)).astype(queries.dtype)
-    return out, positions.copy(), repeat.copy()  # (the C++ step's buffers serve its next step)
+    return mx.array(out.reshape(B, n_q, 1, d)).astype(queries.dtype), positions, repeat
 
 
 def _synced(cache: A2ATSCache, queries: mx.array, lay: att.Layout) -> tuple:
@@ -110,33 +109,38 @@ def _native(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, valu
             sink_logits):  # fmt: skip
     """The step after its sync in C++ (`native_step`) where it selects -> (output
     [B, n_kv, G, d] float32, positions, repeat), the output None where the NumPy step attends
-    (rows of other strides with the estimate), else None."""
+    (rows of other strides with the estimate), else None. The C++ call reads the MLX arrays'
+    buffers itself: NumPy views are made only for the estimate's slot sums."""
     if not native_step.selects(cache, lay, keys.dtype):
         return None
-    q, *arrays = _native_args(cache, queries, to_far, keys, values, lay)
-    codes = arrays[3]
+    m, bucket = _buckets(cache, lay)
     attend = native_step.attends(cache)
 
     def run():
-        return native_step.run(cache, lay, q, *arrays, scale, sink_logits, attend)
+        return native_step.run(
+            cache, lay, queries, to_far, m, bucket, cache.codes, keys, values, scale,
+            sink_logits, attend,
+        )  # fmt: skip
 
     timed, layer = retrieval.timed, cache.layer
-    got = timed(layer, "native step", run)
+    got = timed(layer, "native step", run) if retrieval.clock is not None else run()
     if got is None:  # a NaN score: the NumPy step ranks it as argpartition does
         return None
     out, positions, repeat, retrieved = got
     cache.top_k.add_retrieved(retrieved)
     retrieval.budget_used = None
     if out is None:  # the estimate: NumPy moves the slot sums, C++ attends with them
-        k_np, v_np = arrays[4:]
+        codes, k_np, v_np = np.asarray(cache.codes), np.asarray(keys), np.asarray(values)
+        B, n_q, _, d = queries.shape
+        q = np.asarray(queries).reshape(B, codes.shape[1], -1, d)
         missed = timed(
             layer, "estimate", lambda: missed_sums(retrieval, cache, lay, codes, v_np, k_np)
         )
 
         def with_estimate():
             return native_step.attend_estimate(
-                q, k_np, v_np, positions, repeat, lay, missed.view(), missed.row_table(), scale,
-                sink_logits,
+                np.ascontiguousarray(q), k_np, v_np, positions, repeat, lay, missed.view(),
+                missed.row_table(), scale, sink_logits,
             )  # fmt: skip
 
         attended = timed(layer, "attention", with_estimate)
@@ -146,18 +150,14 @@ def _native(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, valu
     return out, positions, repeat
 
 
-def _native_args(cache: A2ATSCache, queries, to_far, keys, values, lay: att.Layout) -> list:
-    """The layer's arrays after the sync for `native_step.run`: [q [B, n_kv, G, d] float32,
-    to_far, buckets used, distance buckets, codes, keys, values] (NumPy views)."""
-    B, n_q, _, d = queries.shape
-    codes = np.asarray(cache.codes)
-    q = np.ascontiguousarray(np.asarray(queries).reshape(B, codes.shape[1], -1, d), np.float32)
+def _buckets(cache: A2ATSCache, lay: att.Layout) -> tuple:
+    """(the distance buckets a far token is in at this step, the bucket of each far token int32
+    [F] or None with a single distance) for `native_step.run`."""
     _, lower_edges = cache.buckets
-    bucket = None
-    if lower_edges is not None:
-        bucket = far_buckets(lay.n, lay.n_sinks, lay.window_start, tuple(lower_edges))
-    m = used_buckets(cache, lay)
-    return [q, np.asarray(to_far), m, bucket, codes, np.asarray(keys), np.asarray(values)]
+    if lower_edges is None:
+        return 1, None
+    bucket = far_buckets(lay.n, lay.n_sinks, lay.window_start, tuple(lower_edges))
+    return (int(bucket[0]) + 1 if lay.n_far else 1), bucket
 
 
 def shadow(cache: A2ATSCache, queries: mx.array, lay: att.Layout, scale: float):
@@ -169,12 +169,17 @@ def shadow(cache: A2ATSCache, queries: mx.array, lay: att.Layout, scale: float):
     if not native_step.selects(cache, lay, cache.rows.keys.dtype):
         return None
     to_far, keys, values = _synced(cache, queries, lay)
-    q, *arrays = _native_args(cache, queries, to_far, keys, values, lay)
-    got = native_step.run(cache, lay, q, *arrays, scale, None, attend=False)
+    m, bucket = _buckets(cache, lay)
+    got = native_step.run(
+        cache, lay, queries, to_far, m, bucket, cache.codes, keys, values, scale, None,
+        attend=False,
+    )  # fmt: skip
     if got is None:
         return None
-    positions, repeat = got[1].copy(), got[2].copy()  # (run's buffers serve the next step)
-    mass = native_step.recall(q, arrays[4], lay.n, positions, repeat, scale)
+    _, positions, repeat, _ = got
+    B, n_q, _, d = queries.shape
+    q = np.ascontiguousarray(np.asarray(queries).reshape(B, positions.shape[1], -1, d))
+    mass = native_step.recall(q, np.asarray(keys), lay.n, positions, repeat, scale)
     return positions, repeat, tuple(float(m) for m in mass.mean(axis=0))
 
 
@@ -276,10 +281,7 @@ def used_buckets(cache: A2ATSCache, lay: att.Layout) -> int:
     """How many of the cache's distance buckets hold a far token at this step: the bucket of
     the farthest (position n_sinks; the step's `far_buckets`, which its far scores use too)
     and every nearer one (1 with the single distance)."""
-    _, lower_edges = cache.buckets
-    if lower_edges is None or not lay.n_far:
-        return 1
-    return int(far_buckets(lay.n, lay.n_sinks, lay.window_start, tuple(lower_edges))[0]) + 1
+    return _buckets(cache, lay)[0]
 
 
 def far_scores(tables: np.ndarray, codes: np.ndarray, cache: A2ATSCache, lay: att.Layout):

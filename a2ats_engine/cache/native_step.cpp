@@ -6,9 +6,11 @@
 // code and no temporaries (what slows them is the layer's weights having pushed the step's
 // code and data out of the CPU caches: docs/BENCHMARKS.md, "The host step in C++"). With the
 // missed-attention estimate a second call, a2ats_native_attend_estimate, attends after the NumPy
-// step moved the slot sums. Loaded with ctypes by a2ats_engine/cache/native_step.py, which
-// checks every shape before the call: nothing here validates its arguments (but the estimate's
-// slot rows, which index its sums).
+// step moved the slot sums. The step is called from Python through `step` (py_step, at the end:
+// it reads the MLX arrays' buffers in place and checks every shape before a row is read); the
+// estimate's attention and the recall through ctypes, from a2ats_engine/cache/native_step.py,
+// which checks their shapes before the call (the C functions validate only the estimate's slot
+// rows and the recall's positions, which index their sums).
 //
 // Selection rule (the same scores as NumPy's argpartition; among tied scores at the cut the
 // lowest far index, where argpartition's choice is arbitrary): the `want` highest of a row.
@@ -19,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <vector>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -611,11 +614,183 @@ extern "C" A2ATS_CLONES int a2ats_native_recall(int B, int n_kv, int G, int d, i
   return 0;
 }
 
-// An importable module, so that packagers find the library; the step itself is the C function
-// above, called through ctypes.
+namespace {
+
+// A buffer of the step, released when the call returns.
+struct Buf {
+  Py_buffer v{};
+  bool held = false;
+  Buf() = default;
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  ~Buf() {
+    if (held) PyBuffer_Release(&v);
+  }
+};
+
+// The format's type letter, without a native byte-order prefix ("f", "=f", "<f" on x86 / arm64),
+// or 0 where it is anything else.
+char type_letter(const char* fmt) {
+  if (!fmt) return 'B';
+  if (*fmt == '@' || *fmt == '=' || *fmt == '<') ++fmt;
+  return fmt[0] && !fmt[1] ? fmt[0] : 0;
+}
+
+// Take `o`'s buffer into `b`: of element type `letter` (itemsize bytes), `ndim` dimensions (or
+// any where ndim < 0), writable where asked. false with a Python error set where it is not such
+// a buffer; `*strided` set (and nothing else) where it is one but not C-contiguous.
+bool take(PyObject* o, Buf& b, const char* name, char letter, Py_ssize_t itemsize, int ndim,
+          bool writable, bool* strided) {
+  const char* type = letter == 'f' ? "float32" : letter == 'H' ? "uint16"
+                     : letter == 'i' ? "int32" : "bool";
+  const int flags = PyBUF_STRIDES | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+  if (PyObject_GetBuffer(o, &b.v, flags) < 0) {
+    PyErr_Format(PyExc_ValueError, "native step: %s are not a%s buffer", name,
+                 writable ? " writable" : "");
+    return false;
+  }
+  b.held = true;
+  if (type_letter(b.v.format) != letter || b.v.itemsize != itemsize) {
+    PyErr_Format(PyExc_ValueError, "native step: %s are not %s (buffer format %s)", name, type,
+                 b.v.format ? b.v.format : "B");
+    return false;
+  }
+  if (ndim >= 0 && b.v.ndim != ndim) {
+    PyErr_Format(PyExc_ValueError, "native step: %s have %d dimensions, not %d", name,
+                 b.v.ndim, ndim);
+    return false;
+  }
+  if (!PyBuffer_IsContiguous(&b.v, 'C')) *strided = true;
+  return true;
+}
+
+bool shape_is(const Buf& b, std::initializer_list<Py_ssize_t> want) {
+  int i = 0;
+  for (Py_ssize_t w : want)
+    if (b.v.shape[i++] != w) return false;
+  return true;
+}
+
+bool fits_int(Py_ssize_t x) { return x >= 0 && x <= (Py_ssize_t)(1 << 30); }
+
+}  // namespace
+
+// The step from Python in one call, without ctypes (a2ats_engine/cache/native_step.py, `run`):
+// step(queries, to_far, codes, keys, values, centroids, bucket, sink_logits, out, positions,
+//      repeat, m, n, n_sinks, window_start, k, cand, scale) -> the far tokens retrieved, -1 where
+// a score is NaN, -2 where the queries, rotations, codes, keys, values or centroids are not
+// C-contiguous (the caller takes the NumPy step: a trimmed cache's rows read in place). Any buffer (MLX arrays, NumPy
+// arrays): queries float32 [B, n_q, 1, d] or [B, n_kv, G, d] (n_q = n_kv * G), to_far float32 [d, ld >= m * d], codes uint16
+// [B, n_kv, cap, S], keys / values float32 [B, n_kv, cap, d], centroids float32
+// [n_kv, S, C, d / S], bucket None or int32 [F] each in [0, m), sink_logits None or float32 of
+// n_kv * G, out None or writable float32 [B, n_kv, G, d], positions writable int32 and repeat
+// writable bool [B, n_kv, M]. Every shape is checked here (a ValueError names the one that
+// does not fit) before a2ats_native_step reads a row; the compute runs without the GIL.
+static PyObject* py_step(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 18) {
+    PyErr_SetString(PyExc_TypeError, "native step: 18 arguments");
+    return nullptr;
+  }
+  long iv[6];
+  for (int i = 0; i < 6; ++i) {
+    iv[i] = PyLong_AsLong(args[11 + i]);
+    if (iv[i] == -1 && PyErr_Occurred()) return nullptr;
+  }
+  const double scale = PyFloat_AsDouble(args[17]);
+  if (scale == -1.0 && PyErr_Occurred()) return nullptr;
+  const long m = iv[0], n = iv[1], n_sinks = iv[2], window_start = iv[3], k = iv[4], cand = iv[5];
+  Buf q, to_far, codes, keys, values, cent, bucket, sinks, out, positions, repeat;
+  bool strided = false, fixed = false;  // fixed: a buffer that must be C-contiguous is not
+  if (!take(args[0], q, "queries", 'f', 4, 4, false, &strided) ||
+      !take(args[2], codes, "codes", 'H', 2, 4, false, &strided) ||
+      !take(args[3], keys, "keys", 'f', 4, 4, false, &strided) ||
+      !take(args[4], values, "values", 'f', 4, 4, false, &strided) ||
+      !take(args[1], to_far, "rotations", 'f', 4, 2, false, &strided) ||
+      !take(args[5], cent, "centroids", 'f', 4, 4, false, &strided) ||
+      (args[6] != Py_None && !take(args[6], bucket, "buckets", 'i', 4, 1, false, &fixed)) ||
+      (args[7] != Py_None && !take(args[7], sinks, "sink logits", 'f', 4, -1, false, &fixed)) ||
+      (args[8] != Py_None && !take(args[8], out, "out", 'f', 4, 4, true, &fixed)) ||
+      !take(args[9], positions, "positions", 'i', 4, 3, true, &fixed) ||
+      !take(args[10], repeat, "repeat", '?', 1, 3, true, &fixed))
+    return nullptr;
+  if (fixed) {
+    PyErr_SetString(PyExc_ValueError,
+                    "native step: buckets, sink logits and outputs must be C-contiguous");
+    return nullptr;
+  }
+  if (strided) return PyLong_FromLong(-2);
+  const Py_ssize_t B = codes.v.shape[0], n_kv = codes.v.shape[1], cap = codes.v.shape[2],
+                   S = codes.v.shape[3], d = keys.v.shape[3],
+                   n_q = q.v.shape[1] * q.v.shape[2], C = cent.v.shape[2];
+  const Py_ssize_t G = n_kv > 0 ? n_q / n_kv : 0, F = window_start - n_sinks;
+  const Py_ssize_t M = n_sinks + G * k + (n - window_start);
+  if (!(B > 0 && n_kv > 0 && G > 0 && S > 0 && d > 0 && C > 0 && n_q == n_kv * G && d % S == 0 &&
+        fits_int(B) && fits_int(n_kv) && fits_int(cap) && fits_int(d) && fits_int(C) &&
+        fits_int(n_q) && q.v.shape[0] == B && q.v.shape[3] == d && shape_is(keys, {B, n_kv, cap, d}) &&
+        shape_is(values, {B, n_kv, cap, d}) && shape_is(cent, {n_kv, S, C, d / S}) &&
+        C <= 65536)) {
+    PyErr_SetString(PyExc_ValueError, "native step: queries, codes, keys, values and centroids "
+                                      "do not share batch, KV heads, capacity and head dim");
+    return nullptr;
+  }
+  if (!(m >= 1 && m <= 4096 && to_far.v.shape[0] == d && to_far.v.shape[1] >= m * d &&
+        fits_int(to_far.v.shape[1]))) {
+    PyErr_SetString(PyExc_ValueError, "native step: rotations do not fit the buckets used");
+    return nullptr;
+  }
+  if (!(n_sinks >= 0 && window_start >= n_sinks && n >= window_start && n <= cap && k >= 1 &&
+        k <= F && cand >= 0 && cand <= F && fits_int(M))) {
+    PyErr_SetString(PyExc_ValueError, "native step: context, sinks, window or budget out of range");
+    return nullptr;
+  }
+  if (bucket.held) {
+    const int32_t* bk = static_cast<const int32_t*>(bucket.v.buf);
+    bool ok = bucket.v.shape[0] == F;
+    for (Py_ssize_t t = 0; ok && t < F; ++t) ok = bk[t] >= 0 && bk[t] < m;
+    if (!ok) {
+      PyErr_SetString(PyExc_ValueError, "native step: distance buckets do not fit the tables");
+      return nullptr;
+    }
+  } else if (m != 1) {
+    PyErr_SetString(PyExc_ValueError, "native step: several buckets used but no distance buckets");
+    return nullptr;
+  }
+  if (sinks.held && sinks.v.len != n_q * 4) {
+    PyErr_SetString(PyExc_ValueError, "native step: sink logits are not one per query head");
+    return nullptr;
+  }
+  if ((out.held && !shape_is(out, {B, n_kv, G, d})) || !shape_is(positions, {B, n_kv, M}) ||
+      !shape_is(repeat, {B, n_kv, M})) {
+    PyErr_SetString(PyExc_ValueError, "native step: outputs of the wrong shape");
+    return nullptr;
+  }
+  long got;
+  Py_BEGIN_ALLOW_THREADS;
+  got = a2ats_native_step(
+      (int)B, (int)n_kv, (int)G, (int)d, (int)m, (int)S, (int)C,
+      static_cast<const float*>(q.v.buf), static_cast<const float*>(to_far.v.buf),
+      (int)to_far.v.shape[1], static_cast<const float*>(cent.v.buf),
+      static_cast<const uint16_t*>(codes.v.buf),
+      bucket.held ? static_cast<const int32_t*>(bucket.v.buf) : nullptr,
+      static_cast<const float*>(keys.v.buf), static_cast<const float*>(values.v.buf),
+      sinks.held ? static_cast<const float*>(sinks.v.buf) : nullptr, (int)cap, (int)n,
+      (int)n_sinks, (int)window_start, (int)k, (int)cand, (float)scale,
+      out.held ? static_cast<float*>(out.v.buf) : nullptr,
+      static_cast<int32_t*>(positions.v.buf), static_cast<uint8_t*>(repeat.v.buf));
+  Py_END_ALLOW_THREADS;
+  return PyLong_FromLong(got);
+}
+
+static PyMethodDef native_methods[] = {
+    {"step", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(py_step)),
+     METH_FASTCALL, "The host decode step of one layer (see native_step.cpp)."},
+    {nullptr, nullptr, 0, nullptr}};
+
+// The module: `step` above; the estimate's attention and the recall are the C functions above,
+// called through ctypes.
 static struct PyModuleDef native_module = {
     PyModuleDef_HEAD_INIT, "_native_step",
     "The A2ATS host decode step in C++ (a2ats_engine/cache/native_step.py loads it).", -1,
-    nullptr};
+    native_methods};
 
 PyMODINIT_FUNC PyInit__native_step(void) { return PyModule_Create(&native_module); }

@@ -17,6 +17,11 @@ the sums (with the same expression as `host_step.attention_with_estimate`). A th
 `recall`, gives the exact attention mass on a selection (the inspector's shadow selection,
 `host_step.shadow`).
 
+The step is the extension's Python entry (`_native_step.step`): it takes the MLX arrays
+themselves (their buffers, read in place) and checks every shape in C++, so a layer's call costs
+no NumPy views, no ctypes conversion and no checks in Python, which after MLX's layer work ran
+several times slower than warm too. The estimate's attention and the recall go through ctypes.
+
 Built by `pip install -e .` (`setup.py`, an optional extension): where there is no compiler the
 engine runs the NumPy step and `a2ats info` says why (`status`). `A2ATS_HOST_STEP=numpy` (read
 once) or `forced("numpy")` (the benchmarks' A/B runs) turns it off; a cache whose attribute
@@ -54,14 +59,12 @@ def _load() -> tuple[Any, Any, Any, str]:
         why = f"not built ({exc.msg.split(' from ')[0]}: `pip install -e .` builds it)"
         return None, None, None, why
     try:
+        fn = _native_step.step  # the step: a Python entry, no ctypes conversion a call
         lib = ctypes.CDLL(_native_step.__file__)
-        fn, est = lib.a2ats_native_step, lib.a2ats_native_attend_estimate
-        rec = lib.a2ats_native_recall
+        est, rec = lib.a2ats_native_attend_estimate, lib.a2ats_native_recall
     except (OSError, AttributeError) as exc:
         return None, None, None, f"{_native_step.__file__} cannot be loaded: {exc}"
     P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long  # noqa: E741, N806
-    fn.argtypes = [I] * 7 + [P] * 2 + [I] + [P] * 6 + [I] * 6 + [ctypes.c_float] + [P] * 3
-    fn.restype = L
     est.argtypes = [I] * 9 + [P] * 5 + [P, L, L, I, P, L, L, P, P, L, L, P, ctypes.c_float, P, P]
     est.restype = I
     rec.argtypes = [I] * 7 + [P] * 4 + [ctypes.c_float, P]
@@ -132,82 +135,44 @@ def _ptr(a: np.ndarray | None) -> int | None:
     return None if a is None else a.__array_interface__["data"][0]
 
 
-_F32, _U16 = np.dtype(np.float32), np.dtype(np.uint16)
+_F32 = np.dtype(np.float32)
 
 
-def _centroids(cache: A2ATSCache) -> tuple:
-    """The layer's scoring centroids, checked once and kept on the cache (attribute
-    `native_centroids`) while the codebook holds the same array -> (that array, its float32
-    NumPy view, the view's address or None where the view is not C-contiguous)."""
+def _centroids(cache: A2ATSCache) -> np.ndarray:
+    """The layer's scoring centroids as a C-contiguous NumPy array (a view, or a copy where the
+    codebook's array has other strides), made once and kept on the cache (attribute
+    `native_centroids`: (the codebook's array, this one)) while the codebook holds the same
+    array."""
     cent = cache.codebook.scoring_centroids(cache.layer)
     held = getattr(cache, "native_centroids", None)
     if held is None or held[0] is not cent:
-        host = np.asarray(cent)
-        if host.dtype != _F32 or host.ndim != 4:
-            raise ValueError(f"native step: centroids {host.dtype} {host.shape}")
-        held = (cent, host, _ptr(host) if host.flags.c_contiguous else None)
-        cache.native_centroids = held
-    return held
+        held = cache.native_centroids = (cent, np.ascontiguousarray(cent))
+    return held[1]
 
 
-def _outputs(cache: A2ATSCache, B: int, n_kv: int, G: int, d: int, M: int) -> tuple:
-    """(out, positions, repeat) buffers for a step of M attended rows, kept on the cache
-    (attribute `native_outputs`) for the next step of the same M: the caller's `mx.array`s
-    copy them (a step at context n and the next differ by one window row, so most steps of a
-    decode make new ones; the same M recurs while the budget rounds to the same K)."""
-    held = getattr(cache, "native_outputs", None)
-    if held is None or held[0] != (B, n_kv, G, d, M):
-        held = cache.native_outputs = (
-            (B, n_kv, G, d, M),
-            np.empty((B, n_kv, G, d), np.float32),
-            np.empty((B, n_kv, M), np.int32),
-            np.empty((B, n_kv, M), np.bool_),
-        )
-    return held[1:]
-
-
-def run(cache: A2ATSCache, lay: Layout, q, to_far, m: int, bucket, codes, keys, values, scale,
-        sink_logits, attend: bool = True):  # fmt: skip
-    """The step: q [B, n_kv, G, d] float32, to_far [d, >= m * d] (`attention.step_rotations`),
-    m the buckets used, bucket int32 [F] or None, codes [B, n_kv, cap, S] uint16, keys / values
-    [B, n_kv, cap, d] float32 (the NumPy views the step read), sink_logits None or [n_kv * G]
-    -> (out [B, n_kv, G, d] float32 (None without `attend`), positions int32 and repeat bool
-    [B, n_kv, M], far tokens retrieved), or None where a score was NaN (the caller takes the
-    NumPy step; so too where an array is not C-contiguous). The arrays returned are the
-    cache's buffers (`_outputs`), overwritten by its next step: copy them before that."""
-    B, n_kv, G, d = q.shape
-    cap, S = codes.shape[2], codes.shape[3]
-    _, cent, cent_ptr = _centroids(cache)
-    C = cent.shape[2]
-    F = lay.window_start - lay.n_sinks
-    if not (q.dtype == to_far.dtype == keys.dtype == values.dtype == _F32) or d % S:
-        raise ValueError("native step: float32 arrays, subspaces dividing the head dim")
-    if codes.dtype != _U16:
-        raise ValueError(f"native step: codes {codes.dtype}")
-    if cent_ptr is None or not (
-        q.flags.c_contiguous and to_far.flags.c_contiguous and codes.flags.c_contiguous
-        and keys.flags.c_contiguous and values.flags.c_contiguous
-    ):  # fmt: skip
-        return None  # rows read in place with other strides (a trimmed cache): NumPy's gather
-    if keys.shape != (B, n_kv, cap, d) or values.shape != keys.shape or cent.shape != (
-        n_kv, S, C, d // S
-    ):  # fmt: skip
-        raise ValueError(f"native step: shapes {keys.shape}, {values.shape}, {cent.shape}")
-    if to_far.shape[0] != d or to_far.shape[1] < m * d or lay.n > cap or lay.k > F:
-        raise ValueError(f"native step: rotations {to_far.shape}, context {lay.n} of {cap}")
-    if bucket is not None and (bucket.shape != (F,) or bucket.dtype != np.int32 or bucket[0] >= m):
-        raise ValueError("native step: distance buckets do not fit the tables")
-    if sink_logits is not None:
-        sink_logits = np.ascontiguousarray(sink_logits, dtype=np.float32).reshape(n_kv * G)
+def run(cache: A2ATSCache, lay: Layout, queries, to_far, m: int, bucket, codes, keys, values,
+        scale, sink_logits, attend: bool = True):  # fmt: skip
+    """The step: queries float32 [B, n_q, 1, d] (or [B, n_kv, G, d]), to_far [d, >= m * d]
+    (`attention.step_rotations`), m the buckets used, bucket int32 [F] or None, codes uint16
+    [B, n_kv, cap, S], keys / values float32 [B, n_kv, cap, d] (MLX arrays, evaluated, or
+    NumPy arrays: the C++ call reads their buffers in place and checks every shape),
+    sink_logits None or float32 [n_kv * G] -> (out [B, n_kv, G, d] float32 (None without
+    `attend`), positions int32 and repeat bool [B, n_kv, M], far tokens retrieved), or None
+    where a score was NaN (the caller takes the NumPy step; so too where the queries, rotations,
+    codes or rows are not C-contiguous). The arrays returned are new: the caller keeps them."""
+    B, heads, per_head, d = queries.shape
+    n_kv = codes.shape[1]
+    G = heads * per_head // n_kv
     M = lay.n_sinks + G * lay.k + (lay.n - lay.window_start)
-    out, positions, repeat = _outputs(cache, B, n_kv, G, d, M)
+    out = np.empty((B, n_kv, G, d), np.float32) if attend else None
+    positions = np.empty((B, n_kv, M), np.int32)
+    repeat = np.empty((B, n_kv, M), np.bool_)
     got = _fn(
-        B, n_kv, G, d, m, S, C, _ptr(q), _ptr(to_far), to_far.shape[1], cent_ptr, _ptr(codes),
-        _ptr(bucket), _ptr(keys), _ptr(values), _ptr(sink_logits), cap, lay.n, lay.n_sinks,
-        lay.window_start, lay.k, rerank_candidates(cache, lay), float(scale),
-        _ptr(out) if attend else None, _ptr(positions), _ptr(repeat),
+        queries, to_far, codes, keys, values, _centroids(cache), bucket, sink_logits, out,
+        positions, repeat, m, lay.n, lay.n_sinks, lay.window_start, lay.k,
+        rerank_candidates(cache, lay), scale,
     )  # fmt: skip
-    return None if got < 0 else (out if attend else None, positions, repeat, int(got))
+    return None if got < 0 else (out, positions, repeat, got)
 
 
 def attend_estimate(q, keys, values, positions, repeat, lay: Layout, view: tuple, row_at, scale,

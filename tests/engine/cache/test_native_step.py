@@ -175,10 +175,91 @@ def test_the_native_step_refuses_arrays_it_cannot_read():
         native_step.run(cache, lay, qn, to_far, 1, None, codes, k[..., ::2, :], k, 1.0, None)
         is None
     )
+    strided_far = np.zeros((D, 2 * D), np.float32)[:, ::2]  # rotations too: declined
+    assert native_step.run(cache, lay, qn, strided_far, 1, None, codes, k, k, 1.0, None) is None
     with pytest.raises(ValueError, match="codes"):
         native_step.run(cache, lay, qn, to_far, 1, None, codes.astype(np.int32), k, k, 1.0, None)
     with pytest.raises(ValueError, match="rotations"):
         native_step.run(cache, lay, qn, to_far, 2, None, codes, k, k, 1.0, None)
+
+
+def _step_args(cache, n=300, k=12):
+    """`native_step.run`'s arguments for `_cache()`'s cache at context n, as NumPy arrays."""
+    lay = att.layout(n, 16, 4, k)
+    rng = np.random.default_rng(1)
+    rows = np.asarray(cache.rows.keys)
+    q = rng.standard_normal((1, 2, 1, D)).astype(np.float32)
+    to_far = rng.standard_normal((D, D)).astype(np.float32)
+    return lay, [q, to_far, 1, None, np.asarray(cache.codes), rows, rows, D**-0.5, None]
+
+
+def test_the_step_reads_mlx_arrays_in_place_as_numpy_arrays():
+    """The C++ entry takes the MLX arrays themselves (their buffers) and the query in either
+    layout ([B, n_q, 1, d] or [B, n_kv, G, d]): the same selection and output each way."""
+    cache, _ = _cache()
+    lay, args = _step_args(cache)
+    got = native_step.run(cache, lay, *args)
+    as_mlx = [mx.array(a) if isinstance(a, np.ndarray) else a for a in args]
+    by_mlx = native_step.run(cache, lay, *as_mlx)
+    grouped = [args[0].reshape(1, 1, 2, D), *args[1:]]
+    by_groups = native_step.run(cache, lay, *grouped)
+    assert got[3] > 0 and got[1].shape == (1, 1, 4 + 2 * 12 + (300 - lay.window_start))
+    for other in (by_mlx, by_groups):
+        assert all(np.array_equal(a, b) for a, b in zip(got[:3], other[:3], strict=True))
+        assert other[3] == got[3]
+    again = native_step.run(cache, lay, *args)
+    assert again[1] is not got[1]  # new arrays each call: the telemetry keeps the last step's
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda a: a.__setitem__(0, a[0][..., :-1].copy()), "do not share"),  # head dim
+        (lambda a: a.__setitem__(4, a[4][:, :, :200]), "do not share"),  # capacity
+        (lambda a: a.__setitem__(0, a[0].astype(np.float64)), "queries are not float32"),
+        (
+            lambda a: a.__setitem__(2, 2) or a.__setitem__(1, np.zeros((D, 2 * D), np.float32)),
+            "several buckets used but no distance buckets",
+        ),
+        (lambda a: a.__setitem__(3, np.full(280, 5, np.int32)), "do not fit"),  # bucket >= m
+        (lambda a: a.__setitem__(3, np.zeros(284, np.int32)), "do not fit"),  # not F (280) buckets
+        (lambda a: a.__setitem__(8, np.zeros(3, np.float32)), "one per query head"),
+        (lambda a: a.__setitem__(8, np.zeros(4, np.float32)[::2]), "C-contiguous"),
+    ],
+)
+def test_the_step_names_the_array_that_does_not_fit(change, says):
+    """Every shape is checked in C++ before a row is read: a ValueError names the misfit."""
+    cache, _ = _cache()
+    lay, args = _step_args(cache)
+    change(args)
+    with pytest.raises(ValueError, match=says):
+        native_step.run(cache, lay, *args)
+
+
+def test_the_step_checks_the_context_and_its_outputs():
+    cache, _ = _cache()
+    lay, args = _step_args(cache)
+    with pytest.raises(ValueError, match="context, sinks, window or budget"):
+        cap = args[5].shape[2]  # the rows' capacity (grown ahead of the 300 held)
+        native_step.run(cache, att.layout(cap + 1, 16, 4, 12), *args)  # more rows than held
+    with pytest.raises(ValueError, match="context, sinks, window or budget"):
+        native_step.run(cache, att.layout(300, 16, 4, 290), *args)  # K above the far region
+    q, to_far, m, bucket, codes, keys, values, scale, _ = args
+    fn = native_step._fn
+    M = 4 + 2 * 12 + (300 - lay.window_start)
+    out = np.empty((1, 1, 2, D), np.float32)
+    pos, rep = np.empty((1, 1, M), np.int32), np.empty((1, 1, M), np.bool_)
+    common = (q, to_far, codes, keys, values, native_step._centroids(cache), bucket, None)
+    tail = (m, lay.n, lay.n_sinks, lay.window_start, lay.k, 0, scale)
+    assert fn(*common, out, pos, rep, *tail) > 0
+    with pytest.raises(ValueError, match="outputs of the wrong shape"):
+        fn(*common, out, pos[..., :-1], rep[..., :-1], *tail)
+    read_only = pos.copy()
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match="positions are not a writable buffer"):
+        fn(*common, out, read_only, rep, *tail)
+    with pytest.raises(TypeError, match="18 arguments"):
+        fn(*common, out, pos, rep, *tail[:-1])
 
 
 def test_status_names_the_step_that_runs(monkeypatch):
