@@ -1917,6 +1917,8 @@ HOST_RUNS = (
     "decode_native_step_f25m1_rerun.json",
     "decode_native_step_f25m1_one_pass.json",
     "decode_native_step_f25m1_one_pass_rerun.json",
+    "decode_native_step_f25m1_py_entry.json",
+    "decode_native_step_f25m1_py_entry_rerun.json",
 )  # `a2ats bench decode --methods full,a2ats,a2ats_eb0` per host and day (section 2, "Hosts")
 
 
