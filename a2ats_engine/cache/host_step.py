@@ -115,11 +115,12 @@ def _native(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, valu
         return None
     m, bucket = _buckets(cache, lay)
     attend = native_step.attends(cache)
+    q = _float32(queries)
 
     def run():
         return native_step.run(
-            cache, lay, queries, to_far, m, bucket, cache.codes, keys, values, scale,
-            sink_logits, attend,
+            cache, lay, q, to_far, m, bucket, cache.codes, keys, values, scale, sink_logits,
+            attend,
         )  # fmt: skip
 
     timed, layer = retrieval.timed, cache.layer
@@ -131,16 +132,14 @@ def _native(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, valu
     retrieval.budget_used = None
     if out is None:  # the estimate: NumPy moves the slot sums, C++ attends with them
         codes, k_np, v_np = np.asarray(cache.codes), np.asarray(keys), np.asarray(values)
-        B, n_q, _, d = queries.shape
-        q = np.asarray(queries).reshape(B, codes.shape[1], -1, d)
         missed = timed(
             layer, "estimate", lambda: missed_sums(retrieval, cache, lay, codes, v_np, k_np)
         )
 
         def with_estimate():
             return native_step.attend_estimate(
-                np.ascontiguousarray(q), k_np, v_np, positions, repeat, lay, missed.view(),
-                missed.row_table(), scale, sink_logits,
+                q, keys, values, positions, repeat, lay, missed.view(), missed.row_table(), scale,
+                sink_logits,
             )  # fmt: skip
 
         attended = timed(layer, "attention", with_estimate)
@@ -148,6 +147,12 @@ def _native(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, valu
             out, share = attended
             retrieval.missed_share = mx.array(share)
     return out, positions, repeat
+
+
+def _float32(queries: mx.array):
+    """The step's queries as the C++ entries read them: the evaluated array itself where it is
+    float32, else a float32 NumPy copy (float16 activations over float32 rows)."""
+    return queries if queries.dtype == mx.float32 else np.asarray(queries).astype(np.float32)
 
 
 def _buckets(cache: A2ATSCache, lay: att.Layout) -> tuple:
@@ -170,16 +175,14 @@ def shadow(cache: A2ATSCache, queries: mx.array, lay: att.Layout, scale: float):
         return None
     to_far, keys, values = _synced(cache, queries, lay)
     m, bucket = _buckets(cache, lay)
+    q = _float32(queries)
     got = native_step.run(
-        cache, lay, queries, to_far, m, bucket, cache.codes, keys, values, scale, None,
-        attend=False,
-    )  # fmt: skip
+        cache, lay, q, to_far, m, bucket, cache.codes, keys, values, scale, None, attend=False
+    )
     if got is None:
         return None
     _, positions, repeat, _ = got
-    B, n_q, _, d = queries.shape
-    q = np.ascontiguousarray(np.asarray(queries).reshape(B, positions.shape[1], -1, d))
-    mass = native_step.recall(q, np.asarray(keys), lay.n, positions, repeat, scale)
+    mass = native_step.recall(q, keys, lay.n, positions, repeat, scale)
     return positions, repeat, tuple(float(m) for m in mass.mean(axis=0))
 
 

@@ -6,11 +6,11 @@
 // code and no temporaries (what slows them is the layer's weights having pushed the step's
 // code and data out of the CPU caches: docs/BENCHMARKS.md, "The host step in C++"). With the
 // missed-attention estimate a second call, a2ats_native_attend_estimate, attends after the NumPy
-// step moved the slot sums. The step is called from Python through `step` (py_step, at the end:
-// it reads the MLX arrays' buffers in place and checks every shape before a row is read); the
-// estimate's attention and the recall through ctypes, from a2ats_engine/cache/native_step.py,
-// which checks their shapes before the call (the C functions validate only the estimate's slot
-// rows and the recall's positions, which index their sums).
+// step moved the slot sums. Python calls them through the module's entries at the end (`step`,
+// `estimate`, `recall`, from a2ats_engine/cache/native_step.py): each reads its arrays' buffers
+// in place (MLX arrays or NumPy arrays) and checks every shape before the C function reads a
+// row; the C functions themselves validate only what indexes their sums (the estimate's slot
+// rows, the recall's positions).
 //
 // Selection rule (the same scores as NumPy's argpartition; among tied scores at the cut the
 // lowest far index, where argpartition's choice is arbitrary): the `want` highest of a row.
@@ -781,13 +781,186 @@ static PyObject* py_step(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return PyLong_FromLong(got);
 }
 
+namespace {
+
+// The element stride of dimension i (bytes / itemsize), or -1 where it is not a whole number.
+long elems(const Buf& b, int i) {
+  const Py_ssize_t s = b.v.strides[i];
+  return s % b.v.itemsize ? -1 : (long)(s / b.v.itemsize);
+}
+
+// q [B, n_q, 1, d] or [B, n_kv, G, d] of `B`, `n_kv` heads and head dim `d` -> G, or 0.
+Py_ssize_t groups(const Buf& q, Py_ssize_t B, Py_ssize_t n_kv, Py_ssize_t d) {
+  const Py_ssize_t n_q = q.v.shape[1] * q.v.shape[2];
+  if (q.v.shape[0] != B || q.v.shape[3] != d || n_kv <= 0 || n_q % n_kv) return 0;
+  return n_q / n_kv;
+}
+
+bool read_ints(PyObject* const* args, int count, long* out) {
+  for (int i = 0; i < count; ++i) {
+    out[i] = PyLong_AsLong(args[i]);
+    if (out[i] == -1 && PyErr_Occurred()) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+// a2ats_native_attend_estimate from Python: estimate(queries, keys, values, positions, repeat,
+// counts, sums, key_sums, row_at, sink_logits, out, share, n_sinks, n_window, scale) -> 0, or
+// -2 where the queries, rows or selection are not C-contiguous, or the slot rows' last
+// dimensions not packed (the caller's NumPy attention takes them). Buffers: queries float32
+// [B, n_q, 1, d] or [B, n_kv, G, d]; keys / values float32 [B, n_kv, cap, d]; positions int32
+// and repeat bool [B, n_kv, M] (the step's); counts float32 [B, n_kv, R]; sums and key_sums
+// float32 [B, n_kv, R, d] (the same strides); row_at int32 [B, n_kv, P]; sink_logits None or
+// n_q float32; out float32 [B, n_kv, G, d] and share float32 [B, n_kv, G], writable. The union
+// is the columns [n_sinks, M - n_window). A ValueError names what does not fit, or a union
+// column whose position or slot row is out of range.
+static PyObject* py_estimate(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 15) {
+    PyErr_SetString(PyExc_TypeError, "native estimate: 15 arguments");
+    return nullptr;
+  }
+  long iv[2];
+  if (!read_ints(args + 12, 2, iv)) return nullptr;
+  const double scale = PyFloat_AsDouble(args[14]);
+  if (scale == -1.0 && PyErr_Occurred()) return nullptr;
+  Buf q, keys, values, positions, repeat, counts, sums, key_sums, row_at, sinks, out, share;
+  bool strided = false, fixed = false, rows = false;  // rows: slot rows taken with any strides
+  if (!take(args[0], q, "queries", 'f', 4, 4, false, &strided) ||
+      !take(args[1], keys, "keys", 'f', 4, 4, false, &strided) ||
+      !take(args[2], values, "values", 'f', 4, 4, false, &strided) ||
+      !take(args[3], positions, "positions", 'i', 4, 3, false, &strided) ||
+      !take(args[4], repeat, "repeat", '?', 1, 3, false, &strided) ||
+      !take(args[5], counts, "counts", 'f', 4, 3, false, &rows) ||
+      !take(args[6], sums, "sums", 'f', 4, 4, false, &rows) ||
+      (args[7] == Py_None && (PyErr_SetString(PyExc_ValueError, "native estimate: key sums "
+                                              "(the mean-key scores)"), true)) ||
+      !take(args[7], key_sums, "key sums", 'f', 4, 4, false, &rows) ||
+      !take(args[8], row_at, "slot rows", 'i', 4, 3, false, &rows) ||
+      (args[9] != Py_None && !take(args[9], sinks, "sink logits", 'f', 4, -1, false, &fixed)) ||
+      !take(args[10], out, "out", 'f', 4, 4, true, &fixed) ||
+      !take(args[11], share, "share", 'f', 4, 3, true, &fixed))
+    return nullptr;
+  if (fixed) {
+    PyErr_SetString(PyExc_ValueError, "native estimate: sink logits and outputs must be "
+                                      "C-contiguous");
+    return nullptr;
+  }
+  const Py_ssize_t B = keys.v.shape[0], n_kv = keys.v.shape[1], cap = keys.v.shape[2],
+                   d = keys.v.shape[3], M = positions.v.shape[2], R = counts.v.shape[2],
+                   P = row_at.v.shape[2];
+  const Py_ssize_t G = groups(q, B, n_kv, d);
+  const Py_ssize_t U = M - iv[0] - iv[1];
+  if (!(G > 0 && shape_is(values, {B, n_kv, cap, d}) && shape_is(positions, {B, n_kv, M}) &&
+        shape_is(repeat, {B, n_kv, M}) && shape_is(counts, {B, n_kv, R}) &&
+        shape_is(sums, {B, n_kv, R, d}) && shape_is(key_sums, {B, n_kv, R, d}) &&
+        row_at.v.shape[0] == B && row_at.v.shape[1] == n_kv && R >= 1 && iv[0] >= 0 &&
+        iv[1] >= 0 && U >= 0 && fits_int(B) && fits_int(n_kv) && fits_int(cap) &&
+        fits_int(d) && fits_int(M) && fits_int(R) && fits_int(P) && fits_int(G))) {
+    PyErr_SetString(PyExc_ValueError, "native estimate: queries, rows, selection and slot rows "
+                                      "do not share batch, KV heads, head dim and columns");
+    return nullptr;
+  }
+  if ((sinks.held && sinks.v.len != n_kv * G * 4) || !shape_is(out, {B, n_kv, G, d}) ||
+      !shape_is(share, {B, n_kv, G})) {
+    PyErr_SetString(PyExc_ValueError, "native estimate: sink logits or outputs of the wrong "
+                                      "shape");
+    return nullptr;
+  }
+  if (strided) return PyLong_FromLong(-2);
+  const long cs_b = elems(counts, 0), cs_h = elems(counts, 1), ss_b = elems(sums, 0),
+             ss_h = elems(sums, 1), ra_b = elems(row_at, 0), ra_h = elems(row_at, 1);
+  if (elems(counts, 2) != 1 || elems(row_at, 2) != 1 || elems(sums, 3) != 1 ||
+      elems(sums, 2) != d || cs_b < 0 || cs_h < 0 || ss_b < 0 || ss_h < 0 || ra_b < 0 ||
+      ra_h < 0 || key_sums.v.strides[0] != sums.v.strides[0] ||
+      key_sums.v.strides[1] != sums.v.strides[1] || key_sums.v.strides[2] != sums.v.strides[2] ||
+      key_sums.v.strides[3] != sums.v.strides[3])
+    return PyLong_FromLong(-2);
+  int bad;
+  Py_BEGIN_ALLOW_THREADS;
+  bad = a2ats_native_attend_estimate(
+      (int)B, (int)n_kv, (int)G, (int)d, (int)cap, (int)M, (int)iv[0], (int)U, (int)R,
+      static_cast<const float*>(q.v.buf), static_cast<const float*>(keys.v.buf),
+      static_cast<const float*>(values.v.buf), static_cast<const int32_t*>(positions.v.buf),
+      static_cast<const uint8_t*>(repeat.v.buf), static_cast<const int32_t*>(row_at.v.buf),
+      ra_b, ra_h, (int)P, static_cast<const float*>(counts.v.buf), cs_b, cs_h,
+      static_cast<const float*>(sums.v.buf), static_cast<const float*>(key_sums.v.buf), ss_b,
+      ss_h, sinks.held ? static_cast<const float*>(sinks.v.buf) : nullptr, (float)scale,
+      static_cast<float*>(out.v.buf), static_cast<float*>(share.v.buf));
+  Py_END_ALLOW_THREADS;
+  if (bad) {
+    PyErr_SetString(PyExc_ValueError, "native estimate: a retrieved column's position or slot "
+                                      "row is out of range");
+    return nullptr;
+  }
+  return PyLong_FromLong(0);
+}
+
+// a2ats_native_recall from Python: recall(queries, keys, n, positions, repeat, scale, mass) ->
+// None. Buffers, all C-contiguous: queries float32 [B, n_q, 1, d] or [B, n_kv, G, d]; keys
+// float32 [B, n_kv, cap, d] (the first n rows held, 0 < n <= cap); positions int32 and repeat
+// bool [B, n_kv, M]; mass float32 [B, n_kv], writable. A ValueError names what does not fit,
+// or a selected position outside the n rows.
+static PyObject* py_recall(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 7) {
+    PyErr_SetString(PyExc_TypeError, "native recall: 7 arguments");
+    return nullptr;
+  }
+  long n;
+  if (!read_ints(args + 2, 1, &n)) return nullptr;
+  const double scale = PyFloat_AsDouble(args[5]);
+  if (scale == -1.0 && PyErr_Occurred()) return nullptr;
+  Buf q, keys, positions, repeat, mass;
+  bool strided = false;
+  if (!take(args[0], q, "queries", 'f', 4, 4, false, &strided) ||
+      !take(args[1], keys, "keys", 'f', 4, 4, false, &strided) ||
+      !take(args[3], positions, "positions", 'i', 4, 3, false, &strided) ||
+      !take(args[4], repeat, "repeat", '?', 1, 3, false, &strided) ||
+      !take(args[6], mass, "mass", 'f', 4, 2, true, &strided))
+    return nullptr;
+  if (strided) {
+    PyErr_SetString(PyExc_ValueError, "native recall: C-contiguous arrays");
+    return nullptr;
+  }
+  const Py_ssize_t B = keys.v.shape[0], n_kv = keys.v.shape[1], cap = keys.v.shape[2],
+                   d = keys.v.shape[3], M = positions.v.shape[2];
+  const Py_ssize_t G = groups(q, B, n_kv, d);
+  if (!(G > 0 && n > 0 && n <= cap && shape_is(positions, {B, n_kv, M}) &&
+        shape_is(repeat, {B, n_kv, M}) && shape_is(mass, {B, n_kv}) && fits_int(B) &&
+        fits_int(n_kv) && fits_int(cap) && fits_int(d) && fits_int(M) && fits_int(G))) {
+    PyErr_SetString(PyExc_ValueError, "native recall: shapes of queries, keys, selection and "
+                                      "context do not fit");
+    return nullptr;
+  }
+  int bad;
+  Py_BEGIN_ALLOW_THREADS;
+  bad = a2ats_native_recall((int)B, (int)n_kv, (int)G, (int)d, (int)cap, (int)n, (int)M,
+                            static_cast<const float*>(q.v.buf),
+                            static_cast<const float*>(keys.v.buf),
+                            static_cast<const int32_t*>(positions.v.buf),
+                            static_cast<const uint8_t*>(repeat.v.buf), (float)scale,
+                            static_cast<float*>(mass.v.buf));
+  Py_END_ALLOW_THREADS;
+  if (bad) {
+    PyErr_Format(PyExc_ValueError, "native recall: a selected position is outside the %ld rows "
+                 "held", n);
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef native_methods[] = {
     {"step", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(py_step)),
      METH_FASTCALL, "The host decode step of one layer (see native_step.cpp)."},
+    {"estimate", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(py_estimate)),
+     METH_FASTCALL, "The attention with the missed-attention estimate (see native_step.cpp)."},
+    {"recall", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(py_recall)),
+     METH_FASTCALL, "The exact attention mass on a selection (see native_step.cpp)."},
     {nullptr, nullptr, 0, nullptr}};
 
-// The module: `step` above; the estimate's attention and the recall are the C functions above,
-// called through ctypes.
+// The module: `step`, `estimate` and `recall` above, each checking its buffers before the C
+// function it calls reads a row.
 static struct PyModuleDef native_module = {
     PyModuleDef_HEAD_INIT, "_native_step",
     "The A2ATS host decode step in C++ (a2ats_engine/cache/native_step.py loads it).", -1,

@@ -17,10 +17,10 @@ the sums (with the same expression as `host_step.attention_with_estimate`). A th
 `recall`, gives the exact attention mass on a selection (the inspector's shadow selection,
 `host_step.shadow`).
 
-The step is the extension's Python entry (`_native_step.step`): it takes the MLX arrays
-themselves (their buffers, read in place) and checks every shape in C++, so a layer's call costs
-no NumPy views, no ctypes conversion and no checks in Python, which after MLX's layer work ran
-several times slower than warm too. The estimate's attention and the recall go through ctypes.
+Each is an entry of the extension (`_native_step.step`, `.estimate`, `.recall`): it takes the
+MLX arrays themselves (their buffers, read in place) and checks every shape in C++, so a
+layer's call costs no NumPy views, no ctypes conversion and no checks in Python, which after
+MLX's layer work ran several times slower than warm too.
 
 Built by `pip install -e .` (`setup.py`, an optional extension): where there is no compiler the
 engine runs the NumPy step and `a2ats info` says why (`status`). `A2ATS_HOST_STEP=numpy` (read
@@ -31,7 +31,6 @@ once) or `forced("numpy")` (the benchmarks' A/B runs) turns it off; a cache whos
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import warnings
 from collections.abc import Iterator
@@ -59,17 +58,9 @@ def _load() -> tuple[Any, Any, Any, str]:
         why = f"not built ({exc.msg.split(' from ')[0]}: `pip install -e .` builds it)"
         return None, None, None, why
     try:
-        fn = _native_step.step  # the step: a Python entry, no ctypes conversion a call
-        lib = ctypes.CDLL(_native_step.__file__)
-        est, rec = lib.a2ats_native_attend_estimate, lib.a2ats_native_recall
-    except (OSError, AttributeError) as exc:
-        return None, None, None, f"{_native_step.__file__} cannot be loaded: {exc}"
-    P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long  # noqa: E741, N806
-    est.argtypes = [I] * 9 + [P] * 5 + [P, L, L, I, P, L, L, P, P, L, L, P, ctypes.c_float, P, P]
-    est.restype = I
-    rec.argtypes = [I] * 7 + [P] * 4 + [ctypes.c_float, P]
-    rec.restype = I
-    return fn, est, rec, ""
+        return _native_step.step, _native_step.estimate, _native_step.recall, ""
+    except AttributeError as exc:  # a build of an older native_step.cpp
+        return None, None, None, f"{_native_step.__file__} is an older build: {exc}"
 
 
 _fn, _estimate_fn, _recall_fn, _why = _load()
@@ -131,10 +122,6 @@ def attends(cache: A2ATSCache) -> bool:
     return not cache.estimates
 
 
-def _ptr(a: np.ndarray | None) -> int | None:
-    return None if a is None else a.__array_interface__["data"][0]
-
-
 _F32 = np.dtype(np.float32)
 
 
@@ -178,81 +165,31 @@ def run(cache: A2ATSCache, lay: Layout, queries, to_far, m: int, bucket, codes, 
 def attend_estimate(q, keys, values, positions, repeat, lay: Layout, view: tuple, row_at, scale,
                     sink_logits):  # fmt: skip
     """`host_step.attention_with_estimate` with key sums (mean slot scores) over the rows the
-    cache holds: q [B, n_kv, G, d] float32, keys / values [B, n_kv, cap, d] float32 (the
-    NumPy views the step read), positions int32 / repeat bool [B, n_kv, M] (`run`'s), view
-    the step's `SlotRows.view()` (counts, sums, key sums, slots), row_at int32 [B, n_kv, P] the
-    row of each far position's slot (`SlotRows.row_table`) -> (output [B, n_kv, G, d],
-    estimated share [B, n_kv, G]) float32, or None where an array has other strides (the
-    NumPy attention takes it)."""
+    cache holds: q float32 [B, n_q, 1, d] or [B, n_kv, G, d], keys / values float32
+    [B, n_kv, cap, d] (MLX arrays, evaluated, or NumPy arrays: read in place), positions int32 /
+    repeat bool [B, n_kv, M] (`run`'s), view the step's `SlotRows.view()` (counts, sums, key
+    sums, slots), row_at int32 [B, n_kv, P] the row of each far position's slot
+    (`SlotRows.row_table`) -> (output [B, n_kv, G, d], estimated share [B, n_kv, G]) float32,
+    or None where an array has other strides (the NumPy attention takes it). The C++ entry
+    checks every shape (ValueError)."""
     counts, sums, key_sums, _ = view
-    B, n_kv, G, d = q.shape
-    cap, M, R = keys.shape[2], positions.shape[-1], counts.shape[-1]
-    U = M - lay.n_sinks - (lay.n - lay.window_start)
-    if key_sums is None or not (
-        q.dtype == keys.dtype == values.dtype == counts.dtype == sums.dtype == key_sums.dtype
-        == _F32
-    ):  # fmt: skip
-        raise ValueError("native estimate: float32 arrays and key sums")
-    if (
-        keys.shape != (B, n_kv, cap, d) or values.shape != keys.shape
-        or positions.shape != (B, n_kv, M) or repeat.shape != positions.shape
-        or positions.dtype != np.int32 or repeat.dtype != np.bool_
-        or row_at.shape[:2] != (B, n_kv) or row_at.dtype != np.int32
-        or counts.shape != (B, n_kv, R) or sums.shape != (B, n_kv, R, d)
-        or key_sums.shape != sums.shape or key_sums.strides != sums.strides
-    ):  # fmt: skip
-        raise ValueError(f"native estimate: shapes {keys.shape}, {positions.shape}, {sums.shape}")
-    if not (
-        q.flags.c_contiguous and keys.flags.c_contiguous and values.flags.c_contiguous
-        and positions.flags.c_contiguous and repeat.flags.c_contiguous
-        and row_at.strides[-1] == 4 and counts.strides[-1] == 4 and sums.strides[-2:] == (4 * d, 4)
-    ):  # fmt: skip
-        return None
-    if sink_logits is not None:
-        sink_logits = np.ascontiguousarray(sink_logits, dtype=np.float32).reshape(n_kv * G)
-    out = np.empty((B, n_kv, G, d), np.float32)
+    B, n_kv, _ = positions.shape
+    G = q.shape[1] * q.shape[2] // n_kv
+    out = np.empty((B, n_kv, G, keys.shape[-1]), np.float32)
     share = np.empty((B, n_kv, G), np.float32)
-    bad = _estimate_fn(
-        B, n_kv, G, d, cap, M, lay.n_sinks, U, R, _ptr(q), _ptr(keys), _ptr(values),
-        _ptr(positions), _ptr(repeat), _ptr(row_at), row_at.strides[0] // 4,
-        row_at.strides[1] // 4, row_at.shape[2], _ptr(counts), counts.strides[0] // 4,
-        counts.strides[1] // 4, _ptr(sums), _ptr(key_sums), sums.strides[0] // 4,
-        sums.strides[1] // 4, _ptr(sink_logits), float(scale), _ptr(out), _ptr(share),
+    got = _estimate_fn(
+        q, keys, values, positions, repeat, counts, sums, key_sums, row_at, sink_logits, out,
+        share, lay.n_sinks, lay.n - lay.window_start, scale,
     )  # fmt: skip
-    if bad:
-        raise ValueError(
-            "native estimate: a retrieved column's position or slot row is out of range"
-        )
-    return out, share
+    return None if got < 0 else (out, share)
 
 
 def recall(q, keys, n: int, positions, repeat, scale) -> np.ndarray:
-    """The exact attention mass on a selection (`layer_stats.attention_recall`): q
-    [B, n_kv, G, d] float32, keys [B, n_kv, cap, d] float32 (the NumPy view the step read, the
-    first n rows held), positions int32 / repeat bool [B, n_kv, M] (`run`'s) -> float32
-    [B, n_kv], each averaged over the group's query heads."""
-    B, n_kv, G, d = q.shape
-    cap, M = keys.shape[2], positions.shape[-1]
-    if (
-        not (q.dtype == keys.dtype == _F32)
-        or positions.dtype != np.int32
-        or repeat.dtype != np.bool_
-    ):
-        raise ValueError("native recall: float32 queries and rows, int32 positions")
-    if keys.shape != (B, n_kv, cap, d) or positions.shape != (B, n_kv, M) or (
-        repeat.shape != positions.shape or not 0 < n <= cap
-    ):  # fmt: skip
-        raise ValueError(f"native recall: shapes {q.shape}, {keys.shape}, {positions.shape}")
-    if not (
-        q.flags.c_contiguous and keys.flags.c_contiguous and positions.flags.c_contiguous
-        and repeat.flags.c_contiguous
-    ):  # fmt: skip
-        raise ValueError("native recall: C-contiguous arrays")
-    mass = np.empty((B, n_kv), np.float32)
-    bad = _recall_fn(
-        B, n_kv, G, d, cap, n, M, _ptr(q), _ptr(keys), _ptr(positions), _ptr(repeat),
-        float(scale), _ptr(mass),
-    )  # fmt: skip
-    if bad:
-        raise ValueError(f"native recall: a selected position is outside the {n} rows held")
+    """The exact attention mass on a selection (`layer_stats.attention_recall`): q float32
+    [B, n_q, 1, d] or [B, n_kv, G, d], keys float32 [B, n_kv, cap, d] (MLX arrays, evaluated,
+    or NumPy arrays: read in place; the first n rows held), positions int32 / repeat bool
+    [B, n_kv, M] (`run`'s) -> float32 [B, n_kv], each averaged over the group's query heads.
+    The C++ entry checks every shape (ValueError)."""
+    mass = np.empty(positions.shape[:2], np.float32)
+    _recall_fn(q, keys, n, positions, repeat, scale, mass)
     return mass

@@ -141,6 +141,27 @@ def test_float16_rows_take_the_numpy_step(monkeypatch):
     assert cache.attend(q, None, None, scale=D**-0.5).shape == (1, 2, 1, D)
 
 
+@pytest.mark.parametrize("knobs", [{}, {"estimate_missed": True}])
+def test_float16_queries_over_float32_rows_run_the_native_step(monkeypatch, knobs):
+    """The C++ entries read float32: float16 activations over float32 rows are converted, not
+    refused, and attend as the float32 query does (its shadow selection too)."""
+    cache, q = _cache(**knobs)
+    q = q.astype(mx.float16).astype(mx.float32)  # a query float16 can hold exactly
+    calls = []
+    run = native_step.run
+    monkeypatch.setattr(native_step, "run", lambda *a, **k: calls.append(1) or run(*a, **k))
+    want = cache.attend(q, None, None, scale=D**-0.5)
+    cache.trim(1)
+    cache.update_and_fetch(*(mx.array(np.asarray(cache.rows.keys)[:, :, 299:300]),) * 2)
+    got = cache.attend(q.astype(mx.float16), None, None, scale=D**-0.5)
+    assert len(calls) == 2 and got.dtype == mx.float16
+    np.testing.assert_allclose(np.asarray(got.astype(mx.float32)), np.asarray(want), atol=2e-3)
+    cfg = cache.config
+    lay = att.layout(cache.offset, cfg.window, cfg.sinks, cfg.top_k(cache.offset))
+    by16, by32 = (host_step.shadow(cache, x, lay, D**-0.5) for x in (q.astype(mx.float16), q))
+    assert np.array_equal(by16[0], by32[0]) and by16[2] == pytest.approx(by32[2], abs=1e-5)
+
+
 def test_a_nan_score_takes_the_numpy_step(monkeypatch):
     """NaN ranks highest in argpartition; the C++ step declines the call instead of guessing."""
     cache, q = _cache()
@@ -318,3 +339,12 @@ def test_the_estimate_attention_checks_rows_and_declines_other_strides():
     wide = np.zeros((1, 1, 10, 2 * d), np.float32)
     wide[..., :d] = keys
     assert native_step.attend_estimate(q, wide[..., :d], values, *args, row_at, 0.3, None) is None
+    short = (view[0][..., :2], *view[1:])  # counts of 2 rows, sums of 3
+    with pytest.raises(ValueError, match="do not share"):
+        native_step.attend_estimate(q, keys, values, positions, repeat, lay, short, row_at, 0.3,
+                                    None)  # fmt: skip
+    with pytest.raises(ValueError, match="key sums"):
+        native_step.attend_estimate(q, keys, values, *args[:3], view[:2] + (None, None), row_at,
+                                    0.3, None)  # fmt: skip
+    with pytest.raises(ValueError, match="sink logits or outputs"):
+        native_step.attend_estimate(q, keys, values, *args, row_at, 0.3, np.zeros(2, np.float32))

@@ -107,6 +107,10 @@ def test_the_native_recall_is_the_attention_mass_on_the_selection():
         native_step.recall(q, keys, n, positions, repeat, scale)
     with pytest.raises(ValueError, match="shapes"):
         native_step.recall(q, keys, cap + 1, positions, repeat, scale)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        native_step.recall(q, keys[:, :, ::2], n // 2, positions // 2, repeat, scale)
+    with pytest.raises(ValueError, match="queries are not float32"):
+        native_step.recall(q.astype(np.float16), keys, n, positions // 2, repeat, scale)
 
 
 def test_the_host_step_hands_its_selection_as_numpy_copies(monkeypatch):
