@@ -1258,6 +1258,33 @@ def step_overhead_table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def graph_step_table(data: dict) -> str:
+    """`docs/benchmarks/graph_step/run.py`: the retrieval step inside MLX's graph (a prototype)
+    against the shipped step with its per-layer sync, both against KVCache."""
+    lines = [
+        "| context | KVCache ms / step | shipped step (one sync a layer) ms | in the graph ms "
+        "| shipped / KVCache time (spread) | in the graph / KVCache time (spread) "
+        "| same tokens |",
+        "|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in data["results"]:
+        ms, t, sp = r["step_ms"], r["time_vs_kvcache"], r["spread"]
+        lines.append(
+            f"| {r['context']:,} | {ms['kvcache']:.1f} | {ms['sync']:.1f} | {ms['graph']:.1f} | "
+            f"{t['sync']:.2f}x ({sp['sync'][0]:.2f}-{sp['sync'][1]:.2f}) | "
+            f"{t['graph']:.2f}x ({sp['graph'][0]:.2f}-{sp['graph'][1]:.2f}) | "
+            f"{'yes' if r['same_tokens'] else 'no'}, {r['tokens_compared']} |"
+        )
+    lines += [
+        "",
+        f"`{data['command']}`; {data['machine']}; {data['model']}, retrieval forced, the "
+        f"estimate off; median of {data['rounds']} rounds of {data['steps_per_round']} greedy "
+        f"steps per cache list (each round's median step), the three taking turns, after "
+        f"{data['untimed_steps']} untimed steps.",
+    ]
+    return "\n".join(lines)
+
+
 def host_step_ab_table(data: dict) -> str:
     """`docs/benchmarks/host_step_ab.py`: this tree's host step against a past commit's, with
     and without the estimate, interleaved in one decode."""
@@ -2017,6 +2044,8 @@ def blocks() -> dict[str, str]:
         ("profile-host-f25m17", "profile_step_host_f25m17.json", profile_table),
         ("host-step-cold-host-f25m17", "host_step_cold_host_f25m17.json", host_step_cold_table),
         ("step-overhead-host-f25m17", "step_overhead_host_f25m17.json", step_overhead_table),
+        ("graph-step", "graph_step.json", graph_step_table),
+        ("graph-step-rerun", "graph_step_rerun.json", graph_step_table),
         ("host-step-ab-estimate", "host_step_ab_estimate.json", host_step_ab_table),
         ("host-step-ab-1k", "host_step_ab_1k.json", host_step_ab_table),
         ("host-step-ab-step-sums", "host_step_ab_step_sums.json", host_step_ab_table),
