@@ -673,29 +673,35 @@ bool shape_is(const Buf& b, std::initializer_list<Py_ssize_t> want) {
 
 bool fits_int(Py_ssize_t x) { return x >= 0 && x <= (Py_ssize_t)(1 << 30); }
 
+bool read_ints(PyObject* const* args, int count, long* out) {
+  for (int i = 0; i < count; ++i) {
+    out[i] = PyLong_AsLong(args[i]);
+    if (out[i] == -1 && PyErr_Occurred()) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
-// The step from Python in one call, without ctypes (a2ats_engine/cache/native_step.py, `run`):
+// The step from Python in one call (a2ats_engine/cache/native_step.py, `run`):
 // step(queries, to_far, codes, keys, values, centroids, bucket, sink_logits, out, positions,
 //      repeat, m, n, n_sinks, window_start, k, cand, scale) -> the far tokens retrieved, -1 where
 // a score is NaN, -2 where the queries, rotations, codes, keys, values or centroids are not
-// C-contiguous (the caller takes the NumPy step: a trimmed cache's rows read in place). Any buffer (MLX arrays, NumPy
-// arrays): queries float32 [B, n_q, 1, d] or [B, n_kv, G, d] (n_q = n_kv * G), to_far float32 [d, ld >= m * d], codes uint16
-// [B, n_kv, cap, S], keys / values float32 [B, n_kv, cap, d], centroids float32
-// [n_kv, S, C, d / S], bucket None or int32 [F] each in [0, m), sink_logits None or float32 of
-// n_kv * G, out None or writable float32 [B, n_kv, G, d], positions writable int32 and repeat
-// writable bool [B, n_kv, M]. Every shape is checked here (a ValueError names the one that
-// does not fit) before a2ats_native_step reads a row; the compute runs without the GIL.
+// C-contiguous (the caller takes the NumPy step: a trimmed cache's rows read in place). Any
+// buffer (MLX arrays, NumPy arrays): queries float32 [B, n_q, 1, d] or [B, n_kv, G, d]
+// (n_q = n_kv * G), to_far float32 [d, ld >= m * d], codes uint16 [B, n_kv, cap, S], keys /
+// values float32 [B, n_kv, cap, d], centroids float32 [n_kv, S, C, d / S], bucket None or int32
+// [F] each in [0, m), sink_logits None or float32 of n_kv * G, out None or writable float32
+// [B, n_kv, G, d], positions writable int32 and repeat writable bool [B, n_kv, M]. Every shape
+// is checked here (a ValueError names the one that does not fit) before a2ats_native_step
+// reads a row; the compute runs without the GIL.
 static PyObject* py_step(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 18) {
     PyErr_SetString(PyExc_TypeError, "native step: 18 arguments");
     return nullptr;
   }
   long iv[6];
-  for (int i = 0; i < 6; ++i) {
-    iv[i] = PyLong_AsLong(args[11 + i]);
-    if (iv[i] == -1 && PyErr_Occurred()) return nullptr;
-  }
+  if (!read_ints(args + 11, 6, iv)) return nullptr;
   const double scale = PyFloat_AsDouble(args[17]);
   if (scale == -1.0 && PyErr_Occurred()) return nullptr;
   const long m = iv[0], n = iv[1], n_sinks = iv[2], window_start = iv[3], k = iv[4], cand = iv[5];
@@ -726,7 +732,8 @@ static PyObject* py_step(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   const Py_ssize_t M = n_sinks + G * k + (n - window_start);
   if (!(B > 0 && n_kv > 0 && G > 0 && S > 0 && d > 0 && C > 0 && n_q == n_kv * G && d % S == 0 &&
         fits_int(B) && fits_int(n_kv) && fits_int(cap) && fits_int(d) && fits_int(C) &&
-        fits_int(n_q) && q.v.shape[0] == B && q.v.shape[3] == d && shape_is(keys, {B, n_kv, cap, d}) &&
+        fits_int(n_q) && q.v.shape[0] == B && q.v.shape[3] == d &&
+        shape_is(keys, {B, n_kv, cap, d}) &&
         shape_is(values, {B, n_kv, cap, d}) && shape_is(cent, {n_kv, S, C, d / S}) &&
         C <= 65536)) {
     PyErr_SetString(PyExc_ValueError, "native step: queries, codes, keys, values and centroids "
@@ -734,7 +741,7 @@ static PyObject* py_step(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     return nullptr;
   }
   if (!(m >= 1 && m <= 4096 && to_far.v.shape[0] == d && to_far.v.shape[1] >= m * d &&
-        fits_int(to_far.v.shape[1]))) {
+        fits_int(to_far.v.shape[1]) && fits_int(G * m * S * C))) {  // the tables' floats
     PyErr_SetString(PyExc_ValueError, "native step: rotations do not fit the buckets used");
     return nullptr;
   }
@@ -794,14 +801,6 @@ Py_ssize_t groups(const Buf& q, Py_ssize_t B, Py_ssize_t n_kv, Py_ssize_t d) {
   const Py_ssize_t n_q = q.v.shape[1] * q.v.shape[2];
   if (q.v.shape[0] != B || q.v.shape[3] != d || n_kv <= 0 || n_q % n_kv) return 0;
   return n_q / n_kv;
-}
-
-bool read_ints(PyObject* const* args, int count, long* out) {
-  for (int i = 0; i < count; ++i) {
-    out[i] = PyLong_AsLong(args[i]);
-    if (out[i] == -1 && PyErr_Occurred()) return false;
-  }
-  return true;
 }
 
 }  // namespace
