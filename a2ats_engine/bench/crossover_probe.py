@@ -190,6 +190,8 @@ def measure_crossover(
     )  # fmt: skip
     a2ats_layers = len(plan.a2ats_layers)
     est_ratio = timings[-1].estimate_ratio if timings else None
+    if est_ratio is not None:  # as recorded: the layers follow from the ratio the entry holds
+        est_ratio = round(est_ratio, 3)
     est_layers = None if est_ratio is None else xo.affordable_layers(est_ratio, a2ats_layers)
     ratios = {t.context: t.ratio for t in timings}
     decision = xo.decide_crossover(
@@ -212,7 +214,7 @@ def measure_crossover(
         **(
             {
                 "estimate": {
-                    "ratio": round(timings[-1].estimate_ratio, 3),
+                    "ratio": est_ratio,
                     "ratio_runs": [round(r, 3) for r in timings[-1].estimate_ratios],
                     "context": timings[-1].context,
                     "steps": ESTIMATE_STEPS * steps,

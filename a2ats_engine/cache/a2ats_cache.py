@@ -22,7 +22,7 @@ from ..errors import A2ATSError, ModelNotSupportedError
 from ..records import planning_context
 from . import attention as att
 from . import layer_stats
-from .code_store import CodeStore
+from .code_store import CodeStore, checked_codes
 from .config import A2ATSConfig
 from .crossover import measured_crossover, measured_estimate, step_kind
 from .kinds import check_storage, group_size, make_rows
@@ -251,7 +251,7 @@ class A2ATSCache(_BaseCache):
             )
         if arrays:
             n = self.rows.load(arrays[:-1])
-            self.codes = arrays[-1].astype(mx.uint16)
+            self.codes = checked_codes(arrays[-1], self.codebook)
             self.offset = self.codes.shape[2]
             if n != self.offset:
                 raise ValueError(f"A2ATSCache state: {n} K/V rows but {self.offset} codes")

@@ -84,3 +84,22 @@ def key_codes(codebook, layer: int, rope: RopeSpec, keys: mx.array, offset: int)
     if keys.shape[2] == 1:
         return codebook.assign_rotated(layer, keys, att.step_unrotation(rope, offset))
     return codebook.assign(layer, rope.unrotate(keys.astype(mx.float32), offset))
+
+
+def checked_codes(codes: mx.array, codebook) -> mx.array:
+    """Codes given as a cache's state (a saved session's, or `from_state`'s) -> uint16, each
+    checked in [0, the codebook's centroid count): a code past it would pick another subspace's
+    or bucket's lookup-table entry, or read past the tables (the C++ step reads them unchecked).
+    ValueError names the lowest or highest code out of range (only integer codes are checked
+    where the cache has no codebook: `from_state` without one)."""
+    if not mx.issubdtype(codes.dtype, mx.integer):
+        raise ValueError(f"A2ATSCache state: codes of dtype {codes.dtype}, not integers")
+    if codebook is not None and codes.size:
+        low, high = (int(x.item()) for x in (codes.min(), codes.max()))
+        if low < 0 or high >= codebook.n_centroids:
+            bad = low if low < 0 else high
+            raise ValueError(
+                f"A2ATSCache state: code {bad} outside the codebook's {codebook.n_centroids} "
+                "centroids"
+            )
+    return codes.astype(mx.uint16)

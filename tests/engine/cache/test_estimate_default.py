@@ -248,3 +248,23 @@ def test_the_crossover_is_where_the_default_with_its_estimate_pays(tiny_folder, 
     assert cp.as_default_decodes(ratios, None, 0, 30) == ratios
     assert cp.as_default_decodes(ratios, 0.97, 30, 30)[8192] == pytest.approx(1.23 * 0.97)
     assert cp.as_default_decodes(ratios, 0.919, 18, 30)[4096] == pytest.approx(1.007 * 0.9514)
+
+
+def test_the_estimate_layers_follow_from_the_ratio_the_entry_records(tiny_folder, monkeypatch):
+    """The entry records the estimate's ratio to 3 decimals; the layers it keeps follow from
+    that recorded ratio, so a ratio just under the free mark (0.9496 -> 0.95) keeps it on every
+    layer, as anyone recomputing from the entry finds (it once kept it on fewer)."""
+    from a2ats_engine.bench import crossover_probe as cp
+
+    def fake(model, contexts, **_):
+        return [cp.ContextTiming(n, 10.0, 12.0, (1.2, 1.2, 1.2),
+                                 estimate_ratios=(0.9496,) * 3 if n == 8192 else ())
+                for n in contexts]  # fmt: skip
+
+    monkeypatch.setattr(cp, "probe_crossover", fake)
+    model, _, _ = load_model(str(tiny_folder))
+    entry, _ = cp.measure_crossover(model, "tiny", [1024, 8192])
+    est = entry["estimate"]
+    assert est["ratio"] == xo.ESTIMATE_FREE == 0.95
+    assert est["layers"] == xo.affordable_layers(est["ratio"], entry["a2ats_layers"])
+    assert est["layers"] == entry["a2ats_layers"]

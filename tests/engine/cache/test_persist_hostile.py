@@ -118,3 +118,21 @@ def test_an_array_past_the_end_of_the_file_is_refused(session, tmp_path):
     bad.write_bytes(struct.pack("<Q", len(blob)) + blob + data[8 + n :])
     with pytest.raises(A2ATSError, match=r"^shape\.safetensors: "):
         load_session(bad)
+
+
+@pytest.mark.parametrize("code", [32, 65535])  # the session's codebook has 32 centroids
+def test_a_code_past_the_codebook_is_refused(session, tmp_path, code):
+    """Codes index the step's lookup tables (the C++ step reads them unchecked): a code at or
+    past the centroid count is one error naming the file, not a read past the tables."""
+    arrays, meta = mx.load(str(session), return_metadata=True)
+    n_arrays = json.loads(meta["a2ats-session"])["layers"][0]["n_arrays"]
+    key = f"layers.0.{n_arrays - 1}"  # an A2ATS layer's state: rows, then its codes
+    codes = arrays[key]
+    assert codes.dtype == mx.uint16
+    arrays[key] = codes.at[0, 0, 5, 0].add(code - codes[0, 0, 5, 0])
+    bad = tmp_path / "codes.safetensors"
+    mx.save_safetensors(str(bad), arrays, metadata=meta)
+    with pytest.raises(A2ATSError) as info:
+        load_session(bad, tiny_model("llama"))
+    message = str(info.value)
+    assert message.startswith("codes.safetensors") and f"code {code} outside" in message, message
