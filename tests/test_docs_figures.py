@@ -317,6 +317,7 @@ F25M1_ONE_NOEST = "decode_native_step_noest_f25m1_one_pass.json"
 F25M1_ONE_RERUN = "decode_native_step_f25m1_one_pass_rerun.json"
 F25M1_ONE_GEMMA = "decode_gemma3_270m_native_step_f25m1_one_pass.json"
 EXACT_DEFAULT = "decode_exact_default_f25m1.json"  # after the decode keys' codes waited
+GRAPH_STEP_RUNS = ("graph_step.json", "graph_step_rerun.json", "graph_step_third.json")
 PY_ENTRY = "decode_native_step_f25m1_py_entry.json"  # the step's own Python entry
 PY_ENTRY_RERUN = "decode_native_step_f25m1_py_entry_rerun.json"
 INSPECTOR = "inspector_cost_f25m1.json"  # the stats made at the snapshot, the C++ shadow
@@ -346,6 +347,11 @@ def f25m1_profile(context: int, before: bool = False, suffix: str = "") -> dict:
     or (`suffix` "_one_pass") with the far scores kept in one pass."""
     name = "profile_native_step_f25m1" + ("_before_row_kernels" if before else suffix) + ".json"
     return next(r for r in j(name)["results"] if r["context"] == context)
+
+
+def graph_step(run: str, context: int = 1024) -> dict:
+    """One context's row of a graph-step prototype run (docs/benchmarks/graph_step/run.py)."""
+    return next(r for r in j(run)["results"] if r["context"] == context)
 
 
 def host_run(context: int, method: str, run: str = "decode_host_f25m17.json") -> dict:
@@ -624,6 +630,10 @@ FIGURES: list[tuple[str, str, Callable[[], tuple]]] = [
                           *decode_spread(F25M1_ONE_GEMMA, 8192, m))),
               speed_ratio(F25M1_GEMMA, 8192, "a2ats_eb0"),
               speed_ratio(F25M1_GEMMA, 8192, "a2ats_eb0_npstep"))),
+    ("docs/BENCHMARKS.md", "less time than KVCache's in all three runs ({:.2f}x, {:.2f}x and "
+     "{:.2f}x its time), the shipped step {:.2f}x, {:.2f}x and {:.2f}x",
+     lambda: (*(graph_step(run)["time_vs_kvcache"]["graph"] for run in GRAPH_STEP_RUNS),
+              *(graph_step(run)["time_vs_kvcache"]["sync"] for run in GRAPH_STEP_RUNS))),
     ("docs/BENCHMARKS.md", "Reading (the Hosts table's last two rows): retrieval forced at 1K "
      "{:.2f}x KVCache ({:.2f}-{:.2f}) and {:.2f}x ({:.2f}-{:.2f}) in the two runs, against {:.2f}x "
      "and {:.2f}x with the ctypes call in the two runs before it",

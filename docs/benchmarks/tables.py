@@ -2046,6 +2046,7 @@ def blocks() -> dict[str, str]:
         ("step-overhead-host-f25m17", "step_overhead_host_f25m17.json", step_overhead_table),
         ("graph-step", "graph_step.json", graph_step_table),
         ("graph-step-rerun", "graph_step_rerun.json", graph_step_table),
+        ("graph-step-third", "graph_step_third.json", graph_step_table),
         ("host-step-ab-estimate", "host_step_ab_estimate.json", host_step_ab_table),
         ("host-step-ab-1k", "host_step_ab_1k.json", host_step_ab_table),
         ("host-step-ab-step-sums", "host_step_ab_step_sums.json", host_step_ab_table),
