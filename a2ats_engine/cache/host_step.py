@@ -113,18 +113,14 @@ def _native(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, valu
     buffers itself: NumPy views are made only for the estimate's slot sums."""
     if not native_step.selects(cache, lay, keys.dtype):
         return None
-    m, bucket = _buckets(cache, lay)
-    attend = native_step.attends(cache)
     q = _float32(queries)
+    attend = native_step.attends(cache)
 
     def run():
-        return native_step.run(
-            cache, lay, q, to_far, m, bucket, cache.codes, keys, values, scale, sink_logits,
-            attend,
-        )  # fmt: skip
+        return _run_native(cache, lay, q, to_far, keys, values, scale, sink_logits, attend)
 
     timed, layer = retrieval.timed, cache.layer
-    got = timed(layer, "native step", run) if retrieval.clock is not None else run()
+    got = timed(layer, "native step", run)
     if got is None:  # a NaN score: the NumPy step ranks it as argpartition does
         return None
     out, positions, repeat, retrieved = got
@@ -147,6 +143,16 @@ def _native(retrieval: Retrieval, cache: A2ATSCache, queries, to_far, keys, valu
             out, share = attended
             retrieval.missed_share = mx.array(share)
     return out, positions, repeat
+
+
+def _run_native(cache: A2ATSCache, lay: att.Layout, q, to_far, keys, values, scale, sink_logits,
+                attend: bool):  # fmt: skip
+    """`native_step.run` on the layer's arrays after the sync (q: `_float32`'s), with the
+    step's distance buckets."""
+    m, bucket = _buckets(cache, lay)
+    return native_step.run(
+        cache, lay, q, to_far, m, bucket, cache.codes, keys, values, scale, sink_logits, attend
+    )
 
 
 def _float32(queries: mx.array):
@@ -174,11 +180,8 @@ def shadow(cache: A2ATSCache, queries: mx.array, lay: att.Layout, scale: float):
     if not native_step.selects(cache, lay, cache.rows.keys.dtype):
         return None
     to_far, keys, values = _synced(cache, queries, lay)
-    m, bucket = _buckets(cache, lay)
     q = _float32(queries)
-    got = native_step.run(
-        cache, lay, q, to_far, m, bucket, cache.codes, keys, values, scale, None, attend=False
-    )
+    got = _run_native(cache, lay, q, to_far, keys, values, scale, None, attend=False)
     if got is None:
         return None
     _, positions, repeat, _ = got

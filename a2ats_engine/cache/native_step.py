@@ -122,9 +122,6 @@ def attends(cache: A2ATSCache) -> bool:
     return not cache.estimates
 
 
-_F32 = np.dtype(np.float32)
-
-
 def _centroids(cache: A2ATSCache) -> np.ndarray:
     """The layer's scoring centroids as a C-contiguous NumPy array (a view, or a copy where the
     codebook's array has other strides), made once and kept on the cache (attribute
