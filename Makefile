@@ -29,10 +29,16 @@ sysdeps:
 	  fi; \
 	fi
 
-$(STAMP): pyproject.toml setup.py a2ats_engine/cache/native_step.cpp
+# The retrieval step as an MLX primitive (a2ats_engine/cache/graph_build.py) is built against
+# the MLX just installed; where it cannot be, the engine takes the synced C++ step and
+# `a2ats info` says why.
+$(STAMP): pyproject.toml setup.py a2ats_engine/cache/native_step.cpp \
+  a2ats_engine/cache/graph_step.cpp a2ats_engine/cache/graph_build.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[test,dev]"
+	$(BIN)/python -m pip install -q -e ".[test,dev,graph]"
+	$(BIN)/python -m a2ats_engine.cache.graph_build --quiet || \
+	  echo "warning: the graph step was not built (the synced C++ step runs instead)"
 	@touch $(STAMP)
 
 venv: sysdeps $(STAMP)

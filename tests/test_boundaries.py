@@ -126,6 +126,7 @@ def test_engine_imports_load_no_gui_dynamically(engine_import_probe):
     expected = {n for n in expected if not n.endswith(".__main__")}  # not imported: they run
     expected -= {"a2ats_engine"}
     expected |= {"a2ats_engine.cache._native_step"}  # the C++ host step (setup.py builds it)
+    expected |= {"a2ats_engine.cache._graph_step"}  # the graph step (`make venv` builds it)
     assert set(imported) == expected, "walk_packages must reach every engine module"
     gui = [m for m in engine_import_probe["modules"] if _top(m) in FORBIDDEN]
     assert gui == []

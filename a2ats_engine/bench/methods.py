@@ -469,17 +469,20 @@ _DECODE_VARIANT = re.compile(
 )
 
 
-NUMPY_STEP = (
-    "_npstep"  # a decode method's last suffix: the NumPy host step (`cache/native_step.py`)
-)
+# a decode method's last suffix -> the attribute it sets on the method's caches: `_npstep` the
+# NumPy host step, `_sync` the synced C++ step instead of the graph step (`cache/native_step.py`,
+# `cache/graph_step.py`)
+HOST_STEP_SUFFIXES = {"_npstep": "numpy_step", "_sync": "synced_step"}
 
 
-def numpy_step_variant(name: str) -> tuple[str, bool]:
-    """(`name` without the `_npstep` suffix, whether it had it): `a2ats_eb0_npstep` times the
-    caches of `a2ats_eb0` with the NumPy host step instead of the C++ one."""
-    if name.startswith("a2ats") and name.endswith(NUMPY_STEP):
-        return name[: -len(NUMPY_STEP)], True
-    return name, False
+def host_step_variant(name: str) -> tuple[str, str | None]:
+    """(`name` without a last host-step suffix, the cache attribute the suffix sets or None):
+    `a2ats_eb0_npstep` times the caches of `a2ats_eb0` with the NumPy host step, `a2ats_eb0_sync`
+    with the synced C++ step."""
+    for suffix, attribute in HOST_STEP_SUFFIXES.items():
+        if name.startswith("a2ats") and name.endswith(suffix):
+            return name[: -len(suffix)], attribute
+    return name, None
 
 
 def decode_variant_knobs(name: str) -> dict[str, Any] | None:

@@ -26,7 +26,7 @@ from ..cache.config import A2ATSConfig
 from ..cache.estimate_layers import WARMUP
 from ..cache.model_cache import make_cache, snapshot
 from ..process_memory import growth, mlx_memory
-from .methods import decode_variant_knobs, numpy_step_variant
+from .methods import decode_variant_knobs, host_step_variant
 from .plan_caches import clone_native, feed_prompt, is_plain
 
 UNTIMED = WARMUP + 2  # decode steps before the timed ones: the estimate's choice made
@@ -167,7 +167,8 @@ def bench_decode(
     Methods: full (mlx-lm KVCache), kv8 / kv4 (mlx-lm QuantizedKVCache), a2ats (A2ATS with
     `config`), a2ats_kv4 / a2ats_kv8 (the same with kv_bits), a2ats_rr<N> (rerank N),
     a2ats_telemetry (telemetry on); suffixes combine in that order (a2ats_kv4_rr2); a last
-    `_npstep` keeps the NumPy host step (`cache/native_step.py`) for that method's caches.
+    `_npstep` keeps the NumPy host step (`cache/native_step.py`) for that method's caches, a
+    last `_sync` the synced C++ step instead of the graph step (`cache/graph_step.py`).
     """
     config = config or A2ATSConfig()
     results = []
@@ -195,8 +196,7 @@ def bench_decode(
                 extra["estimate"] = any(c.estimates for c in own)  # as asked or as measured here
                 retrieving = any(c.retrieved_steps for c in own)  # else no step estimated
                 extra["estimate_layers"] = sum(c.estimates for c in own) if retrieving else 0
-                numpy_step = any(getattr(c, "numpy_step", False) for c in own)
-                extra["host_step"] = "NumPy" if numpy_step else native_step.status()
+                extra["host_step"] = _host_step(own)
                 sums = [c.retrieval.host_missed[1] for c in own if c.retrieval.host_missed]
                 if sums:  # the host step's estimate: rows of the occupied slots only
                     shares = [r.rows_used / r.n_slots for r in sums]
@@ -206,6 +206,15 @@ def bench_decode(
             )
         del caches, base
     return results
+
+
+def _host_step(own: list[A2ATSCache]) -> str:
+    """The host step a method's caches ran (`native_step.status`, or what its suffix kept)."""
+    if any(getattr(c, "numpy_step", False) for c in own):
+        return "NumPy"
+    if any(getattr(c, "synced_step", False) for c in own) and native_step.on():
+        return "C++ (native_step.cpp), one sync a layer"
+    return native_step.status()
 
 
 def _window_copy(kv: list, config: A2ATSConfig) -> list:
@@ -241,13 +250,13 @@ def _method_cache(model: nn.Module, base: list, method: str, config: A2ATSConfig
         return _window_copy(base, config)
     if method in ("kv8", "kv4"):
         return _copy_into_quantized(base, int(method[-1]))
-    method, numpy_step = numpy_step_variant(method)
+    method, step_attribute = host_step_variant(method)
     knobs = decode_variant_knobs(method)
     if knobs is not None:
         caches = _copy_into_a2ats(model, base, replace(config, **knobs), codebook)
         for c in caches:
-            if numpy_step and isinstance(c, A2ATSCache):
-                c.numpy_step = True  # read by `native_step.selects`
+            if step_attribute and isinstance(c, A2ATSCache):  # read by `native_step.selects`
+                setattr(c, step_attribute, True)  # or `graph_step.applies`
         return caches
     raise ValueError(f"unknown method {method!r}")
 

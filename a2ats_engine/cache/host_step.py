@@ -22,6 +22,8 @@ slot a step (`missed_sums`, the generic step's `Retrieval.missed_moves`), and it
 the slots' tokens not retrieved is `attention_with_estimate` (the same sums as
 `attention.selected_attention_with_estimate`).
 
+Where the C++ step is also built as an MLX primitive (`graph_step.py`) a layer that selects and
+attends in one call takes no sync at all: the step is a node of the model's graph (`_in_graph`).
 Where the C++ step is built (`native_step.py`) one call replaces everything after the sync
 (`_native`); with the estimate it selects, this module moves the slot sums (`missed_sums`), and
 a second C++ call (`native_step.attend_estimate`) attends, all in `_native`. The step's
@@ -39,7 +41,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import attention as att
-from . import native_step, numpy_blas
+from . import graph_step, native_step, numpy_blas
 from .slot_rows import ALL, SlotRows
 
 if TYPE_CHECKING:
@@ -83,6 +85,8 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
     if retrieval.clock is not None:  # the model's work up to here, so no phase is charged for it
         timed(layer, "layer inputs", lambda: [queries, *cache.state])
     retrieval.reused = False
+    if graph_step.applies(cache, lay):  # the C++ step as a node of MLX's graph: no sync
+        return _in_graph(retrieval, cache, queries, lay, scale, sinks)
     to_far, keys, values = _synced(cache, queries, lay)  # the step's one host sync
     sink_logits = None if sinks is None else np.asarray(sinks.astype(mx.float32))
     got = _native(retrieval, cache, queries, to_far, keys, values, lay, scale, sink_logits)
@@ -94,6 +98,22 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
             )  # fmt: skip
     out, positions, repeat = got
     return mx.array(out.reshape(B, n_q, 1, d)).astype(queries.dtype), positions, repeat
+
+
+def _in_graph(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.Layout, scale,
+              sinks):  # fmt: skip
+    """The step inside MLX's graph (`graph_step`) -> (output [B, n_q, 1, d], positions,
+    repeat), all lazy mx.arrays; the far tokens retrieved are counted when read."""
+    to_far = att.step_rotations(cache.rope, lay.n - 1, cache.rotations, tuple(cache.buckets[0]))
+    m, bucket = _buckets(cache, lay)
+
+    def run():
+        return graph_step.run(cache, lay, queries, to_far, m, bucket, sinks, scale)
+
+    out, positions, repeat, retrieved = retrieval.timed(cache.layer, "graph step", run)
+    cache.top_k.add_retrieved(retrieved)
+    retrieval.budget_used = None
+    return out, positions, repeat
 
 
 def _synced(cache: A2ATSCache, queries: mx.array, lay: att.Layout) -> tuple:

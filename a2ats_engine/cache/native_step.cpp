@@ -15,7 +15,9 @@
 // Selection rule (the same scores as NumPy's argpartition; among tied scores at the cut the
 // lowest far index, where argpartition's choice is arbitrary): the `want` highest of a row.
 
+#ifndef A2ATS_STEP_CORE_ONLY  // graph_step.cpp includes the C functions alone
 #include <Python.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -614,6 +616,7 @@ extern "C" A2ATS_CLONES int a2ats_native_recall(int B, int n_kv, int G, int d, i
   return 0;
 }
 
+#ifndef A2ATS_STEP_CORE_ONLY
 namespace {
 
 // A buffer of the step, released when the call returns.
@@ -966,3 +969,4 @@ static struct PyModuleDef native_module = {
     native_methods};
 
 PyMODINIT_FUNC PyInit__native_step(void) { return PyModule_Create(&native_module); }
+#endif  // A2ATS_STEP_CORE_ONLY

@@ -23,9 +23,13 @@ layer's call costs no NumPy views, no ctypes conversion and no checks in Python,
 MLX's layer work ran several times slower than warm too.
 
 Built by `pip install -e .` (`setup.py`, an optional extension): where there is no compiler the
-engine runs the NumPy step and `a2ats info` says why (`status`). `A2ATS_HOST_STEP=numpy` (read
-once) or `forced("numpy")` (the benchmarks' A/B runs) turns it off; a cache whose attribute
-`numpy_step` is True (the bench decode method suffix `_npstep`) keeps the NumPy step.
+engine runs the NumPy step and `a2ats info` says why (`status`). Where the same C function is
+also built as an MLX primitive (`graph_step.py`) a layer that selects and attends in one call
+runs it inside MLX's graph, without the sync. `A2ATS_HOST_STEP` (read once) or `forced` (the
+benchmarks' A/B runs) picks one of `STRATEGIES`: `graph` (the default: in the graph where it
+applies, synced elsewhere), `native` (the synced C++ step everywhere), `numpy` (the NumPy step);
+a cache whose attribute `numpy_step` is True (the bench decode method suffix `_npstep`) keeps
+the NumPy step.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ if TYPE_CHECKING:
     from .attention import Layout
 
 ENV = "A2ATS_HOST_STEP"
-STRATEGIES = ("native", "numpy")
+STRATEGIES = ("graph", "native", "numpy")
 
 
 def _load() -> tuple[Any, Any, Any, str]:
@@ -64,6 +68,25 @@ def _load() -> tuple[Any, Any, Any, str]:
 
 
 _fn, _estimate_fn, _recall_fn, _why = _load()
+GRAPH_BUILD = "python -m a2ats_engine.cache.graph_build"
+
+
+def _load_graph() -> tuple[Any, str]:
+    """(the graph step's entry, "") or (None, why it is not there): `graph_step.cpp`, built by
+    `graph_build.py` for one MLX version (a build for another is refused: MLX's C++ ABI is not
+    promised stable)."""
+    try:
+        from . import _graph_step
+    except ImportError as exc:
+        return None, f"not built ({exc.msg.split(' from ')[0]}; `{GRAPH_BUILD}` builds it)"
+    built = getattr(_graph_step, "mlx_version", None)
+    if built != mx.__version__:
+        why = f"built for MLX {built!r}, this is MLX {mx.__version__}"
+        return None, f"{why} (`{GRAPH_BUILD}` rebuilds it)"
+    return _graph_step.step, ""
+
+
+_graph_fn, _graph_why = _load_graph()
 _env = os.environ.get(ENV, "").strip().lower()
 if _env and _env not in STRATEGIES:  # said, not dropped
     warnings.warn(f"{ENV}={_env!r} is not one of {', '.join(STRATEGIES)}: ignored", stacklevel=1)
@@ -72,8 +95,8 @@ _forced: str | None = None
 
 @contextlib.contextmanager
 def forced(strategy: str) -> Iterator[None]:
-    """Inside the block the host step is `strategy` ("native" or "numpy"; "native" where it
-    is built)."""
+    """Inside the block the host step is `strategy` (one of `STRATEGIES`; the C++ ones where
+    they are built)."""
     global _forced
     if strategy not in STRATEGIES:
         raise ValueError(f"host step {strategy!r}: one of {', '.join(STRATEGIES)}")
@@ -84,10 +107,15 @@ def forced(strategy: str) -> Iterator[None]:
         _forced = before
 
 
+def strategy() -> str:
+    """The host step chosen (`forced`, else `A2ATS_HOST_STEP`, else "graph")."""
+    choice = _forced or _env
+    return choice if choice in STRATEGIES else "graph"
+
+
 def on() -> bool:
     """Whether the native step runs where it applies (built, and not turned off)."""
-    choice = _forced or _env
-    return _fn is not None and choice != "numpy"
+    return _fn is not None and strategy() != "numpy"
 
 
 def status() -> str:
@@ -98,7 +126,14 @@ def status() -> str:
         return "NumPy"
     if not _forced and _env == "numpy":
         return f"NumPy (the C++ step is built; turned off by {ENV}=numpy)"
-    return "C++ (native_step.cpp)"
+    synced = "C++ (native_step.cpp), one sync a layer"
+    if strategy() == "native":
+        return synced if _forced else f"{synced} ({ENV}=native)"
+    if _graph_fn is None:
+        return f"{synced} (the graph step is {_graph_why})"
+    if mx.default_device() != mx.cpu:
+        return f"{synced} (the graph step runs on the CPU device; this is {mx.default_device()})"
+    return "C++ in MLX's graph (graph_step.cpp; synced on layers with the estimate)"
 
 
 def selects(cache: A2ATSCache, lay: Layout, rows_dtype) -> bool:

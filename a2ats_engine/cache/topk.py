@@ -135,6 +135,8 @@ class NumpyTopK:
 
     def __init__(self) -> None:
         self._retrieved = 0
+        self._pending: list[mx.array] = []  # the graph step's counts, read when `retrieved` is
+        self.undone = 0  # graph steps left undone (a NaN score: `graph_step.py`)
 
     @staticmethod
     def top(scores: mx.array | np.ndarray, k: int) -> np.ndarray:
@@ -179,12 +181,25 @@ class NumpyTopK:
         repeat[..., lay.n_sinks + 1 : lay.n_sinks + G * k] = dup
         return positions, repeat
 
-    def add_retrieved(self, count: int) -> None:
-        """Count far tokens a step selected outside `select_host` (the C++ host step)."""
-        self._retrieved += count
+    def add_retrieved(self, count: int | mx.array) -> None:
+        """Count far tokens a step selected outside `select_host` (the C++ host step): an int,
+        or the graph step's lazy int32 [1] (-1: the step left undone), read later."""
+        if not isinstance(count, mx.array):
+            self._retrieved += count
+            return
+        self._pending.append(count)
+        if len(self._pending) >= 2 * MlxTopK.COUNT_EVERY:  # the older half evaluated long since
+            self._settle(MlxTopK.COUNT_EVERY)
+
+    def _settle(self, count: int) -> None:
+        got = [int(c.item()) for c in self._pending[:count]]
+        del self._pending[:count]
+        self._retrieved += sum(g for g in got if g > 0)
+        self.undone += sum(g < 0 for g in got)
 
     @property
     def retrieved(self) -> int:
+        self._settle(len(self._pending))
         return self._retrieved
 
 

@@ -161,7 +161,7 @@ def crossover_text(info, source: str) -> str | None:
 
 def format_info(info, crossover: str | None = None, host_step: str | None = None) -> str:
     """ModelInfo as aligned `field: value` lines (and the crossover and host step lines when
-    given: the host step is what runs a retrieval step after its sync on CPU-only MLX)."""
+    given: the host step is what runs a retrieval step on CPU-only MLX)."""
     rope = info.rope
     if "error" in rope:
         rope_text = f"unsupported ({rope['error']})"

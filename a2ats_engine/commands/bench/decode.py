@@ -22,7 +22,8 @@ from .profile import run_profile
 DECODE_METHOD_NAMES = (
     "full, kv8, kv4, window, a2ats, a2ats_kv8, a2ats_kv4, a2ats_telemetry, a2ats_noest, "
     "a2ats_est, a2ats_rr<N>[g], a2ats_cov<NN>, a2ats_eb<N> (suffixes combine in that order: "
-    "a2ats_kv4_rr2_eb0; a last _npstep keeps the NumPy host step: a2ats_eb0_npstep)"
+    "a2ats_kv4_rr2_eb0; a last _npstep keeps the NumPy host step: a2ats_eb0_npstep, a last _sync "
+    "the synced C++ step instead of the graph step: a2ats_eb0_sync)"
 )
 
 
@@ -87,9 +88,9 @@ def register(bench: argparse._SubParsersAction) -> None:
 
 
 def _is_decode_method(name: str) -> bool:
-    from ...bench.methods import decode_variant_knobs, numpy_step_variant
+    from ...bench.methods import decode_variant_knobs, host_step_variant
 
-    name = numpy_step_variant(name)[0]
+    name = host_step_variant(name)[0]
     return name in ("full", "kv8", "kv4", "window") or decode_variant_knobs(name) is not None
 
 

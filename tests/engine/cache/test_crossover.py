@@ -10,6 +10,7 @@ import pytest
 from tiny import save_tiny_model
 
 from a2ats_engine.cache import crossover as xo
+from a2ats_engine.cache import native_step
 from a2ats_engine.cache.a2ats_cache import A2ATSCache
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig
@@ -278,7 +279,7 @@ def test_cli_records_the_table_that_caches_and_info_then_use(tiny_folder, table,
         r"^exact below +exact until [\d,]+ tokens \(estimated from the geometry", before, re.M
     )
     assert f"`a2ats crossover {tiny_folder}`" in before
-    assert re.search(r"^host step +C\+\+ \(native_step\.cpp\)$", before, re.M)  # built here
+    assert re.search(r"^host step +C\+\+ in MLX's graph \(graph_step\.cpp; ", before, re.M)
 
     assert main(["crossover", str(tiny_folder), *ARGV, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -305,7 +306,7 @@ def test_cli_records_the_table_that_caches_and_info_then_use(tiny_folder, table,
     assert main(["info", "--json", str(tiny_folder)]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert listed["crossover"].startswith(f"exact until {n:,}")
-    assert listed["host_step"] == "C++ (native_step.cpp)"
+    assert listed["host_step"] == native_step.status() and "graph_step.cpp" in listed["host_step"]
 
 
 def test_info_names_the_built_in_row(monkeypatch, capsys):

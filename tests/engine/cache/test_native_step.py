@@ -17,6 +17,16 @@ from a2ats_engine.cache.retrieval import PhaseClock
 
 from .test_host_step import BASE, ROPE, D, decode
 
+GRAPH = "C++ in MLX's graph (graph_step.cpp; synced on layers with the estimate)"
+
+
+@pytest.fixture(autouse=True)
+def synced_step():
+    """These hold the synced C++ step (one sync a layer, then `native_step.run`) to the NumPy
+    step; tests/engine/cache/test_graph_step.py holds the graph step to it."""
+    with native_step.forced("native"):
+        yield
+
 
 def stable_top(scores, k):
     """The C++ step's rule among tied scores (the lowest far index), for the NumPy step."""
@@ -26,7 +36,7 @@ def stable_top(scores, k):
 def test_the_native_step_is_built():
     """`pip install -e .` builds it where there is a C++ compiler (CI has one): fail, not skip."""
     assert native_step.on(), native_step.status()
-    assert native_step.status() == "C++ (native_step.cpp)"
+    assert native_step.status() == "C++ (native_step.cpp), one sync a layer"
 
 
 @pytest.mark.parametrize(
@@ -290,7 +300,7 @@ def test_status_names_the_step_that_runs(monkeypatch):
     monkeypatch.setattr(native_step, "_why", "not built (no compiler)")
     assert not native_step.on()
     assert native_step.status() == "NumPy (the C++ step is not built (no compiler))"
-    with pytest.raises(ValueError, match="one of native, numpy"):
+    with pytest.raises(ValueError, match="one of graph, native, numpy"):
         native_step.forced("fast").__enter__()
 
 
@@ -298,7 +308,8 @@ def test_status_names_the_step_that_runs(monkeypatch):
     ("value", "says"),
     [
         ("numpy", "NumPy (the C++ step is built; turned off by A2ATS_HOST_STEP=numpy)"),
-        ("fast", "C++ (native_step.cpp)"),  # not a step: a warning, and ignored
+        ("native", "C++ (native_step.cpp), one sync a layer (A2ATS_HOST_STEP=native)"),
+        ("fast", GRAPH),  # not a step: a warning, and ignored
     ],
 )
 def test_the_environment_turns_it_off_and_a_typo_is_said(value, says):
@@ -312,7 +323,7 @@ def test_the_environment_turns_it_off_and_a_typo_is_said(value, says):
     result = run_python(code, env, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == says
-    assert ("is not one of native, numpy: ignored" in result.stderr) == (value == "fast")
+    assert ("is not one of graph, native, numpy: ignored" in result.stderr) == (value == "fast")
 
 
 def test_the_estimate_attention_checks_rows_and_declines_other_strides():

@@ -113,9 +113,12 @@ def test_the_native_recall_is_the_attention_mass_on_the_selection():
         native_step.recall(q.astype(np.float16), keys, n, positions // 2, repeat, scale)
 
 
-def test_the_host_step_hands_its_selection_as_numpy_copies(monkeypatch):
-    """The positions the host step returns are its own copies (the C++ step's buffers serve
-    its next step), and the telemetry reads them without MLX."""
+@pytest.mark.parametrize("strategy", ["native", "graph"])
+def test_the_host_step_hands_its_selection_as_numpy_copies(monkeypatch, strategy):
+    """The positions the synced host step returns are its own copies (new arrays each call),
+    and the telemetry reads them without MLX; the graph step's are its lazy outputs, new each
+    step, which the telemetry reads once the step was evaluated."""
+    monkeypatch.setattr(native_step, "_forced", strategy)
     config = A2ATSConfig(window=16, sinks=4, budget=8, telemetry=True, exact_below=0)
     cache, _, _ = filled_cache(n=300, config=config)
     assert host_step.applies(cache, mx.zeros((1, 2, 1, D)))
@@ -129,6 +132,9 @@ def test_the_host_step_hands_its_selection_as_numpy_copies(monkeypatch):
     for seed in (0, 1):
         step(cache, np.random.default_rng(seed))
     (p0, r0), (p1, r1) = seen
+    if strategy == "graph":
+        assert all(isinstance(a, mx.array) for a in (p0, r0, p1, r1)) and p0 is not p1
+        p0, r0, p1, r1 = (np.array(a) for a in (p0, r0, p1, r1))
     assert isinstance(p0, np.ndarray) and isinstance(r0, np.ndarray)
     assert p0.dtype == np.int32 and r0.dtype == np.bool_
     assert not np.shares_memory(p0, p1)

@@ -60,6 +60,27 @@ def test_decode_method_names_set_kv_bits_rerank_and_telemetry():
     assert (cfg.rerank, cfg.rerank_shared, cfg.coverage, cfg.exact_below) == (4, True, 0.9, 0)
     with pytest.raises(ValueError, match="unknown method 'a2ats_rr'"):
         _method_cache(model, base, "a2ats_rr", config, None)
+    for suffix, attribute in (("_npstep", "numpy_step"), ("_sync", "synced_step")):
+        caches = _method_cache(model, base, f"a2ats_eb0{suffix}", config, None)
+        assert caches[0].config.exact_below == 0 and getattr(caches[0], attribute) is True
+
+
+def test_bench_decode_names_the_host_step_each_method_ran(tmp_path, capsys):
+    """`_sync` times the synced C++ step beside the graph step in one run, `_npstep` the NumPy
+    one: each row names the step it ran; the two C++ steps retrieve the same tokens (the NumPy
+    step's ties at the cut may fall elsewhere)."""
+    folder = save_tiny_model(tmp_path / "m", "llama", hidden_size=256)
+    argv = ["bench", "decode", "--model", str(folder), "--contexts", "300", "--steps", "4",
+            "--methods", "full,a2ats_eb0,a2ats_eb0_sync,a2ats_eb0_npstep", "--repeats", "1",
+            "--json"]  # fmt: skip
+    assert main(argv) == 0
+    rows = {r["method"]: r for r in json.loads(capsys.readouterr().out)["results"]}
+    assert "graph_step.cpp" in rows["a2ats_eb0"]["host_step"]
+    assert rows["a2ats_eb0_sync"]["host_step"] == "C++ (native_step.cpp), one sync a layer"
+    assert rows["a2ats_eb0_npstep"]["host_step"] == "NumPy"
+    retrieved = rows["a2ats_eb0"]["retrieved_per_step"]
+    assert retrieved == rows["a2ats_eb0_sync"]["retrieved_per_step"] and retrieved > 0
+    assert rows["a2ats_eb0_npstep"]["retrieved_per_step"] > 0
 
 
 def test_median_results_take_ratios_within_each_run():
@@ -236,7 +257,12 @@ def test_bench_decode_profile_times_every_phase_with_the_thread_settings(tmp_pat
     row = out["results"][0]
     assert row["retrieved_steps"] >= 6  # uninstrumented and instrumented steps both retrieved
     phases = row["phases_ms_per_step"]
-    assert "native step" in phases and out["threads"]["host_step"] == "C++ (native_step.cpp)"
+    assert "graph step" in phases and "graph_step.cpp" in out["threads"]["host_step"]
+    assert "native step" not in phases  # no sync: no phase of the synced step
+    with native_step.forced("native"):  # the synced step: its one call a phase
+        assert main(argv) == 0
+    phases = json.loads(capsys.readouterr().out)["results"][0]["phases_ms_per_step"]
+    assert "native step" in phases and "graph step" not in phases
     assert all(ms >= 0 for ms in phases.values()) and row["exact_attention_ms_per_layer"] > 0
     assert row["kvcache_step_ms"] > 0 and row["a2ats_step_ms"] > 0
     with native_step.forced("numpy"):  # the NumPy step's phases, one by one

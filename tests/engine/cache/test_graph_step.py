@@ -1,0 +1,244 @@
+"""The C++ step inside MLX's graph (`cache/graph_step.py`, `graph_step.cpp`) gives what the
+synced C++ step gives, without a sync; the estimate's layers keep the sync; every input the
+primitive reads is checked; a build for another MLX is refused, and `status` says which runs."""
+
+import sys
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from a2ats_engine.cache import graph_step, host_step, native_step, topk
+from a2ats_engine.cache.a2ats_cache import A2ATSCache
+from a2ats_engine.cache.codebook import Codebook
+from a2ats_engine.cache.config import A2ATSConfig
+from a2ats_engine.cache.retrieval import PhaseClock
+
+from .test_host_step import BASE, ROPE, D, decode
+from .test_native_step import GRAPH
+
+LINUX = sys.platform.startswith("linux")
+
+
+@pytest.fixture(autouse=True)
+def graph_on():
+    with native_step.forced("graph"):
+        yield
+
+
+def test_the_graph_step_is_built_on_linux():
+    """`make venv` builds it (CI has a compiler and nanobind): fail, not skip."""
+    if not LINUX:
+        assert not graph_step.built()[0]
+        return
+    assert graph_step.built() == (True, ""), graph_step.built()[1]
+    assert graph_step.on() and native_step.status() == GRAPH
+
+
+def spy(monkeypatch):
+    """Calls of the synced step's sync and of the graph step."""
+    seen = {"synced": 0, "graph": 0}
+    synced, run = host_step._synced, graph_step.run
+
+    def counted_sync(*a):
+        seen["synced"] += 1
+        return synced(*a)
+
+    def counted_run(*a):
+        seen["graph"] += 1
+        return run(*a)
+
+    monkeypatch.setattr(host_step, "_synced", counted_sync)
+    monkeypatch.setattr(graph_step, "run", counted_run)
+    return seen
+
+
+@pytest.mark.parametrize("knobs", [{}, {"rerank": 1}, {"far_buckets": 1}, {"rerank": 3}])
+@pytest.mark.parametrize("with_sinks", [False, True])
+@pytest.mark.parametrize("sub_dim", [None, 8])  # 8: product VQ, 4 subspaces
+@pytest.mark.parametrize("n", [700, 2600])  # 2600: the top-K's sampled threshold
+def test_the_graph_step_gives_what_the_synced_step_gives(
+    monkeypatch, knobs, with_sinks, sub_dim, n
+):
+    """The same C function inside the graph: the same output, selection and count, bit for bit,
+    with no sync a layer."""
+    config = A2ATSConfig(**BASE, **knobs)
+    sinks = mx.array(np.linspace(-1, 1, 6).astype(np.float32)) if with_sinks else None
+    seen = spy(monkeypatch)
+    graph = decode(config, host=True, monkeypatch=monkeypatch, sinks=sinks, sub_dim=sub_dim, n=n)
+    assert seen == {"synced": 0, "graph": 3}  # decode() undid the spies: they saw its steps
+    with native_step.forced("native"):
+        seen = spy(monkeypatch)
+        synced = decode(
+            config, host=True, monkeypatch=monkeypatch, sinks=sinks, sub_dim=sub_dim, n=n
+        )
+        assert seen == {"synced": 3, "graph": 0}
+    for (out_g, sel_g, _, n_g, _), (out_s, sel_s, _, n_s, _) in zip(graph, synced, strict=True):
+        assert np.array_equal(out_g, out_s)
+        assert all(np.array_equal(a, b) for a, b in zip(sel_g, sel_s, strict=True))
+        assert n_g == n_s > 0
+
+
+@pytest.mark.parametrize(
+    "knobs", [{"estimate_missed": True}, {"coverage": 0.9}, {"rerank": 3, "rerank_shared": True}]
+)
+def test_what_the_graph_step_does_not_compute_keeps_its_sync(monkeypatch, knobs):
+    """The estimate's slot sums move in NumPy after the sync; the adaptive budget and shared
+    rerank candidates are the NumPy step's: each keeps the sync."""
+    seen = spy(monkeypatch)
+    decode(A2ATSConfig(**BASE, **knobs), host=True, monkeypatch=monkeypatch)
+    assert seen == {"synced": 3, "graph": 0}
+
+
+def test_a_cache_or_the_strategy_can_keep_the_synced_step(monkeypatch):
+    cache = cache_with_rows()
+    lay = layout(cache)
+    assert graph_step.applies(cache, lay)
+    cache.synced_step = True  # the bench decode method suffix `_sync`
+    assert not graph_step.applies(cache, lay)
+    del cache.synced_step
+    for strategy in ("native", "numpy"):
+        with native_step.forced(strategy):
+            assert not graph_step.applies(cache, lay) and not graph_step.on()
+
+
+def cache_with_rows(n=700, B=1, n_kv=2, seed=0):
+    rng = np.random.default_rng(seed)
+    book = Codebook.random(1, n_kv, D, 64, seed=1)
+    with topk.forced("numpy"):
+        cache = A2ATSCache(0, ROPE, book, A2ATSConfig(**BASE), 8192)
+    rows = rng.standard_normal((2, B, n_kv, n, D)).astype(np.float32)
+    cache.update_and_fetch(mx.array(rows[0]), mx.array(rows[1]))
+    return cache
+
+
+def layout(cache):
+    from a2ats_engine.cache import attention as att
+
+    cfg = cache.config
+    return att.layout(cache.offset, cfg.window, cfg.sinks, cfg.top_k(cache.offset))
+
+
+def test_a_nan_query_leaves_the_step_undone_and_counted():
+    """Inside the graph there is no NumPy step to fall back on: a NaN score gives a NaN output
+    (as any attention of a NaN query), a selection of valid rows, and an undone step."""
+    cache = cache_with_rows()
+    q = mx.full((1, 6, 1, D), np.nan)
+    cache.update_and_fetch(*(mx.zeros((1, 2, 1, D)) for _ in "kv"))
+    out = np.array(cache.attend(q, None, None, scale=D**-0.5))
+    assert np.isnan(out).all()
+    sel = cache.last_stats.selected
+    assert all(((s >= 0) & (s < cache.offset)).all() for s in sel)
+    assert cache.tokens_retrieved == 0 and cache.top_k.undone == 1
+
+
+def test_the_counts_wait_unevaluated_and_settle_when_read():
+    cache = cache_with_rows()
+    top = cache.top_k
+    for c in (3, -1, 4):
+        top.add_retrieved(mx.array([c], dtype=mx.int32))
+    top.add_retrieved(5)
+    assert len(top._pending) == 3
+    assert top.retrieved == 12 and top.undone == 1 and not top._pending
+    for _ in range(2 * topk.MlxTopK.COUNT_EVERY):  # a long decode never read: half settled
+        top.add_retrieved(mx.array([1], dtype=mx.int32))
+    assert len(top._pending) == topk.MlxTopK.COUNT_EVERY
+    assert top.retrieved == 12 + 2 * topk.MlxTopK.COUNT_EVERY
+
+
+def test_the_profile_times_the_graph_step_as_one_phase():
+    cache = cache_with_rows()
+    cache.retrieval.clock = clock = PhaseClock()
+    cache.update_and_fetch(*(mx.zeros((1, 2, 1, D)) for _ in "kv"))
+    q = mx.array(np.random.default_rng(2).standard_normal((1, 6, 1, D)).astype(np.float32))
+    cache.attend(q, None, None, scale=D**-0.5)
+    phases = {phase for _, phase in clock.seconds}
+    assert "graph step" in phases and "native step" not in phases
+
+
+def entry_args(**change):
+    """Arguments of the primitive's entry for a small layer, with some replaced."""
+    rng = np.random.default_rng(0)
+    f32 = lambda *s: mx.array(rng.standard_normal(s).astype(np.float32))  # noqa: E731
+    args = {
+        "q": f32(1, 4, 1, 8),
+        "to_far": f32(8, 8),
+        "codes": mx.array(rng.integers(0, 4, (1, 2, 40, 2)).astype(np.uint16)),
+        "keys": f32(1, 2, 40, 8),
+        "values": f32(1, 2, 40, 8),
+        "cent": f32(2, 2, 4, 4),
+        "bucket": None,
+        "sinks": None,
+        "m": 1,
+        "n": 40,
+        "n_sinks": 2,
+        "window_start": 30,
+        "k": 4,
+        "cand": 8,
+        "scale": 0.3,
+    }
+    args.update(change)
+    return list(args.values())
+
+
+def test_the_entry_runs_lazily_and_matches_the_synced_entry():
+    out, positions, repeat, retrieved = native_step._graph_fn(*entry_args())
+    assert out.shape == (1, 4, 1, 8) and positions.shape == repeat.shape == (1, 2, 2 + 2 * 4 + 10)
+    q, to_far, codes, keys, values, cent = entry_args()[:6]
+    want_out = np.empty((1, 2, 2, 8), np.float32)
+    want_pos = np.empty(positions.shape, np.int32)
+    want_rep = np.empty(positions.shape, np.bool_)
+    got = native_step._fn(
+        q, to_far, codes, keys, values, np.array(cent), None, None, want_out, want_pos, want_rep,
+        1, 40, 2, 30, 4, 8, 0.3,
+    )  # fmt: skip
+    assert np.array_equal(np.array(out).reshape(want_out.shape), want_out)
+    assert np.array_equal(np.array(positions), want_pos)
+    assert np.array_equal(np.array(repeat), want_rep)
+    assert int(retrieved.item()) == got > 0
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"codes": mx.zeros((1, 2, 40, 2), dtype=mx.int32)}, "codes has the wrong dtype"),
+        ({"q": mx.zeros((1, 4, 8))}, "queries has the wrong dtype or rank"),
+        ({"keys": mx.zeros((1, 2, 39, 8))}, "do not share"),
+        ({"cent": mx.zeros((2, 2, 4, 3))}, "do not share"),
+        ({"q": mx.zeros((1, 3, 1, 8))}, "do not share"),
+        ({"k": 29}, "out of range"),
+        ({"n": 41}, "out of range"),
+        ({"m": 2, "to_far": mx.zeros((8, 16))}, "several buckets"),
+        ({"m": 2, "bucket": mx.zeros((27,), dtype=mx.int32)}, "rotations do not fit"),
+        ({"bucket": mx.zeros((27,), dtype=mx.int32)}, "not one per far token"),
+        ({"bucket": mx.zeros((28,), dtype=mx.int64)}, "distance buckets has the wrong dtype"),
+        ({"sinks": mx.zeros((3,))}, "sink logits are not one per query head"),
+    ],
+)
+def test_the_entry_refuses_what_does_not_fit(change, says):
+    with pytest.raises(ValueError, match=says):
+        native_step._graph_fn(*entry_args(**change))
+
+
+def test_a_bucket_out_of_range_leaves_the_step_undone():
+    """Bucket values are known only when the node runs: checked there, never read past."""
+    bad = mx.array(np.full(28, 5, np.int32))
+    out, positions, _, retrieved = native_step._graph_fn(*entry_args(bucket=bad))
+    assert int(retrieved.item()) == -1 and np.isnan(np.array(out)).all()
+    assert ((np.array(positions) >= 0) & (np.array(positions) < 40)).all()
+
+
+def test_a_build_for_another_mlx_is_refused(monkeypatch):
+    monkeypatch.setattr(mx, "__version__", "0.0.1")
+    fn, why = native_step._load_graph()
+    assert fn is None
+    assert "built for MLX '0.32" in why and "this is MLX 0.0.1" in why and "graph_build" in why
+
+
+def test_status_says_why_the_graph_step_does_not_run(monkeypatch):
+    monkeypatch.setattr(native_step, "_graph_fn", None)
+    monkeypatch.setattr(native_step, "_graph_why", "not built (no nanobind)")
+    assert native_step.status() == (
+        "C++ (native_step.cpp), one sync a layer (the graph step is not built (no nanobind))"
+    )
+    assert not graph_step.on()
