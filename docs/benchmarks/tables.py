@@ -1259,11 +1259,11 @@ def step_overhead_table(data: dict) -> str:
 
 
 def graph_step_table(data: dict) -> str:
-    """`docs/benchmarks/graph_step/run.py`: the retrieval step inside MLX's graph (a prototype)
-    against the shipped step with its per-layer sync, both against KVCache."""
+    """`docs/benchmarks/graph_step/run.py`: the retrieval step inside MLX's graph against the
+    synced step (one sync a layer), both against KVCache."""
     lines = [
-        "| context | KVCache ms / step | shipped step (one sync a layer) ms | in the graph ms "
-        "| shipped / KVCache time (spread) | in the graph / KVCache time (spread) "
+        "| context | KVCache ms / step | synced step (one sync a layer) ms | in the graph ms "
+        "| synced / KVCache time (spread) | in the graph / KVCache time (spread) "
         "| same tokens |",
         "|---:|---:|---:|---:|---:|---:|---|",
     ]
@@ -1515,6 +1515,20 @@ def readme_summary(d: dict[str, dict]) -> str:
 
 # Recorded runs that no current table shows: (date first recorded, what it measured).
 HISTORY = {
+    "graph_step.json": (
+        "2026-12-07",
+        "`python docs/benchmarks/graph_step/run.py 1024,8192` with a prototype of the graph step "
+        "(commit 65e97c5, built by the harness), family 25 model 1 host: in the graph / KVCache "
+        "time 0.98x at 1K (the synced step 1.01x), 0.46x at 8K (0.52x); the same tokens",
+    ),
+    "graph_step_rerun.json": (
+        "2026-12-07",
+        "the same prototype run again right after: 0.98x at 1K (synced 1.03x), 0.56x at 8K (0.56x)",
+    ),
+    "graph_step_third.json": (
+        "2026-12-07",
+        "the same prototype run a third time: 0.95x at 1K (synced 0.96x), 0.53x at 8K (0.53x)",
+    ),
     "crossover_gemma3_270m_estimate_before_host_tables.json": (
         "2026-12-06",
         "`a2ats crossover gemma3-270m --contexts 1024,2048,4096,8192 --json`, quiet, before the "
@@ -1946,6 +1960,8 @@ HOST_RUNS = (
     "decode_native_step_f25m1_one_pass_rerun.json",
     "decode_native_step_f25m1_py_entry.json",
     "decode_native_step_f25m1_py_entry_rerun.json",
+    "decode_graph_step_f25m1.json",
+    "decode_graph_step_f25m1_rerun.json",
 )  # `a2ats bench decode --methods full,a2ats,a2ats_eb0` per host and day (section 2, "Hosts")
 
 
@@ -2044,9 +2060,14 @@ def blocks() -> dict[str, str]:
         ("profile-host-f25m17", "profile_step_host_f25m17.json", profile_table),
         ("host-step-cold-host-f25m17", "host_step_cold_host_f25m17.json", host_step_cold_table),
         ("step-overhead-host-f25m17", "step_overhead_host_f25m17.json", step_overhead_table),
-        ("graph-step", "graph_step.json", graph_step_table),
-        ("graph-step-rerun", "graph_step_rerun.json", graph_step_table),
-        ("graph-step-third", "graph_step_third.json", graph_step_table),
+        ("graph-step-engine", "graph_step_engine.json", graph_step_table),
+        (
+            "crossover-probe-graph-f25m1",
+            "crossover_demo_graph_step_f25m1.json",
+            crossover_probe_table,
+        ),
+        ("speed-graph-f25m1", "decode_graph_step_f25m1.json", decode_methods_table),
+        ("speed-graph-f25m1-rerun", "decode_graph_step_f25m1_rerun.json", decode_methods_table),
         ("host-step-ab-estimate", "host_step_ab_estimate.json", host_step_ab_table),
         ("host-step-ab-1k", "host_step_ab_1k.json", host_step_ab_table),
         ("host-step-ab-step-sums", "host_step_ab_step_sums.json", host_step_ab_table),
