@@ -1,4 +1,5 @@
-"""One A2ATS decode step on the host, for the NumPy top-K strategy: one host sync per layer.
+"""One A2ATS decode step on the host, for the NumPy top-K strategy: one host sync per layer, or
+none where the C++ step runs inside MLX's graph (`graph_step.py`).
 
 With `topk.NumpyTopK` the generic step (`retrieval.Retrieval.step`) pulls the far scores to the
 host, goes back to MLX to gather and score the rerank's candidate keys, pulls their exact scores,

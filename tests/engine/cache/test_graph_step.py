@@ -242,3 +242,18 @@ def test_status_says_why_the_graph_step_does_not_run(monkeypatch):
         "C++ (native_step.cpp), one sync a layer (the graph step is not built (no nanobind))"
     )
     assert not graph_step.on()
+
+
+def test_float16_queries_over_float32_rows_run_in_the_graph(monkeypatch):
+    """Float16 activations over float32 rows: cast in the graph, attended as the float32 query
+    is, and the output back in float16."""
+    seen = spy(monkeypatch)
+    cache = cache_with_rows()
+    cache.update_and_fetch(*(mx.zeros((1, 2, 1, D)) for _ in "kv"))
+    q = mx.array(np.random.default_rng(3).standard_normal((1, 6, 1, D)).astype(np.float16))
+    want = cache.attend(q.astype(mx.float32), None, None, scale=D**-0.5)
+    cache.trim(1)
+    cache.update_and_fetch(*(mx.zeros((1, 2, 1, D)) for _ in "kv"))
+    got = cache.attend(q, None, None, scale=D**-0.5)
+    assert seen == {"synced": 0, "graph": 2} and got.dtype == mx.float16
+    np.testing.assert_allclose(np.asarray(got.astype(mx.float32)), np.asarray(want), atol=2e-3)
