@@ -2068,6 +2068,12 @@ def blocks() -> dict[str, str]:
         ),
         ("speed-graph-f25m1", "decode_graph_step_f25m1.json", decode_methods_table),
         ("speed-graph-f25m1-rerun", "decode_graph_step_f25m1_rerun.json", decode_methods_table),
+        ("profile-graph-f25m1", "profile_graph_step_f25m1.json", profile_table),
+        (
+            "speed-gemma-graph-f25m1",
+            "decode_gemma3_270m_graph_step_f25m1.json",
+            decode_methods_table,
+        ),
         ("host-step-ab-estimate", "host_step_ab_estimate.json", host_step_ab_table),
         ("host-step-ab-1k", "host_step_ab_1k.json", host_step_ab_table),
         ("host-step-ab-step-sums", "host_step_ab_step_sums.json", host_step_ab_table),
