@@ -1982,6 +1982,22 @@ def native_step_set(tag: str) -> tuple:
     )  # fmt: skip
 
 
+def graph_step_set(tag: str) -> tuple:
+    """The (KEY, JSON, table) of one recording of the graph step on a host: its probe, two
+    decode runs with the synced step beside it, its profile and the Gemma run, named
+    `*_graph_step_{tag}.json` and keyed `*-graph-{tag}` (underscores as dashes)."""
+    key = tag.replace("_", "-")
+    return (
+        (f"crossover-probe-graph-{key}", f"crossover_demo_graph_step_{tag}.json",
+         crossover_probe_table),
+        (f"speed-graph-{key}", f"decode_graph_step_{tag}.json", decode_methods_table),
+        (f"speed-graph-{key}-rerun", f"decode_graph_step_{tag}_rerun.json", decode_methods_table),
+        (f"profile-graph-{key}", f"profile_graph_step_{tag}.json", profile_table),
+        (f"speed-gemma-graph-{key}", f"decode_gemma3_270m_graph_step_{tag}.json",
+         decode_methods_table),
+    )  # fmt: skip
+
+
 def blocks() -> dict[str, str]:
     """{KEY: generated text} for every table whose JSON is recorded here."""
     LOADED.clear()
@@ -2061,19 +2077,7 @@ def blocks() -> dict[str, str]:
         ("host-step-cold-host-f25m17", "host_step_cold_host_f25m17.json", host_step_cold_table),
         ("step-overhead-host-f25m17", "step_overhead_host_f25m17.json", step_overhead_table),
         ("graph-step-engine", "graph_step_engine.json", graph_step_table),
-        (
-            "crossover-probe-graph-f25m1",
-            "crossover_demo_graph_step_f25m1.json",
-            crossover_probe_table,
-        ),
-        ("speed-graph-f25m1", "decode_graph_step_f25m1.json", decode_methods_table),
-        ("speed-graph-f25m1-rerun", "decode_graph_step_f25m1_rerun.json", decode_methods_table),
-        ("profile-graph-f25m1", "profile_graph_step_f25m1.json", profile_table),
-        (
-            "speed-gemma-graph-f25m1",
-            "decode_gemma3_270m_graph_step_f25m1.json",
-            decode_methods_table,
-        ),
+        *graph_step_set("f25m1"),
         ("host-step-ab-estimate", "host_step_ab_estimate.json", host_step_ab_table),
         ("host-step-ab-1k", "host_step_ab_1k.json", host_step_ab_table),
         ("host-step-ab-step-sums", "host_step_ab_step_sums.json", host_step_ab_table),
