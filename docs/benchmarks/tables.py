@@ -1962,6 +1962,7 @@ HOST_RUNS = (
     "decode_native_step_f25m1_py_entry_rerun.json",
     "decode_graph_step_f25m1.json",
     "decode_graph_step_f25m1_rerun.json",
+    "decode_graph_step_f25m1_ladder.json",
 )  # `a2ats bench decode --methods full,a2ats,a2ats_eb0` per host and day (section 2, "Hosts")
 
 
@@ -1984,7 +1985,8 @@ def native_step_set(tag: str) -> tuple:
 
 def graph_step_set(tag: str) -> tuple:
     """The (KEY, JSON, table) of one recording of the graph step on a host: its probe, two
-    decode runs with the synced step beside it, its profile and the Gemma run, named
+    decode runs with the synced step beside it at 1K and 8K and one at 1K-8K, its profile and
+    the Gemma run, named
     `*_graph_step_{tag}.json` and keyed `*-graph-{tag}` (underscores as dashes)."""
     key = tag.replace("_", "-")
     return (
@@ -1992,6 +1994,7 @@ def graph_step_set(tag: str) -> tuple:
          crossover_probe_table),
         (f"speed-graph-{key}", f"decode_graph_step_{tag}.json", decode_methods_table),
         (f"speed-graph-{key}-rerun", f"decode_graph_step_{tag}_rerun.json", decode_methods_table),
+        (f"speed-graph-{key}-ladder", f"decode_graph_step_{tag}_ladder.json", decode_methods_table),
         (f"profile-graph-{key}", f"profile_graph_step_{tag}.json", profile_table),
         (f"speed-gemma-graph-{key}", f"decode_gemma3_270m_graph_step_{tag}.json",
          decode_methods_table),
