@@ -213,7 +213,7 @@ def _host_step(own: list[A2ATSCache]) -> str:
     if any(getattr(c, "numpy_step", False) for c in own):
         return "NumPy"
     if any(getattr(c, "synced_step", False) for c in own) and native_step.on():
-        return "C++ (native_step.cpp), one sync a layer"
+        return native_step.SYNCED
     return native_step.status()
 
 

@@ -12,8 +12,8 @@ It runs where the synced C++ step would select and attend in one call (`native_s
 and `attends`: not with the missed-attention estimate, whose slot sums move in NumPy), on MLX's
 CPU device, and where the module is built for this MLX (`graph_build.py`, which `make venv`
 runs; it records MLX's version, and `native_step._load_graph` refuses a build for another
-version, since MLX's C++ ABI is not promised stable). Elsewhere the synced step runs, and `native_step.status` says
-which and why. `A2ATS_HOST_STEP=native` (or `native_step.forced("native")`) keeps the synced
+version, since MLX's C++ ABI is not promised stable). Elsewhere the synced step runs, and
+`native_step.status` says which and why. `A2ATS_HOST_STEP=native` (or `native_step.forced("native")`) keeps the synced
 C++ step everywhere; a cache whose attribute `synced_step` is True (the bench decode method
 suffix `_sync`) keeps it for that cache.
 

@@ -105,7 +105,7 @@ def _in_graph(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: a
               sinks):  # fmt: skip
     """The step inside MLX's graph (`graph_step`) -> (output [B, n_q, 1, d], positions,
     repeat), all lazy mx.arrays; the far tokens retrieved are counted when read."""
-    to_far = att.step_rotations(cache.rope, lay.n - 1, cache.rotations, tuple(cache.buckets[0]))
+    to_far = _to_far(cache, lay)
     m, bucket = _buckets(cache, lay)
 
     def run():
@@ -117,10 +117,16 @@ def _in_graph(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: a
     return out, positions, repeat
 
 
+def _to_far(cache: A2ATSCache, lay: att.Layout) -> mx.array:
+    """The step's query rotations (`attention.step_rotations`: one matrix, kept for every layer
+    of the step)."""
+    return att.step_rotations(cache.rope, lay.n - 1, cache.rotations, tuple(cache.buckets[0]))
+
+
 def _synced(cache: A2ATSCache, queries: mx.array, lay: att.Layout) -> tuple:
     """The step's one host sync: the query rotations (one matrix, shared by every layer of the
     step), the query, codes and K/V rows evaluated -> (to_far, keys, values) mx.arrays."""
-    to_far = att.step_rotations(cache.rope, lay.n - 1, cache.rotations, tuple(cache.buckets[0]))
+    to_far = _to_far(cache, lay)
     keys, values = cache.rows.keys, cache.rows.values
     mx.eval(to_far, queries, cache.codes, keys, values)
     return to_far, keys, values

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
 ENV = "A2ATS_HOST_STEP"
 STRATEGIES = ("graph", "native", "numpy")
+SYNCED = "C++ (native_step.cpp), one sync a layer"  # `status` of the synced C++ step
 
 
 def _load() -> tuple[Any, Any, Any, str]:
@@ -126,13 +127,12 @@ def status() -> str:
         return "NumPy"
     if not _forced and _env == "numpy":
         return f"NumPy (the C++ step is built; turned off by {ENV}=numpy)"
-    synced = "C++ (native_step.cpp), one sync a layer"
     if strategy() == "native":
-        return synced if _forced else f"{synced} ({ENV}=native)"
+        return SYNCED if _forced else f"{SYNCED} ({ENV}=native)"
     if _graph_fn is None:
-        return f"{synced} (the graph step is {_graph_why})"
+        return f"{SYNCED} (the graph step is {_graph_why})"
     if mx.default_device() != mx.cpu:
-        return f"{synced} (the graph step runs on the CPU device; this is {mx.default_device()})"
+        return f"{SYNCED} (the graph step runs on the CPU device; this is {mx.default_device()})"
     return "C++ in MLX's graph (graph_step.cpp; synced on layers with the estimate)"
 
 
