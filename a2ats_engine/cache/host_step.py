@@ -23,11 +23,12 @@ slot a step (`missed_sums`, the generic step's `Retrieval.missed_moves`), and it
 the slots' tokens not retrieved is `attention_with_estimate` (the same sums as
 `attention.selected_attention_with_estimate`).
 
-Where the C++ step is also built as an MLX primitive (`graph_step.py`) a layer that selects and
-attends in one call takes no sync at all: the step is a node of the model's graph (`_in_graph`).
-Where the C++ step is built (`native_step.py`) one call replaces everything after the sync
-(`_native`); with the estimate it selects, this module moves the slot sums (`missed_sums`), and
-a second C++ call (`native_step.attend_estimate`) attends, all in `_native`. The step's
+Where the C++ step is also built as an MLX primitive (`graph_step.py`) a layer it selects for
+takes no sync at all: the step is a node of the model's graph (`_in_graph`), the estimate's
+slot sums held in C++. Where only the C++ step is built (`native_step.py`) one call replaces
+everything after the sync (`_native`); with the estimate it selects, this module moves the slot
+sums (`missed_sums`), and a second C++ call (`native_step.attend_estimate`) attends, all in
+`_native`. The step's
 selection goes to the telemetry as NumPy copies (no MLX array made of it). `shadow` is the
 inspector's shadow selection of an exact step (`Retrieval.shadow`): the C++ step's selection
 alone, and its recall in C++ (`native_step.recall`), after one sync.
@@ -104,16 +105,19 @@ def step(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.La
 def _in_graph(retrieval: Retrieval, cache: A2ATSCache, queries: mx.array, lay: att.Layout, scale,
               sinks):  # fmt: skip
     """The step inside MLX's graph (`graph_step`) -> (output [B, n_q, 1, d], positions,
-    repeat), all lazy mx.arrays; the far tokens retrieved are counted when read."""
+    repeat), all lazy mx.arrays; the far tokens retrieved are counted when read, the
+    estimate's share (`missed_share`) read by the telemetry."""
     to_far = _to_far(cache, lay)
     m, bucket = _buckets(cache, lay)
 
     def run():
-        return graph_step.run(cache, lay, queries, to_far, m, bucket, sinks, scale)
+        return graph_step.run(cache, lay, queries, to_far, m, bucket, sinks, scale, retrieval)
 
-    out, positions, repeat, retrieved = retrieval.timed(cache.layer, "graph step", run)
+    out, positions, repeat, retrieved, share = retrieval.timed(cache.layer, "graph step", run)
     cache.top_k.add_retrieved(retrieved)
     retrieval.budget_used = None
+    if share is not None:  # the missed-attention estimate's share, read by the telemetry
+        retrieval.missed_share = share
     return out, positions, repeat
 
 

@@ -23,9 +23,9 @@ layer's call costs no NumPy views, no ctypes conversion and no checks in Python,
 MLX's layer work ran several times slower than warm too.
 
 Built by `pip install -e .` (`setup.py`, an optional extension): where there is no compiler the
-engine runs the NumPy step and `a2ats info` says why (`status`). Where the same C function is
-also built as an MLX primitive (`graph_step.py`) a layer that selects and attends in one call
-runs it inside MLX's graph, without the sync. `A2ATS_HOST_STEP` (read once) or `forced` (the
+engine runs the NumPy step and `a2ats info` says why (`status`). Where the same C functions are
+also built as MLX primitives (`graph_step.py`) a layer they select for runs them inside MLX's
+graph, without the sync (with the estimate, its slot sums held in C++). `A2ATS_HOST_STEP` (read once) or `forced` (the
 benchmarks' A/B runs) picks one of `STRATEGIES`: `graph` (the default: in the graph where it
 applies, synced elsewhere), `native` (the synced C++ step everywhere), `numpy` (the NumPy step);
 a cache whose attribute `numpy_step` is True (the bench decode method suffix `_npstep`) keeps
@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 ENV = "A2ATS_HOST_STEP"
 STRATEGIES = ("graph", "native", "numpy")
 SYNCED = "C++ (native_step.cpp), one sync a layer"  # `status` of the synced C++ step
+GRAPH = "C++ in MLX's graph (graph_step.cpp)"  # `status` of the graph step
 
 
 def _load() -> tuple[Any, Any, Any, str]:
@@ -84,10 +85,13 @@ def _load_graph() -> tuple[Any, str]:
     if built != mx.__version__:
         why = f"built for MLX {built!r}, this is MLX {mx.__version__}"
         return None, f"{why} (`{GRAPH_BUILD}` rebuilds it)"
-    return _graph_step.step, ""
+    if not hasattr(_graph_step, "estimate"):  # a build of an older graph_step.cpp
+        return None, f"an older build, without the estimate (`{GRAPH_BUILD}` rebuilds it)"
+    return _graph_step, ""
 
 
-_graph_fn, _graph_why = _load_graph()
+_graph_module, _graph_why = _load_graph()
+_graph_fn = None if _graph_module is None else _graph_module.step
 _env = os.environ.get(ENV, "").strip().lower()
 if _env and _env not in STRATEGIES:  # said, not dropped
     warnings.warn(f"{ENV}={_env!r} is not one of {', '.join(STRATEGIES)}: ignored", stacklevel=1)
@@ -133,7 +137,7 @@ def status() -> str:
         return f"{SYNCED} (the graph step is {_graph_why})"
     if mx.default_device() != mx.cpu:
         return f"{SYNCED} (the graph step runs on the CPU device; this is {mx.default_device()})"
-    return "C++ in MLX's graph (graph_step.cpp; synced on layers with the estimate)"
+    return GRAPH
 
 
 def selects(cache: A2ATSCache, lay: Layout, rows_dtype) -> bool:

@@ -143,12 +143,15 @@ class Retrieval:
         self.missed_n: int | None = None  # the context length the sums describe
         # the host step's own sums, in NumPy: (context, slot_rows.SlotRows), or None
         self.host_missed: tuple | None = None
+        # the graph step's, in C++: (graph_step.cpp's SlotSums, context of its last node)
+        self.graph_sums: tuple | None = None
         self.missed_share = None  # the last step's estimated mass [B, n_kv, G]
 
     @property
     def estimate_bytes(self) -> int:
         """Bytes of the per-slot count and value sums (0 when estimate_missed is off)."""
         held = self.host_missed[1].nbytes if self.host_missed is not None else 0
+        held += self.graph_sums[0].nbytes if self.graph_sums is not None else 0
         return held + sum(a.nbytes for a in self.missed_sums or ())
 
     # -- scores -------------------------------------------------------------------------------

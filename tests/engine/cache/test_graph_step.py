@@ -1,6 +1,7 @@
 """The C++ step inside MLX's graph (`cache/graph_step.py`, `graph_step.cpp`) gives what the
-synced C++ step gives, without a sync; the estimate's layers keep the sync; every input the
-primitive reads is checked; a build for another MLX is refused, and `status` says which runs."""
+synced C++ step gives, without a sync, the missed-attention estimate too (its slot sums held in
+C++); every input the primitive reads is checked; a build for another MLX is refused, and
+`status` says which runs."""
 
 import sys
 
@@ -83,13 +84,127 @@ def test_the_graph_step_gives_what_the_synced_step_gives(
         assert n_g == n_s > 0
 
 
+ESTIMATES = [
+    {"estimate_missed": True},
+    {"estimate_missed": True, "estimate_scores": "code_mean"},
+    {"estimate_missed": True, "far_buckets": 1, "rerank": 1},
+]
+
+
 @needs_graph
-@pytest.mark.parametrize(
-    "knobs", [{"estimate_missed": True}, {"coverage": 0.9}, {"rerank": 3, "rerank_shared": True}]
-)
+@pytest.mark.parametrize("knobs", ESTIMATES)
+@pytest.mark.parametrize("with_sinks", [False, True])
+@pytest.mark.parametrize("n", [700, 2600])
+def test_the_estimate_runs_in_the_graph_as_the_synced_step_runs_it(
+    monkeypatch, knobs, with_sinks, n
+):
+    """The missed-attention estimate's layers in the graph, their slot sums held in C++: the
+    same selection and count as the synced step (NumPy sums, C++ attention), the output and the
+    estimated mass to float32 rounding (the sums add the same tokens in another order), and no
+    sync in five steps (moves across the window's and buckets' edges)."""
+    config = A2ATSConfig(**BASE, **knobs)
+    sinks = mx.array(np.linspace(-1, 1, 6).astype(np.float32)) if with_sinks else None
+    seen = spy(monkeypatch)
+    graph = decode(config, host=True, monkeypatch=monkeypatch, sinks=sinks, n=n, steps=5)
+    assert seen == {"synced": 0, "graph": 5}
+    with native_step.forced("native"):
+        seen = spy(monkeypatch)
+        synced = decode(config, host=True, monkeypatch=monkeypatch, sinks=sinks, n=n, steps=5)
+        assert seen == {"synced": 5, "graph": 0}
+    for (out_g, sel_g, _, n_g, mass_g), (out_s, sel_s, _, n_s, mass_s) in zip(
+        graph, synced, strict=True
+    ):
+        assert all(np.array_equal(a, b) for a, b in zip(sel_g, sel_s, strict=True))
+        assert n_g == n_s > 0
+        np.testing.assert_allclose(out_g, out_s, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(mass_g, mass_s, rtol=1e-5)
+        assert min(mass_g) > 0 and max(mass_g) < 1
+
+
+def dense_reference(cache) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The far region's per-slot counts, value sums and key sums at the cache's context, from
+    scratch in NumPy (`host_step.rebuild_rows`): what the C++ sums must hold."""
+    from a2ats_engine.cache.slot_rows import SlotRows
+
+    lay = layout(cache)
+    codes, keys, values = (np.array(a) for a in (cache.codes, cache.rows.keys, cache.rows.values))
+    B, n_kv = codes.shape[:2]
+    rows = SlotRows(B, n_kv, cache.n_slots, keys.shape[-1], True)
+    host_step.rebuild_rows(rows, cache, lay, codes, values, keys)
+    counts, sums = rows.dense()
+    d = keys.shape[-1]
+    return (
+        counts.reshape(B * n_kv, -1),
+        sums[..., :d].reshape(B * n_kv, -1),
+        sums[..., d:].reshape(B * n_kv, -1),
+    )
+
+
+def held_sums(cache):
+    sums, context = cache.retrieval.graph_sums
+    counts, values, keys = (np.array(a, np.float32) for a in sums.dense())
+    return sums, context, counts.reshape(counts.size // cache.n_slots, -1), values, keys
+
+
+@needs_graph
+@pytest.mark.parametrize("knobs", ESTIMATES)
+def test_the_sums_held_in_cpp_follow_steps_trims_and_prefills(knobs):
+    """After steps (moved), a trim and a prefill (rebuilt) the C++ sums equal the far region's
+    sums made from scratch, and the estimate's bytes count them."""
+    rng = np.random.default_rng(5)
+    book = Codebook.random(1, 2, D, 64, seed=1)
+    with topk.forced("numpy"):
+        cache = A2ATSCache(0, ROPE, book, A2ATSConfig(**BASE, **knobs), 8192)
+    rows = lambda n: (  # noqa: E731
+        mx.array(rng.standard_normal((2, 2, n, D)).astype(np.float32)) for _ in "kv"
+    )
+    q = lambda: mx.array(rng.standard_normal((2, 6, 1, D)).astype(np.float32))  # noqa: E731
+    cache.update_and_fetch(*rows(900))
+    held = []
+    for what in ["step"] * 6 + ["trim"] + ["step"] * 3 + ["prefill"] + ["step"] * 2:
+        if what == "trim":
+            cache.trim(40)
+            continue
+        cache.update_and_fetch(*rows(1 if what == "step" else 30))
+        if what == "step":
+            mx.eval(cache.attend(q(), None, None, scale=D**-0.5))
+            sums, context, counts, values, keys = held_sums(cache)
+            assert context == cache.offset and sums.context == cache.offset
+            want = dense_reference(cache)
+            np.testing.assert_array_equal(counts, want[0].reshape(counts.shape))
+            # moved sums (a token in, another out) round as a sum made once does not, a little
+            np.testing.assert_allclose(values.reshape(want[1].shape), want[1], 1e-5, 1e-5)
+            np.testing.assert_allclose(keys.reshape(want[2].shape), want[2], 1e-5, 1e-5)
+            assert cache.retrieval.estimate_bytes == sums.nbytes > 0
+            held.append(sums)  # kept alive: ids of freed objects are reused
+    # one object while the steps follow each other, built once and then moved; a new one
+    # after the trim and after the prefill
+    assert len({id(h) for h in held[:6]}) == 1 and len({id(h) for h in held}) == 3
+    assert [h.rebuilds for h in (held[0], held[6], held[9])] == [1, 1, 1]
+
+
+@needs_graph
+def test_a_step_left_undone_keeps_the_sums_moving():
+    """A NaN query with the estimate: NaN output and share, the step counted undone, and the
+    sums still brought to the step's context (the next step moves them from there)."""
+    cache = cache_with_rows(knobs={"estimate_missed": True})
+    cache.update_and_fetch(*(mx.zeros((1, 2, 1, D)) for _ in "kv"))
+    out = np.array(cache.attend(mx.full((1, 6, 1, D), np.nan), None, None, scale=D**-0.5))
+    assert np.isnan(out).all() and np.isnan(np.array(cache.retrieval.missed_share)).all()
+    assert cache.tokens_retrieved == 0 and cache.top_k.undone == 1  # read: the counts settle
+    assert cache.retrieval.graph_sums[0].context == cache.offset
+    cache.update_and_fetch(*(mx.ones((1, 2, 1, D)) for _ in "kv"))
+    q = mx.array(np.random.default_rng(4).standard_normal((1, 6, 1, D)).astype(np.float32))
+    assert np.isfinite(np.array(cache.attend(q, None, None, scale=D**-0.5))).all()
+    counts = held_sums(cache)[2]
+    np.testing.assert_array_equal(counts, dense_reference(cache)[0].reshape(counts.shape))
+
+
+@needs_graph
+@pytest.mark.parametrize("knobs", [{"coverage": 0.9}, {"rerank": 3, "rerank_shared": True}])
 def test_what_the_graph_step_does_not_compute_keeps_its_sync(monkeypatch, knobs):
-    """The estimate's slot sums move in NumPy after the sync; the adaptive budget and shared
-    rerank candidates are the NumPy step's: each keeps the sync."""
+    """The adaptive budget and shared rerank candidates are the NumPy step's: each keeps the
+    sync."""
     seen = spy(monkeypatch)
     decode(A2ATSConfig(**BASE, **knobs), host=True, monkeypatch=monkeypatch)
     assert seen == {"synced": 3, "graph": 0}
@@ -108,11 +223,11 @@ def test_a_cache_or_the_strategy_can_keep_the_synced_step(monkeypatch):
             assert not graph_step.applies(cache, lay) and not graph_step.on()
 
 
-def cache_with_rows(n=700, B=1, n_kv=2, seed=0):
+def cache_with_rows(n=700, B=1, n_kv=2, seed=0, knobs=None):
     rng = np.random.default_rng(seed)
     book = Codebook.random(1, n_kv, D, 64, seed=1)
     with topk.forced("numpy"):
-        cache = A2ATSCache(0, ROPE, book, A2ATSConfig(**BASE), 8192)
+        cache = A2ATSCache(0, ROPE, book, A2ATSConfig(**BASE, **(knobs or {})), 8192)
     rows = rng.standard_normal((2, B, n_kv, n, D)).astype(np.float32)
     cache.update_and_fetch(mx.array(rows[0]), mx.array(rows[1]))
     return cache
@@ -270,3 +385,43 @@ def test_float16_queries_over_float32_rows_run_in_the_graph(monkeypatch):
     got = cache.attend(q, None, None, scale=D**-0.5)
     assert seen == {"synced": 0, "graph": 2} and got.dtype == mx.float16
     np.testing.assert_allclose(np.asarray(got.astype(mx.float32)), np.asarray(want), atol=2e-3)
+
+
+def estimate_args(sums, moves=((), (), ()), **change):
+    """The estimate entry's arguments: the step's, the sums, the moves."""
+    return [*entry_args(**change), sums, *(list(m) for m in moves)]
+
+
+@needs_graph
+@pytest.mark.parametrize(
+    ("moves", "says"),
+    [
+        (([3], [0], []), "moves of unequal lengths"),
+        (([30], [0], [1.0]), "outside the far region"),
+        (([-1], [0], [1.0]), "outside the far region"),
+        (([5], [-1], [1.0]), "outside the far region"),
+        (([5], [0], [0.5]), "weight other than"),
+    ],
+)
+def test_the_estimate_entry_refuses_moves_that_do_not_fit(moves, says):
+    sums = native_step._graph_module.SlotSums(4, 4, [])
+    with pytest.raises(ValueError, match=says):
+        native_step._graph_module.estimate(*estimate_args(sums, moves))
+    with pytest.raises(ValueError, match="not one per far token"):  # the step's checks too
+        native_step._graph_module.estimate(
+            *estimate_args(sums, bucket=mx.zeros((27,), dtype=mx.int32))
+        )
+
+
+@needs_graph
+def test_a_code_past_the_slots_leaves_the_step_undone_and_the_sums_unheld():
+    """Codes are read only when the node runs: one past the slots is never summed."""
+    sums = native_step._graph_module.SlotSums(3, 3, [])  # codes 0-3 in entry_args: 3 is past
+    out, _, _, retrieved, share = native_step._graph_module.estimate(*estimate_args(sums))
+    assert int(retrieved.item()) == -1 and np.isnan(np.array(out)).all()
+    assert np.isnan(np.array(share)).all() and sums.context == -1
+    sums = native_step._graph_module.SlotSums(4, 4, [])
+    out, _, _, retrieved, share = native_step._graph_module.estimate(*estimate_args(sums))
+    assert int(retrieved.item()) > 0 and np.isfinite(np.array(out)).all() and sums.context == 40
+    counts = np.array(sums.dense()[0]).reshape(2, 4)
+    assert counts.sum() == 2 * 28  # every far token of both KV heads, once

@@ -17,7 +17,7 @@ from a2ats_engine.cache.retrieval import PhaseClock
 
 from .test_host_step import BASE, ROPE, D, decode
 
-GRAPH = "C++ in MLX's graph (graph_step.cpp; synced on layers with the estimate)"
+GRAPH = "C++ in MLX's graph (graph_step.cpp)"
 
 
 @pytest.fixture(autouse=True)

@@ -1,12 +1,13 @@
-"""`StepSums`: the host step's estimate sums of a model's layers, moved for all at once, give
-the same sums and the same decode as each layer's own `SlotRows`."""
+"""`StepSums`: the synced host step's estimate sums of a model's layers, moved for all at once,
+give the same sums and the same decode as each layer's own `SlotRows` (the graph step holds its
+sums in C++: tests/engine/cache/test_graph_step.py)."""
 
 import mlx.core as mx
 import numpy as np
 import pytest
 from tiny import made_for, tiny_model
 
-from a2ats_engine.cache import topk
+from a2ats_engine.cache import native_step, topk
 from a2ats_engine.cache.a2ats_cache import A2ATSCache
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig
@@ -14,6 +15,13 @@ from a2ats_engine.cache.geometry import model_geometry
 from a2ats_engine.cache.model_cache import make_cache
 from a2ats_engine.cache.slot_rows import SlotRows
 from a2ats_engine.cache.step_sums import LayerRows, StepSums
+
+
+@pytest.fixture(autouse=True)
+def synced_step():
+    """StepSums are the synced step's (`host_step.missed_sums`)."""
+    with native_step.forced("native"):
+        yield
 
 
 def caches_for(model, book, scores: str, shared: bool) -> list:
