@@ -429,6 +429,12 @@ NB_MODULE(_graph_step, mod) {
                      std::lock_guard<std::mutex> hold(s.mu);
                      return s.n_done_;
                    })
+      .def_prop_ro("rows_used",  // the most rows one (batch, KV head) gives out
+                   [](SlotSums& s) {
+                     std::lock_guard<std::mutex> hold(s.mu);
+                     return s.rows_read() - 1;
+                   })
+      .def_ro("n_slots", &SlotSums::n_slots_)
       .def_prop_ro("rebuilds",
                    [](SlotSums& s) {
                      std::lock_guard<std::mutex> hold(s.mu);

@@ -9,7 +9,7 @@ from mlx_lm.models.rope_utils import initialize_rope
 from tiny import made_for, tiny_model
 
 from a2ats_engine.bench.methods import METHODS, IdentityRope, decode_variant_knobs
-from a2ats_engine.cache import topk
+from a2ats_engine.cache import native_step, topk
 from a2ats_engine.cache.a2ats_cache import A2ATSCache
 from a2ats_engine.cache.codebook import Codebook
 from a2ats_engine.cache.config import A2ATSConfig
@@ -132,9 +132,19 @@ def test_mean_scores_make_the_estimate_exact_with_one_token_a_slot(strategy):
     assert np.abs(outputs["centroid"] - want).max() > 1e-3
 
 
+@pytest.fixture
+def synced_step():
+    """The synced host step, whose sums are NumPy's (`host_missed`; the graph step's, held in
+    C++, are tests/engine/cache/test_graph_step.py's)."""
+    with native_step.forced("native"):
+        yield
+
+
 @pytest.mark.parametrize("scores", ["centroid", "mean", "code_mean"])
 @pytest.mark.parametrize("strategy", ["numpy", "mlx"])  # the host step's sums, the generic's
-def test_incremental_sums_equal_a_rebuild_across_bucket_edges_trim_and_restore(strategy, scores):
+def test_incremental_sums_equal_a_rebuild_across_bucket_edges_trim_and_restore(
+    strategy, scores, synced_step
+):
     """The per-slot sums kept step by step equal the sums rebuilt from codes and values (and
     keys, with mean scores), also after tokens crossed bucket edges, after a trim and after
     `from_state` (never saved)."""
