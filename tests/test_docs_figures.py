@@ -172,6 +172,14 @@ def speed_ratio(run: str, context: int, method: str) -> float:
     )
 
 
+def graph_estimate_cost(run: str, context: int) -> float:
+    """What the estimate cost a forced retrieval step in a run, in percent of its speed:
+    `a2ats_eb0` against `a2ats_eb0_noest`."""
+    return 100 * (
+        1 - speed_ratio(run, context, "a2ats_eb0") / speed_ratio(run, context, "a2ats_eb0_noest")
+    )
+
+
 def quality_4k() -> tuple[float, ...]:
     """Quality at 4K on 18 prompts a task (tasks_4k_rr4_18.json): multi-key and multi-value
     must be at full's score on every prompt with the estimate; returns rerank 4 alone's
@@ -320,6 +328,10 @@ EXACT_DEFAULT = "decode_exact_default_f25m1.json"  # after the decode keys' code
 GRAPH = "decode_graph_step_f25m1.json"  # the graph step and the synced step in one run
 GRAPH_RERUN = "decode_graph_step_f25m1_rerun.json"
 GRAPH_PROBE = "crossover_demo_graph_step_f25m1.json"
+GRAPH_ESTIMATE_PROBE = "crossover_demo_graph_estimate_f25m1.json"  # the estimate in the graph
+GRAPH_ESTIMATE = "decode_graph_estimate_f25m1.json"  # with the synced step and the estimate off
+GRAPH_ESTIMATE_BEFORE = "decode_graph_estimate_before_f25m1.json"  # at bf9e7cb: synced estimate
+GRAPH_ESTIMATE_LADDER = "decode_graph_estimate_f25m1_ladder.json"  # 1K-8K, with the synced step
 GRAPH_HARNESS = "graph_step_engine.json"  # docs/benchmarks/graph_step/run.py, estimate off
 GRAPH_GEMMA = "decode_gemma3_270m_graph_step_f25m1.json"
 GRAPH_LADDER = "decode_graph_step_f25m1_ladder.json"  # 1K-8K, the third run
@@ -375,6 +387,38 @@ def graph_reading() -> tuple:
         j(GRAPH_PROBE)["exact_below"],
         harness[0]["graph"], harness[1]["graph"], harness[0]["sync"], harness[1]["sync"],
     )  # fmt: skip
+
+
+def graph_estimate_reading() -> tuple:
+    """The figures of the estimate-in-the-graph reading (docs/BENCHMARKS.md), in its order."""
+    before, after, ladder = GRAPH_ESTIMATE_BEFORE, GRAPH_ESTIMATE, GRAPH_ESTIMATE_LADDER
+    return (
+        *(graph_estimate_cost(before, n) for n in (1024, 8192)),
+        *(speed_ratio(before, n, m) for n in (1024, 8192) for m in ("a2ats_eb0", "a2ats_eb0_noest")),
+        *(graph_estimate_cost(after, n) for n in (1024, 8192)),
+        *(speed_ratio(after, n, m) for n in (1024, 8192) for m in ("a2ats_eb0", "a2ats_eb0_noest")),
+        *(speed_ratio(after, n, "a2ats_eb0_sync") for n in (1024, 8192)),
+        j(GRAPH_ESTIMATE_PROBE)["estimate"]["ratio"], j(GRAPH_PROBE)["estimate"]["ratio"],
+        j(GRAPH_ESTIMATE_PROBE)["estimate"]["layers"], j(GRAPH_PROBE)["estimate"]["layers"],
+        *(speed_ratio(ladder, n, m) for m in ("a2ats_eb0", "a2ats_eb0_sync")
+          for n in (1024, 2048, 4096, 8192)),
+        speed_ratio(ladder, 1024, "a2ats"), j(GRAPH_ESTIMATE_PROBE)["exact_below"],
+        *(speed_ratio(ladder, n, "a2ats") for n in (2048, 4096, 8192)),
+        1 / speed_ratio(ladder, 1024, "a2ats_eb0"),
+    )  # fmt: skip
+
+
+GRAPH_ESTIMATE_READING = (
+    "Reading: the estimate cost a forced retrieval step {:.0f}% of its speed at 1K and {:.0f}% "
+    "at 8K with its layers synced ({:.2f}x KVCache against {:.2f}x without it at 1K, {:.2f}x "
+    "against {:.2f}x at 8K), {:.0f}% and {:.0f}% in the graph ({:.2f}x against {:.2f}x, {:.2f}x "
+    "against {:.2f}x; the synced step in the same run {:.2f}x and {:.2f}x). The probe then timed "
+    "the estimate on every layer at {:.2f}x the speed without it ({:.2f}x in the last probe) and "
+    "runs it on {} of 30 layers ({} before). With those, at 1K-8K, retrieval forced decoded at "
+    "{:.2f}x, {:.2f}x, {:.2f}x and {:.2f}x KVCache in the graph, {:.2f}x, {:.2f}x, {:.2f}x and "
+    "{:.2f}x synced; the default at {:.2f}x (exact below {:,} tokens), {:.2f}x, {:.2f}x and "
+    "{:.2f}x. A forced step at 1K took {:.2f}x KVCache's time"
+)
 
 
 def host_run(context: int, method: str, run: str = "decode_host_f25m17.json") -> dict:
@@ -511,13 +555,22 @@ FIGURES: list[tuple[str, str, Callable[[], tuple]]] = [
               j("crossover_demo_native_step.json")["estimate"]["layers"],
               min(j("crossover_demo_native_step.json")["estimate"]["ratio_runs"]),
               max(j("crossover_demo_native_step.json")["estimate"]["ratio_runs"]))),
+    # the estimate inside the graph: its cost, synced and in the graph
+    ("docs/ARCHITECTURE.md", "on the {} layers the probe chose on the family 25 model 1 host it "
+     "cost a retrieval step {:.0f}% of its speed at 1K and {:.0f}% at 8K, where synced it cost "
+     "{:.0f}% and {:.0f}%",
+     lambda: (j(GRAPH_PROBE)["estimate"]["layers"],
+              *(graph_estimate_cost(GRAPH_ESTIMATE, n) for n in (1024, 8192)),
+              *(graph_estimate_cost(GRAPH_ESTIMATE_BEFORE, n) for n in (1024, 8192)))),
     # the estimate on the layers that miss most: how many the AMD host's probe affords
     ("docs/ARCHITECTURE.md", "{} of the demo's 30 on a 2-core AMD EPYC family 25 model 17 host "
      "with the C++ host step, {} there with the NumPy one, {} on a family 25 model 1 host with the "
-     "synced C++ step, {} there with the step inside MLX's graph",
+     "synced C++ step, {} there with the step inside MLX's graph, {} there with the estimate "
+     "in the graph too",
      lambda: (j("crossover_demo_native_step.json")["estimate"]["layers"],
               j("crossover_demo_estimate_layers.json")["estimate"]["layers"],
-              j(F25M1_ONE_PROBE)["estimate"]["layers"], j(GRAPH_PROBE)["estimate"]["layers"])),
+              j(F25M1_ONE_PROBE)["estimate"]["layers"], j(GRAPH_PROBE)["estimate"]["layers"],
+              j(GRAPH_ESTIMATE_PROBE)["estimate"]["layers"])),
     ("a2ats_engine/commands/crossover.py", "where it keeps at least {:.2f}x the speed",
      estimate_free),
     # BENCHMARKS "The host step in C++": the same runs, C++ step against NumPy step
@@ -667,6 +720,7 @@ FIGURES: list[tuple[str, str, Callable[[], tuple]]] = [
      "off on every layer (the harness), the graph step took {:.2f}x KVCache's time at 1K and "
      "{:.2f}x at 8K, the synced step {:.2f}x and {:.2f}x",
      graph_reading),
+    ("docs/BENCHMARKS.md", GRAPH_ESTIMATE_READING, graph_estimate_reading),
     ("docs/BENCHMARKS.md", "At 1K-8K (the third run) the graph step {:.2f}x, {:.2f}x, {:.2f}x "
      "and {:.2f}x KVCache, the synced step {:.2f}x, {:.2f}x, {:.2f}x and {:.2f}x; the default "
      "{:.2f}x (exact below the crossover), {:.2f}x, {:.2f}x and {:.2f}x",

@@ -1963,6 +1963,7 @@ HOST_RUNS = (
     "decode_graph_step_f25m1.json",
     "decode_graph_step_f25m1_rerun.json",
     "decode_graph_step_f25m1_ladder.json",
+    "decode_graph_estimate_f25m1_ladder.json",
 )  # `a2ats bench decode --methods full,a2ats,a2ats_eb0` per host and day (section 2, "Hosts")
 
 
@@ -1997,6 +1998,24 @@ def graph_step_set(tag: str) -> tuple:
         (f"speed-graph-{key}-ladder", f"decode_graph_step_{tag}_ladder.json", decode_methods_table),
         (f"profile-graph-{key}", f"profile_graph_step_{tag}.json", profile_table),
         (f"speed-gemma-graph-{key}", f"decode_gemma3_270m_graph_step_{tag}.json",
+         decode_methods_table),
+    )  # fmt: skip
+
+
+def graph_estimate_set(tag: str) -> tuple:
+    """The (KEY, JSON, table) of one recording of the estimate inside the graph step on a host:
+    the decode with it synced (before the change) and in the graph, each beside the estimate
+    off, the probe after it, and a 1K-8K run beside the synced step, named
+    `*_graph_estimate*_{tag}*.json` and keyed `*-graph-estimate*-{tag}` (underscores as
+    dashes)."""
+    key = tag.replace("_", "-")
+    return (
+        (f"speed-graph-estimate-before-{key}", f"decode_graph_estimate_before_{tag}.json",
+         decode_methods_table),
+        (f"speed-graph-estimate-{key}", f"decode_graph_estimate_{tag}.json", decode_methods_table),
+        (f"crossover-probe-graph-estimate-{key}", f"crossover_demo_graph_estimate_{tag}.json",
+         crossover_probe_table),
+        (f"speed-graph-estimate-{key}-ladder", f"decode_graph_estimate_{tag}_ladder.json",
          decode_methods_table),
     )  # fmt: skip
 
@@ -2081,6 +2100,7 @@ def blocks() -> dict[str, str]:
         ("step-overhead-host-f25m17", "step_overhead_host_f25m17.json", step_overhead_table),
         ("graph-step-engine", "graph_step_engine.json", graph_step_table),
         *graph_step_set("f25m1"),
+        *graph_estimate_set("f25m1"),
         ("host-step-ab-estimate", "host_step_ab_estimate.json", host_step_ab_table),
         ("host-step-ab-1k", "host_step_ab_1k.json", host_step_ab_table),
         ("host-step-ab-step-sums", "host_step_ab_step_sums.json", host_step_ab_table),

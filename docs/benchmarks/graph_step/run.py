@@ -13,7 +13,8 @@ three cache lists taking turns, 8 steps at a time, as `bench/speed.py` decodes:
 - `sync`: A2ATS, retrieval forced (exact below 0), the synced step;
 - `graph`: the same caches' settings, the graph step.
 
-The missed-attention estimate is off (its layers keep the sync). Per round the median step
+The missed-attention estimate is off (its layers kept the sync when `graph_step_engine.json`
+was recorded; they run in the graph since). Per round the median step
 time of each list; per context the median over the rounds of each ratio to KVCache's time, its
 spread, and whether `sync` and `graph` decoded the same tokens. The runs recorded before the
 graph step was the engine's (`graph_step.json`, `_rerun`, `_third`) built a prototype of the
