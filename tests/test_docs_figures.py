@@ -332,6 +332,7 @@ GRAPH_ESTIMATE_PROBE = "crossover_demo_graph_estimate_f25m1.json"  # the estimat
 GRAPH_ESTIMATE = "decode_graph_estimate_f25m1.json"  # with the synced step and the estimate off
 GRAPH_ESTIMATE_BEFORE = "decode_graph_estimate_before_f25m1.json"  # at bf9e7cb: synced estimate
 GRAPH_ESTIMATE_LADDER = "decode_graph_estimate_f25m1_ladder.json"  # 1K-8K, with the synced step
+GRAPH_ESTIMATE_PROFILE = "profile_graph_estimate_f25m1.json"  # the estimate in the graph
 GRAPH_HARNESS = "graph_step_engine.json"  # docs/benchmarks/graph_step/run.py, estimate off
 GRAPH_GEMMA = "decode_gemma3_270m_graph_step_f25m1.json"
 GRAPH_LADDER = "decode_graph_step_f25m1_ladder.json"  # 1K-8K, the third run
@@ -387,6 +388,11 @@ def graph_reading() -> tuple:
         j(GRAPH_PROBE)["exact_below"],
         harness[0]["graph"], harness[1]["graph"], harness[0]["sync"], harness[1]["sync"],
     )  # fmt: skip
+
+
+def profile_row(run: str, context: int) -> dict:
+    """One context's row of a `bench decode --profile` run."""
+    return next(r for r in j(run)["results"] if r["context"] == context)
 
 
 def graph_estimate_reading() -> tuple:
@@ -721,6 +727,16 @@ FIGURES: list[tuple[str, str, Callable[[], tuple]]] = [
      "{:.2f}x at 8K, the synced step {:.2f}x and {:.2f}x",
      graph_reading),
     ("docs/BENCHMARKS.md", GRAPH_ESTIMATE_READING, graph_estimate_reading),
+    ("docs/BENCHMARKS.md", "In the profile a forced A2ATS step took {:.2f}x KVCache's speed at "
+     "1K and {:.2f}x at 8K, the graph step {:.2f} ms a layer at 1K against {:.2f} ms of exact "
+     "attention over the layer, {:.2f} ms against {:.2f} ms at 8K",
+     lambda: tuple(
+         x for r in (profile_row(GRAPH_ESTIMATE_PROFILE, n) for n in (1024, 8000))
+         for x in (r["a2ats_vs_kvcache"],)
+     ) + tuple(
+         x for r in (profile_row(GRAPH_ESTIMATE_PROFILE, n) for n in (1024, 8000))
+         for x in (r["phases_ms_per_layer"]["graph step"], r["exact_attention_ms_per_layer"])
+     )),
     ("docs/BENCHMARKS.md", "At 1K-8K (the third run) the graph step {:.2f}x, {:.2f}x, {:.2f}x "
      "and {:.2f}x KVCache, the synced step {:.2f}x, {:.2f}x, {:.2f}x and {:.2f}x; the default "
      "{:.2f}x (exact below the crossover), {:.2f}x, {:.2f}x and {:.2f}x",

@@ -2005,7 +2005,7 @@ def graph_step_set(tag: str) -> tuple:
 def graph_estimate_set(tag: str) -> tuple:
     """The (KEY, JSON, table) of one recording of the estimate inside the graph step on a host:
     the decode with it synced (before the change) and in the graph, each beside the estimate
-    off, the probe after it, and a 1K-8K run beside the synced step, named
+    off, the probe after it, a 1K-8K run beside the synced step and the profile, named
     `*_graph_estimate*_{tag}*.json` and keyed `*-graph-estimate*-{tag}` (underscores as
     dashes)."""
     key = tag.replace("_", "-")
@@ -2017,6 +2017,7 @@ def graph_estimate_set(tag: str) -> tuple:
          crossover_probe_table),
         (f"speed-graph-estimate-{key}-ladder", f"decode_graph_estimate_{tag}_ladder.json",
          decode_methods_table),
+        (f"profile-graph-estimate-{key}", f"profile_graph_estimate_{tag}.json", profile_table),
     )  # fmt: skip
 
 
