@@ -7,10 +7,11 @@
 // arrays use: the build records MLX's version, and the loader refuses a build for another.
 //
 // The primitive computes what `_native_step.step` computes (the same C function, the same
-// selection and attention), CPU only. With the missed-attention estimate a second primitive,
-// GraphEstimate, selects, moves the layer's slot sums (SlotSums, held here across steps), and
-// attends with them (`_native_step.estimate`'s C function). Its inputs are checked here when the node is made (dtype,
-// rank, shape, ranges: std::invalid_argument, a ValueError in Python); the distance buckets'
+// selection and attention), CPU only. With the missed-attention estimate the same primitive,
+// given the layer's slot sums (SlotSums, held here across steps; the node A2ATSGraphEstimate),
+// selects, moves the sums and attends with them (`_native_step.estimate`'s C function). Its
+// inputs are checked here when the node is made (dtype, rank, shape, ranges:
+// std::invalid_argument, a ValueError in Python); the distance buckets'
 // values, known only when the node runs, are checked there. A NaN score (a NaN or infinite
 // query) or a bucket out of range leaves the step undone: the output is NaN, the selection the
 // first rows, and `retrieved` -1 (the caller counts it; the NumPy step's fallback is not
@@ -52,65 +53,12 @@ struct Params {
   float scale;
 };
 
-class GraphStep : public mx::Primitive {
- public:
-  GraphStep(mx::Stream s, Params p) : mx::Primitive(s), p_(p) {}
-
-  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out) override {
-    for (auto& o : out) o.set_data(mx::allocator::malloc(o.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    for (auto& a : in) enc.set_input_array(a);
-    for (auto& o : out) enc.set_output_array(o);
-    const auto &q = in[0], &to_far = in[1], &codes = in[2], &keys = in[3], &values = in[4],
-               &cent = in[5];
-    const int B = codes.shape(0), n_kv = codes.shape(1), cap = codes.shape(2),
-              S = codes.shape(3), d = keys.shape(3), G = q.shape(1) / n_kv, C = cent.shape(2),
-              ld = to_far.shape(1);
-    size_t at = 6;
-    const int32_t* bp = p_.has_bucket ? in[at++].data<int32_t>() : nullptr;
-    const float* sp = p_.has_sinks ? in[at++].data<float>() : nullptr;
-    const Params p = p_;
-    const size_t n_out = out[0].size(), n_sel = out[1].size();
-    enc.dispatch([=, qp = q.data<float>(), tp = to_far.data<float>(), cp = codes.data<uint16_t>(),
-                  kp = keys.data<float>(), vp = values.data<float>(), ep = cent.data<float>(),
-                  op = out[0].data<float>(), pp = out[1].data<int32_t>(),
-                  rp = out[2].data<bool>(), np_ = out[3].data<int32_t>()]() {
-      const int F = p.window_start - p.n_sinks;
-      bool ok = true;
-      for (int t = 0; bp && ok && t < F; ++t) ok = bp[t] >= 0 && bp[t] < p.m;
-      const long got =
-          ok ? a2ats_native_step(B, n_kv, G, d, p.m, S, C, qp, tp, ld, ep, cp, bp, kp, vp, sp,
-                                 cap, p.n, p.n_sinks, p.window_start, p.k, p.cand, p.scale, op,
-                                 pp, reinterpret_cast<uint8_t*>(rp))
-             : -1;
-      if (got < 0) {  // the step undone: NaN out, the first rows as its selection
-        std::fill(op, op + n_out, std::numeric_limits<float>::quiet_NaN());
-        const size_t M = n_sel / ((size_t)B * n_kv);
-        for (size_t j = 0; j < n_sel; ++j) {
-          pp[j] = (int32_t)((j % M) % (size_t)p.n);
-          rp[j] = (j % M) >= (size_t)p.n;
-        }
-      }
-      *np_ = got < 0 ? -1 : (int32_t)std::min<long>(got, std::numeric_limits<int32_t>::max());
-    });
-  }
-
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("A2ATS graph step: CPU only (the GPU takes the synced step)");
-  }
-
-  const char* name() const override { return "A2ATSGraphStep"; }
-
- private:
-  Params p_;
-};
-
 // The missed-attention estimate's per-slot sums of one layer, held in C++ across decode steps
 // (host_step's SlotRows, which the synced step moves in NumPy): each (batch, KV head) gives a
 // row to a slot (a (distance bucket, first code) pair) the first time a far token enters it,
 // in position order; a row holds the count, value sum and key sum of the slot's far tokens, and
 // each far position the row of its slot (`row_at`, what the estimate's attention looks its
-// retrieved tokens up in). The GraphEstimate node that reads them moves them first: by the
+// retrieved tokens up in). The A2ATSGraphEstimate node that reads them moves them first: by the
 // step's few moves (`retrieval.slot_moves`) where they describe the context one token before,
 // else rebuilt from the codes and rows. A lock guards them: the node runs on MLX's CPU stream,
 // `nbytes` / `dense` are read from Python.
@@ -238,13 +186,14 @@ struct Moves {
   std::vector<float> w;
 };
 
-// The step with the missed-attention estimate: the selection (a2ats_native_step without its
-// attention), the layer's SlotSums brought to this context, then the attention with them
-// (a2ats_native_attend_estimate). Outputs as GraphStep's, and the estimated share of the
-// softmax mass float32 [B, n_kv, G] (NaN where the step was left undone).
-class GraphEstimate : public mx::Primitive {
+// A retrieval layer's step as a node: the selection and the attention (a2ats_native_step), or
+// with the missed-attention estimate (`sums` given: the node A2ATSGraphEstimate) the selection, the
+// layer's SlotSums brought to this context, then the attention with them
+// (a2ats_native_attend_estimate), whose estimated share of the softmax mass is a fifth output,
+// float32 [B, n_kv, G].
+class GraphStep : public mx::Primitive {
  public:
-  GraphEstimate(mx::Stream s, Params p, std::shared_ptr<SlotSums> sums, Moves moves)
+  GraphStep(mx::Stream s, Params p, std::shared_ptr<SlotSums> sums = nullptr, Moves moves = {})
       : mx::Primitive(s), p_(p), sums_(std::move(sums)), moves_(std::move(moves)) {}
 
   void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out) override {
@@ -261,40 +210,44 @@ class GraphEstimate : public mx::Primitive {
     const int32_t* bp = p_.has_bucket ? in[at++].data<int32_t>() : nullptr;
     const float* sp = p_.has_sinks ? in[at++].data<float>() : nullptr;
     const Params p = p_;
-    const size_t n_out = out[0].size(), n_sel = out[1].size(), n_share = out[4].size();
+    const size_t n_out = out[0].size(), n_sel = out[1].size();
+    const size_t n_share = sums_ ? out[4].size() : 0;
     enc.dispatch([=, sums = sums_, mv = moves_, qp = q.data<float>(), tp = to_far.data<float>(),
                   cp = codes.data<uint16_t>(), kp = keys.data<float>(),
                   vp = values.data<float>(), ep = cent.data<float>(), op = out[0].data<float>(),
                   pp = out[1].data<int32_t>(), rp = out[2].data<bool>(),
-                  np_ = out[3].data<int32_t>(), shp = out[4].data<float>()]() {
+                  np_ = out[3].data<int32_t>(),
+                  shp = sums_ ? out[4].data<float>() : nullptr]() {
       const int F = p.window_start - p.n_sinks;
       auto* rep = reinterpret_cast<uint8_t*>(rp);
       bool ok = true;
       for (int t = 0; bp && ok && t < F; ++t) ok = bp[t] >= 0 && bp[t] < p.m;
+      auto select = [&](float* attended) {
+        return a2ats_native_step(B, n_kv, G, d, p.m, S, C, qp, tp, ld, ep, cp, bp, kp, vp, sp,
+                                 cap, p.n, p.n_sinks, p.window_start, p.k, p.cand, p.scale,
+                                 attended, pp, rep);
+      };
       long got = -1;
-      {
+      if (!sums) {
+        if (ok) got = select(op);
+      } else {
         std::lock_guard<std::mutex> hold(sums->mu);
         // the sums move whatever the query: the next step's moves start from this context
         const bool moved = sums->advance(B * n_kv, cap, S, d, cp, kp, vp, p.n, p.n_sinks,
                                          p.window_start, mv.pos, mv.bucket, mv.w);
-        if (ok && moved)
-          got = a2ats_native_step(B, n_kv, G, d, p.m, S, C, qp, tp, ld, ep, cp, bp, kp, vp, sp,
-                                  cap, p.n, p.n_sinks, p.window_start, p.k, p.cand, p.scale,
-                                  nullptr, pp, rep);
-        if (got >= 0) {
-          const int M = (int)(n_sel / ((size_t)B * n_kv)), R = sums->rows_read();
-          const long P = sums->P_, rows = sums->rows_;
-          if (a2ats_native_attend_estimate(
-                  B, n_kv, G, d, cap, M, p.n_sinks, G * p.k, R, qp, kp, vp, pp, rep,
-                  sums->row_at_.data(), n_kv * P, P, (int)P, sums->counts_.data(),
-                  n_kv * rows, rows, sums->vs_.data(), sums->ks_.data(), n_kv * rows * d,
-                  rows * d, sp, p.scale, op, shp) < 0)
-            got = -1;
-        }
+        if (ok && moved) got = select(nullptr);
+        const int M = (int)(n_sel / ((size_t)B * n_kv)), R = sums->rows_read();
+        const long P = sums->P_, rows = sums->rows_;
+        if (got >= 0 && a2ats_native_attend_estimate(
+                            B, n_kv, G, d, cap, M, p.n_sinks, G * p.k, R, qp, kp, vp, pp, rep,
+                            sums->row_at_.data(), n_kv * P, P, (int)P, sums->counts_.data(),
+                            n_kv * rows, rows, sums->vs_.data(), sums->ks_.data(),
+                            n_kv * rows * d, rows * d, sp, p.scale, op, shp) < 0)
+          got = -1;
       }
-      if (got < 0) {  // the step undone: NaN out and share, the first rows as its selection
+      if (got < 0) {  // the step undone: NaN out (and share), the first rows as its selection
         std::fill(op, op + n_out, std::numeric_limits<float>::quiet_NaN());
-        std::fill(shp, shp + n_share, std::numeric_limits<float>::quiet_NaN());
+        if (shp) std::fill(shp, shp + n_share, std::numeric_limits<float>::quiet_NaN());
         const size_t M = n_sel / ((size_t)B * n_kv);
         for (size_t j = 0; j < n_sel; ++j) {
           pp[j] = (int32_t)((j % M) % (size_t)p.n);
@@ -309,7 +262,9 @@ class GraphEstimate : public mx::Primitive {
     throw std::runtime_error("A2ATS graph step: CPU only (the GPU takes the synced step)");
   }
 
-  const char* name() const override { return "A2ATSGraphEstimate"; }
+  const char* name() const override {
+    return sums_ ? "A2ATSGraphEstimate" : "A2ATSGraphStep";
+  }
 
  private:
   Params p_;
@@ -383,7 +338,8 @@ std::vector<mx::array> graph_step(const mx::array& q, const mx::array& to_far,
                                 std::make_shared<GraphStep>(s, p), ins);
 }
 
-// The step with the missed-attention estimate (GraphEstimate): graph_step's arguments, the
+// The step with the missed-attention estimate (GraphStep with the sums: the node
+// A2ATSGraphEstimate): graph_step's arguments, the
 // layer's SlotSums, and the moves from context n - 1 (positions, buckets, weights +1 / -1;
 // used where the sums describe n - 1) -> (out, positions, repeat, retrieved, share float32
 // [B, n_kv, G]).
@@ -411,7 +367,7 @@ std::vector<mx::array> graph_estimate(
   return mx::array::make_arrays(
       {outs[0].shape(), outs[1].shape(), outs[2].shape(), {1}, {B, n_kv, G}},
       {mx::float32, mx::int32, mx::bool_, mx::int32, mx::float32},
-      std::make_shared<GraphEstimate>(s, p, std::move(sums), std::move(mv)), ins);
+      std::make_shared<GraphStep>(s, p, std::move(sums), std::move(mv)), ins);
 }
 
 }  // namespace

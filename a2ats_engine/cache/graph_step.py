@@ -16,7 +16,7 @@ says which and why. `A2ATS_HOST_STEP=native` (or `native_step.forced("native")`)
 synced C++ step everywhere; a cache whose attribute `synced_step` is True (the bench decode
 method suffix `_sync`) keeps it for that cache.
 
-With the missed-attention estimate the node is `graph_step.cpp`'s GraphEstimate: the same
+With the missed-attention estimate the node is `graph_step.cpp`'s A2ATSGraphEstimate: the same
 selection, then the attention with the per-slot sums (the synced step's `attend_estimate`).
 Those sums are held in C++ across steps (`SlotSums`, kept as `retrieval.graph_sums` with the
 context of the last node made; `Retrieval.forget_estimate` drops them): each node first moves
