@@ -197,8 +197,8 @@ def bench_decode(
                 retrieving = any(c.retrieved_steps for c in own)  # else no step estimated
                 extra["estimate_layers"] = sum(c.estimates for c in own) if retrieving else 0
                 extra["host_step"] = _host_step(own)
-                sums = [held[0 if held is c.retrieval.graph_sums else 1] for c in own
-                        for held in (c.retrieval.host_missed, c.retrieval.graph_sums) if held]  # fmt: skip
+                sums = [c.retrieval.host_missed[1] for c in own if c.retrieval.host_missed]
+                sums += [c.retrieval.graph_sums[0] for c in own if c.retrieval.graph_sums]
                 if sums:  # the host step's estimate (synced or in the graph): occupied slots
                     shares = [r.rows_used / r.n_slots for r in sums]
                     extra["estimate_rows_share"] = sum(shares) / len(shares)

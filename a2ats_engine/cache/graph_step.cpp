@@ -66,6 +66,9 @@ class SlotSums {
  public:
   SlotSums(int n_slots, int n_centroids, std::vector<int> edges)
       : n_slots_(n_slots), C_(n_centroids), edges_(std::move(edges)) {
+    if (n_centroids < 1 || n_centroids > 65536 || n_slots < n_centroids ||
+        n_slots > (1 << 24) || edges_.size() > 4096)
+      throw std::invalid_argument("A2ATS graph step: slot sums of an impossible size");
     std::sort(edges_.begin(), edges_.end());
   }
 

@@ -119,6 +119,8 @@ def _sums(cache: A2ATSCache, lay: Layout, retrieval: Retrieval) -> tuple:
     else:
         sums = held[0]
     retrieval.graph_sums = (sums, lay.n)
+    retrieval.host_missed = None  # the synced step's NumPy sums no longer follow
+    retrieval.missed_sums, retrieval.missed_n = None, None  # nor the generic step's
     return (sums, *_move_lists(moves))
 
 

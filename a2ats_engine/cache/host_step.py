@@ -28,10 +28,9 @@ takes no sync at all: the step is a node of the model's graph (`_in_graph`), the
 slot sums held in C++. Where only the C++ step is built (`native_step.py`) one call replaces
 everything after the sync (`_native`); with the estimate it selects, this module moves the slot
 sums (`missed_sums`), and a second C++ call (`native_step.attend_estimate`) attends, all in
-`_native`. The step's
-selection goes to the telemetry as NumPy copies (no MLX array made of it). `shadow` is the
-inspector's shadow selection of an exact step (`Retrieval.shadow`): the C++ step's selection
-alone, and its recall in C++ (`native_step.recall`), after one sync.
+`_native`. The step's selection goes to the telemetry as NumPy copies (no MLX array made of
+it). `shadow` is the inspector's shadow selection of an exact step (`Retrieval.shadow`): the
+C++ step's selection alone, and its recall in C++ (`native_step.recall`), after one sync.
 """
 
 from __future__ import annotations
@@ -512,6 +511,7 @@ def missed_sums(retrieval: Retrieval, cache: A2ATSCache, lay: att.Layout, codes,
             move_rows(rows, cache, moves, [(codes, values, keys)])
     retrieval.host_missed = (lay.n, rows)
     retrieval.missed_sums, retrieval.missed_n = None, None  # the MLX sums no longer follow
+    retrieval.graph_sums = None  # nor the graph step's
     return rows
 
 

@@ -25,9 +25,9 @@ MLX's layer work ran several times slower than warm too.
 Built by `pip install -e .` (`setup.py`, an optional extension): where there is no compiler the
 engine runs the NumPy step and `a2ats info` says why (`status`). Where the same C functions are
 also built as MLX primitives (`graph_step.py`) a layer they select for runs them inside MLX's
-graph, without the sync (with the estimate, its slot sums held in C++). `A2ATS_HOST_STEP` (read once) or `forced` (the
-benchmarks' A/B runs) picks one of `STRATEGIES`: `graph` (the default: in the graph where it
-applies, synced elsewhere), `native` (the synced C++ step everywhere), `numpy` (the NumPy step);
+graph, without the sync (with the estimate, its slot sums held in C++). `A2ATS_HOST_STEP`
+(read once) or `forced` (the benchmarks' A/B runs) picks one of `STRATEGIES`: `graph` (the
+default: in the graph where it applies, synced elsewhere), `native` (the synced C++ step everywhere), `numpy` (the NumPy step);
 a cache whose attribute `numpy_step` is True (the bench decode method suffix `_npstep`) keeps
 the NumPy step.
 """

@@ -124,6 +124,7 @@ class StepSums:
         for c, part in zip(self.members, self.parts, strict=True):
             c.retrieval.host_missed = (lay.n, part)
             c.retrieval.missed_sums, c.retrieval.missed_n = None, None
+            c.retrieval.graph_sums = None
         return self.parts[self.part[id(cache)]]
 
     def _rebuild(self, cache: A2ATSCache, lay: att.Layout, arrays: list) -> None:

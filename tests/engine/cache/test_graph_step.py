@@ -405,6 +405,9 @@ def estimate_args(sums, moves=((), (), ()), **change):
 )
 def test_the_estimate_entry_refuses_moves_that_do_not_fit(moves, says):
     sums = native_step._graph_module.SlotSums(4, 4, [])
+    for bad in ((3, 4), (-1, 4), (4, 0), (1 << 25, 4)):
+        with pytest.raises(ValueError, match="slot sums of an impossible size"):
+            native_step._graph_module.SlotSums(*bad, [])
     with pytest.raises(ValueError, match=says):
         native_step._graph_module.estimate(*estimate_args(sums, moves))
     with pytest.raises(ValueError, match="not one per far token"):  # the step's checks too
@@ -425,3 +428,21 @@ def test_a_code_past_the_slots_leaves_the_step_undone_and_the_sums_unheld():
     assert int(retrieved.item()) > 0 and np.isfinite(np.array(out)).all() and sums.context == 40
     counts = np.array(sums.dense()[0]).reshape(2, 4)
     assert counts.sum() == 2 * 28  # every far token of both KV heads, once
+
+
+@needs_graph
+def test_one_copy_of_the_sums_at_a_time_when_the_step_changes():
+    """A cache that moves from the synced step to the graph step and back holds one set of
+    sums, the step's own: the bytes count them once."""
+    cache = cache_with_rows(knobs={"estimate_missed": True})
+    q = mx.array(np.random.default_rng(6).standard_normal((1, 6, 1, D)).astype(np.float32))
+    held = []
+    for strategy in ("native", "graph", "native"):
+        with native_step.forced(strategy):
+            cache.update_and_fetch(*(mx.zeros((1, 2, 1, D)) for _ in "kv"))
+            mx.eval(cache.attend(q, None, None, scale=D**-0.5))
+        r = cache.retrieval
+        held.append((r.host_missed is not None, r.graph_sums is not None))
+        mine = r.graph_sums[0].nbytes if r.graph_sums else r.host_missed[1].nbytes
+        assert r.estimate_bytes == mine > 0
+    assert held == [(True, False), (False, True), (True, False)]
