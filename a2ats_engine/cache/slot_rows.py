@@ -1,4 +1,5 @@
-"""The host step's per-slot sums of the missed-attention estimate, one row per occupied slot.
+"""The synced host step's per-slot sums of the missed-attention estimate, one row per occupied
+slot (the graph step holds the same rows in C++: `graph_step.cpp`'s `SlotSums`).
 
 A slot is a (distance bucket, code) pair: 4 x 512 = 2,048 of them per KV head with the demo's
 codebook, each summing its far tokens' values (and, with slots scored by their own keys, their
