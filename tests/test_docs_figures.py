@@ -172,11 +172,11 @@ def speed_ratio(run: str, context: int, method: str) -> float:
     )
 
 
-def graph_estimate_cost(run: str, context: int) -> float:
+def graph_estimate_cost(run: str, context: int, method: str = "a2ats_eb0") -> float:
     """What the estimate cost a forced retrieval step in a run, in percent of its speed:
-    `a2ats_eb0` against `a2ats_eb0_noest`."""
+    `method` against `a2ats_eb0_noest`."""
     return 100 * (
-        1 - speed_ratio(run, context, "a2ats_eb0") / speed_ratio(run, context, "a2ats_eb0_noest")
+        1 - speed_ratio(run, context, method) / speed_ratio(run, context, "a2ats_eb0_noest")
     )
 
 
@@ -333,6 +333,7 @@ GRAPH_ESTIMATE = "decode_graph_estimate_f25m1.json"  # with the synced step and 
 GRAPH_ESTIMATE_BEFORE = "decode_graph_estimate_before_f25m1.json"  # at bf9e7cb: synced estimate
 GRAPH_ESTIMATE_LADDER = "decode_graph_estimate_f25m1_ladder.json"  # 1K-8K, with the synced step
 GRAPH_ESTIMATE_PROFILE = "profile_graph_estimate_f25m1.json"  # the estimate in the graph
+GRAPH_ESTIMATE_12 = "decode_graph_estimate_f25m1_12layers.json"  # on the probe's 12 layers
 GRAPH_HARNESS = "graph_step_engine.json"  # docs/benchmarks/graph_step/run.py, estimate off
 GRAPH_GEMMA = "decode_gemma3_270m_graph_step_f25m1.json"
 GRAPH_LADDER = "decode_graph_step_f25m1_ladder.json"  # 1K-8K, the third run
@@ -727,6 +728,19 @@ FIGURES: list[tuple[str, str, Callable[[], tuple]]] = [
      "{:.2f}x at 8K, the synced step {:.2f}x and {:.2f}x",
      graph_reading),
     ("docs/BENCHMARKS.md", GRAPH_ESTIMATE_READING, graph_estimate_reading),
+    ("docs/BENCHMARKS.md", "On the {} layers, run last, the estimate cost a forced step {:.0f}% "
+     "at 1K and {:.0f}% at 8K in the graph, {:.0f}% and {:.0f}% synced in the same run ({:.2f}x "
+     "and {:.2f}x KVCache against {:.2f}x without it at 1K, {:.2f}x and {:.2f}x against {:.2f}x "
+     "at 8K; the 1K spreads are wide, {:.2f}-{:.2f} and {:.2f}-{:.2f})",
+     lambda: (
+         j(GRAPH_ESTIMATE_PROBE)["estimate"]["layers"],
+         *(graph_estimate_cost(GRAPH_ESTIMATE_12, n) for n in (1024, 8192)),
+         *(graph_estimate_cost(GRAPH_ESTIMATE_12, n, "a2ats_eb0_sync") for n in (1024, 8192)),
+         *(speed_ratio(GRAPH_ESTIMATE_12, n, m) for n in (1024, 8192)
+           for m in ("a2ats_eb0", "a2ats_eb0_sync", "a2ats_eb0_noest")),
+         *decode_spread(GRAPH_ESTIMATE_12, 1024, "a2ats_eb0"),
+         *decode_spread(GRAPH_ESTIMATE_12, 1024, "a2ats_eb0_sync"),
+     )),
     ("docs/BENCHMARKS.md", "In the profile a forced A2ATS step took {:.2f}x KVCache's speed at "
      "1K and {:.2f}x at 8K, the graph step {:.2f} ms a layer at 1K against {:.2f} ms of exact "
      "attention over the layer, {:.2f} ms against {:.2f} ms at 8K",

@@ -2005,7 +2005,8 @@ def graph_step_set(tag: str) -> tuple:
 def graph_estimate_set(tag: str) -> tuple:
     """The (KEY, JSON, table) of one recording of the estimate inside the graph step on a host:
     the decode with it synced (before the change) and in the graph, each beside the estimate
-    off, the probe after it, a 1K-8K run beside the synced step and the profile, named
+    off, the probe after it, the decode again on the layers it chose, a 1K-8K run beside the
+    synced step and the profile, named
     `*_graph_estimate*_{tag}*.json` and keyed `*-graph-estimate*-{tag}` (underscores as
     dashes)."""
     key = tag.replace("_", "-")
@@ -2015,6 +2016,8 @@ def graph_estimate_set(tag: str) -> tuple:
         (f"speed-graph-estimate-{key}", f"decode_graph_estimate_{tag}.json", decode_methods_table),
         (f"crossover-probe-graph-estimate-{key}", f"crossover_demo_graph_estimate_{tag}.json",
          crossover_probe_table),
+        (f"speed-graph-estimate-{key}-12layers", f"decode_graph_estimate_{tag}_12layers.json",
+         decode_methods_table),
         (f"speed-graph-estimate-{key}-ladder", f"decode_graph_estimate_{tag}_ladder.json",
          decode_methods_table),
         (f"profile-graph-estimate-{key}", f"profile_graph_estimate_{tag}.json", profile_table),
