@@ -27,9 +27,9 @@ engine runs the NumPy step and `a2ats info` says why (`status`). Where the same 
 also built as MLX primitives (`graph_step.py`) a layer they select for runs them inside MLX's
 graph, without the sync (with the estimate, its slot sums held in C++). `A2ATS_HOST_STEP`
 (read once) or `forced` (the benchmarks' A/B runs) picks one of `STRATEGIES`: `graph` (the
-default: in the graph where it applies, synced elsewhere), `native` (the synced C++ step everywhere), `numpy` (the NumPy step);
-a cache whose attribute `numpy_step` is True (the bench decode method suffix `_npstep`) keeps
-the NumPy step.
+default: in the graph where it applies, synced elsewhere), `native` (the synced C++ step
+everywhere), `numpy` (the NumPy step); a cache whose attribute `numpy_step` is True (the bench
+decode method suffix `_npstep`) keeps the NumPy step.
 """
 
 from __future__ import annotations

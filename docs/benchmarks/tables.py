@@ -1967,60 +1967,58 @@ HOST_RUNS = (
 )  # `a2ats bench decode --methods full,a2ats,a2ats_eb0` per host and day (section 2, "Hosts")
 
 
+def recording_set(tag: str, *entries: tuple) -> tuple:
+    """The (KEY, JSON, table) of one recording on a host: each entry a (KEY, JSON, table) whose
+    `{k}` is the tag with dashes for underscores and `{t}` the tag itself."""
+    k = tag.replace("_", "-")
+    return tuple((key.format(k=k), name.format(t=tag), table) for key, name, table in entries)
+
+
 def native_step_set(tag: str) -> tuple:
-    """The (KEY, JSON, table) of one recording of the C++ host step on a host: its probe,
-    decode, no-estimate decode, profile and Gemma runs, named `*_native_step_{tag}.json` and
-    keyed `*-native-{tag}` (underscores as dashes)."""
-    key = tag.replace("_", "-")
-    return (
-        (f"crossover-probe-native-{key}", f"crossover_demo_native_step_{tag}.json",
-         crossover_probe_table),
-        (f"speed-native-{key}", f"decode_native_step_{tag}.json", decode_methods_table),
-        (f"speed-native-noest-{key}", f"decode_native_step_noest_{tag}.json",
-         decode_methods_table),
-        (f"profile-native-{key}", f"profile_native_step_{tag}.json", profile_table),
-        (f"speed-gemma-native-{key}", f"decode_gemma3_270m_native_step_{tag}.json",
-         decode_methods_table),
+    """One recording of the C++ host step on a host: its probe, decode, no-estimate decode,
+    profile and Gemma runs, named `*_native_step_{tag}.json` and keyed `*-native-{tag}`."""
+    return recording_set(
+        tag,
+        ("crossover-probe-native-{k}", "crossover_demo_native_step_{t}.json", crossover_probe_table),
+        ("speed-native-{k}", "decode_native_step_{t}.json", decode_methods_table),
+        ("speed-native-noest-{k}", "decode_native_step_noest_{t}.json", decode_methods_table),
+        ("profile-native-{k}", "profile_native_step_{t}.json", profile_table),
+        ("speed-gemma-native-{k}", "decode_gemma3_270m_native_step_{t}.json", decode_methods_table),
     )  # fmt: skip
 
 
 def graph_step_set(tag: str) -> tuple:
-    """The (KEY, JSON, table) of one recording of the graph step on a host: its probe, two
-    decode runs with the synced step beside it at 1K and 8K and one at 1K-8K, its profile and
-    the Gemma run, named
-    `*_graph_step_{tag}.json` and keyed `*-graph-{tag}` (underscores as dashes)."""
-    key = tag.replace("_", "-")
-    return (
-        (f"crossover-probe-graph-{key}", f"crossover_demo_graph_step_{tag}.json",
-         crossover_probe_table),
-        (f"speed-graph-{key}", f"decode_graph_step_{tag}.json", decode_methods_table),
-        (f"speed-graph-{key}-rerun", f"decode_graph_step_{tag}_rerun.json", decode_methods_table),
-        (f"speed-graph-{key}-ladder", f"decode_graph_step_{tag}_ladder.json", decode_methods_table),
-        (f"profile-graph-{key}", f"profile_graph_step_{tag}.json", profile_table),
-        (f"speed-gemma-graph-{key}", f"decode_gemma3_270m_graph_step_{tag}.json",
-         decode_methods_table),
+    """One recording of the graph step on a host: its probe, two decode runs with the synced
+    step beside it at 1K and 8K and one at 1K-8K, its profile and the Gemma run, named
+    `*_graph_step_{tag}.json` and keyed `*-graph-{tag}`."""
+    return recording_set(
+        tag,
+        ("crossover-probe-graph-{k}", "crossover_demo_graph_step_{t}.json", crossover_probe_table),
+        ("speed-graph-{k}", "decode_graph_step_{t}.json", decode_methods_table),
+        ("speed-graph-{k}-rerun", "decode_graph_step_{t}_rerun.json", decode_methods_table),
+        ("speed-graph-{k}-ladder", "decode_graph_step_{t}_ladder.json", decode_methods_table),
+        ("profile-graph-{k}", "profile_graph_step_{t}.json", profile_table),
+        ("speed-gemma-graph-{k}", "decode_gemma3_270m_graph_step_{t}.json", decode_methods_table),
     )  # fmt: skip
 
 
 def graph_estimate_set(tag: str) -> tuple:
-    """The (KEY, JSON, table) of one recording of the estimate inside the graph step on a host:
-    the decode with it synced (before the change) and in the graph, each beside the estimate
-    off, the probe after it, the decode again on the layers it chose, a 1K-8K run beside the
-    synced step and the profile, named
-    `*_graph_estimate*_{tag}*.json` and keyed `*-graph-estimate*-{tag}` (underscores as
-    dashes)."""
-    key = tag.replace("_", "-")
-    return (
-        (f"speed-graph-estimate-before-{key}", f"decode_graph_estimate_before_{tag}.json",
+    """One recording of the estimate inside the graph step on a host: the decode with it
+    synced (before the change) and in the graph, each beside the estimate off, the probe after
+    it, the decode again on the layers it chose, a 1K-8K run beside the synced step and the
+    profile, named `*_graph_estimate*_{tag}*.json` and keyed `*-graph-estimate*-{tag}`."""
+    return recording_set(
+        tag,
+        ("speed-graph-estimate-before-{k}", "decode_graph_estimate_before_{t}.json",
          decode_methods_table),
-        (f"speed-graph-estimate-{key}", f"decode_graph_estimate_{tag}.json", decode_methods_table),
-        (f"crossover-probe-graph-estimate-{key}", f"crossover_demo_graph_estimate_{tag}.json",
+        ("speed-graph-estimate-{k}", "decode_graph_estimate_{t}.json", decode_methods_table),
+        ("crossover-probe-graph-estimate-{k}", "crossover_demo_graph_estimate_{t}.json",
          crossover_probe_table),
-        (f"speed-graph-estimate-{key}-12layers", f"decode_graph_estimate_{tag}_12layers.json",
+        ("speed-graph-estimate-{k}-12layers", "decode_graph_estimate_{t}_12layers.json",
          decode_methods_table),
-        (f"speed-graph-estimate-{key}-ladder", f"decode_graph_estimate_{tag}_ladder.json",
+        ("speed-graph-estimate-{k}-ladder", "decode_graph_estimate_{t}_ladder.json",
          decode_methods_table),
-        (f"profile-graph-estimate-{key}", f"profile_graph_estimate_{tag}.json", profile_table),
+        ("profile-graph-estimate-{k}", "profile_graph_estimate_{t}.json", profile_table),
     )  # fmt: skip
 
 
