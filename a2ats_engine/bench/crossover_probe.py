@@ -210,6 +210,7 @@ def measure_crossover(
         "a2ats_layers": a2ats_layers,
         "date": xo.today(),
         "host_step": native_step.status(),  # what the retrieval step ran (cache/native_step.py)
+        "host_step_kind": native_step.kind(),  # the row applies where the same step runs
         "ratios": {str(t.context): round(t.ratio, 3) for t in timings},
         **(
             {

@@ -6,9 +6,9 @@ switching retrieval on later costs nothing). The crossover depends on the machin
 and the model's attention geometry, so the default comes from measurements, looked up in order:
 
 1. the user's own table, `crossover.json` in the engine's data dir (`data_dirs.py`;
-   `$A2ATS_CROSSOVER_FILE` overrides the path), written by `a2ats crossover SOURCE`
-   (`commands/crossover.py`) on this machine: rows keyed by (backend, machine, attention
-   layers, KV heads, head dim, step kind);
+   `$A2ATS_CROSSOVER_FILE` overrides the path; `crossover_table.py` reads and writes it),
+   written by `a2ats crossover SOURCE` (`commands/crossover.py`) on this machine: rows keyed
+   by (backend, machine, attention layers, KV heads, head dim, step kind, host step);
 2. the built-in table `MEASURED` below, keyed by (backend, attention layers, KV heads, head dim,
    step kind);
 3. else 0: retrieve as soon as anything can be dropped (the behaviour before this setting).
@@ -29,7 +29,12 @@ budget, the rerank, the distance buckets, the stored K/V precision and the misse
 estimate. A row measured with other settings does not apply (turning the estimate on makes a
 step about a fifth slower on the CPU: the crossover measured without it would send decode into
 retrieval where it is slower); rows written before the kind was recorded count as measured with
-the default settings.
+the default settings. The user table's key also holds the host step the row was measured with
+(`host_step`: the C++ step in MLX's graph, the synced C++ step or the NumPy step; the same
+machine's crossover moves with it), so when the step changes (a new build, the graph step
+refused for another MLX version) no row measured with another applies, `a2ats info` says so
+(`unused_rows`) and the app measures again; a row from before the host step was recorded was
+measured with the NumPy step, the slowest, and applies to any (`crossover_table.host_step_of`).
 
 The decision (`decide_crossover`): from the median ratio a2ats / full decode speed per measured
 context, the crossover is the first context (ascending) from which the ratio is >= 1 and stays
@@ -64,12 +69,10 @@ MLX-free at import; `backend()` asks MLX which device it runs on.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import platform
 import subprocess
 import sys
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -77,11 +80,13 @@ from pathlib import Path
 from typing import Any
 
 from .config import estimate_runs
-
-FORMAT = "a2ats-crossover"
-VERSION = 1
-MAX_TABLE_BYTES = 4 * 1024 * 1024
-"""A user table larger than this is not read (a real one holds a few hundred bytes per row)."""
+from .crossover_table import FORMAT as FORMAT  # the user table (re-exported: its one reader)
+from .crossover_table import HOST_STEPS, host_step_of, user_table, user_table_path
+from .crossover_table import MAX_TABLE_BYTES as MAX_TABLE_BYTES
+from .crossover_table import VERSION as VERSION
+from .crossover_table import parse_table as parse_table
+from .crossover_table import record_crossover as record_crossover
+from .crossover_table import reload_user_table as reload_user_table
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,7 @@ class Crossover:
     estimate: float | None = None  # speed of a retrieval step with the estimate / without
     estimate_top_k: str | None = None  # the top-K strategy measured faster with the estimate
     estimate_layers: int | None = None  # layers it affords (`affordable_layers`); None: all
+    host_step: str | None = None  # the host step it was measured with (`HOST_STEPS`); None: any
 
     @property
     def estimate_on(self) -> bool:
@@ -282,137 +288,6 @@ def decide_crossover(ratios: Mapping[int, float]) -> Decision:
 
 # -- the user table -----------------------------------------------------------------------------
 
-# (backend, machine, attention layers, KV heads, head dim, step kind or None: the defaults)
-UserKey = tuple[str, str, int, int, int, str | None]
-_REQUIRED = {"backend": str, "machine": str, "layers": int, "kv_heads": int, "head_dim": int}
-
-
-def user_table_path() -> Path:
-    """`$A2ATS_CROSSOVER_FILE`, else `crossover.json` in the engine's data dir."""
-    from ..data_dirs import crossover_table_path
-
-    return crossover_table_path()
-
-
-def entry_key(entry: Mapping[str, Any]) -> UserKey:
-    return (
-        entry["backend"],
-        entry["machine"],
-        entry["layers"],
-        entry["kv_heads"],
-        entry["head_dim"],
-        entry.get("step"),
-    )
-
-
-def _valid_entry(entry: Any) -> bool:
-    if not isinstance(entry, dict):
-        return False
-    for name, kind in _REQUIRED.items():
-        value = entry.get(name)
-        if isinstance(value, bool) or not isinstance(value, kind):
-            return False
-    if "step" in entry and not isinstance(entry["step"], str):
-        return False
-    eb = entry.get("exact_below")
-    return isinstance(eb, int) and not isinstance(eb, bool) and eb >= 0
-
-
-def parse_table(text: str, where: str) -> tuple[dict[UserKey, dict], str | None]:
-    """(entries by key, problem or None) from a table file's text. Never raises: an unreadable
-    file gives no entries and says why; malformed rows are dropped and counted."""
-    try:
-        data = json.loads(text)
-    except RecursionError:
-        return {}, f"{where} is not valid JSON (nested too deep)"
-    except ValueError as exc:
-        return {}, f"{where} is not valid JSON ({_one_line(exc)})"
-    if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
-        return {}, f"{where} has no 'entries' list"
-    entries: dict[UserKey, dict] = {}
-    bad = 0
-    for entry in data["entries"]:
-        if _valid_entry(entry):
-            entries[entry_key(entry)] = entry
-        else:
-            bad += 1
-    problem = f"{where}: {bad} malformed row(s) ignored" if bad else None
-    return entries, problem
-
-
-_loaded: dict[str, dict[UserKey, dict]] = {}  # path -> entries, read once per process
-
-
-def user_table(path: Path | None = None) -> dict[UserKey, dict]:
-    """The user table's rows by key, read once per process and path (`reload_user_table`
-    forgets it). A missing file is an empty table; an unreadable one warns once and is empty."""
-    path = Path(path) if path is not None else user_table_path()
-    key = str(path)
-    if key not in _loaded:
-        entries: dict[UserKey, dict] = {}
-        text, problem = _read_table_text(path)
-        if problem:
-            warnings.warn(f"A2ATS: crossover table {problem}: ignored", stacklevel=2)
-        if text is not None:
-            entries, problem = parse_table(text, str(path))
-            if problem:
-                warnings.warn(f"A2ATS: crossover table {problem}: ignored", stacklevel=2)
-        _loaded[key] = entries
-    return _loaded[key]
-
-
-def _read_table_text(path: Path) -> tuple[str | None, str | None]:
-    """(text, problem): the table file's text, or None and why it cannot be used (None, None
-    for a missing file). Never raises: too large, unreadable and non-UTF-8 files are problems."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_TABLE_BYTES + 1)
-    except FileNotFoundError:
-        return None, None
-    except OSError as exc:
-        return None, f"{path} is unreadable ({exc.strerror or exc})"
-    if len(raw) > MAX_TABLE_BYTES:
-        return None, f"{path} is larger than {MAX_TABLE_BYTES:,} bytes"
-    try:
-        return raw.decode("utf-8"), None
-    except UnicodeDecodeError as exc:
-        return None, f"{path} is not UTF-8 text (byte {exc.start})"
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
-
-
-def reload_user_table() -> None:
-    """Forget every table read so far: the next lookup reads the file again (tests, and after
-    `record_crossover`)."""
-    _loaded.clear()
-
-
-def record_crossover(entry: dict[str, Any], path: Path | None = None) -> Path:
-    """Write `entry` (a row with the `_REQUIRED` key fields and `exact_below`) into the user
-    table, replacing the row with the same key; atomic (temporary file renamed into place). An
-    unreadable table is moved aside to `<name>.corrupt` (with a warning) and started afresh."""
-    if not _valid_entry(entry):
-        raise ValueError(f"crossover row {entry!r} lacks a key field or exact_below")
-    path = Path(path) if path is not None else user_table_path()
-    entries: dict[UserKey, dict] = {}
-    if path.exists():
-        text, problem = _read_table_text(path)
-        if text is not None:
-            entries, problem = parse_table(text, str(path))
-        if problem and not entries:
-            aside = path.with_name(path.name + ".corrupt")
-            os.replace(path, aside)
-            warnings.warn(f"A2ATS: crossover table {problem}; moved to {aside}", stacklevel=2)
-    entries[entry_key(entry)] = entry
-    data = {"format": FORMAT, "version": VERSION, "entries": list(entries.values())}
-    from ..files import atomic_write_text
-
-    atomic_write_text(path, json.dumps(data, indent=2) + "\n")
-    reload_user_table()
-    return path
-
 
 def today() -> str:
     return _dt.datetime.now(_dt.UTC).date().isoformat()
@@ -421,31 +296,69 @@ def today() -> str:
 # -- lookup -------------------------------------------------------------------------------------
 
 
+def host_step() -> str:
+    """The host step this process runs (`native_step.kind`, a `HOST_STEPS` key): a user-table
+    row applies only where it was measured with it (or before the step was recorded)."""
+    from . import native_step
+
+    return native_step.kind()
+
+
+def _user_rows(
+    num_layers: int, num_kv_heads: int, head_dim: int, kind: str
+) -> tuple[dict | None, list[dict]]:
+    """(the user-table row that applies to this machine, backend, geometry, step kind and host
+    step, or None; the rows for the same measured with another host step, which do not)."""
+    rows = user_table(user_table_path())
+    key = (backend(), machine_id(), num_layers, num_kv_heads, head_dim)
+    steps = (kind, None) if _default_settings(kind) else (kind,)  # None: before kinds were kept
+    here = host_step()
+    for step in steps:
+        for host in (here, None):  # None: measured before the host step was recorded
+            if (row := rows.get((*key, step, host))) is not None:
+                return row, []
+    others = [r for k, r in rows.items() if k[:5] == key and k[5] in steps]
+    return None, others
+
+
 def lookup_crossover(
     num_layers: int, num_kv_heads: int, head_dim: int, kind: str = DEFAULT_KIND
 ) -> Crossover | None:
-    """The crossover that applies on this machine and backend to this geometry and step kind
-    (`step_kind`): the user table's row, else the built-in one, else None (module docstring)."""
-    be = backend()
-    path = user_table_path()
-    rows = user_table(path)
-    key = (be, machine_id(), num_layers, num_kv_heads, head_dim)
-    row = rows.get((*key, kind))
-    if row is None and _default_settings(kind):
-        row = rows.get((*key, None))  # written before the kind was recorded: the defaults
+    """The crossover that applies on this machine and backend to this geometry, step kind
+    (`step_kind`) and host step (`host_step`): the user table's row, else the built-in one, else
+    None (module docstring)."""
+    row, _ = _user_rows(num_layers, num_kv_heads, head_dim, kind)
     if row is not None:
         top_k = row.get("top_k")
         return Crossover(
             int(row["exact_below"]),
             _row_source(row),
-            origin=str(path),
+            origin=str(user_table_path()),
             never=bool(row.get("never", False)),
             top_k=top_k if top_k in TOP_K_STRATEGIES else None,
             estimate=estimate_ratio(row),
             estimate_top_k=_estimate_top_k(row),
             estimate_layers=_estimate_layers(row),
+            host_step=host_step_of(row),
         )
-    return MEASURED.get((be, num_layers, num_kv_heads, head_dim, kind))
+    return MEASURED.get((backend(), num_layers, num_kv_heads, head_dim, kind))
+
+
+def unused_rows(num_layers: int, num_kv_heads: int, head_dim: int, kind: str = DEFAULT_KIND) -> str:
+    """Where no user-table row applies but this machine has one for the geometry and step kind
+    measured with another host step (the step this build runs changed, or the graph step cannot
+    load): one clause saying so for `a2ats info`, else ""."""
+    row, others = _user_rows(num_layers, num_kv_heads, head_dim, kind)
+    if row is not None or not others:
+        return ""
+    last = max(others, key=lambda r: str(r.get("date", "")))
+    date = last.get("date")
+    when = f" on {date[:10]}" if isinstance(date, str) and date[:10].strip() else ""
+    with_ = HOST_STEPS.get(host_step_of(last) or "", "another host step")
+    return (
+        f"; measured here{when} with {with_}, which does not apply to {HOST_STEPS[host_step()]} "
+        f"this build runs"
+    )
 
 
 def estimate_ratio(row: Mapping[str, Any]) -> float | None:
@@ -555,22 +468,24 @@ def describe_crossover(
     kind: measured on this machine, the built-in row, or `estimate` (the cost model's,
     `crossover_model.py`) until a measurement exists."""
     row = lookup_crossover(num_layers, num_kv_heads, head_dim, kind)
+    unused = unused_rows(num_layers, num_kv_heads, head_dim, kind)
     if row is None and estimate is not None:
         return (
             f"exact until {estimate:,} tokens (estimated from the geometry: nothing measured on "
-            f"this machine yet; the app measures it the first time the model is loaded, or run "
-            f"`a2ats crossover {source}`)"
+            f"this machine yet{unused}; the app measures it the first time the model is loaded, "
+            f"or run `a2ats crossover {source}`)"
         )
     if row is None:
         return (
-            f"none measured: retrieval from the first step; run `a2ats crossover {source}` "
-            "to measure it on this machine"
+            f"none measured: retrieval from the first step{unused}; run `a2ats crossover "
+            f"{source}` to measure it on this machine"
         )
     if row.origin == "built-in":
-        where = f"built-in table, measured on another machine: {row.source}; `a2ats crossover "
-        where += f"{source}` measures this one"
+        where = f"built-in table, measured on another machine: {row.source}{unused}; `a2ats "
+        where += f"crossover {source}` measures this one"
     else:
-        where = f"measured on this machine: {row.origin}; {row.source}"
+        step = f" with {HOST_STEPS[row.host_step]}" if row.host_step in HOST_STEPS else ""
+        where = f"measured on this machine{step}: {row.origin}; {row.source}"
     estimate = (
         f"; missed-attention estimate off by default (its cost not measured here: `a2ats "
         f"crossover {source}` measures it)"

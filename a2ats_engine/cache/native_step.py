@@ -123,6 +123,18 @@ def on() -> bool:
     return _fn is not None and strategy() != "numpy"
 
 
+def kind() -> str:
+    """Which host step runs, in one word (one of `STRATEGIES`, as `status` says it): "numpy"
+    where the C++ step is not built or is turned off, "native" where the graph step is forced
+    off, not loaded or not on the CPU device, else "graph". A crossover row is measured for one
+    (`crossover.host_step`)."""
+    if _fn is None or strategy() == "numpy":
+        return "numpy"
+    if strategy() == "native" or _graph_fn is None or mx.default_device() != mx.cpu:
+        return "native"
+    return "graph"
+
+
 def status() -> str:
     """One line for `a2ats info` and the benchmarks' records: which host step runs, and why."""
     if _fn is None:

@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         f"{steps} steps, median of {repeats} run(s)"
     )
     print(f"machine: {entry['backend']}, {entry['machine']}")
-    print(f"settings: {entry['step']}")
+    print(f"settings: {entry['step']}; host step: {entry['host_step']}")
     print(f"{'context':>8} {'full tok/s':>11} {'a2ats tok/s':>12} {'a2ats/full':>11}  every run")
     for r in results:
         runs = ", ".join(f"{x:.2f}" for x in r["ratio_runs"])

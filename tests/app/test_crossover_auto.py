@@ -102,6 +102,7 @@ def test_the_engine_backend_measures_records_and_can_be_cancelled(tmp_path, monk
     from tiny import tiny_model
 
     from a2ats_engine.cache import crossover as xo
+    from a2ats_engine.cache import native_step
     from a2ats_engine.cache.config import A2ATSConfig
     from app.backend import CrossoverCancelled, EngineBackend
 
@@ -122,6 +123,8 @@ def test_the_engine_backend_measures_records_and_can_be_cancelled(tmp_path, monk
     backend.measure_crossover(model, "tiny", None, lambda *a: None, cancel, estimate)
     assert backend.crossover_measured_here(model, estimate)
     assert len(json.loads(table.read_text())["entries"]) == 2
+    with native_step.forced("native"):  # both measured with the graph step: not for this one
+        assert not backend.crossover_measured_here(model)
     # the default leaves the estimate to the measurement: a row without it is measured again
     assert row["estimate"]["context"] == 2048 and "ratio" in row["estimate"]
     data = json.loads(table.read_text())

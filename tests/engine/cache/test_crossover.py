@@ -81,8 +81,8 @@ def test_table_round_trip_replaces_the_row_with_the_same_key(table):
     assert data["format"] == xo.FORMAT and data["version"] == xo.VERSION
     assert sorted(e["exact_below"] for e in data["entries"]) == [777, 2048]
     entries = xo.user_table()
-    assert entries[("cpu", xo.machine_id(), 30, 3, 64, None)]["exact_below"] == 2048
-    assert entries[("cpu", xo.machine_id(), 16, 8, 64, None)]["model"] == "test-model"
+    assert entries[("cpu", xo.machine_id(), 30, 3, 64, None, None)]["exact_below"] == 2048
+    assert entries[("cpu", xo.machine_id(), 16, 8, 64, None, None)]["model"] == "test-model"
     assert not list(table.parent.glob("*.tmp"))  # the temporary file was renamed away
 
 
@@ -267,6 +267,7 @@ def test_cli_dry_run_measures_and_writes_nothing(tiny_folder, table, capsys, tmp
     text = capsys.readouterr().out
     assert re.search(r"^crossover: .*\(exact_below = \d+\)$", text, re.M)
     assert "--dry-run: nothing recorded" in text and not table.exists()
+    assert f"; host step: {native_step.status()}\n" in text  # what the row is measured with
     if xo.backend() == "cpu":
         assert re.search(r"^top-K: (MLX|NumPy) measured faster", text, re.M)
 
@@ -302,11 +303,81 @@ def test_cli_records_the_table_that_caches_and_info_then_use(tiny_folder, table,
     after = capsys.readouterr().out
     n = entry["exact_below"]
     assert re.search(rf"^exact below +exact until {n:,} tokens", after, re.M)
-    assert f"measured on this machine: {table}; tiny-llama" in after
+    step = "the C++ step in MLX's graph"  # what the probe ran, recorded with the row
+    assert entry["host_step_kind"] == "graph" and entry["host_step"] == native_step.status()
+    assert f"measured on this machine with {step}: {table}; tiny-llama" in after
     assert main(["info", "--json", str(tiny_folder)]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert listed["crossover"].startswith(f"exact until {n:,}")
     assert listed["host_step"] == native_step.status() and "graph_step.cpp" in listed["host_step"]
+
+
+# -- the host step a row was measured with ------------------------------------------------------
+
+
+def test_a_row_applies_only_where_its_host_step_runs(table):
+    geo = (16, 8, 64)  # no built-in row
+    xo.record_crossover(row(777, geometry=geo, step=xo.DEFAULT_KIND, host_step_kind="numpy"))
+    assert native_step.kind() == "graph"
+    assert xo.lookup_crossover(*geo) is None  # measured with the slower NumPy step: not here
+    with native_step.forced("numpy"):
+        assert xo.measured_crossover(*geo) == 777
+        assert xo.lookup_crossover(*geo).host_step == "numpy"
+    # a row for the graph step sits beside it; each step reads its own
+    xo.record_crossover(row(2048, geometry=geo, step=xo.DEFAULT_KIND, host_step_kind="graph"))
+    assert len(json.loads(table.read_text())["entries"]) == 2
+    assert xo.measured_crossover(*geo) == 2048
+    with native_step.forced("numpy"):
+        assert xo.measured_crossover(*geo) == 777
+    with native_step.forced("native"):  # none for the synced step
+        assert native_step.kind() == "native" and xo.lookup_crossover(*geo) is None
+
+
+def test_a_row_from_before_the_host_step_was_recorded_stands_for_any(table):
+    geo = (16, 8, 64)
+    xo.record_crossover(row(900, geometry=geo))  # neither host_step nor step: the NumPy era
+    for strategy in native_step.STRATEGIES:
+        with native_step.forced(strategy):
+            assert xo.measured_crossover(*geo) == 900
+    # one measured with the step that runs wins over it
+    xo.record_crossover(row(3000, geometry=geo, host_step="C++ in MLX's graph (graph_step.cpp)"))
+    assert xo.measured_crossover(*geo) == 3000
+    with native_step.forced("native"):
+        assert xo.measured_crossover(*geo) == 900
+
+
+def test_the_host_step_of_a_row_is_read_from_what_each_version_recorded():
+    of = xo.host_step_of
+    assert of({"host_step": "NumPy (the C++ step is not built (No module ...))"}) == "numpy"
+    assert of({"host_step": "NumPy"}) == "numpy"
+    graph_58 = "C++ in MLX's graph (graph_step.cpp; synced on layers with the estimate)"
+    assert of({"host_step": graph_58}) == of({"host_step": native_step.GRAPH}) == "graph"
+    assert of({"host_step": f"{native_step.SYNCED} (A2ATS_HOST_STEP=native)"}) == "native"
+    assert of({"host_step": "C++ (native_step.cpp)"}) == "native"  # the first C++ step's line
+    assert of({"host_step_kind": "native", "host_step": "NumPy"}) == "native"  # the kind first
+    # hostile or from a later version: a step this one does not run, so the row never applies
+    for odd in ({"host_step": 42}, {"host_step": "Rust"}, {"host_step_kind": [1]},
+                {"host_step_kind": "gpu"}):  # fmt: skip
+        assert of(odd) == "other"
+    assert of({}) is None
+    for strategy in native_step.STRATEGIES:
+        with native_step.forced(strategy):
+            assert of({"host_step": native_step.status()}) == native_step.kind() == strategy
+
+
+def test_info_says_why_a_row_measured_here_does_not_apply(table):
+    geo = (16, 8, 64)
+    xo.record_crossover(row(777, geometry=geo, step=xo.DEFAULT_KIND, host_step_kind="native"))
+    text = xo.describe_crossover(*geo, "demo", estimate=5000)
+    assert text.startswith("exact until 5,000 tokens (estimated from the geometry")
+    assert (
+        "measured here on 2026-01-01 with the synced C++ step, which does not apply to the C++ "
+        "step in MLX's graph this build runs; the app measures it" in text
+    )
+    assert "with the synced C++ step" not in xo.describe_crossover(*(30, 3, 64), "demo")
+    with native_step.forced("native"):
+        text = xo.describe_crossover(*geo, "demo", estimate=5000)
+        assert text.startswith("exact until 777 tokens (measured on this machine with the synced")
 
 
 def test_info_names_the_built_in_row(monkeypatch, capsys):
