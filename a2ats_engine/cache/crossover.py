@@ -16,8 +16,12 @@ and the model's attention geometry, so the default comes from measurements, look
 `A2ATSConfig.exact_below` overrides all of them.
 
 The key. `backend()` is "cpu" or "metal"; `machine_id()` names the machine as
-"<OS> <architecture>, <N> cores[, <CPU or chip name>]" (the name from /proc/cpuinfo on Linux,
-`sysctl machdep.cpu.brand_string` on macOS: "Apple M2 Pro"), so a table copied to another
+"<OS> <architecture>, <N> cores[, <CPU or chip name>][, <family / model numbers>]" (the name
+from /proc/cpuinfo on Linux, `sysctl machdep.cpu.brand_string` on macOS: "Apple M2 Pro"; the
+numbers on Linux x86, `cpu_model`, since virtual machines of different CPUs share a name such
+as "AMD EPYC", and two such 2-core hosts measured the same retrieval step's fixed cost a fifth
+apart: docs/BENCHMARKS.md, "Hosts", `decode_native_step.json` and
+`decode_native_step_f25m1_before_row_kernels.json`), so a table copied or shared with another
 machine is not used there. The geometry is what a cache knows when it is made: the codebook's
 attention layers and KV heads, and the RoPE head dim. The number of layers A2ATS serves is not
 in the key: a decode step's A2ATS layers cost retrieval instead of exact attention, the other
@@ -192,11 +196,10 @@ def backend() -> str:
 
 @lru_cache(maxsize=1)
 def machine_id() -> str:
-    """'Linux x86_64, 2 cores, Intel(R) Xeon(R) ...': this machine in the user table's key."""
+    """'Linux x86_64, 2 cores, AMD EPYC, family 25 model 1 stepping 1': this machine in the user
+    table's key (the CPU's name and numbers where the OS gives them)."""
     parts = [f"{platform.system()} {platform.machine()}", f"{os.cpu_count()} cores"]
-    name = cpu_name()
-    if name:
-        parts.append(name)
+    parts += [part for part in (cpu_name(), cpu_model()) if part]
     return ", ".join(parts)
 
 
