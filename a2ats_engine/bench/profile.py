@@ -9,7 +9,8 @@ Per context: the same prompt is prefilled into mlx-lm's caches and A2ATS's; then
   this layer's projections and the new key's code), then each phase (code scores, top-K or
   top-K + rerank, union, gather K/V, estimate, attention over the selection, telemetry; with
   the C++ host step its one call, `native step`)
-  evaluated and timed on its own, summed over layers, as ms per step and per layer;
+  evaluated and timed on its own, summed over layers, as ms per step and per layer that ran
+  it (`phase_times`: a phase only some layers run is divided by those);
 - exact attention (mlx-lm's `scaled_dot_product_attention`) over one layer's whole cache, the
   cost each layer's retrieval replaces.
 Evaluating phase by phase adds MLX's per-evaluation overhead, so the phases add up to more than
@@ -90,6 +91,24 @@ def _exact_layer_ms(cache: A2ATSCache, n_q: int, reps: int = 5) -> float:
     return (time.perf_counter() - began) / reps * 1e3
 
 
+def phase_times(
+    clock: PhaseClock, steps: int
+) -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
+    """(ms per step, ms per layer that ran it, how many layers ran it) of each phase the clock
+    timed over `steps` steps, the costliest first. A phase some layers skip (the synced step's
+    estimate on the layers that miss most, a layer the C++ step does not select for) is
+    divided by the layers that ran it, not by every layer."""
+    seconds: dict[str, float] = {}
+    layers: dict[str, set[int]] = {}
+    for (layer, phase), s in clock.seconds.items():
+        seconds[phase] = seconds.get(phase, 0.0) + s
+        layers.setdefault(phase, set()).add(layer)
+    order = sorted(seconds, key=lambda p: -seconds[p])
+    per_step = {p: seconds[p] / max(steps, 1) * 1e3 for p in order}
+    per_layer = {p: per_step[p] / len(layers[p]) for p in order}
+    return per_step, per_layer, {p: len(layers[p]) for p in order}
+
+
 def profile_decode(
     model: nn.Module,
     tokenizer,
@@ -121,10 +140,7 @@ def profile_decode(
         timed_s, _ = _decode(model, a2ats, last, steps)
         for c in layers:
             c.retrieval.clock = None
-        phases: dict[str, float] = {}
-        for (_, phase), seconds in clock.seconds.items():
-            phases[phase] = phases.get(phase, 0.0) + seconds
-        per_step = {p: s / steps * 1e3 for p, s in sorted(phases.items(), key=lambda x: -x[1])}
+        per_step, per_layer, phase_layers = phase_times(clock, steps)
         rows.append(
             {
                 "context": n,
@@ -136,9 +152,8 @@ def profile_decode(
                 "a2ats_vs_kvcache": round(full_s / a2ats_s, 3),
                 "instrumented_step_ms": round(timed_s * 1e3, 2),
                 "phases_ms_per_step": {p: round(ms, 3) for p, ms in per_step.items()},
-                "phases_ms_per_layer": {
-                    p: round(ms / max(len(layers), 1), 3) for p, ms in per_step.items()
-                },
+                "phases_ms_per_layer": {p: round(ms, 3) for p, ms in per_layer.items()},
+                "phase_layers": phase_layers,
                 "exact_attention_ms_per_layer": round(_exact_layer_ms(layers[0], n_q), 3)
                 if layers
                 else None,

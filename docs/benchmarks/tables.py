@@ -1214,11 +1214,22 @@ def profile_table(data: dict) -> str:
                 else "."
             ),
             "",
-            "| phase | ms per layer | ms per step (all A2ATS layers) |",
-            "|---|---:|---:|",
         ]
+        ran = r.get("phase_layers")  # recorded since 2026-12-07: per layer that ran the phase
+        if ran is None:  # before: each phase's time per step over every A2ATS layer
+            rows += [
+                "| phase | ms per step / A2ATS layers | ms per step (all A2ATS layers) |",
+                "|---|---:|---:|",
+            ]
+        else:
+            rows += [
+                "| phase | layers that ran it | ms per layer that ran it | ms per step |",
+                "|---|---:|---:|---:|",
+            ]
         for phase, ms in r["phases_ms_per_layer"].items():
-            rows.append(f"| {phase} | {ms:.3f} | {r['phases_ms_per_step'][phase]:.2f} |")
+            step = r["phases_ms_per_step"][phase]
+            cells = [phase] + ([] if ran is None else [str(ran[phase])])
+            rows.append(f"| {' | '.join(cells)} | {ms:.3f} | {step:.2f} |")
         rows.append("")
     return "\n".join(rows).rstrip()
 

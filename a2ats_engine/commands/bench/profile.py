@@ -72,6 +72,7 @@ def run_profile(args: argparse.Namespace) -> int:
         )
         for phase, ms in r["phases_ms_per_layer"].items():
             print(
-                f"  {phase:<16} {ms:8.3f} ms per layer  {r['phases_ms_per_step'][phase]:8.2f} ms/step"
+                f"  {phase:<16} {ms:8.3f} ms per layer ({r['phase_layers'][phase]:>3} layers) "
+                f"{r['phases_ms_per_step'][phase]:8.2f} ms/step"
             )
     return 0

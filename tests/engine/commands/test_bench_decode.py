@@ -264,6 +264,12 @@ def test_bench_decode_profile_times_every_phase_with_the_thread_settings(tmp_pat
     phases = json.loads(capsys.readouterr().out)["results"][0]["phases_ms_per_step"]
     assert "native step" in phases and "graph step" not in phases
     assert all(ms >= 0 for ms in phases.values()) and row["exact_attention_ms_per_layer"] > 0
+    assert (
+        set(row["phase_layers"])
+        == set(row["phases_ms_per_layer"])
+        == set(row["phases_ms_per_step"])
+    )
+    assert row["phase_layers"]["graph step"] == row["a2ats_layers"]
     assert row["kvcache_step_ms"] > 0 and row["a2ats_step_ms"] > 0
     with native_step.forced("numpy"):  # the NumPy step's phases, one by one
         assert main(argv) == 0
@@ -271,6 +277,22 @@ def test_bench_decode_profile_times_every_phase_with_the_thread_settings(tmp_pat
     phases = out["results"][0]["phases_ms_per_step"]
     assert {"code scores", "top-K + rerank", "union", "gather K/V", "attention"} <= set(phases)
     assert "native step" not in phases and out["threads"]["host_step"] == "NumPy"
+
+
+def test_a_phase_some_layers_skip_is_timed_per_layer_that_ran_it():
+    from a2ats_engine.bench.profile import phase_times
+    from a2ats_engine.cache.retrieval import PhaseClock
+
+    clock = PhaseClock()
+    for layer in range(30):
+        clock.seconds[(layer, "graph step")] += 0.004  # every layer, 4 steps: 1 ms a step
+    for layer in (3, 7, 11):
+        clock.seconds[(layer, "estimate")] += 0.008  # 3 layers, 2 ms a step each
+    per_step, per_layer, layers = phase_times(clock, 4)
+    assert list(per_step) == ["graph step", "estimate"]  # the costliest first
+    assert per_step == pytest.approx({"graph step": 30.0, "estimate": 6.0})
+    assert per_layer == pytest.approx({"graph step": 1.0, "estimate": 2.0})  # not 6 / 30
+    assert layers == {"graph step": 30, "estimate": 3}
 
 
 def test_bench_decode_profile_takes_the_named_methods_settings(tmp_path, capsys):
