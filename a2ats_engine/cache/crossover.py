@@ -88,7 +88,6 @@ from .crossover_table import FORMAT as FORMAT  # the user table (re-exported: it
 from .crossover_table import HOST_STEPS, host_step_of, user_table, user_table_path
 from .crossover_table import MAX_TABLE_BYTES as MAX_TABLE_BYTES
 from .crossover_table import VERSION as VERSION
-from .crossover_table import parse_table as parse_table
 from .crossover_table import record_crossover as record_crossover
 from .crossover_table import reload_user_table as reload_user_table
 
@@ -287,9 +286,6 @@ def decide_crossover(ratios: Mapping[int, float]) -> Decision:
     if start is None:
         return Decision(contexts[-1] + 1, True)
     return Decision(start, False)
-
-
-# -- the user table -----------------------------------------------------------------------------
 
 
 def today() -> str:
