@@ -356,7 +356,7 @@ def unused_rows(num_layers: int, num_kv_heads: int, head_dim: int, kind: str = D
     with_ = HOST_STEPS.get(host_step_of(last) or "", "another host step")
     return (
         f"; measured here{when} with {with_}, which does not apply to {HOST_STEPS[host_step()]} "
-        f"this build runs"
+        f"running now"
     )
 
 

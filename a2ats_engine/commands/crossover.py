@@ -159,14 +159,28 @@ def run(args: argparse.Namespace) -> int:
         runs = ", ".join(f"{x:.2f}" for x in est["ratio_runs"])
         print(
             f"missed-attention estimate: a retrieval step with it {est['ratio']:.2f}x the speed "
-            f"of one without at {est['context']:,} ({runs}): {'on' if est['on'] else 'off'} by "
-            f"default (on from {xo.ESTIMATE_FREE:.2f}x)"
+            f"of one without at {est['context']:,} ({runs}): {_estimate_state(est, entry)} by "
+            f"default (on every layer from {xo.ESTIMATE_FREE:.2f}x)"
         )
     if path is None:
         print(f"--dry-run: nothing recorded (would update {xo.user_table_path()})")
     else:
         print(f"recorded in {path}: A2ATS caches of this geometry on this machine use it")
     return 0
+
+
+def _estimate_state(est: dict, entry: dict) -> str:
+    """'on', 'on the 12 layers that miss most' or 'off': what the measurement turned on."""
+    if not est["on"]:
+        return "off"
+    layers = est.get("layers")
+    if layers is None or layers >= entry["a2ats_layers"]:
+        return "on every layer"
+    return (
+        "on the 1 layer that misses most"
+        if layers == 1
+        else f"on the {layers} layers that miss most"
+    )
 
 
 def _fp16_bytes_per_token(model) -> int:

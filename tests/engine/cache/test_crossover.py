@@ -375,12 +375,23 @@ def test_info_says_why_a_row_measured_here_does_not_apply(table):
     assert text.startswith("exact until 5,000 tokens (estimated from the geometry")
     assert (
         "measured here on 2026-01-01 with the synced C++ step, which does not apply to the C++ "
-        "step in MLX's graph this build runs; the app measures it" in text
+        "step in MLX's graph running now; the app measures it" in text
     )
     assert "with the synced C++ step" not in xo.describe_crossover(*(30, 3, 64), "demo")
     with native_step.forced("native"):
         text = xo.describe_crossover(*geo, "demo", estimate=5000)
         assert text.startswith("exact until 777 tokens (measured on this machine with the synced")
+
+
+def test_the_crossover_command_says_on_how_many_layers_the_estimate_went_on():
+    from a2ats_engine.commands.crossover import _estimate_state
+
+    entry = {"a2ats_layers": 30}
+    assert _estimate_state({"on": True, "layers": 30}, entry) == "on every layer"
+    assert _estimate_state({"on": True}, entry) == "on every layer"  # recorded before layers
+    assert _estimate_state({"on": True, "layers": 12}, entry) == "on the 12 layers that miss most"
+    assert _estimate_state({"on": True, "layers": 1}, entry) == "on the 1 layer that misses most"
+    assert _estimate_state({"on": False, "layers": 0}, entry) == "off"
 
 
 def test_info_names_the_built_in_row(monkeypatch, capsys):

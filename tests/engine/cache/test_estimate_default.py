@@ -207,7 +207,8 @@ def test_the_crossover_command_measures_the_estimate_only_when_left_to_it(
     text = capsys.readouterr().out
     assert re.search(
         r"missed-attention estimate: a retrieval step with it \d+\.\d\dx the speed of one "
-        r"without at 300 \([\d., ]+\): (on|off) by default \(on from 0\.95x\)",
+        r"without at 300 \([\d., ]+\): (on every layer|on the 1 layer that misses most|off) by "
+        r"default \(on every layer from 0\.95x\)",
         text,
     )
 
