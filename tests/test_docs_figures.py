@@ -573,11 +573,12 @@ FIGURES: list[tuple[str, str, Callable[[], tuple]]] = [
     ("docs/ARCHITECTURE.md", "{} of the demo's 30 on a 2-core AMD EPYC family 25 model 17 host "
      "with the C++ host step, {} there with the NumPy one, {} on a family 25 model 1 host with the "
      "synced C++ step, {} there with the step inside MLX's graph, {} there with the estimate "
-     "in the graph too",
+     "in the graph too and {} in the next probe of the same step",
      lambda: (j("crossover_demo_native_step.json")["estimate"]["layers"],
               j("crossover_demo_estimate_layers.json")["estimate"]["layers"],
               j(F25M1_ONE_PROBE)["estimate"]["layers"], j(GRAPH_PROBE)["estimate"]["layers"],
-              j(GRAPH_ESTIMATE_PROBE)["estimate"]["layers"])),
+              j(GRAPH_ESTIMATE_PROBE)["estimate"]["layers"],
+              j("crossover_demo_host_check_f25m1.json")["estimate"]["layers"])),
     ("a2ats_engine/commands/crossover.py", "where it keeps at least {:.2f}x the speed",
      estimate_free),
     # BENCHMARKS "The host step in C++": the same runs, C++ step against NumPy step

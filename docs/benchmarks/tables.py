@@ -1975,6 +1975,7 @@ HOST_RUNS = (
     "decode_graph_step_f25m1_rerun.json",
     "decode_graph_step_f25m1_ladder.json",
     "decode_graph_estimate_f25m1_ladder.json",
+    "decode_host_check_f25m1.json",
 )  # `a2ats bench decode --methods full,a2ats,a2ats_eb0` per host and day (section 2, "Hosts")
 
 
@@ -2030,6 +2031,19 @@ def graph_estimate_set(tag: str) -> tuple:
         ("speed-graph-estimate-{k}-ladder", "decode_graph_estimate_{t}_ladder.json",
          decode_methods_table),
         ("profile-graph-estimate-{k}", "profile_graph_estimate_{t}.json", profile_table),
+    )  # fmt: skip
+
+
+def host_check_set(tag: str) -> tuple:
+    """One host's `docs/benchmarks/host_check.py` runs: the probe, the decode at 1K-8K with the
+    forced step in the graph and synced, and the profile, named `*_host_check_{tag}.json` and
+    keyed `*-host-check-{tag}` (its decode run is a row of the Hosts table too)."""
+    return recording_set(
+        tag,
+        ("crossover-probe-host-check-{k}", "crossover_demo_host_check_{t}.json",
+         crossover_probe_table),
+        ("speed-host-check-{k}", "decode_host_check_{t}.json", decode_methods_table),
+        ("profile-host-check-{k}", "profile_host_check_{t}.json", profile_table),
     )  # fmt: skip
 
 
@@ -2114,6 +2128,7 @@ def blocks() -> dict[str, str]:
         ("graph-step-engine", "graph_step_engine.json", graph_step_table),
         *graph_step_set("f25m1"),
         *graph_estimate_set("f25m1"),
+        *host_check_set("f25m1"),
         ("host-step-ab-estimate", "host_step_ab_estimate.json", host_step_ab_table),
         ("host-step-ab-1k", "host_step_ab_1k.json", host_step_ab_table),
         ("host-step-ab-step-sums", "host_step_ab_step_sums.json", host_step_ab_table),
