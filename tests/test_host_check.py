@@ -90,3 +90,24 @@ def test_the_tag_names_the_cpu_and_the_verdicts_read_the_files_under_it(
     assert "family 25 model 17 stepping 1" in out and "(tag f25m17)" in out
     assert "  fixed cost <= 1.2x: 1.31x: NOT met\n" in out
     assert "  default >= 1.0x at 8K: 1,024 0.97x" in out and "8,192 1.17x: met\n" in out
+    assert (
+        "crossover-probe-host-check-f25m17, speed-host-check-f25m17, profile-host-check-f25m17"
+        in out
+    )
+
+
+def test_the_keys_it_prints_are_those_tables_py_renders(check, tmp_path, monkeypatch, capsys):
+    spec = importlib.util.spec_from_file_location("tables", BENCH / "tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    keys = [key for key, _, _ in tables.host_check_set("f25m17")]
+    files = [name for _, name, _ in tables.host_check_set("f25m17")]
+    assert files == [
+        check.path_of(k, "f25m17").name for k in ("crossover_demo", "decode", "profile")
+    ]
+    monkeypatch.setattr(check, "HERE", tmp_path)
+    monkeypatch.setattr(check, "host_tag", lambda: "f25m17")
+    shutil.copy(BENCH / "decode_native_step.json", tmp_path / "decode_host_check_f25m17.json")
+    shutil.copy(BENCH / "profile_native_step.json", tmp_path / "profile_host_check_f25m17.json")
+    check.main(["--verdicts"])
+    assert f"(tables.py host_check_set('f25m17')): {', '.join(keys)}\n" in capsys.readouterr().out

@@ -21,7 +21,10 @@ CPU (`f25m17`: family 25 model 17, from /proc/cpuinfo), and prints the targets a
 - >= 1.5x KVCache at 8K where full attention is the larger part of a KVCache step (its share:
   the profile's exact attention per layer times the A2ATS layers, over a KVCache step).
 
-A run that fails stops the script; nothing half-written is left under the run's name.
+A run that fails stops the script; nothing half-written is left under the run's name. To put
+the runs in BENCHMARKS: `*host_check_set("<tag>")` in `tables.py`'s `blocks()`, the decode file
+in its `HOST_RUNS`, the three `<!-- begin/end generated: ...-host-check-<tag> -->` markers where
+they belong, then `tables.py --write` (the script prints the keys).
 """
 
 from __future__ import annotations
@@ -127,6 +130,8 @@ def main(argv: list[str]) -> int:
     for target, measured, met in verdicts(decode, profile):
         state = {True: "met", False: "NOT met", None: "does not apply"}[met]
         print(f"  {target}: {measured}: {state}")
+    keys = ", ".join(f"{k}-host-check-{tag}" for k in ("crossover-probe", "speed", "profile"))
+    print(f"BENCHMARKS markers (tables.py host_check_set({tag!r})): {keys}")
     return 0
 
 
