@@ -5,12 +5,21 @@ repository root."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench_script(name: str):
+    """`docs/benchmarks/<name>.py` loaded as a module (the scripts there are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "docs" / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def module_imports(

@@ -1,21 +1,18 @@
 """Every generated table in README.md and docs/BENCHMARKS.md is what docs/benchmarks/tables.py
 prints from the recorded JSON in docs/benchmarks/ (no hand-edited numbers)."""
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
+from repo_python import bench_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def tables():
-    spec = importlib.util.spec_from_file_location("tables", ROOT / "docs/benchmarks/tables.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("tables")
 
 
 @pytest.fixture(scope="module")

@@ -1,12 +1,12 @@
 """docs/benchmarks/host_check.py: one host's runs in one go, and the speed targets checked
 against them (here on runs recorded on two hosts)."""
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
 
 import pytest
+from repo_python import bench_script
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "docs" / "benchmarks"
@@ -14,10 +14,7 @@ BENCH = ROOT / "docs" / "benchmarks"
 
 @pytest.fixture(scope="module")
 def check():
-    spec = importlib.util.spec_from_file_location("host_check", BENCH / "host_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("host_check")
 
 
 def recorded(name: str) -> dict:
@@ -97,9 +94,7 @@ def test_the_tag_names_the_cpu_and_the_verdicts_read_the_files_under_it(
 
 
 def test_the_keys_it_prints_are_those_tables_py_renders(check, tmp_path, monkeypatch, capsys):
-    spec = importlib.util.spec_from_file_location("tables", BENCH / "tables.py")
-    tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tables)
+    tables = bench_script("tables")
     keys = [key for key, _, _ in tables.host_check_set("f25m17")]
     files = [name for _, name, _ in tables.host_check_set("f25m17")]
     assert files == [

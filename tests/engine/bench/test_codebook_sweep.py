@@ -2,12 +2,11 @@
 returns for each request, the sweep's codebooks are `calibrate`'s, and its rows agree with a
 separate `evaluate` call with the same codebook."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
+from repo_python import bench_script
 from tiny import save_tiny_model, tiny_model, tiny_tokenizer
 
 from a2ats_engine.bench.eval_texts import default_text
@@ -20,8 +19,6 @@ from a2ats_engine.calibration.capture import collect
 from a2ats_engine.calibration.corpus import builtin_corpus
 from a2ats_engine.calibration.shared_collect import collect_shared
 from a2ats_engine.cli import main
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def _same(a, b) -> bool:
@@ -118,9 +115,7 @@ def test_bench_codebooks_rows_match_calibrate_and_evaluate(tiny_folder, tmp_path
         assert row["ppl_vs_full"] == a2["ppl_vs_full"]
         assert row["ppl_ci"] == a2["ppl_vs_full_ci95"]
 
-    spec = importlib.util.spec_from_file_location("tables", ROOT / "docs/benchmarks/tables.py")
-    tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tables)
+    tables = bench_script("tables")
     table = tables.codebook_sweep_table(out)
     assert table.count("\n| 16 |") == 2 and table.count("\n| 64 |") == 2
     assert f"{rows[0]['recall']:.4f}" in table and out["command"] in table
