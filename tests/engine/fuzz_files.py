@@ -170,6 +170,9 @@ def fuzz_codebook(change, meta_path, value, fill):
                 "model": json_values,
                 "date": json_values,
                 "never": json_values,
+                "step": json_values,
+                "host_step": json_values,
+                "host_step_kind": json_values,
             },
         ),
         max_size=3,
@@ -185,6 +188,7 @@ def fuzz_crossover_table(raw):
     assert isinstance(rows, dict)  # never raises: an unusable table is ignored
     for row in rows.values():
         xo._row_source(row)
+        assert xo.host_step_of(row) in (None, "other", *xo.HOST_STEPS)
 
 
 # -- session files --------------------------------------------------------------------------------
