@@ -136,20 +136,20 @@ def kind() -> str:
 
 
 def status() -> str:
-    """One line for `a2ats info` and the benchmarks' records: which host step runs, and why."""
-    if _fn is None:
-        return f"NumPy (the C++ step is {_why})"
-    if _forced == "numpy":
-        return "NumPy"
-    if not _forced and _env == "numpy":
-        return f"NumPy (the C++ step is built; turned off by {ENV}=numpy)"
+    """One line for `a2ats info` and the benchmarks' records: which host step runs (`kind`), and
+    why."""
+    step = kind()
+    if step == "graph":
+        return GRAPH
+    if step == "numpy":
+        if _fn is None:
+            return f"NumPy (the C++ step is {_why})"
+        return "NumPy" if _forced else f"NumPy (the C++ step is built; turned off by {ENV}=numpy)"
     if strategy() == "native":
         return SYNCED if _forced else f"{SYNCED} ({ENV}=native)"
     if _graph_fn is None:
         return f"{SYNCED} (the graph step is {_graph_why})"
-    if mx.default_device() != mx.cpu:
-        return f"{SYNCED} (the graph step runs on the CPU device; this is {mx.default_device()})"
-    return GRAPH
+    return f"{SYNCED} (the graph step runs on the CPU device; this is {mx.default_device()})"
 
 
 def selects(cache: A2ATSCache, lay: Layout, rows_dtype) -> bool:
